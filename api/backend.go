@@ -1,0 +1,59 @@
+// Package api is the wire: the Open Inference Protocol v2 over REST (gin) and
+// gRPC. It decodes requests into runtime tensors, calls the Backend, and
+// encodes results; protocol status codes are chosen here and nowhere else.
+package api
+
+import (
+	"context"
+
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Backend is what the protocol handlers serve. The server package implements
+// it over the model registry.
+type Backend interface {
+	// Live reports whether the server can answer requests at all.
+	Live() bool
+	// Ready reports whether the server is ready for inference.
+	Ready() bool
+	// ServerVersion is the sloserve version string.
+	ServerVersion() string
+
+	// ModelReady reports whether the model version ("" = the default
+	// version) is ready; an unknown model or version is an error.
+	ModelReady(name, version string) (bool, error)
+	// ModelMetadata describes a model, or one version of it.
+	ModelMetadata(name, version string) (models.Metadata, error)
+	// Infer runs one request on a model version ("" = the default version)
+	// and returns the version that served it.
+	Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error)
+	// Statistics returns per-version statistics; name "" means all models,
+	// version "" all versions.
+	Statistics(name, version string) ([]models.Statistics, error)
+
+	// RepositoryIndex lists the models in the repositories; readyOnly keeps
+	// only those ready for inference.
+	RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error)
+	// LoadModel loads or reloads a model and waits until it is ready or
+	// failed.
+	LoadModel(ctx context.Context, name string) error
+	// UnloadModel unloads a model after in-flight requests finish.
+	UnloadModel(ctx context.Context, name string) error
+}
+
+// Limits bound what a request may make the server allocate.
+type Limits struct {
+	// MaxRequestBytes caps a request body (REST) or message (gRPC).
+	MaxRequestBytes int64
+	// MaxTensorElements caps the elements of any one tensor.
+	MaxTensorElements int64
+}
+
+// Extensions lists the protocol extensions sloserve supports, as named in
+// server metadata.
+var Extensions = []string{
+	"binary_tensor_data",
+	"model_repository",
+	"statistics",
+}

@@ -1,0 +1,46 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Errors of the wire itself: requests that cannot be decoded.
+var (
+	// errBadRequest marks a request the protocol layer could not decode.
+	errBadRequest = errors.New("bad request")
+	// errTooLarge marks a body, message or tensor over a configured limit.
+	errTooLarge = errors.New("request too large")
+)
+
+// statusOf maps an error from decoding or from the Backend to the HTTP status
+// and gRPC code it is reported with.
+func statusOf(err error) (int, codes.Code) {
+	switch {
+	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
+	case errors.Is(err, errBadRequest), errors.Is(err, models.ErrInvalidInput),
+		errors.Is(err, runtime.ErrShape):
+		return http.StatusBadRequest, codes.InvalidArgument
+	case errors.Is(err, models.ErrModelNotFound), errors.Is(err, models.ErrVersionNotFound):
+		return http.StatusNotFound, codes.NotFound
+	case errors.Is(err, models.ErrModelControl):
+		return http.StatusBadRequest, codes.FailedPrecondition
+	case errors.Is(err, models.ErrBadConfig):
+		return http.StatusBadRequest, codes.InvalidArgument
+	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable):
+		return http.StatusServiceUnavailable, codes.Unavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout, codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return 499, codes.Canceled
+	default:
+		return http.StatusInternalServerError, codes.Internal
+	}
+}

@@ -1,0 +1,70 @@
+package models
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Errors returned by the registry. The api package maps them to protocol
+// status codes; everything else wraps one of these or a runtime error.
+var (
+	ErrModelNotFound   = errors.New("model not found")
+	ErrVersionNotFound = errors.New("model version not found")
+	ErrNotReady        = errors.New("model not ready")
+	ErrInvalidInput    = errors.New("invalid inference request")
+	ErrTooLarge        = errors.New("request too large")
+	ErrBadConfig       = errors.New("invalid model configuration")
+	ErrModelControl    = errors.New("operation not allowed in this model control mode")
+)
+
+// State is a model version's lifecycle state, named as in Triton's
+// repository index.
+type State string
+
+const (
+	StateUnavailable State = "UNAVAILABLE"
+	StateLoading     State = "LOADING"
+	StateReady       State = "READY"
+	StateUnloading   State = "UNLOADING"
+)
+
+// Metadata is what the protocol's model metadata endpoint returns.
+type Metadata struct {
+	Name     string
+	Versions []string
+	Platform string
+	Inputs   []runtime.TensorSpec
+	Outputs  []runtime.TensorSpec
+}
+
+// IndexEntry is one row of the repository index.
+type IndexEntry struct {
+	Name    string
+	Version string
+	State   State
+	Reason  string
+}
+
+// Duration is a count of events and their total time.
+type Duration struct {
+	Count uint64
+	Total time.Duration
+}
+
+// Statistics is one model version's inference statistics, in the shape of
+// Triton's statistics extension.
+type Statistics struct {
+	Name           string
+	Version        string
+	LastInference  time.Time
+	InferenceCount uint64 // inferences, counting each batch element
+	ExecutionCount uint64 // runner executions
+	Success        Duration
+	Fail           Duration
+	Queue          Duration
+	ComputeInput   Duration
+	ComputeInfer   Duration
+	ComputeOutput  Duration
+}

@@ -1,0 +1,147 @@
+package runtime
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// DataType is a tensor element type, named as in the Open Inference Protocol.
+type DataType string
+
+// The element types that both the Open Inference Protocol and ONNX Runtime know.
+const (
+	Bool   DataType = "BOOL"
+	Uint8  DataType = "UINT8"
+	Uint16 DataType = "UINT16"
+	Uint32 DataType = "UINT32"
+	Uint64 DataType = "UINT64"
+	Int8   DataType = "INT8"
+	Int16  DataType = "INT16"
+	Int32  DataType = "INT32"
+	Int64  DataType = "INT64"
+	FP16   DataType = "FP16"
+	FP32   DataType = "FP32"
+	FP64   DataType = "FP64"
+	BF16   DataType = "BF16"
+	Bytes  DataType = "BYTES"
+)
+
+var elementSizes = map[DataType]int{
+	Bool: 1, Uint8: 1, Uint16: 2, Uint32: 4, Uint64: 8,
+	Int8: 1, Int16: 2, Int32: 4, Int64: 8,
+	FP16: 2, FP32: 4, FP64: 8, BF16: 2,
+	Bytes: 0,
+}
+
+// ParseDataType returns the DataType named s, or false when s names none.
+func ParseDataType(s string) (DataType, bool) {
+	d := DataType(s)
+	_, ok := elementSizes[d]
+	return d, ok
+}
+
+// Size is the size of one element in bytes; 0 for BYTES, whose elements vary.
+func (d DataType) Size() int { return elementSizes[d] }
+
+// Valid reports whether d is a known element type.
+func (d DataType) Valid() bool {
+	_, ok := elementSizes[d]
+	return ok
+}
+
+// Tensor is one named tensor on the data path. Data holds the elements in
+// row-major order, little-endian. For BYTES each element is a 4-byte
+// little-endian length followed by that many bytes (the layout of the
+// protocol's binary tensor extension), so every tensor is one flat buffer.
+type Tensor struct {
+	Name     string
+	DataType DataType
+	Shape    []int64
+	Data     []byte
+}
+
+// TensorSpec describes a model input or output. A dimension of -1 is dynamic.
+type TensorSpec struct {
+	Name     string
+	DataType DataType
+	Shape    []int64
+}
+
+// InferRequest is one inference call on a model instance.
+type InferRequest struct {
+	Inputs []Tensor
+	// Outputs names the outputs to return; empty means all of them.
+	Outputs []string
+}
+
+// InferResponse carries the outputs and how long each step took in the runner.
+type InferResponse struct {
+	Outputs []Tensor
+	Timing  Timing
+}
+
+// ErrShape reports a shape that no tensor can have.
+var ErrShape = errors.New("invalid shape")
+
+// ElementCount multiplies the dimensions of a concrete shape. It fails on a
+// negative dimension or when the product exceeds limit (limit <= 0: no limit
+// other than overflow), without overflowing on hostile input.
+func ElementCount(shape []int64, limit int64) (int64, error) {
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	n := int64(1)
+	for i, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("%w: dimension %d is %d", ErrShape, i, d)
+		}
+		if d == 0 {
+			n = 0
+			continue
+		}
+		if n != 0 && n > limit/d {
+			return 0, fmt.Errorf("%w: %v has more than %d elements", ErrShape, shape, limit)
+		}
+		n *= d
+	}
+	return n, nil
+}
+
+// ByteSize is the number of data bytes a tensor of this type and element
+// count must have; for BYTES it is unknown in advance and -1 is returned.
+func (d DataType) ByteSize(elements int64) int64 {
+	if d == Bytes {
+		return -1
+	}
+	return elements * int64(d.Size())
+}
+
+// SplitBytes decodes a BYTES buffer into its elements, checking that it holds
+// exactly n length-prefixed elements.
+func SplitBytes(data []byte, n int64) ([][]byte, error) {
+	out := make([][]byte, 0, min(n, int64(len(data)/4)+1))
+	for len(data) > 0 {
+		if len(data) < 4 {
+			return nil, errors.New("BYTES element truncated in its length prefix")
+		}
+		l := binary.LittleEndian.Uint32(data)
+		data = data[4:]
+		if uint64(l) > uint64(len(data)) {
+			return nil, fmt.Errorf("BYTES element declares %d bytes, %d remain", l, len(data))
+		}
+		out = append(out, data[:l])
+		data = data[l:]
+	}
+	if int64(len(out)) != n {
+		return nil, fmt.Errorf("BYTES data holds %d elements, shape needs %d", len(out), n)
+	}
+	return out, nil
+}
+
+// AppendBytesElement appends one BYTES element in the length-prefixed layout.
+func AppendBytesElement(buf, elem []byte) []byte {
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(elem)))
+	return append(buf, elem...)
+}
