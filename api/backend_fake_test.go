@@ -1,0 +1,186 @@
+package api
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// fakeBackend serves two models without ONNX Runtime:
+//   - "sum": input "x" FP32 [-1, 4], output "y" FP32 [-1] = sum of each row,
+//     and output "count" INT64 [-1] = 4 per row;
+//   - "echo": every input comes back as an output of the same name+"_out",
+//     any datatype and shape (BYTES included).
+//
+// Unknown models give models.ErrModelNotFound; "unready" exists but is not
+// ready. lastReq records the last request passed to Infer.
+type fakeBackend struct {
+	mu       sync.Mutex
+	lastReq  *runtime.InferRequest
+	loaded   map[string]bool
+	notLive  bool
+	notReady bool
+	inferErr error // when set, Infer returns it
+}
+
+var _ Backend = (*fakeBackend)(nil)
+
+func newFakeBackend() *fakeBackend {
+	return &fakeBackend{loaded: map[string]bool{"sum": true, "echo": true, "unready": false}}
+}
+
+func (f *fakeBackend) Live() bool            { return !f.notLive }
+func (f *fakeBackend) Ready() bool           { return !f.notReady }
+func (f *fakeBackend) ServerVersion() string { return "test" }
+
+func (f *fakeBackend) check(name, version string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.loaded[name]; !ok {
+		return fmt.Errorf("%w: %q", models.ErrModelNotFound, name)
+	}
+	if version != "" && version != "1" {
+		return fmt.Errorf("%w: %q version %q", models.ErrVersionNotFound, name, version)
+	}
+	return nil
+}
+
+func (f *fakeBackend) ModelReady(name, version string) (bool, error) {
+	if err := f.check(name, version); err != nil {
+		return false, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.loaded[name], nil
+}
+
+func (f *fakeBackend) ModelMetadata(name, version string) (models.Metadata, error) {
+	if err := f.check(name, version); err != nil {
+		return models.Metadata{}, err
+	}
+	md := models.Metadata{Name: name, Versions: []string{"1"}, Platform: "onnxruntime_onnx"}
+	if name == "sum" {
+		md.Inputs = []runtime.TensorSpec{{Name: "x", DataType: runtime.FP32, Shape: []int64{-1, 4}}}
+		md.Outputs = []runtime.TensorSpec{
+			{Name: "y", DataType: runtime.FP32, Shape: []int64{-1}},
+			{Name: "count", DataType: runtime.Int64, Shape: []int64{-1}},
+		}
+	}
+	return md, nil
+}
+
+func (f *fakeBackend) Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
+	if err := f.check(name, version); err != nil {
+		return nil, "", err
+	}
+	f.mu.Lock()
+	f.lastReq = req
+	ready, inferErr := f.loaded[name], f.inferErr
+	f.mu.Unlock()
+	if !ready {
+		return nil, "", fmt.Errorf("%w: %q", models.ErrNotReady, name)
+	}
+	if inferErr != nil {
+		return nil, "", inferErr
+	}
+	var outs []runtime.Tensor
+	switch name {
+	case "sum":
+		if len(req.Inputs) != 1 || req.Inputs[0].Name != "x" || req.Inputs[0].DataType != runtime.FP32 ||
+			len(req.Inputs[0].Shape) != 2 || req.Inputs[0].Shape[1] != 4 {
+			return nil, "", fmt.Errorf("%w: sum wants x FP32 [-1,4]", models.ErrInvalidInput)
+		}
+		x := req.Inputs[0]
+		rows := x.Shape[0]
+		y := make([]byte, 0, rows*4)
+		c := make([]byte, 0, rows*8)
+		for r := range rows {
+			var s float32
+			for k := range int64(4) {
+				s += math.Float32frombits(binary.LittleEndian.Uint32(x.Data[(r*4+k)*4:]))
+			}
+			y = binary.LittleEndian.AppendUint32(y, math.Float32bits(s))
+			c = binary.LittleEndian.AppendUint64(c, 4)
+		}
+		outs = []runtime.Tensor{
+			{Name: "y", DataType: runtime.FP32, Shape: []int64{rows}, Data: y},
+			{Name: "count", DataType: runtime.Int64, Shape: []int64{rows}, Data: c},
+		}
+	case "echo":
+		for _, in := range req.Inputs {
+			outs = append(outs, runtime.Tensor{Name: in.Name + "_out", DataType: in.DataType, Shape: in.Shape, Data: in.Data})
+		}
+	}
+	if len(req.Outputs) > 0 {
+		var kept []runtime.Tensor
+		for _, want := range req.Outputs {
+			found := false
+			for _, o := range outs {
+				if o.Name == want {
+					kept = append(kept, o)
+					found = true
+				}
+			}
+			if !found {
+				return nil, "", fmt.Errorf("%w: unknown output %q", models.ErrInvalidInput, want)
+			}
+		}
+		outs = kept
+	}
+	return &runtime.InferResponse{Outputs: outs}, "1", nil
+}
+
+func (f *fakeBackend) Statistics(name, version string) ([]models.Statistics, error) {
+	if name != "" {
+		if err := f.check(name, version); err != nil {
+			return nil, err
+		}
+		return []models.Statistics{{Name: name, Version: "1", InferenceCount: 3, ExecutionCount: 2}}, nil
+	}
+	return []models.Statistics{
+		{Name: "echo", Version: "1"},
+		{Name: "sum", Version: "1", InferenceCount: 3, ExecutionCount: 2},
+	}, nil
+}
+
+func (f *fakeBackend) RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []models.IndexEntry
+	for _, n := range []string{"echo", "sum", "unready"} {
+		st := models.StateUnavailable
+		if f.loaded[n] {
+			st = models.StateReady
+		}
+		if readyOnly && st != models.StateReady {
+			continue
+		}
+		out = append(out, models.IndexEntry{Name: n, Version: "1", State: st})
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) LoadModel(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.loaded[name]; !ok {
+		return fmt.Errorf("%w: %q", models.ErrModelNotFound, name)
+	}
+	f.loaded[name] = true
+	return nil
+}
+
+func (f *fakeBackend) UnloadModel(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.loaded[name]; !ok {
+		return fmt.Errorf("%w: %q", models.ErrModelNotFound, name)
+	}
+	f.loaded[name] = false
+	return nil
+}
