@@ -1,0 +1,73 @@
+# sloserve developer tasks. `make test` works on a fresh clone: it fetches
+# ONNX Runtime, the demo models and the test networks first (all pinned).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+
+# Go lives in /usr/local/go on our machines; a fresh shell may not have it on PATH.
+ifeq ($(shell command -v go 2>/dev/null),)
+export PATH := /usr/local/go/bin:$(PATH)
+endif
+
+ORT_VERSION := 1.30.0
+ORT_LIB     := $(CURDIR)/deps/onnxruntime/libonnxruntime.so.$(ORT_VERSION)
+TOOLS_BIN   := $(CURDIR)/.tools/bin
+VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -X github.com/sloserve/sloserve/server.Version=$(VERSION)
+PROTOS      := api/inference/grpc_service.proto runtime/runnerpb/runner.proto
+
+BENCH      ?= .
+BENCHTIME  ?= 1s
+PKGS       ?= ./...
+SERVE_FLAGS ?=
+
+# Environment the server, the tests and the benchmarks read.
+test bench run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
+test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
+test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
+
+.PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench clean distclean
+
+setup: onnxruntime models testmodels
+
+onnxruntime:
+	scripts/fetch-onnxruntime.sh
+
+models:
+	scripts/fetch-models.sh
+
+testmodels:
+	scripts/fetch-testmodels.sh
+
+proto-tools:
+	scripts/install-proto-tools.sh
+
+proto: proto-tools
+	protoc -I . \
+	  --plugin=protoc-gen-go=$(TOOLS_BIN)/protoc-gen-go \
+	  --plugin=protoc-gen-go-grpc=$(TOOLS_BIN)/protoc-gen-go-grpc \
+	  --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+	  $(PROTOS)
+
+build:
+	CGO_ENABLED=1 go build -ldflags '$(LDFLAGS)' -o bin/sloserve ./cmd/sloserve
+
+run: setup build
+	./bin/sloserve serve $(SERVE_FLAGS)
+
+test: setup
+	go vet $(PKGS)
+	go test -race -count=1 -timeout 45m $(PKGS)
+
+bench: setup
+	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count=1 -timeout 60m $(PKGS)
+
+# Build outputs only; `distclean` also drops fetched files and tools.
+clean:
+	rm -rf bin/ coverage.out coverage.html cover.out *.test
+	go clean -testcache
+
+distclean: clean
+	rm -rf deps/ .tools/ demo-repository/*/[0-9]*/
