@@ -26,6 +26,7 @@ SERVE_FLAGS ?=
 test bench run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
 test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
 test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
+test bench: export SLOSERVE_REQUIRE_ORT := 1
 
 .PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench clean distclean
 

@@ -1,0 +1,165 @@
+package models
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// latencyBuckets span 100 µs to about 13 s, doubling, so that a tiny model's
+// server overhead and a large detector both resolve.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 18)
+
+// metrics are the registry's Prometheus series, labelled by model and
+// version. Histograms (not summaries) so that they aggregate across
+// instances and servers.
+type metrics struct {
+	requests     *prometheus.CounterVec
+	e2e          *prometheus.HistogramVec
+	queue        *prometheus.HistogramVec
+	compute      *prometheus.HistogramVec
+	inflight     *prometheus.GaugeVec
+	loadDuration *prometheus.HistogramVec
+	restarts     *prometheus.CounterVec
+
+	mu       sync.Mutex
+	versions map[[2]string]*versionMetrics
+}
+
+// versionMetrics are the series of one version, resolved once at load so
+// the request path does no label lookups.
+type versionMetrics struct {
+	outcomes map[outcome]prometheus.Counter
+	e2e      prometheus.Observer
+	queue    prometheus.Observer
+	compute  prometheus.Observer
+	inflight prometheus.Gauge
+	restarts prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
+	labels := []string{"model", "version"}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_inference_requests_total",
+			Help: "Inference requests by outcome: success, invalid, unavailable, canceled, failed.",
+		}, append(labels, "outcome")),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sloserve_inference_request_duration_seconds",
+			Help:    "Time from a request reaching the model registry to its answer.",
+			Buckets: latencyBuckets,
+		}, labels),
+		queue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sloserve_inference_queue_duration_seconds",
+			Help:    "Time a request waited for an idle instance.",
+			Buckets: latencyBuckets,
+		}, labels),
+		compute: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sloserve_inference_compute_duration_seconds",
+			Help:    "Time a runner spent on a request: input copy, session run and output copy.",
+			Buckets: latencyBuckets,
+		}, labels),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sloserve_inference_inflight_requests",
+			Help: "Requests being queued or executed.",
+		}, labels),
+		loadDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sloserve_model_load_duration_seconds",
+			Help:    "Time to start a model version's instances and check them.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12),
+		}, labels),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_runner_restarts_total",
+			Help: "Runner processes restarted after they died or hung.",
+		}, labels),
+		versions: map[[2]string]*versionMetrics{},
+	}
+	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, &usageCollector{r: r}}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, errors.Join(errors.New("models: registering metrics"), err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) forVersion(model, version string) *versionMetrics {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := [2]string{model, version}
+	if vm, ok := m.versions[key]; ok {
+		return vm
+	}
+	vm := &versionMetrics{
+		outcomes: map[outcome]prometheus.Counter{},
+		e2e:      m.e2e.WithLabelValues(model, version),
+		queue:    m.queue.WithLabelValues(model, version),
+		compute:  m.compute.WithLabelValues(model, version),
+		inflight: m.inflight.WithLabelValues(model, version),
+		restarts: m.restarts.WithLabelValues(model, version),
+	}
+	for _, o := range []outcome{outcomeSuccess, outcomeInvalid, outcomeUnavailable, outcomeCanceled, outcomeFailed} {
+		vm.outcomes[o] = m.requests.WithLabelValues(model, version, string(o))
+	}
+	m.versions[key] = vm
+	return vm
+}
+
+// forget is called when a version is unloaded. Counters stay (a reload of
+// the same version continues them), so nothing is deleted; the method is the
+// place to do it if series churn ever matters.
+func (m *metrics) forget(model, version string) {}
+
+func (vm *versionMetrics) observe(o outcome, total, queue time.Duration, t *runtime.Timing) {
+	vm.outcomes[o].Inc()
+	if o != outcomeSuccess {
+		return
+	}
+	vm.e2e.Observe(total.Seconds())
+	vm.queue.Observe(queue.Seconds())
+	if t != nil {
+		vm.compute.Observe((t.Input + t.Infer + t.Output).Seconds())
+	}
+}
+
+// usageCollector reports each runner process's CPU time and resident memory
+// at scrape time.
+type usageCollector struct{ r *Registry }
+
+var (
+	cpuDesc = prometheus.NewDesc("sloserve_runner_cpu_seconds_total",
+		"CPU time used by a runner process (user + system).", []string{"model", "version", "instance"}, nil)
+	rssDesc = prometheus.NewDesc("sloserve_runner_resident_memory_bytes",
+		"Resident memory of a runner process.", []string{"model", "version", "instance"}, nil)
+)
+
+// Usager is implemented by instances that can report their process usage.
+type Usager interface {
+	Usage() (cpuSeconds float64, rssBytes int64, err error)
+}
+
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- cpuDesc
+	ch <- rssDesc
+}
+
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.Instances(func(model, version string, index int, inst Instance) {
+		u, ok := inst.(Usager)
+		if !ok {
+			return
+		}
+		cpu, rss, err := u.Usage()
+		if err != nil {
+			return
+		}
+		idx := strconv.Itoa(index)
+		ch <- prometheus.MustNewConstMetric(cpuDesc, prometheus.CounterValue, cpu, model, version, idx)
+		ch <- prometheus.MustNewConstMetric(rssDesc, prometheus.GaugeValue, float64(rss), model, version, idx)
+	})
+}

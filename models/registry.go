@@ -1,0 +1,817 @@
+// Package models is the model repository and registry: it finds models in
+// repository folders, loads the versions a model's policy selects as sets of
+// instances, answers which versions are ready, routes each request to an idle
+// instance, and unloads or reloads models without dropping requests.
+package models
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Model control modes, as in Triton.
+const (
+	ControlNone     = "none"
+	ControlExplicit = "explicit"
+	ControlPoll     = "poll"
+)
+
+// Instance is one loaded copy of a model version, as the registry needs it.
+// The server adapts runtime runners to it; tests use fakes.
+type Instance interface {
+	runtime.Instance
+	Inputs() []runtime.TensorSpec
+	Outputs() []runtime.TensorSpec
+	// Status tells whether the instance can serve now, and if not, why.
+	Status() (ready bool, reason string)
+	Stop(ctx context.Context) error
+}
+
+// InstanceSpec says which instance to start.
+type InstanceSpec struct {
+	Model   string
+	Version int64
+	Index   int
+	Path    string // the model.onnx file
+	Config  *configs.Model
+	// OnRestart is called whenever the instance's process is restarted.
+	OnRestart func(reason string)
+}
+
+// Options configure a Registry.
+type Options struct {
+	Repositories      []string
+	Control           string // ControlNone, ControlExplicit or ControlPoll
+	PollInterval      time.Duration
+	StartupModels     []string // explicit mode; "*" loads all
+	MaxTensorElements int64
+	MaxInflight       int           // requests in flight across all models; 0 = no limit
+	DrainTimeout      time.Duration // how long unload waits for in-flight requests
+	// NewInstance starts one instance; it returns once the instance is ready
+	// or has failed to start.
+	NewInstance func(ctx context.Context, spec InstanceSpec) (Instance, error)
+	Logger      *slog.Logger
+	Registerer  prometheus.Registerer
+}
+
+// ErrOverloaded means the server has as many requests in flight as allowed.
+var ErrOverloaded = errors.New("too many requests in flight")
+
+// Registry holds every model the repositories contain and the versions of
+// them that are loaded.
+type Registry struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+
+	inflight atomic.Int64
+
+	mu     sync.RWMutex
+	models map[string]*model
+
+	pollDone chan struct{}
+	started  atomic.Bool
+}
+
+// model is one folder of a repository and what is loaded from it.
+type model struct {
+	name string
+	dir  string
+
+	op sync.Mutex // serialises load, reload and unload of this model
+
+	// Guarded by Registry.mu.
+	cfg         *configs.Model
+	serving     map[int64]*version
+	states      map[int64]IndexEntry // last known state of each version
+	reason      string               // why the model as a whole is not serving
+	fingerprint string               // of the files that the last load read
+}
+
+// version is one loaded model version: its instances and their idle pool.
+type version struct {
+	model     string
+	number    int64
+	label     string
+	cfg       *configs.Model
+	inputs    []runtime.TensorSpec
+	outputs   []runtime.TensorSpec
+	maxBatch  int
+	instances []Instance
+	idle      chan Instance
+	inflight  sync.WaitGroup
+	stats     versionStats
+	obs       *versionMetrics
+}
+
+// New creates a Registry. Call Start to load models.
+func New(opts Options) (*Registry, error) {
+	if opts.NewInstance == nil {
+		return nil, errors.New("models: Options.NewInstance is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 5 * time.Second
+	}
+	switch opts.Control {
+	case "":
+		opts.Control = ControlNone
+	case ControlNone, ControlExplicit, ControlPoll:
+	default:
+		return nil, fmt.Errorf("models: unknown model control mode %q", opts.Control)
+	}
+	r := &Registry{
+		opts:   opts,
+		log:    opts.Logger,
+		models: make(map[string]*model),
+	}
+	m, err := newMetrics(opts.Registerer, r)
+	if err != nil {
+		return nil, err
+	}
+	r.metrics = m
+	return r, nil
+}
+
+// Start scans the repositories and loads what the control mode says: every
+// model in none and poll modes, the startup models in explicit mode. A model
+// that fails to load is reported in the index; it does not fail Start. In
+// poll mode a goroutine then watches the repositories until ctx ends.
+func (r *Registry) Start(ctx context.Context) error {
+	for _, repo := range r.opts.Repositories {
+		if st, err := os.Stat(repo); err != nil || !st.IsDir() {
+			return fmt.Errorf("model repository %q: not a readable directory", repo)
+		}
+	}
+	found := r.scan()
+	var names []string
+	switch r.opts.Control {
+	case ControlNone, ControlPoll:
+		names = found
+	case ControlExplicit:
+		if slices.Contains(r.opts.StartupModels, "*") {
+			names = found
+		} else {
+			names = r.opts.StartupModels
+		}
+	}
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() {
+			if err := r.load(ctx, name); err != nil {
+				r.log.Error("model failed to load", "model", name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	r.started.Store(true)
+	if r.opts.Control == ControlPoll {
+		r.pollDone = make(chan struct{})
+		go r.poll(ctx)
+	}
+	return nil
+}
+
+// Started reports whether Start has finished its initial loads.
+func (r *Registry) Started() bool { return r.started.Load() }
+
+// Stop unloads every model, draining in-flight requests first. In poll mode
+// it expects Start's ctx to be cancelled already and waits for the watcher.
+func (r *Registry) Stop(ctx context.Context) {
+	if r.pollDone != nil {
+		select {
+		case <-r.pollDone:
+		case <-ctx.Done():
+		}
+	}
+	r.mu.RLock()
+	names := make([]string, 0, len(r.models))
+	for n := range r.models {
+		names = append(names, n)
+	}
+	r.mu.RUnlock()
+	var wg sync.WaitGroup
+	for _, n := range names {
+		wg.Go(func() { _ = r.unload(ctx, n, "server stopping") })
+	}
+	wg.Wait()
+}
+
+// validName rejects model names that could escape a repository folder.
+func validName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\\\x00") {
+		return fmt.Errorf("%w: invalid model name %q", ErrInvalidInput, name)
+	}
+	return nil
+}
+
+// scan finds the model folders in the repositories and records new ones.
+// It returns the names found, sorted.
+func (r *Registry) scan() []string {
+	found := map[string]string{}
+	for _, repo := range r.opts.Repositories {
+		entries, err := os.ReadDir(repo)
+		if err != nil {
+			r.log.Warn("cannot read model repository", "repository", repo, "err", err)
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			if prev, dup := found[e.Name()]; dup {
+				r.log.Warn("model found in two repositories; using the first", "model", e.Name(), "used", prev, "ignored", repo)
+				continue
+			}
+			found[e.Name()] = filepath.Join(repo, e.Name())
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, dir := range found {
+		if m, ok := r.models[name]; ok {
+			m.dir = dir
+			continue
+		}
+		r.models[name] = &model{name: name, dir: dir, serving: map[int64]*version{}, states: map[int64]IndexEntry{}}
+	}
+	names := make([]string, 0, len(found))
+	for n := range found {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// lookup returns the model named name, scanning the repositories again if it
+// is not known yet.
+func (r *Registry) lookup(name string) (*model, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	r.mu.RLock()
+	m, ok := r.models[name]
+	r.mu.RUnlock()
+	if ok {
+		return m, nil
+	}
+	r.scan()
+	r.mu.RLock()
+	m, ok = r.models[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	return m, nil
+}
+
+// Load loads or reloads a model on request (explicit mode only).
+func (r *Registry) Load(ctx context.Context, name string) error {
+	if r.opts.Control != ControlExplicit {
+		return fmt.Errorf("%w: load needs model control mode %q, the server runs in %q", ErrModelControl, ControlExplicit, r.opts.Control)
+	}
+	if err := validName(name); err != nil {
+		return err
+	}
+	return r.load(ctx, name)
+}
+
+// Unload unloads a model on request (explicit mode only).
+func (r *Registry) Unload(ctx context.Context, name string) error {
+	if r.opts.Control != ControlExplicit {
+		return fmt.Errorf("%w: unload needs model control mode %q, the server runs in %q", ErrModelControl, ControlExplicit, r.opts.Control)
+	}
+	return r.unload(ctx, name, "unloaded")
+}
+
+// load reads a model's config and starts the versions its policy selects.
+// The versions already serving keep serving until the new set is ready; if
+// the new set fails, the old one stays and the failure is recorded.
+func (r *Registry) load(ctx context.Context, name string) error {
+	m, err := r.lookup(name)
+	if err != nil {
+		return err
+	}
+	m.op.Lock()
+	defer m.op.Unlock()
+	log := r.log.With("model", name)
+
+	fp := fingerprint(m.dir)
+	cfg, err := configs.LoadModel(m.dir)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
+		r.setFailed(m, nil, err, fp)
+		return err
+	}
+	available, err := configs.ListVersions(m.dir)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
+		r.setFailed(m, nil, err, fp)
+		return err
+	}
+	selected := cfg.SelectVersions(available)
+	if len(selected) == 0 {
+		err := fmt.Errorf("%w: %s: no version folder with a model.onnx matches the version policy (found %v)", ErrBadConfig, m.dir, available)
+		r.setFailed(m, nil, err, fp)
+		return err
+	}
+
+	r.mu.Lock()
+	for _, n := range selected {
+		m.states[n] = IndexEntry{Name: name, Version: strconv.FormatInt(n, 10), State: StateLoading}
+	}
+	r.mu.Unlock()
+
+	start := time.Now()
+	fresh := make(map[int64]*version, len(selected))
+	var errs []error
+	for _, n := range selected {
+		v, err := r.startVersion(ctx, cfg, m.dir, n)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("version %d: %w", n, err))
+			continue
+		}
+		fresh[n] = v
+		r.metrics.loadDuration.WithLabelValues(name, v.label).Observe(time.Since(start).Seconds())
+	}
+	if len(errs) > 0 {
+		for _, v := range fresh {
+			r.stopVersion(ctx, v)
+		}
+		err := errors.Join(errs...)
+		r.setFailed(m, selected, err, fp)
+		return err
+	}
+
+	r.mu.Lock()
+	old := m.serving
+	m.serving = fresh
+	m.cfg = cfg
+	m.reason = ""
+	m.fingerprint = fp
+	m.states = map[int64]IndexEntry{}
+	for n, v := range fresh {
+		m.states[n] = IndexEntry{Name: name, Version: v.label, State: StateReady}
+	}
+	r.mu.Unlock()
+	log.Info("model ready", "versions", selected, "instances", cfg.Instances, "took", time.Since(start).Round(time.Millisecond))
+
+	for _, v := range old {
+		r.drainAndStop(ctx, v)
+	}
+	return nil
+}
+
+// setFailed records why a load failed. Versions still serving stay READY.
+func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
+	r.log.Error("model load failed", "model", m.name, "err", err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.fingerprint = fp
+	if len(m.serving) > 0 {
+		m.reason = "reload failed, previous version serving: " + err.Error()
+	} else {
+		m.reason = err.Error()
+	}
+	for n, v := range m.serving {
+		m.states[n] = IndexEntry{Name: m.name, Version: v.label, State: StateReady, Reason: m.reason}
+	}
+	for _, n := range versions {
+		if _, ok := m.serving[n]; !ok {
+			m.states[n] = IndexEntry{Name: m.name, Version: strconv.FormatInt(n, 10), State: StateUnavailable, Reason: err.Error()}
+		}
+	}
+}
+
+// startVersion starts every instance of one version and checks the model
+// file's inputs and outputs against the config.
+func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
+	label := strconv.FormatInt(n, 10)
+	v := &version{
+		model:    cfg.Name,
+		number:   n,
+		label:    label,
+		cfg:      cfg,
+		maxBatch: cfg.MaxBatchSize,
+		idle:     make(chan Instance, cfg.Instances),
+		obs:      r.metrics.forVersion(cfg.Name, label),
+	}
+	path := filepath.Join(dir, label, "model.onnx")
+	type started struct {
+		inst Instance
+		err  error
+	}
+	results := make([]started, cfg.Instances)
+	var wg sync.WaitGroup
+	for i := range cfg.Instances {
+		wg.Go(func() {
+			inst, err := r.opts.NewInstance(ctx, InstanceSpec{
+				Model: cfg.Name, Version: n, Index: i, Path: path, Config: cfg,
+				OnRestart: func(string) { v.obs.restarts.Inc() },
+			})
+			results[i] = started{inst, err}
+		})
+	}
+	wg.Wait()
+	var errs []error
+	for _, s := range results {
+		if s.err != nil {
+			errs = append(errs, s.err)
+			continue
+		}
+		v.instances = append(v.instances, s.inst)
+	}
+	if len(errs) > 0 {
+		r.stopVersion(ctx, v)
+		return nil, errors.Join(errs...)
+	}
+	first := v.instances[0]
+	var err error
+	if v.inputs, err = checkDeclared("input", toSpecs(cfg.Inputs), first.Inputs()); err != nil {
+		r.stopVersion(ctx, v)
+		return nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+	}
+	if v.outputs, err = checkDeclared("output", toSpecs(cfg.Outputs), first.Outputs()); err != nil {
+		r.stopVersion(ctx, v)
+		return nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+	}
+	if v.maxBatch > 0 {
+		for _, s := range slices.Concat(first.Inputs(), first.Outputs()) {
+			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
+				r.stopVersion(ctx, v)
+				return nil, fmt.Errorf("%w: %s: max_batch_size is %d but %q has no dynamic first dimension in the model file (shape %v)", ErrBadConfig, cfg.File, v.maxBatch, s.Name, s.Shape)
+			}
+		}
+	}
+	for _, inst := range v.instances {
+		v.idle <- inst
+	}
+	return v, nil
+}
+
+func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
+	out := make([]runtime.TensorSpec, len(ts))
+	for i, t := range ts {
+		out[i] = runtime.TensorSpec{Name: t.Name, DataType: runtime.DataType(t.DataType), Shape: t.Shape}
+	}
+	return out
+}
+
+// stopVersion stops the instances of a version no request can reach.
+func (r *Registry) stopVersion(ctx context.Context, v *version) {
+	for _, inst := range v.instances {
+		if err := inst.Stop(ctx); err != nil {
+			r.log.Warn("instance stop failed", "model", v.model, "version", v.label, "err", err)
+		}
+	}
+}
+
+// drainAndStop waits for a version's in-flight requests (up to the drain
+// timeout), then stops its instances.
+func (r *Registry) drainAndStop(ctx context.Context, v *version) {
+	done := make(chan struct{})
+	go func() { v.inflight.Wait(); close(done) }()
+	timeout := cmp.Or(r.opts.DrainTimeout, 30*time.Second)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		r.log.Warn("unload: in-flight requests did not finish in time", "model", v.model, "version", v.label, "timeout", timeout)
+	case <-ctx.Done():
+	}
+	r.stopVersion(context.WithoutCancel(ctx), v)
+	r.metrics.forget(v.model, v.label)
+}
+
+// unload takes every version of a model out of service and stops it once
+// its requests have finished.
+func (r *Registry) unload(ctx context.Context, name, reason string) error {
+	m, err := r.lookup(name)
+	if err != nil {
+		return err
+	}
+	m.op.Lock()
+	defer m.op.Unlock()
+	r.mu.Lock()
+	old := m.serving
+	m.serving = map[int64]*version{}
+	for n, v := range old {
+		m.states[n] = IndexEntry{Name: name, Version: v.label, State: StateUnloading}
+	}
+	r.mu.Unlock()
+	for _, v := range old {
+		r.drainAndStop(ctx, v)
+	}
+	r.mu.Lock()
+	for n, e := range m.states {
+		if e.State == StateUnloading {
+			m.states[n] = IndexEntry{Name: name, Version: e.Version, State: StateUnavailable, Reason: reason}
+		}
+	}
+	if len(old) > 0 {
+		m.reason = reason
+	}
+	r.mu.Unlock()
+	if len(old) > 0 {
+		r.log.Info("model unloaded", "model", name, "reason", reason)
+	}
+	return nil
+}
+
+// resolve finds the serving version a request names ("" = the highest).
+// The caller holds r.mu.
+func (m *model) resolve(ver string) (*version, error) {
+	if ver == "" {
+		var best *version
+		for _, v := range m.serving {
+			if best == nil || v.number > best.number {
+				best = v
+			}
+		}
+		if best == nil {
+			return nil, m.notReady()
+		}
+		return best, nil
+	}
+	n, err := strconv.ParseInt(ver, 10, 64)
+	if err != nil || n < 1 {
+		return nil, fmt.Errorf("%w: %q version %q", ErrVersionNotFound, m.name, ver)
+	}
+	if v, ok := m.serving[n]; ok {
+		return v, nil
+	}
+	if _, ok := m.states[n]; ok {
+		return nil, m.notReady()
+	}
+	return nil, fmt.Errorf("%w: %q version %q", ErrVersionNotFound, m.name, ver)
+}
+
+func (m *model) notReady() error {
+	if m.reason != "" {
+		return fmt.Errorf("%w: %q: %s", ErrNotReady, m.name, m.reason)
+	}
+	return fmt.Errorf("%w: %q is not loaded", ErrNotReady, m.name)
+}
+
+// acquire finds a serving version and counts a request in flight on it, so
+// that an unload waits for the request.
+func (r *Registry) acquire(name, ver string) (*version, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m, ok := r.models[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	v, err := m.resolve(ver)
+	if err != nil {
+		return nil, err
+	}
+	v.inflight.Add(1)
+	return v, nil
+}
+
+// Infer runs one request on a version of a model ("" = the highest ready
+// version) and returns the version that served it.
+func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
+	start := time.Now()
+	if limit := r.opts.MaxInflight; limit > 0 {
+		if n := r.inflight.Add(1); n > int64(limit) {
+			r.inflight.Add(-1)
+			return nil, "", fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
+		}
+		defer r.inflight.Add(-1)
+	}
+	v, err := r.acquire(name, ver)
+	if err != nil {
+		return nil, "", err
+	}
+	defer v.inflight.Done()
+	v.obs.inflight.Inc()
+	defer v.obs.inflight.Dec()
+
+	batch, err := v.validate(req, r.opts.MaxTensorElements)
+	if err != nil {
+		v.finish(outcomeInvalid, 1, start, 0, nil)
+		return nil, v.label, err
+	}
+	resp, queue, err := v.run(ctx, req)
+	if err != nil {
+		o := outcomeFailed
+		switch {
+		case errors.Is(err, runtime.ErrUnavailable):
+			o = outcomeUnavailable
+		case ctx.Err() != nil:
+			o = outcomeCanceled
+		case errors.Is(err, runtime.ErrInvalidTensor):
+			o = outcomeInvalid
+		}
+		v.finish(o, batch, start, queue, nil)
+		return nil, v.label, fmt.Errorf("model %s version %s: %w", v.model, v.label, err)
+	}
+	v.finish(outcomeSuccess, batch, start, queue, &resp.Timing)
+	return resp, v.label, nil
+}
+
+// run waits for an idle instance and executes the request on it. If the
+// instance turns out to be down and the version has others, the request is
+// tried once more on another: inference is idempotent.
+func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
+	var queue time.Duration
+	attempts := min(2, len(v.instances))
+	var err error
+	for range attempts {
+		q := time.Now()
+		var inst Instance
+		select {
+		case inst = <-v.idle:
+		case <-ctx.Done():
+			return nil, queue + time.Since(q), ctx.Err()
+		}
+		queue += time.Since(q)
+		var resp *runtime.InferResponse
+		resp, err = inst.Infer(ctx, req)
+		v.idle <- inst
+		if err == nil {
+			return resp, queue, nil
+		}
+		if !errors.Is(err, runtime.ErrUnavailable) || ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, queue, err
+}
+
+func (v *version) finish(o outcome, batch int, start time.Time, queue time.Duration, t *runtime.Timing) {
+	total := time.Since(start)
+	v.stats.record(o, batch, total, queue, t)
+	v.obs.observe(o, total, queue, t)
+}
+
+// ModelReady reports whether a version ("" = any) of the model can serve.
+func (r *Registry) ModelReady(name, ver string) (bool, error) {
+	if err := validName(name); err != nil {
+		return false, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m, ok := r.models[name]
+	if !ok {
+		return false, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	v, err := m.resolve(ver)
+	if errors.Is(err, ErrNotReady) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return v.ready(), nil
+}
+
+// ready reports whether any instance of the version can serve now.
+func (v *version) ready() bool {
+	for _, inst := range v.instances {
+		if ok, _ := inst.Status(); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Metadata describes a model; ver "" describes its highest ready version.
+func (r *Registry) Metadata(name, ver string) (Metadata, error) {
+	if err := validName(name); err != nil {
+		return Metadata{}, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m, ok := r.models[name]
+	if !ok {
+		return Metadata{}, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	v, err := m.resolve(ver)
+	if err != nil {
+		return Metadata{}, err
+	}
+	md := Metadata{Name: name, Platform: "onnxruntime_onnx", Inputs: v.inputs, Outputs: v.outputs}
+	for _, sv := range m.serving {
+		md.Versions = append(md.Versions, sv.label)
+	}
+	slices.SortFunc(md.Versions, func(a, b string) int { return cmp.Compare(len(a), len(b))*2 + cmp.Compare(a, b) })
+	if ver != "" {
+		md.Versions = []string{v.label}
+	}
+	return md, nil
+}
+
+// Index lists every model in the repositories with the state of each of its
+// versions; readyOnly keeps the ready ones.
+func (r *Registry) Index(readyOnly bool) []IndexEntry {
+	if r.opts.Control == ControlExplicit {
+		r.scan()
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []IndexEntry
+	for _, m := range r.models {
+		if len(m.states) == 0 {
+			if !readyOnly {
+				out = append(out, IndexEntry{Name: m.name, State: StateUnavailable, Reason: m.reason})
+			}
+			continue
+		}
+		for n, e := range m.states {
+			if v, ok := m.serving[n]; ok && e.State == StateReady && !v.ready() {
+				_, why := v.instances[0].Status()
+				e = IndexEntry{Name: e.Name, Version: e.Version, State: StateUnavailable, Reason: why}
+			}
+			if readyOnly && e.State != StateReady {
+				continue
+			}
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b IndexEntry) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
+	})
+	return out
+}
+
+// Statistics returns per-version statistics of loaded versions: all models
+// when name is "", all versions of the model when ver is "".
+func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var ms []*model
+	if name == "" {
+		for _, m := range r.models {
+			ms = append(ms, m)
+		}
+	} else {
+		m, ok := r.models[name]
+		if !ok {
+			return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		}
+		ms = []*model{m}
+		if ver != "" {
+			v, err := m.resolve(ver)
+			if err != nil {
+				return nil, err
+			}
+			s := v.stats.snapshot()
+			s.Name, s.Version = name, v.label
+			return []Statistics{s}, nil
+		}
+	}
+	var out []Statistics
+	for _, m := range ms {
+		for _, v := range m.serving {
+			s := v.stats.snapshot()
+			s.Name, s.Version = m.name, v.label
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b Statistics) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
+	})
+	return out, nil
+}
+
+// Instances calls fn for every instance of every serving version, for
+// per-process metrics.
+func (r *Registry) Instances(fn func(model, version string, index int, inst Instance)) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, m := range r.models {
+		for _, v := range m.serving {
+			for i, inst := range v.instances {
+				fn(m.name, v.label, i, inst)
+			}
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package models
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// validate checks a request against a version's metadata before it reaches a
+// runner: every input known and present once, datatypes equal, shapes
+// compatible, data sized for the shape, requested outputs known. It returns
+// the request's batch size (1 for models without batching).
+func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, error) {
+	md := v.inputs
+	if len(req.Inputs) != len(md) {
+		var missing []string
+		for _, spec := range md {
+			if !slices.ContainsFunc(req.Inputs, func(t runtime.Tensor) bool { return t.Name == spec.Name }) {
+				missing = append(missing, spec.Name)
+			}
+		}
+		if len(missing) > 0 {
+			return 0, fmt.Errorf("%w: missing input %q; %s expects %d inputs", ErrInvalidInput, missing[0], v.model, len(md))
+		}
+	}
+	batch := -1
+	seen := make(map[string]bool, len(req.Inputs))
+	for i := range req.Inputs {
+		t := &req.Inputs[i]
+		if seen[t.Name] {
+			return 0, fmt.Errorf("%w: input %q given twice", ErrInvalidInput, t.Name)
+		}
+		seen[t.Name] = true
+		idx := slices.IndexFunc(md, func(s runtime.TensorSpec) bool { return s.Name == t.Name })
+		if idx < 0 {
+			return 0, fmt.Errorf("%w: unknown input %q for model %s", ErrInvalidInput, t.Name, v.model)
+		}
+		spec := md[idx]
+		if t.DataType != spec.DataType {
+			return 0, fmt.Errorf("%w: input %q has datatype %s, model expects %s", ErrInvalidInput, t.Name, t.DataType, spec.DataType)
+		}
+		if len(t.Shape) != len(spec.Shape) {
+			return 0, fmt.Errorf("%w: input %q has shape %v, model expects %v", ErrInvalidInput, t.Name, t.Shape, spec.Shape)
+		}
+		for d, want := range spec.Shape {
+			if got := t.Shape[d]; got < 0 || (want >= 0 && got != want) {
+				return 0, fmt.Errorf("%w: input %q has shape %v, model expects %v", ErrInvalidInput, t.Name, t.Shape, spec.Shape)
+			}
+		}
+		n, err := runtime.ElementCount(t.Shape, maxElements)
+		if err != nil {
+			return 0, fmt.Errorf("%w: input %q: %w", ErrTooLarge, t.Name, err)
+		}
+		if size := t.DataType.ByteSize(n); size >= 0 && int64(len(t.Data)) != size {
+			return 0, fmt.Errorf("%w: input %q with shape %v needs %d bytes of data, got %d", ErrInvalidInput, t.Name, t.Shape, size, len(t.Data))
+		}
+		if v.maxBatch > 0 {
+			b := int(t.Shape[0])
+			if b < 1 || b > v.maxBatch {
+				return 0, fmt.Errorf("%w: input %q has batch size %d, model %s allows 1 to %d", ErrInvalidInput, t.Name, b, v.model, v.maxBatch)
+			}
+			if batch >= 0 && b != batch {
+				return 0, fmt.Errorf("%w: inputs disagree on batch size (%d and %d)", ErrInvalidInput, batch, b)
+			}
+			batch = b
+		}
+	}
+	for _, name := range req.Outputs {
+		if !slices.ContainsFunc(v.outputs, func(s runtime.TensorSpec) bool { return s.Name == name }) {
+			return 0, fmt.Errorf("%w: unknown output %q for model %s", ErrInvalidInput, name, v.model)
+		}
+	}
+	if batch < 0 {
+		batch = 1
+	}
+	return batch, nil
+}
+
+// checkDeclared compares the inputs or outputs a config declares with what
+// the model file has. Declared dimensions must equal the file's, except that
+// a config may fix a dimension the file leaves dynamic.
+func checkDeclared(kind string, declared, actual []runtime.TensorSpec) ([]runtime.TensorSpec, error) {
+	if len(declared) == 0 {
+		return actual, nil
+	}
+	if len(declared) != len(actual) {
+		return nil, fmt.Errorf("config declares %d %ss, the model file has %d", len(declared), kind, len(actual))
+	}
+	out := make([]runtime.TensorSpec, len(declared))
+	for i, d := range declared {
+		idx := slices.IndexFunc(actual, func(a runtime.TensorSpec) bool { return a.Name == d.Name })
+		if idx < 0 {
+			return nil, fmt.Errorf("config declares %s %q, the model file has no such %s", kind, d.Name, kind)
+		}
+		a := actual[idx]
+		if d.DataType != a.DataType {
+			return nil, fmt.Errorf("%s %q: config says datatype %s, the model file has %s", kind, d.Name, d.DataType, a.DataType)
+		}
+		if len(d.Shape) != len(a.Shape) {
+			return nil, fmt.Errorf("%s %q: config says shape %v, the model file has %v", kind, d.Name, d.Shape, a.Shape)
+		}
+		for k := range d.Shape {
+			if a.Shape[k] >= 0 && d.Shape[k] != a.Shape[k] {
+				return nil, fmt.Errorf("%s %q: config says shape %v, the model file has %v", kind, d.Name, d.Shape, a.Shape)
+			}
+		}
+		out[i] = d
+	}
+	return out, nil
+}

@@ -1,0 +1,72 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// runnerFactory starts model instances as runner processes of this binary.
+type runnerFactory struct {
+	executable string
+	library    string
+	socketDir  string
+	rt         configs.Runtime
+	logger     *slog.Logger
+}
+
+// start is the registry's NewInstance: one runner process per instance.
+func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (models.Instance, error) {
+	name := fmt.Sprintf("%s/%d#%d", spec.Model, spec.Version, spec.Index)
+	ex := spec.Config.Execution
+	cfg := runtime.RunnerConfig{
+		Name:       name,
+		ModelPath:  spec.Path,
+		Library:    f.library,
+		Executable: f.executable,
+		SocketDir:  f.socketDir,
+		Provider: runtime.ProviderOptions{
+			Kind:              ex.Provider,
+			DeviceID:          ex.DeviceID,
+			IntraOpThreads:    ex.IntraOpThreads,
+			InterOpThreads:    ex.InterOpThreads,
+			GraphOptimization: ex.GraphOptimization,
+		},
+		ReadyTimeout:   f.rt.ReadyTimeout,
+		HealthInterval: f.rt.HealthInterval,
+		BackoffInitial: f.rt.RestartBackoffInitial,
+		BackoffMax:     f.rt.RestartBackoffMax,
+		MaxRestarts:    f.rt.MaxRestarts,
+		Logger:         f.logger.With("runner", name),
+		OnRestart:      spec.OnRestart,
+	}
+	if c := ex.CUDA; c != nil {
+		cfg.Provider.GPUMemLimit = int64(c.GPUMemLimit)
+		cfg.Provider.ArenaExtendStrategy = c.ArenaExtendStrategy
+		cfg.Provider.CudnnConvAlgoSearch = c.CuDNNConvAlgoSearch
+	}
+	r, err := runtime.StartRunner(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return runnerInstance{r}, nil
+}
+
+// runnerInstance adapts a runner process to the registry's Instance.
+type runnerInstance struct{ *runtime.Runner }
+
+var (
+	_ models.Instance = runnerInstance{}
+	_ models.Usager   = runnerInstance{}
+)
+
+func (ri runnerInstance) Status() (bool, string) {
+	if ri.State() == runtime.RunnerReady {
+		return true, ""
+	}
+	return false, fmt.Sprintf("runner %s: %s", ri.State(), ri.Reason())
+}

@@ -1,0 +1,232 @@
+// Package server is the composition root: it takes the server config, wires
+// the model registry, the runner processes and the protocol handlers
+// together, and runs them until the context ends, then stops them in reverse
+// order.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
+)
+
+// Version is the sloserve version, set at build time with -ldflags.
+var Version = "dev"
+
+// Run serves until ctx is cancelled, then shuts down gracefully: readiness
+// turns false, listeners stop accepting, admitted requests finish within the
+// grace period, and the runners stop.
+func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
+	lib, err := FindONNXRuntime(cfg.Runtime.ONNXRuntimeLibrary)
+	if err != nil {
+		return err
+	}
+	socketDir := cfg.Runtime.SocketDir
+	if socketDir == "" {
+		if socketDir, err = os.MkdirTemp("", "sloserve-"); err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+		defer os.RemoveAll(socketDir)
+	} else if err := os.MkdirAll(socketDir, 0o700); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the sloserve executable for runners: %w", err)
+	}
+
+	promReg := prometheus.NewRegistry()
+	if err := promReg.Register(collectors.NewGoCollector()); err != nil {
+		return err
+	}
+	if err := promReg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return err
+	}
+
+	runners := &runnerFactory{
+		executable: exe,
+		library:    lib,
+		socketDir:  socketDir,
+		rt:         cfg.Runtime,
+		logger:     logger,
+	}
+	reg, err := models.New(models.Options{
+		Repositories:      cfg.Repositories,
+		Control:           cfg.ModelControl,
+		PollInterval:      cfg.PollInterval,
+		StartupModels:     cfg.StartupModels,
+		MaxTensorElements: cfg.Limits.MaxTensorElements,
+		MaxInflight:       cfg.Limits.MaxInflightRequests,
+		DrainTimeout:      cfg.Limits.GracePeriod,
+		NewInstance:       runners.start,
+		Logger:            logger.With("component", "models"),
+		Registerer:        promReg,
+	})
+	if err != nil {
+		return err
+	}
+	be := &backend{reg: reg}
+	lim := api.Limits{
+		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
+		MaxTensorElements: cfg.Limits.MaxTensorElements,
+	}
+
+	// Listen on every port before loading models, so a busy port fails the
+	// start at once and health answers while models load.
+	var (
+		httpSrv, metricsSrv *http.Server
+		grpcSrv             *grpc.Server
+		serveErr            = make(chan error, 3)
+	)
+	if addr := cfg.Listen.HTTP; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen.http: %w", err)
+		}
+		httpSrv = &http.Server{
+			Handler:           api.NewREST(be, lim, logger.With("component", "rest")),
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    64 << 10,
+		}
+		go func() { serveErr <- ignoreClosed(httpSrv.Serve(ln)) }()
+		logger.Info("REST listening", "addr", ln.Addr().String())
+	}
+	if addr := cfg.Listen.GRPC; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll(httpSrv)
+			return fmt.Errorf("listen.grpc: %w", err)
+		}
+		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"))
+		go func() { serveErr <- grpcSrv.Serve(ln) }()
+		logger.Info("gRPC listening", "addr", ln.Addr().String())
+	}
+	if addr := cfg.Listen.Metrics; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll(httpSrv)
+			if grpcSrv != nil {
+				grpcSrv.Stop()
+			}
+			return fmt.Errorf("listen.metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(promReg, promhttp.HandlerOpts{Registry: promReg}))
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { serveErr <- ignoreClosed(metricsSrv.Serve(ln)) }()
+		logger.Info("metrics listening", "addr", ln.Addr().String())
+	}
+
+	loadCtx, stopLoads := context.WithCancel(ctx)
+	defer stopLoads()
+	started := make(chan error, 1)
+	go func() { started <- reg.Start(loadCtx) }()
+
+	var runErr error
+	select {
+	case err := <-started:
+		if err != nil {
+			runErr = err
+			break
+		}
+		be.ready.Store(true)
+		logger.Info("server ready", "version", Version, "model_control", cfg.ModelControl)
+		select {
+		case <-ctx.Done():
+		case err := <-serveErr:
+			runErr = err
+		}
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = err
+	}
+
+	// Stop in reverse: not ready, stop accepting, drain, stop loops, stop runners.
+	logger.Info("shutting down", "grace_period", cfg.Limits.GracePeriod)
+	be.ready.Store(false)
+	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Limits.GracePeriod)
+	defer cancel()
+	if httpSrv != nil {
+		if err := httpSrv.Shutdown(grace); err != nil {
+			logger.Warn("REST shutdown", "err", err)
+		}
+	}
+	if grpcSrv != nil {
+		stopped := make(chan struct{})
+		go func() { grpcSrv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-grace.Done():
+			grpcSrv.Stop()
+		}
+	}
+	be.stopping.Store(true)
+	stopLoads()
+	<-started
+	stopCtx, cancelStop := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancelStop()
+	reg.Stop(stopCtx)
+	closeAll(metricsSrv)
+	logger.Info("stopped")
+	return runErr
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func closeAll(srvs ...*http.Server) {
+	for _, s := range srvs {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// FindONNXRuntime returns the ONNX Runtime library runners should load:
+// the configured path, or the first that exists of the places the project's
+// set-up and the container image put it.
+func FindONNXRuntime(configured string) (string, error) {
+	if configured != "" {
+		if _, err := os.Stat(configured); err != nil {
+			return "", fmt.Errorf("runtime.onnxruntime_library: %w", err)
+		}
+		return configured, nil
+	}
+	var candidates []string
+	const rel = "deps/onnxruntime/libonnxruntime.so.1.30.0"
+	candidates = append(candidates, rel)
+	if exe, err := os.Executable(); err == nil {
+		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "..", rel))
+	}
+	candidates = append(candidates,
+		"/opt/sloserve/lib/libonnxruntime.so.1.30.0",
+		"/usr/local/lib/libonnxruntime.so",
+		"/usr/lib/libonnxruntime.so",
+	)
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("ONNX Runtime library not found (looked in %v); run `make setup` or set SLOSERVE_ONNXRUNTIME_LIBRARY", candidates)
+}
