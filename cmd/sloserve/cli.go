@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/server"
+)
+
+const usage = `sloserve: a latency-aware multi-model ONNX inference server
+
+Usage:
+  sloserve serve [flags]     serve the models of the configured repositories
+  sloserve version           print the version
+  sloserve help              this text
+
+Run "sloserve serve -h" for the serve flags.
+`
+
+// run dispatches a subcommand and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(ctx, args[1:], stderr)
+	case "runner":
+		// Hidden: the child process that hosts one ONNX Runtime session.
+		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", "info").With("pid", os.Getpid()))
+	case "version", "--version", "-version":
+		fmt.Fprintf(stdout, "sloserve %s\n", server.Version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "sloserve: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sloserve %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+// setFlags collects repeated --set key=value overrides.
+type setFlags []string
+
+func (s *setFlags) String() string     { return strings.Join(*s, ",") }
+func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "server config file (YAML); empty uses the embedded default")
+	var sets setFlags
+	fs.Var(&sets, "set", "override a config key, as key=value (repeatable); keys: "+strings.Join(configs.Keys(), ", "))
+	shorthands := map[string]*string{
+		"listen.http":    fs.String("http-addr", "", "REST listen address (listen.http)"),
+		"listen.grpc":    fs.String("grpc-addr", "", "gRPC listen address (listen.grpc)"),
+		"listen.metrics": fs.String("metrics-addr", "", "metrics listen address (listen.metrics)"),
+		"repositories":   fs.String("repository", "", "model repository paths, comma-separated (repositories)"),
+		"model_control":  fs.String("model-control", "", "none | explicit | poll (model_control)"),
+		"log.format":     fs.String("log-format", "", "text | json (log.format)"),
+		"log.level":      fs.String("log-level", "", "debug | info | warn | error (log.level)"),
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg, err := configs.LoadServer(*configPath)
+	if err != nil {
+		return err
+	}
+	// Precedence: file (or embedded default) < environment < flags.
+	if err := cfg.ApplyEnv(os.Environ()); err != nil {
+		return err
+	}
+	for key, v := range shorthands {
+		if *v != "" {
+			if err := cfg.Set(key, *v); err != nil {
+				return err
+			}
+		}
+	}
+	for _, kv := range sets {
+		key, value, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("--set %q: want key=value", kv)
+		}
+		if err := cfg.Set(key, value); err != nil {
+			return err
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.Log.Format, cfg.Log.Level)
+	return server.Run(ctx, cfg, logger)
+}
+
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

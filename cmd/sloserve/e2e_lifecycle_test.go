@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+var dynBody = []byte(`{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,10]}]}`)
+
+var multiBody = []byte(`{"inputs":[{"name":"InputA","datatype":"UINT8","shape":[1,1,1],"data":[3]},` +
+	`{"name":"InputB","datatype":"FP64","shape":[1,2,2],"data":[1,2,3,4]}]}`)
+
+// A runner killed with SIGKILL under load: the requests on it fail fast with
+// 503, the other model keeps serving, and the runner comes back by itself.
+func TestE2ERunnerKilled(t *testing.T) {
+	repo := t.TempDir()
+	dyn := testModel(t, "example_dynamic_axes.onnx")
+	writeRepo(t, repo,
+		repoModel{"dyn", dyn, "max_batch_size: 8\n"},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+	)
+	s := startServer(t, repo, "")
+	pids := s.runnerPids(t, dyn)
+	if len(pids) != 1 {
+		t.Fatalf("want 1 runner for dyn, found %v", pids)
+	}
+
+	type result struct {
+		code    int
+		took    time.Duration
+		started time.Time
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				resp, err := http.Post(s.http+"/v2/models/dyn/infer", "application/json", bytes.NewReader(dynBody))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				results = append(results, result{resp.StatusCode, time.Since(start), start})
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	killedAt := time.Now()
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The other model serves while dyn's runner is down.
+	for range 10 {
+		code, b, _ := s.do(t, "POST", "/v2/models/multi/infer", multiBody)
+		if code != 200 {
+			t.Fatalf("multi failed while dyn's runner was down: %d %s", code, b)
+		}
+	}
+	waitFor(t, "dyn to serve again", 20*time.Second, func() bool {
+		code, _, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody)
+		return code == 200
+	})
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	var failed, okAfter int
+	for _, r := range results {
+		switch {
+		case r.code == 503:
+			failed++
+			if r.took > time.Second {
+				t.Errorf("a request failed only after %v", r.took)
+			}
+		case r.code == 200:
+			if r.started.After(killedAt) {
+				okAfter++
+			}
+		default:
+			t.Errorf("unexpected status %d", r.code)
+		}
+	}
+	if failed == 0 {
+		t.Error("no request saw the runner die; want 503s while it restarts")
+	}
+	if okAfter == 0 {
+		t.Error("no request succeeded after the restart")
+	}
+	t.Logf("%d requests, %d failed fast with 503, %d succeeded after the kill", len(results), failed, okAfter)
+	if now := s.runnerPids(t, dyn); len(now) != 1 || now[0] == pids[0] {
+		t.Errorf("runner pids after restart = %v (killed %d)", now, pids[0])
+	}
+	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="dyn",version="1"}`); v != 1 {
+		t.Errorf("restarts metric = %v, want 1", v)
+	}
+	_, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{ModelName: "dyn",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10}}},
+		RawInputContents: [][]byte{make([]byte, 40)}})
+	if err != nil {
+		t.Errorf("gRPC after restart: %v", err)
+	}
+}
+
+// Explicit model control: nothing loads at start; the repository API loads
+// and unloads over REST and gRPC.
+func TestE2EExplicitModelControl(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo,
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"},
+		repoModel{"bad", testModel(t, "example_dynamic_axes.onnx"), "instances: 0\n"},
+	)
+	s := startServer(t, repo, "model_control: explicit\n")
+	if code, _, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 503 {
+		t.Errorf("infer before load: %d, want 503", code)
+	}
+	if code, b, _ := s.do(t, "POST", "/v2/repository/models/dyn/load", nil); code != 200 {
+		t.Fatalf("load: %d %s", code, b)
+	}
+	if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 {
+		t.Fatalf("infer after load: %d %s", code, b)
+	}
+	code, b, _ := s.do(t, "POST", "/v2/repository/models/bad/load", nil)
+	if code != 400 || !bytes.Contains(b, []byte("instances")) {
+		t.Errorf("loading a bad config: %d %s, want 400 naming the field", code, b)
+	}
+	code, b, _ = s.do(t, "POST", "/v2/repository/models/..%2F..%2Fetc/load", nil)
+	if code != 400 && code != 404 {
+		t.Errorf("path traversal load: %d %s", code, b)
+	}
+	if _, err := s.grpc.RepositoryModelUnload(t.Context(), &inference.RepositoryModelUnloadRequest{ModelName: "dyn"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.grpc.ModelReady(t.Context(), &inference.ModelReadyRequest{Name: "dyn"}); err != nil || r.Ready {
+		t.Errorf("ready after unload = %v, %v", r, err)
+	}
+	idx, err := s.grpc.RepositoryIndex(t.Context(), &inference.RepositoryIndexRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, m := range idx.Models {
+		states[m.Name] = m.State + ":" + m.Reason
+	}
+	if !strings.HasPrefix(states["dyn"], "UNAVAILABLE") || !strings.Contains(states["bad"], "instances") {
+		t.Errorf("index = %v", states)
+	}
+	_, err = s.grpc.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{ModelName: "missing"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("load of a missing model: %v, want NotFound", err)
+	}
+}
+
+// Poll mode: a model folder added while the server runs is loaded, and one
+// removed is unloaded.
+func TestE2EPollRepository(t *testing.T) {
+	repo := t.TempDir()
+	dyn := testModel(t, "example_dynamic_axes.onnx")
+	writeRepo(t, repo, repoModel{"dyn", dyn, "max_batch_size: 8\n"})
+	s := startServer(t, repo, "model_control: poll\npoll_interval: 200ms\n")
+	addModel(t, repo, repoModel{"multi", testModel(t, "example_multitype.onnx"), ""}, 1)
+	waitFor(t, "multi to load", 30*time.Second, func() bool {
+		code, _, _ := s.do(t, "POST", "/v2/models/multi/infer", multiBody)
+		return code == 200
+	})
+	if err := os.RemoveAll(filepath.Join(repo, "dyn")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "dyn to unload", 30*time.Second, func() bool {
+		code, _, _ := s.do(t, "GET", "/v2/models/dyn/ready", nil)
+		return code == 404
+	})
+	waitFor(t, "dyn's runner to exit", 10*time.Second, func() bool { return len(s.runnerPids(t, dyn)) == 0 })
+}
+
+// The embedded default config serves the demo repository from the current
+// directory: what `make run` starts.
+func TestE2EDefaultConfigServesDemoModels(t *testing.T) {
+	demo := need(t, "SLOSERVE_DEMO_REPOSITORY")
+	need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
+	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
+	cmd := exec.Command(sloserveBin, "serve", "--http-addr", httpAddr, "--grpc-addr", grpcAddr, "--metrics-addr", metricsAddr,
+		"--log-format", "json")
+	cmd.Dir = filepath.Dir(demo)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-done; err != nil {
+			t.Errorf("exit: %v", err)
+		}
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	}()
+	base := "http://" + httpAddr
+	waitFor(t, "the demo server to be ready", 120*time.Second, func() bool {
+		resp, err := http.Get(base + "/v2/health/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	resp, err := http.Post(base+"/v2/repository/index", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx []struct{ Name, Version, State, Reason string }
+	if err := json.NewDecoder(resp.Body).Decode(&idx); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var ready []string
+	for _, e := range idx {
+		if e.State == "READY" {
+			ready = append(ready, e.Name)
+		} else {
+			t.Errorf("demo model %s is %s: %s", e.Name, e.State, e.Reason)
+		}
+	}
+	if strings.Join(ready, ",") != "ocr-cls,ocr-det,ocr-rec,wakeword-hello,wakeword-namaste" {
+		t.Errorf("ready demo models = %v", ready)
+	}
+	// The classifier answers a 2-class probability distribution.
+	body := `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3,48,192],"data":[` +
+		strings.TrimSuffix(strings.Repeat("0.5,", 3*48*192), ",") + `]}]}`
+	resp, err = http.Post(base+"/v2/models/ocr-cls/infer", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out jsonInferResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || len(out.Outputs) != 1 || len(out.Outputs[0].Data) != 2 {
+		t.Fatalf("ocr-cls: %d %+v", resp.StatusCode, out)
+	}
+	if p := out.Outputs[0].Data; p[0] < 0 || p[1] < 0 || p[0]+p[1] < 0.999 || p[0]+p[1] > 1.001 {
+		t.Errorf("ocr-cls probabilities %v do not sum to 1", p)
+	}
+	if !strings.Contains(log.String(), `"msg":"server ready"`) {
+		t.Error("--log-format json did not produce JSON logs")
+	}
+}
+
+var _ = errors.New

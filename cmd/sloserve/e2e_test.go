@@ -1,0 +1,333 @@
+package main
+
+// End-to-end tests: the real sloserve binary, started as a separate process
+// with the real ONNX Runtime and real models, driven over real sockets.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+var sloserveBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sloserve-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sloserveBin = filepath.Join(dir, "sloserve")
+	build := exec.Command("go", "build", "-o", sloserveBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building sloserve:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// need returns the value of a required environment variable, or skips the
+// test (fails it when SLOSERVE_REQUIRE_ORT=1, as `make test` sets).
+func need(t *testing.T, env string) string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		if os.Getenv("SLOSERVE_REQUIRE_ORT") == "1" {
+			t.Fatalf("%s is not set", env)
+		}
+		t.Skipf("%s is not set; run the tests with `make test`", env)
+	}
+	return v
+}
+
+// repoModel is one model folder of a test repository.
+type repoModel struct {
+	name   string
+	file   string // absolute path of the .onnx file
+	config string // config.yaml without the name line
+}
+
+func testModel(t *testing.T, file string) string {
+	return filepath.Join(need(t, "SLOSERVE_TESTMODELS"), file)
+}
+
+func demoModel(t *testing.T, name string) string {
+	return filepath.Join(need(t, "SLOSERVE_DEMO_REPOSITORY"), name, "1", "model.onnx")
+}
+
+// writeRepo builds a model repository; model files are symlinked.
+func writeRepo(t *testing.T, dir string, ms ...repoModel) {
+	t.Helper()
+	for _, m := range ms {
+		addModel(t, dir, m, 1)
+	}
+}
+
+func addModel(t *testing.T, repo string, m repoModel, version int) {
+	t.Helper()
+	vd := filepath.Join(repo, m.name, strconv.Itoa(version))
+	if err := os.MkdirAll(vd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.file); err != nil {
+		t.Fatalf("model file: %v", err)
+	}
+	if err := os.Symlink(m.file, filepath.Join(vd, "model.onnx")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := "name: " + m.name + "\n" + m.config
+	if err := os.WriteFile(filepath.Join(repo, m.name, "config.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncBuffer collects a process's output for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type testServer struct {
+	cmd         *exec.Cmd
+	http        string // base URL
+	grpcAddr    string
+	metrics     string // base URL
+	log         *syncBuffer
+	grpc        inference.GRPCInferenceServiceClient
+	waitErr     chan error
+	stoppedOnce sync.Once
+}
+
+// startServer runs `sloserve serve` on free ports with the given extra
+// config (YAML lines) and waits until it is ready.
+func startServer(t *testing.T, repo string, extra string) *testServer {
+	t.Helper()
+	lib := need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
+	s := &testServer{log: &syncBuffer{}, waitErr: make(chan error, 1)}
+	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
+	cfg := fmt.Sprintf(`listen: {http: %q, grpc: %q, metrics: %q}
+repositories: [%q]
+runtime:
+  onnxruntime_library: %q
+  restart_backoff_initial: 100ms
+limits:
+  grace_period: 10s
+%s`, httpAddr, grpcAddr, metricsAddr, repo, lib, extra)
+	cfgPath := filepath.Join(t.TempDir(), "server.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command(sloserveBin, "serve", "--config", cfgPath, "--log-level", "debug")
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.waitErr <- s.cmd.Wait() }()
+	s.http, s.grpcAddr, s.metrics = "http://"+httpAddr, grpcAddr, "http://"+metricsAddr
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("server exit: %v\n%s", err, s.log.String())
+		}
+		if t.Failed() {
+			t.Logf("server log:\n%s", s.log.String())
+		}
+	})
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get(s.http + "/v2/health/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		select {
+		case err := <-s.waitErr:
+			s.waitErr <- err
+			t.Fatalf("server exited before ready: %v\n%s", err, s.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready in time\n%s", s.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s.grpc = inference.NewGRPCInferenceServiceClient(conn)
+	return s
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (s *testServer) stop() error {
+	var err error
+	s.stoppedOnce.Do(func() {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err = <-s.waitErr:
+		case <-time.After(30 * time.Second):
+			_ = s.cmd.Process.Kill()
+			err = fmt.Errorf("server did not stop within 30s of SIGTERM")
+		}
+	})
+	return err
+}
+
+// do sends a request and returns status and body.
+func (s *testServer) do(t *testing.T, method, path string, body []byte, header ...string) (int, []byte, http.Header) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, s.http+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b, resp.Header
+}
+
+func (s *testServer) json(t *testing.T, method, path string, body any, out any) int {
+	t.Helper()
+	var raw []byte
+	if body != nil {
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, b, _ := s.do(t, method, path, raw)
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: decoding %q: %v", method, path, b, err)
+		}
+	}
+	return code
+}
+
+// runnerPids lists the server's child processes whose command line holds
+// substr (the model file path), read from /proc.
+func (s *testServer) runnerPids(t *testing.T, substr string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command name, which is in parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(s.cmd.Process.Pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if bytes.Contains(cmdline, []byte(substr)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// metricValue scrapes the metrics endpoint for one series' value.
+func (s *testServer) metricValue(t *testing.T, series string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get(s.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(line, series+" "), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,8 @@
+// Command sloserve is a latency-aware multi-model ONNX inference server.
+package main
+
+import "os"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
