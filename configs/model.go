@@ -1,0 +1,416 @@
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Values of the enumerated model config fields.
+const (
+	PlatformONNX        = "onnx"
+	PlatformONNXRuntime = "onnxruntime_onnx" // Triton's name; read as PlatformONNX
+
+	ProviderCPU  = "cpu"
+	ProviderCUDA = "cuda"
+
+	GraphOptDisable  = "disable"
+	GraphOptBasic    = "basic"
+	GraphOptExtended = "extended"
+	GraphOptAll      = "all"
+
+	ArenaNextPowerOfTwo  = "next_power_of_two"
+	ArenaSameAsRequested = "same_as_requested"
+
+	ConvAlgoExhaustive = "exhaustive"
+	ConvAlgoHeuristic  = "heuristic"
+	ConvAlgoDefault    = "default"
+
+	ClassLatencyCritical = "latency-critical"
+	ClassBestEffort      = "best-effort"
+)
+
+// Limits on model config values.
+const (
+	MaxInstances = 64
+	// MaxLatencyMS bounds slo.latency_ms (one hour) so LatencyTarget cannot overflow.
+	MaxLatencyMS = 3_600_000
+)
+
+// The file names LoadModel looks for in a model folder.
+const (
+	ModelConfigFile    = "config.yaml"
+	ModelConfigFileAlt = "config.yml"
+)
+
+// Model is one model's config.yaml. See examples/model.yaml.
+type Model struct {
+	Name          string         `yaml:"name"`
+	Platform      string         `yaml:"platform"`
+	VersionPolicy VersionPolicy  `yaml:"version_policy"`
+	MaxBatchSize  int            `yaml:"max_batch_size"`
+	Inputs        []TensorConfig `yaml:"inputs,omitempty"`
+	Outputs       []TensorConfig `yaml:"outputs,omitempty"`
+	Instances     int            `yaml:"instances"`
+	Execution     Execution      `yaml:"execution"`
+	SLO           SLO            `yaml:"slo,omitempty"`
+	Resources     Resources      `yaml:"resources"`
+
+	Dir  string `yaml:"-"` // the model folder, when loaded by LoadModel
+	File string `yaml:"-"` // the config file, as named in error messages
+}
+
+// VersionPolicy chooses which of the versions on disk are served. Exactly
+// one field is set; all nil means the default, the latest version.
+type VersionPolicy struct {
+	Latest   *LatestPolicy   `yaml:"latest,omitempty"`
+	All      *AllPolicy      `yaml:"all,omitempty"`
+	Specific *SpecificPolicy `yaml:"specific,omitempty"`
+}
+
+// LatestPolicy serves the NumVersions highest versions.
+type LatestPolicy struct {
+	NumVersions int `yaml:"num_versions"`
+}
+
+// AllPolicy serves every version.
+type AllPolicy struct{}
+
+// SpecificPolicy serves the listed versions that exist.
+type SpecificPolicy struct {
+	Versions []int64 `yaml:"versions"`
+}
+
+// TensorConfig declares a model input or output. DataType is an Open
+// Inference Protocol name such as FP32; a dimension of -1 is dynamic.
+type TensorConfig struct {
+	Name     string  `yaml:"name"`
+	DataType string  `yaml:"datatype"`
+	Shape    []int64 `yaml:"shape"`
+}
+
+// Execution configures the ONNX Runtime session.
+type Execution struct {
+	Provider          string `yaml:"provider"`
+	DeviceID          int    `yaml:"device_id"`
+	IntraOpThreads    int    `yaml:"intra_op_threads"` // 0: ONNX Runtime's default
+	InterOpThreads    int    `yaml:"inter_op_threads"` // 0: ONNX Runtime's default
+	GraphOptimization string `yaml:"graph_optimization"`
+	// CUDA holds the CUDA provider options. After LoadModel or ParseModel
+	// it is non-nil exactly when Provider is cuda.
+	CUDA *CUDA `yaml:"cuda,omitempty"`
+}
+
+// CUDA holds ONNX Runtime CUDA execution provider options.
+type CUDA struct {
+	GPUMemLimit         ByteSize `yaml:"gpu_mem_limit"` // 0: unlimited
+	ArenaExtendStrategy string   `yaml:"arena_extend_strategy"`
+	CuDNNConvAlgoSearch string   `yaml:"cudnn_conv_algo_search"`
+}
+
+// SLO is the model's latency objective. LatencyMS 0 means no target.
+type SLO struct {
+	LatencyMS float64 `yaml:"latency_ms"`
+	Class     string  `yaml:"class"`
+	Priority  int     `yaml:"priority"` // 0 default, 1 highest
+}
+
+// IsZero reports whether s is the default SLO (best-effort, no latency
+// target, priority 0), which a config file expresses by leaving slo out;
+// YAML output leaves it out too.
+func (s SLO) IsZero() bool {
+	return s.LatencyMS == 0 && (s.Class == "" || s.Class == ClassBestEffort) && s.Priority == 0
+}
+
+// Resources bounds the shares the adjuster may give the model.
+type Resources struct {
+	MemoryLimit     ByteSize `yaml:"memory_limit"` // 0: unlimited
+	MinComputeShare float64  `yaml:"min_compute_share"`
+	MaxComputeShare float64  `yaml:"max_compute_share"`
+}
+
+// LatencyTarget is the SLO latency, 0 when the model has none.
+func (m *Model) LatencyTarget() time.Duration {
+	return time.Duration(m.SLO.LatencyMS * float64(time.Millisecond))
+}
+
+func defaultModel() Model {
+	return Model{
+		Platform:  PlatformONNX,
+		Instances: 1,
+		Execution: Execution{
+			Provider:          ProviderCPU,
+			GraphOptimization: GraphOptAll,
+			CUDA:              defaultCUDA(),
+		},
+		SLO:       SLO{Class: ClassBestEffort},
+		Resources: Resources{MaxComputeShare: 1},
+	}
+}
+
+func defaultCUDA() *CUDA {
+	return &CUDA{ArenaExtendStrategy: ArenaNextPowerOfTwo, CuDNNConvAlgoSearch: ConvAlgoExhaustive}
+}
+
+// LoadModel reads dir/config.yaml (or config.yml), applies the defaults,
+// decodes strictly and validates, including that the name is the folder's.
+func LoadModel(dir string) (*Model, error) {
+	var file string
+	var data []byte
+	for _, name := range []string{ModelConfigFile, ModelConfigFileAlt} {
+		f := filepath.Join(dir, name)
+		b, err := os.ReadFile(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if file != "" {
+			return nil, fmt.Errorf("%s: both %s and %s exist; keep one: %w", dir, ModelConfigFile, ModelConfigFileAlt, ErrInvalid)
+		}
+		file, data = f, b
+	}
+	if file == "" {
+		return nil, fmt.Errorf("%s: no %s: %w", dir, ModelConfigFile, fs.ErrNotExist)
+	}
+	return parseModel(file, data, dir)
+}
+
+// ParseModel decodes and validates a model config; file is used only in
+// error messages.
+func ParseModel(file string, data []byte) (*Model, error) {
+	return parseModel(file, data, "")
+}
+
+func parseModel(file string, data []byte, dir string) (*Model, error) {
+	m := defaultModel()
+	m.File, m.Dir = file, dir
+	idx, decoded, ok := decodeStrict(data, &m)
+	if !ok {
+		return nil, finish(file, idx, decoded, nil).join()
+	}
+
+	// Defaults that depend on what the file gave.
+	vp := &m.VersionPolicy
+	if idx.value("version_policy.latest") != nil && vp.Latest == nil {
+		vp.Latest = &LatestPolicy{}
+	}
+	if idx.value("version_policy.all") != nil && vp.All == nil {
+		vp.All = &AllPolicy{}
+	}
+	if idx.value("version_policy.specific") != nil && vp.Specific == nil {
+		vp.Specific = &SpecificPolicy{}
+	}
+	if vp.Latest == nil && vp.All == nil && vp.Specific == nil {
+		vp.Latest = &LatestPolicy{NumVersions: 1}
+	}
+	ex := &m.Execution
+	switch {
+	case ex.Provider == ProviderCUDA && ex.CUDA == nil:
+		ex.CUDA = defaultCUDA()
+	case ex.Provider != ProviderCUDA && !idx.given("execution.cuda"):
+		ex.CUDA = nil
+	}
+
+	validated := m.validate()
+	if idx.given("slo") && m.SLO.LatencyMS == 0 && !validated.has("slo.latency_ms") {
+		if idx.value("slo.latency_ms") == nil {
+			validated.add("slo.latency_ms", "required when slo is given")
+		} else {
+			validated.add("slo.latency_ms", "must be > 0, got 0")
+		}
+	}
+	if errs := finish(file, idx, decoded, validated); len(errs) > 0 {
+		return nil, errs.join()
+	}
+	if m.Platform == PlatformONNXRuntime {
+		m.Platform = PlatformONNX
+	}
+	return &m, nil
+}
+
+// Validate checks values and cross-field rules. When Dir is set, the name
+// must equal the folder's name.
+func (m *Model) Validate() error {
+	p := m.validate()
+	for _, e := range p {
+		e.File = m.File
+	}
+	return p.join()
+}
+
+var modelNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+func (m *Model) validate() problems {
+	var p problems
+	switch {
+	case m.Name == "":
+		p.add("name", "required")
+	case !modelNameRE.MatchString(m.Name):
+		p.add("name", "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'; got %q", m.Name)
+	case m.Dir != "":
+		if folder := folderName(m.Dir); m.Name != folder {
+			p.add("name", "must equal the folder name %q, got %q", folder, m.Name)
+		}
+	}
+	p.oneOf("platform", m.Platform, PlatformONNX, PlatformONNXRuntime)
+	m.VersionPolicy.validate(&p)
+	if m.MaxBatchSize < 0 {
+		p.add("max_batch_size", "must be >= 0, got %d", m.MaxBatchSize)
+	}
+	validateTensors(&p, "inputs", m.Inputs, m.MaxBatchSize)
+	validateTensors(&p, "outputs", m.Outputs, m.MaxBatchSize)
+	if m.Instances < 1 || m.Instances > MaxInstances {
+		p.add("instances", "must be between 1 and %d, got %d", MaxInstances, m.Instances)
+	}
+	m.Execution.validate(&p)
+	m.SLO.validate(&p)
+	m.Resources.validate(&p)
+	return p
+}
+
+func folderName(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return filepath.Base(dir)
+}
+
+func (vp *VersionPolicy) validate(p *problems) {
+	var set []string
+	if vp.Latest != nil {
+		set = append(set, "latest")
+		if n := vp.Latest.NumVersions; n < 1 {
+			p.add("version_policy.latest.num_versions", "must be >= 1, got %d", n)
+		}
+	}
+	if vp.All != nil {
+		set = append(set, "all")
+	}
+	if vp.Specific != nil {
+		set = append(set, "specific")
+		vs := vp.Specific.Versions
+		if len(vs) == 0 {
+			p.add("version_policy.specific.versions", "must list at least one version")
+		}
+		seen := map[int64]bool{}
+		for i, v := range vs {
+			path := fmt.Sprintf("version_policy.specific.versions[%d]", i)
+			switch {
+			case v < 1:
+				p.add(path, "must be >= 1, got %d", v)
+			case seen[v]:
+				p.add(path, "duplicate version %d", v)
+			}
+			seen[v] = true
+		}
+	}
+	if len(set) > 1 {
+		p.add("version_policy", "exactly one of latest, all, specific may be set; got %s", strings.Join(set, ", "))
+	}
+}
+
+// dataTypeNames lists the OIP datatype names for messages.
+var dataTypeNames = "BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BF16, BYTES"
+
+func validateTensors(p *problems, field string, ts []TensorConfig, maxBatch int) {
+	names := map[string]int{}
+	for i, t := range ts {
+		path := fmt.Sprintf("%s[%d]", field, i)
+		switch first, dup := names[t.Name]; {
+		case t.Name == "":
+			p.add(path+".name", "required")
+		case dup:
+			p.add(path+".name", "duplicate name %q (also %s[%d])", t.Name, field, first)
+		default:
+			names[t.Name] = i
+		}
+		if t.DataType == "" {
+			p.add(path+".datatype", "required")
+		} else if _, ok := runtime.ParseDataType(t.DataType); !ok {
+			p.add(path+".datatype", "must be one of %s; got %q", dataTypeNames, t.DataType)
+		}
+		batched := maxBatch > 0
+		if batched && len(t.Shape) == 0 {
+			p.add(path+".shape", "must start with the batch dimension -1 when max_batch_size > 0")
+		}
+		for d, dim := range t.Shape {
+			dp := fmt.Sprintf("%s.shape[%d]", path, d)
+			switch {
+			case batched && d == 0 && dim != -1:
+				p.add(dp, "must be -1 (the batch dimension) when max_batch_size > 0, got %d", dim)
+			case dim != -1 && dim < 1:
+				p.add(dp, "must be -1 (dynamic) or >= 1, got %d", dim)
+			}
+		}
+	}
+}
+
+func (e *Execution) validate(p *problems) {
+	p.oneOf("execution.provider", e.Provider, ProviderCPU, ProviderCUDA)
+	switch {
+	case e.DeviceID < 0:
+		p.add("execution.device_id", "must be >= 0, got %d", e.DeviceID)
+	case e.DeviceID != 0 && e.Provider == ProviderCPU:
+		p.add("execution.device_id", "only allowed with provider cuda, got %d with provider cpu", e.DeviceID)
+	}
+	if e.IntraOpThreads < 0 {
+		p.add("execution.intra_op_threads", "must be >= 0, got %d", e.IntraOpThreads)
+	}
+	if e.InterOpThreads < 0 {
+		p.add("execution.inter_op_threads", "must be >= 0, got %d", e.InterOpThreads)
+	}
+	p.oneOf("execution.graph_optimization", e.GraphOptimization, GraphOptDisable, GraphOptBasic, GraphOptExtended, GraphOptAll)
+	if c := e.CUDA; c != nil {
+		if e.Provider == ProviderCPU {
+			p.add("execution.cuda", "only allowed when execution.provider is cuda")
+			return
+		}
+		if c.GPUMemLimit < 0 {
+			p.add("execution.cuda.gpu_mem_limit", "must be >= 0, got %d", c.GPUMemLimit)
+		}
+		p.oneOf("execution.cuda.arena_extend_strategy", c.ArenaExtendStrategy, ArenaNextPowerOfTwo, ArenaSameAsRequested)
+		p.oneOf("execution.cuda.cudnn_conv_algo_search", c.CuDNNConvAlgoSearch, ConvAlgoExhaustive, ConvAlgoHeuristic, ConvAlgoDefault)
+	}
+}
+
+func (s *SLO) validate(p *problems) {
+	switch l := s.LatencyMS; {
+	case math.IsNaN(l) || math.IsInf(l, 0) || l < 0:
+		p.add("slo.latency_ms", "must be > 0, got %v", l)
+	case l > MaxLatencyMS:
+		p.add("slo.latency_ms", "must be <= %d (one hour), got %v", MaxLatencyMS, l)
+	case l == 0 && s.Class == ClassLatencyCritical:
+		p.add("slo.latency_ms", "required for class %s (must be > 0)", ClassLatencyCritical)
+	}
+	p.oneOf("slo.class", s.Class, ClassLatencyCritical, ClassBestEffort)
+	if s.Priority < 0 {
+		p.add("slo.priority", "must be >= 0, got %d", s.Priority)
+	}
+}
+
+func (r *Resources) validate(p *problems) {
+	if r.MemoryLimit < 0 {
+		p.add("resources.memory_limit", "must be >= 0, got %d", r.MemoryLimit)
+	}
+	minOK := r.MinComputeShare >= 0 && r.MinComputeShare <= 1 // false for NaN
+	if !minOK {
+		p.add("resources.min_compute_share", "must be between 0 and 1, got %v", r.MinComputeShare)
+	}
+	maxOK := r.MaxComputeShare > 0 && r.MaxComputeShare <= 1
+	if !maxOK {
+		p.add("resources.max_compute_share", "must be > 0 and <= 1, got %v", r.MaxComputeShare)
+	}
+	if minOK && maxOK && r.MinComputeShare > r.MaxComputeShare {
+		p.add("resources.min_compute_share", "must be <= max_compute_share (%v), got %v", r.MaxComputeShare, r.MinComputeShare)
+	}
+}

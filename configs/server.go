@@ -1,0 +1,277 @@
+package configs
+
+import (
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Model control modes.
+const (
+	ModelControlNone     = "none"     // load every model at start, never change
+	ModelControlExplicit = "explicit" // load and unload through the API
+	ModelControlPoll     = "poll"     // follow the repositories on disk
+)
+
+// Log formats.
+const (
+	LogFormatText = "text"
+	LogFormatJSON = "json"
+)
+
+// DefaultServerFile is the name the embedded default config has in messages.
+const DefaultServerFile = "built-in default.yaml"
+
+//go:embed default.yaml
+var defaultServerYAML []byte
+
+// DefaultServerYAML returns the embedded default server config, which is
+// also the documented reference example.
+func DefaultServerYAML() []byte { return slices.Clone(defaultServerYAML) }
+
+// Server is the server config. See default.yaml and examples/server.yaml.
+type Server struct {
+	Listen        Listen        `yaml:"listen"`
+	Repositories  []string      `yaml:"repositories"`
+	ModelControl  string        `yaml:"model_control"`
+	PollInterval  time.Duration `yaml:"poll_interval"`
+	StartupModels []string      `yaml:"startup_models"` // explicit mode only; "*" means all
+	Runtime       Runtime       `yaml:"runtime"`
+	Limits        Limits        `yaml:"limits"`
+	Log           Log           `yaml:"log"`
+
+	File string `yaml:"-"` // the config file, as named in error messages
+
+	// origin maps keys set by Set or ApplyEnv to where the value came
+	// from, so validation can say so.
+	origin map[string]string
+}
+
+// Listen holds the listen addresses; "" disables a listener.
+type Listen struct {
+	HTTP    string `yaml:"http"`
+	GRPC    string `yaml:"grpc"`
+	Metrics string `yaml:"metrics"`
+}
+
+// Runtime configures the runner processes.
+type Runtime struct {
+	ONNXRuntimeLibrary    string        `yaml:"onnxruntime_library"` // "": auto-detect
+	SocketDir             string        `yaml:"socket_dir"`          // "": a temporary directory
+	ReadyTimeout          time.Duration `yaml:"ready_timeout"`
+	HealthInterval        time.Duration `yaml:"health_interval"`
+	RestartBackoffInitial time.Duration `yaml:"restart_backoff_initial"`
+	RestartBackoffMax     time.Duration `yaml:"restart_backoff_max"`
+	MaxRestarts           int           `yaml:"max_restarts"` // consecutive failures before a model is marked failed
+}
+
+// Limits bounds what clients may ask of the server.
+type Limits struct {
+	MaxRequestBytes     ByteSize      `yaml:"max_request_bytes"`
+	MaxTensorElements   int64         `yaml:"max_tensor_elements"`
+	MaxInflightRequests int           `yaml:"max_inflight_requests"`
+	GracePeriod         time.Duration `yaml:"grace_period"`
+}
+
+// Log configures logging.
+type Log struct {
+	Format string `yaml:"format"`
+	Level  string `yaml:"level"`
+}
+
+// SlogLevel is Level as a slog.Level (info when Level is not valid).
+func (l Log) SlogLevel() slog.Level {
+	var lv slog.Level
+	if lv.UnmarshalText([]byte(l.Level)) != nil {
+		return slog.LevelInfo
+	}
+	return lv
+}
+
+// DefaultServer returns the defaults, the same values default.yaml holds.
+func DefaultServer() *Server {
+	return &Server{
+		Listen:        Listen{HTTP: ":8000", GRPC: ":8001", Metrics: ":8002"},
+		Repositories:  []string{"demo-repository"},
+		ModelControl:  ModelControlNone,
+		PollInterval:  5 * time.Second,
+		StartupModels: []string{},
+		Runtime: Runtime{
+			ReadyTimeout:          60 * time.Second,
+			HealthInterval:        2 * time.Second,
+			RestartBackoffInitial: 200 * time.Millisecond,
+			RestartBackoffMax:     30 * time.Second,
+			MaxRestarts:           5,
+		},
+		Limits: Limits{
+			MaxRequestBytes:     64 * MiB,
+			MaxTensorElements:   16 << 20,
+			MaxInflightRequests: 1024,
+			GracePeriod:         30 * time.Second,
+		},
+		Log: Log{Format: LogFormatText, Level: "info"},
+	}
+}
+
+// LoadServer reads the server config at path, or the embedded default.yaml
+// when path is "", applies the defaults, decodes strictly and validates.
+func LoadServer(path string) (*Server, error) {
+	if path == "" {
+		return ParseServer(DefaultServerFile, defaultServerYAML)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseServer(path, data)
+}
+
+// ParseServer decodes and validates a server config; file is used only in
+// error messages.
+func ParseServer(file string, data []byte) (*Server, error) {
+	s := DefaultServer()
+	s.File = file
+	idx, decoded, ok := decodeStrict(data, s)
+	var validated problems
+	if ok {
+		validated = s.validate()
+	}
+	if errs := finish(file, idx, decoded, validated); len(errs) > 0 {
+		return nil, errs.join()
+	}
+	return s, nil
+}
+
+// Validate checks values and cross-field rules. Call it again after Set or
+// ApplyEnv; problems with overridden values say where the value came from.
+func (s *Server) Validate() error {
+	p := s.validate()
+	for _, e := range p {
+		e.File = s.File
+		if from, ok := s.origin[e.Path]; ok {
+			e.Msg += " (set by " + from + ")"
+		}
+	}
+	return p.join()
+}
+
+func (s *Server) validate() problems {
+	var p problems
+	s.Listen.validate(&p)
+
+	if len(s.Repositories) == 0 {
+		p.add("repositories", "must list at least one model repository")
+	}
+	seen := map[string]int{}
+	for i, r := range s.Repositories {
+		path := fmt.Sprintf("repositories[%d]", i)
+		if r == "" {
+			p.add(path, "must not be empty")
+			continue
+		}
+		if j, dup := seen[filepath.Clean(r)]; dup {
+			p.add(path, "duplicate of repositories[%d] (%q)", j, s.Repositories[j])
+			continue
+		}
+		seen[filepath.Clean(r)] = i
+	}
+
+	p.oneOf("model_control", s.ModelControl, ModelControlNone, ModelControlExplicit, ModelControlPoll)
+	if s.PollInterval <= 0 {
+		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
+	}
+	if len(s.StartupModels) > 0 && s.ModelControl != ModelControlExplicit {
+		p.add("startup_models", "only allowed with model_control explicit (model_control is %q)", s.ModelControl)
+	} else {
+		names := map[string]bool{}
+		for i, m := range s.StartupModels {
+			path := fmt.Sprintf("startup_models[%d]", i)
+			switch {
+			case m == "":
+				p.add(path, "must not be empty")
+			case m == "*" && len(s.StartupModels) > 1:
+				p.add(path, `"*" (all models) must be the only entry`)
+			case names[m]:
+				p.add(path, "duplicate model %q", m)
+			}
+			names[m] = true
+		}
+	}
+
+	r := &s.Runtime
+	positive := func(path string, d time.Duration) {
+		if d <= 0 {
+			p.add(path, "must be > 0, got %v", d)
+		}
+	}
+	positive("runtime.ready_timeout", r.ReadyTimeout)
+	positive("runtime.health_interval", r.HealthInterval)
+	positive("runtime.restart_backoff_initial", r.RestartBackoffInitial)
+	if r.RestartBackoffMax < r.RestartBackoffInitial {
+		p.add("runtime.restart_backoff_max", "must be >= runtime.restart_backoff_initial (%v), got %v", r.RestartBackoffInitial, r.RestartBackoffMax)
+	}
+	if r.MaxRestarts < 0 {
+		p.add("runtime.max_restarts", "must be >= 0, got %d", r.MaxRestarts)
+	}
+
+	l := &s.Limits
+	if l.MaxRequestBytes <= 0 {
+		p.add("limits.max_request_bytes", "must be > 0, got %d", l.MaxRequestBytes)
+	}
+	if l.MaxTensorElements <= 0 {
+		p.add("limits.max_tensor_elements", "must be > 0, got %d", l.MaxTensorElements)
+	}
+	if l.MaxInflightRequests <= 0 {
+		p.add("limits.max_inflight_requests", "must be > 0, got %d", l.MaxInflightRequests)
+	}
+	if l.GracePeriod < 0 {
+		p.add("limits.grace_period", "must be >= 0, got %v", l.GracePeriod)
+	}
+
+	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
+	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")
+	return p
+}
+
+func (l *Listen) validate(p *problems) {
+	if l.HTTP == "" && l.GRPC == "" {
+		p.add("listen", "http and grpc cannot both be empty")
+	}
+	type addr struct {
+		path, addr, host string
+		port             int
+	}
+	var ok []addr
+	for _, a := range []addr{{path: "listen.http", addr: l.HTTP}, {path: "listen.grpc", addr: l.GRPC}, {path: "listen.metrics", addr: l.Metrics}} {
+		if a.addr == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(a.addr)
+		if err != nil {
+			p.add(a.path, "want host:port such as \":8000\" or \"127.0.0.1:8000\", got %q", a.addr)
+			continue
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 0 || n > 65535 {
+			p.add(a.path, "port must be a number from 0 to 65535, got %q", port)
+			continue
+		}
+		a.host, a.port = host, n
+		for _, b := range ok {
+			if a.port == b.port && a.port != 0 && (a.host == b.host || wildcard(a.host) || wildcard(b.host)) {
+				p.add(a.path, "%q conflicts with %s %q", a.addr, b.path, b.addr)
+			}
+		}
+		ok = append(ok, a)
+	}
+}
+
+func wildcard(host string) bool {
+	return host == "" || host == "0.0.0.0" || host == "::"
+}
