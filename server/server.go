@@ -135,14 +135,15 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 
 	loadCtx, stopLoads := context.WithCancel(ctx)
 	defer stopLoads()
-	started := make(chan error, 1)
-	go func() { started <- reg.Start(loadCtx) }()
+	var startErr error
+	started := make(chan struct{})
+	go func() { startErr = reg.Start(loadCtx); close(started) }()
 
 	var runErr error
 	select {
-	case err := <-started:
-		if err != nil {
-			runErr = err
+	case <-started:
+		if startErr != nil {
+			runErr = startErr
 			break
 		}
 		be.ready.Store(true)

@@ -35,7 +35,8 @@ func TestE2ERunnerKilled(t *testing.T) {
 		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
 	)
 	s := startServer(t, repo, "")
-	pids := s.runnerPids(t, dyn)
+	dynDir := filepath.Join(repo, "dyn")
+	pids := s.runnerPids(t, dynDir)
 	if len(pids) != 1 {
 		t.Fatalf("want 1 runner for dyn, found %v", pids)
 	}
@@ -115,7 +116,7 @@ func TestE2ERunnerKilled(t *testing.T) {
 		t.Error("no request succeeded after the restart")
 	}
 	t.Logf("%d requests, %d failed fast with 503, %d succeeded after the kill", len(results), failed, okAfter)
-	if now := s.runnerPids(t, dyn); len(now) != 1 || now[0] == pids[0] {
+	if now := s.runnerPids(t, dynDir); len(now) != 1 || now[0] == pids[0] {
 		t.Errorf("runner pids after restart = %v (killed %d)", now, pids[0])
 	}
 	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="dyn",version="1"}`); v != 1 {
@@ -197,7 +198,7 @@ func TestE2EPollRepository(t *testing.T) {
 		code, _, _ := s.do(t, "GET", "/v2/models/dyn/ready", nil)
 		return code == 404
 	})
-	waitFor(t, "dyn's runner to exit", 10*time.Second, func() bool { return len(s.runnerPids(t, dyn)) == 0 })
+	waitFor(t, "dyn's runner to exit", 10*time.Second, func() bool { return len(s.runnerPids(t, filepath.Join(repo, "dyn"))) == 0 })
 }
 
 // The embedded default config serves the demo repository from the current
