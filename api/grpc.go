@@ -1,0 +1,386 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/models"
+)
+
+// grpcServerName is the name sloserve gives in server metadata.
+const grpcServerName = "sloserve"
+
+// grpcMaxSendMsgBytes caps a response message. Outputs are produced by models the
+// operator configured, so the cap only guards against runaway responses.
+const grpcMaxSendMsgBytes = 1 << 30
+
+// grpcHealthWatchInterval is how often a health Watch stream re-reads readiness.
+const grpcHealthWatchInterval = time.Second
+
+// NewGRPC returns a gRPC server that serves b over the Open Inference
+// Protocol v2 (inference.GRPCInferenceService), the standard health service
+// (grpc.health.v1, SERVING while b is ready) and server reflection.
+//
+// Messages over lim.MaxRequestBytes are refused by gRPC with
+// RESOURCE_EXHAUSTED; a handler panic becomes INTERNAL and is logged. opts
+// are applied after sloserve's own options, so they may override them;
+// interceptors in opts run inside the panic recovery.
+func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "grpc")
+	base := []grpc.ServerOption{
+		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
+		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
+		grpc.ChainStreamInterceptor(grpcRecoverStream(logger)),
+	}
+	if lim.MaxRequestBytes > 0 {
+		base = append(base, grpc.MaxRecvMsgSize(int(min(lim.MaxRequestBytes, math.MaxInt32))))
+	}
+	srv := grpc.NewServer(append(base, opts...)...)
+	inference.RegisterGRPCInferenceServiceServer(srv, &grpcService{b: b, lim: lim, logger: logger})
+	grpc_health_v1.RegisterHealthServer(srv, &grpcHealthServer{b: b, interval: grpcHealthWatchInterval})
+	reflection.Register(srv)
+	return srv
+}
+
+// grpcService implements the inference service over a Backend.
+type grpcService struct {
+	inference.UnimplementedGRPCInferenceServiceServer
+
+	b      Backend
+	lim    Limits
+	logger *slog.Logger
+}
+
+var _ inference.GRPCInferenceServiceServer = (*grpcService)(nil)
+
+// grpcError turns an error from decoding or from the Backend into a gRPC
+// status error. Internal errors are logged: the client only sees the message.
+func (s *grpcService) grpcError(method string, err error) error {
+	_, code := statusOf(err)
+	if code == codes.Internal {
+		s.logger.Error("request failed", "method", method, "err", err)
+	}
+	return status.Error(code, err.Error())
+}
+
+// ServerLive reports whether the server can answer requests.
+func (s *grpcService) ServerLive(context.Context, *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
+	return &inference.ServerLiveResponse{Live: s.b.Live()}, nil
+}
+
+// ServerReady reports whether the server is ready for inference.
+func (s *grpcService) ServerReady(context.Context, *inference.ServerReadyRequest) (*inference.ServerReadyResponse, error) {
+	return &inference.ServerReadyResponse{Ready: s.b.Ready()}, nil
+}
+
+// ModelReady reports whether a model version is ready.
+func (s *grpcService) ModelReady(_ context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	ready, err := s.b.ModelReady(req.GetName(), req.GetVersion())
+	if err != nil {
+		return nil, s.grpcError("ModelReady", err)
+	}
+	return &inference.ModelReadyResponse{Ready: ready}, nil
+}
+
+// ServerMetadata gives the server's name, version and extensions.
+func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
+	return &inference.ServerMetadataResponse{
+		Name:       grpcServerName,
+		Version:    s.b.ServerVersion(),
+		Extensions: slices.Clone(Extensions),
+	}, nil
+}
+
+// ModelMetadata describes a model or one of its versions.
+func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	md, err := s.b.ModelMetadata(req.GetName(), req.GetVersion())
+	if err != nil {
+		return nil, s.grpcError("ModelMetadata", err)
+	}
+	return grpcModelMetadata(md), nil
+}
+
+// ModelInfer runs one inference. The client's deadline flows to the Backend
+// through ctx.
+func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	in, err := decodeGRPCInfer(req, s.lim)
+	if err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	out, version, err := s.b.Infer(ctx, req.GetModelName(), req.GetModelVersion(), in)
+	if err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	return encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out), nil
+}
+
+// ModelStatistics reports per model version statistics in Triton's shape.
+func (s *grpcService) ModelStatistics(_ context.Context, req *inference.ModelStatisticsRequest) (*inference.ModelStatisticsResponse, error) {
+	stats, err := s.b.Statistics(req.GetName(), req.GetVersion())
+	if err != nil {
+		return nil, s.grpcError("ModelStatistics", err)
+	}
+	return grpcStatistics(stats), nil
+}
+
+// RepositoryIndex lists the models of the repository.
+func (s *grpcService) RepositoryIndex(ctx context.Context, req *inference.RepositoryIndexRequest) (*inference.RepositoryIndexResponse, error) {
+	if err := grpcCheckRepositoryName(req.GetRepositoryName()); err != nil {
+		return nil, s.grpcError("RepositoryIndex", err)
+	}
+	idx, err := s.b.RepositoryIndex(ctx, req.GetReady())
+	if err != nil {
+		return nil, s.grpcError("RepositoryIndex", err)
+	}
+	resp := &inference.RepositoryIndexResponse{Models: make([]*inference.RepositoryIndexResponse_ModelIndex, len(idx))}
+	for i, e := range idx {
+		resp.Models[i] = &inference.RepositoryIndexResponse_ModelIndex{
+			Name:    e.Name,
+			Version: e.Version,
+			State:   string(e.State),
+			Reason:  e.Reason,
+		}
+	}
+	return resp, nil
+}
+
+// RepositoryModelLoad loads or reloads a model and waits until it is ready.
+// Load parameters (Triton's config and file overrides) are not supported.
+func (s *grpcService) RepositoryModelLoad(ctx context.Context, req *inference.RepositoryModelLoadRequest) (*inference.RepositoryModelLoadResponse, error) {
+	err := grpcCheckRepositoryRequest(req.GetRepositoryName(), req.GetModelName(), req.GetParameters(), nil)
+	if err == nil {
+		err = s.b.LoadModel(ctx, req.GetModelName())
+	}
+	if err != nil {
+		return nil, s.grpcError("RepositoryModelLoad", err)
+	}
+	return &inference.RepositoryModelLoadResponse{}, nil
+}
+
+// grpcUnloadParams are the unload parameters accepted and ignored.
+// tritonclient always sends "unload_dependents"; sloserve has no ensembles,
+// so a model has no dependents to unload.
+var grpcUnloadParams = []string{"unload_dependents"}
+
+// RepositoryModelUnload unloads a model after its in-flight requests finish.
+func (s *grpcService) RepositoryModelUnload(ctx context.Context, req *inference.RepositoryModelUnloadRequest) (*inference.RepositoryModelUnloadResponse, error) {
+	err := grpcCheckRepositoryRequest(req.GetRepositoryName(), req.GetModelName(), req.GetParameters(), grpcUnloadParams)
+	if err == nil {
+		err = s.b.UnloadModel(ctx, req.GetModelName())
+	}
+	if err != nil {
+		return nil, s.grpcError("RepositoryModelUnload", err)
+	}
+	return &inference.RepositoryModelUnloadResponse{}, nil
+}
+
+// grpcCheckRepositoryName accepts only the unnamed repository: sloserve serves one
+// model repository and does not name it.
+func grpcCheckRepositoryName(name string) error {
+	if name != "" {
+		return fmt.Errorf("%w: repository_name is not supported (got %q)", errBadRequest, name)
+	}
+	return nil
+}
+
+// grpcCheckRepositoryRequest validates a load or unload request: the repository
+// name, the model name, and the parameters, of which only those in allowed
+// are accepted.
+func grpcCheckRepositoryRequest(repo, model string, params map[string]*inference.ModelRepositoryParameter, allowed []string) error {
+	if err := grpcCheckRepositoryName(repo); err != nil {
+		return err
+	}
+	if err := grpcCheckModelName(model); err != nil {
+		return err
+	}
+	var refused []string
+	for k := range params {
+		if !slices.Contains(allowed, k) {
+			refused = append(refused, k)
+		}
+	}
+	if len(refused) > 0 {
+		slices.Sort(refused)
+		return fmt.Errorf("%w: parameters not supported: %s", errBadRequest, strings.Join(refused, ", "))
+	}
+	return nil
+}
+
+// grpcCheckModelName refuses model names that are empty or could be read as a
+// path; the backend may use a name to find a folder in the repository.
+func grpcCheckModelName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: model_name is required", errBadRequest)
+	case strings.ContainsAny(name, "/\\\x00"), strings.Contains(name, ".."):
+		return fmt.Errorf("%w: invalid model name %q", errBadRequest, name)
+	}
+	return nil
+}
+
+// grpcRecoverUnary turns a panic in a unary handler into an INTERNAL error.
+func grpcRecoverUnary(logger *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error("handler panic", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				resp, err = nil, status.Error(codes.Internal, "internal error")
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+// grpcRecoverStream turns a panic in a streaming handler (health Watch,
+// reflection) into an INTERNAL error.
+func grpcRecoverStream(logger *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error("handler panic", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error")
+			}
+		}()
+		return handler(srv, ss)
+	}
+}
+
+// grpcHealthServer is grpc.health.v1 over a Backend: the server ("") and the
+// inference service are SERVING while the backend is ready. It reads
+// readiness on every call, so nothing has to push status changes to it.
+type grpcHealthServer struct {
+	grpc_health_v1.UnimplementedHealthServer
+
+	b Backend
+	// interval is how often Watch re-reads readiness.
+	interval time.Duration
+}
+
+var _ grpc_health_v1.HealthServer = (*grpcHealthServer)(nil)
+
+// grpcHealthServices are the service names the health server knows.
+var grpcHealthServices = []string{"", inference.GRPCInferenceService_ServiceDesc.ServiceName}
+
+func (h *grpcHealthServer) status() grpc_health_v1.HealthCheckResponse_ServingStatus {
+	if h.b.Ready() {
+		return grpc_health_v1.HealthCheckResponse_SERVING
+	}
+	return grpc_health_v1.HealthCheckResponse_NOT_SERVING
+}
+
+// Check reports the status of the server or of the inference service.
+func (h *grpcHealthServer) Check(_ context.Context, req *grpc_health_v1.HealthCheckRequest) (*grpc_health_v1.HealthCheckResponse, error) {
+	if !slices.Contains(grpcHealthServices, req.GetService()) {
+		return nil, status.Errorf(codes.NotFound, "unknown service %q", req.GetService())
+	}
+	return &grpc_health_v1.HealthCheckResponse{Status: h.status()}, nil
+}
+
+// List reports the status of every known service.
+func (h *grpcHealthServer) List(context.Context, *grpc_health_v1.HealthListRequest) (*grpc_health_v1.HealthListResponse, error) {
+	st := h.status()
+	resp := &grpc_health_v1.HealthListResponse{Statuses: make(map[string]*grpc_health_v1.HealthCheckResponse, len(grpcHealthServices))}
+	for _, name := range grpcHealthServices {
+		resp.Statuses[name] = &grpc_health_v1.HealthCheckResponse{Status: st}
+	}
+	return resp, nil
+}
+
+// Watch sends the current status, then a new message whenever it changes,
+// polling readiness every interval on the stream's own goroutine. An unknown
+// service is reported as SERVICE_UNKNOWN, as the protocol asks, and never
+// changes.
+func (h *grpcHealthServer) Watch(req *grpc_health_v1.HealthCheckRequest, stream grpc.ServerStreamingServer[grpc_health_v1.HealthCheckResponse]) error {
+	known := slices.Contains(grpcHealthServices, req.GetService())
+	current := func() grpc_health_v1.HealthCheckResponse_ServingStatus {
+		if !known {
+			return grpc_health_v1.HealthCheckResponse_SERVICE_UNKNOWN
+		}
+		return h.status()
+	}
+	last := current()
+	if err := stream.Send(&grpc_health_v1.HealthCheckResponse{Status: last}); err != nil {
+		return err
+	}
+	tick := time.NewTicker(h.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return status.FromContextError(stream.Context().Err()).Err()
+		case <-tick.C:
+			if st := current(); st != last {
+				if err := stream.Send(&grpc_health_v1.HealthCheckResponse{Status: st}); err != nil {
+					return err
+				}
+				last = st
+			}
+		}
+	}
+}
+
+// grpcModelMetadata converts model metadata to its protocol message.
+func grpcModelMetadata(md models.Metadata) *inference.ModelMetadataResponse {
+	resp := &inference.ModelMetadataResponse{
+		Name:     md.Name,
+		Versions: md.Versions,
+		Platform: md.Platform,
+		Inputs:   make([]*inference.ModelMetadataResponse_TensorMetadata, len(md.Inputs)),
+		Outputs:  make([]*inference.ModelMetadataResponse_TensorMetadata, len(md.Outputs)),
+	}
+	for i, t := range md.Inputs {
+		resp.Inputs[i] = &inference.ModelMetadataResponse_TensorMetadata{Name: t.Name, Datatype: string(t.DataType), Shape: t.Shape}
+	}
+	for i, t := range md.Outputs {
+		resp.Outputs[i] = &inference.ModelMetadataResponse_TensorMetadata{Name: t.Name, Datatype: string(t.DataType), Shape: t.Shape}
+	}
+	return resp
+}
+
+// grpcStatistics converts statistics to Triton's message: last_inference
+// in milliseconds since the epoch (0: never), durations in nanoseconds.
+func grpcStatistics(stats []models.Statistics) *inference.ModelStatisticsResponse {
+	resp := &inference.ModelStatisticsResponse{ModelStats: make([]*inference.ModelStatistics, len(stats))}
+	for i, st := range stats {
+		var last uint64
+		if !st.LastInference.IsZero() {
+			last = uint64(max(st.LastInference.UnixMilli(), 0))
+		}
+		resp.ModelStats[i] = &inference.ModelStatistics{
+			Name:           st.Name,
+			Version:        st.Version,
+			LastInference:  last,
+			InferenceCount: st.InferenceCount,
+			ExecutionCount: st.ExecutionCount,
+			InferenceStats: &inference.InferStatistics{
+				Success:       grpcDuration(st.Success),
+				Fail:          grpcDuration(st.Fail),
+				Queue:         grpcDuration(st.Queue),
+				ComputeInput:  grpcDuration(st.ComputeInput),
+				ComputeInfer:  grpcDuration(st.ComputeInfer),
+				ComputeOutput: grpcDuration(st.ComputeOutput),
+			},
+		}
+	}
+	return resp
+}
+
+func grpcDuration(d models.Duration) *inference.StatisticDuration {
+	return &inference.StatisticDuration{Count: d.Count, Ns: uint64(max(d.Total.Nanoseconds(), 0))}
+}

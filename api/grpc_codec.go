@@ -1,0 +1,389 @@
+package api
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Request-level parameters of ModelInfer. Triton hands parameters it does not
+// know to the model as custom parameters; sloserve has no such use for them
+// and ignores them, except for these:
+//   - "priority" and "timeout" are accepted and ignored until per-request QoS
+//     takes them into account;
+//   - "sequence_id", "sequence_start" and "sequence_end" are refused whatever
+//     their value: sloserve has no sequence batcher.
+var grpcRefusedRequestParams = []string{"sequence_id", "sequence_start", "sequence_end"}
+
+// Tensor-level parameters refused on inputs and requested outputs; all others
+// (such as "binary_data", which only means something over REST) are ignored.
+var (
+	grpcRefusedInputParams  = []string{"shared_memory_region"}
+	grpcRefusedOutputParams = []string{"classification", "shared_memory_region"}
+)
+
+// Names of the InferTensorContents fields, as the protocol spells them.
+const (
+	grpcBoolContents   = "bool_contents"
+	grpcIntContents    = "int_contents"
+	grpcInt64Contents  = "int64_contents"
+	grpcUintContents   = "uint_contents"
+	grpcUint64Contents = "uint64_contents"
+	grpcFP32Contents   = "fp32_contents"
+	grpcFP64Contents   = "fp64_contents"
+	grpcBytesContents  = "bytes_contents"
+)
+
+// grpcContentsField names the typed contents field that carries each datatype.
+// FP16 and BF16 have none: they travel in raw_input_contents only.
+var grpcContentsField = map[runtime.DataType]string{
+	runtime.Bool:   grpcBoolContents,
+	runtime.Int8:   grpcIntContents,
+	runtime.Int16:  grpcIntContents,
+	runtime.Int32:  grpcIntContents,
+	runtime.Int64:  grpcInt64Contents,
+	runtime.Uint8:  grpcUintContents,
+	runtime.Uint16: grpcUintContents,
+	runtime.Uint32: grpcUintContents,
+	runtime.Uint64: grpcUint64Contents,
+	runtime.FP32:   grpcFP32Contents,
+	runtime.FP64:   grpcFP64Contents,
+	runtime.Bytes:  grpcBytesContents,
+}
+
+// decodeGRPCInfer validates a ModelInferRequest and converts its inputs to
+// runtime tensors, as Triton does: every input names its datatype and shape;
+// the data is either in raw_input_contents (one entry per input, in order) or
+// in the typed contents field of the input's datatype, never both. Element
+// counts are checked against lim before anything is allocated. Raw data is
+// not copied: the tensors alias the message's byte slices, which the message
+// owns (gRPC's proto codec unmarshals without aliasing its receive buffer).
+//
+// Errors wrap errBadRequest, errTooLarge or runtime.ErrShape.
+func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits) (*runtime.InferRequest, error) {
+	for _, k := range grpcRefusedRequestParams {
+		if _, ok := msg.GetParameters()[k]; ok {
+			return nil, fmt.Errorf("%w: parameter %q is not supported: sequence batching is not available", errBadRequest, k)
+		}
+	}
+	inputs := msg.GetInputs()
+	raw := msg.GetRawInputContents()
+	if len(raw) > 0 && len(raw) != len(inputs) {
+		return nil, fmt.Errorf("%w: raw_input_contents has %d entries for %d inputs", errBadRequest, len(raw), len(inputs))
+	}
+	req := &runtime.InferRequest{Inputs: make([]runtime.Tensor, len(inputs))}
+	// Names are checked for repeats through a map, so that a hostile request
+	// with many tensors does not cost quadratic time.
+	seen := grpcNameSet(len(inputs))
+	for i, in := range inputs {
+		if in.GetName() == "" {
+			return nil, fmt.Errorf("%w: input %d has no name", errBadRequest, i)
+		}
+		if _, dup := seen[in.GetName()]; dup {
+			return nil, fmt.Errorf("%w: input %q appears more than once", errBadRequest, in.GetName())
+		}
+		if seen != nil {
+			seen[in.GetName()] = struct{}{}
+		}
+		var data []byte
+		if len(raw) > 0 {
+			data = raw[i]
+		}
+		t, err := decodeGRPCInput(in, data, len(raw) > 0, lim)
+		if err != nil {
+			return nil, err
+		}
+		req.Inputs[i] = t
+	}
+	outputs := msg.GetOutputs()
+	if len(outputs) > 0 {
+		req.Outputs = make([]string, len(outputs))
+	}
+	seen = grpcNameSet(len(outputs))
+	for i, out := range outputs {
+		name := out.GetName()
+		if name == "" {
+			return nil, fmt.Errorf("%w: requested output %d has no name", errBadRequest, i)
+		}
+		if _, dup := seen[name]; dup {
+			return nil, fmt.Errorf("%w: output %q is requested more than once", errBadRequest, name)
+		}
+		if seen != nil {
+			seen[name] = struct{}{}
+		}
+		for _, k := range grpcRefusedOutputParams {
+			if _, ok := out.GetParameters()[k]; ok {
+				return nil, fmt.Errorf("%w: output %q: parameter %q is not supported", errBadRequest, name, k)
+			}
+		}
+		req.Outputs[i] = name
+	}
+	return req, nil
+}
+
+// grpcNameSet returns a set for n tensor names, or nil when n < 2 and no name
+// can repeat. Looking a name up in the nil set finds nothing.
+func grpcNameSet(n int) map[string]struct{} {
+	if n < 2 {
+		return nil
+	}
+	return make(map[string]struct{}, n)
+}
+
+// decodeGRPCInput converts one input. With useRaw, raw is its data and typed
+// contents are refused; otherwise the data comes from its typed contents.
+func decodeGRPCInput(in *inference.ModelInferRequest_InferInputTensor, raw []byte, useRaw bool, lim Limits) (runtime.Tensor, error) {
+	name := in.GetName()
+	for _, k := range grpcRefusedInputParams {
+		if _, ok := in.GetParameters()[k]; ok {
+			return runtime.Tensor{}, fmt.Errorf("%w: input %q: parameter %q is not supported", errBadRequest, name, k)
+		}
+	}
+	if in.GetDatatype() == "" {
+		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no datatype", errBadRequest, name)
+	}
+	dt, ok := runtime.ParseDataType(in.GetDatatype())
+	if !ok {
+		return runtime.Tensor{}, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
+	}
+	shape := in.GetShape()
+	if len(shape) == 0 {
+		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
+	}
+	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	if err != nil {
+		return runtime.Tensor{}, fmt.Errorf("input %q: %w", name, err)
+	}
+	t := runtime.Tensor{Name: name, DataType: dt, Shape: shape}
+
+	set := grpcSetContents(in.GetContents())
+	if useRaw {
+		if len(set) > 0 {
+			return runtime.Tensor{}, fmt.Errorf("%w: input %q has both raw_input_contents and %s", errBadRequest, name, set[0])
+		}
+		if err := grpcCheckRaw(dt, raw, n); err != nil {
+			return runtime.Tensor{}, fmt.Errorf("%w: input %q: %v", errBadRequest, name, err)
+		}
+		t.Data = raw
+		return t, nil
+	}
+
+	want, ok := grpcContentsField[dt]
+	if !ok {
+		return runtime.Tensor{}, fmt.Errorf("%w: input %q: %s has no typed contents field; send it in raw_input_contents", errBadRequest, name, dt)
+	}
+	for _, f := range set {
+		if f != want {
+			return runtime.Tensor{}, fmt.Errorf("%w: input %q: datatype %s takes %s, not %s", errBadRequest, name, dt, want, f)
+		}
+	}
+	t.Data, err = grpcTypedData(dt, in.GetContents(), n)
+	if err != nil {
+		return runtime.Tensor{}, fmt.Errorf("%w: input %q: %v", errBadRequest, name, err)
+	}
+	return t, nil
+}
+
+// grpcElementCount is the number of elements of shape. A negative dimension, or
+// a product that does not fit in an int64, is a malformed shape
+// (runtime.ErrShape); a shape whose elements or bytes exceed the limits is too
+// large (errTooLarge).
+func grpcElementCount(shape []int64, limit int64, dt runtime.DataType) (int64, error) {
+	// runtime.ElementCount gives up on a running product too large for int64
+	// even when a later dimension is 0, so a shape with a 0 is settled here.
+	if slices.Contains(shape, 0) && !slices.ContainsFunc(shape, func(d int64) bool { return d < 0 }) {
+		return 0, nil
+	}
+	n, err := runtime.ElementCount(shape, 0)
+	if err != nil {
+		return 0, err
+	}
+	if limit > 0 && n > limit {
+		return 0, fmt.Errorf("%w: shape %v has %d elements, the limit is %d", errTooLarge, shape, n, limit)
+	}
+	if size := int64(dt.Size()); size > 0 && n > math.MaxInt/size {
+		return 0, fmt.Errorf("%w: shape %v has %d elements of %d bytes", errTooLarge, shape, n, size)
+	}
+	return n, nil
+}
+
+// grpcCheckRaw checks that raw holds exactly n elements of dt.
+func grpcCheckRaw(dt runtime.DataType, raw []byte, n int64) error {
+	if dt == runtime.Bytes {
+		_, err := runtime.SplitBytes(raw, n)
+		return err
+	}
+	if want := dt.ByteSize(n); int64(len(raw)) != want {
+		return fmt.Errorf("raw data has %d bytes, %d elements of %s need %d", len(raw), n, dt, want)
+	}
+	return nil
+}
+
+// grpcSetContents names the fields of c that hold data.
+func grpcSetContents(c *inference.InferTensorContents) []string {
+	if c == nil {
+		return nil
+	}
+	var set []string
+	for _, f := range []struct {
+		name string
+		n    int
+	}{
+		{grpcBoolContents, len(c.BoolContents)},
+		{grpcIntContents, len(c.IntContents)},
+		{grpcInt64Contents, len(c.Int64Contents)},
+		{grpcUintContents, len(c.UintContents)},
+		{grpcUint64Contents, len(c.Uint64Contents)},
+		{grpcFP32Contents, len(c.Fp32Contents)},
+		{grpcFP64Contents, len(c.Fp64Contents)},
+		{grpcBytesContents, len(c.BytesContents)},
+	} {
+		if f.n > 0 {
+			set = append(set, f.name)
+		}
+	}
+	return set
+}
+
+// grpcTypedData converts the typed contents of datatype dt, which must hold
+// exactly n elements, to the raw little-endian layout.
+func grpcTypedData(dt runtime.DataType, c *inference.InferTensorContents, n int64) ([]byte, error) {
+	switch dt {
+	case runtime.Bool:
+		return grpcConvert(c.GetBoolContents(), n, 1, func(b []byte, v bool) error {
+			if v {
+				b[0] = 1
+			}
+			return nil
+		})
+	case runtime.Int8:
+		return grpcConvert(c.GetIntContents(), n, 1, func(b []byte, v int32) error {
+			if v < math.MinInt8 || v > math.MaxInt8 {
+				return fmt.Errorf("value %d is out of range for INT8", v)
+			}
+			b[0] = byte(int8(v))
+			return nil
+		})
+	case runtime.Int16:
+		return grpcConvert(c.GetIntContents(), n, 2, func(b []byte, v int32) error {
+			if v < math.MinInt16 || v > math.MaxInt16 {
+				return fmt.Errorf("value %d is out of range for INT16", v)
+			}
+			binary.LittleEndian.PutUint16(b, uint16(int16(v)))
+			return nil
+		})
+	case runtime.Int32:
+		return grpcConvert(c.GetIntContents(), n, 4, func(b []byte, v int32) error {
+			binary.LittleEndian.PutUint32(b, uint32(v))
+			return nil
+		})
+	case runtime.Int64:
+		return grpcConvert(c.GetInt64Contents(), n, 8, func(b []byte, v int64) error {
+			binary.LittleEndian.PutUint64(b, uint64(v))
+			return nil
+		})
+	case runtime.Uint8:
+		return grpcConvert(c.GetUintContents(), n, 1, func(b []byte, v uint32) error {
+			if v > math.MaxUint8 {
+				return fmt.Errorf("value %d is out of range for UINT8", v)
+			}
+			b[0] = byte(v)
+			return nil
+		})
+	case runtime.Uint16:
+		return grpcConvert(c.GetUintContents(), n, 2, func(b []byte, v uint32) error {
+			if v > math.MaxUint16 {
+				return fmt.Errorf("value %d is out of range for UINT16", v)
+			}
+			binary.LittleEndian.PutUint16(b, uint16(v))
+			return nil
+		})
+	case runtime.Uint32:
+		return grpcConvert(c.GetUintContents(), n, 4, func(b []byte, v uint32) error {
+			binary.LittleEndian.PutUint32(b, v)
+			return nil
+		})
+	case runtime.Uint64:
+		return grpcConvert(c.GetUint64Contents(), n, 8, func(b []byte, v uint64) error {
+			binary.LittleEndian.PutUint64(b, v)
+			return nil
+		})
+	case runtime.FP32:
+		return grpcConvert(c.GetFp32Contents(), n, 4, func(b []byte, v float32) error {
+			binary.LittleEndian.PutUint32(b, math.Float32bits(v))
+			return nil
+		})
+	case runtime.FP64:
+		return grpcConvert(c.GetFp64Contents(), n, 8, func(b []byte, v float64) error {
+			binary.LittleEndian.PutUint64(b, math.Float64bits(v))
+			return nil
+		})
+	case runtime.Bytes:
+		return grpcBytesData(c.GetBytesContents(), n)
+	}
+	return nil, fmt.Errorf("%s has no typed contents field", dt)
+}
+
+// grpcConvert encodes n values of size bytes each with put, after checking that
+// there are n of them.
+func grpcConvert[T any](vals []T, n int64, size int, put func([]byte, T) error) ([]byte, error) {
+	if int64(len(vals)) != n {
+		return nil, fmt.Errorf("contents hold %d elements, the shape needs %d", len(vals), n)
+	}
+	out := make([]byte, len(vals)*size)
+	for i, v := range vals {
+		if err := put(out[i*size:], v); err != nil {
+			return nil, fmt.Errorf("element %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// grpcBytesData lays out n BYTES elements, each with its 4-byte length prefix.
+func grpcBytesData(elems [][]byte, n int64) ([]byte, error) {
+	if int64(len(elems)) != n {
+		return nil, fmt.Errorf("contents hold %d elements, the shape needs %d", len(elems), n)
+	}
+	total := 0
+	for i, e := range elems {
+		if uint64(len(e)) > math.MaxUint32 {
+			return nil, fmt.Errorf("element %d has %d bytes, more than a BYTES element can hold", i, len(e))
+		}
+		total += 4 + len(e)
+	}
+	out := make([]byte, 0, total)
+	for _, e := range elems {
+		out = runtime.AppendBytesElement(out, e)
+	}
+	return out, nil
+}
+
+// encodeGRPCInferResponse builds the response message. Output data always goes
+// in raw_output_contents, one entry per output in order, as Triton sends it;
+// the entries alias the runtime tensors' data rather than copying it, so the
+// Backend must not reuse that memory once Infer has returned.
+func encodeGRPCInferResponse(model, version, id string, resp *runtime.InferResponse) *inference.ModelInferResponse {
+	outs := resp.Outputs
+	msg := &inference.ModelInferResponse{
+		ModelName:         model,
+		ModelVersion:      version,
+		Id:                id,
+		Outputs:           make([]*inference.ModelInferResponse_InferOutputTensor, len(outs)),
+		RawOutputContents: make([][]byte, len(outs)),
+	}
+	// One allocation for all output tensor messages.
+	tensors := make([]inference.ModelInferResponse_InferOutputTensor, len(outs))
+	for i, t := range outs {
+		ot := &tensors[i]
+		ot.Name = t.Name
+		ot.Datatype = string(t.DataType)
+		ot.Shape = t.Shape
+		msg.Outputs[i] = ot
+		msg.RawOutputContents[i] = t.Data
+	}
+	return msg
+}
