@@ -25,6 +25,11 @@ var (
 	ErrUnavailable = errors.New("model instance unavailable")
 	// ErrInference means ONNX Runtime refused or failed the call.
 	ErrInference = errors.New("inference failed")
+	// ErrInvalidTensor means the runner rejected the request's tensors: an
+	// unknown or missing name, the wrong data type, a shape the model does
+	// not accept, or data that does not match its shape. The request is at
+	// fault. Errors that carry it also wrap ErrInference.
+	ErrInvalidTensor = errors.New("invalid tensor")
 	// ErrNoCUDA means the ONNX Runtime library has no CUDA provider.
 	ErrNoCUDA = errors.New("ONNX Runtime library has no CUDA support")
 )

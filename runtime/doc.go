@@ -1,0 +1,12 @@
+// Package runtime runs model instances. Each instance is a runner process
+// (the hidden `sloserve runner` subcommand, RunnerMain) that hosts one ONNX
+// Runtime session and serves it over gRPC (runnerpb) on a Unix socket. The
+// server side, Runner, starts that process, supervises it (restarts with
+// backoff, kills it when it hangs) and carries requests to it; it never
+// loads ONNX Runtime itself.
+//
+// Tensors travel as flat little-endian buffers (Tensor). The runner checks
+// them against the model before ONNX Runtime sees them and wraps fixed-size
+// data in place; errors come back as ErrInvalidTensor, ErrInference or
+// ErrUnavailable.
+package runtime

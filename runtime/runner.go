@@ -1,0 +1,584 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/runtime/runnerpb"
+)
+
+// RunnerConfig configures a supervised runner process for one model
+// instance. Zero values take the defaults noted.
+type RunnerConfig struct {
+	Name       string   // for logs and errors, e.g. "ocr-det/1#0"; default the model file name
+	ModelPath  string   // the model.onnx file; required
+	Library    string   // libonnxruntime path passed to the child; required
+	Executable string   // default os.Executable()
+	Args       []string // leading arguments before the runner flags; nil: []string{"runner"}
+	Env        []string // extra environment for the child, "KEY=value"
+	SocketDir  string   // where the Unix socket lives; default os.TempDir()
+	Provider   ProviderOptions
+
+	ReadyTimeout   time.Duration // how long a start may take; default 2m
+	HealthInterval time.Duration // between health checks; default 5s
+	BackoffInitial time.Duration // first restart delay; default 500ms, doubling
+	BackoffMax     time.Duration // restart delay cap; default 30s
+	// MaxRestarts is how many restarts may be tried in a row, counting
+	// crashes and failed starts, before the runner is Failed. A runner that
+	// stays ready for max(BackoffMax, 4×HealthInterval) earns the full
+	// count back. 0 means 5; negative means never restart.
+	MaxRestarts int
+
+	// Logger receives the runner's events and the child's output lines. It
+	// should already carry the runner's name; if nil, slog.Default() with
+	// "runner"=Name is used.
+	Logger *slog.Logger
+	// OnRestart is called from the supervising goroutine after each
+	// successful restart, with a short cause of the previous process's end
+	// ("process signal: killed", "hung: ..."), for metrics. It may be nil.
+	OnRestart func(reason string)
+}
+
+const (
+	defaultReadyTimeout   = 2 * time.Minute
+	defaultHealthInterval = 5 * time.Second
+	defaultBackoffInitial = 500 * time.Millisecond
+	defaultBackoffMax     = 30 * time.Second
+	defaultMaxRestarts    = 5
+	// hungAfter consecutive failed health checks of a live process mean
+	// it is hung.
+	hungAfter = 3
+	// maxHealthTimeout caps one health check.
+	maxHealthTimeout = 2 * time.Second
+	// defaultStopGrace applies when Stop's context has no deadline.
+	defaultStopGrace = 10 * time.Second
+	// maxSocketPath is the room in sockaddr_un.sun_path, NUL included.
+	maxSocketPath = 108
+)
+
+func (c RunnerConfig) withDefaults() (RunnerConfig, error) {
+	var errs []error
+	if c.ModelPath == "" {
+		errs = append(errs, errors.New("runner config: ModelPath is required"))
+	}
+	if c.Library == "" {
+		errs = append(errs, errors.New("runner config: Library is required"))
+	}
+	if err := c.Provider.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("runner config: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	if c.Name == "" {
+		c.Name = filepath.Base(c.ModelPath)
+	}
+	if c.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return c, fmt.Errorf("runner config: find own executable: %w", err)
+		}
+		c.Executable = exe
+	}
+	if c.Args == nil {
+		c.Args = []string{"runner"}
+	}
+	if c.SocketDir == "" {
+		c.SocketDir = os.TempDir()
+	}
+	setDefault := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	setDefault(&c.ReadyTimeout, defaultReadyTimeout)
+	setDefault(&c.HealthInterval, defaultHealthInterval)
+	setDefault(&c.BackoffInitial, defaultBackoffInitial)
+	setDefault(&c.BackoffMax, defaultBackoffMax)
+	c.BackoffMax = max(c.BackoffMax, c.BackoffInitial)
+	switch {
+	case c.MaxRestarts == 0:
+		c.MaxRestarts = defaultMaxRestarts
+	case c.MaxRestarts < 0:
+		c.MaxRestarts = 0
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default().With("runner", c.Name)
+	}
+	return c, nil
+}
+
+// RunnerState is where a Runner is in its life.
+type RunnerState int
+
+// The states of a Runner. Only a Ready runner takes requests.
+const (
+	RunnerStarting RunnerState = iota
+	RunnerReady
+	RunnerRestarting
+	RunnerFailed
+	RunnerStopped
+)
+
+// String names the state in lower case, as in logs and status messages.
+func (s RunnerState) String() string {
+	switch s {
+	case RunnerStarting:
+		return "starting"
+	case RunnerReady:
+		return "ready"
+	case RunnerRestarting:
+		return "restarting"
+	case RunnerFailed:
+		return "failed"
+	case RunnerStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("RunnerState(%d)", int(s))
+}
+
+// Runner is a model instance served by a child process (the hidden
+// `runner` subcommand, see RunnerMain) over gRPC on a Unix socket. One
+// supervising goroutine owns the process: it restarts it with backoff when
+// it dies, kills and restarts it when health checks say it hangs, and
+// stops it on Stop.
+type Runner struct {
+	cfg     RunnerConfig
+	log     *slog.Logger
+	inputs  []TensorSpec
+	outputs []TensorSpec
+
+	// serving is the process that takes requests; nil unless Ready.
+	serving atomic.Pointer[process]
+	// live is the current process, ready or not; nil between processes.
+	live atomic.Pointer[process]
+
+	// ctx is cancelled by Stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// done is closed when the supervisor has returned.
+	done chan struct{}
+
+	mu       sync.Mutex
+	state    RunnerState
+	reason   string
+	restarts int
+	stopping bool
+	stopCtx  context.Context // Stop's context, for the grace period
+	stopErr  error
+}
+
+var _ Instance = (*Runner)(nil)
+
+// StartRunner starts a runner process and waits until it answers Describe,
+// for at most cfg.ReadyTimeout. If the process dies or times out first,
+// the error carries its exit status and the last lines of its output. ctx
+// bounds the start only; the runner then lives until Stop, which must be
+// called.
+func StartRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	p, desc, err := r.spawn(ctx)
+	if err != nil {
+		r.cancel()
+		return nil, err
+	}
+	if r.inputs, err = specsFromProto(desc.GetInputs()); err == nil {
+		r.outputs, err = specsFromProto(desc.GetOutputs())
+	}
+	if err != nil {
+		r.cancel()
+		r.terminate(p, nil)
+		p.close()
+		return nil, fmt.Errorf("runner %s: %w", cfg.Name, err)
+	}
+	r.log.Info("runner started",
+		"pid", p.pid,
+		"model", cfg.ModelPath,
+		"provider", desc.GetProvider(),
+		"onnxruntime", desc.GetOnnxruntimeVersion())
+	r.setReady(p)
+	go r.supervise(p)
+	return r, nil
+}
+
+// socketSeq numbers sockets so that each process gets a fresh one.
+var socketSeq atomic.Uint64
+
+// spawn starts a process and waits until it is ready. On failure nothing of
+// the process is left.
+func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeResponse, error) {
+	socket := filepath.Join(r.cfg.SocketDir, fmt.Sprintf("sloserve-%d-%d.sock", os.Getpid(), socketSeq.Add(1)))
+	if len(socket) >= maxSocketPath {
+		return nil, nil, fmt.Errorf("runner %s: socket path %s is longer than %d bytes; use a shorter SocketDir", r.cfg.Name, socket, maxSocketPath-1)
+	}
+	start := time.Now()
+	p, err := startProcess(&r.cfg, socket)
+	if err != nil {
+		return nil, nil, fmt.Errorf("runner %s: %w", r.cfg.Name, err)
+	}
+	r.live.Store(p)
+	r.log.Debug("runner process started", "pid", p.pid, "socket", socket)
+
+	readyCtx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
+	defer cancel()
+	stop := context.AfterFunc(p.exitCtx, cancel)
+	defer stop()
+	desc, err := p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	if err == nil {
+		r.log.Debug("runner process ready", "pid", p.pid, "took", time.Since(start))
+		return p, desc, nil
+	}
+
+	exitedFirst := p.hasExited()
+	p.kill()
+	<-p.exited
+	p.close()
+	r.live.Store(nil)
+	tail := p.output.Tail(10)
+	if tail != "" {
+		tail = "; last output:\n" + tail
+	}
+	switch {
+	case exitedFirst && strings.Contains(p.output.Tail(outputTailLines), ErrNoCUDA.Error()):
+		// The runner's own error, printed as it exited, names the sentinel.
+		err = fmt.Errorf("runner %s exited before it was ready (%s): %w%s", r.cfg.Name, p.exitStatus(), ErrNoCUDA, tail)
+	case exitedFirst:
+		err = fmt.Errorf("runner %s exited before it was ready (%s)%s", r.cfg.Name, p.exitStatus(), tail)
+	case ctx.Err() != nil:
+		err = fmt.Errorf("runner %s: start abandoned: %w", r.cfg.Name, context.Cause(ctx))
+	case readyCtx.Err() != nil:
+		err = fmt.Errorf("runner %s not ready within %s (pid %d killed)%s", r.cfg.Name, r.cfg.ReadyTimeout, p.pid, tail)
+	default:
+		err = fmt.Errorf("runner %s: describe: %w%s", r.cfg.Name, err, tail)
+	}
+	return nil, nil, err
+}
+
+// supervise owns the runner's processes from the first ready one on.
+func (r *Runner) supervise(p *process) {
+	defer close(r.done)
+	failures := 0
+	delay := r.cfg.BackoffInitial
+	stable := max(r.cfg.BackoffMax, hungAfter*r.cfg.HealthInterval+r.cfg.HealthInterval)
+	for {
+		readySince := time.Now()
+		cause, tail, stopped := r.watch(p)
+		r.serving.Store(nil)
+		p.close()
+		r.live.Store(nil)
+		if stopped {
+			r.setState(RunnerStopped, "stopped")
+			return
+		}
+		if time.Since(readySince) >= stable {
+			failures, delay = 0, r.cfg.BackoffInitial
+		}
+		r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
+		// reason is what the state reports: the cause, then the latest
+		// failed start.
+		reason := cause
+		if tail != "" {
+			reason += "; last output:\n" + tail
+		}
+
+		for {
+			failures++
+			if failures > r.cfg.MaxRestarts {
+				reason = fmt.Sprintf("gave up after %d restarts in a row; last: %s", r.cfg.MaxRestarts, reason)
+				r.log.Error("runner failed", "reason", reason)
+				r.setState(RunnerFailed, reason)
+				return
+			}
+			r.setState(RunnerRestarting, reason)
+			select {
+			case <-time.After(delay):
+			case <-r.ctx.Done():
+				r.setState(RunnerStopped, "stopped")
+				return
+			}
+			delay = min(2*delay, r.cfg.BackoffMax)
+			np, _, err := r.spawn(r.ctx)
+			if err != nil {
+				if r.ctx.Err() != nil {
+					r.setState(RunnerStopped, "stopped")
+					return
+				}
+				r.log.Warn("runner restart failed", "attempt", failures, "err", err)
+				reason = err.Error()
+				continue
+			}
+			if !r.setReady(np) {
+				// Stop came while the process started.
+				r.terminate(np, r.stopContext())
+				np.close()
+				r.live.Store(nil)
+				r.setState(RunnerStopped, "stopped")
+				return
+			}
+			p = np
+			r.mu.Lock()
+			r.restarts++
+			n := r.restarts
+			r.mu.Unlock()
+			r.log.Info("runner restarted", "pid", p.pid, "restarts", n, "cause", cause)
+			if r.cfg.OnRestart != nil {
+				r.cfg.OnRestart(cause)
+			}
+			break
+		}
+	}
+}
+
+// watch waits until the process ends or Stop asks it to. Meanwhile it
+// checks the runner's health and kills a runner that stops answering. It
+// returns why the process ended and the last lines of its output.
+func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
+	ticker := time.NewTicker(r.cfg.HealthInterval)
+	defer ticker.Stop()
+	timeout := min(r.cfg.HealthInterval, maxHealthTimeout)
+	failed := 0
+	hung := ""
+	for {
+		select {
+		case <-p.exited:
+			cause = "process " + p.exitStatus()
+			if hung != "" {
+				cause = hung
+			}
+			return cause, p.output.Tail(5), false
+		case <-r.ctx.Done():
+			r.terminate(p, r.stopContext())
+			return "", "", true
+		case <-ticker.C:
+			if hung != "" {
+				continue
+			}
+			err := p.checkHealth(r.ctx, timeout)
+			if err == nil {
+				failed = 0
+				continue
+			}
+			if p.hasExited() || r.ctx.Err() != nil {
+				continue // the other cases of the select handle these
+			}
+			failed++
+			r.log.Warn("runner health check failed", "pid", p.pid, "failures", failed, "err", err)
+			if failed >= hungAfter {
+				hung = fmt.Sprintf("hung: %d health checks in a row failed (last: %v); killed", failed, err)
+				r.log.Error("runner hung; killing it", "pid", p.pid, "failures", failed)
+				r.serving.Store(nil)
+				p.kill()
+			}
+		}
+	}
+}
+
+// terminate stops a process: SIGTERM, then SIGKILL once ctx is done (or
+// after defaultStopGrace if ctx has no deadline; at once if ctx is nil).
+func (r *Runner) terminate(p *process, ctx context.Context) {
+	if ctx == nil {
+		p.kill()
+		<-p.exited
+		return
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultStopGrace)
+		defer cancel()
+	}
+	p.signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return
+	case <-ctx.Done():
+	}
+	r.log.Warn("runner did not stop in time; killing it", "pid", p.pid)
+	p.kill()
+	<-p.exited
+	r.mu.Lock()
+	r.stopErr = fmt.Errorf("runner %s did not stop in time and was killed: %w", r.cfg.Name, context.Cause(ctx))
+	r.mu.Unlock()
+}
+
+// Stop stops the runner: SIGTERM to the process, which finishes the calls
+// in flight, then SIGKILL when ctx is done (after 10 s if ctx has no
+// deadline). It removes the socket, ends the supervisor and restarts
+// nothing afterwards. Calls after the first wait for the first to finish
+// and return nil.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	first := !r.stopping
+	if first {
+		r.stopping = true
+		r.stopCtx = ctx
+		r.serving.Store(nil)
+		r.cancel()
+	}
+	r.mu.Unlock()
+	<-r.done
+	r.setState(RunnerStopped, "stopped")
+	if !first {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopErr
+}
+
+func (r *Runner) stopContext() context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopCtx
+}
+
+// setReady makes p the serving process unless Stop has begun.
+func (r *Runner) setReady(p *process) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping {
+		return false
+	}
+	r.state, r.reason = RunnerReady, ""
+	r.serving.Store(p)
+	return true
+}
+
+func (r *Runner) setState(s RunnerState, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state == s && r.reason == reason {
+		return
+	}
+	r.state, r.reason = s, reason
+	r.log.Debug("runner state", "state", s, "reason", reason)
+}
+
+// Inputs describes the model's inputs as the runner reported them.
+func (r *Runner) Inputs() []TensorSpec { return slices.Clone(r.inputs) }
+
+// Outputs describes the model's outputs as the runner reported them.
+func (r *Runner) Outputs() []TensorSpec { return slices.Clone(r.outputs) }
+
+// State is the runner's current state.
+func (r *Runner) State() RunnerState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+// Reason says why the runner is not ready: the end of its last process
+// while restarting or failed; empty when ready.
+func (r *Runner) Reason() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reason
+}
+
+// Pid is the process id of the current runner process, 0 if there is none.
+func (r *Runner) Pid() int {
+	if p := r.live.Load(); p != nil {
+		return p.pid
+	}
+	return 0
+}
+
+// Restarts counts the successful restarts so far.
+func (r *Runner) Restarts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.restarts
+}
+
+// Usage reports the current process's CPU time (user plus system) and
+// resident memory, from /proc.
+func (r *Runner) Usage() (cpuSeconds float64, rssBytes int64, err error) {
+	p := r.live.Load()
+	if p == nil {
+		return 0, 0, fmt.Errorf("%w: runner %s has no process", ErrUnavailable, r.cfg.Name)
+	}
+	return p.usage()
+}
+
+// LogValue identifies the runner in logs.
+func (r *Runner) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("name", r.cfg.Name),
+		slog.Int("pid", r.Pid()),
+		slog.String("state", r.State().String()),
+	)
+}
+
+// Infer runs one request on the runner. It fails at once with
+// ErrUnavailable unless the runner is Ready, and with ErrUnavailable when
+// the process dies during the call. A request the runner rejects fails
+// with ErrInvalidTensor (and ErrInference); an ONNX Runtime failure with
+// ErrInference. Both keep the runner's message.
+func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, error) {
+	p := r.serving.Load()
+	if p == nil {
+		msg := r.State().String()
+		if reason := r.Reason(); reason != "" {
+			msg += ": " + reason
+		}
+		return nil, fmt.Errorf("%w: runner %s is %s", ErrUnavailable, r.cfg.Name, msg)
+	}
+	resp, err := p.runner.Infer(ctx, requestToProto(req))
+	if err != nil {
+		return nil, r.inferError(ctx, p, err)
+	}
+	out, err := responseFromProto(resp)
+	if err != nil {
+		return nil, fmt.Errorf("%w: runner %s: %v", ErrInference, r.cfg.Name, err)
+	}
+	return out, nil
+}
+
+// inferError turns a failed call into the package's errors.
+func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("runner %s: %w", r.cfg.Name, ctxErr)
+	}
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.InvalidArgument:
+		return fmt.Errorf("%w: %w", ErrInference, remoteError{kind: ErrInvalidTensor, msg: st.Message()})
+	case codes.Unavailable, codes.Canceled:
+		// The connection broke or was closed under the call: the process
+		// died or is being replaced.
+		return fmt.Errorf("%w: runner %s: %s", ErrUnavailable, r.cfg.Name, st.Message())
+	}
+	if p.hasExited() {
+		return fmt.Errorf("%w: runner %s died during the call: %s", ErrUnavailable, r.cfg.Name, st.Message())
+	}
+	return fmt.Errorf("%w: runner %s: %s", ErrInference, r.cfg.Name, st.Message())
+}
+
+// remoteError carries a runner's message under one of the package's
+// sentinels. The runner's messages for rejected tensors already begin
+// with the sentinel's text.
+type remoteError struct {
+	kind error
+	msg  string
+}
+
+func (e remoteError) Error() string { return e.msg }
+func (e remoteError) Unwrap() error { return e.kind }

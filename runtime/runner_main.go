@@ -1,0 +1,192 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	ort "github.com/yalue/onnxruntime_go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/runtime/runnerpb"
+)
+
+// maxMessageSize bounds one gRPC message between server and runner. The
+// server enforces request limits before a request gets here.
+const maxMessageSize = 1 << 30
+
+// runnerStopGrace bounds how long a stopping runner waits for calls in
+// flight before it cuts them off.
+const runnerStopGrace = 5 * time.Second
+
+// runnerFlags are the command-line options of the runner process.
+type runnerFlags struct {
+	socket   string
+	model    string
+	library  string
+	provider ProviderOptions
+}
+
+func parseRunnerFlags(args []string) (runnerFlags, error) {
+	var f runnerFlags
+	fs := flag.NewFlagSet("runner", flag.ContinueOnError)
+	fs.StringVar(&f.socket, "socket", "", "Unix socket to serve on")
+	fs.StringVar(&f.model, "model", "", "ONNX model file")
+	fs.StringVar(&f.library, "library", "", "ONNX Runtime shared library")
+	fs.StringVar(&f.provider.Kind, "provider", ProviderCPU, "execution provider: cpu or cuda")
+	fs.IntVar(&f.provider.DeviceID, "device-id", 0, "CUDA device")
+	fs.IntVar(&f.provider.IntraOpThreads, "intra-op-threads", 0, "intra-op threads (0: ONNX Runtime's default)")
+	fs.IntVar(&f.provider.InterOpThreads, "inter-op-threads", 0, "inter-op threads (0: ONNX Runtime's default)")
+	fs.StringVar(&f.provider.GraphOptimization, "graph-optimization", GraphOptAll, "disable, basic, extended or all")
+	fs.Int64Var(&f.provider.GPUMemLimit, "gpu-mem-limit", 0, "CUDA arena limit in bytes (0: unlimited)")
+	fs.StringVar(&f.provider.ArenaExtendStrategy, "arena-extend-strategy", ArenaNextPowerOfTwo, "next_power_of_two or same_as_requested")
+	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	var errs []error
+	if fs.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	for name, v := range map[string]string{"--socket": f.socket, "--model": f.model, "--library": f.library} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is required", name))
+		}
+	}
+	errs = append(errs, f.provider.Validate())
+	return f, errors.Join(errs...)
+}
+
+// RunnerMain is the hidden `runner` subcommand: it hosts one ONNX Runtime
+// session for one model and serves it over gRPC (runnerpb.Runner and
+// grpc.health.v1) on a Unix socket until ctx is cancelled, then stops
+// gracefully. The flags are --socket, --model, --library, --provider,
+// --device-id, --intra-op-threads, --inter-op-threads,
+// --graph-optimization, --gpu-mem-limit, --arena-extend-strategy and
+// --cudnn-conv-algo-search.
+//
+// A runner does not watch for its parent: the parent starts it with a
+// parent-death signal (see StartRunner).
+func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
+	f, err := parseRunnerFlags(args)
+	if err != nil {
+		return err
+	}
+	log := logger.With("model", f.model)
+	if err := initORT(f.library); err != nil {
+		return err
+	}
+	defer func() {
+		if err := destroyORT(); err != nil {
+			log.Warn("destroy ONNX Runtime environment", "err", err)
+		}
+	}()
+
+	loadStart := time.Now()
+	sess, err := newORTSession(ortSessionConfig{ModelPath: f.model, Library: f.library, Provider: f.provider})
+	if err != nil {
+		return err
+	}
+	defer sess.destroy()
+
+	// Remove a socket left behind by a runner that was killed.
+	if err := os.Remove(f.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	lis, err := net.Listen("unix", f.socket)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := os.Chmod(f.socket, 0o600); err != nil {
+		lis.Close()
+		return fmt.Errorf("restrict socket: %w", err)
+	}
+
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessageSize), grpc.MaxSendMsgSize(maxMessageSize))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	runnerpb.RegisterRunnerServer(srv, &runnerService{
+		sess: sess,
+		log:  log,
+		describe: &runnerpb.DescribeResponse{
+			Inputs:             specsToProto(sess.io.inputs),
+			Outputs:            specsToProto(sess.io.outputs),
+			OnnxruntimeVersion: ort.GetVersion(),
+			Provider:           f.provider.withDefaults().Kind,
+			Pid:                int32(os.Getpid()),
+		},
+	})
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(runnerpb.Runner_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+	log.Info("runner ready",
+		"socket", f.socket,
+		"onnxruntime", ort.GetVersion(),
+		"provider", f.provider.withDefaults().Kind,
+		"inputs", sess.io.inputs,
+		"outputs", sess.io.outputs,
+		"load", time.Since(loadStart))
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("runner stopping")
+	hs.Shutdown()
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(runnerStopGrace):
+		log.Warn("calls still running after grace period; cutting them off", "grace", runnerStopGrace)
+		srv.Stop()
+		<-stopped
+	}
+	<-serveErr
+	return nil
+}
+
+// runnerService answers the runner protocol from an ONNX Runtime session.
+type runnerService struct {
+	runnerpb.UnimplementedRunnerServer
+	sess     *ortSession
+	describe *runnerpb.DescribeResponse
+	log      *slog.Logger
+}
+
+func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*runnerpb.DescribeResponse, error) {
+	return s.describe, nil
+}
+
+func (s *runnerService) Infer(_ context.Context, req *runnerpb.InferRequest) (*runnerpb.InferResponse, error) {
+	resp, err := s.sess.run(req)
+	if err != nil {
+		return nil, inferStatus(err)
+	}
+	return resp, nil
+}
+
+// inferStatus maps a session error to the gRPC status the server decodes:
+// InvalidArgument when the request is at fault, Internal otherwise. The
+// message is ONNX Runtime's or the check's.
+func inferStatus(err error) error {
+	if errors.Is(err, ErrInvalidTensor) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}

@@ -1,0 +1,598 @@
+package runtime
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Little-endian encoders and decoders for test tensors.
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 0, 4*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	return b
+}
+
+func f64Bytes(v []float64) []byte {
+	b := make([]byte, 0, 8*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+	}
+	return b
+}
+
+func decodeF32(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
+
+// f16Bits encodes a float32 that is exactly representable as a normal
+// IEEE half (or zero) into its bits.
+func f16Bits(t *testing.T, x float32) uint16 {
+	t.Helper()
+	if x == 0 {
+		return 0
+	}
+	b := math.Float32bits(x)
+	sign := uint16(b>>16) & 0x8000
+	exp := int(b>>23&0xff) - 127 + 15
+	mant := b & 0x7fffff
+	if exp <= 0 || exp >= 31 || mant&0x1fff != 0 {
+		t.Fatalf("%v is not a normal half", x)
+	}
+	return sign | uint16(exp)<<10 | uint16(mant>>13)
+}
+
+// bf16Value decodes bfloat16 bits: the top half of a float32.
+func bf16Value(bits uint16) float32 { return math.Float32frombits(uint32(bits) << 16) }
+
+func outputNamed(t *testing.T, resp *InferResponse, name string) Tensor {
+	t.Helper()
+	for _, o := range resp.Outputs {
+		if o.Name == name {
+			return o
+		}
+	}
+	t.Fatalf("no output %q in %v", name, resp.Outputs)
+	return Tensor{}
+}
+
+// rowSumsRequest is a random [batch,10] request for example_dynamic_axes
+// and the row sums it should produce.
+func rowSumsRequest(rng *rand.Rand, batch int) (*InferRequest, []float32) {
+	in := make([]float32, 10*batch)
+	want := make([]float32, batch)
+	for i := range in {
+		in[i] = rng.Float32()*2 - 1
+		want[i/10] += in[i]
+	}
+	return &InferRequest{Inputs: []Tensor{{Name: "input_vectors", DataType: FP32, Shape: []int64{int64(batch), 10}, Data: f32Bytes(in)}}}, want
+}
+
+func checkRowSums(t *testing.T, resp *InferResponse, want []float32) {
+	t.Helper()
+	out := outputNamed(t, resp, "output_scalars")
+	if out.DataType != FP32 || !slices.Equal(out.Shape, []int64{int64(len(want))}) {
+		t.Fatalf("output is %s %v, want FP32 [%d]", out.DataType, out.Shape, len(want))
+	}
+	got := decodeF32(out.Data)
+	for i := range want {
+		if math.Abs(float64(got[i]-want[i])) > 1e-5 {
+			t.Errorf("row %d: sum = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestRunnerDynamicAxes(t *testing.T) {
+	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx")))
+	wantIn := []TensorSpec{{Name: "input_vectors", DataType: FP32, Shape: []int64{-1, 10}}}
+	wantOut := []TensorSpec{{Name: "output_scalars", DataType: FP32, Shape: []int64{-1}}}
+	if !slices.EqualFunc(r.Inputs(), wantIn, specEqual) || !slices.EqualFunc(r.Outputs(), wantOut, specEqual) {
+		t.Errorf("specs = %v -> %v, want %v -> %v", r.Inputs(), r.Outputs(), wantIn, wantOut)
+	}
+	if r.State() != RunnerReady || r.Pid() == 0 || r.Pid() == os.Getpid() {
+		t.Fatalf("state %s pid %d", r.State(), r.Pid())
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, batch := range []int{1, 7, 0} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			req, want := rowSumsRequest(rng, batch)
+			resp, err := r.Infer(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRowSums(t, resp, want)
+			if resp.Timing.Infer <= 0 {
+				t.Errorf("timing %+v has no inference time", resp.Timing)
+			}
+		})
+	}
+	cpu, rss, err := r.Usage()
+	if err != nil || cpu <= 0 || rss < 1<<20 {
+		t.Errorf("Usage() = %v s, %d bytes, %v", cpu, rss, err)
+	}
+}
+
+func specEqual(a, b TensorSpec) bool {
+	return a.Name == b.Name && a.DataType == b.DataType && slices.Equal(a.Shape, b.Shape)
+}
+
+// Calls run concurrently in the runner (ORT sessions are thread-safe).
+func TestRunnerConcurrent(t *testing.T) {
+	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx")))
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for i := range 25 {
+				req, want := rowSumsRequest(rng, 1+(w+i)%16)
+				resp, err := r.Infer(t.Context(), req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				checkRowSums(t, resp, want)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// example_multitype: OutputA = int16(InputB*InputA - 512), OutputB =
+// int64(InputA)*1234 (generate_network_different_types.py).
+func TestRunnerMultitype(t *testing.T) {
+	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_multitype.onnx")))
+	rng := rand.New(rand.NewPCG(3, 4))
+	a := uint8(rng.IntN(256))
+	b := []float64{rng.Float64(), rng.Float64(), rng.Float64() * -1, 1.25}
+	req := &InferRequest{Inputs: []Tensor{
+		{Name: "InputA", DataType: Uint8, Shape: []int64{1, 1, 1}, Data: []byte{a}},
+		{Name: "InputB", DataType: FP64, Shape: []int64{1, 2, 2}, Data: f64Bytes(b)},
+	}}
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outA := outputNamed(t, resp, "OutputA")
+	if outA.DataType != Int16 || !slices.Equal(outA.Shape, []int64{1, 2, 2}) || len(outA.Data) != 8 {
+		t.Fatalf("OutputA is %s %v with %d bytes", outA.DataType, outA.Shape, len(outA.Data))
+	}
+	for i, x := range b {
+		want := int16(x*float64(a) - 512) // truncates toward zero, as ONNX Cast does
+		if got := int16(binary.LittleEndian.Uint16(outA.Data[2*i:])); got != want {
+			t.Errorf("OutputA[%d] = %d, want %d (a=%d b=%v)", i, got, want, a, x)
+		}
+	}
+	outB := outputNamed(t, resp, "OutputB")
+	if outB.DataType != Int64 || !slices.Equal(outB.Shape, []int64{1, 1, 1}) {
+		t.Fatalf("OutputB is %s %v", outB.DataType, outB.Shape)
+	}
+	if got, want := int64(binary.LittleEndian.Uint64(outB.Data)), int64(a)*1234; got != want {
+		t.Errorf("OutputB = %d, want %d", got, want)
+	}
+
+	t.Run("requested outputs", func(t *testing.T) {
+		for _, names := range [][]string{{"OutputB"}, {"OutputB", "OutputA"}, {"OutputA"}} {
+			req.Outputs = names
+			resp, err := r.Infer(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, o := range resp.Outputs {
+				got = append(got, o.Name)
+			}
+			if !slices.Equal(got, names) {
+				t.Errorf("asked for %q, got %q", names, got)
+			}
+		}
+		req.Outputs = []string{"OutputC"}
+		_, err := r.Infer(t.Context(), req)
+		if !errors.Is(err, ErrInvalidTensor) || !errors.Is(err, ErrInference) || !strings.Contains(err.Error(), `no output "OutputC"`) {
+			t.Errorf("unknown output: err = %v", err)
+		}
+	})
+}
+
+// example_float16: OutputA (BF16) = InputA (FP16) * 3.
+func TestRunnerFloat16(t *testing.T) {
+	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_float16.onnx")))
+	in := []float32{0, 1, 2.5, -4, 0.5, -1.25, 10.5, 7}
+	var data []byte
+	for _, x := range in {
+		data = binary.LittleEndian.AppendUint16(data, f16Bits(t, x))
+	}
+	resp, err := r.Infer(t.Context(), &InferRequest{Inputs: []Tensor{{Name: "InputA", DataType: FP16, Shape: []int64{1, 2, 2, 2}, Data: data}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := outputNamed(t, resp, "OutputA")
+	if out.DataType != BF16 || !slices.Equal(out.Shape, []int64{1, 2, 2, 2}) || len(out.Data) != 16 {
+		t.Fatalf("OutputA is %s %v with %d bytes", out.DataType, out.Shape, len(out.Data))
+	}
+	for i, x := range in {
+		// Every x*3 here is exact in both half formats.
+		if got := bf16Value(binary.LittleEndian.Uint16(out.Data[2*i:])); got != 3*x {
+			t.Errorf("OutputA[%d] = %v, want %v", i, got, 3*x)
+		}
+	}
+}
+
+func TestRunnerBadInputs(t *testing.T) {
+	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx")))
+	pid := r.Pid()
+	good, _ := rowSumsRequest(rand.New(rand.NewPCG(5, 6)), 2)
+	tests := []struct {
+		name string
+		in   Tensor
+		want string
+	}{
+		{"wrong datatype", Tensor{Name: "input_vectors", DataType: FP64, Shape: []int64{2, 10}, Data: make([]byte, 160)}, "datatype is FP64, the model expects FP32"},
+		{"wrong shape", Tensor{Name: "input_vectors", DataType: FP32, Shape: []int64{2, 11}, Data: make([]byte, 88)}, "does not fit the model's [?,10]"},
+		{"wrong rank", Tensor{Name: "input_vectors", DataType: FP32, Shape: []int64{20}, Data: make([]byte, 80)}, "rank 1"},
+		{"short data", Tensor{Name: "input_vectors", DataType: FP32, Shape: []int64{2, 10}, Data: make([]byte, 79)}, "data has 79 bytes"},
+		{"unknown input", Tensor{Name: "vectors", DataType: FP32, Shape: []int64{2, 10}, Data: make([]byte, 80)}, `no input "vectors"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := r.Infer(t.Context(), &InferRequest{Inputs: []Tensor{tt.in}})
+			if !errors.Is(err, ErrInvalidTensor) || !errors.Is(err, ErrInference) {
+				t.Fatalf("err = %v, want ErrInvalidTensor and ErrInference", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %q, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("missing input", func(t *testing.T) {
+		_, err := r.Infer(t.Context(), &InferRequest{})
+		if !errors.Is(err, ErrInvalidTensor) || !strings.Contains(err.Error(), `input "input_vectors" is missing`) {
+			t.Errorf("err = %v", err)
+		}
+	})
+	// The runner keeps serving.
+	if _, err := r.Infer(t.Context(), good); err != nil {
+		t.Fatalf("good request after bad ones: %v", err)
+	}
+	if r.Pid() != pid || r.Restarts() != 0 || r.State() != RunnerReady {
+		t.Errorf("runner disturbed: pid %d->%d restarts %d state %s", pid, r.Pid(), r.Restarts(), r.State())
+	}
+}
+
+func TestRunnerRestartsAfterSIGKILL(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = 5 * time.Second // this test is not about hangs
+	cfg.BackoffInitial = 200 * time.Millisecond
+	var reasons []string
+	var mu sync.Mutex
+	cfg.OnRestart = func(reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = append(reasons, reason)
+	}
+	r := startTestRunner(t, cfg)
+	oldPid := r.Pid()
+
+	// A stream of requests from a few workers.
+	type result struct {
+		end time.Time
+		err error
+	}
+	var (
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+		resMu   sync.Mutex
+		results []result
+	)
+	for w := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, want := rowSumsRequest(rng, 3)
+				resp, err := r.Infer(t.Context(), req)
+				if err == nil {
+					checkRowSums(t, resp, want)
+				}
+				resMu.Lock()
+				results = append(results, result{time.Now(), err})
+				resMu.Unlock()
+				if err != nil {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "requests to flow", func() bool {
+		resMu.Lock()
+		defer resMu.Unlock()
+		return len(results) > 20
+	})
+
+	// Make sure a call is in flight at the kill: freeze the runner, start a
+	// call, then kill the runner.
+	if err := syscall.Kill(oldPid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the runner to stop", func() bool { return allThreadsStopped(oldPid) })
+	inflight := make(chan result, 1)
+	go func() {
+		req, _ := rowSumsRequest(rand.New(rand.NewPCG(7, 7)), 1)
+		_, err := r.Infer(context.Background(), req)
+		inflight <- result{time.Now(), err}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	killed := time.Now()
+	if err := syscall.Kill(oldPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-inflight:
+		if !errors.Is(res.err, ErrUnavailable) {
+			t.Errorf("in-flight call: err = %v, want ErrUnavailable", res.err)
+		}
+		if d := res.end.Sub(killed); d > time.Second {
+			t.Errorf("in-flight call failed %s after the kill, want < 1s", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("in-flight call still blocked 5s after the kill")
+	}
+
+	waitFor(t, 5*time.Second, "state restarting", func() bool { return r.State() == RunnerRestarting })
+	waitFor(t, 30*time.Second, "state ready", func() bool { return r.State() == RunnerReady })
+	resMu.Lock()
+	restartedAt := len(results)
+	resMu.Unlock()
+	waitFor(t, 10*time.Second, "requests to flow again", func() bool {
+		resMu.Lock()
+		defer resMu.Unlock()
+		return len(results) > restartedAt+20
+	})
+	close(stop)
+	wg.Wait()
+
+	if r.Restarts() != 1 {
+		t.Errorf("Restarts() = %d, want 1", r.Restarts())
+	}
+	if r.Pid() == oldPid || r.Pid() == 0 {
+		t.Errorf("pid %d after restart, was %d", r.Pid(), oldPid)
+	}
+	if !processGone(oldPid) {
+		t.Errorf("old runner %d still exists", oldPid)
+	}
+	mu.Lock()
+	if len(reasons) != 1 || !strings.Contains(reasons[0], "signal: killed") {
+		t.Errorf("OnRestart reasons = %q, want one naming the kill", reasons)
+	}
+	mu.Unlock()
+	var failed int
+	for _, res := range results {
+		if res.err == nil {
+			continue
+		}
+		failed++
+		if !errors.Is(res.err, ErrUnavailable) {
+			t.Errorf("call failed with %v, want ErrUnavailable", res.err)
+		}
+		if d := res.end.Sub(killed); d < 0 {
+			t.Errorf("call failed %s before the kill: %v", -d, res.err)
+		}
+	}
+	t.Logf("%d calls, %d failed while the runner restarted", len(results), failed)
+	if res := results[len(results)-1]; res.err != nil {
+		t.Errorf("last call failed: %v", res.err)
+	}
+}
+
+func TestStartRunnerFailsFast(t *testing.T) {
+	t.Run("bad model path", func(t *testing.T) {
+		cfg := testRunnerConfig(t, filepath.Join(t.TempDir(), "missing.onnx"))
+		start := time.Now()
+		r, err := StartRunner(t.Context(), cfg)
+		if err == nil {
+			r.Stop(t.Context())
+			t.Fatal("StartRunner succeeded")
+		}
+		for _, want := range []string{"exited before it was ready", "exit status 1", "missing.onnx"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("err = %q, want it to contain %q", err, want)
+			}
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("took %s", d)
+		}
+		if m, _ := filepath.Glob(filepath.Join(cfg.SocketDir, "*")); len(m) > 0 {
+			t.Errorf("left behind %v", m)
+		}
+	})
+	t.Run("bad executable", func(t *testing.T) {
+		cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+		cfg.Executable = filepath.Join(t.TempDir(), "no-such-binary")
+		_, err := StartRunner(t.Context(), cfg)
+		if err == nil || !strings.Contains(err.Error(), "no-such-binary") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("unsupported model", func(t *testing.T) {
+		// A text file is no model.
+		bad := filepath.Join(t.TempDir(), "bad.onnx")
+		os.WriteFile(bad, []byte("not a model"), 0o644)
+		_, err := StartRunner(t.Context(), testRunnerConfig(t, bad))
+		if err == nil || !strings.Contains(err.Error(), "bad.onnx") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("ready timeout", func(t *testing.T) {
+		cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+		cfg.ReadyTimeout = time.Millisecond
+		_, err := StartRunner(t.Context(), cfg)
+		if err == nil || !strings.Contains(err.Error(), "not ready within 1ms") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("config", func(t *testing.T) {
+		_, err := StartRunner(t.Context(), RunnerConfig{Provider: ProviderOptions{Kind: "tpu"}})
+		for _, want := range []string{"ModelPath is required", "Library is required", `"tpu"`} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("err = %v, want it to contain %q", err, want)
+			}
+		}
+	})
+}
+
+func TestRunnerFailsAfterMaxRestarts(t *testing.T) {
+	model := filepath.Join(t.TempDir(), "model.onnx")
+	data, err := os.ReadFile(testModel(t, "example_dynamic_axes.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(model, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testRunnerConfig(t, model)
+	cfg.MaxRestarts = 2
+	restarted := false
+	cfg.OnRestart = func(string) { restarted = true }
+	r := startTestRunner(t, cfg)
+
+	// Take the model away and kill the runner: every restart now fails.
+	os.Remove(model)
+	syscall.Kill(r.Pid(), syscall.SIGKILL)
+	waitFor(t, 30*time.Second, "state failed", func() bool { return r.State() == RunnerFailed })
+	for _, want := range []string{"gave up after 2 restarts", "exited before it was ready", "model.onnx"} {
+		if !strings.Contains(r.Reason(), want) {
+			t.Errorf("Reason() = %q, want it to contain %q", r.Reason(), want)
+		}
+	}
+	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+	if _, err := r.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "failed") {
+		t.Errorf("Infer on a failed runner: %v", err)
+	}
+	if r.Restarts() != 0 || restarted || r.Pid() != 0 {
+		t.Errorf("restarts %d, OnRestart called %v, pid %d", r.Restarts(), restarted, r.Pid())
+	}
+}
+
+func TestRunnerReplacesHungProcess(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = 150 * time.Millisecond
+	reasons := make(chan string, 1)
+	cfg.OnRestart = func(reason string) { reasons <- reason }
+	r := startTestRunner(t, cfg)
+	oldPid := r.Pid()
+	if err := syscall.Kill(oldPid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case reason := <-reasons:
+		if !strings.Contains(reason, "hung") {
+			t.Errorf("restart reason = %q, want hung", reason)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("hung runner not replaced; state %s: %s", r.State(), r.Reason())
+	}
+	if r.State() != RunnerReady || r.Pid() == oldPid || r.Restarts() != 1 {
+		t.Errorf("state %s pid %d (was %d) restarts %d", r.State(), r.Pid(), oldPid, r.Restarts())
+	}
+	if !processGone(oldPid) {
+		t.Errorf("hung runner %d still exists", oldPid)
+	}
+	req, want := rowSumsRequest(rand.New(rand.NewPCG(2, 2)), 4)
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRowSums(t, resp, want)
+}
+
+func TestRunnerStop(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	r, err := StartRunner(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := r.Pid()
+	if m, _ := filepath.Glob(filepath.Join(cfg.SocketDir, "*.sock")); len(m) != 1 {
+		t.Errorf("sockets while running: %v", m)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if !processGone(pid) {
+		t.Errorf("runner %d still exists after Stop", pid)
+	}
+	if m, _ := filepath.Glob(filepath.Join(cfg.SocketDir, "*")); len(m) > 0 {
+		t.Errorf("left behind %v", m)
+	}
+	if r.State() != RunnerStopped || r.Pid() != 0 {
+		t.Errorf("after Stop: state %s pid %d", r.State(), r.Pid())
+	}
+	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+	if _, err := r.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Infer after Stop: %v", err)
+	}
+	if _, _, err := r.Usage(); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Usage after Stop: %v", err)
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+}
+
+// A runner that ignores SIGTERM (here: frozen) is killed at Stop's deadline.
+func TestRunnerStopKillsAtDeadline(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = time.Minute
+	r, err := StartRunner(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := r.Pid()
+	syscall.Kill(pid, syscall.SIGSTOP)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = r.Stop(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("Stop = %v, want a kill after the deadline", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Stop took %s", d)
+	}
+	if !processGone(pid) {
+		t.Errorf("runner %d still exists", pid)
+	}
+}
+
+func TestRunnerCUDAWithoutCUDA(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.Provider = ProviderOptions{Kind: ProviderCUDA, GPUMemLimit: 1 << 30}
+	_, err := StartRunner(t.Context(), cfg)
+	if !errors.Is(err, ErrNoCUDA) {
+		t.Fatalf("err = %v, want ErrNoCUDA", err)
+	}
+	t.Log(err)
+}
