@@ -26,7 +26,7 @@ func statusOf(err error) (int, codes.Code) {
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
 	case errors.Is(err, errBadRequest), errors.Is(err, models.ErrInvalidInput),
-		errors.Is(err, runtime.ErrShape):
+		errors.Is(err, runtime.ErrShape), errors.Is(err, runtime.ErrInvalidTensor):
 		return http.StatusBadRequest, codes.InvalidArgument
 	case errors.Is(err, models.ErrModelNotFound), errors.Is(err, models.ErrVersionNotFound):
 		return http.StatusNotFound, codes.NotFound

@@ -92,16 +92,19 @@ func ElementCount(shape []int64, limit int64) (int64, error) {
 	if limit <= 0 {
 		limit = math.MaxInt64
 	}
-	n := int64(1)
+	zero := false
 	for i, d := range shape {
 		if d < 0 {
 			return 0, fmt.Errorf("%w: dimension %d is %d", ErrShape, i, d)
 		}
-		if d == 0 {
-			n = 0
-			continue
-		}
-		if n != 0 && n > limit/d {
+		zero = zero || d == 0
+	}
+	if zero {
+		return 0, nil
+	}
+	n := int64(1)
+	for _, d := range shape {
+		if n > limit/d {
 			return 0, fmt.Errorf("%w: %v has more than %d elements", ErrShape, shape, limit)
 		}
 		n *= d

@@ -1,0 +1,67 @@
+package runtime
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func TestElementCount(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		shape []int64
+		limit int64
+		want  int64
+		err   bool
+	}{
+		{"scalar", nil, 0, 1, false},
+		{"matrix", []int64{3, 4}, 0, 12, false},
+		{"at limit", []int64{4, 4}, 16, 16, false},
+		{"over limit", []int64{4, 5}, 16, 0, true},
+		{"negative", []int64{2, -1}, 0, 0, true},
+		{"overflow", []int64{math.MaxInt64, 2}, 0, 0, true},
+		{"zero anywhere", []int64{1 << 40, 1 << 40, 0}, 16, 0, false},
+		{"zero before huge", []int64{0, math.MaxInt64, math.MaxInt64}, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ElementCount(tc.shape, tc.limit)
+			if tc.err {
+				if !errors.Is(err, ErrShape) {
+					t.Fatalf("err = %v, want ErrShape", err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSplitBytes(t *testing.T) {
+	var buf []byte
+	buf = AppendBytesElement(buf, []byte("héllo"))
+	buf = AppendBytesElement(buf, nil)
+	buf = AppendBytesElement(buf, []byte{0xff, 0})
+	got, err := SplitBytes(buf, 3)
+	if err != nil || string(got[0]) != "héllo" || len(got[1]) != 0 || string(got[2]) != "\xff\x00" {
+		t.Fatalf("SplitBytes = %q, %v", got, err)
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		n    int64
+	}{
+		{"count short", buf, 4},
+		{"count long", buf, 2},
+		{"truncated prefix", buf[:2], 1},
+		{"length past end", []byte{9, 0, 0, 0, 'a'}, 1},
+		{"huge length", []byte{0xff, 0xff, 0xff, 0xff}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := SplitBytes(tc.data, tc.n); err == nil {
+				t.Fatal("want an error")
+			}
+		})
+	}
+}
