@@ -34,7 +34,8 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusBadRequest, codes.FailedPrecondition
 	case errors.Is(err, models.ErrBadConfig):
 		return http.StatusBadRequest, codes.InvalidArgument
-	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable):
+	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable),
+		errors.Is(err, models.ErrOverloaded):
 		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, codes.DeadlineExceeded
