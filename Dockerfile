@@ -35,7 +35,7 @@ RUN ln -s libonnxruntime.so.1.30.0 /opt/sloserve/lib/libonnxruntime.so \
 ENV SLOSERVE_ONNXRUNTIME_LIBRARY=/opt/sloserve/lib/libonnxruntime.so.1.30.0
 WORKDIR /opt/sloserve
 USER sloserve
-# 8000 HTTP (OIP v2 REST, dashboard), 8001 gRPC, 8002 Prometheus metrics.
+# 8000 HTTP (OIP v2 REST), 8001 gRPC, 8002 Prometheus metrics.
 EXPOSE 8000 8001 8002
 # No curl in the image: bash's /dev/tcp sends the request, and the status
 # line must say 200.
