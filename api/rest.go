@@ -1,0 +1,534 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/sloserve/sloserve/models"
+)
+
+// restServerName is the server name in the REST server metadata.
+const restServerName = "sloserve"
+
+// errUnsupportedEncoding marks a request body in a Content-Encoding the
+// server does not decode; it is answered with 415.
+var errUnsupportedEncoding = errors.New("unsupported content encoding")
+
+// restServer holds what the REST handlers share.
+type restServer struct {
+	b      Backend
+	lim    Limits
+	logger *slog.Logger
+}
+
+// NewREST returns the Open Inference Protocol v2 REST API over b: health,
+// server and model metadata, inference (JSON and the binary tensor data
+// extension), the model repository extension and the statistics extension,
+// all under /v2. Request bodies over lim.MaxRequestBytes are refused with 413
+// (no limit when it is 0 or less). Errors are JSON objects {"error": "..."}
+// with the status statusOf gives. As in Triton, GET /v2/models/stats is the
+// statistics of all models, so a model named "stats" has no unversioned
+// metadata path; its other paths work.
+//
+// NewREST sets gin's global mode to release.
+func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &restServer{b: b, lim: lim, logger: logger}
+
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.HandleMethodNotAllowed = true
+	e.RedirectTrailingSlash = false
+	e.Use(s.recoverPanic)
+	e.NoRoute(s.noRoute)
+	e.NoMethod(s.noMethod)
+
+	e.GET("/v2", s.serverMetadata)
+	e.GET("/v2/health/live", s.live)
+	e.GET("/v2/health/ready", s.ready)
+	e.GET("/v2/models/stats", s.statistics)
+	for _, p := range []string{"/v2/models/:model", "/v2/models/:model/versions/:version"} {
+		e.GET(p, s.modelMetadata)
+		e.GET(p+"/ready", s.modelReady)
+		e.POST(p+"/infer", s.infer)
+		e.GET(p+"/stats", s.statistics)
+	}
+	e.POST("/v2/repository/index", s.repositoryIndex)
+	e.POST("/v2/repository/models/:model/load", s.load)
+	e.POST("/v2/repository/models/:model/unload", s.unload)
+	return e
+}
+
+// recoverPanic turns a panic in a handler into a logged 500.
+func (s *restServer) recoverPanic(c *gin.Context) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		if p == http.ErrAbortHandler {
+			panic(p)
+		}
+		s.logger.Error("panic in REST handler", "method", c.Request.Method, "path", c.Request.URL.Path,
+			"panic", p, "stack", string(debug.Stack()))
+		if !c.Writer.Written() {
+			s.writeErrorStatus(c, http.StatusInternalServerError, "internal server error")
+		}
+		c.Abort()
+	}()
+	c.Next()
+}
+
+func (s *restServer) noRoute(c *gin.Context) {
+	s.writeErrorStatus(c, http.StatusNotFound, fmt.Sprintf("no route for %s %s", c.Request.Method, c.Request.URL.Path))
+}
+
+func (s *restServer) noMethod(c *gin.Context) {
+	s.writeErrorStatus(c, http.StatusMethodNotAllowed,
+		fmt.Sprintf("method %s not allowed for %s", c.Request.Method, c.Request.URL.Path))
+}
+
+// restStatus is the HTTP status an error is answered with.
+func restStatus(err error) int {
+	if errors.Is(err, errUnsupportedEncoding) {
+		return http.StatusUnsupportedMediaType
+	}
+	status, _ := statusOf(err)
+	return status
+}
+
+// writeError answers with the status for err and an {"error"} body.
+func (s *restServer) writeError(c *gin.Context, err error) {
+	status := restStatus(err)
+	if status >= 500 && status != http.StatusServiceUnavailable {
+		s.logger.Error("REST request failed", "method", c.Request.Method, "path", c.Request.URL.Path,
+			"status", status, "err", err)
+	} else {
+		s.logger.Debug("REST request refused", "method", c.Request.Method, "path", c.Request.URL.Path,
+			"status", status, "err", err)
+	}
+	s.writeErrorStatus(c, status, err.Error())
+}
+
+// writeErrorStatus answers with status and {"error": msg}.
+func (s *restServer) writeErrorStatus(c *gin.Context, status int, msg string) {
+	bp := getRESTBuffer()
+	defer putRESTBuffer(bp)
+	b := append((*bp)[:0], `{"error":`...)
+	b = appendJSONString(b, msg)
+	b = append(b, '}')
+	*bp = b
+	writeRESTBody(c, status, "application/json", b)
+}
+
+// writeRESTBody answers with status and one body.
+func writeRESTBody(c *gin.Context, status int, contentType string, body []byte) {
+	h := c.Writer.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	c.Writer.WriteHeader(status)
+	_, _ = c.Writer.Write(body) // the client has gone; nothing to do
+}
+
+// writeValue answers with status and v as JSON, for the endpoints off the
+// inference path.
+func (s *restServer) writeValue(c *gin.Context, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		s.writeError(c, fmt.Errorf("encoding response: %w", err))
+		return
+	}
+	writeRESTBody(c, status, "application/json", body)
+}
+
+// readBody reads the request body within the configured size limit.
+func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
+	r := c.Request
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return nil, fmt.Errorf("%w: Content-Encoding %q; send the body uncompressed", errUnsupportedEncoding, clipValue(enc))
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	limit := s.lim.MaxRequestBytes
+	if limit > 0 && r.ContentLength > limit {
+		return nil, fmt.Errorf("%w: the body has %d bytes, the limit is %d", errTooLarge, r.ContentLength, limit)
+	}
+	body := r.Body
+	if limit > 0 {
+		body = http.MaxBytesReader(c.Writer, r.Body, limit)
+	}
+	buf, err := restReadAll(body, r.ContentLength)
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, restBadRequest("the body is shorter than its Content-Length")
+	case err != nil:
+		return nil, fmt.Errorf("reading request body: %w", err)
+	}
+	return buf, nil
+}
+
+// maxBodyPrealloc caps what a declared Content-Length may make restReadAll
+// allocate before the bytes arrive.
+const maxBodyPrealloc = 1 << 20
+
+// restReadAll reads r to its end into a buffer sized for the declared length
+// (-1 when unknown), growing it as the data arrives.
+func restReadAll(r io.Reader, declared int64) ([]byte, error) {
+	buf := make([]byte, 0, max(512, min(declared+1, maxBodyPrealloc)))
+	for {
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			if declared >= 0 && int64(len(buf)) < declared {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow
+		}
+	}
+}
+
+func (s *restServer) live(c *gin.Context) {
+	c.Status(restHealthStatus(s.b.Live()))
+}
+
+func (s *restServer) ready(c *gin.Context) {
+	c.Status(restHealthStatus(s.b.Ready()))
+}
+
+// restHealthStatus answers a health probe: 200 when ok, 503 when not (with an
+// empty body, as Triton does).
+func restHealthStatus(ok bool) int {
+	if ok {
+		return http.StatusOK
+	}
+	return http.StatusServiceUnavailable
+}
+
+// serverMetadataJSON is the body of GET /v2.
+type serverMetadataJSON struct {
+	Name       string   `json:"name"`
+	Version    string   `json:"version"`
+	Extensions []string `json:"extensions"`
+}
+
+func (s *restServer) serverMetadata(c *gin.Context) {
+	s.writeValue(c, http.StatusOK, serverMetadataJSON{
+		Name:       restServerName,
+		Version:    s.b.ServerVersion(),
+		Extensions: Extensions,
+	})
+}
+
+// tensorMetadataJSON describes one model input or output.
+type tensorMetadataJSON struct {
+	Name     string  `json:"name"`
+	DataType string  `json:"datatype"`
+	Shape    []int64 `json:"shape"`
+}
+
+// modelMetadataJSON is the body of GET /v2/models/{m}[/versions/{v}].
+type modelMetadataJSON struct {
+	Name     string               `json:"name"`
+	Versions []string             `json:"versions"`
+	Platform string               `json:"platform"`
+	Inputs   []tensorMetadataJSON `json:"inputs"`
+	Outputs  []tensorMetadataJSON `json:"outputs"`
+}
+
+func (s *restServer) modelMetadata(c *gin.Context) {
+	md, err := s.b.ModelMetadata(c.Param("model"), c.Param("version"))
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	body := modelMetadataJSON{
+		Name:     md.Name,
+		Versions: md.Versions,
+		Platform: md.Platform,
+		Inputs:   make([]tensorMetadataJSON, len(md.Inputs)),
+		Outputs:  make([]tensorMetadataJSON, len(md.Outputs)),
+	}
+	if body.Versions == nil {
+		body.Versions = []string{}
+	}
+	for i, t := range md.Inputs {
+		body.Inputs[i] = tensorMetadataJSON{Name: t.Name, DataType: string(t.DataType), Shape: shapeOrEmpty(t.Shape)}
+	}
+	for i, t := range md.Outputs {
+		body.Outputs[i] = tensorMetadataJSON{Name: t.Name, DataType: string(t.DataType), Shape: shapeOrEmpty(t.Shape)}
+	}
+	s.writeValue(c, http.StatusOK, body)
+}
+
+// shapeOrEmpty makes a nil shape (a scalar) encode as [] rather than null.
+func shapeOrEmpty(shape []int64) []int64 {
+	if shape == nil {
+		return []int64{}
+	}
+	return shape
+}
+
+func (s *restServer) modelReady(c *gin.Context) {
+	name, version := c.Param("model"), c.Param("version")
+	ok, err := s.b.ModelReady(name, version)
+	switch {
+	case err != nil:
+		s.writeError(c, err)
+	case !ok:
+		msg := fmt.Sprintf("model %q is not ready", name)
+		if version != "" {
+			msg = fmt.Sprintf("model %q version %q is not ready", name, version)
+		}
+		s.writeErrorStatus(c, http.StatusServiceUnavailable, msg)
+	default:
+		c.Status(http.StatusOK)
+	}
+}
+
+// infer serves POST /v2/models/{m}[/versions/{v}]/infer.
+func (s *restServer) infer(c *gin.Context) {
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	headerLen := int64(-1)
+	if h := c.Request.Header.Get(headerInferenceLength); h != "" {
+		headerLen, err = strconv.ParseInt(h, 10, 64)
+		if err != nil || headerLen < 0 {
+			s.writeError(c, restBadRequest("%s must be a non-negative integer, not %q", headerInferenceLength, clipValue(h)))
+			return
+		}
+	}
+	req, err := decodeRESTInfer(body, headerLen, s.lim)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	name := c.Param("model")
+	resp, version, err := s.b.Infer(c.Request.Context(), name, c.Param("version"), req.runtimeRequest())
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+
+	bp := getRESTBuffer()
+	defer putRESTBuffer(bp)
+	out, parts, err := appendRESTResponse((*bp)[:0], name, version, req, resp.Outputs)
+	*bp = out
+	if err != nil {
+		s.writeError(c, fmt.Errorf("model %q: %w", name, err))
+		return
+	}
+	if parts == nil {
+		writeRESTBody(c, http.StatusOK, "application/json", out)
+		return
+	}
+	total := len(out)
+	for _, p := range parts {
+		total += len(p)
+	}
+	h := c.Writer.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set(headerInferenceLength, strconv.Itoa(len(out)))
+	h.Set("Content-Length", strconv.Itoa(total))
+	c.Writer.WriteHeader(http.StatusOK)
+	if _, err := c.Writer.Write(out); err != nil {
+		return
+	}
+	for _, p := range parts {
+		if _, err := c.Writer.Write(p); err != nil {
+			return
+		}
+	}
+}
+
+// durationJSON is a count and total time in the statistics extension.
+type durationJSON struct {
+	Count uint64 `json:"count"`
+	NS    uint64 `json:"ns"`
+}
+
+func newDurationJSON(d models.Duration) durationJSON {
+	return durationJSON{Count: d.Count, NS: uint64(max(d.Total.Nanoseconds(), 0))}
+}
+
+// inferStatsJSON is the inference_stats object of one model version.
+type inferStatsJSON struct {
+	Success       durationJSON `json:"success"`
+	Fail          durationJSON `json:"fail"`
+	Queue         durationJSON `json:"queue"`
+	ComputeInput  durationJSON `json:"compute_input"`
+	ComputeInfer  durationJSON `json:"compute_infer"`
+	ComputeOutput durationJSON `json:"compute_output"`
+}
+
+// modelStatsJSON is one model version's statistics.
+type modelStatsJSON struct {
+	Name           string         `json:"name"`
+	Version        string         `json:"version"`
+	LastInference  int64          `json:"last_inference"` // ms since the epoch, 0 if never
+	InferenceCount uint64         `json:"inference_count"`
+	ExecutionCount uint64         `json:"execution_count"`
+	InferenceStats inferStatsJSON `json:"inference_stats"`
+	BatchStats     []struct{}     `json:"batch_stats"`
+}
+
+// statisticsJSON is the body of the statistics endpoints.
+type statisticsJSON struct {
+	ModelStats []modelStatsJSON `json:"model_stats"`
+}
+
+// statistics serves GET /v2/models[/{m}[/versions/{v}]]/stats.
+func (s *restServer) statistics(c *gin.Context) {
+	stats, err := s.b.Statistics(c.Param("model"), c.Param("version"))
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	body := statisticsJSON{ModelStats: make([]modelStatsJSON, len(stats))}
+	for i, st := range stats {
+		var last int64
+		if !st.LastInference.IsZero() {
+			last = st.LastInference.UnixMilli()
+		}
+		body.ModelStats[i] = modelStatsJSON{
+			Name:           st.Name,
+			Version:        st.Version,
+			LastInference:  last,
+			InferenceCount: st.InferenceCount,
+			ExecutionCount: st.ExecutionCount,
+			InferenceStats: inferStatsJSON{
+				Success:       newDurationJSON(st.Success),
+				Fail:          newDurationJSON(st.Fail),
+				Queue:         newDurationJSON(st.Queue),
+				ComputeInput:  newDurationJSON(st.ComputeInput),
+				ComputeInfer:  newDurationJSON(st.ComputeInfer),
+				ComputeOutput: newDurationJSON(st.ComputeOutput),
+			},
+			BatchStats: []struct{}{},
+		}
+	}
+	s.writeValue(c, http.StatusOK, body)
+}
+
+// indexEntryJSON is one row of the repository index.
+type indexEntryJSON struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// decodeRESTBody decodes a JSON object body into v; an empty body
+// leaves v as it is.
+func decodeRESTBody(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		return restJSONError(err)
+	}
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
+		return restBadRequest("malformed JSON: data after the request object")
+	}
+	return nil
+}
+
+// repositoryIndex serves POST /v2/repository/index.
+func (s *restServer) repositoryIndex(c *gin.Context) {
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	var req struct {
+		Ready bool `json:"ready"`
+	}
+	if err := decodeRESTBody(body, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	entries, err := s.b.RepositoryIndex(c.Request.Context(), req.Ready)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	out := make([]indexEntryJSON, len(entries))
+	for i, e := range entries {
+		out[i] = indexEntryJSON{Name: e.Name, Version: e.Version, State: string(e.State), Reason: e.Reason}
+	}
+	s.writeValue(c, http.StatusOK, out)
+}
+
+// load serves POST /v2/repository/models/{m}/load. Load parameters (a
+// config override, model files) are not supported and refused.
+func (s *restServer) load(c *gin.Context) {
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	var req struct {
+		Parameters map[string]json.RawMessage `json:"parameters"`
+	}
+	if err := decodeRESTBody(body, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if len(req.Parameters) > 0 {
+		s.writeError(c, restBadRequest("load parameters are not supported: %s",
+			strings.Join(slices.Sorted(maps.Keys(req.Parameters)), ", ")))
+		return
+	}
+	if err := s.b.LoadModel(c.Request.Context(), c.Param("model")); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
+}
+
+// unload serves POST /v2/repository/models/{m}/unload. Its parameters
+// (unload_dependents) do not apply to sloserve and are ignored.
+func (s *restServer) unload(c *gin.Context) {
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	var req struct{}
+	if err := decodeRESTBody(body, &req); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	if err := s.b.UnloadModel(c.Request.Context(), c.Param("model")); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
+}

@@ -1,0 +1,127 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// fuzzLimits keep the fuzzed decoder's allocations small.
+var fuzzLimits = Limits{MaxRequestBytes: 1 << 16, MaxTensorElements: 1 << 10}
+
+// restFuzzSeeds are realistic and broken request bodies.
+var restFuzzSeeds = []string{
+	`{"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","data":[[1,2,3,4],[5,6,7,8]]}]}`,
+	`{"id":"a","inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","data":[1,2,3,4,5,6,7,8]}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]}`,
+	`{"inputs":[{"name":"b","shape":[2],"datatype":"BOOL","data":[true,false]},{"name":"s","shape":[1,2],"datatype":"BYTES","data":[["a\"\u00e9","\ud83d\ude00"]]}]}`,
+	`{"inputs":[{"name":"h","shape":[3],"datatype":"FP16","data":[0.1,65504,-6e-8]},{"name":"g","shape":[1],"datatype":"BF16","data":[3.14]}]}`,
+	`{"inputs":[{"name":"i","shape":[4],"datatype":"INT64","data":[-9223372036854775808,9223372036854775807,1e3,4.0]},{"name":"u","shape":[1],"datatype":"UINT8","data":[255]}]}`,
+	`{"inputs":[{"name":"d","shape":[],"datatype":"FP64","data":[1e300]}],"parameters":{"binary_data_output":true}}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1.5]}]}`,
+	`{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[]}]}`,
+	`{"inputs":[{"name":"x","shape":[9223372036854775807,2],"datatype":"FP32","data":[]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[[[[1]]]]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["1"]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP99","data":[1]}]}`,
+	`{"inputs":[`,
+	`[]`,
+	``,
+}
+
+// checkDecoded asserts what every decode result must satisfy: errors are
+// client errors, and accepted tensors are consistent and encodable.
+func checkDecoded(t *testing.T, req *restRequest, err error) {
+	if err != nil {
+		if !errors.Is(err, errBadRequest) && !errors.Is(err, errTooLarge) {
+			t.Fatalf("error %v is neither a bad request nor too large", err)
+		}
+		if status := restStatus(err); status != 400 && status != 413 {
+			t.Fatalf("error %v gives status %d", err, status)
+		}
+		return
+	}
+	for _, in := range req.inputs {
+		if !in.DataType.Valid() {
+			t.Fatalf("input %q has datatype %q", in.Name, in.DataType)
+		}
+		n, err := runtime.ElementCount(in.Shape, fuzzLimits.MaxTensorElements)
+		if err != nil {
+			t.Fatalf("input %q: %v", in.Name, err)
+		}
+		if in.DataType == runtime.Bytes {
+			if _, err := runtime.SplitBytes(in.Data, n); err != nil {
+				t.Fatalf("input %q: %v", in.Name, err)
+			}
+		} else if int64(len(in.Data)) != n*int64(in.DataType.Size()) {
+			t.Fatalf("input %q: %d bytes for %d elements of %s", in.Name, len(in.Data), n, in.DataType)
+		}
+	}
+	// Echo the inputs back as outputs: the response must be valid JSON.
+	out, _, err := appendRESTResponse(nil, "m", "1", req, req.inputs)
+	if err != nil {
+		t.Fatalf("encoding accepted inputs: %v", err)
+	}
+	if !json.Valid(out) {
+		t.Fatalf("response is not JSON: %s", out)
+	}
+}
+
+func FuzzDecodeInferJSON(f *testing.F) {
+	for _, s := range restFuzzSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := decodeRESTInfer(body, -1, fuzzLimits)
+		checkDecoded(t, req, err)
+	})
+}
+
+func FuzzDecodeInferBinary(f *testing.F) {
+	add := func(header string, bin string) {
+		f.Add(int64(len(header)), []byte(header+bin))
+	}
+	add(`{"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","parameters":{"binary_data_size":32}}]}`,
+		string(f32s(1, 2, 3, 4, 5, 6, 7, 8)))
+	add(`{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":11}},`+
+		`{"name":"b","shape":[1],"datatype":"BOOL","parameters":{"binary_data_size":1}}]}`,
+		"\x03\x00\x00\x00abc\x00\x00\x00\x00\x01")
+	add(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP64","parameters":{"binary_data_size":8}},`+
+		`{"name":"j","shape":[1],"datatype":"INT8","data":[-1]}]}`, "\x00\x00\x00\x00\x00\x00\xf0\x3f")
+	add(`{"inputs":[{"name":"x","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":5}}]}`, "\x09\x00\x00\x00a")
+	add(`{"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","parameters":{"binary_data_size":28}}]}`, string(f32s(1, 2, 3, 4, 5, 6, 7)))
+	add(`{"inputs":[]}`, "trailing")
+	f.Add(int64(1000), []byte(`{"inputs":[]}`))
+	f.Add(int64(-1), []byte(restFuzzSeeds[0]))
+	f.Fuzz(func(t *testing.T, headerLen int64, body []byte) {
+		if headerLen < -1 {
+			headerLen = -1 // the handler refuses other negative values before decoding
+		}
+		req, err := decodeRESTInfer(body, headerLen, fuzzLimits)
+		checkDecoded(t, req, err)
+	})
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "abc", "\"\\\n\x00", "é😀", "\xff\xfe", "\u2028", "\xed\xa0\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatalf("%q -> %s: %v", s, out, err)
+		}
+		if utf8.ValidString(s) && back != s {
+			t.Fatalf("%q -> %s -> %q", s, out, back)
+		}
+		// Unescaping our own output gives back what the JSON decoder reads.
+		if got := string(appendJSONUnescaped(nil, out[1:len(out)-1])); got != back {
+			t.Fatalf("unescape %s: %q, want %q", out, got, back)
+		}
+	})
+}
