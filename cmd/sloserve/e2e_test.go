@@ -49,7 +49,7 @@ func TestMain(m *testing.M) {
 
 // need returns the value of a required environment variable, or skips the
 // test (fails it when SLOSERVE_REQUIRE_ORT=1, as `make test` sets).
-func need(t *testing.T, env string) string {
+func need(t testing.TB, env string) string {
 	t.Helper()
 	v := os.Getenv(env)
 	if v == "" {
@@ -68,23 +68,23 @@ type repoModel struct {
 	config string // config.yaml without the name line
 }
 
-func testModel(t *testing.T, file string) string {
+func testModel(t testing.TB, file string) string {
 	return filepath.Join(need(t, "SLOSERVE_TESTMODELS"), file)
 }
 
-func demoModel(t *testing.T, name string) string {
+func demoModel(t testing.TB, name string) string {
 	return filepath.Join(need(t, "SLOSERVE_DEMO_REPOSITORY"), name, "1", "model.onnx")
 }
 
 // writeRepo builds a model repository; model files are symlinked.
-func writeRepo(t *testing.T, dir string, ms ...repoModel) {
+func writeRepo(t testing.TB, dir string, ms ...repoModel) {
 	t.Helper()
 	for _, m := range ms {
 		addModel(t, dir, m, 1)
 	}
 }
 
-func addModel(t *testing.T, repo string, m repoModel, version int) {
+func addModel(t testing.TB, repo string, m repoModel, version int) {
 	t.Helper()
 	vd := filepath.Join(repo, m.name, strconv.Itoa(version))
 	if err := os.MkdirAll(vd, 0o755); err != nil {
@@ -103,7 +103,7 @@ func addModel(t *testing.T, repo string, m repoModel, version int) {
 }
 
 // freePort asks the kernel for an unused loopback port.
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -144,7 +144,7 @@ type testServer struct {
 
 // startServer runs `sloserve serve` on free ports with the given extra
 // config (YAML lines) and waits until it is ready.
-func startServer(t *testing.T, repo string, extra string) *testServer {
+func startServer(t testing.TB, repo string, extra string) *testServer {
 	t.Helper()
 	lib := need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
 	s := &testServer{log: &syncBuffer{}, waitErr: make(chan error, 1)}

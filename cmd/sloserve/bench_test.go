@@ -1,0 +1,244 @@
+package main
+
+// Benchmarks of the whole server path against a direct in-process ONNX
+// Runtime call, measured side by side in the same run so that machine noise
+// hits both. Run with `make bench BENCH=Server PKGS=./cmd/sloserve`.
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ort "github.com/yalue/onnxruntime_go"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+func initORT(b testing.TB) {
+	b.Helper()
+	if !ort.IsInitialized() {
+		ort.SetSharedLibraryPath(need(b, "SLOSERVE_ONNXRUNTIME_LIBRARY"))
+		if err := ort.InitializeEnvironment(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// directSession is a dynamic session in this process: the baseline.
+func directSession(b testing.TB, path string, in, out string, threads int) *ort.DynamicAdvancedSession {
+	b.Helper()
+	initORT(b)
+	opts, err := ort.NewSessionOptions()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer opts.Destroy()
+	if threads > 0 {
+		if err := opts.SetIntraOpNumThreads(threads); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s, err := ort.NewDynamicAdvancedSession(path, []string{in}, []string{out}, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Destroy() })
+	return s
+}
+
+// runDirect runs one call the way an embedding program would: wrap the
+// input, run, read the output.
+func runDirect(b testing.TB, s *ort.DynamicAdvancedSession, shape []int64, data []float32) []float32 {
+	in, err := ort.NewTensor(ort.NewShape(shape...), data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer in.Destroy()
+	outs := []ort.Value{nil}
+	if err := s.Run([]ort.Value{in}, outs); err != nil {
+		b.Fatal(err)
+	}
+	defer outs[0].Destroy()
+	return outs[0].(*ort.Tensor[float32]).GetData()
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*p)]
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// BenchmarkServerOverhead interleaves a direct call, a gRPC call and a REST
+// JSON call on the tiny row-sum network and reports each path's p50/p99 and
+// the latency the server path adds over the direct call.
+func BenchmarkServerOverhead(b *testing.B) {
+	repo := b.TempDir()
+	tiny := testModel(b, "example_dynamic_axes.onnx")
+	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1}\n"})
+	s := startServer(b, repo, "")
+	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
+
+	data := make([]float32, 10)
+	for i := range data {
+		data[i] = float32(i)
+	}
+	grpcReq := &inference.ModelInferRequest{
+		ModelName: "tiny",
+		Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+			Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10},
+		}},
+		RawInputContents: [][]byte{f32bytes(data)},
+	}
+	restBody, _ := json.Marshal(jsonInferRequest{Inputs: []jsonTensor{{
+		Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10}, Data: data,
+	}}})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	rest := func() {
+		resp, err := client.Post(s.http+"/v2/models/tiny/infer", "application/json", bytes.NewReader(restBody))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("REST status %d", resp.StatusCode)
+		}
+	}
+	// Warm every path.
+	for range 200 {
+		runDirect(b, direct, []int64{1, 10}, data)
+		if _, err := s.grpc.ModelInfer(b.Context(), grpcReq); err != nil {
+			b.Fatal(err)
+		}
+		rest()
+	}
+	var dDirect, dGRPC, dREST []time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		runDirect(b, direct, []int64{1, 10}, data)
+		t1 := time.Now()
+		if _, err := s.grpc.ModelInfer(b.Context(), grpcReq); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		rest()
+		t3 := time.Now()
+		dDirect = append(dDirect, t1.Sub(t0))
+		dGRPC = append(dGRPC, t2.Sub(t1))
+		dREST = append(dREST, t3.Sub(t2))
+	}
+	b.StopTimer()
+	for _, m := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"direct", dDirect}, {"grpc", dGRPC}, {"rest", dREST}} {
+		b.ReportMetric(us(percentile(m.ds, 0.5)), m.name+"-p50-µs")
+		b.ReportMetric(us(percentile(m.ds, 0.99)), m.name+"-p99-µs")
+	}
+	b.ReportMetric(us(percentile(dGRPC, 0.5)-percentile(dDirect, 0.5)), "grpc-added-p50-µs")
+	b.ReportMetric(us(percentile(dREST, 0.5)-percentile(dDirect, 0.5)), "rest-added-p50-µs")
+	b.ReportMetric(us(percentile(dGRPC, 0.99)-percentile(dDirect, 0.99)), "grpc-added-p99-µs")
+	b.ReportMetric(us(percentile(dREST, 0.99)-percentile(dDirect, 0.99)), "rest-added-p99-µs")
+}
+
+// BenchmarkServerThroughput16 drives the tiny network through gRPC from 16
+// concurrent clients and reports inferences per second, beside 16
+// goroutines calling one in-process session for the same time.
+func BenchmarkServerThroughput16(b *testing.B) {
+	repo := b.TempDir()
+	tiny := testModel(b, "example_dynamic_axes.onnx")
+	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1}\n"})
+	s := startServer(b, repo, "")
+	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
+	data := make([]float32, 10)
+	req := &inference.ModelInferRequest{
+		ModelName:        "tiny",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10}}},
+		RawInputContents: [][]byte{f32bytes(data)},
+	}
+	const clients = 16
+	window := 2 * time.Second
+	measure := func(call func()) float64 {
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(window)
+		for range clients {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					call()
+					n.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return float64(n.Load()) / window.Seconds()
+	}
+	var server, local []float64
+	for b.Loop() {
+		server = append(server, measure(func() {
+			if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
+				b.Error(err)
+			}
+		}))
+		local = append(local, measure(func() { runDirect(b, direct, []int64{1, 10}, data) }))
+	}
+	slices.Sort(server)
+	slices.Sort(local)
+	b.ReportMetric(server[len(server)/2], "grpc-infer/s")
+	b.ReportMetric(local[len(local)/2], "direct-infer/s")
+	b.ReportMetric(server[len(server)/2]/local[len(local)/2], "grpc/direct")
+}
+
+// BenchmarkServerDetector640 compares the PP-OCRv4 detector on a 640x640
+// image through gRPC against the same model in process, interleaved.
+func BenchmarkServerDetector640(b *testing.B) {
+	repo := b.TempDir()
+	det := demoModel(b, "ocr-det")
+	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2}\n"})
+	s := startServer(b, repo, "")
+	direct := directSession(b, det, "x", "sigmoid_0.tmp_0", 2)
+	rng := rand.New(rand.NewPCG(3, 4))
+	img := make([]float32, 3*640*640)
+	for i := range img {
+		img[i] = rng.Float32()
+	}
+	shape := []int64{1, 3, 640, 640}
+	req := &inference.ModelInferRequest{
+		ModelName:        "det",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape}},
+		RawInputContents: [][]byte{f32bytes(img)},
+	}
+	for range 3 {
+		runDirect(b, direct, shape, img)
+		if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var dDirect, dServer []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		runDirect(b, direct, shape, img)
+		t1 := time.Now()
+		if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		dDirect = append(dDirect, t1.Sub(t0))
+		dServer = append(dServer, t2.Sub(t1))
+	}
+	b.StopTimer()
+	pd, ps := percentile(dDirect, 0.5), percentile(dServer, 0.5)
+	b.ReportMetric(float64(pd)/1e6, "direct-p50-ms")
+	b.ReportMetric(float64(ps)/1e6, "grpc-p50-ms")
+	b.ReportMetric(float64(ps)/float64(pd), "grpc/direct-p50")
+}
