@@ -41,6 +41,8 @@ const (
 // Limits on model config values.
 const (
 	MaxInstances = 64
+	// MaxConcurrency bounds execution.concurrency.
+	MaxConcurrency = 64
 	// MaxLatencyMS bounds slo.latency_ms (one hour) so LatencyTarget cannot overflow.
 	MaxLatencyMS = 3_600_000
 )
@@ -104,6 +106,14 @@ type Execution struct {
 	IntraOpThreads    int    `yaml:"intra_op_threads"` // 0: ONNX Runtime's default
 	InterOpThreads    int    `yaml:"inter_op_threads"` // 0: ONNX Runtime's default
 	GraphOptimization string `yaml:"graph_optimization"`
+	// AllowSpinning lets idle intra-op threads spin between runs: a little
+	// lower latency for this model, at the cost of CPU that co-located
+	// models could use. Off by default on a shared server.
+	AllowSpinning bool `yaml:"allow_spinning"`
+	// Concurrency is how many requests one instance runs at once; more than
+	// 1 overlaps the transfer of one request with the run of another.
+	// 0 means 1.
+	Concurrency int `yaml:"concurrency"`
 	// CUDA holds the CUDA provider options. After LoadModel or ParseModel
 	// it is non-nil exactly when Provider is cuda.
 	CUDA *CUDA `yaml:"cuda,omitempty"`
@@ -368,6 +378,9 @@ func (e *Execution) validate(p *problems) {
 	}
 	if e.InterOpThreads < 0 {
 		p.add("execution.inter_op_threads", "must be >= 0, got %d", e.InterOpThreads)
+	}
+	if e.Concurrency < 0 || e.Concurrency > MaxConcurrency {
+		p.add("execution.concurrency", "must be between 0 and %d, got %d", MaxConcurrency, e.Concurrency)
 	}
 	p.oneOf("execution.graph_optimization", e.GraphOptimization, GraphOptDisable, GraphOptBasic, GraphOptExtended, GraphOptAll)
 	if c := e.CUDA; c != nil {

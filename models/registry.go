@@ -114,7 +114,7 @@ type version struct {
 	outputs   []runtime.TensorSpec
 	maxBatch  int
 	instances []Instance
-	idle      chan Instance
+	idle      chan Instance // an instance per free execution slot
 	inflight  sync.WaitGroup
 	stats     versionStats
 	obs       *versionMetrics
@@ -414,7 +414,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		label:    label,
 		cfg:      cfg,
 		maxBatch: cfg.MaxBatchSize,
-		idle:     make(chan Instance, cfg.Instances),
+		idle:     make(chan Instance, cfg.Instances*max(1, cfg.Execution.Concurrency)),
 		obs:      r.metrics.forVersion(cfg.Name, label),
 	}
 	path := filepath.Join(dir, label, "model.onnx")
@@ -464,8 +464,11 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 			}
 		}
 	}
-	for _, inst := range v.instances {
-		v.idle <- inst
+	// One token per request an instance may run at once.
+	for range max(1, cfg.Execution.Concurrency) {
+		for _, inst := range v.instances {
+			v.idle <- inst
+		}
 	}
 	return v, nil
 }

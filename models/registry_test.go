@@ -495,3 +495,46 @@ inputs: [{name: x, datatype: FP64, shape: [-1, 4]}]
 		t.Error("instance of a rejected version left running")
 	}
 }
+
+func TestInstanceConcurrency(t *testing.T) {
+	for _, tc := range []struct {
+		concurrency int
+		want        int64
+	}{{1, 1}, {3, 3}} {
+		t.Run(fmt.Sprint(tc.concurrency), func(t *testing.T) {
+			repo := t.TempDir()
+			writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+fmt.Sprintf("execution: {concurrency: %d}\n", tc.concurrency), 1)
+			r, f, _ := newTestRegistry(t, ControlNone, repo)
+			if err := r.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Stop(context.Background()) })
+			gate := make(chan struct{})
+			f.mu.Lock()
+			f.g = gate
+			f.mu.Unlock()
+			var wg sync.WaitGroup
+			for range 5 {
+				wg.Go(func() {
+					if _, _, err := r.Infer(context.Background(), "sum", "", sumRequest([4]float32{1, 1, 1, 1})); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			inst := f.of("sum", 1)[0]
+			waitUntil := time.Now().Add(2 * time.Second)
+			for inst.calls.Load() < tc.want && time.Now().Before(waitUntil) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+			if got := inst.calls.Load(); got != tc.want {
+				t.Errorf("%d requests running at once on one instance, want %d", got, tc.want)
+			}
+			close(gate)
+			wg.Wait()
+			if got := inst.calls.Load(); got != 5 {
+				t.Errorf("%d calls in all, want 5", got)
+			}
+		})
+	}
+}

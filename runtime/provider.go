@@ -41,6 +41,7 @@ type ProviderOptions struct {
 	IntraOpThreads    int    // 0: ONNX Runtime's default
 	InterOpThreads    int    // 0: ONNX Runtime's default
 	GraphOptimization string // GraphOpt*; default GraphOptAll
+	AllowSpinning     bool   // let idle intra-op threads spin between runs
 
 	// CUDA only.
 	GPUMemLimit         int64  // bytes for the CUDA arena; 0: unlimited
@@ -102,6 +103,7 @@ func (o ProviderOptions) args() []string {
 		"--intra-op-threads", strconv.Itoa(o.IntraOpThreads),
 		"--inter-op-threads", strconv.Itoa(o.InterOpThreads),
 		"--graph-optimization", o.GraphOptimization,
+		"--allow-spinning=" + strconv.FormatBool(o.AllowSpinning),
 		"--gpu-mem-limit", strconv.FormatInt(o.GPUMemLimit, 10),
 		"--arena-extend-strategy", o.ArenaExtendStrategy,
 		"--cudnn-conv-algo-search", o.CudnnConvAlgoSearch,

@@ -24,6 +24,15 @@ import (
 // server enforces request limits before a request gets here.
 const maxMessageSize = 1 << 30
 
+// flowWindow is the HTTP/2 flow-control window of the runner connection,
+// per stream and per connection. With gRPC's 64 KiB default a 5 MB tensor
+// waits for dozens of window updates.
+const flowWindow = 64 << 20
+
+// ioBuffer is the size of the runner connection's read and write buffers:
+// fewer, larger socket reads and writes for large tensors.
+const ioBuffer = 1 << 20
+
 // runnerStopGrace bounds how long a stopping runner waits for calls in
 // flight before it cuts them off.
 const runnerStopGrace = 5 * time.Second
@@ -45,6 +54,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.StringVar(&f.provider.Kind, "provider", ProviderCPU, "execution provider: cpu or cuda")
 	fs.IntVar(&f.provider.DeviceID, "device-id", 0, "CUDA device")
 	fs.IntVar(&f.provider.IntraOpThreads, "intra-op-threads", 0, "intra-op threads (0: ONNX Runtime's default)")
+	fs.BoolVar(&f.provider.AllowSpinning, "allow-spinning", false, "let idle intra-op threads spin between runs")
 	fs.IntVar(&f.provider.InterOpThreads, "inter-op-threads", 0, "inter-op threads (0: ONNX Runtime's default)")
 	fs.StringVar(&f.provider.GraphOptimization, "graph-optimization", GraphOptAll, "disable, basic, extended or all")
 	fs.Int64Var(&f.provider.GPUMemLimit, "gpu-mem-limit", 0, "CUDA arena limit in bytes (0: unlimited)")
@@ -111,7 +121,9 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		return fmt.Errorf("restrict socket: %w", err)
 	}
 
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessageSize), grpc.MaxSendMsgSize(maxMessageSize))
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessageSize), grpc.MaxSendMsgSize(maxMessageSize),
+		grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow),
+		grpc.ReadBufferSize(ioBuffer), grpc.WriteBufferSize(ioBuffer))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	runnerpb.RegisterRunnerServer(srv, &runnerService{

@@ -209,6 +209,12 @@ func newSessionOptions(p ProviderOptions) (*ort.SessionOptions, error) {
 		{"intra-op threads", func() error { return opts.SetIntraOpNumThreads(p.IntraOpThreads) }},
 		{"inter-op threads", func() error { return opts.SetInterOpNumThreads(p.InterOpThreads) }},
 		{"graph optimization", func() error { return opts.SetGraphOptimizationLevel(level) }},
+		// Unless allowed, idle intra-op threads do not spin after each run:
+		// on a shared machine the spinning takes cores from the other models
+		// and from this runner's own transfer of the results.
+		{"intra-op spinning", func() error {
+			return opts.AddSessionConfigEntry("session.intra_op.allow_spinning", map[bool]string{true: "1", false: "0"}[p.AllowSpinning])
+		}},
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {

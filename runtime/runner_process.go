@@ -76,6 +76,11 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	conn, err := grpc.NewClient("unix:"+socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize)),
+		// Tensors are megabytes: windows this large let a whole request
+		// travel without waiting for flow-control updates.
+		grpc.WithInitialWindowSize(flowWindow),
+		grpc.WithInitialConnWindowSize(flowWindow),
+		grpc.WithReadBufferSize(ioBuffer), grpc.WithWriteBufferSize(ioBuffer),
 		// The socket appears once the model is loaded; until then connection
 		// attempts fail at once and cost nothing, so retry them often.
 		grpc.WithConnectParams(grpc.ConnectParams{

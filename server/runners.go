@@ -35,6 +35,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 			IntraOpThreads:    ex.IntraOpThreads,
 			InterOpThreads:    ex.InterOpThreads,
 			GraphOptimization: ex.GraphOptimization,
+			AllowSpinning:     ex.AllowSpinning,
 		},
 		ReadyTimeout:   f.rt.ReadyTimeout,
 		HealthInterval: f.rt.HealthInterval,

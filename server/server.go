@@ -113,7 +113,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 			closeAll(httpSrv)
 			return fmt.Errorf("listen.grpc: %w", err)
 		}
-		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"))
+		// Flow-control windows sized for tensors of megabytes, so a large
+		// request is not paced by window updates.
+		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"),
+			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))
 		go func() { serveErr <- grpcSrv.Serve(ln) }()
 		logger.Info("gRPC listening", "addr", ln.Addr().String())
 	}

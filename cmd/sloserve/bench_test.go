@@ -121,7 +121,14 @@ func BenchmarkServerOverhead(b *testing.B) {
 		}
 		rest()
 	}
-	var dDirect, dGRPC, dREST []time.Duration
+	// The transport floor: a gRPC call the server answers without touching
+	// a model (ServerLive), on the same connection.
+	live := func() {
+		if _, err := s.grpc.ServerLive(b.Context(), &inference.ServerLiveRequest{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var dDirect, dGRPC, dREST, dLive []time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
 		t0 := time.Now()
@@ -133,15 +140,18 @@ func BenchmarkServerOverhead(b *testing.B) {
 		t2 := time.Now()
 		rest()
 		t3 := time.Now()
+		live()
+		t4 := time.Now()
 		dDirect = append(dDirect, t1.Sub(t0))
 		dGRPC = append(dGRPC, t2.Sub(t1))
 		dREST = append(dREST, t3.Sub(t2))
+		dLive = append(dLive, t4.Sub(t3))
 	}
 	b.StopTimer()
 	for _, m := range []struct {
 		name string
 		ds   []time.Duration
-	}{{"direct", dDirect}, {"grpc", dGRPC}, {"rest", dREST}} {
+	}{{"direct", dDirect}, {"grpc", dGRPC}, {"rest", dREST}, {"grpc-live", dLive}} {
 		b.ReportMetric(us(percentile(m.ds, 0.5)), m.name+"-p50-µs")
 		b.ReportMetric(us(percentile(m.ds, 0.99)), m.name+"-p99-µs")
 	}
@@ -157,7 +167,7 @@ func BenchmarkServerOverhead(b *testing.B) {
 func BenchmarkServerThroughput16(b *testing.B) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
-	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1}\n"})
+	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1, concurrency: 4}\n"})
 	s := startServer(b, repo, "")
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 	data := make([]float32, 10)
@@ -204,7 +214,8 @@ func BenchmarkServerThroughput16(b *testing.B) {
 func BenchmarkServerDetector640(b *testing.B) {
 	repo := b.TempDir()
 	det := demoModel(b, "ocr-det")
-	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2}\n"})
+	// Spinning allowed, as in the direct session's default options.
+	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2, allow_spinning: true}\n"})
 	s := startServer(b, repo, "")
 	direct := directSession(b, det, "x", "sigmoid_0.tmp_0", 2)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -224,19 +235,35 @@ func BenchmarkServerDetector640(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// A pause between calls lets the other path's ONNX Runtime threads go
+	// idle, so neither call runs while the other's threads still spin.
+	const settle = 50 * time.Millisecond
 	var dDirect, dServer []time.Duration
 	for b.Loop() {
 		t0 := time.Now()
 		runDirect(b, direct, shape, img)
+		dDirect = append(dDirect, time.Since(t0))
+		time.Sleep(settle)
 		t1 := time.Now()
 		if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
 			b.Fatal(err)
 		}
-		t2 := time.Now()
-		dDirect = append(dDirect, t1.Sub(t0))
-		dServer = append(dServer, t2.Sub(t1))
+		dServer = append(dServer, time.Since(t1))
+		time.Sleep(settle)
 	}
 	b.StopTimer()
+	// Where the server's time went, from its own statistics: total inside
+	// the server, and the runner's input copy, session run and output copy.
+	st, err := s.grpc.ModelStatistics(b.Context(), &inference.ModelStatisticsRequest{Name: "det"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	is := st.ModelStats[0].InferenceStats
+	perCall := func(d *inference.StatisticDuration) float64 { return float64(d.Ns) / float64(d.Count) / 1e6 }
+	b.ReportMetric(perCall(is.Success), "server-mean-ms")
+	b.ReportMetric(perCall(is.ComputeInput), "runner-input-mean-ms")
+	b.ReportMetric(perCall(is.ComputeInfer), "runner-infer-mean-ms")
+	b.ReportMetric(perCall(is.ComputeOutput), "runner-output-mean-ms")
 	pd, ps := percentile(dDirect, 0.5), percentile(dServer, 0.5)
 	b.ReportMetric(float64(pd)/1e6, "direct-p50-ms")
 	b.ReportMetric(float64(ps)/1e6, "grpc-p50-ms")
