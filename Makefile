@@ -19,6 +19,7 @@ PROTOS      := api/inference/grpc_service.proto runtime/runnerpb/runner.proto
 
 BENCH      ?= .
 BENCHTIME  ?= 1s
+BENCHCOUNT ?= 1
 PKGS       ?= ./...
 SERVE_FLAGS ?=
 
@@ -63,7 +64,7 @@ test: setup
 	go test -race -count=1 -timeout 45m $(PKGS)
 
 bench: setup
-	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count=1 -timeout 60m $(PKGS)
+	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count=$(BENCHCOUNT) -timeout 60m $(PKGS)
 
 # Build outputs only; `distclean` also drops fetched files and tools.
 clean:
