@@ -163,9 +163,10 @@ func (s *grpcService) RepositoryIndex(ctx context.Context, req *inference.Reposi
 // RepositoryModelLoad loads or reloads a model and waits until it is ready.
 // Load parameters (Triton's config and file overrides) are not supported.
 func (s *grpcService) RepositoryModelLoad(ctx context.Context, req *inference.RepositoryModelLoadRequest) (*inference.RepositoryModelLoadResponse, error) {
-	err := grpcCheckRepositoryRequest(req.GetRepositoryName(), req.GetModelName(), req.GetParameters(), nil)
+	repo, model := grpcRepositoryTarget(req.GetRepositoryName(), req.GetModelName())
+	err := grpcCheckRepositoryRequest(repo, model, req.GetParameters(), nil)
 	if err == nil {
-		err = s.b.LoadModel(ctx, req.GetModelName())
+		err = s.b.LoadModel(ctx, model)
 	}
 	if err != nil {
 		return nil, s.grpcError("RepositoryModelLoad", err)
@@ -180,14 +181,25 @@ var grpcUnloadParams = []string{"unload_dependents"}
 
 // RepositoryModelUnload unloads a model after its in-flight requests finish.
 func (s *grpcService) RepositoryModelUnload(ctx context.Context, req *inference.RepositoryModelUnloadRequest) (*inference.RepositoryModelUnloadResponse, error) {
-	err := grpcCheckRepositoryRequest(req.GetRepositoryName(), req.GetModelName(), req.GetParameters(), grpcUnloadParams)
+	repo, model := grpcRepositoryTarget(req.GetRepositoryName(), req.GetModelName())
+	err := grpcCheckRepositoryRequest(repo, model, req.GetParameters(), grpcUnloadParams)
 	if err == nil {
-		err = s.b.UnloadModel(ctx, req.GetModelName())
+		err = s.b.UnloadModel(ctx, model)
 	}
 	if err != nil {
 		return nil, s.grpcError("RepositoryModelUnload", err)
 	}
 	return &inference.RepositoryModelUnloadResponse{}, nil
+}
+
+// grpcRepositoryTarget reads the model a load or unload request names.
+// KServe's Python protocol puts model_name in field 1, which is Triton's
+// repository_name; a request with only field 1 set is read the KServe way.
+func grpcRepositoryTarget(repo, model string) (string, string) {
+	if model == "" && repo != "" {
+		return "", repo
+	}
+	return repo, model
 }
 
 // grpcCheckRepositoryName accepts only the unnamed repository: sloserve serves one

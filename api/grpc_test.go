@@ -1024,3 +1024,26 @@ func BenchmarkGRPCInfer(b *testing.B) {
 		})
 	}
 }
+
+// KServe's Python protocol sends the model name in field 1 (Triton's
+// repository_name) for load and unload; sloserve reads it as the model.
+func TestGRPCRepositoryKServeLayout(t *testing.T) {
+	b := newFakeBackend()
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, b, Limits{}))
+	if _, err := c.RepositoryModelUnload(t.Context(), &inference.RepositoryModelUnloadRequest{RepositoryName: "sum"}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.ModelReady("sum", ""); ok {
+		t.Fatal("sum still loaded after an unload naming it in field 1")
+	}
+	if _, err := c.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{RepositoryName: "sum"}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.ModelReady("sum", ""); !ok {
+		t.Fatal("sum not loaded after a load naming it in field 1")
+	}
+	_, err := c.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{RepositoryName: "other", ModelName: "sum"})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a named repository with a model name: %v, want InvalidArgument", err)
+	}
+}
