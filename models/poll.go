@@ -37,9 +37,7 @@ func (r *Registry) pollOnce(ctx context.Context) {
 	var gone []string
 	for name, m := range r.models {
 		if !slices.Contains(present, name) {
-			if len(m.serving) > 0 {
-				gone = append(gone, name)
-			}
+			gone = append(gone, name)
 			continue
 		}
 		if fp := fingerprint(m.dir); fp != m.fingerprint {
@@ -53,7 +51,9 @@ func (r *Registry) pollOnce(ctx context.Context) {
 	r.mu.RUnlock()
 	for _, name := range gone {
 		r.log.Info("model folder removed; unloading", "model", name)
-		_ = r.unload(ctx, name, "removed from the repository")
+		if err := r.unload(ctx, name, "removed from the repository"); err != nil {
+			r.log.Warn("poll: unload failed", "model", name, "err", err)
+		}
 		r.mu.Lock()
 		if m, ok := r.models[name]; ok && len(m.serving) == 0 {
 			delete(r.models, name)

@@ -450,6 +450,20 @@ func TestReloadKeepsServingWhenNewVersionFails(t *testing.T) {
 	if !f.of("other", 1)[0].stopped.Load() {
 		t.Error("removed model's instance not stopped")
 	}
+
+	// A model that never loaded leaves the index when its folder goes.
+	writeModel(t, repo, "bad", "name: bad\ninstances: 0\n", 1)
+	r.pollOnce(t.Context())
+	if idx := r.Index(false); len(idx) != 2 || idx[0].Name != "bad" || idx[0].State != StateUnavailable {
+		t.Fatalf("index with a bad model = %+v", idx)
+	}
+	if err := os.RemoveAll(filepath.Join(repo, "bad")); err != nil {
+		t.Fatal(err)
+	}
+	r.pollOnce(t.Context())
+	if idx := r.Index(false); len(idx) != 1 || idx[0].Name != "sum" {
+		t.Errorf("index after removing the bad model's folder = %+v", idx)
+	}
 }
 
 func TestRetryOnAnotherInstance(t *testing.T) {
