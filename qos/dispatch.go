@@ -1,0 +1,358 @@
+package qos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// admitLocked decides at arrival whether r can still meet its deadline:
+// predicted completion = now + the predicted work ahead of it over the
+// slots that serve it + its own execution. Work ahead is the model's
+// running executions and the queued requests ordered before r; for a
+// latency-critical request also the device's running executions and the
+// latency-critical requests of every model ordered before it. Unknown
+// estimates admit.
+func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
+	if r.deadline.IsZero() {
+		return nil
+	}
+	own, ok := s.est.Estimate(m.spec.Name, r.batch)
+	if !ok {
+		return nil
+	}
+	modelSlots := min(m.spec.Slots, s.opts.DeviceSlots)
+	wait := (s.runningWorkLocked(m, now) + s.queuedWorkLocked(m, r)) / time.Duration(modelSlots)
+	if m.spec.Class == ClassLatencyCritical {
+		var device time.Duration
+		for _, other := range s.models {
+			device += s.runningWorkLocked(other, now)
+			if other.spec.Class == ClassLatencyCritical {
+				device += s.queuedWorkLocked(other, r)
+			}
+		}
+		wait = max(wait, device/time.Duration(s.opts.DeviceSlots))
+	}
+	if miss := now.Add(wait + own).Sub(r.deadline); miss > 0 {
+		return fmt.Errorf("%w: predicted completion misses the deadline by %s (queue ahead %s, execution %s)",
+			ErrRejected, millis(miss), millis(wait), millis(own))
+	}
+	return nil
+}
+
+// millis formats a duration in milliseconds, as error messages state them.
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+}
+
+// runningWorkLocked is the predicted time m's executions still need.
+func (s *Scheduler) runningWorkLocked(m *model, now time.Time) time.Duration {
+	var work time.Duration
+	for e := range m.execs {
+		if e.predicted > 0 {
+			work += max(e.start.Add(e.predicted).Sub(now), 0)
+		}
+	}
+	return work
+}
+
+// queuedWorkLocked is the predicted execution time of m's queued requests
+// that go before r, assuming they run in full batches.
+func (s *Scheduler) queuedWorkLocked(m *model, r *request) time.Duration {
+	rows := 0
+	for _, x := range m.q.items {
+		if !before(x, r) {
+			break
+		}
+		rows += x.batch
+	}
+	if rows == 0 {
+		return 0
+	}
+	per := max(m.spec.MaxBatchSize, 1)
+	var work time.Duration
+	if full := rows / per; full > 0 {
+		if e, ok := s.est.Estimate(m.spec.Name, per); ok {
+			work += time.Duration(full) * e
+		}
+	}
+	if rest := rows % per; rest > 0 {
+		if e, ok := s.est.Estimate(m.spec.Name, rest); ok {
+			work += e
+		}
+	}
+	return work
+}
+
+// dispatchLocked starts batches while device slots are free and returns
+// when the loop must look again without being kicked (zero: no need).
+func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
+	var wake time.Time
+	if !s.fifo {
+		wake = s.dropLocked(now)
+	}
+	for s.running < s.opts.DeviceSlots {
+		batch, hold := s.pickLocked(now)
+		wake = earliest(wake, hold)
+		if batch == nil {
+			break
+		}
+		s.startLocked(batch, now)
+	}
+	return wake
+}
+
+// dropLocked fails the queued requests that can no longer finish by their
+// deadline, even alone and started now, and returns when the next one will
+// become hopeless.
+func (s *Scheduler) dropLocked(now time.Time) time.Time {
+	var wake time.Time
+	for _, m := range s.models {
+		dropped := false
+		for _, r := range m.q.items {
+			if r.deadline.IsZero() {
+				continue
+			}
+			e, _ := s.est.Estimate(m.spec.Name, r.batch) // 0 when unknown
+			hopeless := r.deadline.Add(-e)
+			if !now.After(hopeless) {
+				wake = earliest(wake, hopeless.Add(time.Nanosecond))
+				continue
+			}
+			var err error
+			if now.After(r.deadline) {
+				err = fmt.Errorf("%w: deadline passed %s ago", ErrDropped, millis(now.Sub(r.deadline)))
+			} else {
+				err = fmt.Errorf("%w: %s left, execution takes %s", ErrDropped, millis(r.deadline.Sub(now)), millis(e))
+			}
+			m.log.Debug("request dropped", "error", err, "queued", now.Sub(r.arrival))
+			s.finishLocked(r, outcomeDropped, now, result{err: err})
+			dropped = true
+		}
+		if dropped {
+			m.q.removeDispatched()
+			s.finalizeLocked(m)
+		}
+	}
+	return wake
+}
+
+// pickLocked chooses the next batch to start, or nil and when a held batch
+// is due. Under fifo the model whose head arrived first goes. Under qos
+// latency-critical models go first, the one whose head has the earliest
+// deadline (then priority); best-effort models (by priority, then head
+// deadline) go only when no latency-critical request waits, except that
+// best-effort work waiting while latency-critical work runs earns
+// BestEffortFloor of an execution per latency-critical one, and runs when
+// that credit makes up one of its own.
+func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
+	var lc, be []*model
+	for _, m := range s.models {
+		if m.q.len() == 0 || m.running >= m.spec.Slots {
+			continue
+		}
+		if !s.fifo && m.spec.Class == ClassLatencyCritical {
+			lc = append(lc, m)
+		} else {
+			be = append(be, m)
+		}
+	}
+	slices.SortFunc(lc, func(a, b *model) int { return order(before(a.q.head(), b.q.head())) })
+	slices.SortFunc(be, func(a, b *model) int {
+		if s.fifo {
+			return order(a.q.head().seq < b.q.head().seq)
+		}
+		if ra, rb := a.q.head().rank, b.q.head().rank; ra != rb {
+			return order(ra < rb)
+		}
+		return order(before(a.q.head(), b.q.head()))
+	})
+
+	var wake time.Time
+	first := func(ms []*model) []*request {
+		for _, m := range ms {
+			batch, hold := s.planLocked(m, now)
+			if batch != nil {
+				return batch
+			}
+			wake = earliest(wake, hold)
+		}
+		return nil
+	}
+	lcBatch := first(lc)
+	if lcBatch == nil && len(lc) > 0 {
+		return nil, wake // latency-critical work is filling a batch; keep the device for it
+	}
+	beBatch := first(be)
+	if lcBatch == nil {
+		return beBatch, wake
+	}
+	if beBatch != nil && s.floor > 0 {
+		due := 1 - s.floor
+		if s.beCredit >= due-1e-9 {
+			s.beCredit -= due
+			return beBatch, wake
+		}
+		s.beCredit = min(s.beCredit+s.floor, due)
+	}
+	return lcBatch, wake
+}
+
+// order turns a less-than into a comparison for slices.SortFunc.
+func order(less bool) int {
+	if less {
+		return -1
+	}
+	return 1
+}
+
+// planLocked builds the batch m would run now from its queue, or returns
+// nil and the time until which it waits for the batch to fill.
+func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) {
+	head := m.q.head()
+	maxBatch := m.spec.MaxBatchSize
+	if maxBatch <= 0 {
+		return []*request{head}, time.Time{}
+	}
+	batch, size := []*request{head}, head.batch
+	complete := size >= maxBatch
+	for _, r := range m.q.items[1:] {
+		if complete {
+			break
+		}
+		if r.key != head.key {
+			if s.fifo {
+				complete = true // fifo does not reach past a request
+			}
+			continue
+		}
+		if size+r.batch > maxBatch {
+			complete = true
+			break
+		}
+		if !s.fifo && !head.deadline.IsZero() {
+			// The head has the batch's earliest deadline: queue order.
+			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && now.Add(e).After(head.deadline) {
+				complete = true
+				break
+			}
+		}
+		batch, size = append(batch, r), size+r.batch
+		complete = size >= maxBatch
+	}
+	if pref := m.spec.PreferredBatchSizes; !s.fifo && len(pref) > 0 {
+		// Cut to the largest preferred size a prefix of the batch makes.
+		cut, sum := -1, 0
+		for i, r := range batch {
+			if sum += r.batch; slices.Contains(pref, sum) {
+				cut = i + 1
+			}
+		}
+		if cut > 0 {
+			batch, complete = batch[:cut], true
+		}
+	}
+	if !complete && m.spec.MaxQueueDelay > 0 {
+		until := head.arrival.Add(m.spec.MaxQueueDelay)
+		if !s.fifo && !head.deadline.IsZero() {
+			// Wait no longer than the batch we have could still start.
+			e, _ := s.est.Estimate(m.spec.Name, size)
+			until = earliest(until, head.deadline.Add(-e))
+		}
+		if now.Before(until) {
+			return nil, until
+		}
+	}
+	return batch, time.Time{}
+}
+
+// startLocked takes a batch out of its queue and starts executing it.
+func (s *Scheduler) startLocked(batch []*request, now time.Time) {
+	m := batch[0].m
+	e := &execution{m: m, reqs: batch, start: now, live: len(batch)}
+	for _, r := range batch {
+		e.size += r.batch
+		r.state, r.exec, r.dispatch = stateRunning, e, now
+		delay := now.Sub(r.arrival)
+		m.win.recordDelay(now, delay)
+		m.mm.queueDelay.Observe(delay.Seconds())
+	}
+	m.q.removeDispatched()
+	e.predicted, _ = s.est.Estimate(m.spec.Name, e.size)
+	m.mm.batchSize.Observe(float64(e.size))
+	m.running++
+	s.running++
+	m.execs[e] = struct{}{}
+	ctx, cancel := context.WithCancel(s.runCtx)
+	e.cancel = cancel
+	s.execs.Add(1)
+	go s.execute(ctx, e)
+}
+
+// execute runs a batch, feeds the estimator and hands each request its part
+// of the response.
+func (s *Scheduler) execute(ctx context.Context, e *execution) {
+	defer s.execs.Done()
+	defer e.cancel()
+	m := e.m
+	parts, err := s.run(ctx, e)
+	if err != nil {
+		m.log.Debug("execution failed", "batch", e.size, "requests", len(e.reqs), "error", err)
+	}
+
+	s.mu.Lock()
+	now := time.Now()
+	m.running--
+	s.running--
+	delete(m.execs, e)
+	for i, r := range e.reqs {
+		switch {
+		case r.state != stateRunning: // its client gave up
+		case err != nil:
+			s.finishLocked(r, outcomeFailed, now, result{err: err})
+		case !r.deadline.IsZero() && now.After(r.deadline):
+			s.finishLocked(r, outcomeLate, now, result{resp: parts[i]})
+		default:
+			s.finishLocked(r, outcomeGood, now, result{resp: parts[i]})
+		}
+	}
+	s.finalizeLocked(m)
+	s.mu.Unlock()
+	s.kick()
+}
+
+// run merges the batch's requests, executes them and splits the response.
+func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResponse, error) {
+	m := e.m
+	if len(e.reqs) == 1 {
+		start := time.Now()
+		resp, err := m.spec.Executor.Execute(ctx, e.reqs[0].req)
+		if err != nil {
+			return nil, err
+		}
+		s.est.Observe(m.spec.Name, e.size, time.Since(start))
+		return []*runtime.InferResponse{resp}, nil
+	}
+	reqs := make([]*runtime.InferRequest, len(e.reqs))
+	for i, r := range e.reqs {
+		reqs[i] = r.req
+	}
+	merged, sizes, err := mergeRequests(reqs)
+	if err != nil {
+		return nil, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
+	}
+	start := time.Now()
+	resp, err := m.spec.Executor.Execute(ctx, merged)
+	if err != nil {
+		return nil, err
+	}
+	s.est.Observe(m.spec.Name, e.size, time.Since(start))
+	parts, err := splitResponse(resp, sizes)
+	if err != nil {
+		return nil, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)
+	}
+	return parts, nil
+}

@@ -1,0 +1,105 @@
+package qos
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are a scheduler's Prometheus series. Counters and histograms are
+// vectors whose per-model children are resolved at AddModel and deleted at
+// RemoveModel; goodput, attainment and queue depth are computed from the
+// scheduler's state when scraped.
+type metrics struct {
+	requests   *prometheus.CounterVec
+	queueDelay *prometheus.HistogramVec
+	batchSize  *prometheus.HistogramVec
+
+	goodputDesc, attainmentDesc, depthDesc *prometheus.Desc
+	s                                      *Scheduler
+}
+
+// modelMetrics are one model's series, resolved once.
+type modelMetrics struct {
+	outcomes   [numOutcomes]prometheus.Counter
+	queueDelay prometheus.Observer
+	batchSize  prometheus.Observer
+}
+
+func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metrics, error) {
+	var constLabels prometheus.Labels
+	if device != "" {
+		constLabels = prometheus.Labels{"device": device}
+	}
+	labels := []string{"model", "class"}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "sloserve_qos_requests_total",
+			Help:        "Requests by outcome: good (within SLO), late, rejected, dropped, failed, canceled.",
+			ConstLabels: constLabels,
+		}, append(labels, "outcome")),
+		queueDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:        "sloserve_qos_queue_delay_seconds",
+			Help:        "Time from a request's arrival to the start of its execution.",
+			Buckets:     prometheus.ExponentialBuckets(0.0001, 2, 18),
+			ConstLabels: constLabels,
+		}, labels),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:        "sloserve_qos_batch_size",
+			Help:        "Batch size of each execution.",
+			Buckets:     prometheus.ExponentialBuckets(1, 2, 10),
+			ConstLabels: constLabels,
+		}, []string{"model"}),
+		goodputDesc: prometheus.NewDesc("sloserve_qos_goodput",
+			"Requests finished within their SLO per second, over the sliding window.", labels, constLabels),
+		attainmentDesc: prometheus.NewDesc("sloserve_qos_slo_attainment",
+			"Good requests over requests that ended, over the sliding window.", labels, constLabels),
+		depthDesc: prometheus.NewDesc("sloserve_qos_queue_depth",
+			"Requests waiting in the model's queue.", labels, constLabels),
+		s: s,
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.batchSize, m} {
+		if err := reg.Register(c); err != nil {
+			return nil, errors.Join(errors.New("qos: registering metrics"), err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) forModel(name string, class Class) *modelMetrics {
+	mm := &modelMetrics{
+		queueDelay: m.queueDelay.WithLabelValues(name, string(class)),
+		batchSize:  m.batchSize.WithLabelValues(name),
+	}
+	for o := range numOutcomes {
+		mm.outcomes[o] = m.requests.WithLabelValues(name, string(class), o.String())
+	}
+	return mm
+}
+
+func (m *metrics) forget(name string) {
+	l := prometheus.Labels{"model": name}
+	m.requests.DeletePartialMatch(l)
+	m.queueDelay.DeletePartialMatch(l)
+	m.batchSize.DeletePartialMatch(l)
+}
+
+// Describe implements prometheus.Collector for the computed gauges.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.goodputDesc
+	ch <- m.attainmentDesc
+	ch <- m.depthDesc
+}
+
+// Collect implements prometheus.Collector for the computed gauges.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range m.s.allStats() {
+		class := string(st.Class)
+		ch <- prometheus.MustNewConstMetric(m.goodputDesc, prometheus.GaugeValue, st.Goodput, st.Model, class)
+		ch <- prometheus.MustNewConstMetric(m.attainmentDesc, prometheus.GaugeValue, st.Attainment, st.Model, class)
+		ch <- prometheus.MustNewConstMetric(m.depthDesc, prometheus.GaugeValue, float64(st.QueueDepth), st.Model, class)
+	}
+}

@@ -1,0 +1,626 @@
+package qos
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// Class is a model's SLO class.
+type Class string
+
+// The SLO classes, named as in model config files.
+const (
+	// ClassLatencyCritical requests are scheduled earliest-deadline-first
+	// ahead of best-effort work.
+	ClassLatencyCritical Class = "latency-critical"
+	// ClassBestEffort requests use the capacity latency-critical work
+	// leaves, and a small floor of it (Options.BestEffortFloor).
+	ClassBestEffort Class = "best-effort"
+)
+
+// The scheduling policies.
+const (
+	// PolicyQoS is sloserve's policy: EDF for latency-critical work,
+	// best-effort in the gaps, deadline-aware batching, admission control
+	// and dropping.
+	PolicyQoS = "qos"
+	// PolicyFIFO is the baseline: one FIFO queue per model, the model whose
+	// head arrived first goes next, batches take what is queued up to the
+	// maximum; no classes, priorities, admission or dropping.
+	PolicyFIFO = "fifo"
+)
+
+// Defaults for zero values in Options and ModelSpec.
+const (
+	DefaultBestEffortFloor = 0.05
+	DefaultWindow          = 10 * time.Second
+	DefaultQueueCapacity   = 1024
+)
+
+// Executor runs one request, possibly merged from several, on a model's
+// instances. A runtime.Instance can be adapted with ExecutorFunc.
+type Executor interface {
+	Execute(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error)
+}
+
+// ExecutorFunc adapts a function to Executor.
+type ExecutorFunc func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error)
+
+// Execute implements Executor.
+func (f ExecutorFunc) Execute(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+	return f(ctx, req)
+}
+
+var _ Executor = ExecutorFunc(nil)
+
+// ModelSpec is what the scheduler needs to know about a model.
+type ModelSpec struct {
+	// Name is the registry key, such as "ocr-det/1".
+	Name string
+	// Class is the SLO class; empty means best-effort.
+	Class Class
+	// Priority breaks ties between equal deadlines and orders best-effort
+	// models: 1 is highest, then 2, 3...; 0 (default) ranks after them all.
+	Priority int
+	// SLO is the latency target; 0 means none.
+	SLO time.Duration
+	// MaxBatchSize is the largest merged batch; 0 means the model has no
+	// batch dimension and requests are never merged.
+	MaxBatchSize int
+	// MaxQueueDelay is how long the head request may wait for a batch to
+	// fill; under the qos policy never longer than its deadline allows.
+	MaxQueueDelay time.Duration
+	// PreferredBatchSizes: a batch that can be cut to one of these sizes is
+	// cut to the largest and sent at once (qos policy).
+	PreferredBatchSizes []int
+	// QueueCapacity bounds the queue; 0 means DefaultQueueCapacity.
+	QueueCapacity int
+	// Slots is how many executions the model runs at once (instances ×
+	// concurrency); 0 means 1.
+	Slots int
+	// Executor runs the model's batches.
+	Executor Executor
+}
+
+// LogValue implements slog.LogValuer.
+func (s ModelSpec) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("name", s.Name), slog.String("class", string(s.Class)),
+		slog.Int("priority", s.Priority), slog.Duration("slo", s.SLO),
+		slog.Int("max_batch_size", s.MaxBatchSize), slog.Int("slots", s.Slots))
+}
+
+// Options configure a Scheduler.
+type Options struct {
+	// Policy is PolicyQoS (default) or PolicyFIFO.
+	Policy string
+	// BestEffortFloor is the fraction of executions best-effort work gets
+	// while it waits under latency-critical load: 0 means
+	// DefaultBestEffortFloor, negative means no floor.
+	BestEffortFloor float64
+	// DeviceSlots is how many executions the device runs at once across
+	// all models (CPU cores, or GPU streams); 0 means 1.
+	DeviceSlots int
+	// Estimator predicts execution times; nil means a new EWMAEstimator.
+	Estimator Estimator
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil leaves them unregistered.
+	Registerer prometheus.Registerer
+	// Device labels the metrics (const label "device") so that the
+	// schedulers of several devices can share a registry.
+	Device string
+	// Window is the sliding window of goodput and attainment; 0 means
+	// DefaultWindow.
+	Window time.Duration
+}
+
+// Scheduler queues, batches and dispatches the requests of the models on
+// one execution device. Run owns the dispatch loop; the other methods are
+// safe for concurrent use.
+type Scheduler struct {
+	opts    Options
+	fifo    bool
+	floor   float64
+	est     Estimator
+	log     *slog.Logger
+	metrics *metrics
+	trigger chan struct{} // capacity 1: dispatch passes collapse
+
+	mu       sync.Mutex
+	models   map[string]*model
+	running  int     // executions in progress on the device
+	seq      uint64  // last request sequence number
+	beCredit float64 // best-effort floor credit, see pickLocked
+	started  bool
+	stopped  bool
+	runCtx   context.Context
+	execs    sync.WaitGroup
+}
+
+// model is one model's queue and accounting.
+type model struct {
+	spec     ModelSpec
+	log      *slog.Logger
+	q        queue
+	running  int
+	execs    map[*execution]struct{}
+	removing bool
+	drained  chan struct{} // closed when a removal completes
+
+	added   time.Time
+	arrived uint64
+	counts  [numOutcomes]uint64
+	win     *window
+	mm      *modelMetrics
+}
+
+// execution is one batch in progress.
+type execution struct {
+	m         *model
+	reqs      []*request
+	size      int
+	start     time.Time
+	predicted time.Duration // 0: unknown
+	live      int           // members whose clients still wait
+	cancel    context.CancelFunc
+}
+
+// NewScheduler returns a scheduler for one device. Call Run to dispatch.
+func NewScheduler(opts Options) (*Scheduler, error) {
+	switch opts.Policy {
+	case "":
+		opts.Policy = PolicyQoS
+	case PolicyQoS, PolicyFIFO:
+	default:
+		return nil, fmt.Errorf("qos: unknown policy %q (want %q or %q)", opts.Policy, PolicyQoS, PolicyFIFO)
+	}
+	switch {
+	case math.IsNaN(opts.BestEffortFloor) || opts.BestEffortFloor > 1:
+		return nil, fmt.Errorf("qos: best-effort floor %v is not a fraction", opts.BestEffortFloor)
+	case opts.BestEffortFloor == 0:
+		opts.BestEffortFloor = DefaultBestEffortFloor
+	case opts.BestEffortFloor < 0:
+		opts.BestEffortFloor = 0
+	}
+	if opts.DeviceSlots < 0 || opts.Window < 0 {
+		return nil, fmt.Errorf("qos: negative device slots (%d) or window (%s)", opts.DeviceSlots, opts.Window)
+	}
+	opts.DeviceSlots = max(opts.DeviceSlots, 1)
+	opts.Window = cmp.Or(opts.Window, DefaultWindow)
+	if opts.Estimator == nil {
+		opts.Estimator = NewEWMAEstimator(DefaultEWMAAlpha)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Scheduler{
+		opts:    opts,
+		fifo:    opts.Policy == PolicyFIFO,
+		floor:   opts.BestEffortFloor,
+		est:     opts.Estimator,
+		log:     opts.Logger.With("component", "qos", "policy", opts.Policy),
+		trigger: make(chan struct{}, 1),
+		models:  map[string]*model{},
+	}
+	m, err := newMetrics(opts.Registerer, opts.Device, s)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// kick asks the dispatch loop for a pass.
+func (s *Scheduler) kick() {
+	select {
+	case s.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// AddModel starts queueing requests for a model.
+func (s *Scheduler) AddModel(spec ModelSpec) error {
+	if err := validateSpec(&spec); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.models[spec.Name]; ok {
+		if old.removing {
+			return fmt.Errorf("qos: model %s is still being removed", spec.Name)
+		}
+		return fmt.Errorf("qos: model %s added twice", spec.Name)
+	}
+	now := time.Now()
+	m := &model{
+		spec:    spec,
+		log:     s.log.With("model", spec.Name),
+		q:       queue{fifo: s.fifo},
+		execs:   map[*execution]struct{}{},
+		drained: make(chan struct{}),
+		added:   now,
+		win:     newWindow(now, s.opts.Window),
+		mm:      s.metrics.forModel(spec.Name, spec.Class),
+	}
+	s.models[spec.Name] = m
+	m.log.Info("model added", "spec", spec)
+	return nil
+}
+
+func validateSpec(spec *ModelSpec) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if spec.Name == "" {
+		bad("name is empty")
+	}
+	switch spec.Class {
+	case "":
+		spec.Class = ClassBestEffort
+	case ClassLatencyCritical, ClassBestEffort:
+	default:
+		bad("class %q is neither %s nor %s", spec.Class, ClassLatencyCritical, ClassBestEffort)
+	}
+	if spec.Priority < 0 {
+		bad("priority %d is negative", spec.Priority)
+	}
+	if spec.SLO < 0 || spec.MaxQueueDelay < 0 {
+		bad("negative SLO (%s) or max queue delay (%s)", spec.SLO, spec.MaxQueueDelay)
+	}
+	if spec.MaxBatchSize < 0 || spec.QueueCapacity < 0 || spec.Slots < 0 {
+		bad("negative max batch size (%d), queue capacity (%d) or slots (%d)", spec.MaxBatchSize, spec.QueueCapacity, spec.Slots)
+	}
+	for _, p := range spec.PreferredBatchSizes {
+		if p < 1 || p > spec.MaxBatchSize {
+			bad("preferred batch size %d is outside 1..max batch size %d", p, spec.MaxBatchSize)
+		}
+	}
+	if spec.Executor == nil {
+		bad("no executor")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("qos: model %q: %w", spec.Name, errors.Join(errs...))
+	}
+	spec.QueueCapacity = cmp.Or(spec.QueueCapacity, DefaultQueueCapacity)
+	spec.Slots = max(spec.Slots, 1)
+	spec.PreferredBatchSizes = slices.Clone(spec.PreferredBatchSizes)
+	return nil
+}
+
+// RemoveModel stops admitting requests to a model, lets the queued ones run
+// and waits for its executions to end. If ctx ends first, the requests still
+// queued fail with ErrModelRemoved and RemoveModel returns ctx's error; the
+// model then goes when its last execution ends.
+func (s *Scheduler) RemoveModel(ctx context.Context, name string) error {
+	s.mu.Lock()
+	m, ok := s.models[name]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("qos: %w: %s", ErrUnknownModel, name)
+	}
+	if !m.removing {
+		m.removing = true
+		m.log.Info("removing model", "queued", m.q.len(), "running", m.running)
+	}
+	s.finalizeLocked(m)
+	s.mu.Unlock()
+	s.kick()
+
+	select {
+	case <-m.drained:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	now := time.Now()
+	for _, r := range m.q.items {
+		s.finishLocked(r, outcomeFailed, now, result{err: fmt.Errorf("%w: %s", ErrModelRemoved, name)})
+	}
+	m.q.items = nil
+	s.finalizeLocked(m)
+	s.mu.Unlock()
+	select {
+	case <-m.drained:
+		return nil
+	default:
+		return fmt.Errorf("qos: removing %s, executions still running: %w", name, ctx.Err())
+	}
+}
+
+// finalizeLocked completes a removal once nothing is queued or running.
+func (s *Scheduler) finalizeLocked(m *model) {
+	if !m.removing || m.q.len() > 0 || m.running > 0 || s.models[m.spec.Name] != m {
+		return
+	}
+	delete(s.models, m.spec.Name)
+	s.metrics.forget(m.spec.Name)
+	close(m.drained)
+	m.log.Info("model removed")
+}
+
+// RequestOptions are a request's own scheduling parameters.
+type RequestOptions struct {
+	// Deadline tightens the model's SLO: the effective deadline is the
+	// earliest of Deadline, arrival + SLO and the context's deadline. Zero
+	// adds nothing.
+	Deadline time.Time
+	// Priority overrides the model's priority (same scale); 0 keeps it.
+	Priority int
+}
+
+// Submit queues a request for a model and waits for its response. It
+// returns ErrRejected, ErrQueueFull, ErrDropped, ErrUnknownModel,
+// ErrModelRemoved, ErrInvalidRequest, ErrStopped, the executor's error, or
+// ctx's error: ending ctx takes the request out of the queue at once.
+func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferRequest, o RequestOptions) (*runtime.InferResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	s.mu.Lock()
+	m, ok := s.models[name]
+	switch {
+	case s.stopped:
+		s.mu.Unlock()
+		return nil, ErrStopped
+	case !ok:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrUnknownModel, name)
+	case m.removing:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrModelRemoved, name)
+	}
+	r, err := newRequest(ctx, m, req, o, now)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.seq++
+	r.seq = s.seq
+	m.arrived++
+	if m.q.len() >= m.spec.QueueCapacity {
+		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, name, m.q.len())
+		s.finishLocked(r, outcomeRejected, now, result{err: err})
+		s.mu.Unlock()
+		return nil, err
+	}
+	if !s.fifo {
+		if err := s.admitLocked(m, r, now); err != nil {
+			m.log.Debug("request rejected", "error", err)
+			s.finishLocked(r, outcomeRejected, now, result{err: err})
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
+	m.q.push(r)
+	s.mu.Unlock()
+	s.kick()
+
+	select {
+	case res := <-r.done:
+		return res.resp, res.err
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	now = time.Now()
+	switch r.state {
+	case stateDone: // the result came as ctx ended
+		s.mu.Unlock()
+		res := <-r.done
+		return res.resp, res.err
+	case stateQueued:
+		m.q.remove(r)
+		o := outcomeCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			o = outcomeDropped
+		}
+		s.finishLocked(r, o, now, result{err: ctx.Err()})
+		s.finalizeLocked(m)
+	case stateRunning:
+		e := r.exec
+		s.finishLocked(r, outcomeCanceled, now, result{err: ctx.Err()})
+		if e.live--; e.live == 0 {
+			e.cancel() // nobody waits for this execution any more
+		}
+	}
+	s.mu.Unlock()
+	s.kick()
+	return nil, ctx.Err()
+}
+
+func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o RequestOptions, now time.Time) (*request, error) {
+	r := &request{
+		m:        m,
+		req:      req,
+		batch:    1,
+		arrival:  now,
+		deadline: o.Deadline,
+		rank:     priorityRank(cmp.Or(o.Priority, m.spec.Priority)),
+		done:     make(chan result, 1),
+	}
+	if o.Priority < 0 {
+		return nil, fmt.Errorf("%w: priority %d is negative", ErrInvalidRequest, o.Priority)
+	}
+	if m.spec.SLO > 0 {
+		r.deadline = earliest(r.deadline, now.Add(m.spec.SLO))
+	}
+	if d, ok := ctx.Deadline(); ok {
+		r.deadline = earliest(r.deadline, d)
+	}
+	if m.spec.MaxBatchSize > 0 {
+		b, err := requestBatch(req)
+		if err != nil {
+			return nil, err
+		}
+		if b > m.spec.MaxBatchSize {
+			return nil, fmt.Errorf("%w: batch of %d is over the maximum %d of %s", ErrInvalidRequest, b, m.spec.MaxBatchSize, m.spec.Name)
+		}
+		r.batch, r.key = b, mergeKey(req)
+	}
+	return r, nil
+}
+
+// earliest is the earlier of two times, a zero time meaning none.
+func earliest(a, b time.Time) time.Time {
+	switch {
+	case a.IsZero():
+		return b
+	case b.IsZero() || a.Before(b):
+		return a
+	default:
+		return b
+	}
+}
+
+// finishLocked settles a request's outcome once and hands it its result.
+func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res result) {
+	if r.state == stateDone {
+		return
+	}
+	r.state, r.exec = stateDone, nil
+	m := r.m
+	m.counts[o]++
+	m.win.record(now, o)
+	m.mm.outcomes[o].Inc()
+	r.done <- res
+}
+
+// Run dispatches requests until ctx ends. Then the requests still queued fail
+// with ErrStopped, running executions see ctx canceled, and Run returns nil
+// once they have ended. Requests submitted before Run wait for it. Run may be
+// called once.
+func (s *Scheduler) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("qos: Run called twice")
+	}
+	s.started, s.runCtx = true, ctx
+	s.mu.Unlock()
+	defer s.shutdown()
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		now := time.Now()
+		wake := s.dispatchLocked(now)
+		s.mu.Unlock()
+		if wake.IsZero() {
+			timer.Stop()
+		} else {
+			timer.Reset(wake.Sub(now))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.trigger:
+		case <-timer.C:
+		}
+	}
+}
+
+func (s *Scheduler) shutdown() {
+	s.mu.Lock()
+	s.stopped = true
+	now := time.Now()
+	for _, m := range s.models {
+		for _, r := range m.q.items {
+			s.finishLocked(r, outcomeFailed, now, result{err: ErrStopped})
+		}
+		m.q.items = nil
+		s.finalizeLocked(m)
+	}
+	s.mu.Unlock()
+	s.execs.Wait()
+	s.log.Info("scheduler stopped")
+}
+
+// Stats returns a model's statistics; false if no such model.
+func (s *Scheduler) Stats(name string) (Stats, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.models[name]
+	if !ok {
+		return Stats{}, false
+	}
+	return m.stats(time.Now()), true
+}
+
+// allStats returns every model's statistics, by name.
+func (s *Scheduler) allStats() []Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	out := make([]Stats, 0, len(s.models))
+	for _, m := range s.models {
+		out = append(out, m.stats(now))
+	}
+	slices.SortFunc(out, func(a, b Stats) int { return cmp.Compare(a.Model, b.Model) })
+	return out
+}
+
+// ClassStats aggregates the queues of the models of one class.
+func (s *Scheduler) ClassStats(c Class) ClassStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	cs := ClassStats{Class: c}
+	var sum time.Duration
+	var n uint64
+	for _, m := range s.models {
+		if m.spec.Class != c {
+			continue
+		}
+		cs.QueueDepth += m.q.len()
+		w := m.win.sum(now)
+		sum += w.delaySum
+		n += w.delayCount
+	}
+	if n > 0 {
+		cs.MeanQueueDelay = sum / time.Duration(n)
+	}
+	return cs
+}
+
+func (m *model) stats(now time.Time) Stats {
+	st := Stats{
+		Model:      m.spec.Name,
+		Class:      m.spec.Class,
+		Arrived:    m.arrived,
+		Good:       m.counts[outcomeGood],
+		Late:       m.counts[outcomeLate],
+		Rejected:   m.counts[outcomeRejected],
+		Dropped:    m.counts[outcomeDropped],
+		Failed:     m.counts[outcomeFailed],
+		Canceled:   m.counts[outcomeCanceled],
+		QueueDepth: m.q.len(),
+		Running:    m.running,
+	}
+	w := m.win.sum(now)
+	for _, c := range w.outcomes {
+		st.WindowSettled += c
+	}
+	st.WindowGood = w.outcomes[outcomeGood]
+	if span := m.win.span(now); span > 0 {
+		st.Goodput = float64(st.WindowGood) / span.Seconds()
+	}
+	if st.WindowSettled > 0 {
+		st.Attainment = float64(st.WindowGood) / float64(st.WindowSettled)
+	}
+	if w.delayCount > 0 {
+		st.MeanQueueDelay = w.delaySum / time.Duration(w.delayCount)
+	}
+	return st
+}

@@ -1,0 +1,122 @@
+package qos
+
+import "time"
+
+// outcome is how a request ended, as counted in Stats and metrics.
+type outcome int
+
+const (
+	outcomeGood     outcome = iota // finished by its deadline
+	outcomeLate                    // finished after its deadline
+	outcomeRejected                // refused at admission (deadline or full queue)
+	outcomeDropped                 // deadline passed or became unreachable while queued
+	outcomeFailed                  // the execution failed, or the model or scheduler went away
+	outcomeCanceled                // the client gave up
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"good", "late", "rejected", "dropped", "failed", "canceled"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// Stats are one model's counters since it was added, and rates over the
+// scheduler's sliding window (Options.Window).
+type Stats struct {
+	Model string
+	Class Class
+
+	// Counters since AddModel. Every arrived request ends in exactly one
+	// of the outcomes, so Arrived = Good + Late + Rejected + Dropped +
+	// Failed + Canceled + the requests still queued or running.
+	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
+
+	QueueDepth int // requests waiting
+	Running    int // executions in progress
+
+	// Over the window. A request counts in the window when its outcome is
+	// known, so WindowSettled is the window's arrivals as far as they ended.
+	WindowGood, WindowSettled uint64
+	// Goodput is good requests per second over the window (or since
+	// AddModel, when that is shorter).
+	Goodput float64
+	// Attainment is WindowGood / WindowSettled; 0 when nothing settled.
+	Attainment float64
+	// MeanQueueDelay is the mean time from arrival to execution of the
+	// requests dispatched in the window.
+	MeanQueueDelay time.Duration
+}
+
+// ClassStats aggregates the models of one class.
+type ClassStats struct {
+	Class          Class
+	QueueDepth     int
+	MeanQueueDelay time.Duration // over the window, of requests dispatched
+}
+
+// windowBuckets is how many buckets a window is cut into; rates are exact
+// to Window/windowBuckets.
+const windowBuckets = 20
+
+type bucket struct {
+	index      int64 // which bucket of time this is; stale when behind
+	outcomes   [numOutcomes]uint64
+	delaySum   time.Duration
+	delayCount uint64
+}
+
+// window counts events in time buckets over a sliding window.
+type window struct {
+	epoch   time.Time
+	width   time.Duration
+	buckets [windowBuckets]bucket
+}
+
+func newWindow(now time.Time, length time.Duration) *window {
+	w := &window{epoch: now, width: max(length/windowBuckets, 1)}
+	for i := range w.buckets {
+		w.buckets[i].index = -1
+	}
+	return w
+}
+
+func (w *window) at(now time.Time) *bucket {
+	idx := int64(now.Sub(w.epoch) / w.width)
+	b := &w.buckets[idx%windowBuckets]
+	if b.index != idx {
+		*b = bucket{index: idx}
+	}
+	return b
+}
+
+func (w *window) record(now time.Time, o outcome) { w.at(now).outcomes[o]++ }
+
+func (w *window) recordDelay(now time.Time, d time.Duration) {
+	b := w.at(now)
+	b.delaySum += d
+	b.delayCount++
+}
+
+// sum adds the buckets of the window ending at now: the current one and the
+// windowBuckets-1 before it.
+func (w *window) sum(now time.Time) bucket {
+	idx := int64(now.Sub(w.epoch) / w.width)
+	var s bucket
+	for i := range w.buckets {
+		b := &w.buckets[i]
+		if b.index < 0 || b.index > idx || b.index <= idx-windowBuckets {
+			continue
+		}
+		for o := range s.outcomes {
+			s.outcomes[o] += b.outcomes[o]
+		}
+		s.delaySum += b.delaySum
+		s.delayCount += b.delayCount
+	}
+	return s
+}
+
+// span is the time the window ending at now covers: its full length, or
+// less while the window is younger than that.
+func (w *window) span(now time.Time) time.Duration {
+	return min(w.width*windowBuckets, now.Sub(w.epoch))
+}
