@@ -10,27 +10,41 @@ import (
 )
 
 // admitLocked decides at arrival whether r can still meet its deadline:
-// predicted completion = now + the predicted work ahead of it over the
-// slots that serve it + its own execution. Work ahead is the model's
-// running executions and the queued requests ordered before r; for a
-// latency-critical request also the device's running executions and the
-// latency-critical requests of every model ordered before it. Unknown
-// estimates admit.
+// predicted completion = now + the work ahead of it over the slots that
+// serve it + the execution of its own batch. Ahead of it are the model's
+// running executions and the full batches of the queued requests ordered
+// before it; its own batch holds the rest of those requests and r. For a
+// latency-critical request the device's running executions and the
+// latency-critical requests of every model ordered before it count too.
+// Unknown estimates admit.
 func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 	if r.deadline.IsZero() {
 		return nil
 	}
-	own, ok := s.est.Estimate(m.spec.Name, r.batch)
+	maxBatch := max(m.spec.MaxBatchSize, 1)
+	rows := r.batch
+	for _, x := range m.q.items {
+		if !before(x, r) {
+			break
+		}
+		rows += x.batch
+	}
+	full := (rows - 1) / maxBatch // batches that run before r's
+	own, ok := s.est.Estimate(m.spec.Name, rows-full*maxBatch)
 	if !ok {
 		return nil
 	}
-	modelSlots := min(m.spec.Slots, s.opts.DeviceSlots)
-	wait := (s.runningWorkLocked(m, now) + s.queuedWorkLocked(m, r)) / time.Duration(modelSlots)
+	var queued time.Duration // the full batches before r's
+	if full > 0 {
+		e, _ := s.est.Estimate(m.spec.Name, maxBatch)
+		queued = time.Duration(full) * e
+	}
+	wait := (s.runningWorkLocked(m, now) + queued) / time.Duration(min(m.spec.Slots, s.opts.DeviceSlots))
 	if m.spec.Class == ClassLatencyCritical {
-		var device time.Duration
+		device := queued
 		for _, other := range s.models {
 			device += s.runningWorkLocked(other, now)
-			if other.spec.Class == ClassLatencyCritical {
+			if other != m && other.spec.Class == ClassLatencyCritical {
 				device += s.queuedWorkLocked(other, r)
 			}
 		}
