@@ -289,7 +289,7 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	e := &execution{m: m, reqs: batch, start: now, live: len(batch)}
 	for _, r := range batch {
 		e.size += r.batch
-		r.state, r.exec, r.dispatch = stateRunning, e, now
+		r.state, r.exec = stateRunning, e
 		delay := now.Sub(r.arrival)
 		m.win.recordDelay(now, delay)
 		m.mm.queueDelay.Observe(delay.Seconds())

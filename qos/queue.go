@@ -19,10 +19,9 @@ type request struct {
 	rank     int       // priority rank; lower runs first
 	seq      uint64    // arrival order across the scheduler
 
-	state    requestState
-	exec     *execution  // while running
-	dispatch time.Time   // when it left the queue for an execution
-	done     chan result // capacity 1; receives exactly one result
+	state requestState
+	exec  *execution  // while running
+	done  chan result // capacity 1; receives exactly one result
 }
 
 type requestState int

@@ -296,6 +296,42 @@ func TestAdmission(t *testing.T) {
 	})
 }
 
+func TestAdmissionCountsLatencyCriticalWorkAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 100 * ms}, constant(30*ms))
+		h.model(ModelSpec{Name: "b", Class: lc, SLO: 105 * ms}, constant(20*ms))
+		h.model(ModelSpec{Name: "c", Class: be, SLO: 60 * ms}, constant(20*ms))
+		h.seed("a", 1, constant(30*ms))
+		h.seed("b", 1, constant(20*ms))
+		h.seed("c", 1, constant(20*ms))
+		h.run()
+		ctx := t.Context()
+		// a: one running (until 30ms), two queued with deadlines at 100ms.
+		ps := []*pending{h.submit(ctx, "a", RequestOptions{}, 1), h.submit(ctx, "a", RequestOptions{}, 2), h.submit(ctx, "a", RequestOptions{}, 3)}
+		// b's deadline (105ms) comes after theirs: 30 + 60 + 20 = 110ms.
+		rejected := h.submit(ctx, "b", RequestOptions{}, 4)
+		<-rejected.done
+		if !errors.Is(rejected.err, ErrRejected) || !strings.Contains(rejected.err.Error(), "by 5.0ms") {
+			t.Errorf("b: %v, want rejected by 5.0ms", rejected.err)
+		}
+		// A tighter deadline puts it ahead of a's queue: 30 + 20 = 50ms.
+		ps = append(ps, h.submit(ctx, "b", RequestOptions{Deadline: time.Now().Add(50 * ms)}, 5))
+		// Best-effort admission looks at its own model only: 20ms of 60.
+		ps = append(ps, h.submit(ctx, "c", RequestOptions{}, 6))
+		mustSucceed(t, ps[0], ps[1], ps[3])
+		// b's request went first (EDF), so a's last could no longer finish
+		// by 100ms once a:2 ran (80 + 30); c waited behind latency-critical
+		// work past its chance. Both are dropped, not run late.
+		for _, p := range []*pending{ps[2], ps[4]} {
+			if err := p.wait(t); !errors.Is(err, ErrDropped) {
+				t.Errorf("request %v: %v, want ErrDropped", p.ids, err)
+			}
+		}
+		checkCalls(t, h, "a[1]@0s", "b[5]@30ms", "a[2]@50ms")
+	})
+}
+
 func TestDropExpiredRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, Options{})
