@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // DataType is a tensor element type, named as in the Open Inference Protocol.
@@ -74,6 +75,13 @@ type InferRequest struct {
 	Inputs []Tensor
 	// Outputs names the outputs to return; empty means all of them.
 	Outputs []string
+	// Deadline is the time by which the client wants the answer, from the
+	// request's own timeout; zero means none. The scheduler also applies
+	// the model's SLO and the caller's context deadline; runners ignore it.
+	Deadline time.Time
+	// Priority is the request's priority (Triton semantics: 0 = the
+	// model's default, 1 highest); runners ignore it.
+	Priority int
 }
 
 // InferResponse carries the outputs and how long each step took in the runner.
