@@ -286,7 +286,7 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 // startLocked takes a batch out of its queue and starts executing it.
 func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	m := batch[0].m
-	e := &execution{m: m, reqs: batch, start: now, live: len(batch)}
+	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch)}
 	for _, r := range batch {
 		e.size += r.batch
 		r.state, r.exec = stateRunning, e
@@ -340,14 +340,13 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 
 // run merges the batch's requests, executes them and splits the response.
 func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResponse, error) {
-	m := e.m
 	if len(e.reqs) == 1 {
 		start := time.Now()
-		resp, err := m.spec.Executor.Execute(ctx, e.reqs[0].req)
+		resp, err := e.exec.Execute(ctx, e.reqs[0].req)
 		if err != nil {
 			return nil, err
 		}
-		s.est.Observe(m.spec.Name, e.size, time.Since(start))
+		s.est.Observe(e.name, e.size, time.Since(start))
 		return []*runtime.InferResponse{resp}, nil
 	}
 	reqs := make([]*runtime.InferRequest, len(e.reqs))
@@ -359,11 +358,11 @@ func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResp
 		return nil, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
 	}
 	start := time.Now()
-	resp, err := m.spec.Executor.Execute(ctx, merged)
+	resp, err := e.exec.Execute(ctx, merged)
 	if err != nil {
 		return nil, err
 	}
-	s.est.Observe(m.spec.Name, e.size, time.Since(start))
+	s.est.Observe(e.name, e.size, time.Since(start))
 	parts, err := splitResponse(resp, sizes)
 	if err != nil {
 		return nil, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)

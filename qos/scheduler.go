@@ -169,6 +169,8 @@ type model struct {
 // execution is one batch in progress.
 type execution struct {
 	m         *model
+	name      string   // the model's name, read without the lock
+	exec      Executor // the model's executor when the batch started
 	reqs      []*request
 	size      int
 	start     time.Time
@@ -257,6 +259,37 @@ func (s *Scheduler) AddModel(spec ModelSpec) error {
 	s.models[spec.Name] = m
 	m.log.Info("model added", "spec", spec)
 	return nil
+}
+
+// UpdateModel replaces the spec of a model already added, as a reload does:
+// queued requests stay queued, new executions use the new executor and
+// limits, executions already running finish on the old executor.
+func (s *Scheduler) UpdateModel(spec ModelSpec) error {
+	if err := validateSpec(&spec); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	m, ok := s.models[spec.Name]
+	if !ok || m.removing {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrUnknownModel, spec.Name)
+	}
+	if spec.Class != m.spec.Class {
+		m.mm = s.metrics.forModel(spec.Name, spec.Class)
+	}
+	m.spec = spec
+	m.log.Info("model updated", "spec", spec)
+	s.mu.Unlock()
+	s.kick()
+	return nil
+}
+
+// HasModel reports whether a model has been added and not removed.
+func (s *Scheduler) HasModel(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.models[name]
+	return ok && !m.removing
 }
 
 func validateSpec(spec *ModelSpec) error {
