@@ -64,10 +64,25 @@ type Model struct {
 	Instances     int            `yaml:"instances"`
 	Execution     Execution      `yaml:"execution"`
 	SLO           SLO            `yaml:"slo,omitempty"`
-	Resources     Resources      `yaml:"resources"`
+	// DynamicBatching tunes how queued requests are merged into batches
+	// (models with max_batch_size > 0).
+	DynamicBatching DynamicBatching `yaml:"dynamic_batching"`
+	// MaxQueueSize bounds the requests waiting for this model; 0 means
+	// the scheduler's default (1024).
+	MaxQueueSize int       `yaml:"max_queue_size"`
+	Resources    Resources `yaml:"resources"`
 
 	Dir  string `yaml:"-"` // the model folder, when loaded by LoadModel
 	File string `yaml:"-"` // the config file, as named in error messages
+}
+
+// DynamicBatching tunes request merging.
+type DynamicBatching struct {
+	// MaxQueueDelay is how long the oldest request may wait for a batch to
+	// fill (never past what its deadline allows); 0 sends at once.
+	MaxQueueDelay time.Duration `yaml:"max_queue_delay"`
+	// PreferredBatchSizes are sizes a batch is cut to and sent at once.
+	PreferredBatchSizes []int `yaml:"preferred_batch_sizes,omitempty"`
 }
 
 // VersionPolicy chooses which of the versions on disk are served. Exactly
@@ -273,6 +288,20 @@ func (m *Model) validate() problems {
 		}
 	}
 	p.oneOf("platform", m.Platform, PlatformONNX, PlatformONNXRuntime)
+	if d := m.DynamicBatching.MaxQueueDelay; d < 0 || d > time.Minute {
+		p.add("dynamic_batching.max_queue_delay", "must be between 0 and 1m, got %v", d)
+	}
+	for i, b := range m.DynamicBatching.PreferredBatchSizes {
+		if b < 1 || (m.MaxBatchSize > 0 && b > m.MaxBatchSize) {
+			p.add(fmt.Sprintf("dynamic_batching.preferred_batch_sizes[%d]", i), "must be between 1 and max_batch_size (%d), got %d", m.MaxBatchSize, b)
+		}
+	}
+	if len(m.DynamicBatching.PreferredBatchSizes) > 0 && m.MaxBatchSize == 0 {
+		p.add("dynamic_batching.preferred_batch_sizes", "needs max_batch_size > 0")
+	}
+	if m.MaxQueueSize < 0 {
+		p.add("max_queue_size", "must be >= 0, got %d", m.MaxQueueSize)
+	}
 	m.VersionPolicy.validate(&p)
 	if m.MaxBatchSize < 0 {
 		p.add("max_batch_size", "must be >= 0, got %d", m.MaxBatchSize)

@@ -17,6 +17,7 @@ func TestKeys(t *testing.T) {
 		"runtime.max_restarts",
 		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_inflight_requests",
 		"limits.grace_period",
+		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
 		"log.format", "log.level",
 	}
 	keys := Keys()
@@ -122,7 +123,7 @@ func TestSetErrors(t *testing.T) {
 }
 
 func slicesEqualServer(a, b *Server) bool {
-	return a.Listen == b.Listen && a.Runtime == b.Runtime && a.Limits == b.Limits && a.Log == b.Log &&
+	return a.Listen == b.Listen && a.Runtime == b.Runtime && a.Limits == b.Limits && a.Log == b.Log && a.QoS == b.QoS &&
 		a.ModelControl == b.ModelControl && a.PollInterval == b.PollInterval &&
 		slices.Equal(a.Repositories, b.Repositories) && slices.Equal(a.StartupModels, b.StartupModels)
 }
@@ -132,6 +133,7 @@ func TestSetEveryKey(t *testing.T) {
 	values := map[string]string{
 		"repositories": "r", "model_control": "explicit", "startup_models": "a,b",
 		"log.format": "json", "log.level": "warn",
+		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

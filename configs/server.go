@@ -44,6 +44,7 @@ type Server struct {
 	StartupModels []string      `yaml:"startup_models"` // explicit mode only; "*" means all
 	Runtime       Runtime       `yaml:"runtime"`
 	Limits        Limits        `yaml:"limits"`
+	QoS           QoS           `yaml:"qos"`
 	Log           Log           `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
@@ -52,6 +53,27 @@ type Server struct {
 	// from, so validation can say so.
 	origin map[string]string
 }
+
+// QoS configures per-request scheduling.
+type QoS struct {
+	// Policy is QoSPolicyQoS (deadlines, admission, earliest deadline
+	// first, best-effort in the gaps) or QoSPolicyFIFO (the plain baseline).
+	Policy string `yaml:"policy"`
+	// BestEffortFloor is the share of executions best-effort models keep
+	// under latency-critical load, 0..1.
+	BestEffortFloor float64 `yaml:"best_effort_floor"`
+	// DeviceSlots is how many executions run at once on the CPU across all
+	// models; 0 means one per CPU core.
+	DeviceSlots int `yaml:"device_slots"`
+	// Window is the sliding window of goodput and SLO attainment.
+	Window time.Duration `yaml:"window"`
+}
+
+// QoS policies.
+const (
+	QoSPolicyQoS  = "qos"
+	QoSPolicyFIFO = "fifo"
+)
 
 // Listen holds the listen addresses; "" disables a listener.
 type Listen struct {
@@ -115,6 +137,7 @@ func DefaultServer() *Server {
 			MaxInflightRequests: 1024,
 			GracePeriod:         30 * time.Second,
 		},
+		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second},
 		Log: Log{Format: LogFormatText, Level: "info"},
 	}
 }
@@ -183,6 +206,16 @@ func (s *Server) validate() problems {
 	}
 
 	p.oneOf("model_control", s.ModelControl, ModelControlNone, ModelControlExplicit, ModelControlPoll)
+	p.oneOf("qos.policy", s.QoS.Policy, QoSPolicyQoS, QoSPolicyFIFO)
+	if f := s.QoS.BestEffortFloor; !(f >= 0 && f <= 1) {
+		p.add("qos.best_effort_floor", "must be between 0 and 1, got %v", f)
+	}
+	if s.QoS.DeviceSlots < 0 {
+		p.add("qos.device_slots", "must be >= 0, got %d", s.QoS.DeviceSlots)
+	}
+	if s.QoS.Window <= 0 {
+		p.add("qos.window", "must be > 0, got %v", s.QoS.Window)
+	}
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
 	}
