@@ -302,17 +302,19 @@ func TestModelFields(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := &Model{
-			Name:          "ocr-det",
-			Platform:      PlatformONNX,
-			VersionPolicy: VersionPolicy{Latest: &LatestPolicy{NumVersions: 1}},
-			MaxBatchSize:  4,
-			Inputs:        []TensorConfig{{Name: "x", DataType: "FP32", Shape: []int64{-1, 3, -1, -1}}},
-			Outputs:       []TensorConfig{{Name: "sigmoid_0.tmp_0", DataType: "FP32", Shape: []int64{-1, 1, -1, -1}}},
-			Instances:     1,
-			Execution:     Execution{Provider: ProviderCPU, IntraOpThreads: 1, GraphOptimization: GraphOptAll, Concurrency: 1},
-			SLO:           SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
-			Resources:     Resources{MemoryLimit: 512 * MiB, MinComputeShare: 0.2, MaxComputeShare: 1},
-			File:          "examples/model.yaml",
+			Name:            "ocr-det",
+			Platform:        PlatformONNX,
+			VersionPolicy:   VersionPolicy{Latest: &LatestPolicy{NumVersions: 1}},
+			MaxBatchSize:    4,
+			Inputs:          []TensorConfig{{Name: "x", DataType: "FP32", Shape: []int64{-1, 3, -1, -1}}},
+			Outputs:         []TensorConfig{{Name: "sigmoid_0.tmp_0", DataType: "FP32", Shape: []int64{-1, 1, -1, -1}}},
+			Instances:       1,
+			SLO:             SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
+			DynamicBatching: DynamicBatching{MaxQueueDelay: 2 * time.Millisecond, PreferredBatchSizes: []int{2, 4}},
+			MaxQueueSize:    256,
+			SLO:             SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
+			Resources:       Resources{MemoryLimit: 512 * MiB, MinComputeShare: 0.2, MaxComputeShare: 1},
+			File:            "examples/model.yaml",
 		}
 		if !reflect.DeepEqual(m, want) {
 			t.Errorf("\n got %+v\nwant %+v", m, want)
