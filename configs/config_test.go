@@ -309,7 +309,7 @@ func TestModelFields(t *testing.T) {
 			Inputs:          []TensorConfig{{Name: "x", DataType: "FP32", Shape: []int64{-1, 3, -1, -1}}},
 			Outputs:         []TensorConfig{{Name: "sigmoid_0.tmp_0", DataType: "FP32", Shape: []int64{-1, 1, -1, -1}}},
 			Instances:       1,
-			SLO:             SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
+			Execution:       Execution{Provider: ProviderCPU, IntraOpThreads: 1, GraphOptimization: GraphOptAll, Concurrency: 1},
 			DynamicBatching: DynamicBatching{MaxQueueDelay: 2 * time.Millisecond, PreferredBatchSizes: []int{2, 4}},
 			MaxQueueSize:    256,
 			SLO:             SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
