@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sloserve_inference_requests_total",
-			Help: "Inference requests by outcome: success, invalid, unavailable, canceled, failed.",
+			Help: "Inference requests by outcome: success, invalid, rejected, dropped, unavailable, canceled, failed.",
 		}, append(labels, "outcome")),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sloserve_inference_request_duration_seconds",
@@ -103,7 +103,7 @@ func (m *metrics) forVersion(model, version string) *versionMetrics {
 		inflight: m.inflight.WithLabelValues(model, version),
 		restarts: m.restarts.WithLabelValues(model, version),
 	}
-	for _, o := range []outcome{outcomeSuccess, outcomeInvalid, outcomeUnavailable, outcomeCanceled, outcomeFailed} {
+	for _, o := range []outcome{outcomeSuccess, outcomeInvalid, outcomeUnavailable, outcomeCanceled, outcomeFailed, outcomeRejected, outcomeDropped} {
 		vm.outcomes[o] = m.requests.WithLabelValues(model, version, string(o))
 	}
 	m.versions[key] = vm

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -68,6 +70,14 @@ type Options struct {
 	NewInstance func(ctx context.Context, spec InstanceSpec) (Instance, error)
 	Logger      *slog.Logger
 	Registerer  prometheus.Registerer
+	// Scheduler returns the QoS scheduler of an execution device ("cpu",
+	// "cuda:0", ...). Every request then goes through it: admission,
+	// queueing, batching, deadlines. Nil sends requests straight to an idle
+	// instance.
+	Scheduler func(device string) (*qos.Scheduler, error)
+	// Estimator receives the warm-up runs at load; it should be the one
+	// the schedulers predict with. Nil skips the warm-up.
+	Estimator qos.Estimator
 }
 
 // ErrOverloaded means the server has as many requests in flight as allowed.
@@ -109,6 +119,8 @@ type version struct {
 	model     string
 	number    int64
 	label     string
+	key       string         // model/version, the scheduler's name for it
+	sched     *qos.Scheduler // nil: no QoS scheduling
 	cfg       *configs.Model
 	inputs    []runtime.TensorSpec
 	outputs   []runtime.TensorSpec
@@ -355,8 +367,27 @@ func (r *Registry) load(ctx context.Context, name string) error {
 		fresh[n] = v
 		r.metrics.loadDuration.WithLabelValues(name, v.label).Observe(time.Since(start).Seconds())
 	}
-	if len(errs) > 0 {
+	if len(errs) == 0 {
 		for _, v := range fresh {
+			if err := r.schedule(ctx, v); err != nil {
+				errs = append(errs, fmt.Errorf("version %d: %w", v.number, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		r.mu.RLock()
+		serving := maps.Clone(m.serving)
+		r.mu.RUnlock()
+		for _, v := range fresh {
+			if o, ok := serving[v.number]; ok && v.sched != nil {
+				// A reload that took the old version's place in the
+				// scheduler: give it back before stopping the new one.
+				if err := r.schedule(ctx, o); err != nil {
+					r.log.Error("restoring the serving version in the scheduler", "model", o.model, "version", o.label, "err", err)
+				}
+			} else {
+				r.unschedule(ctx, v, nil)
+			}
 			r.stopVersion(ctx, v)
 		}
 		err := errors.Join(errs...)
@@ -378,9 +409,110 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	log.Info("model ready", "versions", selected, "instances", cfg.Instances, "took", time.Since(start).Round(time.Millisecond))
 
 	for _, v := range old {
-		r.drainAndStop(ctx, v)
+		r.drainAndStop(ctx, v, fresh)
 	}
 	return nil
+}
+
+// schedule hands a started version to its device's QoS scheduler, or, when
+// the same version is already scheduled (a reload), gives the scheduler the
+// new instances: queued requests stay and run on them. A warm-up seeds the
+// latency estimates when the model's input shapes are known.
+func (r *Registry) schedule(ctx context.Context, v *version) error {
+	if r.opts.Scheduler == nil {
+		return nil
+	}
+	device := "cpu"
+	if v.cfg.Execution.Provider == configs.ProviderCUDA {
+		device = fmt.Sprintf("cuda:%d", v.cfg.Execution.DeviceID)
+	}
+	sched, err := r.opts.Scheduler(device)
+	if err != nil {
+		return err
+	}
+	exec := qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+		resp, _, err := v.run(ctx, req)
+		return resp, err
+	})
+	if r.opts.Estimator != nil {
+		if sample, sizes := warmupRequests(v); sample != nil {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := qos.Warmup(wctx, v.key, exec, r.opts.Estimator, sizes, 3, sample)
+			cancel()
+			if err != nil {
+				r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
+			}
+		}
+	}
+	spec := qos.ModelSpec{
+		Name:                v.key,
+		Class:               qos.Class(v.cfg.SLO.Class),
+		Priority:            v.cfg.SLO.Priority,
+		SLO:                 v.cfg.LatencyTarget(),
+		MaxBatchSize:        v.cfg.MaxBatchSize,
+		MaxQueueDelay:       v.cfg.DynamicBatching.MaxQueueDelay,
+		PreferredBatchSizes: v.cfg.DynamicBatching.PreferredBatchSizes,
+		QueueCapacity:       v.cfg.MaxQueueSize,
+		Slots:               len(v.instances) * max(1, v.cfg.Execution.Concurrency),
+		Executor:            exec,
+	}
+	if sched.HasModel(v.key) {
+		err = sched.UpdateModel(spec)
+	} else {
+		err = sched.AddModel(spec)
+	}
+	if err != nil {
+		return err
+	}
+	v.sched = sched
+	return nil
+}
+
+// unschedule removes a version from its scheduler once no request can reach
+// it, unless a version in next (a reload of the same version) took over its
+// place there.
+func (r *Registry) unschedule(ctx context.Context, v *version, next map[int64]*version) {
+	if v.sched == nil {
+		return
+	}
+	if n, ok := next[v.number]; ok && n.sched == v.sched {
+		return
+	}
+	if err := v.sched.RemoveModel(ctx, v.key); err != nil && !errors.Is(err, qos.ErrUnknownModel) {
+		r.log.Warn("removing from the scheduler", "model", v.model, "version", v.label, "err", err)
+	}
+}
+
+// warmupRequests returns requests of zeros for the warm-up at batch sizes 1
+// and the maximum, or nil when an input has a dynamic dimension other than
+// the batch (no shape to guess) or BYTES data.
+func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
+	for _, in := range v.inputs {
+		if in.DataType == runtime.Bytes {
+			return nil, nil
+		}
+		for d, n := range in.Shape {
+			if n < 0 && !(d == 0 && v.maxBatch > 0) {
+				return nil, nil
+			}
+		}
+	}
+	sizes := []int{1}
+	if v.maxBatch > 1 {
+		sizes = append(sizes, v.maxBatch)
+	}
+	return func(batch int) *runtime.InferRequest {
+		req := &runtime.InferRequest{Inputs: make([]runtime.Tensor, len(v.inputs))}
+		for i, in := range v.inputs {
+			shape := slices.Clone(in.Shape)
+			if v.maxBatch > 0 {
+				shape[0] = int64(batch)
+			}
+			n, _ := runtime.ElementCount(shape, 0)
+			req.Inputs[i] = runtime.Tensor{Name: in.Name, DataType: in.DataType, Shape: shape, Data: make([]byte, n*int64(in.DataType.Size()))}
+		}
+		return req
+	}, sizes
 }
 
 // setFailed records why a load failed. Versions still serving stay READY.
@@ -412,6 +544,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		model:    cfg.Name,
 		number:   n,
 		label:    label,
+		key:      cfg.Name + "/" + label,
 		cfg:      cfg,
 		maxBatch: cfg.MaxBatchSize,
 		idle:     make(chan Instance, cfg.Instances*max(1, cfg.Execution.Concurrency)),
@@ -491,8 +624,9 @@ func (r *Registry) stopVersion(ctx context.Context, v *version) {
 }
 
 // drainAndStop waits for a version's in-flight requests (up to the drain
-// timeout), then stops its instances.
-func (r *Registry) drainAndStop(ctx context.Context, v *version) {
+// timeout), takes it out of its scheduler unless a version in next replaced
+// it there, then stops its instances.
+func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]*version) {
 	done := make(chan struct{})
 	go func() { v.inflight.Wait(); close(done) }()
 	timeout := cmp.Or(r.opts.DrainTimeout, 30*time.Second)
@@ -504,6 +638,7 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version) {
 		r.log.Warn("unload: in-flight requests did not finish in time", "model", v.model, "version", v.label, "timeout", timeout)
 	case <-ctx.Done():
 	}
+	r.unschedule(context.WithoutCancel(ctx), v, next)
 	r.stopVersion(context.WithoutCancel(ctx), v)
 	r.metrics.forget(v.model, v.label)
 }
@@ -525,7 +660,7 @@ func (r *Registry) unload(ctx context.Context, name, reason string) error {
 	}
 	r.mu.Unlock()
 	for _, v := range old {
-		r.drainAndStop(ctx, v)
+		r.drainAndStop(ctx, v, nil)
 	}
 	r.mu.Lock()
 	for n, e := range m.states {
@@ -622,15 +757,31 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		v.finish(outcomeInvalid, 1, start, 0, nil)
 		return nil, v.label, err
 	}
-	resp, queue, err := v.run(ctx, req)
+	var (
+		resp  *runtime.InferResponse
+		queue time.Duration
+	)
+	if v.sched != nil {
+		resp, err = v.sched.Submit(ctx, v.key, req, qos.RequestOptions{Deadline: req.Deadline, Priority: req.Priority})
+		if err == nil {
+			// The scheduler's queue plus the transport to the runner.
+			queue = max(0, time.Since(start)-resp.Timing.Input-resp.Timing.Infer-resp.Timing.Output)
+		}
+	} else {
+		resp, queue, err = v.run(ctx, req)
+	}
 	if err != nil {
 		o := outcomeFailed
 		switch {
+		case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull):
+			o = outcomeRejected
+		case errors.Is(err, qos.ErrDropped):
+			o = outcomeDropped
 		case errors.Is(err, runtime.ErrUnavailable):
 			o = outcomeUnavailable
 		case ctx.Err() != nil:
 			o = outcomeCanceled
-		case errors.Is(err, runtime.ErrInvalidTensor):
+		case errors.Is(err, runtime.ErrInvalidTensor), errors.Is(err, qos.ErrInvalidRequest):
 			o = outcomeInvalid
 		}
 		v.finish(o, batch, start, queue, nil)

@@ -21,6 +21,8 @@ const (
 	outcomeUnavailable outcome = "unavailable"
 	outcomeCanceled    outcome = "canceled"
 	outcomeFailed      outcome = "failed"
+	outcomeRejected    outcome = "rejected" // refused by admission or a full queue
+	outcomeDropped     outcome = "dropped"  // deadline passed while queued
 )
 
 func (vs *versionStats) record(o outcome, batch int, total, queue time.Duration, t *runtime.Timing) {

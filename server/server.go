@@ -13,8 +13,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // Version is the sloserve version, set at build time with -ldflags.
@@ -62,6 +65,12 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		return err
 	}
 
+	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLoops()
+	scheds := newSchedulers(loopCtx, cfg.QoS, promReg, logger.With("component", "qos"))
+	defer scheds.wait()
+	defer stopLoops()
+
 	runners := &runnerFactory{
 		executable: exe,
 		library:    lib,
@@ -80,6 +89,8 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		NewInstance:       runners.start,
 		Logger:            logger.With("component", "models"),
 		Registerer:        promReg,
+		Scheduler:         scheds.get,
+		Estimator:         scheds.est,
 	})
 	if err != nil {
 		return err
@@ -272,3 +283,66 @@ func removeStaleSocketDirs(tmp string, logger *slog.Logger) {
 		logger.Info("removed a dead server's socket folder", "dir", dir, "pid", pid)
 	}
 }
+
+// schedulers holds one QoS scheduler per execution device, created when the
+// first model on that device loads; each runs its dispatch loop until the
+// server stops.
+type schedulers struct {
+	ctx    context.Context
+	cfg    configs.QoS
+	reg    prometheus.Registerer
+	log    *slog.Logger
+	est    *qos.EWMAEstimator
+	mu     sync.Mutex
+	byName map[string]*qos.Scheduler
+	loops  sync.WaitGroup
+}
+
+func newSchedulers(ctx context.Context, cfg configs.QoS, reg prometheus.Registerer, log *slog.Logger) *schedulers {
+	return &schedulers{ctx: ctx, cfg: cfg, reg: reg, log: log, est: qos.NewEWMAEstimator(0), byName: map[string]*qos.Scheduler{}}
+}
+
+// get returns the scheduler of a device ("cpu", "cuda:0"), starting it on
+// first use.
+func (s *schedulers) get(device string) (*qos.Scheduler, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sched, ok := s.byName[device]; ok {
+		return sched, nil
+	}
+	slots := s.cfg.DeviceSlots
+	if slots == 0 {
+		slots = 1
+		if device == "cpu" {
+			slots = goruntime.NumCPU()
+		}
+	}
+	floor := s.cfg.BestEffortFloor
+	if floor == 0 {
+		floor = -1 // configs says 0 means none; qos reads 0 as its default
+	}
+	sched, err := qos.NewScheduler(qos.Options{
+		Policy:          s.cfg.Policy,
+		BestEffortFloor: floor,
+		DeviceSlots:     slots,
+		Estimator:       s.est,
+		Logger:          s.log.With("device", device),
+		Registerer:      s.reg,
+		Device:          device,
+		Window:          s.cfg.Window,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.byName[device] = sched
+	s.loops.Go(func() {
+		if err := sched.Run(s.ctx); err != nil {
+			s.log.Error("scheduler stopped", "device", device, "err", err)
+		}
+	})
+	s.log.Info("scheduler started", "device", device, "policy", s.cfg.Policy, "slots", slots)
+	return sched, nil
+}
+
+// wait blocks until every dispatch loop has returned.
+func (s *schedulers) wait() { s.loops.Wait() }
