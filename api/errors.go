@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -20,13 +21,24 @@ var (
 )
 
 // statusOf maps an error from decoding or from the Backend to the HTTP status
-// and gRPC code it is reported with.
+// and gRPC code it is reported with. The scheduler's refusals: a request that
+// would miss its deadline or finds its model's queue full is 429 (the client
+// may retry later or with a longer timeout), one dropped from the queue when
+// its deadline passed is 504, and a scheduler that cannot take the request
+// (model unknown to it, being removed, or stopped) is 503.
 func statusOf(err error) (int, codes.Code) {
 	switch {
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
+	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull):
+		return http.StatusTooManyRequests, codes.ResourceExhausted
+	case errors.Is(err, qos.ErrDropped):
+		return http.StatusGatewayTimeout, codes.DeadlineExceeded
+	case errors.Is(err, qos.ErrUnknownModel), errors.Is(err, qos.ErrModelRemoved), errors.Is(err, qos.ErrStopped):
+		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, errBadRequest), errors.Is(err, models.ErrInvalidInput),
-		errors.Is(err, runtime.ErrShape), errors.Is(err, runtime.ErrInvalidTensor):
+		errors.Is(err, runtime.ErrShape), errors.Is(err, runtime.ErrInvalidTensor),
+		errors.Is(err, qos.ErrInvalidRequest):
 		return http.StatusBadRequest, codes.InvalidArgument
 	case errors.Is(err, models.ErrModelNotFound), errors.Is(err, models.ErrVersionNotFound):
 		return http.StatusNotFound, codes.NotFound

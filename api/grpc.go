@@ -117,9 +117,10 @@ func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetad
 }
 
 // ModelInfer runs one inference. The client's deadline flows to the Backend
-// through ctx.
+// through ctx; the timeout parameter counts from when the handler starts.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
-	in, err := decodeGRPCInfer(req, s.lim)
+	arrival := time.Now()
+	in, err := decodeGRPCInfer(req, s.lim, arrival)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/runtime"
@@ -13,8 +15,9 @@ import (
 // Request-level parameters of ModelInfer. Triton hands parameters it does not
 // know to the model as custom parameters; sloserve has no such use for them
 // and ignores them, except for these:
-//   - "priority" and "timeout" are accepted and ignored until per-request QoS
-//     takes them into account;
+//   - "timeout" (microseconds > 0) and "priority" (>= 0), each an int64_param
+//     or a uint64_param, are the request's scheduling options (see
+//     request_options.go); the client's gRPC deadline applies as well;
 //   - "sequence_id", "sequence_start" and "sequence_end" are refused whatever
 //     their value: sloserve has no sequence batcher.
 var grpcRefusedRequestParams = []string{"sequence_id", "sequence_start", "sequence_end"}
@@ -63,11 +66,38 @@ var grpcContentsField = map[runtime.DataType]string{
 // not copied: the tensors alias the message's byte slices, which the message
 // owns (gRPC's proto codec unmarshals without aliasing its receive buffer).
 //
+// The request's deadline is arrival plus its timeout parameter, if any.
+//
 // Errors wrap errBadRequest, errTooLarge or runtime.ErrShape.
-func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits) (*runtime.InferRequest, error) {
+func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits, arrival time.Time) (*runtime.InferRequest, error) {
+	params := msg.GetParameters()
 	for _, k := range grpcRefusedRequestParams {
-		if _, ok := msg.GetParameters()[k]; ok {
+		if _, ok := params[k]; ok {
 			return nil, fmt.Errorf("%w: parameter %q is not supported: sequence batching is not available", errBadRequest, k)
+		}
+	}
+	var (
+		timeout  time.Duration
+		priority int
+	)
+	if p, ok := params[paramTimeout]; ok {
+		neg, us, err := grpcIntParam(paramTimeout, p)
+		if err != nil {
+			return nil, err
+		}
+		var problem string
+		if timeout, problem = timeoutFromMicros(neg, us); problem != "" {
+			return nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramTimeout, problem, grpcIntString(neg, us))
+		}
+	}
+	if p, ok := params[paramPriority]; ok {
+		neg, v, err := grpcIntParam(paramPriority, p)
+		if err != nil {
+			return nil, err
+		}
+		var problem string
+		if priority, problem = priorityFromUint(neg, v); problem != "" {
+			return nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramPriority, problem, grpcIntString(neg, v))
 		}
 	}
 	inputs := msg.GetInputs()
@@ -75,7 +105,11 @@ func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits) (*runtime.Inf
 	if len(raw) > 0 && len(raw) != len(inputs) {
 		return nil, fmt.Errorf("%w: raw_input_contents has %d entries for %d inputs", errBadRequest, len(raw), len(inputs))
 	}
-	req := &runtime.InferRequest{Inputs: make([]runtime.Tensor, len(inputs))}
+	req := &runtime.InferRequest{
+		Inputs:   make([]runtime.Tensor, len(inputs)),
+		Deadline: requestDeadline(arrival, timeout, 0),
+		Priority: priority,
+	}
 	// Names are checked for repeats through a map, so that a hostile request
 	// with many tensors does not cost quadratic time.
 	seen := grpcNameSet(len(inputs))
@@ -123,6 +157,49 @@ func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits) (*runtime.Inf
 		req.Outputs[i] = name
 	}
 	return req, nil
+}
+
+// grpcIntParam reads a request parameter that must be an integer, sent as an
+// int64_param or a uint64_param, as its sign (neg: negative) and magnitude.
+func grpcIntParam(name string, p *inference.InferParameter) (neg bool, mag uint64, err error) {
+	switch v := p.GetParameterChoice().(type) {
+	case *inference.InferParameter_Int64Param:
+		i := v.Int64Param
+		if i < 0 {
+			return true, uint64(-(i + 1)) + 1, nil // -MinInt64 overflows int64
+		}
+		return false, uint64(i), nil
+	case *inference.InferParameter_Uint64Param:
+		return false, v.Uint64Param, nil
+	}
+	return false, 0, fmt.Errorf("%w: parameter %q must be an int64_param or a uint64_param, not %s",
+		errBadRequest, name, grpcParamKind(p))
+}
+
+// grpcParamKind names the field of the InferParameter oneof that p sets.
+func grpcParamKind(p *inference.InferParameter) string {
+	switch p.GetParameterChoice().(type) {
+	case *inference.InferParameter_BoolParam:
+		return "bool_param"
+	case *inference.InferParameter_Int64Param:
+		return "int64_param"
+	case *inference.InferParameter_StringParam:
+		return "string_param"
+	case *inference.InferParameter_DoubleParam:
+		return "double_param"
+	case *inference.InferParameter_Uint64Param:
+		return "uint64_param"
+	}
+	return "no value"
+}
+
+// grpcIntString formats an integer given as sign and magnitude.
+func grpcIntString(neg bool, mag uint64) string {
+	s := strconv.FormatUint(mag, 10)
+	if neg {
+		return "-" + s
+	}
+	return s
 }
 
 // grpcNameSet returns a set for n tensor names, or nil when n < 2 and no name

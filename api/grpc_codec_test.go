@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -24,7 +25,7 @@ func TestGRPCDecodeInferTyped(t *testing.T) {
 			msg := &inference.ModelInferRequest{Inputs: []*inference.ModelInferRequest_InferInputTensor{
 				{Name: "a", Datatype: tc.dt, Shape: tc.shape, Contents: tc.contents},
 			}}
-			req, err := decodeGRPCInfer(msg, grpcTestLimits)
+			req, err := decodeGRPCInfer(msg, grpcTestLimits, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,7 +43,7 @@ func TestGRPCDecodeInferRawAliases(t *testing.T) {
 		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "a", Datatype: "FP32", Shape: []int64{2}}},
 		RawInputContents: [][]byte{raw},
 	}
-	req, err := decodeGRPCInfer(msg, grpcTestLimits)
+	req, err := decodeGRPCInfer(msg, grpcTestLimits, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestGRPCDecodeInferRawWithEmptyContents(t *testing.T) {
 		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "a", Datatype: "INT64", Shape: []int64{1}, Contents: &inference.InferTensorContents{}}},
 		RawInputContents: [][]byte{grpcInt64Bytes(-3)},
 	}
-	req, err := decodeGRPCInfer(msg, grpcTestLimits)
+	req, err := decodeGRPCInfer(msg, grpcTestLimits, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +73,11 @@ func TestGRPCDecodeInferManyInputs(t *testing.T) {
 	for i := range 50000 {
 		msg.Inputs = append(msg.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: fmt.Sprint(i), Datatype: "BOOL", Shape: []int64{0}})
 	}
-	if _, err := decodeGRPCInfer(msg, grpcTestLimits); err != nil {
+	if _, err := decodeGRPCInfer(msg, grpcTestLimits, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	msg.Inputs = append(msg.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: "17", Datatype: "BOOL", Shape: []int64{0}})
-	if _, err := decodeGRPCInfer(msg, grpcTestLimits); err == nil || !strings.Contains(err.Error(), `input "17" appears more than once`) {
+	if _, err := decodeGRPCInfer(msg, grpcTestLimits, time.Now()); err == nil || !strings.Contains(err.Error(), `input "17" appears more than once`) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -101,7 +102,7 @@ func TestGRPCDecodeInferLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := &inference.ModelInferRequest{Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "a", Datatype: tc.dt, Shape: tc.shape}}}
-			_, err := decodeGRPCInfer(msg, tc.lim)
+			_, err := decodeGRPCInfer(msg, tc.lim, time.Now())
 			if tc.code == codes.OK {
 				if err != nil {
 					t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -32,6 +33,10 @@ func FuzzDecodeModelInfer(f *testing.F) {
 		{Inputs: []*input{{Name: "a", Datatype: "FP32", Shape: []int64{1}}, {Name: "a", Datatype: "FP32", Shape: []int64{1}}}, RawInputContents: [][]byte{grpcFP32Bytes(1), grpcFP32Bytes(2)}},
 		{Inputs: []*input{{Name: "a", Datatype: "INT64", Shape: []int64{1}, Contents: &inference.InferTensorContents{Int64Contents: []int64{1}}}}, RawInputContents: [][]byte{grpcInt64Bytes(1)}},
 		{Inputs: []*input{{Name: "a", Datatype: "FLOAT", Shape: []int64{1}}}},
+		{Inputs: []*input{{Name: "a", Datatype: "FP32", Shape: []int64{0}}}, Parameters: map[string]*inference.InferParameter{
+			"timeout": grpcInt64(250000), "priority": grpcUint64(2)}},
+		{Inputs: []*input{{Name: "a", Datatype: "FP32", Shape: []int64{0}}}, Parameters: map[string]*inference.InferParameter{
+			"timeout": grpcInt64(math.MinInt64), "priority": grpcUint64(math.MaxUint64)}},
 	}
 	for _, s := range seeds {
 		b, err := proto.Marshal(s)
@@ -46,12 +51,16 @@ func FuzzDecodeModelInfer(f *testing.F) {
 		if err := proto.Unmarshal(data, &msg); err != nil {
 			t.Skip()
 		}
-		req, err := decodeGRPCInfer(&msg, lim)
+		arrival := time.Now()
+		req, err := decodeGRPCInfer(&msg, lim, arrival)
 		if err != nil {
 			if _, code := statusOf(err); code != codes.InvalidArgument && code != codes.ResourceExhausted {
 				t.Fatalf("refusal %v has code %s", err, code)
 			}
 			return
+		}
+		if d := req.Deadline.Sub(arrival); !req.Deadline.IsZero() && (d <= 0 || d > maxRequestTimeout) || req.Priority < 0 {
+			t.Fatalf("accepted deadline arrival+%v, priority %d", d, req.Priority)
 		}
 		if len(req.Inputs) != len(msg.GetInputs()) {
 			t.Fatalf("%d inputs decoded from %d", len(req.Inputs), len(msg.GetInputs()))

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -1045,5 +1046,120 @@ func TestGRPCRepositoryKServeLayout(t *testing.T) {
 	_, err := c.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{RepositoryName: "other", ModelName: "sum"})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a named repository with a model name: %v, want InvalidArgument", err)
+	}
+}
+
+// grpcInt64 and grpcUint64 are request parameters.
+func grpcInt64(v int64) *inference.InferParameter {
+	return &inference.InferParameter{ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: v}}
+}
+
+func grpcUint64(v uint64) *inference.InferParameter {
+	return &inference.InferParameter{ParameterChoice: &inference.InferParameter_Uint64Param{Uint64Param: v}}
+}
+
+func TestGRPCRequestOptions(t *testing.T) {
+	fb := newFakeBackend()
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, fb, grpcTestLimits))
+	for _, tc := range []struct {
+		name         string
+		params       map[string]*inference.InferParameter
+		wantTimeout  time.Duration
+		wantPriority int
+	}{
+		{name: "none"},
+		{name: "other parameters only", params: map[string]*inference.InferParameter{
+			"custom": {ParameterChoice: &inference.InferParameter_StringParam{StringParam: "x"}}}},
+		{name: "int64 timeout", params: map[string]*inference.InferParameter{"timeout": grpcInt64(250000)},
+			wantTimeout: 250 * time.Millisecond},
+		{name: "uint64 timeout", params: map[string]*inference.InferParameter{"timeout": grpcUint64(1)},
+			wantTimeout: time.Microsecond},
+		{name: "longest timeout", params: map[string]*inference.InferParameter{"timeout": grpcUint64(3600000000)},
+			wantTimeout: time.Hour},
+		{name: "int64 priority", params: map[string]*inference.InferParameter{"priority": grpcInt64(2)}, wantPriority: 2},
+		{name: "uint64 priority", params: map[string]*inference.InferParameter{"priority": grpcUint64(1)}, wantPriority: 1},
+		{name: "priority zero", params: map[string]*inference.InferParameter{"priority": grpcInt64(0)}},
+		{name: "both", params: map[string]*inference.InferParameter{"priority": grpcUint64(3), "timeout": grpcInt64(1000000)},
+			wantTimeout: time.Second, wantPriority: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := grpcSumRequest(true)
+			req.Parameters = tc.params
+			before := time.Now()
+			if _, err := c.ModelInfer(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+			after := time.Now()
+			fb.mu.Lock()
+			got := fb.lastReq
+			fb.mu.Unlock()
+			checkDeadline(t, got.Deadline, before, after, tc.wantTimeout)
+			if got.Priority != tc.wantPriority {
+				t.Errorf("priority %d, want %d", got.Priority, tc.wantPriority)
+			}
+		})
+	}
+}
+
+func TestGRPCRequestOptionsRefused(t *testing.T) {
+	fb := newFakeBackend()
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, fb, grpcTestLimits))
+	str := &inference.InferParameter{ParameterChoice: &inference.InferParameter_StringParam{StringParam: "1000"}}
+	dbl := &inference.InferParameter{ParameterChoice: &inference.InferParameter_DoubleParam{DoubleParam: 1.5}}
+	boolean := &inference.InferParameter{ParameterChoice: &inference.InferParameter_BoolParam{BoolParam: true}}
+	for _, tc := range []struct {
+		name  string
+		param string
+		value *inference.InferParameter
+		inMsg string
+	}{
+		{"negative timeout", "timeout", grpcInt64(-1),
+			`parameter "timeout" must be an integer number of microseconds greater than 0, not -1`},
+		{"most negative timeout", "timeout", grpcInt64(math.MinInt64),
+			`parameter "timeout" must be an integer number of microseconds greater than 0, not -9223372036854775808`},
+		{"zero timeout", "timeout", grpcUint64(0), `parameter "timeout" must be an integer number of microseconds greater than 0, not 0`},
+		{"timeout over an hour", "timeout", grpcInt64(3600000001),
+			`parameter "timeout" must be at most 3600000000 microseconds (1h0m0s), not 3600000001`},
+		{"timeout overflowing Duration", "timeout", grpcUint64(math.MaxUint64),
+			`parameter "timeout" must be at most 3600000000 microseconds (1h0m0s), not 18446744073709551615`},
+		{"string timeout", "timeout", str, `parameter "timeout" must be an int64_param or a uint64_param, not string_param`},
+		{"double timeout", "timeout", dbl, `parameter "timeout" must be an int64_param or a uint64_param, not double_param`},
+		{"empty timeout", "timeout", &inference.InferParameter{}, `parameter "timeout" must be an int64_param or a uint64_param, not no value`},
+		{"negative priority", "priority", grpcInt64(-2), `parameter "priority" must be an integer >= 0, not -2`},
+		{"priority over int", "priority", grpcUint64(math.MaxUint64),
+			`parameter "priority" must be at most 9223372036854775807, not 18446744073709551615`},
+		{"bool priority", "priority", boolean, `parameter "priority" must be an int64_param or a uint64_param, not bool_param`},
+		{"string priority", "priority", str, `parameter "priority" must be an int64_param or a uint64_param, not string_param`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fb.mu.Lock()
+			fb.lastReq = nil
+			fb.mu.Unlock()
+			req := grpcSumRequest(true)
+			req.Parameters = map[string]*inference.InferParameter{tc.param: tc.value}
+			_, err := c.ModelInfer(t.Context(), req)
+			wantGRPCCode(t, err, codes.InvalidArgument, tc.inMsg)
+			fb.mu.Lock()
+			defer fb.mu.Unlock()
+			if fb.lastReq != nil {
+				t.Fatal("the refused request reached the backend")
+			}
+		})
+	}
+}
+
+// TestGRPCQoSRejected checks that the scheduler's refusal reaches the client
+// as RESOURCE_EXHAUSTED with its message intact.
+func TestGRPCQoSRejected(t *testing.T) {
+	fb := newFakeBackend()
+	fb.inferErr = fmt.Errorf("model %q: %w: predicted completion misses the deadline by 12.5ms (queue ahead 40ms, execution 7ms)",
+		"sum", qos.ErrRejected)
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, fb, grpcTestLimits))
+	req := grpcSumRequest(true)
+	req.Parameters = map[string]*inference.InferParameter{"timeout": grpcInt64(30000)}
+	_, err := c.ModelInfer(t.Context(), req)
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted || st.Message() != fb.inferErr.Error() {
+		t.Fatalf("got %v, want RESOURCE_EXHAUSTED %q", err, fb.inferErr)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -38,9 +39,11 @@ type restServer struct {
 // extension), the model repository extension and the statistics extension,
 // all under /v2. Request bodies over lim.MaxRequestBytes are refused with 413
 // (no limit when it is 0 or less). Errors are JSON objects {"error": "..."}
-// with the status statusOf gives. As in Triton, GET /v2/models/stats is the
-// statistics of all models, so a model named "stats" has no unversioned
-// metadata path; its other paths work.
+// with the status statusOf gives. Inference reads the request parameters
+// timeout (microseconds) and priority and the header Inference-Timeout-Ms
+// (milliseconds), as request_options.go describes. As in Triton, GET
+// /v2/models/stats is the statistics of all models, so a model named "stats"
+// has no unversioned metadata path; its other paths work.
 //
 // NewREST sets gin's global mode to release.
 func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
@@ -111,10 +114,12 @@ func restStatus(err error) int {
 	return status
 }
 
-// writeError answers with the status for err and an {"error"} body.
+// writeError answers with the status for err and an {"error"} body. Server
+// faults are logged as errors; refusals, overload (503) and missed deadlines
+// (504), which come in floods when the server is saturated, only at debug.
 func (s *restServer) writeError(c *gin.Context, err error) {
 	status := restStatus(err)
-	if status >= 500 && status != http.StatusServiceUnavailable {
+	if status >= 500 && status != http.StatusServiceUnavailable && status != http.StatusGatewayTimeout {
 		s.logger.Error("REST request failed", "method", c.Request.Method, "path", c.Request.URL.Path,
 			"status", status, "err", err)
 	} else {
@@ -309,8 +314,11 @@ func (s *restServer) modelReady(c *gin.Context) {
 	}
 }
 
-// infer serves POST /v2/models/{m}[/versions/{v}]/infer.
+// infer serves POST /v2/models/{m}[/versions/{v}]/infer. The request's
+// deadline counts from when the handler starts: the parameter timeout or the
+// header Inference-Timeout-Ms, whichever is shorter.
 func (s *restServer) infer(c *gin.Context) {
+	arrival := time.Now()
 	body, err := s.readBody(c)
 	if err != nil {
 		s.writeError(c, err)
@@ -324,13 +332,23 @@ func (s *restServer) infer(c *gin.Context) {
 			return
 		}
 	}
+	var headerTimeout time.Duration
+	if h := c.Request.Header.Get(headerTimeoutMillis); h != "" {
+		var problem string
+		if headerTimeout, problem = parseTimeoutMillis(h); problem != "" {
+			s.writeError(c, restBadRequest("%s %s, not %q", headerTimeoutMillis, problem, clipValue(h)))
+			return
+		}
+	}
 	req, err := decodeRESTInfer(body, headerLen, s.lim)
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
 	name := c.Param("model")
-	resp, version, err := s.b.Infer(c.Request.Context(), name, c.Param("version"), req.runtimeRequest())
+	rr := req.runtimeRequest()
+	rr.Deadline = requestDeadline(arrival, req.timeout, headerTimeout)
+	resp, version, err := s.b.Infer(c.Request.Context(), name, c.Param("version"), rr)
 	if err != nil {
 		s.writeError(c, err)
 		return

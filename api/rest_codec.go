@@ -41,6 +41,7 @@ import (
 	"reflect"
 	"strconv"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sloserve/sloserve/runtime"
@@ -59,6 +60,11 @@ type restRequest struct {
 	// binaryAll is the request parameter binary_data_output: every output
 	// without its own binary_data parameter is returned in binary.
 	binaryAll bool
+	// timeout is the request parameter timeout; 0 when not given.
+	timeout time.Duration
+	// priority is the request parameter priority; 0 (the model's) when not
+	// given.
+	priority int
 }
 
 // restOutput is one entry of the request's "outputs".
@@ -68,9 +74,10 @@ type restOutput struct {
 	binarySet bool // the output has its own binary_data parameter
 }
 
-// runtimeRequest is the request as the Backend takes it.
+// runtimeRequest is the request as the Backend takes it, without its
+// deadline, which depends on the arrival time and headers.
 func (r *restRequest) runtimeRequest() *runtime.InferRequest {
-	rr := &runtime.InferRequest{Inputs: r.inputs}
+	rr := &runtime.InferRequest{Inputs: r.inputs, Priority: r.priority}
 	if len(r.outputs) > 0 {
 		rr.Outputs = make([]string, len(r.outputs))
 		for i, o := range r.outputs {
@@ -158,6 +165,18 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 			return nil, restBadRequest("parameters.binary_data_output must be true or false, not %s", clipValue(raw))
 		}
 	}
+	if raw, ok := rj.Parameters[paramTimeout]; ok {
+		var err error
+		if req.timeout, err = restTimeoutParam(raw); err != nil {
+			return nil, err
+		}
+	}
+	if raw, ok := rj.Parameters[paramPriority]; ok {
+		var err error
+		if req.priority, err = restPriorityParam(raw); err != nil {
+			return nil, err
+		}
+	}
 	in := restInputDecoder{lim: lim, hasBinary: headerLen >= 0, binary: binPart}
 	var names map[string]struct{}
 	for i := range rj.Inputs {
@@ -205,6 +224,40 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 		req.outputs[i] = o
 	}
 	return req, nil
+}
+
+// restTimeoutParam reads the request parameter timeout, in microseconds.
+func restTimeoutParam(raw json.RawMessage) (time.Duration, error) {
+	raw = bytes.TrimSpace(raw)
+	neg, us, err := parseJSONInteger(raw)
+	switch {
+	case err == errIntRange && !bytes.HasPrefix(raw, []byte{'-'}):
+		us = math.MaxUint64 // too long, and said so
+	case err != nil:
+		neg, us = true, 0 // not a positive integer
+	}
+	d, problem := timeoutFromMicros(neg, us)
+	if problem != "" {
+		return 0, restBadRequest("parameters.%s %s, not %s", paramTimeout, problem, clipValue(raw))
+	}
+	return d, nil
+}
+
+// restPriorityParam reads the request parameter priority.
+func restPriorityParam(raw json.RawMessage) (int, error) {
+	raw = bytes.TrimSpace(raw)
+	neg, p, err := parseJSONInteger(raw)
+	switch {
+	case err == errIntRange && !bytes.HasPrefix(raw, []byte{'-'}):
+		p = math.MaxUint64 // too large, and said so
+	case err != nil:
+		neg, p = true, 1 // not an integer >= 0
+	}
+	v, problem := priorityFromUint(neg, p)
+	if problem != "" {
+		return 0, restBadRequest("parameters.%s %s, not %s", paramPriority, problem, clipValue(raw))
+	}
+	return v, nil
 }
 
 // restJSONError turns an encoding/json error into a bad request.

@@ -28,6 +28,9 @@ var restFuzzSeeds = []string{
 	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["1"]}]}`,
 	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`,
 	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP99","data":[1]}]}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"timeout":250000,"priority":2}}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"timeout":-1e30,"priority":1.5}}`,
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"timeout":3600000001}}`,
 	`{"inputs":[`,
 	`[]`,
 	``,
@@ -44,6 +47,9 @@ func checkDecoded(t *testing.T, req *restRequest, err error) {
 			t.Fatalf("error %v gives status %d", err, status)
 		}
 		return
+	}
+	if req.timeout < 0 || req.timeout > maxRequestTimeout || req.priority < 0 {
+		t.Fatalf("accepted timeout %v, priority %d", req.timeout, req.priority)
 	}
 	for _, in := range req.inputs {
 		if !in.DataType.Valid() {

@@ -15,8 +15,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -585,6 +587,8 @@ func TestRESTBackendErrors(t *testing.T) {
 		{fmt.Errorf("runner: %w", runtime.ErrUnavailable), 503},
 		{models.ErrTooLarge, 413},
 		{context.DeadlineExceeded, 504},
+		{fmt.Errorf("%w: deadline passed 3ms ago", qos.ErrDropped), 504},
+		{fmt.Errorf("%w: sum holds 64 requests", qos.ErrQueueFull), 429},
 		{errors.New("boom"), 500},
 	}
 	for _, tc := range tests {
@@ -817,5 +821,154 @@ func BenchmarkRESTInferJSON(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// restSumBody is a valid inference body for "sum" with the given request
+// parameters (a JSON object's members, "" for none).
+func restSumBody(params string) string {
+	return `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],"parameters":{` + params + `}}`
+}
+
+// checkDeadline checks that a request's deadline is its arrival, between
+// before and after, plus timeout; no timeout wants a zero deadline.
+func checkDeadline(t *testing.T, got time.Time, before, after time.Time, timeout time.Duration) {
+	t.Helper()
+	if timeout == 0 {
+		if !got.IsZero() {
+			t.Fatalf("deadline %v, want none", got)
+		}
+		return
+	}
+	if got.IsZero() {
+		t.Fatalf("no deadline, want arrival + %v", timeout)
+	}
+	if d := got.Sub(before); d < timeout {
+		t.Errorf("deadline is %v after the request was sent, want at least %v", d, timeout)
+	}
+	if d := got.Sub(after); d > timeout {
+		t.Errorf("deadline is %v after the response came, want at most %v", d, timeout)
+	}
+}
+
+func TestRESTRequestOptions(t *testing.T) {
+	tests := []struct {
+		name         string
+		params       string
+		header       string // Inference-Timeout-Ms
+		wantTimeout  time.Duration
+		wantPriority int
+	}{
+		{name: "none"},
+		{name: "other parameters only", params: `"binary_data_output":false,"custom":"x"`},
+		{name: "timeout", params: `"timeout":250000`, wantTimeout: 250 * time.Millisecond},
+		{name: "timeout with exponent", params: `"timeout":2e6`, wantTimeout: 2 * time.Second},
+		{name: "timeout of one microsecond", params: `"timeout":1`, wantTimeout: time.Microsecond},
+		{name: "longest timeout", params: `"timeout":3600000000`, wantTimeout: time.Hour},
+		{name: "header", header: "250", wantTimeout: 250 * time.Millisecond},
+		{name: "header with fraction", header: "2.5", wantTimeout: 2500 * time.Microsecond},
+		{name: "header fraction only", header: ".25", wantTimeout: 250 * time.Microsecond},
+		{name: "header to the nanosecond", header: "0.000001", wantTimeout: time.Nanosecond},
+		{name: "longest header", header: "3600000", wantTimeout: time.Hour},
+		{name: "header shorter", params: `"timeout":500000`, header: "100", wantTimeout: 100 * time.Millisecond},
+		{name: "parameter shorter", params: `"timeout":50000`, header: "100", wantTimeout: 50 * time.Millisecond},
+		{name: "priority", params: `"priority":2`, wantPriority: 2},
+		{name: "priority zero", params: `"priority":0`},
+		{name: "priority and timeout", params: `"priority":1,"timeout":1000000`, wantPriority: 1, wantTimeout: time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, fb := newRESTTest(restLimits)
+			call := restCall{path: "/v2/models/sum/infer", body: restSumBody(tc.params)}
+			if tc.header != "" {
+				call.headers = map[string]string{"Inference-Timeout-Ms": tc.header}
+			}
+			before := time.Now()
+			rec := call.do(t, t.Context(), h)
+			after := time.Now()
+			if rec.Code != 200 {
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
+			}
+			got := fb.lastReq
+			checkDeadline(t, got.Deadline, before, after, tc.wantTimeout)
+			if got.Priority != tc.wantPriority {
+				t.Errorf("priority %d, want %d", got.Priority, tc.wantPriority)
+			}
+		})
+	}
+}
+
+func TestRESTRequestOptionsRefused(t *testing.T) {
+	tests := []struct {
+		name      string
+		params    string
+		header    string
+		wantError string
+	}{
+		{"negative timeout", `"timeout":-1`, "", "parameters.timeout must be an integer number of microseconds greater than 0, not -1"},
+		{"zero timeout", `"timeout":0`, "", "parameters.timeout must be an integer number of microseconds greater than 0, not 0"},
+		{"negative zero timeout", `"timeout":-0`, "", "parameters.timeout must be an integer"},
+		{"fractional timeout", `"timeout":1.5`, "", "parameters.timeout must be an integer number of microseconds greater than 0, not 1.5"},
+		{"timeout string", `"timeout":"1000"`, "", `parameters.timeout must be an integer number of microseconds greater than 0, not "1000"`},
+		{"timeout bool", `"timeout":true`, "", "parameters.timeout must be an integer"},
+		{"timeout null", `"timeout":null`, "", "parameters.timeout must be an integer"},
+		{"timeout object", `"timeout":{"us":5}`, "", "parameters.timeout must be an integer"},
+		{"timeout over an hour", `"timeout":3600000001`, "", "parameters.timeout must be at most 3600000000 microseconds (1h0m0s), not 3600000001"},
+		{"timeout overflowing Duration", `"timeout":9223372036854775807`, "", "parameters.timeout must be at most 3600000000 microseconds"},
+		{"timeout over uint64", `"timeout":1e30`, "", "parameters.timeout must be at most 3600000000 microseconds (1h0m0s), not 1e30"},
+		{"huge negative timeout", `"timeout":-1e30`, "", "parameters.timeout must be an integer number of microseconds greater than 0, not -1e30"},
+		{"negative priority", `"priority":-1`, "", "parameters.priority must be an integer >= 0, not -1"},
+		{"fractional priority", `"priority":0.5`, "", "parameters.priority must be an integer >= 0, not 0.5"},
+		{"priority string", `"priority":"1"`, "", `parameters.priority must be an integer >= 0, not "1"`},
+		{"priority over int", `"priority":18446744073709551615`, "", "parameters.priority must be at most 9223372036854775807, not 18446744073709551615"},
+		{"priority over uint64", `"priority":1e30`, "", "parameters.priority must be at most"},
+		{"negative header", "", "-5", `Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0, not "-5"`},
+		{"zero header", "", "0", "Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0"},
+		{"zero header with fraction", "", "0.000", "Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0"},
+		{"header below a nanosecond", "", "0.0000001", "Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0"},
+		{"non-numeric header", "", "soon", `Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0, not "soon"`},
+		{"header with unit", "", "250ms", "Inference-Timeout-Ms must be a decimal number"},
+		{"header with exponent", "", "1e3", "Inference-Timeout-Ms must be a decimal number"},
+		{"header with two points", "", "1.2.3", "Inference-Timeout-Ms must be a decimal number"},
+		{"header point only", "", ".", "Inference-Timeout-Ms must be a decimal number"},
+		{"header NaN", "", "NaN", "Inference-Timeout-Ms must be a decimal number"},
+		{"header Inf", "", "Inf", "Inference-Timeout-Ms must be a decimal number"},
+		{"header over an hour", "", "3600000.001", `Inference-Timeout-Ms must be at most 3600000 milliseconds (1h0m0s), not "3600000.001"`},
+		{"header overflowing float64", "", "9" + strings.Repeat("9", 400), "Inference-Timeout-Ms must be at most 3600000 milliseconds"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, fb := newRESTTest(restLimits)
+			call := restCall{path: "/v2/models/sum/infer", body: restSumBody(tc.params)}
+			if tc.header != "" {
+				call.headers = map[string]string{"Inference-Timeout-Ms": tc.header}
+			}
+			rec := call.do(t, t.Context(), h)
+			if rec.Code != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400; body %s", rec.Code, rec.Body)
+			}
+			if msg := restErrorBody(t, rec); !strings.Contains(msg, tc.wantError) {
+				t.Fatalf("error %q, want it to contain %q", msg, tc.wantError)
+			}
+			if fb.lastReq != nil {
+				t.Fatal("the refused request reached the backend")
+			}
+		})
+	}
+}
+
+// TestRESTQoSRejected checks that the scheduler's refusal reaches the client
+// as 429 with its message, which says by how much the deadline would be
+// missed, intact.
+func TestRESTQoSRejected(t *testing.T) {
+	h, fb := newRESTTest(restLimits)
+	fb.inferErr = fmt.Errorf("model %q: %w: predicted completion misses the deadline by 12.5ms (queue ahead 40ms, execution 7ms)",
+		"sum", qos.ErrRejected)
+	rec := restCall{path: "/v2/models/sum/infer", body: restSumBody(`"timeout":30000`)}.do(t, t.Context(), h)
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429; body %s", rec.Code, rec.Body)
+	}
+	if msg := restErrorBody(t, rec); msg != fb.inferErr.Error() {
+		t.Fatalf("error %q, want %q", msg, fb.inferErr)
 	}
 }

@@ -1,0 +1,49 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
+)
+
+func TestStatusOf(t *testing.T) {
+	tests := []struct {
+		err      error
+		wantHTTP int
+		wantCode codes.Code
+	}{
+		{qos.ErrRejected, http.StatusTooManyRequests, codes.ResourceExhausted},
+		{qos.ErrQueueFull, http.StatusTooManyRequests, codes.ResourceExhausted},
+		{qos.ErrDropped, http.StatusGatewayTimeout, codes.DeadlineExceeded},
+		{qos.ErrInvalidRequest, http.StatusBadRequest, codes.InvalidArgument},
+		{qos.ErrUnknownModel, http.StatusServiceUnavailable, codes.Unavailable},
+		{qos.ErrModelRemoved, http.StatusServiceUnavailable, codes.Unavailable},
+		{qos.ErrStopped, http.StatusServiceUnavailable, codes.Unavailable},
+		// Mappings that were there before the scheduler.
+		{errTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+		{models.ErrTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+		{errBadRequest, http.StatusBadRequest, codes.InvalidArgument},
+		{models.ErrModelNotFound, http.StatusNotFound, codes.NotFound},
+		{models.ErrOverloaded, http.StatusServiceUnavailable, codes.Unavailable},
+		{context.DeadlineExceeded, http.StatusGatewayTimeout, codes.DeadlineExceeded},
+		{context.Canceled, 499, codes.Canceled},
+		{errors.New("boom"), http.StatusInternalServerError, codes.Internal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			for _, err := range []error{tc.err, fmt.Errorf("model %q: %w: more detail", "m", tc.err)} {
+				status, code := statusOf(err)
+				if status != tc.wantHTTP || code != tc.wantCode {
+					t.Errorf("statusOf(%q) = %d, %s; want %d, %s", err, status, code, tc.wantHTTP, tc.wantCode)
+				}
+			}
+		})
+	}
+}
