@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+// detRequest is a REST binary request for the detector on a size x size
+// image, with optional request parameters.
+func detRequest(t testing.TB, size int, params map[string]any) ([]byte, string) {
+	t.Helper()
+	img := make([]float32, 3*size*size)
+	for i := range img {
+		img[i] = float32(i%255) / 255
+	}
+	header, err := json.Marshal(jsonInferRequest{
+		Inputs: []jsonTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 3, int64(size), int64(size)},
+			Parameters: map[string]any{"binary_data_size": 4 * len(img)}}},
+		Outputs:    []jsonTensor{{Name: "sigmoid_0.tmp_0", Parameters: map[string]any{"binary_data": true}}},
+		Parameters: params,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(header, f32bytes(img)...), strconv.Itoa(len(header))
+}
+
+func (s *testServer) executions(t *testing.T, model string) uint64 {
+	t.Helper()
+	st, err := s.grpc.ModelStatistics(t.Context(), &inference.ModelStatisticsRequest{Name: model})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.ModelStats[0].ExecutionCount
+}
+
+// A request whose deadline cannot be met is refused at once with 429 and
+// the amount it would miss by; one that expires while queued is dropped
+// with 504 and never executed.
+func TestE2EDeadlines(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo,
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"),
+			"max_batch_size: 8\nslo: {latency_ms: 100, class: latency-critical}\n"},
+		repoModel{"det", demoModel(t, "ocr-det"),
+			"max_batch_size: 1\nslo: {latency_ms: 10000, class: latency-critical}\nexecution: {intra_op_threads: 2}\n"},
+	)
+	s := startServer(t, repo, "")
+
+	t.Run("impossible deadline rejected at once", func(t *testing.T) {
+		// The warm-up at load gave dyn latency estimates; 1 µs is less than any.
+		before := s.executions(t, "dyn")
+		body := `{"parameters":{"timeout":1},"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,10]}]}`
+		start := time.Now()
+		code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", []byte(body))
+		took := time.Since(start)
+		if code != 429 || !bytes.Contains(b, []byte("misses the deadline by")) {
+			t.Fatalf("got %d %s, want 429 saying by how much the deadline is missed", code, b)
+		}
+		if took > 100*time.Millisecond {
+			t.Errorf("rejection took %v; want it at once", took)
+		}
+		_, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{
+			ModelName:        "dyn",
+			Parameters:       map[string]*inference.InferParameter{"timeout": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 1}}},
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10}}},
+			RawInputContents: [][]byte{make([]byte, 40)},
+		})
+		if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "misses the deadline by") {
+			t.Errorf("gRPC: %v, want RESOURCE_EXHAUSTED saying by how much", err)
+		}
+		if after := s.executions(t, "dyn"); after != before {
+			t.Errorf("rejected requests were executed: %d executions became %d", before, after)
+		}
+		if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="dyn/1",outcome="rejected"}`); v != 2 {
+			t.Errorf("rejected counter = %v, want 2", v)
+		}
+	})
+
+	t.Run("expired while queued is dropped, never executed", func(t *testing.T) {
+		// The detector's inputs have dynamic image sizes, so it gets no
+		// warm-up and starts with no estimate: both requests are admitted,
+		// and the second waits behind the first until its deadline passes.
+		big, bigLen := detRequest(t, 800, nil)
+		small, smallLen := detRequest(t, 32, map[string]any{"timeout": 20000}) // 20 ms
+		before := s.executions(t, "det")
+		var wg sync.WaitGroup
+		var bigCode int
+		wg.Go(func() {
+			bigCode, _, _ = s.do(t, "POST", "/v2/models/det/infer", big, "Inference-Header-Content-Length", bigLen)
+		})
+		waitFor(t, "the big request to reach the model", 10*time.Second, func() bool {
+			v, _ := s.metricValue(t, `sloserve_inference_inflight_requests{model="det",version="1"}`)
+			return v >= 1
+		})
+		code, b, _ := s.do(t, "POST", "/v2/models/det/infer", small, "Inference-Header-Content-Length", smallLen)
+		wg.Wait()
+		if bigCode != 200 {
+			t.Fatalf("the big request failed: %d", bigCode)
+		}
+		if code != 504 || !bytes.Contains(b, []byte("deadline passed while queued")) {
+			t.Fatalf("the queued request got %d %s; want 504, dropped", code, b)
+		}
+		if after := s.executions(t, "det"); after != before+1 {
+			t.Errorf("executions went from %d to %d; only the big request may run", before, after)
+		}
+		t.Logf("queued request: %d %s", code, b)
+	})
+
+	t.Run("header timeout", func(t *testing.T) {
+		code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody, "Inference-Timeout-Ms", "0.001")
+		if code != 429 {
+			t.Errorf("Inference-Timeout-Ms 0.001: %d %s, want 429", code, b)
+		}
+		if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody, "Inference-Timeout-Ms", "5000"); code != 200 {
+			t.Errorf("Inference-Timeout-Ms 5000: %d %s, want 200", code, b)
+		}
+	})
+}
+
+// Best-effort load does not push a latency-critical model past its SLO on
+// a lightly loaded server: the detector (best-effort) is kept busy by two
+// clients while the latency-critical model gets a light, steady stream.
+func TestE2EBestEffortDoesNotHurtLatencyCritical(t *testing.T) {
+	repo := t.TempDir()
+	const sloMS = 150
+	writeRepo(t, repo,
+		repoModel{"lc", testModel(t, "example_dynamic_axes.onnx"),
+			fmt.Sprintf("max_batch_size: 8\nslo: {latency_ms: %d, class: latency-critical}\nexecution: {intra_op_threads: 1}\n", sloMS)},
+		repoModel{"be", demoModel(t, "ocr-det"),
+			"max_batch_size: 1\nslo: {latency_ms: 60000, class: best-effort}\nexecution: {intra_op_threads: 1}\n"},
+	)
+	s := startServer(t, repo, "")
+	stop := make(chan struct{})
+	var beDone sync.WaitGroup
+	var beOK, beFail int
+	var mu sync.Mutex
+	body, hlen := detRequest(t, 320, nil)
+	for range 2 {
+		beDone.Go(func() {
+			client := &http.Client{}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest("POST", s.http+"/v2/models/be/infer", bytes.NewReader(body))
+				req.Header.Set("Inference-Header-Content-Length", hlen)
+				resp, err := client.Do(req)
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				if resp.StatusCode == 200 {
+					beOK++
+				} else {
+					beFail++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // the best-effort load is on
+
+	rng := rand.New(rand.NewPCG(5, 6))
+	var lat []time.Duration
+	var bad []string
+	for range 80 {
+		start := time.Now()
+		code, b, _ := s.do(t, "POST", "/v2/models/lc/infer", dynBody)
+		lat = append(lat, time.Since(start))
+		if code != 200 {
+			bad = append(bad, fmt.Sprintf("%d %s", code, b))
+		}
+		time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond) // ~30 requests/s
+	}
+	close(stop)
+	beDone.Wait()
+	slices.Sort(lat)
+	p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
+	t.Logf("latency-critical p50 %v p99 %v max %v; best-effort %d ok, %d refused", p50, p99, worst, beOK, beFail)
+	if len(bad) > 0 {
+		t.Errorf("latency-critical requests failed under best-effort load: %v", bad)
+	}
+	if worst > sloMS*time.Millisecond {
+		t.Errorf("latency-critical max latency %v exceeds its SLO of %dms", worst, sloMS)
+	}
+	if beOK == 0 {
+		t.Error("best-effort made no progress")
+	}
+	if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="lc/1",outcome="good"}`); v != 80 {
+		t.Errorf("good latency-critical requests = %v, want 80", v)
+	}
+}
