@@ -390,6 +390,15 @@ func grpcStatistics(stats []models.Statistics) *inference.ModelStatisticsRespons
 				ComputeOutput: grpcDuration(st.ComputeOutput),
 			},
 		}
+		if q := st.SLO; q != nil {
+			resp.ModelStats[i].Slo = &inference.SLOStatistics{
+				Class: q.Class, LatencyTargetMs: float64(q.LatencyTarget) / float64(time.Millisecond),
+				Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
+				Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled,
+				QueueDepth: uint64(max(q.QueueDepth, 0)), Goodput: q.Goodput, Attainment: q.Attainment,
+				MeanQueueDelayNs: uint64(max(q.MeanQueueDelay.Nanoseconds(), 0)),
+			}
+		}
 	}
 	return resp
 }

@@ -414,6 +414,25 @@ type modelStatsJSON struct {
 	ExecutionCount uint64         `json:"execution_count"`
 	InferenceStats inferStatsJSON `json:"inference_stats"`
 	BatchStats     []struct{}     `json:"batch_stats"`
+	// SLO is sloserve's extension: the version's SLO accounting.
+	SLO *sloStatsJSON `json:"slo,omitempty"`
+}
+
+// sloStatsJSON is the SLO accounting of one model version.
+type sloStatsJSON struct {
+	Class            string  `json:"class"`
+	LatencyTargetMS  float64 `json:"latency_target_ms"`
+	Arrived          uint64  `json:"arrived"`
+	Good             uint64  `json:"good"`
+	Late             uint64  `json:"late"`
+	Rejected         uint64  `json:"rejected"`
+	Dropped          uint64  `json:"dropped"`
+	Failed           uint64  `json:"failed"`
+	Canceled         uint64  `json:"canceled"`
+	QueueDepth       int     `json:"queue_depth"`
+	Goodput          float64 `json:"goodput"`
+	Attainment       float64 `json:"attainment"`
+	MeanQueueDelayNS int64   `json:"mean_queue_delay_ns"`
 }
 
 // statisticsJSON is the body of the statistics endpoints.
@@ -449,6 +468,15 @@ func (s *restServer) statistics(c *gin.Context) {
 				ComputeOutput: newDurationJSON(st.ComputeOutput),
 			},
 			BatchStats: []struct{}{},
+		}
+		if q := st.SLO; q != nil {
+			body.ModelStats[i].SLO = &sloStatsJSON{
+				Class: q.Class, LatencyTargetMS: float64(q.LatencyTarget) / float64(time.Millisecond),
+				Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
+				Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled,
+				QueueDepth: q.QueueDepth, Goodput: q.Goodput, Attainment: q.Attainment,
+				MeanQueueDelayNS: q.MeanQueueDelay.Nanoseconds(),
+			}
 		}
 	}
 	s.writeValue(c, http.StatusOK, body)

@@ -937,23 +937,39 @@ func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
 			if err != nil {
 				return nil, err
 			}
-			s := v.stats.snapshot()
-			s.Name, s.Version = name, v.label
-			return []Statistics{s}, nil
+			return []Statistics{v.statistics()}, nil
 		}
 	}
 	var out []Statistics
 	for _, m := range ms {
 		for _, v := range m.serving {
-			s := v.stats.snapshot()
-			s.Name, s.Version = m.name, v.label
-			out = append(out, s)
+			out = append(out, v.statistics())
 		}
 	}
 	slices.SortFunc(out, func(a, b Statistics) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
 	})
 	return out, nil
+}
+
+// statistics is the version's statistics, with its scheduler's SLO
+// accounting when it has one.
+func (v *version) statistics() Statistics {
+	s := v.stats.snapshot()
+	s.Name, s.Version = v.model, v.label
+	if v.sched == nil {
+		return s
+	}
+	if q, ok := v.sched.Stats(v.key); ok {
+		s.SLO = &SLOStatistics{
+			Class: string(q.Class), LatencyTarget: v.cfg.LatencyTarget(),
+			Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
+			Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled,
+			QueueDepth: q.QueueDepth, Goodput: q.Goodput, Attainment: q.Attainment,
+			MeanQueueDelay: q.MeanQueueDelay,
+		}
+	}
+	return s
 }
 
 // Instances calls fn for every instance of every serving version, for

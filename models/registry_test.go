@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -551,4 +552,77 @@ func TestInstanceConcurrency(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestRegistrySchedulesThroughQoS(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"slo: {latency_ms: 1000, class: latency-critical}\n", 1)
+	sched, err := qos.NewScheduler(qos.Options{DeviceSlots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- sched.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+
+	est := qos.NewEWMAEstimator(0)
+	f := &fakeFactory{fail: map[string]error{}}
+	var devices []string
+	r, err := New(Options{
+		Repositories: []string{repo}, Control: ControlPoll, NewInstance: f.start,
+		Scheduler: func(device string) (*qos.Scheduler, error) { devices = append(devices, device); return sched, nil },
+		Estimator: est,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollCtx, stopPoll := context.WithCancel(t.Context())
+	if err := r.Start(pollCtx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Infer(t.Context(), "sum", "", sumRequest([4]float32{1, 2, 3, 4})); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(devices) != "[cpu]" || !sched.HasModel("sum/1") {
+		t.Fatalf("devices asked = %v, scheduled = %v", devices, sched.HasModel("sum/1"))
+	}
+	// The warm-up ran batch sizes 1 and 4 (the maximum) and fed the estimator.
+	for _, b := range []int{1, 4} {
+		if _, ok := est.Estimate("sum/1", b); !ok {
+			t.Errorf("no estimate for batch %d after the warm-up", b)
+		}
+	}
+	st, _ := r.Statistics("sum", "1")
+	if st[0].SLO == nil || st[0].SLO.Arrived != 1 || st[0].SLO.Good != 1 || st[0].SLO.Class != "latency-critical" {
+		t.Errorf("SLO statistics = %+v", st[0].SLO)
+	}
+
+	// A reload of the same version keeps it scheduled, on the new instance.
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"slo: {latency_ms: 500, class: latency-critical}\n")
+	r.pollOnce(t.Context())
+	insts := f.of("sum", 1)
+	if len(insts) != 2 || !insts[0].stopped.Load() || insts[1].stopped.Load() {
+		t.Fatalf("after reload: %d instances, old stopped %v", len(insts), insts[0].stopped.Load())
+	}
+	if _, _, err := r.Infer(t.Context(), "sum", "", sumRequest([4]float32{1, 2, 3, 4})); err != nil {
+		t.Fatal(err)
+	}
+	if n := insts[1].calls.Load(); n < 2 {
+		t.Errorf("the new instance ran %d calls, want the warm-up and the request", n)
+	}
+	if !sched.HasModel("sum/1") {
+		t.Error("reload took the version out of the scheduler")
+	}
+
+	// Unloading takes it out.
+	if err := os.RemoveAll(filepath.Join(repo, "sum")); err != nil {
+		t.Fatal(err)
+	}
+	r.pollOnce(t.Context())
+	if sched.HasModel("sum/1") {
+		t.Error("an unloaded version is still scheduled")
+	}
+	stopPoll()
+	r.Stop(context.Background())
 }

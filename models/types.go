@@ -67,4 +67,19 @@ type Statistics struct {
 	ComputeInput   Duration
 	ComputeInfer   Duration
 	ComputeOutput  Duration
+	// SLO is the version's SLO accounting from its scheduler; nil when the
+	// version is not scheduled.
+	SLO *SLOStatistics
+}
+
+// SLOStatistics is one version's SLO accounting: outcome counts since it
+// was loaded, and goodput and attainment over the scheduler's window.
+type SLOStatistics struct {
+	Class                                                    string
+	LatencyTarget                                            time.Duration // 0: none
+	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
+	QueueDepth                                               int
+	Goodput                                                  float64 // good requests per second over the window
+	Attainment                                               float64 // good / settled over the window
+	MeanQueueDelay                                           time.Duration
 }

@@ -1196,8 +1196,11 @@ type ModelStatistics struct {
 	ExecutionCount uint64                  `protobuf:"varint,5,opt,name=execution_count,json=executionCount,proto3" json:"execution_count,omitempty"`
 	InferenceStats *InferStatistics        `protobuf:"bytes,6,opt,name=inference_stats,json=inferenceStats,proto3" json:"inference_stats,omitempty"`
 	BatchStats     []*InferBatchStatistics `protobuf:"bytes,7,rep,name=batch_stats,json=batchStats,proto3" json:"batch_stats,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// sloserve's extension, numbered far from Triton's fields: the SLO
+	// accounting of the version. Triton clients skip it as an unknown field.
+	Slo           *SLOStatistics `protobuf:"bytes,1000,opt,name=slo,proto3" json:"slo,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelStatistics) Reset() {
@@ -1279,6 +1282,161 @@ func (x *ModelStatistics) GetBatchStats() []*InferBatchStatistics {
 	return nil
 }
 
+func (x *ModelStatistics) GetSlo() *SLOStatistics {
+	if x != nil {
+		return x.Slo
+	}
+	return nil
+}
+
+// SLO accounting of one model version (a sloserve extension).
+type SLOStatistics struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// latency-critical or best-effort.
+	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	// The model's latency target in milliseconds; 0 if none.
+	LatencyTargetMs float64 `protobuf:"fixed64,2,opt,name=latency_target_ms,json=latencyTargetMs,proto3" json:"latency_target_ms,omitempty"`
+	// Counts since the version was loaded.
+	Arrived  uint64 `protobuf:"varint,3,opt,name=arrived,proto3" json:"arrived,omitempty"`
+	Good     uint64 `protobuf:"varint,4,opt,name=good,proto3" json:"good,omitempty"`
+	Late     uint64 `protobuf:"varint,5,opt,name=late,proto3" json:"late,omitempty"`
+	Rejected uint64 `protobuf:"varint,6,opt,name=rejected,proto3" json:"rejected,omitempty"`
+	Dropped  uint64 `protobuf:"varint,7,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Failed   uint64 `protobuf:"varint,8,opt,name=failed,proto3" json:"failed,omitempty"`
+	Canceled uint64 `protobuf:"varint,9,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	// Requests waiting now.
+	QueueDepth uint64 `protobuf:"varint,10,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	// Over the server's window (qos.window): good requests per second, and
+	// good over settled requests.
+	Goodput    float64 `protobuf:"fixed64,11,opt,name=goodput,proto3" json:"goodput,omitempty"`
+	Attainment float64 `protobuf:"fixed64,12,opt,name=attainment,proto3" json:"attainment,omitempty"`
+	// Mean time from arrival to execution over the window, nanoseconds.
+	MeanQueueDelayNs uint64 `protobuf:"varint,13,opt,name=mean_queue_delay_ns,json=meanQueueDelayNs,proto3" json:"mean_queue_delay_ns,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SLOStatistics) Reset() {
+	*x = SLOStatistics{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SLOStatistics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SLOStatistics) ProtoMessage() {}
+
+func (x *SLOStatistics) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SLOStatistics.ProtoReflect.Descriptor instead.
+func (*SLOStatistics) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SLOStatistics) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *SLOStatistics) GetLatencyTargetMs() float64 {
+	if x != nil {
+		return x.LatencyTargetMs
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetArrived() uint64 {
+	if x != nil {
+		return x.Arrived
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetGood() uint64 {
+	if x != nil {
+		return x.Good
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetLate() uint64 {
+	if x != nil {
+		return x.Late
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetRejected() uint64 {
+	if x != nil {
+		return x.Rejected
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetCanceled() uint64 {
+	if x != nil {
+		return x.Canceled
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetQueueDepth() uint64 {
+	if x != nil {
+		return x.QueueDepth
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetGoodput() float64 {
+	if x != nil {
+		return x.Goodput
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetAttainment() float64 {
+	if x != nil {
+		return x.Attainment
+	}
+	return 0
+}
+
+func (x *SLOStatistics) GetMeanQueueDelayNs() uint64 {
+	if x != nil {
+		return x.MeanQueueDelayNs
+	}
+	return 0
+}
+
 type ModelStatisticsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ModelStats    []*ModelStatistics     `protobuf:"bytes,1,rep,name=model_stats,json=modelStats,proto3" json:"model_stats,omitempty"`
@@ -1288,7 +1446,7 @@ type ModelStatisticsResponse struct {
 
 func (x *ModelStatisticsResponse) Reset() {
 	*x = ModelStatisticsResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1458,7 @@ func (x *ModelStatisticsResponse) String() string {
 func (*ModelStatisticsResponse) ProtoMessage() {}
 
 func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1471,7 @@ func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsResponse.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
@@ -1338,7 +1496,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1508,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1521,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1448,7 +1606,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1618,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1631,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1499,7 +1657,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1669,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1682,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1545,7 +1703,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1715,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1728,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1602,7 +1760,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1772,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1785,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
 }
 
 type RepositoryModelUnloadRequest struct {
@@ -1641,7 +1799,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1811,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1824,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1698,7 +1856,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1868,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1881,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
 }
 
 type ModelMetadataResponse_TensorMetadata struct {
@@ -1738,7 +1896,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1908,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1958,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1970,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2031,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2043,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2086,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2098,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2161,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2173,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2186,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22, 0}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -2188,7 +2346,7 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"batch_size\x18\x01 \x01(\x04R\tbatchSize\x12A\n" +
 	"\rcompute_input\x18\x02 \x01(\v2\x1c.inference.StatisticDurationR\fcomputeInput\x12A\n" +
 	"\rcompute_infer\x18\x03 \x01(\v2\x1c.inference.StatisticDurationR\fcomputeInfer\x12C\n" +
-	"\x0ecompute_output\x18\x04 \x01(\v2\x1c.inference.StatisticDurationR\rcomputeOutput\"\xbf\x02\n" +
+	"\x0ecompute_output\x18\x04 \x01(\v2\x1c.inference.StatisticDurationR\rcomputeOutput\"\xec\x02\n" +
 	"\x0fModelStatistics\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12%\n" +
@@ -2197,7 +2355,26 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0fexecution_count\x18\x05 \x01(\x04R\x0eexecutionCount\x12C\n" +
 	"\x0finference_stats\x18\x06 \x01(\v2\x1a.inference.InferStatisticsR\x0einferenceStats\x12@\n" +
 	"\vbatch_stats\x18\a \x03(\v2\x1f.inference.InferBatchStatisticsR\n" +
-	"batchStats\"V\n" +
+	"batchStats\x12+\n" +
+	"\x03slo\x18\xe8\a \x01(\v2\x18.inference.SLOStatisticsR\x03slo\"\x87\x03\n" +
+	"\rSLOStatistics\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12*\n" +
+	"\x11latency_target_ms\x18\x02 \x01(\x01R\x0flatencyTargetMs\x12\x18\n" +
+	"\aarrived\x18\x03 \x01(\x04R\aarrived\x12\x12\n" +
+	"\x04good\x18\x04 \x01(\x04R\x04good\x12\x12\n" +
+	"\x04late\x18\x05 \x01(\x04R\x04late\x12\x1a\n" +
+	"\brejected\x18\x06 \x01(\x04R\brejected\x12\x18\n" +
+	"\adropped\x18\a \x01(\x04R\adropped\x12\x16\n" +
+	"\x06failed\x18\b \x01(\x04R\x06failed\x12\x1a\n" +
+	"\bcanceled\x18\t \x01(\x04R\bcanceled\x12\x1f\n" +
+	"\vqueue_depth\x18\n" +
+	" \x01(\x04R\n" +
+	"queueDepth\x12\x18\n" +
+	"\agoodput\x18\v \x01(\x01R\agoodput\x12\x1e\n" +
+	"\n" +
+	"attainment\x18\f \x01(\x01R\n" +
+	"attainment\x12-\n" +
+	"\x13mean_queue_delay_ns\x18\r \x01(\x04R\x10meanQueueDelayNs\"V\n" +
 	"\x17ModelStatisticsResponse\x12;\n" +
 	"\vmodel_stats\x18\x01 \x03(\v2\x1a.inference.ModelStatisticsR\n" +
 	"modelStats\"\xba\x01\n" +
@@ -2270,7 +2447,7 @@ func file_api_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_api_inference_grpc_service_proto_rawDescData
 }
 
-var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -2291,35 +2468,36 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*InferStatistics)(nil),                              // 16: inference.InferStatistics
 	(*InferBatchStatistics)(nil),                         // 17: inference.InferBatchStatistics
 	(*ModelStatistics)(nil),                              // 18: inference.ModelStatistics
-	(*ModelStatisticsResponse)(nil),                      // 19: inference.ModelStatisticsResponse
-	(*ModelRepositoryParameter)(nil),                     // 20: inference.ModelRepositoryParameter
-	(*RepositoryIndexRequest)(nil),                       // 21: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 22: inference.RepositoryIndexResponse
-	(*RepositoryModelLoadRequest)(nil),                   // 23: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 24: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 25: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 26: inference.RepositoryModelUnloadResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 27: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 28: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 29: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 30: inference.ModelInferRequest.ParametersEntry
-	nil, // 31: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 32: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 33: inference.ModelInferResponse.InferOutputTensor
-	nil, // 34: inference.ModelInferResponse.ParametersEntry
-	nil, // 35: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 36: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 37: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 38: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*SLOStatistics)(nil),                                // 19: inference.SLOStatistics
+	(*ModelStatisticsResponse)(nil),                      // 20: inference.ModelStatisticsResponse
+	(*ModelRepositoryParameter)(nil),                     // 21: inference.ModelRepositoryParameter
+	(*RepositoryIndexRequest)(nil),                       // 22: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 23: inference.RepositoryIndexResponse
+	(*RepositoryModelLoadRequest)(nil),                   // 24: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 25: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 26: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 27: inference.RepositoryModelUnloadResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 28: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 29: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 30: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 31: inference.ModelInferRequest.ParametersEntry
+	nil, // 32: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 33: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 34: inference.ModelInferResponse.InferOutputTensor
+	nil, // 35: inference.ModelInferResponse.ParametersEntry
+	nil, // 36: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 37: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 38: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 39: inference.RepositoryModelUnloadRequest.ParametersEntry
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
-	27, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	27, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	30, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	28, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	29, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	34, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	33, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	28, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	28, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	31, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	29, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	30, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	35, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	34, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	15, // 7: inference.InferStatistics.success:type_name -> inference.StatisticDuration
 	15, // 8: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
 	15, // 9: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
@@ -2331,47 +2509,48 @@ var file_api_inference_grpc_service_proto_depIdxs = []int32{
 	15, // 15: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
 	16, // 16: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
 	17, // 17: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
-	18, // 18: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	36, // 19: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	37, // 20: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	38, // 21: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	31, // 22: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 23: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	32, // 24: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 25: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 26: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	35, // 28: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 29: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 30: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 31: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	20, // 32: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	20, // 33: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	0,  // 34: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 35: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 36: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 37: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 38: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 39: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	14, // 40: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	21, // 41: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	23, // 42: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	25, // 43: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	1,  // 44: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 45: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 46: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 47: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 48: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 49: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	19, // 50: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	22, // 51: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	24, // 52: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	26, // 53: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	44, // [44:54] is the sub-list for method output_type
-	34, // [34:44] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	19, // 18: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
+	18, // 19: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
+	37, // 20: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	38, // 21: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	39, // 22: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	32, // 23: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 24: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	33, // 25: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 26: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 27: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 28: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	36, // 29: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 30: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 31: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 32: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	21, // 33: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	21, // 34: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	0,  // 35: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 36: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 37: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 38: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 39: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 40: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	14, // 41: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	22, // 42: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	24, // 43: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	26, // 44: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	1,  // 45: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 46: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 47: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 48: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 49: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 50: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	20, // 51: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	23, // 52: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	25, // 53: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	27, // 54: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_api_inference_grpc_service_proto_init() }
@@ -2386,7 +2565,7 @@ func file_api_inference_grpc_service_proto_init() {
 		(*InferParameter_DoubleParam)(nil),
 		(*InferParameter_Uint64Param)(nil),
 	}
-	file_api_inference_grpc_service_proto_msgTypes[20].OneofWrappers = []any{
+	file_api_inference_grpc_service_proto_msgTypes[21].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
@@ -2398,7 +2577,7 @@ func file_api_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_grpc_service_proto_rawDesc), len(file_api_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -130,6 +130,35 @@ func TestE2EDeadlines(t *testing.T) {
 			t.Errorf("Inference-Timeout-Ms 5000: %d %s, want 200", code, b)
 		}
 	})
+
+	t.Run("slo statistics", func(t *testing.T) {
+		// dyn saw 3 refused requests and 1 good one above.
+		var st struct {
+			ModelStats []struct {
+				SLO struct {
+					Class                                  string
+					LatencyTargetMS                        float64 `json:"latency_target_ms"`
+					Arrived, Good, Late, Rejected, Dropped uint64
+					Attainment                             float64
+				} `json:"slo"`
+			} `json:"model_stats"`
+		}
+		if code := s.json(t, "GET", "/v2/models/dyn/stats", nil, &st); code != 200 {
+			t.Fatalf("stats: %d", code)
+		}
+		got := st.ModelStats[0].SLO
+		if got.Class != "latency-critical" || got.LatencyTargetMS != 100 || got.Arrived != 4 || got.Good != 1 ||
+			got.Rejected != 3 || got.Late != 0 || got.Attainment != 0.25 {
+			t.Errorf("REST slo statistics = %+v, want 4 arrived, 1 good, 3 rejected, attainment 0.25", got)
+		}
+		g, err := s.grpc.ModelStatistics(t.Context(), &inference.ModelStatisticsRequest{Name: "det"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := g.ModelStats[0].Slo; q == nil || q.Dropped != 1 || q.Good != 1 || q.LatencyTargetMs != 10000 {
+			t.Errorf("gRPC slo statistics for det = %v, want 1 dropped and 1 good", q)
+		}
+	})
 }
 
 // Best-effort load does not push a latency-critical model past its SLO on
