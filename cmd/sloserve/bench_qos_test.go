@@ -69,7 +69,8 @@ func lcInfer(batch int) *inference.ModelInferRequest {
 	}
 }
 
-// beInfer is a detector request on one qbBEImageSize² image, raw contents.
+// beInfer is a detector request on one qbBEImageSize x qbBEImageSize image,
+// raw contents.
 func beInfer() *inference.ModelInferRequest {
 	const n = qbBEImageSize
 	img := make([]float32, 3*n*n)
@@ -103,30 +104,34 @@ slo: {latency_ms: 60000, class: best-effort}
 	return repo
 }
 
-// scrape reads one series from the server's metrics endpoint, 0 when absent.
-// (testServer.metricValue takes a *testing.T.)
-func scrape(b *testing.B, s *testServer, series string) float64 {
+// scrape reads every series of the server's metrics endpoint, by its name
+// and labels as exposed. (testServer.metricValue takes a *testing.T.)
+func scrape(b *testing.B, s *testServer) map[string]float64 {
 	b.Helper()
 	resp, err := http.Get(s.metrics + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
+	series := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatalf("metric %s: %v", sc.Text(), err)
-			}
-			return f
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if strings.HasPrefix(line, "#") || i < 0 {
+			continue
 		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			b.Fatalf("metric %s: %v", line, err)
+		}
+		series[line[:i]] = v
 	}
 	if err := sc.Err(); err != nil {
 		b.Fatal(err)
 	}
-	return 0
+	return series
 }
 
 // serverCounters are the classifier's series compared across a phase.
@@ -138,14 +143,16 @@ func (c serverCounters) sub(d serverCounters) serverCounters {
 	return serverCounters{c.good - d.good, c.late - d.late, c.batchSum - d.batchSum, c.batchCount - d.batchCount}
 }
 
+// lcCounters reads the classifier's scheduler counters (0 before any).
 func lcCounters(b *testing.B, s *testServer) serverCounters {
-	model := lcName + "/1"
-	requests := `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="` + model + `",outcome=`
+	m := scrape(b, s)
+	const model = `model="` + lcName + `/1"`
+	requests := `sloserve_qos_requests_total{class="latency-critical",device="cpu",` + model + `,outcome=`
 	return serverCounters{
-		good:       scrape(b, s, requests+`"good"}`),
-		late:       scrape(b, s, requests+`"late"}`),
-		batchSum:   scrape(b, s, `sloserve_qos_batch_size_sum{device="cpu",model="`+model+`"}`),
-		batchCount: scrape(b, s, `sloserve_qos_batch_size_count{device="cpu",model="`+model+`"}`),
+		good:       m[requests+`"good"}`],
+		late:       m[requests+`"late"}`],
+		batchSum:   m[`sloserve_qos_batch_size_sum{device="cpu",`+model+`}`],
+		batchCount: m[`sloserve_qos_batch_size_count{device="cpu",`+model+`}`],
 	}
 }
 
@@ -234,6 +241,7 @@ const (
 
 var lcOutcomeNames = [numLCOutcomes]string{"good", "late", "rejected", "dropped", "failed"}
 
+// classify names the outcome of a request that took latency at the client.
 func classify(err error, latency, slo time.Duration) lcOutcome {
 	switch status.Code(err) {
 	case codes.OK:
