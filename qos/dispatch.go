@@ -9,14 +9,16 @@ import (
 	"github.com/sloserve/sloserve/runtime"
 )
 
-// admitLocked decides at arrival whether r can still meet its deadline:
-// predicted completion = now + the work ahead of it over the slots that
-// serve it + the execution of its own batch. Ahead of it are the model's
-// running executions and the full batches of the queued requests ordered
-// before it; its own batch holds the rest of those requests and r. For a
-// latency-critical request the device's running executions and the
-// latency-critical requests of every model ordered before it count too.
-// Unknown estimates admit.
+// admitLocked decides at arrival whether r can still meet its deadline.
+// It plays the slots forward: every running execution holds a device slot
+// (and a slot of its model) until its predicted end; the work that goes
+// before r then takes the earliest free slots in turn: for a
+// latency-critical request the queued latency-critical work of other models
+// ordered before it, for a best-effort request all queued latency-critical
+// work; then the full batches of r's own model ahead of it. r's batch starts
+// when both a device slot and a slot of its model are free, and must end by
+// its deadline. Best-effort work that is merely running delays r only when
+// it holds the slots r needs. Unknown estimates admit.
 func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 	if r.deadline.IsZero() {
 		return nil
@@ -29,76 +31,128 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		}
 		rows += x.batch
 	}
-	full := (rows - 1) / maxBatch // batches that run before r's
+	full := (rows - 1) / maxBatch // batches of r's model that run before r's
 	own, ok := s.est.Estimate(m.spec.Name, rows-full*maxBatch)
 	if !ok {
 		return nil
 	}
-	var queued time.Duration // the full batches before r's
-	if full > 0 {
-		e, _ := s.est.Estimate(m.spec.Name, maxBatch)
-		queued = time.Duration(full) * e
-	}
-	wait := (s.runningWorkLocked(m, now) + queued) / time.Duration(min(m.spec.Slots, s.opts.DeviceSlots))
-	if m.spec.Class == ClassLatencyCritical {
-		device := queued
-		for _, other := range s.models {
-			device += s.runningWorkLocked(other, now)
-			if other != m && other.spec.Class == ClassLatencyCritical {
-				device += s.queuedWorkLocked(other, r)
+
+	device := newSlots(s.opts.DeviceSlots, now)
+	mine := newSlots(m.spec.Slots, now)
+	for _, other := range s.models {
+		for e := range other.execs {
+			end := now
+			if e.predicted > 0 {
+				end = laterOf(e.start.Add(e.predicted), now)
+			}
+			device.hold(end)
+			if other == m {
+				mine.hold(end)
 			}
 		}
-		wait = max(wait, device/time.Duration(s.opts.DeviceSlots))
 	}
-	if miss := now.Add(wait + own).Sub(r.deadline); miss > 0 {
+	for _, other := range s.models {
+		if other == m || other.spec.Class != ClassLatencyCritical {
+			continue
+		}
+		for _, d := range s.queuedBatchesLocked(other, r, m.spec.Class == ClassBestEffort) {
+			device.run(device.earliest(), d)
+		}
+	}
+	if full > 0 {
+		e, _ := s.est.Estimate(m.spec.Name, maxBatch)
+		for range full {
+			at := laterOf(device.earliest(), mine.earliest())
+			device.run(at, e)
+			mine.run(at, e)
+		}
+	}
+	begin := laterOf(device.earliest(), mine.earliest())
+	wait := begin.Sub(now)
+	if miss := begin.Add(own).Sub(r.deadline); miss > 0 {
 		return fmt.Errorf("%w: predicted completion misses the deadline by %s (queue ahead %s, execution %s)",
 			ErrRejected, millis(miss), millis(wait), millis(own))
 	}
 	return nil
 }
 
-// millis formats a duration in milliseconds, as error messages state them.
-func millis(d time.Duration) string {
-	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+// slots tracks when each of a set of execution slots is next free.
+type slots []time.Time
+
+func newSlots(n int, now time.Time) slots {
+	s := make(slots, max(n, 1))
+	for i := range s {
+		s[i] = now
+	}
+	return s
 }
 
-// runningWorkLocked is the predicted time m's executions still need.
-func (s *Scheduler) runningWorkLocked(m *model, now time.Time) time.Duration {
-	var work time.Duration
-	for e := range m.execs {
-		if e.predicted > 0 {
-			work += max(e.start.Add(e.predicted).Sub(now), 0)
+// hold marks the earliest-free slot busy until end (a running execution).
+func (s slots) hold(end time.Time) {
+	i := s.earliestIndex()
+	s[i] = laterOf(s[i], end)
+}
+
+// run puts work of duration d on the earliest-free slot, starting no
+// sooner than at.
+func (s slots) run(at time.Time, d time.Duration) {
+	i := s.earliestIndex()
+	s[i] = laterOf(s[i], at).Add(d)
+}
+
+func (s slots) earliest() time.Time { return s[s.earliestIndex()] }
+
+func (s slots) earliestIndex() int {
+	best := 0
+	for i := range s {
+		if s[i].Before(s[best]) {
+			best = i
 		}
 	}
-	return work
+	return best
 }
 
-// queuedWorkLocked is the predicted execution time of m's queued requests
-// that go before r, assuming they run in full batches.
-func (s *Scheduler) queuedWorkLocked(m *model, r *request) time.Duration {
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// queuedBatchesLocked is the predicted execution time of each batch m's
+// queued requests would run in, counting the requests ordered before r
+// (all of them when all is set), in full batches.
+func (s *Scheduler) queuedBatchesLocked(m *model, r *request, all bool) []time.Duration {
 	rows := 0
 	for _, x := range m.q.items {
-		if !before(x, r) {
+		if !all && !before(x, r) {
 			break
 		}
 		rows += x.batch
 	}
 	if rows == 0 {
-		return 0
+		return nil
 	}
 	per := max(m.spec.MaxBatchSize, 1)
-	var work time.Duration
+	var out []time.Duration
 	if full := rows / per; full > 0 {
 		if e, ok := s.est.Estimate(m.spec.Name, per); ok {
-			work += time.Duration(full) * e
+			for range full {
+				out = append(out, e)
+			}
 		}
 	}
 	if rest := rows % per; rest > 0 {
 		if e, ok := s.est.Estimate(m.spec.Name, rest); ok {
-			work += e
+			out = append(out, e)
 		}
 	}
-	return work
+	return out
+}
+
+// millis formats a duration in milliseconds, as error messages state them.
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
 }
 
 // dispatchLocked starts batches while device slots are free and returns

@@ -317,16 +317,18 @@ func TestAdmissionCountsLatencyCriticalWorkAhead(t *testing.T) {
 		}
 		// A tighter deadline puts it ahead of a's queue: 30 + 20 = 50ms.
 		ps = append(ps, h.submit(ctx, "b", RequestOptions{Deadline: time.Now().Add(50 * ms)}, 5))
-		// Best-effort admission looks at its own model only: 20ms of 60.
-		ps = append(ps, h.submit(ctx, "c", RequestOptions{}, 6))
+		// Best-effort work waits for all queued latency-critical work: it
+		// would start at 30 + 60 (a) + 20 (b) = 110ms, past its 60ms target.
+		beLate := h.submit(ctx, "c", RequestOptions{}, 6)
+		<-beLate.done
+		if !errors.Is(beLate.err, ErrRejected) || !strings.Contains(beLate.err.Error(), "by 70.0ms") {
+			t.Errorf("c: %v, want rejected by 70.0ms", beLate.err)
+		}
 		mustSucceed(t, ps[0], ps[1], ps[3])
 		// b's request went first (EDF), so a's last could no longer finish
-		// by 100ms once a:2 ran (80 + 30); c waited behind latency-critical
-		// work past its chance. Both are dropped, not run late.
-		for _, p := range []*pending{ps[2], ps[4]} {
-			if err := p.wait(t); !errors.Is(err, ErrDropped) {
-				t.Errorf("request %v: %v, want ErrDropped", p.ids, err)
-			}
+		// by 100ms once a:2 ran (80 + 30): it is dropped, not run late.
+		if err := ps[2].wait(t); !errors.Is(err, ErrDropped) {
+			t.Errorf("request %v: %v, want ErrDropped", ps[2].ids, err)
 		}
 		checkCalls(t, h, "a[1]@0s", "b[5]@30ms", "a[2]@50ms")
 	})
@@ -648,4 +650,40 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// Best-effort work that holds one device slot does not delay a
+// latency-critical request that has a free slot: it is admitted and runs at
+// once.
+func TestAdmissionIgnoresBestEffortOnOtherSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{DeviceSlots: 2})
+		h.model(ModelSpec{Name: "be", Class: be}, constant(100*ms))
+		h.model(ModelSpec{Name: "lc", Class: lc, SLO: 30 * ms}, constant(10*ms))
+		h.seed("be", 1, constant(100*ms))
+		h.seed("lc", 1, constant(10*ms))
+		h.run()
+		ctx := t.Context()
+		long := h.submit(ctx, "be", RequestOptions{}, 1)
+		synctest.Wait() // the best-effort batch holds a slot until 100ms
+		quick := h.submit(ctx, "lc", RequestOptions{}, 2)
+		mustSucceed(t, quick, long)
+		checkCalls(t, h, "be[1]@0s", "lc[2]@0s")
+
+		// With both slots held, the wait is until the first one frees.
+		h2 := newHarness(t, Options{DeviceSlots: 1})
+		h2.model(ModelSpec{Name: "be", Class: be}, constant(100*ms))
+		h2.model(ModelSpec{Name: "lc", Class: lc, SLO: 30 * ms}, constant(10*ms))
+		h2.seed("be", 1, constant(100*ms))
+		h2.seed("lc", 1, constant(10*ms))
+		h2.run()
+		blocking := h2.submit(ctx, "be", RequestOptions{}, 1)
+		synctest.Wait()
+		refused := h2.submit(ctx, "lc", RequestOptions{}, 2)
+		<-refused.done
+		if !errors.Is(refused.err, ErrRejected) || !strings.Contains(refused.err.Error(), "by 80.0ms (queue ahead 100.0ms") {
+			t.Errorf("lc behind a 100ms batch on the only slot: %v, want rejected by 80.0ms", refused.err)
+		}
+		mustSucceed(t, blocking)
+	})
 }
