@@ -110,10 +110,21 @@ func (m *metrics) forVersion(model, version string) *versionMetrics {
 	return vm
 }
 
-// forget is called when a version is unloaded. Counters stay (a reload of
-// the same version continues them), so nothing is deleted; the method is the
-// place to do it if series churn ever matters.
-func (m *metrics) forget(model, version string) {}
+// forget deletes the series of a version that is no longer served, so an
+// unloaded version does not linger in every scrape.
+func (m *metrics) forget(model, version string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.versions, [2]string{model, version})
+	l := prometheus.Labels{"model": model, "version": version}
+	m.requests.DeletePartialMatch(l)
+	m.e2e.DeletePartialMatch(l)
+	m.queue.DeletePartialMatch(l)
+	m.compute.DeletePartialMatch(l)
+	m.inflight.DeletePartialMatch(l)
+	m.loadDuration.DeletePartialMatch(l)
+	m.restarts.DeletePartialMatch(l)
+}
 
 func (vm *versionMetrics) observe(o outcome, total, queue time.Duration, t *runtime.Timing) {
 	vm.outcomes[o].Inc()

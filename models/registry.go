@@ -640,7 +640,9 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 	}
 	r.unschedule(context.WithoutCancel(ctx), v, next)
 	r.stopVersion(context.WithoutCancel(ctx), v)
-	r.metrics.forget(v.model, v.label)
+	if _, replaced := next[v.number]; !replaced {
+		r.metrics.forget(v.model, v.label)
+	}
 }
 
 // unload takes every version of a model out of service and stops it once

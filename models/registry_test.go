@@ -434,6 +434,12 @@ func TestReloadKeepsServingWhenNewVersionFails(t *testing.T) {
 	if !f.of("sum", 1)[0].stopped.Load() {
 		t.Error("version 1 still running after version 2 replaced it")
 	}
+	if r.metrics.requests.DeleteLabelValues("sum", "1", "success") {
+		t.Error("version 1's request counters outlived it")
+	}
+	if !r.metrics.requests.DeleteLabelValues("sum", "2", "success") {
+		t.Error("version 2 has no request counters")
+	}
 
 	// A new model folder is loaded; a removed one is unloaded.
 	writeModel(t, repo, "other", fmt.Sprintf(sumConfig, "other", 1, 1), 1)
