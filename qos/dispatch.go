@@ -23,7 +23,7 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 	if r.deadline.IsZero() {
 		return nil
 	}
-	maxBatch := max(m.spec.MaxBatchSize, 1)
+	per := m.typicalBatch()
 	rows := r.batch
 	for _, x := range m.q.items {
 		if !before(x, r) {
@@ -31,8 +31,8 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		}
 		rows += x.batch
 	}
-	full := (rows - 1) / maxBatch // batches of r's model that run before r's
-	own, ok := s.est.Estimate(m.spec.Name, rows-full*maxBatch)
+	full := (rows - 1) / per // batches of r's model that run before r's
+	own, ok := s.est.Estimate(m.spec.Name, rows-full*per)
 	if !ok {
 		return nil
 	}
@@ -60,7 +60,7 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		}
 	}
 	if full > 0 {
-		e, _ := s.est.Estimate(m.spec.Name, maxBatch)
+		e, _ := s.est.Estimate(m.spec.Name, per)
 		for range full {
 			at := laterOf(device.earliest(), mine.earliest())
 			device.run(at, e)
@@ -121,7 +121,8 @@ func laterOf(a, b time.Time) time.Time {
 
 // queuedBatchesLocked is the predicted execution time of each batch m's
 // queued requests would run in, counting the requests ordered before r
-// (all of them when all is set), in full batches.
+// (all of them when all is set), in batches of the size m's executions
+// have recently had.
 func (s *Scheduler) queuedBatchesLocked(m *model, r *request, all bool) []time.Duration {
 	rows := 0
 	for _, x := range m.q.items {
@@ -133,7 +134,7 @@ func (s *Scheduler) queuedBatchesLocked(m *model, r *request, all bool) []time.D
 	if rows == 0 {
 		return nil
 	}
-	per := max(m.spec.MaxBatchSize, 1)
+	per := m.typicalBatch()
 	var out []time.Duration
 	if full := rows / per; full > 0 {
 		if e, ok := s.est.Estimate(m.spec.Name, per); ok {
@@ -349,6 +350,11 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 		m.mm.queueDelay.Observe(delay.Seconds())
 	}
 	m.q.removeDispatched()
+	if m.recentBatch == 0 {
+		m.recentBatch = float64(e.size)
+	} else {
+		m.recentBatch = m.recentBatch*(1-batchSizeWeight) + float64(e.size)*batchSizeWeight
+	}
 	e.predicted, _ = s.est.Estimate(m.spec.Name, e.size)
 	m.mm.batchSize.Observe(float64(e.size))
 	m.running++

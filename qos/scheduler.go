@@ -159,11 +159,31 @@ type model struct {
 	removing bool
 	drained  chan struct{} // closed when a removal completes
 
-	added   time.Time
-	arrived uint64
-	counts  [numOutcomes]uint64
-	win     *window
-	mm      *modelMetrics
+	added time.Time
+	// recentBatch is a moving average of the model's execution batch
+	// sizes. Admission assumes the work queued ahead runs in batches of
+	// this size: under pressure, deadline-aware batching forms batches well
+	// below the maximum, and assuming full ones would under-predict the
+	// wait.
+	recentBatch float64
+	arrived     uint64
+	counts      [numOutcomes]uint64
+	win         *window
+	mm          *modelMetrics
+}
+
+// batchSizeWeight is the weight of each new execution in recentBatch.
+const batchSizeWeight = 0.1
+
+// typicalBatch is the batch size admission assumes for queued work: the
+// recent average, rounded, within 1..max batch size. A model that has not
+// run yet is assumed to fill its batches.
+func (m *model) typicalBatch() int {
+	maxBatch := max(m.spec.MaxBatchSize, 1)
+	if m.recentBatch == 0 {
+		return maxBatch
+	}
+	return min(max(int(m.recentBatch+0.5), 1), maxBatch)
 }
 
 // execution is one batch in progress.

@@ -3,6 +3,7 @@ package qos
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -63,5 +64,73 @@ func TestUpdateModelSwapsExecutor(t *testing.T) {
 		}
 		cancel()
 		<-done
+	})
+}
+
+func TestTypicalBatch(t *testing.T) {
+	for _, tc := range []struct {
+		max    int
+		recent float64
+		want   int
+	}{
+		{8, 0, 8},     // never ran: assume full batches
+		{8, 2.4, 2},   // recent executions averaged 2.4 rows
+		{8, 2.6, 3},   // rounded
+		{8, 0.2, 1},   // at least 1
+		{8, 12, 8},    // at most the maximum
+		{0, 3, 1},     // no batching
+		{4, 3.49, 3},  // rounding down
+		{4, 3.5, 4},   // rounding up
+		{16, 16, 16},  // full
+		{16, 1.0, 1},  // light load
+		{2, 1.99, 2},  // near the top
+		{1, 0.5, 1},   // max 1
+		{8, 7.5, 8},   // rounds to 8
+		{8, 7.49, 7},  // rounds to 7
+		{8, 1e-9, 1},  // tiny
+		{8, 8.0, 8},   // exact
+		{3, 2.0, 2},   // exact
+		{3, 2.5, 3},   // half up
+		{3, 1.49, 1},  // half down
+		{100, 50, 50}, // large
+	} {
+		m := &model{spec: ModelSpec{MaxBatchSize: tc.max}, recentBatch: tc.recent}
+		if got := m.typicalBatch(); got != tc.want {
+			t.Errorf("max %d recent %v: typical batch %d, want %d", tc.max, tc.recent, got, tc.want)
+		}
+	}
+}
+
+// Admission assumes the queued work ahead runs in batches of the size the
+// model's executions recently had, not full ones.
+func TestAdmissionUsesRecentBatchSizes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{DeviceSlots: 1})
+		// 10ms + 5ms per row: a batch of 4 takes 30ms, four batches of 1 take 60ms.
+		took := func(ids []int64) time.Duration { return 10*ms + time.Duration(len(ids))*5*ms }
+		h.model(ModelSpec{Name: "m", Class: lc, SLO: time.Second, MaxBatchSize: 8}, took)
+		h.run()
+		ctx := t.Context()
+		// Seed the estimates and the recent batch size (1) with single runs.
+		for i := range int64(4) {
+			mustSucceed(t, h.submit(ctx, "m", RequestOptions{}, 100+i))
+		}
+		for b := 2; b <= 8; b++ {
+			h.s.est.Observe("m", b, 10*ms+time.Duration(b)*5*ms)
+		}
+		blocker := h.submit(ctx, "m", RequestOptions{}, 1) // runs 15ms
+		synctest.Wait()
+		var queued []*pending
+		for i := range int64(3) {
+			queued = append(queued, h.submit(ctx, "m", RequestOptions{Deadline: time.Now().Add(65 * ms)}, 2+i))
+		}
+		// They go before r (earlier deadlines). Ahead of r: 15ms running + 3 x 15ms (batches of 1) = 60ms; r 15ms:
+		// 75ms > 70ms. With full batches it would have been 15 + 30 = 45ms.
+		r := h.submit(ctx, "m", RequestOptions{Deadline: time.Now().Add(70 * ms)}, 9)
+		<-r.done
+		if !errors.Is(r.err, ErrRejected) || !strings.Contains(r.err.Error(), "by 5.0ms") {
+			t.Errorf("got %v, want rejected by 5.0ms", r.err)
+		}
+		mustSucceed(t, append(queued, blocker)...)
 	})
 }
