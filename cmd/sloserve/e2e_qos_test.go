@@ -121,6 +121,43 @@ func TestE2EDeadlines(t *testing.T) {
 		t.Logf("queued request: %d %s", code, b)
 	})
 
+	t.Run("client that disconnects leaves the queue", func(t *testing.T) {
+		big, bigLen := detRequest(t, 800, nil)
+		small, smallLen := detRequest(t, 32, nil)
+		before := s.executions(t, "det")
+		var wg sync.WaitGroup
+		var bigCode int
+		wg.Go(func() {
+			bigCode, _, _ = s.do(t, "POST", "/v2/models/det/infer", big, "Inference-Header-Content-Length", bigLen)
+		})
+		waitFor(t, "the big request to reach the model", 10*time.Second, func() bool {
+			v, _ := s.metricValue(t, `sloserve_inference_inflight_requests{model="det",version="1"}`)
+			return v >= 1
+		})
+		// A client that gives up after 20 ms, while its request waits.
+		client := &http.Client{Timeout: 20 * time.Millisecond}
+		req, err := http.NewRequest("POST", s.http+"/v2/models/det/infer", bytes.NewReader(small))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Inference-Header-Content-Length", smallLen)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("the small request answered %d before the client gave up", resp.StatusCode)
+		}
+		wg.Wait()
+		if bigCode != 200 {
+			t.Fatalf("the big request failed: %d", bigCode)
+		}
+		waitFor(t, "the canceled request to be counted", 5*time.Second, func() bool {
+			v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="det/1",outcome="canceled"}`)
+			return v == 1
+		})
+		if after := s.executions(t, "det"); after != before+1 {
+			t.Errorf("executions went from %d to %d; the abandoned request must not run", before, after)
+		}
+	})
+
 	t.Run("header timeout", func(t *testing.T) {
 		code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody, "Inference-Timeout-Ms", "0.001")
 		if code != 429 {
@@ -132,7 +169,8 @@ func TestE2EDeadlines(t *testing.T) {
 	})
 
 	t.Run("slo statistics", func(t *testing.T) {
-		// dyn saw 3 refused requests and 1 good one above.
+		// dyn saw 3 refused requests and 1 good one above; det 1 dropped,
+		// 1 canceled and 2 good.
 		var st struct {
 			ModelStats []struct {
 				SLO struct {
@@ -155,8 +193,8 @@ func TestE2EDeadlines(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if q := g.ModelStats[0].Slo; q == nil || q.Dropped != 1 || q.Good != 1 || q.LatencyTargetMs != 10000 {
-			t.Errorf("gRPC slo statistics for det = %v, want 1 dropped and 1 good", q)
+		if q := g.ModelStats[0].Slo; q == nil || q.Dropped != 1 || q.Canceled != 1 || q.Good != 2 || q.LatencyTargetMs != 10000 {
+			t.Errorf("gRPC slo statistics for det = %v, want 1 dropped, 1 canceled and 2 good", q)
 		}
 	})
 }
