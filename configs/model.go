@@ -68,7 +68,7 @@ type Model struct {
 	// (models with max_batch_size > 0).
 	DynamicBatching DynamicBatching `yaml:"dynamic_batching"`
 	// MaxQueueSize bounds the requests waiting for this model; 0 means
-	// the scheduler's default (1024).
+	// the scheduler's default (256).
 	MaxQueueSize int       `yaml:"max_queue_size"`
 	Resources    Resources `yaml:"resources"`
 

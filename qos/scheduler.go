@@ -45,7 +45,7 @@ const (
 const (
 	DefaultBestEffortFloor = 0.05
 	DefaultWindow          = 10 * time.Second
-	DefaultQueueCapacity   = 1024
+	DefaultQueueCapacity   = 256
 )
 
 // Executor runs one request, possibly merged from several, on a model's
