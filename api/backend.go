@@ -50,6 +50,9 @@ type Limits struct {
 	MaxTensorElements int64
 }
 
+// ServerName is the name sloserve gives in server metadata.
+const ServerName = "sloserve"
+
 // Extensions lists the protocol extensions sloserve supports, as named in
 // server metadata.
 var Extensions = []string{

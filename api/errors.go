@@ -18,6 +18,9 @@ var (
 	errBadRequest = errors.New("bad request")
 	// errTooLarge marks a body, message or tensor over a configured limit.
 	errTooLarge = errors.New("request too large")
+	// errUnsupportedEncoding marks a REST body in a Content-Encoding the
+	// server does not decode.
+	errUnsupportedEncoding = errors.New("unsupported content encoding")
 )
 
 // statusOf maps an error from decoding or from the Backend to the HTTP status
@@ -28,6 +31,8 @@ var (
 // (model unknown to it, being removed, or stopped) is 503.
 func statusOf(err error) (int, codes.Code) {
 	switch {
+	case errors.Is(err, errUnsupportedEncoding):
+		return http.StatusUnsupportedMediaType, codes.InvalidArgument
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
 	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull):

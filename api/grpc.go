@@ -20,9 +20,6 @@ import (
 	"github.com/sloserve/sloserve/models"
 )
 
-// grpcServerName is the name sloserve gives in server metadata.
-const grpcServerName = "sloserve"
-
 // grpcMaxSendMsgBytes caps a response message. Outputs are produced by models the
 // operator configured, so the cap only guards against runaway responses.
 const grpcMaxSendMsgBytes = 1 << 30
@@ -101,7 +98,7 @@ func (s *grpcService) ModelReady(_ context.Context, req *inference.ModelReadyReq
 // ServerMetadata gives the server's name, version and extensions.
 func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
 	return &inference.ServerMetadataResponse{
-		Name:       grpcServerName,
+		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
 		Extensions: slices.Clone(Extensions),
 	}, nil

@@ -20,13 +20,6 @@ import (
 	"github.com/sloserve/sloserve/models"
 )
 
-// restServerName is the server name in the REST server metadata.
-const restServerName = "sloserve"
-
-// errUnsupportedEncoding marks a request body in a Content-Encoding the
-// server does not decode; it is answered with 415.
-var errUnsupportedEncoding = errors.New("unsupported content encoding")
-
 // restServer holds what the REST handlers share.
 type restServer struct {
 	b      Backend
@@ -105,20 +98,11 @@ func (s *restServer) noMethod(c *gin.Context) {
 		fmt.Sprintf("method %s not allowed for %s", c.Request.Method, c.Request.URL.Path))
 }
 
-// restStatus is the HTTP status an error is answered with.
-func restStatus(err error) int {
-	if errors.Is(err, errUnsupportedEncoding) {
-		return http.StatusUnsupportedMediaType
-	}
-	status, _ := statusOf(err)
-	return status
-}
-
 // writeError answers with the status for err and an {"error"} body. Server
 // faults are logged as errors; refusals, overload (503) and missed deadlines
 // (504), which come in floods when the server is saturated, only at debug.
 func (s *restServer) writeError(c *gin.Context, err error) {
-	status := restStatus(err)
+	status, _ := statusOf(err)
 	if status >= 500 && status != http.StatusServiceUnavailable && status != http.StatusGatewayTimeout {
 		s.logger.Error("REST request failed", "method", c.Request.Method, "path", c.Request.URL.Path,
 			"status", status, "err", err)
@@ -242,7 +226,7 @@ type serverMetadataJSON struct {
 
 func (s *restServer) serverMetadata(c *gin.Context) {
 	s.writeValue(c, http.StatusOK, serverMetadataJSON{
-		Name:       restServerName,
+		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
 		Extensions: Extensions,
 	})

@@ -43,7 +43,7 @@ func checkDecoded(t *testing.T, req *restRequest, err error) {
 		if !errors.Is(err, errBadRequest) && !errors.Is(err, errTooLarge) {
 			t.Fatalf("error %v is neither a bad request nor too large", err)
 		}
-		if status := restStatus(err); status != 400 && status != 413 {
+		if status, _ := statusOf(err); status != 400 && status != 413 {
 			t.Fatalf("error %v gives status %d", err, status)
 		}
 		return

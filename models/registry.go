@@ -369,6 +369,7 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	}
 	if len(errs) == 0 {
 		for _, v := range fresh {
+			r.warmUp(ctx, v)
 			if err := r.schedule(ctx, v); err != nil {
 				errs = append(errs, fmt.Errorf("version %d: %w", v.number, err))
 			}
@@ -414,10 +415,34 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	return nil
 }
 
+// warmUp seeds the latency estimates of a started version, when its input
+// shapes are known, before it takes traffic.
+func (r *Registry) warmUp(ctx context.Context, v *version) {
+	if r.opts.Scheduler == nil || r.opts.Estimator == nil {
+		return
+	}
+	sample, sizes := warmupRequests(v)
+	if sample == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := qos.Warmup(wctx, v.key, v.executor(), r.opts.Estimator, sizes, 3, sample); err != nil {
+		r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
+	}
+}
+
+// executor runs batches on the version's instances, for the scheduler.
+func (v *version) executor() qos.Executor {
+	return qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+		resp, _, err := v.run(ctx, req)
+		return resp, err
+	})
+}
+
 // schedule hands a started version to its device's QoS scheduler, or, when
 // the same version is already scheduled (a reload), gives the scheduler the
-// new instances: queued requests stay and run on them. A warm-up seeds the
-// latency estimates when the model's input shapes are known.
+// new instances: queued requests stay and run on them.
 func (r *Registry) schedule(ctx context.Context, v *version) error {
 	if r.opts.Scheduler == nil {
 		return nil
@@ -430,20 +455,6 @@ func (r *Registry) schedule(ctx context.Context, v *version) error {
 	if err != nil {
 		return err
 	}
-	exec := qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
-		resp, _, err := v.run(ctx, req)
-		return resp, err
-	})
-	if r.opts.Estimator != nil {
-		if sample, sizes := warmupRequests(v); sample != nil {
-			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := qos.Warmup(wctx, v.key, exec, r.opts.Estimator, sizes, 3, sample)
-			cancel()
-			if err != nil {
-				r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
-			}
-		}
-	}
 	spec := qos.ModelSpec{
 		Name:                v.key,
 		Class:               qos.Class(v.cfg.SLO.Class),
@@ -454,7 +465,7 @@ func (r *Registry) schedule(ctx context.Context, v *version) error {
 		PreferredBatchSizes: v.cfg.DynamicBatching.PreferredBatchSizes,
 		QueueCapacity:       v.cfg.MaxQueueSize,
 		Slots:               len(v.instances) * max(1, v.cfg.Execution.Concurrency),
-		Executor:            exec,
+		Executor:            v.executor(),
 	}
 	if sched.HasModel(v.key) {
 		err = sched.UpdateModel(spec)

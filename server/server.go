@@ -65,8 +65,9 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		return err
 	}
 
+	// The schedulers' loops outlive ctx: they stop (and are waited for)
+	// only after the registry has drained, when Run returns.
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLoops()
 	scheds := newSchedulers(loopCtx, cfg.QoS, promReg, logger.With("component", "qos"))
 	defer scheds.wait()
 	defer stopLoops()

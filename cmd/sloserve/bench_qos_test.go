@@ -15,13 +15,10 @@ package main
 // output; a run takes about 3.5 minutes.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -104,36 +101,6 @@ slo: {latency_ms: 60000, class: best-effort}
 	return repo
 }
 
-// scrape reads every series of the server's metrics endpoint, by its name
-// and labels as exposed. (testServer.metricValue takes a *testing.T.)
-func scrape(b *testing.B, s *testServer) map[string]float64 {
-	b.Helper()
-	resp, err := http.Get(s.metrics + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	series := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		i := strings.LastIndexByte(line, ' ')
-		if strings.HasPrefix(line, "#") || i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			b.Fatalf("metric %s: %v", line, err)
-		}
-		series[line[:i]] = v
-	}
-	if err := sc.Err(); err != nil {
-		b.Fatal(err)
-	}
-	return series
-}
-
 // serverCounters are the classifier's series compared across a phase.
 type serverCounters struct {
 	good, late, batchSum, batchCount float64
@@ -145,7 +112,7 @@ func (c serverCounters) sub(d serverCounters) serverCounters {
 
 // lcCounters reads the classifier's scheduler counters (0 before any).
 func lcCounters(b *testing.B, s *testServer) serverCounters {
-	m := scrape(b, s)
+	m := s.scrape(b)
 	const model = `model="` + lcName + `/1"`
 	requests := `sloserve_qos_requests_total{class="latency-critical",device="cpu",` + model + `,outcome=`
 	return serverCounters{

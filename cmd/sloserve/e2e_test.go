@@ -298,27 +298,41 @@ func (s *testServer) runnerPids(t *testing.T, substr string) []int {
 	return pids
 }
 
-// metricValue scrapes the metrics endpoint for one series' value.
-func (s *testServer) metricValue(t *testing.T, series string) (float64, bool) {
-	t.Helper()
+// scrape reads every series of the metrics endpoint, keyed by its name and
+// labels as exposed.
+func (s *testServer) scrape(tb testing.TB) map[string]float64 {
+	tb.Helper()
 	resp, err := http.Get(s.metrics + "/metrics")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer resp.Body.Close()
+	series := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, series+" ") {
-			v, err := strconv.ParseFloat(strings.TrimPrefix(line, series+" "), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", line, err)
-			}
-			return v, true
+		i := strings.LastIndexByte(line, ' ')
+		if strings.HasPrefix(line, "#") || i < 0 {
+			continue
 		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			tb.Fatalf("metric %s: %v", line, err)
+		}
+		series[line[:i]] = v
 	}
-	return 0, false
+	if err := sc.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return series
+}
+
+// metricValue scrapes the metrics endpoint for one series' value.
+func (s *testServer) metricValue(tb testing.TB, series string) (float64, bool) {
+	tb.Helper()
+	v, ok := s.scrape(tb)[series]
+	return v, ok
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
