@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -71,6 +73,8 @@ type Model struct {
 	// the scheduler's default (256).
 	MaxQueueSize int       `yaml:"max_queue_size"`
 	Resources    Resources `yaml:"resources"`
+	// Profile tells the predictor's profiling sweep how to build requests.
+	Profile ModelProfile `yaml:"profile,omitempty"`
 
 	Dir  string `yaml:"-"` // the model folder, when loaded by LoadModel
 	File string `yaml:"-"` // the config file, as named in error messages
@@ -160,7 +164,23 @@ type Resources struct {
 	MemoryLimit     ByteSize `yaml:"memory_limit"` // 0: unlimited
 	MinComputeShare float64  `yaml:"min_compute_share"`
 	MaxComputeShare float64  `yaml:"max_compute_share"`
+	// ComputeShare pins the model's compute share: the adjuster leaves it
+	// there whatever the policy. 0 lets the policy decide.
+	ComputeShare float64 `yaml:"compute_share"`
 }
+
+// ModelProfile configures the profiling sweep of a model.
+type ModelProfile struct {
+	// Shapes gives concrete shapes, batch dimension included (it is
+	// replaced by each profiled batch size), for inputs with dynamic
+	// dimensions; without them such a model is not profiled.
+	Shapes map[string][]int64 `yaml:"shapes,omitempty"`
+	// BatchSizes to profile; default 1, max_batch_size/2, max_batch_size.
+	BatchSizes []int `yaml:"batch_sizes,omitempty"`
+}
+
+// IsZero reports whether nothing is set, so YAML output leaves it out.
+func (p ModelProfile) IsZero() bool { return len(p.Shapes) == 0 && len(p.BatchSizes) == 0 }
 
 // LatencyTarget is the SLO latency, 0 when the model has none.
 func (m *Model) LatencyTarget() time.Duration {
@@ -314,6 +334,7 @@ func (m *Model) validate() problems {
 	m.Execution.validate(&p)
 	m.SLO.validate(&p)
 	m.Resources.validate(&p)
+	m.Profile.validate(&p, m)
 	return p
 }
 
@@ -454,5 +475,34 @@ func (r *Resources) validate(p *problems) {
 	}
 	if minOK && maxOK && r.MinComputeShare > r.MaxComputeShare {
 		p.add("resources.min_compute_share", "must be <= max_compute_share (%v), got %v", r.MaxComputeShare, r.MinComputeShare)
+	}
+	if !(r.ComputeShare >= 0 && r.ComputeShare <= 1) {
+		p.add("resources.compute_share", "must be between 0 and 1, got %v", r.ComputeShare)
+	}
+}
+
+func (mp *ModelProfile) validate(p *problems, m *Model) {
+	for i, b := range mp.BatchSizes {
+		if b < 1 || b > max(m.MaxBatchSize, 1) {
+			p.add(fmt.Sprintf("profile.batch_sizes[%d]", i), "must be between 1 and max_batch_size (%d), got %d", max(m.MaxBatchSize, 1), b)
+		}
+	}
+	names := slices.Sorted(maps.Keys(mp.Shapes))
+	for _, name := range names {
+		path := "profile.shapes." + name
+		shape := mp.Shapes[name]
+		if len(m.Inputs) > 0 && !slices.ContainsFunc(m.Inputs, func(t TensorConfig) bool { return t.Name == name }) {
+			p.add(path, "no input named %q", name)
+			continue
+		}
+		if len(shape) == 0 {
+			p.add(path, "must not be empty")
+		}
+		for _, d := range shape {
+			if d < 1 || d > 1<<20 {
+				p.add(path, "dimensions must be between 1 and 1048576, got %v", shape)
+				break
+			}
+		}
 	}
 }

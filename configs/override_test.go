@@ -18,6 +18,10 @@ func TestKeys(t *testing.T) {
 		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_inflight_requests",
 		"limits.grace_period",
 		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
+		"control.policy", "control.period", "control.headroom", "control.max_utilization",
+		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
+		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
+		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",
 		"log.format", "log.level",
 	}
 	keys := Keys()
@@ -134,6 +138,9 @@ func TestSetEveryKey(t *testing.T) {
 		"repositories": "r", "model_control": "explicit", "startup_models": "a,b",
 		"log.format": "json", "log.level": "warn",
 		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s",
+		"control.policy": "static", "control.period": "2s", "control.scale_down_after": "0s",
+		"control.cooldown": "1s", "control.keep_alive": "1m", "control.cfs_period": "5ms",
+		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

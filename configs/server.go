@@ -45,6 +45,7 @@ type Server struct {
 	Runtime       Runtime       `yaml:"runtime"`
 	Limits        Limits        `yaml:"limits"`
 	QoS           QoS           `yaml:"qos"`
+	Control       Control       `yaml:"control"`
 	Log           Log           `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
@@ -68,6 +69,63 @@ type QoS struct {
 	// Window is the sliding window of goodput and SLO attainment.
 	Window time.Duration `yaml:"window"`
 }
+
+// Control configures the control loop: how each model's share of its
+// device is chosen (Policy), enforced (Limiter) and predicted (Profile).
+type Control struct {
+	// Policy is SharePolicyAdaptive, SharePolicyStatic or SharePolicyShared.
+	Policy string `yaml:"policy"`
+	// Period is the time between two passes of the adjuster.
+	Period time.Duration `yaml:"period"`
+	// Headroom: a latency-critical model's predicted latency must stay
+	// under slo.latency_ms × (1 - Headroom).
+	Headroom float64 `yaml:"headroom"`
+	// MaxUtilization bounds a model's predicted busy fraction at its share.
+	MaxUtilization float64 `yaml:"max_utilization"`
+	// ScaleDownAfter is how long a model must have had more than it needs
+	// before its share shrinks; Cooldown is the least time between two
+	// shrinks. Growth is immediate.
+	ScaleDownAfter time.Duration `yaml:"scale_down_after"`
+	Cooldown       time.Duration `yaml:"cooldown"`
+	// Step is the granularity of shares; MinShare the least compute share a
+	// model gets.
+	Step     float64 `yaml:"step"`
+	MinShare float64 `yaml:"min_share"`
+	// MemoryBudget is the memory all models of a device may use; 0 means
+	// no budget. Over budget, models idle for KeepAlive are unloaded; they
+	// load again when a request comes.
+	MemoryBudget ByteSize      `yaml:"memory_budget"`
+	KeepAlive    time.Duration `yaml:"keep_alive"`
+	// Limiter is how shares are enforced: LimiterAuto (cgroups when
+	// writable, else none; MPS on GPUs), LimiterCgroup (fail without
+	// cgroups) or LimiterNone.
+	Limiter string `yaml:"limiter"`
+	// CFSPeriod is the CPU quota period of the cgroup limiter.
+	CFSPeriod time.Duration `yaml:"cfs_period"`
+	Profile   Profile       `yaml:"profile"`
+}
+
+// Profile configures the predictor's profiling sweep at model load.
+type Profile struct {
+	Enabled  bool          `yaml:"enabled"`
+	CacheDir string        `yaml:"cache_dir"` // "": the user cache directory
+	Budget   time.Duration `yaml:"budget"`    // the longest one model's sweep may take
+	Runs     int           `yaml:"runs"`      // measured runs per point
+}
+
+// Share policies.
+const (
+	SharePolicyAdaptive = "adaptive"
+	SharePolicyStatic   = "static"
+	SharePolicyShared   = "shared"
+)
+
+// Limiter backends.
+const (
+	LimiterAuto   = "auto"
+	LimiterCgroup = "cgroup"
+	LimiterNone   = "none"
+)
 
 // QoS policies.
 const (
@@ -138,6 +196,20 @@ func DefaultServer() *Server {
 			GracePeriod:         30 * time.Second,
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second},
+		Control: Control{
+			Policy:         SharePolicyAdaptive,
+			Period:         time.Second,
+			Headroom:       0.2,
+			MaxUtilization: 0.8,
+			ScaleDownAfter: 10 * time.Second,
+			Cooldown:       5 * time.Second,
+			Step:           0.05,
+			MinShare:       0.05,
+			KeepAlive:      5 * time.Minute,
+			Limiter:        LimiterAuto,
+			CFSPeriod:      10 * time.Millisecond,
+			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
+		},
 		Log: Log{Format: LogFormatText, Level: "info"},
 	}
 }
@@ -216,6 +288,7 @@ func (s *Server) validate() problems {
 	if s.QoS.Window <= 0 {
 		p.add("qos.window", "must be > 0, got %v", s.QoS.Window)
 	}
+	s.Control.validate(&p)
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
 	}
@@ -270,6 +343,47 @@ func (s *Server) validate() problems {
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
 	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")
 	return p
+}
+
+func (c *Control) validate(p *problems) {
+	p.oneOf("control.policy", c.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
+	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterNone)
+	fraction := func(path string, v float64, lowOpen bool) {
+		if !(v >= 0 && v < 1) || (lowOpen && v == 0) {
+			p.add(path, "must be in %s0, 1), got %v", map[bool]string{true: "(", false: "["}[lowOpen], v)
+		}
+	}
+	fraction("control.headroom", c.Headroom, false)
+	if !(c.MaxUtilization > 0 && c.MaxUtilization <= 1) {
+		p.add("control.max_utilization", "must be > 0 and <= 1, got %v", c.MaxUtilization)
+	}
+	fraction("control.step", c.Step, true)
+	fraction("control.min_share", c.MinShare, false)
+	for _, d := range []struct {
+		path string
+		v    time.Duration
+		zero bool // 0 allowed
+	}{
+		{"control.period", c.Period, false},
+		{"control.scale_down_after", c.ScaleDownAfter, true},
+		{"control.cooldown", c.Cooldown, true},
+		{"control.keep_alive", c.KeepAlive, true},
+		{"control.cfs_period", c.CFSPeriod, false},
+		{"control.profile.budget", c.Profile.Budget, false},
+	} {
+		if d.v < 0 || (d.v == 0 && !d.zero) {
+			p.add(d.path, "must be %s, got %v", map[bool]string{true: ">= 0", false: "> 0"}[d.zero], d.v)
+		}
+	}
+	if c.CFSPeriod > 0 && (c.CFSPeriod < time.Millisecond || c.CFSPeriod > time.Second) {
+		p.add("control.cfs_period", "must be between 1ms and 1s (the kernel's range), got %v", c.CFSPeriod)
+	}
+	if c.MemoryBudget < 0 {
+		p.add("control.memory_budget", "must be >= 0, got %d", c.MemoryBudget)
+	}
+	if c.Profile.Runs < 1 {
+		p.add("control.profile.runs", "must be >= 1, got %d", c.Profile.Runs)
+	}
 }
 
 func (l *Listen) validate(p *problems) {
