@@ -32,6 +32,11 @@ type RunnerConfig struct {
 	Env        []string // extra environment for the child, "KEY=value"
 	SocketDir  string   // where the Unix socket lives; default os.TempDir()
 	Provider   ProviderOptions
+	// JoinCgroups are cgroup.procs files (from limiter.Placement) the
+	// child writes its own pid to before it loads ONNX Runtime, so that the
+	// model's memory and threads are charged to the instance's cgroup from
+	// the start. A restarted process joins them again.
+	JoinCgroups []string
 
 	ReadyTimeout   time.Duration // how long a start may take; default 2m
 	HealthInterval time.Duration // between health checks; default 5s

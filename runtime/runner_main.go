@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -43,6 +45,20 @@ type runnerFlags struct {
 	model    string
 	library  string
 	provider ProviderOptions
+	cgroups  pathList
+}
+
+// pathList is a repeatable string flag.
+type pathList []string
+
+func (l *pathList) String() string { return strings.Join(*l, ",") }
+
+func (l *pathList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty path")
+	}
+	*l = append(*l, v)
+	return nil
 }
 
 func parseRunnerFlags(args []string) (runnerFlags, error) {
@@ -59,6 +75,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.StringVar(&f.provider.GraphOptimization, "graph-optimization", GraphOptAll, "disable, basic, extended or all")
 	fs.Int64Var(&f.provider.GPUMemLimit, "gpu-mem-limit", 0, "CUDA arena limit in bytes (0: unlimited)")
 	fs.StringVar(&f.provider.ArenaExtendStrategy, "arena-extend-strategy", ArenaNextPowerOfTwo, "next_power_of_two or same_as_requested")
+	fs.Var(&f.cgroups, "join-cgroup", "cgroup.procs file to write the runner's pid to before loading the model (repeatable)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -82,7 +99,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 // gracefully. The flags are --socket, --model, --library, --provider,
 // --device-id, --intra-op-threads, --inter-op-threads,
 // --graph-optimization, --gpu-mem-limit, --arena-extend-strategy and
-// --cudnn-conv-algo-search.
+// --cudnn-conv-algo-search, and --join-cgroup (repeatable).
 //
 // A runner does not watch for its parent: the parent starts it with a
 // parent-death signal (see StartRunner).
@@ -92,6 +109,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		return err
 	}
 	log := logger.With("model", f.model)
+	// Join the instance's cgroups first: ONNX Runtime's threads and the
+	// model's memory then belong to them from the start.
+	if err := joinCgroups(f.cgroups); err != nil {
+		return err
+	}
+	if len(f.cgroups) > 0 {
+		log.Debug("runner joined cgroups", "cgroups", []string(f.cgroups))
+	}
 	if err := initORT(f.library); err != nil {
 		return err
 	}
@@ -201,4 +226,24 @@ func inferStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// joinCgroups moves this process (all its threads) into each cgroup by
+// writing its pid to the cgroup.procs file.
+func joinCgroups(files []string) error {
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	for _, path := range files {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("join cgroup: %w", err)
+		}
+		_, err = f.Write(pid)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("join cgroup: write pid %s to %s: %w", pid, path, err)
+		}
+	}
+	return nil
 }

@@ -54,6 +54,9 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	args := append([]string(nil), cfg.Args...)
 	args = append(args, "--socket", socket, "--model", cfg.ModelPath, "--library", cfg.Library)
 	args = append(args, cfg.Provider.args()...)
+	for _, path := range cfg.JoinCgroups {
+		args = append(args, "--join-cgroup", path)
+	}
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:

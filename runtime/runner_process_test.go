@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -71,5 +74,56 @@ func TestOutputLog(t *testing.T) {
 		if !strings.Contains(logged.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, logged.String())
 		}
+	}
+}
+
+// The runner joins the configured cgroups before it loads the model: it
+// writes its pid to each file, and a file it cannot write fails the start
+// with the path in the error. Plain files stand in for cgroup.procs here;
+// the limiter package tests the real thing.
+func TestRunnerJoinCgroups(t *testing.T) {
+	dir := t.TempDir()
+	procs := []string{filepath.Join(dir, "cpu.procs"), filepath.Join(dir, "memory.procs")}
+	for _, p := range procs {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.JoinCgroups = procs
+	r := startTestRunner(t, cfg)
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(b), strconv.Itoa(r.Pid()); got != want {
+			t.Errorf("%s holds %q, want the runner's pid %s", p, got, want)
+		}
+	}
+
+	cfg = testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	missing := filepath.Join(dir, "gone", "cgroup.procs")
+	cfg.JoinCgroups = []string{missing}
+	if r, err := StartRunner(t.Context(), cfg); err == nil {
+		r.Stop(t.Context())
+		t.Fatal("runner started although it could not join its cgroup")
+	} else if !strings.Contains(err.Error(), "join cgroup") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("start error = %v, want it to name the cgroup file", err)
+	}
+}
+
+func TestJoinCgroupFlags(t *testing.T) {
+	args := []string{"--socket", "/tmp/s", "--model", "m.onnx", "--library", "lib.so",
+		"--join-cgroup", "/a/cgroup.procs", "--join-cgroup", "/b/cgroup.procs"}
+	f, err := parseRunnerFlags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/a/cgroup.procs", "/b/cgroup.procs"}; !slices.Equal(f.cgroups, want) {
+		t.Errorf("cgroups = %q, want %q", f.cgroups, want)
+	}
+	if _, err := parseRunnerFlags(append(args, "--join-cgroup", "")); err == nil {
+		t.Error("empty --join-cgroup accepted")
 	}
 }
