@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -91,6 +92,16 @@ type ModelSpec struct {
 	Slots int
 	// Executor runs the model's batches.
 	Executor Executor
+
+	// MinShare and MaxShare bound the compute share the adjuster gives the
+	// model, as fractions of the device; 0 means the adjuster's MinShare
+	// and 1.
+	MinShare, MaxShare float64
+	// Pin fixes the model's share (from its config); the adjuster applies
+	// it as it is. nil leaves the share to the adjuster's policy.
+	Pin *limiter.Share
+	// Memory is the model's memory share in bytes; 0 means none.
+	Memory int64
 }
 
 // LogValue implements slog.LogValuer.
@@ -167,6 +178,7 @@ type model struct {
 	// wait.
 	recentBatch float64
 	arrived     uint64
+	lastArrival time.Time // zero until a request arrives
 	counts      [numOutcomes]uint64
 	win         *window
 	mm          *modelMetrics
@@ -342,12 +354,29 @@ func validateSpec(spec *ModelSpec) error {
 	if spec.Executor == nil {
 		bad("no executor")
 	}
+	minOK := spec.MinShare >= 0 && spec.MinShare <= 1 // false for NaN
+	maxOK := spec.MaxShare >= 0 && spec.MaxShare <= 1
+	if !minOK || !maxOK {
+		bad("min share %v or max share %v is not a fraction", spec.MinShare, spec.MaxShare)
+	} else if spec.MaxShare > 0 && spec.MinShare > spec.MaxShare {
+		bad("min share %v is over max share %v", spec.MinShare, spec.MaxShare)
+	}
+	if spec.Pin != nil && (!(spec.Pin.Compute >= 0) || math.IsInf(spec.Pin.Compute, 0) || spec.Pin.Memory < 0) {
+		bad("pinned share %+v is negative or not a number", *spec.Pin)
+	}
+	if spec.Memory < 0 {
+		bad("memory share %d is negative", spec.Memory)
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("qos: model %q: %w", spec.Name, errors.Join(errs...))
 	}
 	spec.QueueCapacity = cmp.Or(spec.QueueCapacity, DefaultQueueCapacity)
 	spec.Slots = max(spec.Slots, 1)
 	spec.PreferredBatchSizes = slices.Clone(spec.PreferredBatchSizes)
+	if spec.Pin != nil {
+		pin := *spec.Pin
+		spec.Pin = &pin
+	}
 	return nil
 }
 
@@ -442,6 +471,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	s.seq++
 	r.seq = s.seq
 	m.arrived++
+	m.lastArrival = now
 	if m.q.len() >= m.spec.QueueCapacity {
 		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, name, m.q.len())
 		s.finishLocked(r, outcomeRejected, now, result{err: err})

@@ -1,6 +1,10 @@
 package qos
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // outcome is how a request ended, as counted in Stats and metrics.
 type outcome int
@@ -119,4 +123,66 @@ func (w *window) sum(now time.Time) bucket {
 // less while the window is younger than that.
 func (w *window) span(now time.Time) time.Duration {
 	return min(w.width*windowBuckets, now.Sub(w.epoch))
+}
+
+// modelState is what the adjuster reads of one model at each pass.
+type modelState struct {
+	Spec                ModelSpec
+	Arrived             uint64 // since AddModel
+	QueueDepth, Running int
+	// LastActive is the last arrival, or when the model was added if
+	// nothing has arrived since.
+	LastActive time.Time
+	Attainment float64 // over the window; 0 when nothing settled
+}
+
+// snapshot returns the state of the models that are not being removed, by
+// name.
+func (s *Scheduler) snapshot() []modelState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	out := make([]modelState, 0, len(s.models))
+	for _, m := range s.models {
+		if m.removing {
+			continue
+		}
+		out = append(out, m.state(now))
+	}
+	slices.SortFunc(out, func(a, b modelState) int { return cmp.Compare(a.Spec.Name, b.Spec.Name) })
+	return out
+}
+
+// modelState returns one model's state; false if it is unknown or being
+// removed.
+func (s *Scheduler) modelState(name string) (modelState, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.models[name]
+	if !ok || m.removing {
+		return modelState{}, false
+	}
+	return m.state(time.Now()), true
+}
+
+func (m *model) state(now time.Time) modelState {
+	st := modelState{
+		Spec:       m.spec,
+		Arrived:    m.arrived,
+		QueueDepth: m.q.len(),
+		Running:    m.running,
+		LastActive: m.added,
+	}
+	if m.lastArrival.After(st.LastActive) {
+		st.LastActive = m.lastArrival
+	}
+	w := m.win.sum(now)
+	var settled uint64
+	for _, c := range w.outcomes {
+		settled += c
+	}
+	if settled > 0 {
+		st.Attainment = float64(w.outcomes[outcomeGood]) / float64(settled)
+	}
+	return st
 }
