@@ -1,0 +1,392 @@
+package predictor
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"time"
+)
+
+// ErrNoPoints is returned by Fit when it is given no usable measurement.
+var ErrNoPoints = errors.New("predictor: no usable profile points")
+
+// Point is one profiled measurement.
+type Point struct {
+	Batch   int
+	Share   float64       // compute share of the device, (0,1]
+	Latency time.Duration // execution time of one batch (median of the runs)
+}
+
+// usable reports whether a point can take part in a fit.
+func (pt Point) usable() bool {
+	return pt.Batch >= 1 && pt.Share > 0 && pt.Share <= 1 && pt.Latency > 0
+}
+
+// Curve is t(b, s) = (K1*b^2 + K2*b + K3)/(s + K4) + K5 seconds: a batch
+// costs a fixed part plus a part that grows with the batch, the compute part
+// shrinks as the share grows (K4 models the part that does not scale with
+// it), and K5 is time no share buys back (launch, copies). Curves from Fit
+// have all coefficients non-negative, so predictions never decrease with the
+// batch nor increase with the share.
+type Curve struct{ K1, K2, K3, K4, K5 float64 }
+
+// Bounds Predict keeps its arguments and result in.
+const (
+	minShare   = 1e-3
+	maxSeconds = 1e6
+)
+
+// Predict returns the execution time of one batch at a share. A batch below
+// 1 counts as 1; a share outside (0, 1] (0 and NaN included) counts as the
+// whole device, and a share below 0.001 as 0.001. The result is at least a
+// nanosecond and at most about 11 days, whatever the coefficients.
+func (c Curve) Predict(batch int, share float64) time.Duration {
+	return seconds(c.seconds(batch, share))
+}
+
+func (c Curve) seconds(batch int, share float64) float64 {
+	b := float64(max(batch, 1))
+	s := normShare(share)
+	return (c.K1*b*b+c.K2*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
+}
+
+// valid reports whether the curve can predict: finite, non-negative
+// coefficients, not all of the latency terms zero.
+func (c Curve) valid() bool {
+	ks := [...]float64{c.K1, c.K2, c.K3, c.K4, c.K5}
+	for _, k := range ks {
+		if !(k >= 0) || math.IsInf(k, 0) {
+			return false
+		}
+	}
+	return c.K1 > 0 || c.K2 > 0 || c.K3 > 0 || c.K5 > 0
+}
+
+// normShare maps a share to (0, 1]: outside that range (0 and NaN
+// included) means the whole device.
+func normShare(s float64) float64 {
+	if !(s > 0 && s <= 1) {
+		return 1
+	}
+	return max(s, minShare)
+}
+
+// seconds converts seconds to a duration in [1ns, maxSeconds].
+func seconds(v float64) time.Duration {
+	if !(v > 0) { // NaN too
+		return time.Nanosecond
+	}
+	v = min(v, maxSeconds)
+	return max(time.Duration(v*float64(time.Second)), time.Nanosecond)
+}
+
+// MAPE returns the mean absolute percentage error of c on points (0.07 is
+// 7%). Unusable points are skipped; with none left it is 0.
+func MAPE(c Curve, points []Point) float64 {
+	var sum float64
+	var n int
+	for _, pt := range points {
+		if !pt.usable() {
+			continue
+		}
+		t := pt.Latency.Seconds()
+		sum += math.Abs(c.Predict(pt.Batch, pt.Share).Seconds()-t) / t
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+// The fit's columns: the coefficient each multiplies.
+const (
+	colK1 = iota // b^2/(s+K4)
+	colK2        // b/(s+K4)
+	colK3        // 1/(s+K4)
+	colK5        // 1
+	numCols
+)
+
+// subsets lists the column subsets Fit tries, smallest first and, among
+// equals, those without the quadratic term first, so that when the data
+// cannot tell two shapes apart the simpler, linear one wins.
+var subsets = func() []int {
+	var s []int
+	for m := 1; m < 1<<numCols; m++ {
+		s = append(s, m)
+	}
+	pop := func(m int) int {
+		n := 0
+		for ; m != 0; m &= m - 1 {
+			n++
+		}
+		return n
+	}
+	slices.SortStableFunc(s, func(a, b int) int {
+		if d := pop(a) - pop(b); d != 0 {
+			return d
+		}
+		return (a & (1 << colK1)) - (b & (1 << colK1))
+	})
+	return s
+}()
+
+// k4Grid holds the K4 values Fit searches: 0, then log-spaced from 0.001
+// to 2. The best one is refined by golden-section search between its
+// neighbours.
+var k4Grid = func() []float64 {
+	const n = 32
+	g := []float64{0}
+	lo, hi := math.Log(1e-3), math.Log(2)
+	for i := range n {
+		g = append(g, math.Exp(lo+(hi-lo)*float64(i)/(n-1)))
+	}
+	return g
+}()
+
+// Fit fits a Curve to profile points by least squares on the relative
+// error, so that a 1 ms batch counts as much as a 100 ms one. For each K4 on
+// a grid the model is linear in K1, K2, K3 and K5; Fit solves that
+// non-negative least-squares problem exactly (every subset of the four
+// columns, the best feasible one wins) and keeps the K4 with the least
+// error, refined between grid points. All coefficients are therefore
+// non-negative.
+//
+// Points with a batch below 1, a share outside (0, 1] or a non-positive
+// latency are ignored; with none left Fit returns ErrNoPoints. The full
+// model needs at least two shares and two batch sizes (three for the
+// quadratic term). With less, Fit degrades to the pessimistic shapes
+// instead of guessing:
+//   - one share: K4 = 0 and K5 = 0, so time is inversely proportional to the
+//     share (perfect scaling; the only assumption one share allows);
+//   - one batch size: only K2 (and K4 from the shares), so time is
+//     proportional to the batch, the case of no batching gain;
+//   - one point, or both of the above: t = K2*b/s.
+func Fit(points []Point) (Curve, error) {
+	pts := make([]Point, 0, len(points))
+	shares := map[float64]bool{}
+	batches := map[int]bool{}
+	for _, pt := range points {
+		if pt.usable() {
+			pts = append(pts, pt)
+			shares[pt.Share] = true
+			batches[pt.Batch] = true
+		}
+	}
+	if len(pts) == 0 {
+		return Curve{}, ErrNoPoints
+	}
+	allowed := 1<<colK1 | 1<<colK2 | 1<<colK3 | 1<<colK5
+	if len(batches) < 2 {
+		allowed = 1 << colK2
+	}
+	f := newFitter(pts, allowed)
+	if len(shares) < 2 {
+		allowed &^= 1 << colK5
+		f.allowed = allowed
+		if c, _, ok := f.solve(0); ok {
+			return c, nil
+		}
+		return proportional(pts), nil
+	}
+	best, bestErr, bestI := Curve{}, math.Inf(1), -1
+	for i, k4 := range k4Grid {
+		if c, e, ok := f.solve(k4); ok && e < bestErr {
+			best, bestErr, bestI = c, e, i
+		}
+	}
+	if bestI < 0 {
+		return proportional(pts), nil
+	}
+	// Golden-section search between the best grid point's neighbours.
+	lo := k4Grid[max(bestI-1, 0)]
+	hi := k4Grid[min(bestI+1, len(k4Grid)-1)]
+	errAt := func(k4 float64) (Curve, float64) {
+		c, e, ok := f.solve(k4)
+		if !ok {
+			return c, math.Inf(1)
+		}
+		return c, e
+	}
+	const phi = 0.6180339887498949
+	a, b := hi-phi*(hi-lo), lo+phi*(hi-lo)
+	ca, ea := errAt(a)
+	cb, eb := errAt(b)
+	for range 40 {
+		if ea < eb {
+			hi, b, cb, eb = b, a, ca, ea
+			a = hi - phi*(hi-lo)
+			ca, ea = errAt(a)
+		} else {
+			lo, a, ca, ea = a, b, cb, eb
+			b = lo + phi*(hi-lo)
+			cb, eb = errAt(b)
+		}
+	}
+	if ea < bestErr {
+		best, bestErr = ca, ea
+	}
+	if eb < bestErr {
+		best = cb
+	}
+	return best, nil
+}
+
+// proportional is the last resort: t = K2*b/s with K2 the mean of t*s/b.
+func proportional(pts []Point) Curve {
+	var k float64
+	for _, pt := range pts {
+		k += pt.Latency.Seconds() * pt.Share / float64(pt.Batch)
+	}
+	return Curve{K2: k / float64(len(pts))}
+}
+
+// fitter holds the points of one Fit and scratch space for its solves.
+type fitter struct {
+	pts     []Point
+	t       []float64 // latencies in seconds
+	allowed int       // bit mask of the columns that may be used
+	x       [][numCols]float64
+}
+
+func newFitter(pts []Point, allowed int) *fitter {
+	f := &fitter{pts: pts, allowed: allowed, t: make([]float64, len(pts)), x: make([][numCols]float64, len(pts))}
+	for i, pt := range pts {
+		f.t[i] = pt.Latency.Seconds()
+	}
+	return f
+}
+
+// solve fits the linear coefficients for one K4 and returns the curve, its
+// sum of squared relative errors, and false when no subset was feasible.
+func (f *fitter) solve(k4 float64) (Curve, float64, bool) {
+	// Rows are divided by t so that the target is 1 and the residual is
+	// the relative error; columns are scaled to unit norm for conditioning.
+	var norm [numCols]float64
+	for i, pt := range f.pts {
+		u := 1 / (pt.Share + k4)
+		b := float64(pt.Batch)
+		w := 1 / f.t[i]
+		f.x[i] = [numCols]float64{b * b * u * w, b * u * w, u * w, w}
+		for j, v := range f.x[i] {
+			norm[j] += v * v
+		}
+	}
+	for j := range norm {
+		norm[j] = math.Sqrt(norm[j])
+		if !(norm[j] > 0) || math.IsInf(norm[j], 0) {
+			return Curve{}, 0, false
+		}
+	}
+	var g [numCols][numCols]float64
+	var r [numCols]float64
+	for i := range f.x {
+		for j := range numCols {
+			f.x[i][j] /= norm[j]
+		}
+		for j := range numCols {
+			r[j] += f.x[i][j]
+			for k := j; k < numCols; k++ {
+				g[j][k] += f.x[i][j] * f.x[i][k]
+			}
+		}
+	}
+	for j := range numCols {
+		for k := range j {
+			g[j][k] = g[k][j]
+		}
+	}
+	var best [numCols]float64
+	bestErr, found := math.Inf(1), false
+	for _, m := range subsets {
+		if m&^f.allowed != 0 {
+			continue
+		}
+		beta, ok := solveSubset(&g, &r, m)
+		if !ok {
+			continue
+		}
+		var e float64
+		for i := range f.x {
+			var p float64
+			for j := range numCols {
+				p += f.x[i][j] * beta[j]
+			}
+			e += (p - 1) * (p - 1)
+		}
+		// Ties go to the earlier, simpler subset.
+		if e < bestErr*(1-1e-9) || !found {
+			best, bestErr, found = beta, e, true
+		}
+	}
+	if !found {
+		return Curve{}, 0, false
+	}
+	c := Curve{
+		K1: best[colK1] / norm[colK1],
+		K2: best[colK2] / norm[colK2],
+		K3: best[colK3] / norm[colK3],
+		K4: k4,
+		K5: best[colK5] / norm[colK5],
+	}
+	if !c.valid() {
+		return Curve{}, 0, false
+	}
+	return c, bestErr, true
+}
+
+// solveSubset solves the normal equations restricted to the columns in mask
+// by Cholesky decomposition. It fails when the columns are (nearly)
+// dependent or when a coefficient comes out negative.
+func solveSubset(g *[numCols][numCols]float64, r *[numCols]float64, mask int) ([numCols]float64, bool) {
+	var idx [numCols]int
+	n := 0
+	for j := range numCols {
+		if mask&(1<<j) != 0 {
+			idx[n] = j
+			n++
+		}
+	}
+	var l [numCols][numCols]float64
+	for i := range n {
+		for k := 0; k <= i; k++ {
+			s := g[idx[i]][idx[k]]
+			for p := range k {
+				s -= l[i][p] * l[k][p]
+			}
+			if i == k {
+				// Columns have unit norm, so a tiny pivot means dependence.
+				if s <= 1e-10 {
+					return [numCols]float64{}, false
+				}
+				l[i][i] = math.Sqrt(s)
+			} else {
+				l[i][k] = s / l[k][k]
+			}
+		}
+	}
+	var y, x [numCols]float64
+	for i := range n {
+		s := r[idx[i]]
+		for p := range i {
+			s -= l[i][p] * y[p]
+		}
+		y[i] = s / l[i][i]
+	}
+	for i := n - 1; i >= 0; i-- {
+		s := y[i]
+		for p := i + 1; p < n; p++ {
+			s -= l[p][i] * x[p]
+		}
+		x[i] = s / l[i][i]
+	}
+	var beta [numCols]float64
+	for i := range n {
+		if !(x[i] > 0) || math.IsInf(x[i], 0) {
+			return beta, false
+		}
+		beta[idx[i]] = x[i]
+	}
+	return beta, true
+}

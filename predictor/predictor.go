@@ -1,0 +1,426 @@
+package predictor
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Estimator is the method set the QoS scheduler needs (qos.Estimator has
+// the same one; this package does not import qos so that qos may import
+// it). Implementations must be safe for concurrent use.
+type Estimator interface {
+	Estimate(model string, batch int) (time.Duration, bool)
+	Observe(model string, batch int, took time.Duration)
+}
+
+var (
+	_ Estimator = (*Predictor)(nil)
+	_ Estimator = (*batchEWMA)(nil)
+)
+
+// Defaults of Options.
+const (
+	DefaultAlpha  = 0.1
+	DefaultSeason = 24 * time.Hour
+	// Window is how many recent executions Accuracy averages over.
+	Window = 100
+)
+
+// Bounds of the online correction and the interference factor.
+const (
+	minRatio        = 0.25
+	maxRatio        = 4
+	maxInterference = 4
+)
+
+// Options configure a Predictor.
+type Options struct {
+	// Alpha is the weight of a new observed/predicted ratio in the online
+	// correction, in (0, 1]; default DefaultAlpha.
+	Alpha float64
+	// Fallback estimates a model that has no curve yet, from the
+	// executions Observe reports. Nil means a built-in EWMA per batch size
+	// (weight 0.2). A *qos.EWMAEstimator fits here.
+	Fallback Estimator
+	// Season is the period of the arrival-rate seasonality, default
+	// DefaultSeason; negative disables seasonality.
+	Season time.Duration
+	// Registerer receives the predictor's metrics; nil means none.
+	Registerer prometheus.Registerer
+	// Device is the const label "device" on the metrics; empty means none.
+	Device string
+}
+
+// Predictor predicts each model's execution time from its fitted curve,
+// the share it runs at, an online correction and an interference factor,
+// and forecasts each model's arrival rate. It implements the QoS
+// scheduler's Estimator (Estimate and Observe at the model's current
+// share). Model keys are strings such as "ocr-det/1". Safe for concurrent
+// use.
+type Predictor struct {
+	alpha    float64
+	season   time.Duration
+	fallback Estimator
+	forget   func(model string) // the built-in fallback's; nil for a given one
+
+	mu     sync.RWMutex
+	models map[string]*model
+}
+
+// model is one model's state, guarded by its own mutex so that models do
+// not contend.
+type model struct {
+	mu          sync.Mutex
+	curve       Curve
+	hasCurve    bool
+	profileMAPE float64
+	share       float64 // normalised, (0, 1]
+	othersUtil  float64
+	correction  float64
+	recent      [Window]pair
+	next, n     int
+	rate        *rateModel
+}
+
+// pair is one execution: what was predicted for it and what it took, in
+// seconds.
+type pair struct{ predicted, observed float64 }
+
+// New returns a Predictor.
+func New(opts Options) (*Predictor, error) {
+	p := &Predictor{
+		alpha:    opts.Alpha,
+		season:   opts.Season,
+		fallback: opts.Fallback,
+		models:   map[string]*model{},
+	}
+	if !(p.alpha > 0 && p.alpha <= 1) {
+		p.alpha = DefaultAlpha
+	}
+	if p.season == 0 {
+		p.season = DefaultSeason
+	}
+	if p.fallback == nil {
+		e := newBatchEWMA(0.2)
+		p.fallback, p.forget = e, e.forget
+	}
+	if opts.Registerer != nil {
+		if err := registerCollector(opts.Registerer, newCollector(p, opts.Device)); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// get returns a model's state or nil.
+func (p *Predictor) get(name string) *model {
+	p.mu.RLock()
+	m := p.models[name]
+	p.mu.RUnlock()
+	return m
+}
+
+// ensure returns a model's state, creating it.
+func (p *Predictor) ensure(name string) *model {
+	if m := p.get(name); m != nil {
+		return m
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.models[name]
+	if m == nil {
+		m = &model{share: 1, correction: 1, rate: newRateModel(p.season)}
+		p.models[name] = m
+	}
+	return m
+}
+
+// SetProfile installs a model's fitted curve and resets its online
+// correction. A profile whose curve is unusable (zero, negative or not
+// finite coefficients) is fitted again from its points; if that fails too
+// the model keeps what it had.
+func (p *Predictor) SetProfile(name string, prof Profile) {
+	c, pm := prof.Curve, prof.MAPE
+	if !c.valid() {
+		var err error
+		if c, err = Fit(prof.Points); err != nil {
+			return
+		}
+		pm = MAPE(c, prof.Points)
+	}
+	if !(pm >= 0) || math.IsInf(pm, 0) {
+		pm = MAPE(c, prof.Points)
+	}
+	m := p.ensure(name)
+	m.mu.Lock()
+	m.curve, m.hasCurve, m.profileMAPE, m.correction = c, true, pm, 1
+	m.mu.Unlock()
+}
+
+// Forget drops everything known about a model (it was unloaded), its
+// metric series included. A later call about it starts afresh.
+func (p *Predictor) Forget(name string) {
+	p.mu.Lock()
+	delete(p.models, name)
+	p.mu.Unlock()
+	if p.forget != nil {
+		p.forget(name)
+	}
+}
+
+// SetShare sets the share the model runs at now; 0, a share of 1 or more,
+// or NaN mean the whole device.
+func (p *Predictor) SetShare(name string, share float64) {
+	m := p.ensure(name)
+	m.mu.Lock()
+	m.share = normShare(share)
+	m.mu.Unlock()
+}
+
+// SetInterference sets how much of the device the models co-located with
+// this one use, as a fraction of the device (0..n; negative or NaN count as
+// 0). Predictions are multiplied by the interference factor
+//
+//	f(s) = min(max(s + othersUtil, 1), 4)
+//
+// for the model's share s: while the shares in use fit on the device the
+// model runs as profiled, and when the device is oversubscribed everyone
+// runs proportionally slower, by at most 4x.
+func (p *Predictor) SetInterference(name string, othersUtil float64) {
+	if !(othersUtil > 0) || math.IsInf(othersUtil, 0) {
+		othersUtil = 0
+	}
+	m := p.ensure(name)
+	m.mu.Lock()
+	m.othersUtil = othersUtil
+	m.mu.Unlock()
+}
+
+func interference(share, othersUtil float64) float64 {
+	return min(max(share+othersUtil, 1), maxInterference)
+}
+
+// Latency predicts the execution time of a batch at a share (normalised as
+// in SetShare): the curve's prediction times the online correction times
+// the interference factor at that share. A model without a curve answers
+// from the fallback, whose observations were made at the current share;
+// for another share it is scaled by current/share (time inversely
+// proportional to the share). False means neither is known.
+func (p *Predictor) Latency(name string, batch int, share float64) (time.Duration, bool) {
+	m := p.get(name)
+	if m == nil {
+		return p.fallback.Estimate(name, batch)
+	}
+	s := normShare(share)
+	m.mu.Lock()
+	if m.hasCurve {
+		v := m.curve.seconds(batch, s) * m.correction * interference(s, m.othersUtil)
+		m.mu.Unlock()
+		return seconds(v), true
+	}
+	cur := m.share
+	m.mu.Unlock()
+	d, ok := p.fallback.Estimate(name, batch)
+	if !ok || s == cur {
+		return d, ok
+	}
+	return seconds(d.Seconds() * cur / s), true
+}
+
+// Estimate predicts the execution time of a batch at the model's current
+// share. It implements qos.Estimator.
+func (p *Predictor) Estimate(name string, batch int) (time.Duration, bool) {
+	m := p.get(name)
+	if m == nil {
+		return p.fallback.Estimate(name, batch)
+	}
+	m.mu.Lock()
+	if m.hasCurve {
+		v := m.curve.seconds(batch, m.share) * m.correction * interference(m.share, m.othersUtil)
+		m.mu.Unlock()
+		return seconds(v), true
+	}
+	m.mu.Unlock()
+	return p.fallback.Estimate(name, batch)
+}
+
+// Observe reports an execution of a batch at the model's current share. It
+// implements qos.Estimator. With a curve, the ratio of the observed time to
+// the curve's prediction (interference included, correction not), clamped
+// to [0.25, 4] so that one outlier cannot swing it, feeds the correction's
+// EWMA. The execution and what Estimate predicted for it join the recent
+// window Accuracy reports on. The fallback sees every execution, so it is
+// current should the curve be forgotten.
+func (p *Predictor) Observe(name string, batch int, took time.Duration) {
+	if batch < 1 || took <= 0 {
+		return
+	}
+	obs := took.Seconds()
+	m := p.ensure(name)
+	m.mu.Lock()
+	if m.hasCurve {
+		base := m.curve.seconds(batch, m.share) * interference(m.share, m.othersUtil)
+		m.record(seconds(base*m.correction).Seconds(), obs)
+		ratio := min(max(obs/base, minRatio), maxRatio)
+		m.correction = p.alpha*ratio + (1-p.alpha)*m.correction
+		m.mu.Unlock()
+	} else {
+		m.mu.Unlock()
+		if d, ok := p.fallback.Estimate(name, batch); ok {
+			m.mu.Lock()
+			m.record(d.Seconds(), obs)
+			m.mu.Unlock()
+		}
+	}
+	p.fallback.Observe(name, batch, took)
+}
+
+func (m *model) record(predicted, observed float64) {
+	m.recent[m.next] = pair{predicted, observed}
+	m.next = (m.next + 1) % Window
+	m.n = min(m.n+1, Window)
+}
+
+// ObserveArrivals takes a sample of the model's cumulative arrival counter,
+// which the control loop reads about once a second. Samples must come in
+// time order; a counter that goes backwards starts a new baseline.
+func (p *Predictor) ObserveArrivals(name string, at time.Time, arrived uint64) {
+	m := p.ensure(name)
+	m.mu.Lock()
+	m.rate.observe(at, arrived)
+	m.mu.Unlock()
+}
+
+// ForecastRate returns the arrival rate (requests/s) expected horizon after
+// the latest counter sample, never negative; 0 for an unknown model or
+// before two samples. See rateModel for the method.
+func (p *Predictor) ForecastRate(name string, horizon time.Duration) float64 {
+	m := p.get(name)
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rate.forecast(horizon)
+}
+
+// Accuracy is how well a model's predictions have matched lately.
+type Accuracy struct {
+	Predicted, Observed time.Duration // means over the last Window executions
+	MAPE                float64       // of those executions, predicted vs observed (0.07 is 7%)
+	ProfileMAPE         float64       // of the fitted curve on its own profile points
+	Correction          float64       // current online correction factor
+	Interference        float64       // current interference factor
+	ForecastRate        float64       // forecast for 1s after the latest counter sample, requests/s
+	ObservedRate        float64       // rate of the latest counter interval, requests/s
+	Samples             int           // executions in the window
+	HasCurve            bool          // whether a profile is installed
+}
+
+// Accuracy reports on a model; an unknown model gives the zero Accuracy
+// with Correction and Interference 1.
+func (p *Predictor) Accuracy(name string) Accuracy {
+	m := p.get(name)
+	if m == nil {
+		return Accuracy{Correction: 1, Interference: 1}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.accuracy()
+}
+
+func (m *model) accuracy() Accuracy {
+	a := Accuracy{
+		ProfileMAPE:  m.profileMAPE,
+		Correction:   m.correction,
+		Interference: interference(m.share, m.othersUtil),
+		ForecastRate: m.rate.forecast(time.Second),
+		ObservedRate: m.rate.lastRate,
+		Samples:      m.n,
+		HasCurve:     m.hasCurve,
+	}
+	if m.n == 0 {
+		return a
+	}
+	var sp, so, se float64
+	for _, pr := range m.recent[:m.n] {
+		sp += pr.predicted
+		so += pr.observed
+		se += math.Abs(pr.predicted-pr.observed) / pr.observed
+	}
+	n := float64(m.n)
+	a.Predicted, a.Observed, a.MAPE = seconds(sp/n), seconds(so/n), se/n
+	return a
+}
+
+// batchEWMA is the built-in fallback: an exponentially weighted average of
+// the observed time per model and batch size. For an unseen batch size it
+// scales from the nearest smaller one proportionally to the batch (the
+// pessimistic case of no batching gain) but no slower than the nearest
+// larger one, or, below all known sizes, takes the smallest one's time.
+type batchEWMA struct {
+	alpha  float64
+	mu     sync.Mutex
+	models map[string]map[int]float64
+}
+
+func newBatchEWMA(alpha float64) *batchEWMA {
+	return &batchEWMA{alpha: alpha, models: map[string]map[int]float64{}}
+}
+
+func (e *batchEWMA) Observe(name string, batch int, took time.Duration) {
+	if batch < 1 || took <= 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.models[name]
+	if m == nil {
+		m = map[int]float64{}
+		e.models[name] = m
+	}
+	if v, ok := m[batch]; ok {
+		m[batch] = e.alpha*took.Seconds() + (1-e.alpha)*v
+	} else {
+		m[batch] = took.Seconds()
+	}
+}
+
+func (e *batchEWMA) Estimate(name string, batch int) (time.Duration, bool) {
+	batch = max(batch, 1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.models[name]
+	if len(m) == 0 {
+		return 0, false
+	}
+	if v, ok := m[batch]; ok {
+		return seconds(v), true
+	}
+	below, above := 0, 0
+	for b := range m {
+		if b < batch && b > below {
+			below = b
+		}
+		if b > batch && (above == 0 || b < above) {
+			above = b
+		}
+	}
+	if below == 0 {
+		return seconds(m[above]), true
+	}
+	v := m[below] * float64(batch) / float64(below)
+	if above > 0 {
+		v = max(min(v, m[above]), m[below])
+	}
+	return seconds(v), true
+}
+
+func (e *batchEWMA) forget(name string) {
+	e.mu.Lock()
+	delete(e.models, name)
+	e.mu.Unlock()
+}

@@ -1,0 +1,134 @@
+package predictor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// ErrBudget is wrapped by Sweep's error when the time budget ran out before
+// two batch sizes at each of two shares were measured, too few for Fit's
+// full model.
+var ErrBudget = errors.New("predictor: profiling budget exhausted")
+
+// Sweep defaults.
+const (
+	DefaultRuns   = 3
+	DefaultBudget = 20 * time.Second
+)
+
+// DefaultShares are the shares Sweep measures when SweepOptions.Shares is
+// empty.
+var DefaultShares = []float64{0.25, 0.5, 1.0}
+
+// SweepOptions say what Sweep measures.
+type SweepOptions struct {
+	Batches  []int         // default {1, MaxBatch/2, MaxBatch} deduplicated
+	MaxBatch int           // used when Batches is empty; below 1 means 1
+	Shares   []float64     // default DefaultShares; each in (0, 1]
+	Runs     int           // timed runs per point, default DefaultRuns
+	Budget   time.Duration // for the whole sweep, default DefaultBudget
+}
+
+// withDefaults returns the options with defaults filled in, batches sorted
+// ascending and shares descending, both deduplicated.
+func (o SweepOptions) withDefaults() (SweepOptions, error) {
+	if len(o.Batches) == 0 {
+		m := max(o.MaxBatch, 1)
+		o.Batches = []int{1, m / 2, m}
+	} else {
+		o.Batches = slices.Clone(o.Batches)
+	}
+	o.Batches = slices.DeleteFunc(o.Batches, func(b int) bool { return b < 1 })
+	slices.Sort(o.Batches)
+	o.Batches = slices.Compact(o.Batches)
+	if len(o.Shares) == 0 {
+		o.Shares = DefaultShares
+	}
+	o.Shares = slices.Clone(o.Shares)
+	for _, s := range o.Shares {
+		if !(s > 0 && s <= 1) {
+			return o, fmt.Errorf("predictor: sweep share %v outside (0, 1]", s)
+		}
+	}
+	slices.SortFunc(o.Shares, func(a, b float64) int { return cmp.Compare(b, a) })
+	o.Shares = slices.Compact(o.Shares)
+	if o.Runs < 1 {
+		o.Runs = DefaultRuns
+	}
+	if o.Budget <= 0 {
+		o.Budget = DefaultBudget
+	}
+	return o, nil
+}
+
+// Sweep profiles a model. For each share and batch size it calls measure,
+// which sets the share, runs the batch once unmeasured and then runs times,
+// and returns the median execution time. Calls go share-major, shares from
+// the largest down and batch sizes from the smallest up: the share changes
+// as rarely as possible (on a GPU each change restarts a runner), and when
+// the budget runs short the fast points are the ones already measured.
+//
+// measure gets a context that ends when ctx does or the budget is used up.
+// Sweep starts no new measurement once the budget is used up and returns the
+// points it has; the error then wraps ErrBudget only if fewer than two shares
+// with two batch sizes each were measured. A measurement error or the end of
+// ctx stops the sweep and is returned, wrapped, with the points so far.
+func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)) ([]Point, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeoutCause(ctx, opts.Budget, ErrBudget)
+	defer cancel()
+	var points []Point
+	short := func() error {
+		if enough(points) {
+			return nil
+		}
+		return fmt.Errorf("%w after %v with %d points", ErrBudget, opts.Budget, len(points))
+	}
+	for _, s := range opts.Shares {
+		for _, b := range opts.Batches {
+			if err := ctx.Err(); err != nil {
+				return points, fmt.Errorf("predictor: sweep: %w", err)
+			}
+			if bctx.Err() != nil {
+				return points, short()
+			}
+			t, err := measure(bctx, b, s, opts.Runs)
+			if err != nil {
+				if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrBudget) {
+					return points, short()
+				}
+				return points, fmt.Errorf("predictor: measuring batch %d at share %g: %w", b, s, err)
+			}
+			if t <= 0 {
+				return points, fmt.Errorf("predictor: measuring batch %d at share %g: non-positive time %v", b, s, t)
+			}
+			points = append(points, Point{Batch: b, Share: s, Latency: t})
+		}
+	}
+	return points, nil
+}
+
+// enough reports whether points hold two shares with two batch sizes each.
+func enough(points []Point) bool {
+	perShare := map[float64]map[int]bool{}
+	for _, pt := range points {
+		if perShare[pt.Share] == nil {
+			perShare[pt.Share] = map[int]bool{}
+		}
+		perShare[pt.Share][pt.Batch] = true
+	}
+	n := 0
+	for _, bs := range perShare {
+		if len(bs) >= 2 {
+			n++
+		}
+	}
+	return n >= 2
+}
