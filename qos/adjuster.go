@@ -1,0 +1,785 @@
+package qos
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/limiter"
+)
+
+// Share policies: how an Adjuster divides its device among the models.
+const (
+	// SharePolicyAdaptive is sloserve's loop: each latency-critical model
+	// gets the smallest share predicted to meet its SLO at its forecast
+	// rate, best-effort models split what is left.
+	SharePolicyAdaptive = "adaptive"
+	// SharePolicyStatic gives every model an equal, fixed share of compute
+	// (and of the memory budget when one is set), like a dedicated slice.
+	SharePolicyStatic = "static"
+	// SharePolicyShared sets no limits: every model gets Share{} and they
+	// all contend for the device.
+	SharePolicyShared = "shared"
+)
+
+// Defaults for zero values in AdjusterOptions.
+const (
+	DefaultAdjustPeriod   = time.Second
+	DefaultHeadroom       = 0.2
+	DefaultMaxUtilization = 0.8
+	DefaultScaleDownAfter = 10 * time.Second
+	DefaultCooldown       = 5 * time.Second
+	DefaultShareStep      = 0.05
+	DefaultMinShare       = 0.05
+	DefaultKeepAlive      = 5 * time.Minute
+	DefaultEventCapacity  = 1024
+)
+
+// Sources of a model's share, as ModelShare.Source reports them.
+const (
+	SourcePinned = "pinned" // Adjuster.Pin
+	SourceConfig = "config" // ModelSpec.Pin
+)
+
+// Event kinds.
+const (
+	EventResize = "resize"
+	EventEvict  = "evict"
+	EventPin    = "pin"
+	EventUnpin  = "unpin"
+	EventError  = "error"
+)
+
+var eventKinds = []string{EventResize, EventEvict, EventPin, EventUnpin, EventError}
+
+// Predictor is what the adjuster needs from the predictor package.
+type Predictor interface {
+	// Latency predicts one execution of a batch of the model at a compute
+	// share; false when it does not know yet.
+	Latency(model string, batch int, share float64) (time.Duration, bool)
+	// ObserveArrivals receives the model's cumulative arrival count, once
+	// a pass.
+	ObserveArrivals(model string, at time.Time, arrived uint64)
+	// ForecastRate is the arrival rate, in requests per second, expected
+	// over the next horizon.
+	ForecastRate(model string, horizon time.Duration) float64
+	// SetShare tells the predictor the model's compute share now in effect
+	// (1 when unlimited), so that its estimates follow.
+	SetShare(model string, share float64)
+}
+
+// Actuator applies the adjuster's decisions; the models registry
+// implements it.
+type Actuator interface {
+	// SetShare resizes every instance of the model.
+	SetShare(ctx context.Context, model string, s limiter.Share) error
+	// Evict unloads an idle model; it loads again on demand.
+	Evict(ctx context.Context, model string) error
+	// MemoryUsage is the bytes the model's instances use now; 0 unknown.
+	MemoryUsage(model string) int64
+}
+
+// AdjusterOptions configure an Adjuster. Zero values mean the defaults.
+type AdjusterOptions struct {
+	// Policy is SharePolicyAdaptive (default), SharePolicyStatic or
+	// SharePolicyShared.
+	Policy string
+	// Period is the time between two passes.
+	Period time.Duration
+	// Capacity is the compute to split, as a fraction of the device
+	// (0, 1]; default 1.
+	Capacity float64
+	// Headroom: a latency-critical model's predicted latency must be at
+	// most SLO × (1 - Headroom). Default 0.2; negative means none.
+	Headroom float64
+	// MaxUtilization bounds a model's predicted utilisation, rate ×
+	// execution time / (batch × slots). Default 0.8.
+	MaxUtilization float64
+	// ScaleDownAfter: a share shrinks only once every target computed over
+	// this long has been below it.
+	ScaleDownAfter time.Duration
+	// Cooldown is the least time between a change of a model's share and
+	// its next shrink. Growth is never delayed.
+	Cooldown time.Duration
+	// Step is the granularity of the shares the adaptive policy chooses.
+	Step float64
+	// MinShare is the least compute share of any model (adaptive policy),
+	// above 0: a zero compute share would mean no limit.
+	MinShare float64
+	// MemoryBudget is the bytes all the models of the device may use; 0
+	// means no budget. Over it, the adaptive policy evicts idle models.
+	MemoryBudget int64
+	// KeepAlive is how long a model must have been idle (no arrivals,
+	// nothing queued or running) before it may be evicted.
+	KeepAlive time.Duration
+	// Predictor is required by the adaptive policy.
+	Predictor Predictor
+	// Actuator applies the shares; required.
+	Actuator Actuator
+	// EventCapacity is how many events Events keeps.
+	EventCapacity int
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil leaves them unregistered.
+	Registerer prometheus.Registerer
+	// Device labels the metrics and events; empty means the scheduler's.
+	Device string
+}
+
+// ModelShare is one model's share as the API shows it.
+type ModelShare struct {
+	Model string
+	Class Class
+	// Share is what was last applied successfully (zero before that).
+	Share limiter.Share
+	// Target is the compute share the last pass wanted; it differs from
+	// Share while a shrink waits out the hysteresis, or a change failed.
+	Target float64
+	// Pinned: the share is fixed by Pin or the model's config.
+	Pinned bool
+	// Source is the policy that chose the share (SharePolicy*), or
+	// SourcePinned or SourceConfig.
+	Source string
+	// PredictedLatency and ForecastRate are the predictions behind Target
+	// (adaptive policy; 0 unknown).
+	PredictedLatency time.Duration
+	ForecastRate     float64
+	SLO              time.Duration
+	Attainment       float64 // over the scheduler's window
+}
+
+// Event is one decision or failure of the adjuster.
+type Event struct {
+	Time   time.Time
+	Device string
+	Model  string
+	Kind   string // EventResize, EventEvict, EventPin, EventUnpin or EventError
+	Old    limiter.Share
+	New    limiter.Share
+	// Reason says why, for people: "forecast 42.0 req/s needs 0.35 to
+	// meet 100ms (predicted 71.0ms at batch 4)".
+	Reason       string
+	Predicted    time.Duration
+	ForecastRate float64
+}
+
+// LogValue implements slog.LogValuer.
+func (e Event) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("model", e.Model), slog.String("kind", e.Kind),
+		slog.Float64("old_compute", e.Old.Compute), slog.Int64("old_memory", e.Old.Memory),
+		slog.Float64("new_compute", e.New.Compute), slog.Int64("new_memory", e.New.Memory),
+		slog.String("reason", e.Reason))
+}
+
+// Adjuster chooses the share of each model on one device and applies it
+// through an Actuator. Run owns the decisions; the other methods are safe
+// for concurrent use.
+type Adjuster struct {
+	s       *Scheduler
+	opts    AdjusterOptions
+	log     *slog.Logger
+	metrics *adjusterMetrics
+	trigger chan struct{} // capacity 1: passes asked for by Pin collapse
+
+	// Owned by the goroutine in Run.
+	models map[string]*tracked
+
+	mu      sync.Mutex
+	started bool
+	pins    map[string]limiter.Share // set by Pin
+	view    []ModelShare             // as of the last pass, by name
+	events  []Event                  // newest last, at most EventCapacity
+}
+
+// tracked is what the loop remembers of one model between passes.
+type tracked struct {
+	applied    limiter.Share // last applied successfully
+	hasApplied bool
+	lastChange time.Time // of the applied compute share
+	// slackSince is the first of the consecutive passes whose target was
+	// below the applied share (zero: the last one was not); slack holds
+	// the targets of the last ScaleDownAfter of them.
+	slackSince time.Time
+	slack      []slackSample
+	// pin is the pin in effect at the last pass; pinSource its source.
+	pin       *limiter.Share
+	pinSource string
+	cfgPin    *limiter.Share // the config pin last seen
+	// fresh: the pin just ended, the next share applies at once.
+	fresh bool
+	// failures counts consecutive failed SetShare calls; none is tried
+	// again before retryAt.
+	failures int
+	retryAt  time.Time
+}
+
+type slackSample struct {
+	at     time.Time
+	target float64
+}
+
+// NewAdjuster returns the adjuster of the scheduler's device. Call Run to
+// start it.
+func NewAdjuster(s *Scheduler, opts AdjusterOptions) (*Adjuster, error) {
+	if s == nil {
+		return nil, errors.New("qos: adjuster without a scheduler")
+	}
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	opts.Device = cmp.Or(opts.Device, s.opts.Device)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Adjuster{
+		s:       s,
+		opts:    opts,
+		log:     opts.Logger.With("component", "adjuster", "policy", opts.Policy, "device", opts.Device),
+		trigger: make(chan struct{}, 1),
+		models:  map[string]*tracked{},
+		pins:    map[string]limiter.Share{},
+	}
+	m, err := newAdjusterMetrics(opts.Registerer, opts.Device, a)
+	if err != nil {
+		return nil, err
+	}
+	a.metrics = m
+	return a, nil
+}
+
+func (o *AdjusterOptions) setDefaults() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	switch o.Policy {
+	case "":
+		o.Policy = SharePolicyAdaptive
+	case SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared:
+	default:
+		bad("unknown share policy %q (want %q, %q or %q)", o.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
+	}
+	fraction := func(name string, v *float64, def float64, zeroOK bool) {
+		switch {
+		case *v == 0:
+			*v = def
+		case !(*v > 0 && *v <= 1): // also NaN
+			if zeroOK && *v < 0 {
+				*v = 0
+				return
+			}
+			bad("%s %v is not a fraction in (0, 1]", name, *v)
+		}
+	}
+	fraction("capacity", &o.Capacity, 1, false)
+	fraction("max utilization", &o.MaxUtilization, DefaultMaxUtilization, false)
+	fraction("step", &o.Step, DefaultShareStep, false)
+	fraction("min share", &o.MinShare, DefaultMinShare, false)
+	fraction("headroom", &o.Headroom, DefaultHeadroom, true)
+	if o.Headroom >= 1 {
+		bad("headroom %v leaves no latency budget", o.Headroom)
+	}
+	if o.MinShare > o.Capacity {
+		bad("min share %v is over the capacity %v", o.MinShare, o.Capacity)
+	}
+	if o.Period < 0 || o.ScaleDownAfter < 0 || o.Cooldown < 0 || o.KeepAlive < 0 {
+		bad("negative period (%s), scale-down delay (%s), cooldown (%s) or keep-alive (%s)", o.Period, o.ScaleDownAfter, o.Cooldown, o.KeepAlive)
+	}
+	if o.MemoryBudget < 0 || o.EventCapacity < 0 {
+		bad("negative memory budget (%d) or event capacity (%d)", o.MemoryBudget, o.EventCapacity)
+	}
+	if o.Actuator == nil {
+		bad("no actuator")
+	}
+	if o.Policy == SharePolicyAdaptive && o.Predictor == nil {
+		bad("the adaptive policy needs a predictor")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("qos: adjuster: %w", errors.Join(errs...))
+	}
+	o.Period = cmp.Or(o.Period, DefaultAdjustPeriod)
+	o.ScaleDownAfter = cmp.Or(o.ScaleDownAfter, DefaultScaleDownAfter)
+	o.Cooldown = cmp.Or(o.Cooldown, DefaultCooldown)
+	o.KeepAlive = cmp.Or(o.KeepAlive, DefaultKeepAlive)
+	o.EventCapacity = cmp.Or(o.EventCapacity, DefaultEventCapacity)
+	return nil
+}
+
+// Policy returns the share policy.
+func (a *Adjuster) Policy() string { return a.opts.Policy }
+
+// Run decides and applies shares: a pass at once, then one every Period
+// and one after each Pin, until ctx ends. It returns nil then. Run may be
+// called once.
+func (a *Adjuster) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.started {
+		a.mu.Unlock()
+		return errors.New("qos: adjuster Run called twice")
+	}
+	a.started = true
+	a.mu.Unlock()
+	a.log.Info("adjuster started", "period", a.opts.Period, "capacity", a.opts.Capacity)
+	defer a.log.Info("adjuster stopped")
+
+	ticker := time.NewTicker(a.opts.Period)
+	defer ticker.Stop()
+	for {
+		a.pass(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-a.trigger:
+		}
+	}
+}
+
+// Pin fixes a model's share until Pin(model, nil) unpins it; the next pass,
+// asked for at once, applies it. A pin set here overrides the model's
+// config pin. It returns ErrUnknownModel for a model the scheduler does not
+// have.
+func (a *Adjuster) Pin(model string, s *limiter.Share) error {
+	if !a.s.HasModel(model) {
+		return fmt.Errorf("qos: pin: %w: %s", ErrUnknownModel, model)
+	}
+	if s != nil && (!(s.Compute >= 0) || math.IsInf(s.Compute, 0) || s.Memory < 0) {
+		return fmt.Errorf("qos: pin %s: share %+v is negative or not a number", model, *s)
+	}
+	a.mu.Lock()
+	old, pinned := a.pins[model]
+	cur := old
+	if i, ok := slices.BinarySearchFunc(a.view, model, func(v ModelShare, name string) int { return cmp.Compare(v.Model, name) }); ok {
+		cur = a.view[i].Share
+	}
+	var e Event
+	switch {
+	case s != nil:
+		a.pins[model] = *s
+		e = Event{Model: model, Kind: EventPin, Old: cur, New: *s, Reason: "pinned by operator"}
+	case pinned:
+		delete(a.pins, model)
+		e = Event{Model: model, Kind: EventUnpin, Old: old, Reason: "unpinned by operator: the " + a.opts.Policy + " policy decides again"}
+	default:
+		a.mu.Unlock()
+		return nil
+	}
+	a.recordLocked(e)
+	a.mu.Unlock()
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Shares returns every model's share as of the last pass, by name.
+func (a *Adjuster) Shares() []ModelShare {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.view)
+}
+
+// Events returns the kept events at or after since (zero: all), oldest
+// first; with limit > 0, only the newest limit of them.
+func (a *Adjuster) Events(since time.Time, limit int) []Event {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Events are kept in time order, so the ones at or after since are a
+	// suffix; the search finds its first.
+	i, _ := slices.BinarySearchFunc(a.events, since, func(e Event, t time.Time) int { return e.Time.Compare(t) })
+	out := a.events[i:]
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return slices.Clone(out)
+}
+
+// record keeps an event, counts it and logs it.
+func (a *Adjuster) record(e Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.recordLocked(e)
+}
+
+func (a *Adjuster) recordLocked(e Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	if n := len(a.events); n > 0 && e.Time.Before(a.events[n-1].Time) {
+		e.Time = a.events[n-1].Time // keep the list in time order
+	}
+	e.Device = a.opts.Device
+	a.events = append(a.events, e)
+	if over := len(a.events) - a.opts.EventCapacity; over > 0 {
+		a.events = slices.Delete(a.events, 0, over)
+	}
+	a.metrics.events.WithLabelValues(e.Kind).Inc()
+	level := slog.LevelInfo
+	if e.Kind == EventError {
+		level = slog.LevelWarn
+	}
+	a.log.Log(context.Background(), level, "share "+e.Kind, "event", e)
+}
+
+// decision is what a pass wants for one model.
+type decision struct {
+	share     limiter.Share
+	source    string
+	reason    string
+	predicted time.Duration
+	rate      float64
+	// exact decisions (pins, static and shared policies) apply as they
+	// are; adaptive ones go through the hysteresis and ignore changes
+	// under Step/2.
+	exact bool
+	class Class
+	rank  int // priority rank, 1 highest
+}
+
+// pass is one round of decisions: read the models, decide, apply what
+// changed, evict when memory is short, publish.
+func (a *Adjuster) pass(ctx context.Context) {
+	began := time.Now()
+	defer func() { a.metrics.pass.Observe(time.Since(began).Seconds()) }()
+
+	states := a.s.snapshot()
+	now := time.Now()
+	a.mu.Lock()
+	live := make(map[string]bool, len(states))
+	for _, st := range states {
+		live[st.Spec.Name] = true
+	}
+	maps.DeleteFunc(a.pins, func(name string, _ limiter.Share) bool { return !live[name] })
+	pins := maps.Clone(a.pins)
+	a.mu.Unlock()
+	maps.DeleteFunc(a.models, func(name string, _ *tracked) bool { return !live[name] })
+	for _, st := range states {
+		if a.models[st.Spec.Name] == nil {
+			a.models[st.Spec.Name] = &tracked{}
+		}
+		a.notePins(st, pins)
+	}
+
+	var ds map[string]decision
+	switch a.opts.Policy {
+	case SharePolicyAdaptive:
+		for _, st := range states {
+			a.opts.Predictor.ObserveArrivals(st.Spec.Name, now, st.Arrived)
+		}
+		ds = a.decideAdaptive(states)
+	case SharePolicyStatic:
+		ds = a.decideStatic(states)
+	default:
+		ds = a.decideShared(states)
+	}
+	next := a.settle(now, states, ds)
+	for _, st := range states {
+		if ctx.Err() != nil {
+			return
+		}
+		a.apply(ctx, now, st.Spec.Name, next[st.Spec.Name], ds[st.Spec.Name])
+	}
+	if a.opts.Policy == SharePolicyAdaptive && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
+		a.evictIdle(ctx, now, states)
+	}
+	a.publish(states, ds)
+}
+
+// notePins records the pin in effect for a model and the events of its
+// config pin. A change of pin applies at once and clears the retry backoff.
+func (a *Adjuster) notePins(st modelState, pins map[string]limiter.Share) {
+	t := a.models[st.Spec.Name]
+	name := st.Spec.Name
+	if cfg := st.Spec.Pin; !sameSharePtr(cfg, t.cfgPin) {
+		switch {
+		case cfg != nil:
+			a.record(Event{Model: name, Kind: EventPin, Old: t.applied, New: *cfg, Reason: "pinned in config"})
+		default:
+			a.record(Event{Model: name, Kind: EventUnpin, Old: *t.cfgPin, Reason: "config pin removed: the " + a.opts.Policy + " policy decides again"})
+		}
+		t.cfgPin = cfg
+	}
+	var pin *limiter.Share
+	source := ""
+	if p, ok := pins[name]; ok {
+		pin, source = &p, SourcePinned
+	} else if st.Spec.Pin != nil {
+		pin, source = st.Spec.Pin, SourceConfig
+	}
+	if !sameSharePtr(pin, t.pin) {
+		t.failures, t.retryAt = 0, time.Time{}
+		t.slackSince, t.slack = time.Time{}, nil
+		t.fresh = pin == nil
+	}
+	t.pin, t.pinSource = pin, source
+}
+
+func sameSharePtr(a, b *limiter.Share) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// settle turns the decisions into the shares to apply: pins and the
+// static and shared policies as they are; adaptive growth at once and
+// shrinking only after ScaleDownAfter of slack and Cooldown since the last
+// change. When what is held back that way would oversubscribe the
+// capacity, it is released at once, best-effort models first.
+func (a *Adjuster) settle(now time.Time, states []modelState, ds map[string]decision) map[string]limiter.Share {
+	next := make(map[string]limiter.Share, len(ds))
+	var held []string
+	for _, st := range states {
+		name := st.Spec.Name
+		d, t := ds[name], a.models[name]
+		if d.exact || !t.hasApplied || t.fresh {
+			next[name] = d.share
+			t.slackSince, t.slack = time.Time{}, nil
+			continue
+		}
+		cur, target := t.applied.Compute, d.share.Compute
+		half := a.opts.Step / 2
+		switch {
+		case target >= cur-half:
+			// Growth (or a change within the dead band): at once.
+			t.slackSince, t.slack = time.Time{}, nil
+			next[name] = d.share
+		default:
+			if t.slackSince.IsZero() {
+				t.slackSince = now
+			}
+			t.slack = append(t.slack, slackSample{now, target})
+			from := now.Add(-a.opts.ScaleDownAfter)
+			t.slack = slices.DeleteFunc(t.slack, func(s slackSample) bool { return s.at.Before(from) })
+			share := d.share
+			share.Compute = cur
+			if !t.slackSince.After(from) && !t.lastChange.After(now.Add(-a.opts.Cooldown)) {
+				share.Compute = maxTarget(t.slack)
+				d.reason = fmt.Sprintf("slack for %s: %.2f -> %.2f; %s", shortDuration(now.Sub(t.slackSince)), cur, share.Compute, d.reason)
+				ds[name] = d
+			} else {
+				held = append(held, name)
+			}
+			next[name] = share
+		}
+	}
+
+	// Release what hysteresis holds when the capacity is needed.
+	over := -a.opts.Capacity
+	for _, s := range next {
+		over += limitedCompute(s.Compute)
+	}
+	slices.SortStableFunc(held, func(x, y string) int {
+		dx, dy := ds[x], ds[y]
+		if dx.class != dy.class { // best-effort first
+			return cmp.Compare(classOrder(dx.class), classOrder(dy.class))
+		}
+		return cmp.Compare(dy.rank, dx.rank) // lowest priority first
+	})
+	for _, name := range held {
+		if over <= shareEpsilon {
+			break
+		}
+		d, s := ds[name], next[name]
+		over -= s.Compute - d.share.Compute
+		d.reason = fmt.Sprintf("capacity needed by other models: %.2f -> %.2f; %s", s.Compute, d.share.Compute, d.reason)
+		ds[name] = d
+		next[name] = d.share
+		t := a.models[name]
+		t.slackSince, t.slack = time.Time{}, nil
+	}
+	return next
+}
+
+func maxTarget(samples []slackSample) float64 {
+	m := 0.0
+	for _, s := range samples {
+		m = max(m, s.target)
+	}
+	return m
+}
+
+func classOrder(c Class) int {
+	if c == ClassBestEffort {
+		return 0
+	}
+	return 1
+}
+
+// shareEpsilon absorbs floating-point noise in share arithmetic.
+const shareEpsilon = 1e-9
+
+// limitedCompute is the compute a share reserves: none when unlimited.
+func limitedCompute(c float64) float64 {
+	if c <= 0 || c >= 1 {
+		return 0
+	}
+	return c
+}
+
+// sameCompute compares compute shares, 0 and >= 1 both meaning no limit.
+func sameCompute(x, y, tolerance float64) bool {
+	norm := func(c float64) float64 {
+		if c <= 0 || c >= 1 {
+			return 1
+		}
+		return c
+	}
+	return math.Abs(norm(x)-norm(y)) <= tolerance
+}
+
+// apply sends a changed share to the actuator and then the predictor.
+func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want limiter.Share, d decision) {
+	t := a.models[name]
+	tolerance := shareEpsilon
+	if !d.exact {
+		tolerance = a.opts.Step/2 - shareEpsilon
+	}
+	if t.hasApplied && want.Memory == t.applied.Memory && sameCompute(want.Compute, t.applied.Compute, tolerance) {
+		t.fresh = false
+		return
+	}
+	if t.failures > 0 && now.Before(t.retryAt) {
+		return
+	}
+	if err := a.opts.Actuator.SetShare(ctx, name, want); err != nil {
+		if ctx.Err() != nil {
+			return // stopping
+		}
+		t.failures++
+		backoff := a.opts.Period << min(t.failures-1, 5)
+		t.retryAt = now.Add(backoff)
+		a.record(Event{Model: name, Kind: EventError, Old: t.applied, New: want,
+			Reason:    fmt.Sprintf("setting the share failed (attempt %d, next in %s): %v", t.failures, shortDuration(backoff), err),
+			Predicted: d.predicted, ForecastRate: d.rate})
+		return
+	}
+	old := t.applied
+	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) {
+		t.lastChange = now
+	}
+	t.applied, t.hasApplied, t.fresh = want, true, false
+	t.failures, t.retryAt = 0, time.Time{}
+	t.slackSince, t.slack = time.Time{}, nil
+	if a.opts.Predictor != nil {
+		c := want.Compute
+		if c <= 0 || c > 1 {
+			c = 1
+		}
+		a.opts.Predictor.SetShare(name, c)
+	}
+	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason, Predicted: d.predicted, ForecastRate: d.rate})
+}
+
+// evictIdle unloads idle models, least recently used first, while the
+// models' memory is over the budget. A model with requests queued or
+// running, or with arrivals within KeepAlive, is never evicted.
+func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []modelState) {
+	usage := make(map[string]int64, len(states))
+	var total int64
+	for _, st := range states {
+		u := a.opts.Actuator.MemoryUsage(st.Spec.Name)
+		usage[st.Spec.Name] = u
+		total += u
+	}
+	if total <= a.opts.MemoryBudget {
+		return
+	}
+	idle := func(st modelState) bool {
+		return st.QueueDepth == 0 && st.Running == 0 && now.Sub(st.LastActive) >= a.opts.KeepAlive
+	}
+	var candidates []modelState
+	for _, st := range states {
+		if usage[st.Spec.Name] > 0 && idle(st) {
+			candidates = append(candidates, st)
+		}
+	}
+	slices.SortStableFunc(candidates, func(x, y modelState) int { return x.LastActive.Compare(y.LastActive) })
+	for _, c := range candidates {
+		if total <= a.opts.MemoryBudget || ctx.Err() != nil {
+			return
+		}
+		name := c.Spec.Name
+		// A request may have come since the snapshot.
+		if st, ok := a.s.modelState(name); !ok || !idle(st) {
+			continue
+		}
+		t := a.models[name]
+		reason := fmt.Sprintf("memory %s over budget %s: evicted idle %s", formatBytes(total), formatBytes(a.opts.MemoryBudget), shortDuration(now.Sub(c.LastActive)))
+		if err := a.opts.Actuator.Evict(ctx, name); err != nil {
+			a.record(Event{Model: name, Kind: EventError, Old: t.applied, New: t.applied, Reason: fmt.Sprintf("evicting failed (%s): %v", reason, err)})
+			continue
+		}
+		total -= usage[name]
+		a.record(Event{Model: name, Kind: EventEvict, Old: t.applied, New: t.applied, Reason: reason})
+	}
+	if total > a.opts.MemoryBudget {
+		a.log.Debug("memory over budget with no idle model to evict", "usage", total, "budget", a.opts.MemoryBudget)
+	}
+}
+
+// publish makes the pass's outcome visible to Shares and the metrics.
+func (a *Adjuster) publish(states []modelState, ds map[string]decision) {
+	view := make([]ModelShare, 0, len(states))
+	for _, st := range states {
+		name := st.Spec.Name
+		d, t := ds[name], a.models[name]
+		view = append(view, ModelShare{
+			Model:            name,
+			Class:            st.Spec.Class,
+			Share:            t.applied,
+			Target:           d.share.Compute,
+			Pinned:           t.pin != nil,
+			Source:           d.source,
+			PredictedLatency: d.predicted,
+			ForecastRate:     d.rate,
+			SLO:              st.Spec.SLO,
+			Attainment:       st.Attainment,
+		})
+	}
+	a.mu.Lock()
+	a.view = view
+	a.mu.Unlock()
+}
+
+// formatBytes prints a byte count in binary units: "1.2GiB".
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, i := float64(n)/unit, 0
+	for v >= unit && i < 4 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.3g%ciB", v, "KMGTP"[i])
+}
+
+// shortDuration prints a duration without trailing zero units: "4m",
+// "10s", "1h30m".
+func shortDuration(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		d = d.Round(time.Second)
+	case d >= time.Millisecond:
+		d = d.Round(time.Millisecond)
+	}
+	s := d.String()
+	if len(s) > 2 && s[len(s)-2:] == "0s" && (s[len(s)-3] == 'm' || s[len(s)-3] == 'h') {
+		s = s[:len(s)-2]
+	}
+	if len(s) > 2 && s[len(s)-2:] == "0m" && s[len(s)-3] == 'h' {
+		s = s[:len(s)-2]
+	}
+	return s
+}
