@@ -5,8 +5,11 @@ package api
 
 import (
 	"context"
+	"time"
 
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -40,6 +43,14 @@ type Backend interface {
 	LoadModel(ctx context.Context, name string) error
 	// UnloadModel unloads a model after in-flight requests finish.
 	UnloadModel(ctx context.Context, name string) error
+	// Control describes the control loop: policy, limiters, shares and
+	// predictions.
+	Control() ControlStatus
+	// ControlEvents returns the adjusters' decisions after since, oldest
+	// first, at most limit.
+	ControlEvents(since time.Time, limit int) []qos.Event
+	// PinShare pins the share of a model's default version; nil unpins.
+	PinShare(ctx context.Context, name string, pin *limiter.Share) error
 }
 
 // Limits bound what a request may make the server allocate.
@@ -59,4 +70,5 @@ var Extensions = []string{
 	"binary_tensor_data",
 	"model_repository",
 	"statistics",
+	"sloserve_control",
 }

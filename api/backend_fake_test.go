@@ -2,12 +2,15 @@ package api
 
 import (
 	"context"
+	"time"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
 
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -26,6 +29,9 @@ type fakeBackend struct {
 	notLive  bool
 	notReady bool
 	inferErr error // when set, Infer returns it
+
+	pins   map[string]*limiter.Share // PinShare calls by model
+	events []qos.Event
 }
 
 var _ Backend = (*fakeBackend)(nil)
@@ -182,5 +188,40 @@ func (f *fakeBackend) UnloadModel(ctx context.Context, name string) error {
 		return fmt.Errorf("%w: %q", models.ErrModelNotFound, name)
 	}
 	f.loaded[name] = false
+	return nil
+}
+
+func (f *fakeBackend) Control() ControlStatus {
+	return ControlStatus{Policy: "adaptive", Period: "1s", Devices: []DeviceControl{{
+		Device: "cpu", Limiter: "cgroup-v1", LimiterDetail: "test", CPUs: 2,
+		Models: []ModelControl{{Model: "sum/1", Class: "latency-critical", SLOms: 100, ComputeShare: 0.25, Source: "adaptive"}},
+	}}}
+}
+
+func (f *fakeBackend) ControlEvents(since time.Time, limit int) []qos.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []qos.Event
+	for _, e := range f.events {
+		if e.Time.After(since) {
+			out = append(out, e)
+		}
+	}
+	if len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out
+}
+
+func (f *fakeBackend) PinShare(_ context.Context, name string, pin *limiter.Share) error {
+	if err := f.check(name, ""); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pins == nil {
+		f.pins = map[string]*limiter.Share{}
+	}
+	f.pins[name] = pin
 	return nil
 }

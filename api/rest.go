@@ -66,6 +66,10 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
 	e.POST("/v2/repository/index", s.repositoryIndex)
 	e.POST("/v2/repository/models/:model/load", s.load)
 	e.POST("/v2/repository/models/:model/unload", s.unload)
+	e.GET("/v2/control", s.control)
+	e.GET("/v2/control/events", s.controlEvents)
+	e.PUT("/v2/models/:model/share", s.pinShare)
+	e.DELETE("/v2/models/:model/share", s.unpinShare)
 	return e
 }
 
@@ -222,14 +226,24 @@ type serverMetadataJSON struct {
 	Name       string   `json:"name"`
 	Version    string   `json:"version"`
 	Extensions []string `json:"extensions"`
+	// Limiters (sloserve's own field) names how shares are enforced on
+	// each device: device -> cgroup-v2, cgroup-v1, mps or none.
+	Limiters map[string]string `json:"sloserve_limiters,omitempty"`
 }
 
 func (s *restServer) serverMetadata(c *gin.Context) {
-	s.writeValue(c, http.StatusOK, serverMetadataJSON{
+	md := serverMetadataJSON{
 		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
 		Extensions: Extensions,
-	})
+	}
+	for _, d := range s.b.Control().Devices {
+		if md.Limiters == nil {
+			md.Limiters = map[string]string{}
+		}
+		md.Limiters[d.Device] = d.Limiter
+	}
+	s.writeValue(c, http.StatusOK, md)
 }
 
 // tensorMetadataJSON describes one model input or output.

@@ -105,7 +105,7 @@ func TestRESTRoutes(t *testing.T) {
 		{"live", restCall{method: "GET", path: "/v2/health/live"}, 200, "", ""},
 		{"ready", restCall{method: "GET", path: "/v2/health/ready"}, 200, "", ""},
 		{"server metadata", restCall{method: "GET", path: "/v2"}, 200,
-			`{"name":"sloserve","version":"test","extensions":["binary_tensor_data","model_repository","statistics"]}`, ""},
+			`{"name":"sloserve","version":"test","extensions":["binary_tensor_data","model_repository","statistics","sloserve_control"],"sloserve_limiters":{"cpu":"cgroup-v1"}}`, ""},
 		{"model metadata", restCall{method: "GET", path: "/v2/models/sum"}, 200, sumMetadata, ""},
 		{"model version metadata", restCall{method: "GET", path: "/v2/models/sum/versions/1"}, 200, sumMetadata, ""},
 		{"metadata without tensors", restCall{method: "GET", path: "/v2/models/echo"}, 200,

@@ -26,6 +26,7 @@ type metrics struct {
 	inflight     *prometheus.GaugeVec
 	loadDuration *prometheus.HistogramVec
 	restarts     *prometheus.CounterVec
+	evictions    *prometheus.CounterVec
 
 	mu       sync.Mutex
 	versions map[[2]string]*versionMetrics
@@ -77,9 +78,13 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "sloserve_runner_restarts_total",
 			Help: "Runner processes restarted after they died or hung.",
 		}, labels),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_model_evictions_total",
+			Help: "Idle models unloaded to free memory (they load again on demand).",
+		}, []string{"model"}),
 		versions: map[[2]string]*versionMetrics{},
 	}
-	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, &usageCollector{r: r}}
+	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.evictions, &usageCollector{r: r}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("models: registering metrics"), err)

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -52,6 +53,12 @@ type InstanceSpec struct {
 	Index   int
 	Path    string // the model.onnx file
 	Config  *configs.Model
+	// Placement is how the instance must start to run under its share
+	// (limiter unit, environment, GPU memory).
+	Placement limiter.Placement
+	// IntraOpThreads is the instance's thread count: the config's, or one
+	// that suits its share when the config leaves it to the server.
+	IntraOpThreads int
 	// OnRestart is called whenever the instance's process is restarted.
 	OnRestart func(reason string)
 }
@@ -78,6 +85,12 @@ type Options struct {
 	// Estimator receives the warm-up runs at load; it should be the one
 	// the schedulers predict with. Nil skips the warm-up.
 	Estimator qos.Estimator
+	// Limiter returns the share enforcer of an execution device; nil (or a
+	// nil Limiter) enforces nothing.
+	Limiter func(device string) limiter.Limiter
+	// Profile, when set, runs the predictor's sweep for each freshly
+	// loaded version before it takes traffic (see ProfileRun).
+	Profile func(ctx context.Context, run ProfileRun) error
 }
 
 // ErrOverloaded means the server has as many requests in flight as allowed.
@@ -97,6 +110,7 @@ type Registry struct {
 
 	pollDone chan struct{}
 	started  atomic.Bool
+	unitSeq  atomic.Uint64 // makes limiter unit ids unique
 }
 
 // model is one folder of a repository and what is loaded from it.
@@ -112,6 +126,9 @@ type model struct {
 	states      map[int64]IndexEntry // last known state of each version
 	reason      string               // why the model as a whole is not serving
 	fingerprint string               // of the files that the last load read
+	evicted     bool                 // unloaded for memory: the next request loads it
+
+	demand sync.Mutex // one load on demand at a time
 }
 
 // version is one loaded model version: its instances and their idle pool.
@@ -122,11 +139,20 @@ type version struct {
 	key       string         // model/version, the scheduler's name for it
 	sched     *qos.Scheduler // nil: no QoS scheduling
 	cfg       *configs.Model
+	path      string // the model.onnx file
+	device    string // "cpu" or "cuda:N"
+	lim       limiter.Limiter
 	inputs    []runtime.TensorSpec
 	outputs   []runtime.TensorSpec
 	maxBatch  int
-	instances []Instance
 	idle      chan Instance // an instance per free execution slot
+
+	shareMu sync.Mutex // serialises share changes and swaps
+
+	instMu    sync.RWMutex // guards the fields below; swaps replace instances
+	instances []Instance
+	units     []unit        // the limiter unit of each instance
+	share     limiter.Share // the version's share of its device
 	inflight  sync.WaitGroup
 	stats     versionStats
 	obs       *versionMetrics
@@ -370,6 +396,7 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	if len(errs) == 0 {
 		for _, v := range fresh {
 			r.warmUp(ctx, v)
+			r.profile(ctx, v)
 			if err := r.schedule(ctx, v); err != nil {
 				errs = append(errs, fmt.Errorf("version %d: %w", v.number, err))
 			}
@@ -401,6 +428,7 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	m.serving = fresh
 	m.cfg = cfg
 	m.reason = ""
+	m.evicted = false
 	m.fingerprint = fp
 	m.states = map[int64]IndexEntry{}
 	for n, v := range fresh {
@@ -447,11 +475,7 @@ func (r *Registry) schedule(ctx context.Context, v *version) error {
 	if r.opts.Scheduler == nil {
 		return nil
 	}
-	device := "cpu"
-	if v.cfg.Execution.Provider == configs.ProviderCUDA {
-		device = fmt.Sprintf("cuda:%d", v.cfg.Execution.DeviceID)
-	}
-	sched, err := r.opts.Scheduler(device)
+	sched, err := r.opts.Scheduler(v.device)
 	if err != nil {
 		return err
 	}
@@ -466,6 +490,12 @@ func (r *Registry) schedule(ctx context.Context, v *version) error {
 		QueueCapacity:       v.cfg.MaxQueueSize,
 		Slots:               len(v.instances) * max(1, v.cfg.Execution.Concurrency),
 		Executor:            v.executor(),
+		MinShare:            min(v.cfg.Resources.MinComputeShare, v.usefulShare()),
+		MaxShare:            v.usefulShare(),
+		Memory:              int64(v.cfg.Resources.MemoryLimit),
+	}
+	if c := v.cfg.Resources.ComputeShare; c > 0 {
+		spec.Pin = &limiter.Share{Compute: c, Memory: spec.Memory}
 	}
 	if sched.HasModel(v.key) {
 		err = sched.UpdateModel(spec)
@@ -495,27 +525,36 @@ func (r *Registry) unschedule(ctx context.Context, v *version, next map[int64]*v
 }
 
 // warmupRequests returns requests of zeros for the warm-up at batch sizes 1
-// and the maximum, or nil when an input has a dynamic dimension other than
-// the batch (no shape to guess) or BYTES data.
+// and the maximum, or nil when an input has BYTES data or a dynamic
+// dimension other than the batch that profile.shapes does not fill.
 func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	for _, in := range v.inputs {
-		if in.DataType == runtime.Bytes {
-			return nil, nil
-		}
-		for d, n := range in.Shape {
-			if n < 0 && !(d == 0 && v.maxBatch > 0) {
-				return nil, nil
-			}
-		}
+	sample := samplesFor(v, v.cfg.Profile.Shapes)
+	if sample == nil {
+		return nil, nil
 	}
 	sizes := []int{1}
 	if v.maxBatch > 1 {
 		sizes = append(sizes, v.maxBatch)
 	}
+	return sample, sizes
+}
+
+// samplesFor returns a function building a request of zeros at a batch
+// size, with the given shapes for dynamic dimensions; nil when that is not
+// possible.
+func samplesFor(v *version, given map[string][]int64) func(batch int) *runtime.InferRequest {
+	shapes := make([][]int64, len(v.inputs))
+	for i, in := range v.inputs {
+		shape, ok := sampleShape(in, given, v.maxBatch > 0)
+		if !ok || in.DataType == runtime.Bytes {
+			return nil
+		}
+		shapes[i] = shape
+	}
 	return func(batch int) *runtime.InferRequest {
 		req := &runtime.InferRequest{Inputs: make([]runtime.Tensor, len(v.inputs))}
 		for i, in := range v.inputs {
-			shape := slices.Clone(in.Shape)
+			shape := slices.Clone(shapes[i])
 			if v.maxBatch > 0 {
 				shape[0] = int64(batch)
 			}
@@ -523,7 +562,7 @@ func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
 			req.Inputs[i] = runtime.Tensor{Name: in.Name, DataType: in.DataType, Shape: shape, Data: make([]byte, n*int64(in.DataType.Size()))}
 		}
 		return req
-	}, sizes
+	}
 }
 
 // setFailed records why a load failed. Versions still serving stay READY.
@@ -551,30 +590,37 @@ func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 // file's inputs and outputs against the config.
 func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
 	label := strconv.FormatInt(n, 10)
+	slots := max(1, cfg.Execution.Concurrency)
 	v := &version{
 		model:    cfg.Name,
 		number:   n,
 		label:    label,
 		key:      cfg.Name + "/" + label,
 		cfg:      cfg,
+		path:     filepath.Join(dir, label, "model.onnx"),
+		device:   deviceOf(cfg),
 		maxBatch: cfg.MaxBatchSize,
-		idle:     make(chan Instance, cfg.Instances*max(1, cfg.Execution.Concurrency)),
-		obs:      r.metrics.forVersion(cfg.Name, label),
+		// Room for every instance's slots, and one more instance's for
+		// the replacement during a swap.
+		idle:  make(chan Instance, (cfg.Instances+1)*slots),
+		obs:   r.metrics.forVersion(cfg.Name, label),
+		share: initialShare(cfg),
 	}
-	path := filepath.Join(dir, label, "model.onnx")
+	if r.opts.Limiter != nil {
+		v.lim = r.opts.Limiter(v.device)
+	}
 	type started struct {
 		inst Instance
+		unit unit
 		err  error
 	}
 	results := make([]started, cfg.Instances)
+	per := instanceShare(v.share, cfg.Instances)
 	var wg sync.WaitGroup
 	for i := range cfg.Instances {
 		wg.Go(func() {
-			inst, err := r.opts.NewInstance(ctx, InstanceSpec{
-				Model: cfg.Name, Version: n, Index: i, Path: path, Config: cfg,
-				OnRestart: func(string) { v.obs.restarts.Inc() },
-			})
-			results[i] = started{inst, err}
+			inst, u, err := r.startInstance(ctx, v, i, per)
+			results[i] = started{inst, u, err}
 		})
 	}
 	wg.Wait()
@@ -585,6 +631,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 			continue
 		}
 		v.instances = append(v.instances, s.inst)
+		v.units = append(v.units, s.unit)
 	}
 	if len(errs) > 0 {
 		r.stopVersion(ctx, v)
@@ -609,7 +656,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		}
 	}
 	// One token per request an instance may run at once.
-	for range max(1, cfg.Execution.Concurrency) {
+	for range slots {
 		for _, inst := range v.instances {
 			v.idle <- inst
 		}
@@ -627,10 +674,10 @@ func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 
 // stopVersion stops the instances of a version no request can reach.
 func (r *Registry) stopVersion(ctx context.Context, v *version) {
-	for _, inst := range v.instances {
-		if err := inst.Stop(ctx); err != nil {
-			r.log.Warn("instance stop failed", "model", v.model, "version", v.label, "err", err)
-		}
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	for i, inst := range v.instances {
+		r.stopInstance(ctx, v, inst, v.units[i])
 	}
 }
 
@@ -689,6 +736,14 @@ func (r *Registry) unload(ctx context.Context, name, reason string) error {
 		r.log.Info("model unloaded", "model", name, "reason", reason)
 	}
 	return nil
+}
+
+// isEvicted reports whether a model was evicted and not loaded since.
+func (r *Registry) isEvicted(name string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m, ok := r.models[name]
+	return ok && m.evicted
 }
 
 // resolve finds the serving version a request names ("" = the highest).
@@ -758,6 +813,12 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		defer r.inflight.Add(-1)
 	}
 	v, err := r.acquire(name, ver)
+	if errors.Is(err, ErrNotReady) && r.isEvicted(name) {
+		if err := r.revive(ctx, name); err != nil {
+			return nil, "", fmt.Errorf("%w: %q: loading the evicted model on demand: %w", ErrNotReady, name, err)
+		}
+		v, err = r.acquire(name, ver)
+	}
 	if err != nil {
 		return nil, "", err
 	}
@@ -809,7 +870,9 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 // tried once more on another: inference is idempotent.
 func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
 	var queue time.Duration
+	v.instMu.RLock()
 	attempts := min(2, len(v.instances))
+	v.instMu.RUnlock()
 	var err error
 	for range attempts {
 		q := time.Now()
@@ -992,9 +1055,11 @@ func (r *Registry) Instances(fn func(model, version string, index int, inst Inst
 	defer r.mu.RUnlock()
 	for _, m := range r.models {
 		for _, v := range m.serving {
+			v.instMu.RLock()
 			for i, inst := range v.instances {
 				fn(m.name, v.label, i, inst)
 			}
+			v.instMu.RUnlock()
 		}
 	}
 }

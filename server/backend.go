@@ -2,16 +2,21 @@ package server
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
 // backend serves the protocol handlers from the model registry.
 type backend struct {
 	reg      *models.Registry
+	devs     *devices
 	ready    atomic.Bool // initial loads done and not shutting down
 	stopping atomic.Bool
 }
@@ -48,4 +53,54 @@ func (b *backend) LoadModel(ctx context.Context, name string) error {
 
 func (b *backend) UnloadModel(ctx context.Context, name string) error {
 	return b.reg.Unload(ctx, name)
+}
+
+func (b *backend) Control() api.ControlStatus {
+	st := api.ControlStatus{Policy: b.devs.ctl.Policy, Period: b.devs.ctl.Period.String(), Devices: []api.DeviceControl{}}
+	for _, d := range b.devs.all() {
+		dc := api.DeviceControl{
+			Device: d.name, Limiter: d.lim.Kind(), LimiterDetail: d.lim.Describe(), CPUs: d.lim.CPUs(),
+			Models: []api.ModelControl{},
+		}
+		for _, ms := range d.adj.Shares() {
+			acc := b.devs.pred.Accuracy(ms.Model)
+			us := b.reg.UnitStats(ms.Model)
+			dc.Models = append(dc.Models, api.ModelControl{
+				Model: ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
+				ComputeShare: ms.Share.Compute, MemoryShare: ms.Share.Memory, TargetShare: ms.Target,
+				Source: ms.Source, Pinned: ms.Pinned,
+				ForecastRate: ms.ForecastRate, ObservedRate: acc.ObservedRate, Attainment: ms.Attainment,
+				PredictedMs: api.Milliseconds(acc.Predicted), ObservedMs: api.Milliseconds(acc.Observed),
+				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
+				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
+				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
+			})
+		}
+		st.Devices = append(st.Devices, dc)
+	}
+	return st
+}
+
+func (b *backend) ControlEvents(since time.Time, limit int) []qos.Event {
+	var all []qos.Event
+	for _, d := range b.devs.all() {
+		all = append(all, d.adj.Events(since, limit)...)
+	}
+	slices.SortStableFunc(all, func(a, b qos.Event) int { return a.Time.Compare(b.Time) })
+	if len(all) > limit {
+		all = all[len(all)-limit:]
+	}
+	return all
+}
+
+func (b *backend) PinShare(ctx context.Context, name string, pin *limiter.Share) error {
+	key, device, err := b.reg.VersionKey(name, "")
+	if err != nil {
+		return err
+	}
+	d, err := b.devs.get(device)
+	if err != nil {
+		return err
+	}
+	return d.adj.Pin(key, pin)
 }

@@ -32,7 +32,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		Provider: runtime.ProviderOptions{
 			Kind:              ex.Provider,
 			DeviceID:          ex.DeviceID,
-			IntraOpThreads:    ex.IntraOpThreads,
+			IntraOpThreads:    spec.IntraOpThreads,
 			InterOpThreads:    ex.InterOpThreads,
 			GraphOptimization: ex.GraphOptimization,
 			AllowSpinning:     ex.AllowSpinning,
@@ -44,11 +44,22 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		MaxRestarts:    f.rt.MaxRestarts,
 		Logger:         f.logger.With("runner", name),
 		OnRestart:      spec.OnRestart,
+		JoinCgroups:    spec.Placement.JoinCgroups,
+		Env:            spec.Placement.Env,
 	}
 	if c := ex.CUDA; c != nil {
 		cfg.Provider.GPUMemLimit = int64(c.GPUMemLimit)
 		cfg.Provider.ArenaExtendStrategy = c.ArenaExtendStrategy
 		cfg.Provider.CudnnConvAlgoSearch = c.CuDNNConvAlgoSearch
+	}
+	// The share's GPU memory (MPS) narrows the configured arena limit.
+	if pl := spec.Placement; pl.GPUMemLimit > 0 {
+		if cfg.Provider.GPUMemLimit == 0 || pl.GPUMemLimit < cfg.Provider.GPUMemLimit {
+			cfg.Provider.GPUMemLimit = pl.GPUMemLimit
+		}
+		if pl.ArenaExtendStrategy != "" {
+			cfg.Provider.ArenaExtendStrategy = pl.ArenaExtendStrategy
+		}
 	}
 	r, err := runtime.StartRunner(ctx, cfg)
 	if err != nil {

@@ -13,10 +13,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -28,7 +26,7 @@ import (
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/predictor"
 )
 
 // Version is the sloserve version, set at build time with -ldflags.
@@ -68,9 +66,20 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 	// The schedulers' loops outlive ctx: they stop (and are waited for)
 	// only after the registry has drained, when Run returns.
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
-	scheds := newSchedulers(loopCtx, cfg.QoS, promReg, logger.With("component", "qos"))
-	defer scheds.wait()
+	devs, err := newDevices(loopCtx, cfg, promReg, logger)
+	if err != nil {
+		stopLoops()
+		return err
+	}
+	defer devs.wait()
 	defer stopLoops()
+	prof := &profiler{
+		cfg:   cfg.Control.Profile,
+		cache: predictor.Cache{Dir: profileCacheDir(cfg.Control.Profile.CacheDir)},
+		pred:  devs.pred,
+		lib:   lib,
+		log:   logger.With("component", "predictor"),
+	}
 
 	runners := &runnerFactory{
 		executable: exe,
@@ -79,7 +88,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		rt:         cfg.Runtime,
 		logger:     logger,
 	}
-	reg, err := models.New(models.Options{
+	opts := models.Options{
 		Repositories:      cfg.Repositories,
 		Control:           cfg.ModelControl,
 		PollInterval:      cfg.PollInterval,
@@ -90,13 +99,19 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		NewInstance:       runners.start,
 		Logger:            logger.With("component", "models"),
 		Registerer:        promReg,
-		Scheduler:         scheds.get,
-		Estimator:         scheds.est,
-	})
+		Scheduler:         devs.scheduler,
+		Estimator:         devs.pred,
+		Limiter:           devs.limiter,
+	}
+	if cfg.Control.Profile.Enabled {
+		opts.Profile = prof.run
+	}
+	reg, err := models.New(opts)
 	if err != nil {
 		return err
 	}
-	be := &backend{reg: reg}
+	devs.registry = reg
+	be := &backend{reg: reg, devs: devs}
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
@@ -284,66 +299,3 @@ func removeStaleSocketDirs(tmp string, logger *slog.Logger) {
 		logger.Info("removed a dead server's socket folder", "dir", dir, "pid", pid)
 	}
 }
-
-// schedulers holds one QoS scheduler per execution device, created when the
-// first model on that device loads; each runs its dispatch loop until the
-// server stops.
-type schedulers struct {
-	ctx    context.Context
-	cfg    configs.QoS
-	reg    prometheus.Registerer
-	log    *slog.Logger
-	est    *qos.EWMAEstimator
-	mu     sync.Mutex
-	byName map[string]*qos.Scheduler
-	loops  sync.WaitGroup
-}
-
-func newSchedulers(ctx context.Context, cfg configs.QoS, reg prometheus.Registerer, log *slog.Logger) *schedulers {
-	return &schedulers{ctx: ctx, cfg: cfg, reg: reg, log: log, est: qos.NewEWMAEstimator(0), byName: map[string]*qos.Scheduler{}}
-}
-
-// get returns the scheduler of a device ("cpu", "cuda:0"), starting it on
-// first use.
-func (s *schedulers) get(device string) (*qos.Scheduler, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sched, ok := s.byName[device]; ok {
-		return sched, nil
-	}
-	slots := s.cfg.DeviceSlots
-	if slots == 0 {
-		slots = 1
-		if device == "cpu" {
-			slots = goruntime.NumCPU()
-		}
-	}
-	floor := s.cfg.BestEffortFloor
-	if floor == 0 {
-		floor = -1 // configs says 0 means none; qos reads 0 as its default
-	}
-	sched, err := qos.NewScheduler(qos.Options{
-		Policy:          s.cfg.Policy,
-		BestEffortFloor: floor,
-		DeviceSlots:     slots,
-		Estimator:       s.est,
-		Logger:          s.log.With("device", device),
-		Registerer:      s.reg,
-		Device:          device,
-		Window:          s.cfg.Window,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.byName[device] = sched
-	s.loops.Go(func() {
-		if err := sched.Run(s.ctx); err != nil {
-			s.log.Error("scheduler stopped", "device", device, "err", err)
-		}
-	})
-	s.log.Info("scheduler started", "device", device, "policy", s.cfg.Policy, "slots", slots)
-	return sched, nil
-}
-
-// wait blocks until every dispatch loop has returned.
-func (s *schedulers) wait() { s.loops.Wait() }

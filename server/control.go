@@ -1,0 +1,277 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
+	"github.com/sloserve/sloserve/qos"
+)
+
+// devices holds what each execution device ("cpu", "cuda:0") has, created
+// when the first model on it loads: a QoS scheduler, a limiter and an
+// adjuster. One predictor serves every device (model keys are unique). The
+// loops run until the server stops.
+type devices struct {
+	ctx  context.Context
+	qos  configs.QoS
+	ctl  configs.Control
+	reg  prometheus.Registerer
+	log  *slog.Logger
+	pred *predictor.Predictor
+
+	// registry is the adjusters' actuator; set once it exists, before any
+	// model loads.
+	registry *models.Registry
+
+	mu    sync.Mutex
+	byDev map[string]*device
+	loops sync.WaitGroup
+}
+
+// device is one execution device's control parts.
+type device struct {
+	name  string
+	sched *qos.Scheduler
+	lim   limiter.Limiter
+	adj   *qos.Adjuster
+}
+
+func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registerer, log *slog.Logger) (*devices, error) {
+	pred, err := predictor.New(predictor.Options{Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, byDev: map[string]*device{}}, nil
+}
+
+// scheduler is the registry's Options.Scheduler.
+func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
+	d, err := ds.get(name)
+	if err != nil {
+		return nil, err
+	}
+	return d.sched, nil
+}
+
+// limiter is the registry's Options.Limiter. A device whose limiter failed
+// to start has no device entry; its models then start unlimited.
+func (ds *devices) limiter(name string) limiter.Limiter {
+	d, err := ds.get(name)
+	if err != nil {
+		return nil
+	}
+	return d.lim
+}
+
+// get returns a device, starting its scheduler, limiter and adjuster on
+// first use.
+func (ds *devices) get(name string) (*device, error) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if d, ok := ds.byDev[name]; ok {
+		return d, nil
+	}
+	log := ds.log.With("device", name)
+	slots := ds.qos.DeviceSlots
+	if slots == 0 {
+		slots = 1
+		if name == "cpu" {
+			slots = goruntime.NumCPU()
+		}
+	}
+	floor := ds.qos.BestEffortFloor
+	if floor == 0 {
+		floor = -1 // configs says 0 means none; qos reads 0 as its default
+	}
+	sched, err := qos.NewScheduler(qos.Options{
+		Policy:          ds.qos.Policy,
+		BestEffortFloor: floor,
+		DeviceSlots:     slots,
+		Estimator:       ds.pred,
+		Logger:          log.With("component", "qos"),
+		Registerer:      ds.reg,
+		Device:          name,
+		Window:          ds.qos.Window,
+	})
+	if err != nil {
+		return nil, err
+	}
+	backend := ds.ctl.Limiter
+	if ds.ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
+		backend = configs.LimiterNone // the shared policy sets no limits
+	}
+	lim, err := limiter.New(limiter.Options{
+		Backend: backend,
+		Device:  name,
+		Period:  ds.ctl.CFSPeriod,
+		Logger:  log.With("component", "limiter"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
+	}
+	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
+	adj, err := qos.NewAdjuster(sched, qos.AdjusterOptions{
+		Policy:         ds.ctl.Policy,
+		Period:         ds.ctl.Period,
+		Headroom:       ds.ctl.Headroom,
+		MaxUtilization: ds.ctl.MaxUtilization,
+		ScaleDownAfter: ds.ctl.ScaleDownAfter,
+		Cooldown:       ds.ctl.Cooldown,
+		Step:           ds.ctl.Step,
+		MinShare:       ds.ctl.MinShare,
+		MemoryBudget:   int64(ds.ctl.MemoryBudget),
+		KeepAlive:      ds.ctl.KeepAlive,
+		Predictor:      ds.pred,
+		Actuator:       ds.registry,
+		Logger:         log.With("component", "adjuster"),
+		Registerer:     ds.reg,
+		Device:         name,
+	})
+	if err != nil {
+		lim.Close()
+		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
+	}
+	d := &device{name: name, sched: sched, lim: lim, adj: adj}
+	ds.byDev[name] = d
+	ds.loops.Go(func() {
+		if err := sched.Run(ds.ctx); err != nil {
+			log.Error("scheduler stopped", "err", err)
+		}
+	})
+	ds.loops.Go(func() {
+		if err := adj.Run(ds.ctx); err != nil {
+			log.Error("adjuster stopped", "err", err)
+		}
+	})
+	log.Info("device started", "policy", ds.qos.Policy, "slots", slots, "share_policy", adj.Policy())
+	return d, nil
+}
+
+// all returns the devices in name order.
+func (ds *devices) all() []*device {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	out := make([]*device, 0, len(ds.byDev))
+	for _, d := range ds.byDev {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b *device) int {
+		switch {
+		case a.name < b.name:
+			return -1
+		case a.name > b.name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// wait blocks until every loop has returned, then removes the limiters'
+// units.
+func (ds *devices) wait() {
+	ds.loops.Wait()
+	for _, d := range ds.all() {
+		if err := d.lim.Close(); err != nil {
+			ds.log.Warn("closing the limiter", "device", d.name, "err", err)
+		}
+	}
+}
+
+// profileCacheDir is where profiles are kept: the configured folder, else
+// the user cache directory, else the temporary directory.
+func profileCacheDir(configured string) string {
+	if configured != "" {
+		return configured
+	}
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "sloserve", "profiles")
+	}
+	return filepath.Join(os.TempDir(), "sloserve-profiles")
+}
+
+// profiler runs the predictor's sweep for a freshly loaded version, or
+// takes the curve from the cache when this model file was profiled on this
+// machine with the same settings before.
+type profiler struct {
+	cfg   configs.Profile
+	cache predictor.Cache
+	pred  *predictor.Predictor
+	lib   string // the ONNX Runtime library, part of the cache key
+	log   *slog.Logger
+	// report, when set, receives every profile installed (the profile
+	// command prints it).
+	report func(run models.ProfileRun, p predictor.Profile, cached bool)
+}
+
+// shares are the compute shares profiled: quarter, half and all of what
+// the model can use.
+func profileShares(maxShare float64) []float64 {
+	return []float64{maxShare / 4, maxShare / 2, maxShare}
+}
+
+// run is the registry's Options.Profile.
+func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
+	key, err := predictor.Key(run.Path, predictor.MachineID(),
+		"device="+run.Device, "threads="+strconv.Itoa(run.Threads),
+		fmt.Sprintf("shares=%v", profileShares(run.MaxShare)),
+		fmt.Sprintf("batches=%v", run.BatchSizes),
+		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
+		"onnxruntime="+filepath.Base(p.lib))
+	if err != nil {
+		return err
+	}
+	prof, ok, err := p.cache.Load(key)
+	if err != nil {
+		p.log.Warn("ignoring an unreadable cached profile", "model", run.Key, "err", err)
+	}
+	if ok && err == nil {
+		p.pred.SetProfile(run.Key, prof)
+		p.log.Info("profile from cache", "model", run.Key, "mape", prof.MAPE, "curve", prof.Curve)
+		if p.report != nil {
+			p.report(run, prof, true)
+		}
+		return nil
+	}
+	points, err := predictor.Sweep(ctx, predictor.SweepOptions{
+		Batches:  run.BatchSizes,
+		MaxBatch: max(1, run.Config.MaxBatchSize),
+		Shares:   profileShares(run.MaxShare),
+		Runs:     p.cfg.Runs,
+		Budget:   p.cfg.Budget,
+	}, run.Measure)
+	if err != nil && !errors.Is(err, predictor.ErrBudget) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%w (raise control.profile.budget, or profile fewer batch sizes)", err)
+	}
+	prof, err = predictor.NewProfile(key, points, time.Now())
+	if err != nil {
+		return err
+	}
+	p.pred.SetProfile(run.Key, prof)
+	if err := p.cache.Store(prof); err != nil {
+		p.log.Warn("profile not cached", "model", run.Key, "err", err)
+	}
+	p.log.Info("profiled", "model", run.Key, "points", len(points), "mape", prof.MAPE, "curve", prof.Curve)
+	if p.report != nil {
+		p.report(run, prof, false)
+	}
+	return nil
+}
