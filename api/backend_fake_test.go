@@ -2,11 +2,11 @@ package api
 
 import (
 	"context"
-	"time"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"

@@ -133,19 +133,19 @@ type model struct {
 
 // version is one loaded model version: its instances and their idle pool.
 type version struct {
-	model     string
-	number    int64
-	label     string
-	key       string         // model/version, the scheduler's name for it
-	sched     *qos.Scheduler // nil: no QoS scheduling
-	cfg       *configs.Model
-	path      string // the model.onnx file
-	device    string // "cpu" or "cuda:N"
-	lim       limiter.Limiter
-	inputs    []runtime.TensorSpec
-	outputs   []runtime.TensorSpec
-	maxBatch  int
-	idle      chan Instance // an instance per free execution slot
+	model    string
+	number   int64
+	label    string
+	key      string         // model/version, the scheduler's name for it
+	sched    *qos.Scheduler // nil: no QoS scheduling
+	cfg      *configs.Model
+	path     string // the model.onnx file
+	device   string // "cpu" or "cuda:N"
+	lim      limiter.Limiter
+	inputs   []runtime.TensorSpec
+	outputs  []runtime.TensorSpec
+	maxBatch int
+	idle     chan Instance // an instance per free execution slot
 
 	shareMu sync.Mutex // serialises share changes and swaps
 

@@ -34,6 +34,13 @@ func (a *Adjuster) decideAdaptive(states []modelState) map[string]decision {
 		}
 	}
 	available = max(available, 0)
+	// The best-effort minimums are kept out of the latency-critical
+	// models' reach, so that the shares do not oversubscribe the device.
+	var floors float64
+	for _, st := range bes {
+		lo, _ := a.bounds(st.Spec)
+		floors += lo
+	}
 
 	var demand float64
 	for _, st := range lcs {
@@ -43,8 +50,8 @@ func (a *Adjuster) decideAdaptive(states []modelState) map[string]decision {
 		demand += d.share.Compute
 	}
 	used := demand
-	if demand > available+shareEpsilon {
-		used = a.fitCapacity(lcs, ds, demand, available)
+	if lcAvailable := max(available-floors, 0); demand > lcAvailable+shareEpsilon {
+		used = a.fitCapacity(lcs, ds, demand, lcAvailable)
 	}
 	a.bestEffort(bes, ds, max(available-used, 0), rank)
 	return ds
