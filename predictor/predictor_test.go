@@ -1,0 +1,353 @@
+package predictor
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+const ms = time.Millisecond
+
+func newPredictor(t testing.TB, opts Options) *Predictor {
+	t.Helper()
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// flat is a curve of 10 ms per image at the whole device, ∝ 1/share.
+var flat = Curve{K2: 0.01}
+
+func TestEstimateFallbackThenCurve(t *testing.T) {
+	p := newPredictor(t, Options{})
+	if _, ok := p.Estimate("m/1", 1); ok {
+		t.Fatal("estimate for an unknown model")
+	}
+	if _, ok := p.Latency("m/1", 1, 0.5); ok {
+		t.Fatal("latency for an unknown model")
+	}
+	p.SetShare("m/1", 0.5)
+	p.Observe("m/1", 2, 30*ms)
+	p.Observe("m/1", 2, 40*ms) // EWMA 0.2: 32 ms
+	for _, tt := range []struct {
+		batch int
+		want  time.Duration
+	}{{2, 32 * ms}, {4, 64 * ms}, {1, 32 * ms}} {
+		if got, ok := p.Estimate("m/1", tt.batch); !ok || got != tt.want {
+			t.Errorf("fallback Estimate(%d) = %v, %v; want %v", tt.batch, got, ok, tt.want)
+		}
+	}
+	// At another share the fallback scales by current/share.
+	if got, _ := p.Latency("m/1", 2, 1); got != 16*ms {
+		t.Errorf("fallback Latency at share 1 = %v, want 16ms", got)
+	}
+	p.SetProfile("m/1", Profile{Curve: flat})
+	if got, _ := p.Estimate("m/1", 2); got != 40*ms {
+		t.Errorf("curve Estimate(2) at share 0.5 = %v, want 40ms", got)
+	}
+	if got, _ := p.Latency("m/1", 4, 0.25); got != 160*ms {
+		t.Errorf("Latency(4, 0.25) = %v, want 160ms", got)
+	}
+	// A whole-device share.
+	for _, s := range []float64{0, 1, 3} {
+		p.SetShare("m/1", s)
+		if got, _ := p.Estimate("m/1", 1); got != 10*ms {
+			t.Errorf("share %g: Estimate(1) = %v, want 10ms", s, got)
+		}
+	}
+	p.Forget("m/1")
+	if _, ok := p.Estimate("m/1", 1); ok {
+		t.Error("estimate after Forget")
+	}
+}
+
+func TestSetProfileRefitsUnusableCurve(t *testing.T) {
+	p := newPredictor(t, Options{})
+	pts := synth(truth, []int{1, 4, 8}, []float64{0.25, 0.5, 1}, 0, 0)
+	p.SetProfile("m", Profile{Points: pts})
+	got, ok := p.Estimate("m", 4)
+	if want := truth.Predict(4, 1); !ok || relErr(got.Seconds(), want.Seconds()) > 0.01 {
+		t.Errorf("Estimate(4) = %v, %v; want about %v", got, ok, want)
+	}
+	p.SetProfile("n", Profile{Curve: Curve{K2: math.NaN()}}) // nothing to fit: ignored
+	if _, ok := p.Estimate("n", 1); ok {
+		t.Error("an unusable profile was installed")
+	}
+}
+
+func TestCorrectionConvergesAndClamps(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.SetProfile("m", Profile{Curve: flat})
+	p.SetShare("m", 0.5) // 20 ms per image
+	// The model runs 1.5x slower than profiled.
+	n := 0
+	for ; n < 200; n++ {
+		if c := p.Accuracy("m").Correction; math.Abs(c-1.5) < 0.015 {
+			break
+		}
+		b := 1 + n%4
+		p.Observe("m", b, time.Duration(1.5*float64(b)*20*float64(ms)))
+	}
+	t.Logf("correction within 1%% of 1.5 after %d executions", n)
+	if n > 50 { // (0.9)^n * 0.5 < 0.015 at n = 34
+		t.Errorf("correction took %d executions to converge", n)
+	}
+	if got, _ := p.Estimate("m", 2); relErr(got.Seconds(), 0.060) > 0.01 {
+		t.Errorf("Estimate(2) = %v, want about 60ms", got)
+	}
+	// One 100x outlier moves the factor by at most alpha*(4-1.5).
+	before := p.Accuracy("m").Correction
+	p.Observe("m", 1, 2*time.Second)
+	after := p.Accuracy("m").Correction
+	if want := 0.1*4 + 0.9*before; math.Abs(after-want) > 1e-9 {
+		t.Errorf("after an outlier: correction %g, want %g (ratio clamped to 4)", after, want)
+	}
+	p.Observe("m", 1, time.Nanosecond)
+	if want := 0.1*0.25 + 0.9*after; math.Abs(p.Accuracy("m").Correction-want) > 1e-9 {
+		t.Errorf("after a fast outlier: correction %g, want %g (ratio clamped to 0.25)", p.Accuracy("m").Correction, want)
+	}
+	// Invalid observations are ignored; a new profile resets.
+	c := p.Accuracy("m").Correction
+	p.Observe("m", 0, ms)
+	p.Observe("m", 1, 0)
+	if p.Accuracy("m").Correction != c {
+		t.Error("an invalid observation moved the correction")
+	}
+	p.SetProfile("m", Profile{Curve: flat})
+	if c := p.Accuracy("m").Correction; c != 1 {
+		t.Errorf("correction after SetProfile = %g", c)
+	}
+}
+
+func TestCustomAlpha(t *testing.T) {
+	p := newPredictor(t, Options{Alpha: 1})
+	p.SetProfile("m", Profile{Curve: flat})
+	p.Observe("m", 1, 20*ms)
+	if c := p.Accuracy("m").Correction; c != 2 {
+		t.Errorf("alpha 1: correction %g, want 2", c)
+	}
+}
+
+func TestInterference(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.SetProfile("m", Profile{Curve: flat})
+	p.SetShare("m", 0.5)
+	tests := []struct {
+		others float64
+		factor float64
+	}{
+		{0, 1}, {0.5, 1}, {-1, 1}, {math.NaN(), 1}, // fits on the device
+		{1, 1.5}, {2.5, 3}, // oversubscribed
+		{10, 4}, {math.Inf(1), 1}, // clamped; nonsense ignored
+	}
+	for _, tt := range tests {
+		p.SetInterference("m", tt.others)
+		a := p.Accuracy("m")
+		if a.Interference != tt.factor {
+			t.Errorf("others %g: factor %g, want %g", tt.others, a.Interference, tt.factor)
+		}
+		want := time.Duration(float64(20*ms) * tt.factor)
+		if got, _ := p.Estimate("m", 1); got != want {
+			t.Errorf("others %g: Estimate %v, want %v", tt.others, got, want)
+		}
+	}
+	// Latency uses the factor at the share asked about.
+	p.SetInterference("m", 0.5)
+	if got, _ := p.Latency("m", 1, 1); got != 15*ms {
+		t.Errorf("Latency at share 1 with others at 0.5: %v, want 10ms x 1.5", got)
+	}
+	// Observations are compared with the interfered prediction: a model
+	// that is as slow as the interference explains needs no correction.
+	p.SetInterference("m", 1.5) // factor 2 at share 0.5
+	for range 20 {
+		p.Observe("m", 1, 40*ms)
+	}
+	if c := p.Accuracy("m").Correction; c != 1 {
+		t.Errorf("correction %g, want 1", c)
+	}
+}
+
+func TestAccuracy(t *testing.T) {
+	p := newPredictor(t, Options{Alpha: 0.5})
+	if a := p.Accuracy("none"); a != (Accuracy{Correction: 1, Interference: 1}) {
+		t.Errorf("unknown model: %+v", a)
+	}
+	pts := []Point{{1, 1, 10 * ms}, {2, 1, 25 * ms}}
+	p.SetProfile("m", Profile{Curve: flat, Points: pts, MAPE: MAPE(flat, pts)})
+	// Predicted 10, 15, 12.5 ms (correction 1, 1.5, 1.25); observed 20, 10, 10 ms.
+	p.Observe("m", 1, 20*ms)
+	p.Observe("m", 1, 10*ms)
+	p.Observe("m", 1, 10*ms)
+	a := p.Accuracy("m")
+	want := Accuracy{
+		Predicted:    12500 * time.Microsecond,
+		Observed:     seconds(0.040 / 3),
+		MAPE:         (0.5 + 0.5 + 0.25) / 3,
+		ProfileMAPE:  0.1,
+		Correction:   1.125,
+		Interference: 1,
+		Samples:      3,
+		HasCurve:     true,
+	}
+	if math.Abs(a.MAPE-want.MAPE) > 1e-9 || math.Abs(a.ProfileMAPE-want.ProfileMAPE) > 1e-9 {
+		t.Errorf("MAPE %g, profile MAPE %g; want %g, %g", a.MAPE, a.ProfileMAPE, want.MAPE, want.ProfileMAPE)
+	}
+	a.MAPE, a.ProfileMAPE = want.MAPE, want.ProfileMAPE
+	if a != want {
+		t.Errorf("accuracy\n%+v\nwant\n%+v", a, want)
+	}
+	// The window keeps the last Window executions.
+	for range 2 * Window {
+		p.Observe("m", 1, 10*ms)
+	}
+	if a := p.Accuracy("m"); a.Samples != Window || a.Observed != 10*ms || a.MAPE > 1e-3 {
+		t.Errorf("after %d more: %+v", 2*Window, a)
+	}
+}
+
+func TestAccuracyFallback(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.Observe("m", 1, 10*ms) // nothing predicted yet: not in the window
+	p.Observe("m", 1, 20*ms) // predicted 10
+	a := p.Accuracy("m")
+	if a.Samples != 1 || a.Predicted != 10*ms || a.Observed != 20*ms || a.MAPE != 0.5 || a.HasCurve {
+		t.Errorf("%+v", a)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	p := newPredictor(t, Options{Registerer: reg, Device: "cpu"})
+	pts := []Point{{1, 1, 10 * ms}, {2, 1, 25 * ms}}
+	p.SetProfile("det/1", Profile{Curve: flat, Points: pts, MAPE: MAPE(flat, pts)})
+	p.Observe("det/1", 1, 20*ms)
+	base := time.Unix(1_700_000_000, 0)
+	p.ObserveArrivals("det/1", base, 0)
+	p.ObserveArrivals("det/1", base.Add(time.Second), 5)
+	p.ObserveArrivals("rec/1", base, 0)
+	want := `
+# HELP sloserve_predictor_correction Online correction factor: smoothed observed/predicted execution time.
+# TYPE sloserve_predictor_correction gauge
+sloserve_predictor_correction{device="cpu",model="det/1"} 1.1
+sloserve_predictor_correction{device="cpu",model="rec/1"} 1
+# HELP sloserve_predictor_forecast_rate Forecast arrival rate one second ahead, requests/s.
+# TYPE sloserve_predictor_forecast_rate gauge
+sloserve_predictor_forecast_rate{device="cpu",model="det/1"} 5
+sloserve_predictor_forecast_rate{device="cpu",model="rec/1"} 0
+# HELP sloserve_predictor_latency_observed_seconds Mean observed execution time over the recent executions.
+# TYPE sloserve_predictor_latency_observed_seconds gauge
+sloserve_predictor_latency_observed_seconds{device="cpu",model="det/1"} 0.02
+# HELP sloserve_predictor_latency_predicted_seconds Mean predicted execution time over the recent executions.
+# TYPE sloserve_predictor_latency_predicted_seconds gauge
+sloserve_predictor_latency_predicted_seconds{device="cpu",model="det/1"} 0.01
+# HELP sloserve_predictor_mape Mean absolute percentage error of the recent executions' predictions (0.07 is 7%).
+# TYPE sloserve_predictor_mape gauge
+sloserve_predictor_mape{device="cpu",model="det/1"} 0.5
+# HELP sloserve_predictor_observed_rate Arrival rate over the latest counter interval, requests/s.
+# TYPE sloserve_predictor_observed_rate gauge
+sloserve_predictor_observed_rate{device="cpu",model="det/1"} 5
+sloserve_predictor_observed_rate{device="cpu",model="rec/1"} 0
+# HELP sloserve_predictor_profile_mape Mean absolute percentage error of the fitted curve on its profile points.
+# TYPE sloserve_predictor_profile_mape gauge
+sloserve_predictor_profile_mape{device="cpu",model="det/1"} 0.10000000000000002
+`
+	names := []string{
+		"sloserve_predictor_correction", "sloserve_predictor_forecast_rate",
+		"sloserve_predictor_latency_observed_seconds", "sloserve_predictor_latency_predicted_seconds",
+		"sloserve_predictor_mape", "sloserve_predictor_observed_rate", "sloserve_predictor_profile_mape",
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	p.Forget("det/1")
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 3 {
+		t.Errorf("after Forget: %d series (want rec/1's 3), %v", n, err)
+	}
+	// A second predictor on the same registry is refused.
+	if _, err := New(Options{Registerer: reg, Device: "cpu"}); err == nil {
+		t.Error("duplicate registration accepted")
+	}
+}
+
+func TestConcurrent(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p := newPredictor(t, Options{Registerer: reg})
+	base := time.Unix(1_700_000_000, 0)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			name := fmt.Sprintf("m%d", g%3)
+			for i := range 500 {
+				switch i % 10 {
+				case 0:
+					p.SetProfile(name, Profile{Curve: flat})
+				case 1:
+					p.SetShare(name, float64(1+i%4)/4)
+				case 2:
+					p.SetInterference(name, float64(i%3)/2)
+				case 3:
+					p.ObserveArrivals(name, base.Add(time.Duration(i)*time.Second), uint64(i*10))
+				case 4:
+					p.ForecastRate(name, time.Second)
+				case 5:
+					p.Accuracy(name)
+				case 6:
+					if i%100 == 6 {
+						p.Forget(name)
+					}
+				case 7:
+					if _, err := reg.Gather(); err != nil {
+						t.Error(err)
+					}
+				default:
+					p.Observe(name, 1+i%8, time.Duration(1+i%7)*ms)
+					if d, ok := p.Estimate(name, 1+i%8); ok && d <= 0 {
+						t.Errorf("estimate %v", d)
+					}
+					p.Latency(name, 2, 0.5)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func BenchmarkEstimate(b *testing.B) {
+	p := newPredictor(b, Options{Registerer: prometheus.NewRegistry()})
+	for i := range 50 {
+		name := fmt.Sprintf("model-%d/1", i)
+		p.SetProfile(name, Profile{Curve: truth})
+		p.SetShare(name, 0.5)
+		p.SetInterference(name, 0.8)
+	}
+	b.Run("curve", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Estimate("model-17/1", 4)
+		}
+	})
+	p.Observe("fallback/1", 2, ms)
+	p.Observe("fallback/1", 8, 3*ms)
+	b.Run("fallback", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Estimate("fallback/1", 4)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p.Estimate("model-17/1", 4)
+			}
+		})
+	})
+}
