@@ -1,0 +1,592 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// hierarchy is one mounted cgroup hierarchy the limiter makes units in.
+// On cgroup v2 there is one, with every controller; on v1 one per
+// controller, or one for co-mounted controllers such as cpu,cpuacct.
+type hierarchy struct {
+	controllers []string // of "cpu", "cpuacct", "memory" that this hierarchy carries
+	own         string   // the server's cgroup directory in it
+	parent      string   // own/sloserve-<pid>, where the units live
+}
+
+func (h *hierarchy) has(c string) bool { return slices.Contains(h.controllers, c) }
+
+// cgroupLimiter gives every instance a cgroup under the server's own
+// cgroup, in a parent named sloserve-<server pid> (CleanupStale finds the
+// parents of dead servers by that name).
+type cgroupLimiter struct {
+	v2       bool
+	hier     []*hierarchy
+	cpus     int
+	periodUS int64
+	env      hostEnvironment
+	log      *slog.Logger
+	describe string
+
+	mu     sync.Mutex
+	units  map[string]*cgroupUnit
+	closed bool
+}
+
+var _ Limiter = (*cgroupLimiter)(nil)
+
+// cgroupUnit is one instance's cgroup: the directory name in every
+// hierarchy's parent, and its current share.
+type cgroupUnit struct {
+	name  string
+	share Share
+}
+
+// parentName is the directory under the server's cgroup that holds its
+// units.
+func parentName(pid int) string { return "sloserve-" + strconv.Itoa(pid) }
+
+// newCgroup sets up cgroup v2 if it is usable, else v1. Its error says
+// why neither is.
+func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimiter, error) {
+	b, err := env.selfCgroup()
+	if err != nil {
+		return nil, fmt.Errorf("read own cgroups: %w", err)
+	}
+	sc := parseSelfCgroup(b)
+	l := &cgroupLimiter{
+		cpus:     env.cpus(opts.Root, log),
+		periodUS: opts.Period.Microseconds(),
+		env:      env,
+		log:      log,
+		units:    map[string]*cgroupUnit{},
+	}
+	errV2 := l.setupV2(opts.Root, sc)
+	if errV2 == nil {
+		l.v2 = true
+		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs) and memory.max at %s",
+			opts.Period, l.cpus, l.hier[0].parent)
+		return l, nil
+	}
+	errV1 := l.setupV1(opts.Root, sc)
+	if errV1 == nil {
+		var dirs []string
+		for _, h := range l.hier {
+			dirs = append(dirs, h.parent)
+		}
+		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs) and memory limit at %s (v2 not used: %v)",
+			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, strings.Join(dirs, ", "), errV2)
+		return l, nil
+	}
+	return nil, fmt.Errorf("cgroup v2: %w; cgroup v1: %w", errV2, errV1)
+}
+
+func (l *cgroupLimiter) controllers() []string {
+	var cs []string
+	for _, h := range l.hier {
+		cs = append(cs, h.controllers...)
+	}
+	slices.Sort(cs)
+	return cs
+}
+
+// setupV2 makes the parent in the server's unified cgroup and enables the
+// cpu and memory controllers for it and for its children.
+func (l *cgroupLimiter) setupV2(root string, sc selfCgroups) error {
+	if !isUnified(root) {
+		return fmt.Errorf("%s is not a unified hierarchy", root)
+	}
+	own := ownDir(root, sc.unified)
+	avail, err := os.ReadFile(filepath.Join(own, "cgroup.controllers"))
+	if err != nil {
+		return err
+	}
+	have := strings.Fields(string(avail))
+	for _, c := range []string{"cpu", "memory"} {
+		if !slices.Contains(have, c) {
+			return fmt.Errorf("controller %s is not available in %s (cgroup.controllers: %q)", c, own, strings.TrimSpace(string(avail)))
+		}
+	}
+	// The server's own cgroup must pass the controllers down. Outside the
+	// root that fails with EBUSY while the cgroup holds processes (no
+	// internal processes), unless they are already enabled.
+	if err := enableControllers(own); err != nil {
+		return fmt.Errorf("cannot delegate cpu and memory below the server's cgroup: %w", err)
+	}
+	parent := filepath.Join(own, parentName(l.env.pid))
+	if err := l.env.mkdirUnit(parent); err != nil {
+		return fmt.Errorf("%s is not writable: %w", own, errnoOf(err))
+	}
+	if err := enableControllers(parent); err != nil {
+		_ = l.env.rmdir(parent)
+		return err
+	}
+	l.hier = []*hierarchy{{controllers: []string{"cpu", "memory"}, own: own, parent: parent}}
+	return nil
+}
+
+// enableControllers turns on cpu and memory for dir's children.
+func enableControllers(dir string) error {
+	file := filepath.Join(dir, "cgroup.subtree_control")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	on := strings.Fields(string(b))
+	if slices.Contains(on, "cpu") && slices.Contains(on, "memory") {
+		return nil
+	}
+	return writeFile(file, "+cpu +memory")
+}
+
+// setupV1 makes the parent in the server's cgroup of the cpu and memory
+// hierarchies, and of cpuacct when that is a separate, writable one.
+func (l *cgroupLimiter) setupV1(root string, sc selfCgroups) error {
+	byID := map[string]*hierarchy{}
+	var made []string
+	undo := func() {
+		for _, d := range slices.Backward(made) {
+			_ = l.env.rmdir(d)
+		}
+	}
+	for _, c := range []string{"cpu", "memory", "cpuacct"} {
+		optional := c == "cpuacct"
+		p, ok := sc.v1[c]
+		if !ok {
+			if optional {
+				continue
+			}
+			undo()
+			return fmt.Errorf("the %s controller is not in a v1 hierarchy (/proc/self/cgroup has no %s line)", c, c)
+		}
+		if h := byID[sc.hierarchy[c]]; h != nil {
+			h.controllers = append(h.controllers, c)
+			continue
+		}
+		mount := filepath.Join(root, c)
+		if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err != nil {
+			if optional {
+				continue
+			}
+			undo()
+			return fmt.Errorf("no %s hierarchy mounted at %s", c, mount)
+		}
+		own := ownDir(mount, p)
+		parent := filepath.Join(own, parentName(l.env.pid))
+		if err := l.env.mkdirUnit(parent); err != nil {
+			if optional {
+				l.log.Debug("cpuacct hierarchy not writable; CPU time comes from the processes instead", "dir", own, "err", err)
+				continue
+			}
+			undo()
+			return fmt.Errorf("%s is not writable: %w", own, errnoOf(err))
+		}
+		made = append(made, parent)
+		h := &hierarchy{controllers: []string{c}, own: own, parent: parent}
+		byID[sc.hierarchy[c]] = h
+		l.hier = append(l.hier, h)
+	}
+	return nil
+}
+
+// mkdirUnit makes a cgroup directory; one that exists already is fine (a
+// second limiter in the same server shares the parent).
+func (e hostEnvironment) mkdirUnit(dir string) error {
+	err := e.mkdir(dir)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	return err
+}
+
+func (l *cgroupLimiter) Kind() string {
+	if l.v2 {
+		return KindCgroupV2
+	}
+	return KindCgroupV1
+}
+
+func (l *cgroupLimiter) Describe() string { return l.describe }
+func (l *cgroupLimiter) CPUs() int        { return l.cpus }
+
+// dir is the unit's directory in h.
+func (l *cgroupLimiter) dir(h *hierarchy, u *cgroupUnit) string {
+	return filepath.Join(h.parent, u.name)
+}
+
+func (l *cgroupLimiter) Place(id string, s Share) (Placement, error) {
+	if err := validShare(s); err != nil {
+		return Placement{}, err
+	}
+	name, err := unitName(id)
+	if err != nil {
+		return Placement{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return Placement{}, errors.New("limiter: closed")
+	}
+	if _, ok := l.units[id]; ok {
+		return Placement{}, fmt.Errorf("limiter: instance %q is placed already", id)
+	}
+	u := &cgroupUnit{name: name, share: s}
+	var pl Placement
+	var made []string
+	for _, h := range l.hier {
+		d := l.dir(h, u)
+		if err := l.env.mkdirUnit(d); err != nil {
+			for _, m := range made {
+				_ = l.env.rmdir(m)
+			}
+			return Placement{}, fmt.Errorf("limiter: create cgroup for %s: %w", id, err)
+		}
+		made = append(made, d)
+		pl.JoinCgroups = append(pl.JoinCgroups, filepath.Join(d, "cgroup.procs"))
+	}
+	if err := l.apply(u, s); err != nil {
+		for _, m := range made {
+			_ = l.env.rmdir(m)
+		}
+		return Placement{}, fmt.Errorf("limiter: place %s: %w", id, err)
+	}
+	l.units[id] = u
+	pl.IntraOpThreads = ThreadsFor(s, l.cpus)
+	l.log.Debug("instance placed", "id", id, "share", s, "cgroups", pl.JoinCgroups)
+	return pl, nil
+}
+
+func (l *cgroupLimiter) Resize(id string, s Share) error {
+	if err := validShare(s); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.units[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	if err := l.apply(u, s); err != nil {
+		return fmt.Errorf("limiter: resize %s: %w", id, err)
+	}
+	l.log.Debug("instance resized", "id", id, "from", u.share, "to", s)
+	u.share = s
+	return nil
+}
+
+// quotaUS is the CFS quota for a share in microseconds per period, -1
+// for no limit. The kernel refuses quotas under 1 ms.
+func (l *cgroupLimiter) quotaUS(s Share) int64 {
+	if !s.limited() {
+		return -1
+	}
+	return max(int64(math.Round(s.Compute*float64(l.cpus)*float64(l.periodUS))), 1000)
+}
+
+// apply writes a share's limits into the unit's control files.
+func (l *cgroupLimiter) apply(u *cgroupUnit, s Share) error {
+	quota := l.quotaUS(s)
+	for _, h := range l.hier {
+		d := l.dir(h, u)
+		if l.v2 {
+			cpuMax := "max " + strconv.FormatInt(l.periodUS, 10)
+			if quota > 0 {
+				cpuMax = strconv.FormatInt(quota, 10) + " " + strconv.FormatInt(l.periodUS, 10)
+			}
+			if err := writeFile(filepath.Join(d, "cpu.max"), cpuMax); err != nil {
+				return err
+			}
+			mem := "max"
+			if s.Memory > 0 {
+				mem = strconv.FormatInt(s.Memory, 10)
+			}
+			if err := writeFile(filepath.Join(d, "memory.max"), mem); err != nil {
+				return err
+			}
+			continue
+		}
+		if h.has("cpu") {
+			// Lift the quota before changing the period, so that no
+			// moment holds the old quota over a shorter period.
+			if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), "-1"); err != nil {
+				return err
+			}
+			if err := writeFile(filepath.Join(d, "cpu.cfs_period_us"), strconv.FormatInt(l.periodUS, 10)); err != nil {
+				return err
+			}
+			if quota > 0 {
+				if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
+					return err
+				}
+			}
+		}
+		if h.has("memory") {
+			mem := "-1"
+			if s.Memory > 0 {
+				mem = strconv.FormatInt(s.Memory, 10)
+			}
+			if err := writeFile(filepath.Join(d, "memory.limit_in_bytes"), mem); err != nil {
+				if errors.Is(err, syscall.EBUSY) {
+					usage, _ := readInt(filepath.Join(d, "memory.usage_in_bytes"))
+					return fmt.Errorf("memory limit %d bytes is below what the instance uses (%d bytes) and the kernel could not reclaim enough: %w", s.Memory, usage, err)
+				}
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *cgroupLimiter) Stats(id string) (Stats, error) {
+	l.mu.Lock()
+	u, ok := l.units[id]
+	l.mu.Unlock()
+	if !ok {
+		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	var st Stats
+	var errs []error
+	if l.v2 {
+		d := l.dir(l.hier[0], u)
+		if cpu, err := readKeyed(filepath.Join(d, "cpu.stat")); err == nil {
+			st.CPUSeconds = float64(cpu["usage_usec"]) / 1e6
+			st.ThrottledSeconds = float64(cpu["throttled_usec"]) / 1e6
+		} else {
+			errs = append(errs, err)
+		}
+		cur, err := readInt(filepath.Join(d, "memory.current"))
+		errs = append(errs, err)
+		st.MemoryBytes = cur
+		if b, err := os.ReadFile(filepath.Join(d, "memory.max")); err == nil {
+			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				st.MemoryLimit = v
+			}
+		} else {
+			errs = append(errs, err)
+		}
+		if ev, err := readKeyed(filepath.Join(d, "memory.events")); err == nil {
+			st.OOMKills = uint64(ev["oom_kill"])
+		} else {
+			errs = append(errs, err)
+		}
+		return st, joinStatsErr(id, errs)
+	}
+	cpuFromAcct := false
+	var procsFile string
+	for _, h := range l.hier {
+		d := l.dir(h, u)
+		if h.has("cpuacct") {
+			ns, err := readInt(filepath.Join(d, "cpuacct.usage"))
+			errs = append(errs, err)
+			st.CPUSeconds = float64(ns) / 1e9
+			cpuFromAcct = err == nil
+		}
+		if h.has("cpu") {
+			procsFile = filepath.Join(d, "cgroup.procs")
+			if cpu, err := readKeyed(filepath.Join(d, "cpu.stat")); err == nil {
+				st.ThrottledSeconds = float64(cpu["throttled_time"]) / 1e9
+				if usec, ok := cpu["usage_usec"]; ok && !cpuFromAcct {
+					st.CPUSeconds = float64(usec) / 1e6
+					cpuFromAcct = true
+				}
+			} else {
+				errs = append(errs, err)
+			}
+		}
+		if h.has("memory") {
+			cur, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
+			errs = append(errs, err)
+			st.MemoryBytes = cur
+			lim, err := readInt(filepath.Join(d, "memory.limit_in_bytes"))
+			errs = append(errs, err)
+			// "No limit" reads back as the largest page-aligned int64.
+			if lim > 0 && lim < math.MaxInt64/2 {
+				st.MemoryLimit = lim
+			}
+			if oc, err := readKeyed(filepath.Join(d, "memory.oom_control")); err == nil {
+				st.OOMKills = uint64(oc["oom_kill"])
+			} else {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if !cpuFromAcct && procsFile != "" {
+		// No cpuacct: add up the CPU time of the processes in the unit.
+		// Processes that have exited are not counted.
+		pids, err := readPids(procsFile)
+		errs = append(errs, err)
+		for _, pid := range pids {
+			if s, err := processCPU(pid); err == nil {
+				st.CPUSeconds += s
+			}
+		}
+	}
+	return st, joinStatsErr(id, errs)
+}
+
+func joinStatsErr(id string, errs []error) error {
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("limiter: stats of %s: %w", id, err)
+	}
+	return nil
+}
+
+// processCPU is a process's user plus system time from /proc, in seconds.
+func processCPU(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("no command name")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, errors.New("short stat")
+	}
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("bad utime or stime")
+	}
+	// USER_HZ is 100 on every Linux this runs on.
+	return (ut + st) / 100, nil
+}
+
+func (l *cgroupLimiter) Release(id string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.units[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	if err := l.release(u); err != nil {
+		return fmt.Errorf("limiter: release %s: %w", id, err)
+	}
+	delete(l.units, id)
+	l.log.Debug("instance released", "id", id)
+	return nil
+}
+
+// release removes the unit's directories. The runner has stopped, so
+// they should be empty; anything left is moved back to the server's
+// cgroup (killed if that fails) before the directory goes.
+func (l *cgroupLimiter) release(u *cgroupUnit) error {
+	var errs []error
+	for _, h := range l.hier {
+		d := l.dir(h, u)
+		evict := func(pid int) error {
+			if err := writeFile(filepath.Join(h.own, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+				l.log.Warn("process left in a released cgroup could not be moved out; killing it", "pid", pid, "cgroup", d, "err", err)
+				return l.env.kill(pid)
+			}
+			l.log.Warn("process left in a released cgroup; moved it back to the server's cgroup", "pid", pid, "cgroup", d)
+			return nil
+		}
+		errs = append(errs, removeCgroup(d, evict, l.env.rmdir, time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroup removes a cgroup directory and the cgroups below it. Each
+// process still in one is passed to evict; rmdir is retried until wait
+// has passed, since a killed process leaves its cgroup only once it has
+// exited. A directory that is gone already is fine.
+func removeCgroup(dir string, evict func(pid int) error, rmdir func(string) error, wait time.Duration) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			errs = append(errs, removeCgroup(filepath.Join(dir, e.Name()), evict, rmdir, wait))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	pids, err := readPids(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		if err := evict(pid); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("process %d in %s: %w", pid, dir, err)
+		}
+	}
+	deadline := time.Now().Add(wait)
+	delay := 5 * time.Millisecond
+	for {
+		err := rmdir(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if pids, _ := readPids(filepath.Join(dir, "cgroup.procs")); len(pids) > 0 {
+				return fmt.Errorf("remove %s: processes %v are still in it: %w", dir, pids, err)
+			}
+			return err
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+func (l *cgroupLimiter) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	var errs []error
+	for id, u := range l.units {
+		if err := l.release(u); err != nil {
+			errs = append(errs, fmt.Errorf("release %s: %w", id, err))
+			continue
+		}
+		delete(l.units, id)
+	}
+	for _, h := range l.hier {
+		err := l.env.rmdir(h.parent)
+		switch {
+		case err == nil, errors.Is(err, os.ErrNotExist):
+		case hasSubdirs(h.parent) && len(errs) == 0:
+			// Another limiter of this server still has units here; the
+			// last one to close removes the parent.
+			l.log.Debug("parent cgroup still in use", "dir", h.parent)
+		default:
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("limiter: close: %w", err)
+	}
+	return nil
+}
+
+func hasSubdirs(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			return true
+		}
+	}
+	return false
+}

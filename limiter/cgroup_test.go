@@ -1,0 +1,293 @@
+package limiter
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestCgroupV1Files(t *testing.T) {
+	f := newFakeV1(t)
+	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Kind() != KindCgroupV1 || l.CPUs() != 4 {
+		t.Fatalf("kind %s, %d CPUs; want cgroup-v1 on 4", l.Kind(), l.CPUs())
+	}
+	cpuParent := filepath.Join(f.root, "cpu", "sloserve-4242")
+	acctParent := filepath.Join(f.root, "cpuacct", "sloserve-4242")
+	memParent := filepath.Join(f.root, "memory", "process_api", "abc", "sloserve-4242")
+	for _, want := range []string{"cgroup v1 cpu+cpuacct+memory", cpuParent, acctParent, memParent, "period 10ms", "not a unified hierarchy"} {
+		if !strings.Contains(l.Describe(), want) {
+			t.Errorf("Describe() = %q, want it to mention %q", l.Describe(), want)
+		}
+	}
+
+	const id = "ocr-det/1#0"
+	pl, err := l.Place(id, Share{Compute: 0.25, Memory: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, _ := unitName(id)
+	cpu, acct, mem := filepath.Join(cpuParent, name), filepath.Join(acctParent, name), filepath.Join(memParent, name)
+	wantJoin := []string{filepath.Join(cpu, "cgroup.procs"), filepath.Join(mem, "cgroup.procs"), filepath.Join(acct, "cgroup.procs")}
+	if !slices.Equal(pl.JoinCgroups, wantJoin) || pl.IntraOpThreads != 1 || pl.Env != nil || pl.GPUMemLimit != 0 {
+		t.Errorf("placement %+v, want joins %q and 1 thread", pl, wantJoin)
+	}
+	// A quarter of 4 CPUs is one CPU: 10 ms of every 10 ms period.
+	fileHas(t, filepath.Join(cpu, "cpu.cfs_period_us"), "10000")
+	fileHas(t, filepath.Join(cpu, "cpu.cfs_quota_us"), "10000")
+	fileHas(t, filepath.Join(mem, "memory.limit_in_bytes"), "67108864")
+
+	for _, tc := range []struct {
+		share        Share
+		quota, limit string
+	}{
+		{Share{Compute: 0.5}, "20000", "-1"},
+		{Share{Compute: 1, Memory: 1 << 30}, "-1", "1073741824"},
+		{Share{Compute: 0.0001}, "1000", "-1"}, // the kernel's minimum
+		{Share{}, "-1", "-1"},
+		{Share{Compute: 0.125, Memory: 4096}, "5000", "4096"},
+	} {
+		if err := l.Resize(id, tc.share); err != nil {
+			t.Fatalf("Resize(%+v): %v", tc.share, err)
+		}
+		fileHas(t, filepath.Join(cpu, "cpu.cfs_quota_us"), tc.quota)
+		fileHas(t, filepath.Join(mem, "memory.limit_in_bytes"), tc.limit)
+	}
+	if err := l.Resize(id, Share{Compute: -1}); err == nil {
+		t.Error("negative share accepted")
+	}
+
+	// What the kernel would report.
+	mustWrite(t, filepath.Join(acct, "cpuacct.usage"), "1500000000\n")
+	mustWrite(t, filepath.Join(cpu, "cpu.stat"), "nr_periods 40\nnr_throttled 30\nthrottled_time 250000000\nnr_bursts 0\nburst_time 0\n")
+	mustWrite(t, filepath.Join(mem, "memory.usage_in_bytes"), "1048576\n")
+	mustWrite(t, filepath.Join(mem, "memory.limit_in_bytes"), "67108864\n")
+	mustWrite(t, filepath.Join(mem, "memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+	st, err := l.Stats(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Stats{CPUSeconds: 1.5, ThrottledSeconds: 0.25, MemoryBytes: 1 << 20, MemoryLimit: 64 << 20, OOMKills: 2}); st != want {
+		t.Errorf("Stats = %+v, want %+v", st, want)
+	}
+	mustWrite(t, filepath.Join(mem, "memory.limit_in_bytes"), "9223372036854771712\n")
+	if st, _ := l.Stats(id); st.MemoryLimit != 0 {
+		t.Errorf("unlimited memory reads as limit %d, want 0", st.MemoryLimit)
+	}
+
+	if _, err := l.Place(id, Share{}); err == nil {
+		t.Error("second Place of one id accepted")
+	}
+	if err := l.Release(id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cpu, acct, mem} {
+		if exists(d) {
+			t.Errorf("%s still exists after Release", d)
+		}
+	}
+	if err := l.Release(id); !errors.Is(err, ErrUnknownInstance) {
+		t.Errorf("second Release = %v, want ErrUnknownInstance", err)
+	}
+	if _, err := l.Stats(id); !errors.Is(err, ErrUnknownInstance) {
+		t.Errorf("Stats after Release = %v, want ErrUnknownInstance", err)
+	}
+	if err := l.Resize("never", Share{}); !errors.Is(err, ErrUnknownInstance) {
+		t.Errorf("Resize of an unknown id = %v, want ErrUnknownInstance", err)
+	}
+
+	// Close removes what is left and the parents.
+	if _, err := l.Place("a", Share{Compute: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Place("b", Share{Memory: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cpuParent, acctParent, memParent} {
+		if exists(d) {
+			t.Errorf("%s still exists after Close", d)
+		}
+	}
+	if _, err := l.Place("c", Share{}); err == nil {
+		t.Error("Place after Close accepted")
+	}
+}
+
+// Without cpuacct, CPU time is the sum over the unit's processes.
+func TestCgroupV1WithoutCPUAcct(t *testing.T) {
+	f := newFakeV1(t)
+	f.self = "4:memory:/process_api/abc\n1:cpu:/\n"
+	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pl, err := l.Place("x", Share{Compute: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pl.JoinCgroups) != 2 {
+		t.Errorf("joins %q, want cpu and memory", pl.JoinCgroups)
+	}
+	// This test process stands in for the runner.
+	mustWrite(t, pl.JoinCgroups[0], strconv.Itoa(os.Getpid())+"\n")
+	st, err := l.Stats("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CPUSeconds <= 0 {
+		t.Errorf("CPU seconds from /proc = %v, want > 0", st.CPUSeconds)
+	}
+	// The fake process must leave before Close can remove the unit.
+	mustWrite(t, pl.JoinCgroups[0], "")
+}
+
+func TestCgroupV2Files(t *testing.T) {
+	f := newFakeV2(t)
+	l, err := newLimiter(Options{Backend: BackendAuto, Root: f.root, Period: 20 * time.Millisecond, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server's own cgroup has 1.5 CPUs of quota: 2 usable CPUs.
+	if l.Kind() != KindCgroupV2 || l.CPUs() != 2 {
+		t.Fatalf("kind %s, %d CPUs; want cgroup-v2 on 2 (%s)", l.Kind(), l.CPUs(), l.Describe())
+	}
+	parent := filepath.Join(f.root, "server", "sloserve-4242")
+	if !strings.Contains(l.Describe(), parent) {
+		t.Errorf("Describe() = %q, want the parent %s", l.Describe(), parent)
+	}
+	fileHas(t, filepath.Join(f.root, "server", "cgroup.subtree_control"), "+cpu +memory")
+	fileHas(t, filepath.Join(parent, "cgroup.subtree_control"), "+cpu +memory")
+
+	pl, err := l.Place("m", Share{Compute: 0.25, Memory: 128 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := filepath.Join(parent, "m")
+	if want := []string{filepath.Join(unit, "cgroup.procs")}; !slices.Equal(pl.JoinCgroups, want) || pl.IntraOpThreads != 1 {
+		t.Errorf("placement %+v, want joins %q and 1 thread", pl, want)
+	}
+	// A quarter of 2 CPUs: 10 ms of every 20 ms period.
+	fileHas(t, filepath.Join(unit, "cpu.max"), "10000 20000")
+	fileHas(t, filepath.Join(unit, "memory.max"), "134217728")
+	if err := l.Resize("m", Share{Compute: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fileHas(t, filepath.Join(unit, "cpu.max"), "max 20000")
+	fileHas(t, filepath.Join(unit, "memory.max"), "max")
+	if err := l.Resize("m", Share{Compute: 0.75, Memory: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	fileHas(t, filepath.Join(unit, "cpu.max"), "30000 20000")
+	fileHas(t, filepath.Join(unit, "memory.max"), "1073741824")
+
+	mustWrite(t, filepath.Join(unit, "cpu.stat"), "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 9\nnr_throttled 4\nthrottled_usec 500000\n")
+	mustWrite(t, filepath.Join(unit, "memory.current"), "4096\n")
+	mustWrite(t, filepath.Join(unit, "memory.events"), "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+	st, err := l.Stats("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Stats{CPUSeconds: 2.5, ThrottledSeconds: 0.5, MemoryBytes: 4096, MemoryLimit: 1 << 30, OOMKills: 1}); st != want {
+		t.Errorf("Stats = %+v, want %+v", st, want)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(parent) {
+		t.Errorf("%s still exists after Close", parent)
+	}
+}
+
+// Where cgroups cannot be used, auto falls back to none and says why;
+// backend cgroup fails with the same reason.
+func TestCgroupUnusable(t *testing.T) {
+	f := newFakeV1(t)
+	env := f.env()
+	env.mkdir = func(dir string) error { return &os.PathError{Op: "mkdir", Path: dir, Err: syscall.EACCES} }
+	l, err := newLimiter(Options{Root: f.root, Logger: testLogger(t)}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	want := filepath.Join(f.root, "cpu") + " is not writable: permission denied"
+	if l.Kind() != KindNone || !strings.HasPrefix(l.Describe(), "none: ") || !strings.Contains(l.Describe(), want) {
+		t.Errorf("kind %s, Describe() = %q; want none saying %q", l.Kind(), l.Describe(), want)
+	}
+	if pl, err := l.Place("x", Share{Compute: 0.5}); err != nil || pl.IntraOpThreads != 2 || pl.JoinCgroups != nil {
+		t.Errorf("none placement = %+v, %v; want 2 threads of 4 CPUs", pl, err)
+	}
+	if _, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, env); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("backend cgroup error = %v, want it to say %q", err, want)
+	}
+
+	f = newFakeV1(t)
+	f.self = "1:cpu:/\n"
+	if _, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env()); err == nil || !strings.Contains(err.Error(), "memory controller") {
+		t.Errorf("no memory hierarchy: error = %v", err)
+	}
+	// Nothing is left behind by the failed attempt.
+	if exists(filepath.Join(f.root, "cpu", "sloserve-4242")) {
+		t.Error("failed setup left its cpu parent")
+	}
+}
+
+func TestCleanupStaleFake(t *testing.T) {
+	f := newFakeV1(t)
+	f.alivePid[555] = true
+	env := f.env()
+	mem := filepath.Join(f.root, "memory", "process_api", "abc")
+	// A dead server (pid 999) left units in all three hierarchies, one
+	// with a process still in it.
+	for _, d := range []string{
+		filepath.Join(f.root, "cpu", "sloserve-999"), filepath.Join(f.root, "cpu", "sloserve-999", "u1"),
+		filepath.Join(f.root, "cpuacct", "sloserve-999"),
+		filepath.Join(mem, "sloserve-999"), filepath.Join(mem, "sloserve-999", "u1"),
+		// Kept: this server, a live one, names that are not ours, and a
+		// directory outside the server's own memory cgroup.
+		filepath.Join(f.root, "cpu", "sloserve-4242"),
+		filepath.Join(f.root, "cpu", "sloserve-555"),
+		filepath.Join(f.root, "cpu", "sloserve-abc"),
+		filepath.Join(f.root, "cpu", "other-999"),
+		filepath.Join(f.root, "memory", "sloserve-998"),
+	} {
+		if err := env.mkdir(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustWrite(t, filepath.Join(f.root, "cpu", "sloserve-999", "u1", "cgroup.procs"), "31337\n")
+	mustWrite(t, filepath.Join(mem, "sloserve-999", "u1", "cgroup.procs"), "31337\n")
+
+	n, err := cleanupStale(f.root, env, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Errorf("removed %d, want 3 (cpu, cpuacct, memory of pid 999)", n)
+	}
+	if got := sortedInts(f.killed); !slices.Equal(got, []int{31337}) {
+		t.Errorf("killed %v, want [31337]", got)
+	}
+	for _, d := range []string{filepath.Join(f.root, "cpu", "sloserve-999"), filepath.Join(f.root, "cpuacct", "sloserve-999"), filepath.Join(mem, "sloserve-999")} {
+		if exists(d) {
+			t.Errorf("stale %s kept", d)
+		}
+	}
+	for _, d := range []string{"cpu/sloserve-4242", "cpu/sloserve-555", "cpu/sloserve-abc", "cpu/other-999", "memory/sloserve-998"} {
+		if !exists(filepath.Join(f.root, d)) {
+			t.Errorf("%s removed, want it kept", d)
+		}
+	}
+}

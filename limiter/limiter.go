@@ -1,0 +1,246 @@
+// Package limiter enforces a model instance's share of a device on real
+// resources: a cgroup per runner process on CPU (v2 cpu.max and memory.max,
+// or v1 CFS quota and memory limit), MPS client limits and ONNX Runtime
+// arena settings on GPU, and nothing but a thread count where neither is
+// available. NVML telemetry (Telemetry) reports what GPUs are doing.
+//
+// A backend makes one unit per runner start (Place), changes its share
+// while it runs where the mechanism allows (Resize), and removes it when
+// the runner is gone (Release). The runner joins its unit itself, before it
+// loads the model, through the Placement it is started with.
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Placement is how a runner process must start to run under a share.
+type Placement struct {
+	// JoinCgroups are cgroup.procs files the runner writes its own pid to
+	// before it loads the model (runtime.RunnerConfig.JoinCgroups).
+	JoinCgroups []string
+	// Env is extra environment, "KEY=value" (MPS).
+	Env []string
+	// IntraOpThreads is the intra-op thread count that suits the share; 0
+	// leaves the configured value.
+	IntraOpThreads int
+	// GPUMemLimit is the ORT CUDA provider's gpu_mem_limit; 0 = none.
+	GPUMemLimit int64
+	// ArenaExtendStrategy is "" or runtime.ArenaSameAsRequested (MPS).
+	ArenaExtendStrategy string
+}
+
+// Stats is what a backend can read back about one instance.
+type Stats struct {
+	CPUSeconds       float64 // CPU time used by the instance's cgroup
+	ThrottledSeconds float64 // time throttled by the quota
+	MemoryBytes      int64   // current memory usage
+	MemoryLimit      int64   // enforced limit, 0 = none
+	OOMKills         uint64  // processes killed for exceeding the memory limit
+}
+
+var (
+	// ErrRestartRequired means Resize cannot change a running instance
+	// (MPS): start a new runner with a new Placement.
+	ErrRestartRequired = errors.New("limiter: the share of a running instance cannot change; start a new runner with a new placement")
+	// ErrUnknownInstance means the id was never placed or was released.
+	ErrUnknownInstance = errors.New("limiter: unknown instance")
+)
+
+// Backend kinds, as Kind reports them.
+const (
+	KindCgroupV2 = "cgroup-v2"
+	KindCgroupV1 = "cgroup-v1"
+	KindMPS      = "mps"
+	KindNone     = "none"
+)
+
+// Limiter enforces shares for the instances of one device.
+type Limiter interface {
+	// Kind is "cgroup-v2", "cgroup-v1", "mps" or "none".
+	Kind() string
+	// Describe is one line for the API and logs: what is enforced, where,
+	// and why this backend was chosen.
+	Describe() string
+	// CPUs is the number of compute units a share is a fraction of: the
+	// usable CPUs for the CPU device, 1 for a GPU.
+	CPUs() int
+	// Place creates the instance's unit at a share. id is unique per runner
+	// start.
+	Place(id string, s Share) (Placement, error)
+	// Resize changes the share live; ErrRestartRequired when impossible.
+	Resize(id string, s Share) error
+	// Release removes the unit once its runner has stopped.
+	Release(id string) error
+	// Stats reads back the instance's usage.
+	Stats(id string) (Stats, error)
+	// Close releases every unit this limiter made, and their parent.
+	Close() error
+}
+
+// ProcessTracker is implemented by backends that account by process
+// rather than by cgroup (mps): the caller reports each runner process of
+// an instance once it has started, so that Stats can find its usage.
+type ProcessTracker interface {
+	Track(id string, pid int) error
+}
+
+// Backends Options.Backend selects.
+const (
+	BackendAuto   = "auto"
+	BackendCgroup = "cgroup"
+	BackendMPS    = "mps"
+	BackendNone   = "none"
+)
+
+// DefaultRoot is where the cgroup filesystem is mounted.
+const DefaultRoot = "/sys/fs/cgroup"
+
+// DefaultPeriod is the CFS period. A quota is handed out per period: with
+// 100 ms (the kernel's default) a quarter-core instance may run flat out
+// for 25 ms and then stall for 75, so a request's latency depends on where
+// in the period it lands. 10 ms periods keep the stalls short and latency
+// smooth at a small cost in scheduler overhead.
+const DefaultPeriod = 10 * time.Millisecond
+
+// Options configures New.
+type Options struct {
+	Backend string        // "auto" (default), "cgroup", "mps", "none"
+	Device  string        // "cpu" (default) or "cuda:N"
+	Root    string        // cgroup filesystem root; default DefaultRoot
+	Period  time.Duration // CFS period; default DefaultPeriod
+	Logger  *slog.Logger  // default slog.Default()
+	// Telemetry feeds the mps backend's Stats; default NewTelemetry.
+	Telemetry Telemetry
+}
+
+// device is a parsed Options.Device.
+type device struct {
+	gpu   bool
+	index int
+}
+
+func (d device) String() string {
+	if d.gpu {
+		return "cuda:" + strconv.Itoa(d.index)
+	}
+	return "cpu"
+}
+
+func parseDevice(s string) (device, error) {
+	switch {
+	case s == "" || s == "cpu":
+		return device{}, nil
+	case strings.HasPrefix(s, "cuda:"):
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "cuda:"))
+		if err != nil || n < 0 {
+			return device{}, fmt.Errorf("limiter: device %q: want cuda:N with N >= 0", s)
+		}
+		return device{gpu: true, index: n}, nil
+	}
+	return device{}, fmt.Errorf("limiter: device %q: want cpu or cuda:N", s)
+}
+
+// New picks and starts a backend. For "cpu" with "auto": cgroup v2 if the
+// root is a unified hierarchy whose cpu and memory controllers the server
+// can use, else cgroup v1 if the cpu and memory hierarchies are writable,
+// else none (Describe says why). For "cuda:N" with "auto": mps. Backend
+// "cgroup" fails with an error that says why cgroups are not usable;
+// "none" never enforces anything. New first removes units left by servers
+// that died without Close (CleanupStale).
+func New(opts Options) (Limiter, error) {
+	return newLimiter(opts, hostEnv())
+}
+
+func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Root == "" {
+		opts.Root = DefaultRoot
+	}
+	if opts.Period <= 0 {
+		opts.Period = DefaultPeriod
+	}
+	if opts.Period < time.Millisecond || opts.Period > time.Second {
+		return nil, fmt.Errorf("limiter: CFS period %s is outside 1ms..1s", opts.Period)
+	}
+	if opts.Backend == "" {
+		opts.Backend = BackendAuto
+	}
+	dev, err := parseDevice(opts.Device)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger.With("component", "limiter", "device", dev.String())
+
+	switch opts.Backend {
+	case BackendNone:
+		return newNone(dev, env.cpus(opts.Root, log), "backend none requested"), nil
+	case BackendMPS:
+		if !dev.gpu {
+			return nil, fmt.Errorf("limiter: backend mps needs a cuda:N device, not %s", dev)
+		}
+		return newMPS(dev, opts.Telemetry, log), nil
+	case BackendCgroup, BackendAuto:
+	default:
+		return nil, fmt.Errorf("limiter: unknown backend %q (want auto, cgroup, mps or none)", opts.Backend)
+	}
+	if dev.gpu {
+		if opts.Backend == BackendCgroup {
+			return nil, fmt.Errorf("limiter: backend cgroup limits CPU shares; device %s needs mps or none", dev)
+		}
+		return newMPS(dev, opts.Telemetry, log), nil
+	}
+
+	if n, err := cleanupStale(opts.Root, env, log); err != nil {
+		log.Warn("removing stale cgroups", "removed", n, "err", err)
+	} else if n > 0 {
+		log.Info("removed cgroups of servers that died without cleaning up", "removed", n)
+	}
+	l, err := newCgroup(opts, env, log)
+	if err == nil {
+		log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
+		return l, nil
+	}
+	if opts.Backend == BackendCgroup {
+		return nil, fmt.Errorf("limiter: cgroups are not usable: %w", err)
+	}
+	none := newNone(dev, env.cpus(opts.Root, log), err.Error())
+	log.Warn("no cgroups; compute shares only set thread counts", "describe", none.Describe())
+	return none, nil
+}
+
+// unitName turns an instance id into a directory name: safe characters
+// are kept, others become '_', and a hash of the id keeps two ids that
+// differ only in unsafe characters apart.
+func unitName(id string) (string, error) {
+	if id == "" {
+		return "", errors.New("limiter: empty instance id")
+	}
+	var b strings.Builder
+	for _, r := range id {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	name := b.String()
+	if len(name) > 64 {
+		name = name[:64]
+	}
+	if name != id || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "cgroup.") || strings.HasPrefix(name, "sloserve-") {
+		h := fnv.New32a()
+		h.Write([]byte(id))
+		name = fmt.Sprintf("i%s-%08x", name, h.Sum32())
+	}
+	return name, nil
+}

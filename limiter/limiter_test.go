@@ -1,0 +1,212 @@
+package limiter
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+func TestThreadsFor(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		share   Share
+		cpus    int
+		threads int
+	}{
+		{"no limit", Share{}, 2, 2},
+		{"whole device", Share{Compute: 1}, 8, 8},
+		{"more than the device", Share{Compute: 1.5}, 4, 4},
+		{"half a core of two", Share{Compute: 0.25}, 2, 1},
+		{"one core of two", Share{Compute: 0.5}, 2, 1},
+		{"just over one core", Share{Compute: 0.5001}, 2, 2},
+		{"2.4 cores of 8", Share{Compute: 0.3}, 8, 3},
+		{"tiny", Share{Compute: 0.001}, 8, 1},
+		{"almost all", Share{Compute: 0.999}, 4, 4},
+		{"no CPUs reported", Share{Compute: 0.5}, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ThreadsFor(tc.share, tc.cpus); got != tc.threads {
+				t.Errorf("ThreadsFor(%v, %d) = %d, want %d", tc.share.Compute, tc.cpus, got, tc.threads)
+			}
+		})
+	}
+}
+
+func TestUnitName(t *testing.T) {
+	seen := map[string]string{}
+	for _, id := range []string{"plain-1.x_2", "ocr-det/1#0", "ocr-det_1_0", "..", ".hidden", "cgroup.procs", "sloserve-12", strings.Repeat("a", 300), "ü"} {
+		name, err := unitName(id)
+		if err != nil {
+			t.Fatalf("unitName(%q): %v", id, err)
+		}
+		if len(name) > 80 || strings.ContainsAny(name, "/#\x00") || strings.HasPrefix(name, ".") ||
+			strings.HasPrefix(name, "cgroup.") || strings.HasPrefix(name, "sloserve-") {
+			t.Errorf("unitName(%q) = %q is not a safe unit directory name", id, name)
+		}
+		if other, ok := seen[name]; ok {
+			t.Errorf("ids %q and %q share the directory %q", id, other, name)
+		}
+		seen[name] = id
+	}
+	if name, _ := unitName("plain-1.x_2"); name != "plain-1.x_2" {
+		t.Errorf("a safe id became %q", name)
+	}
+	if _, err := unitName(""); err == nil {
+		t.Error("empty id accepted")
+	}
+}
+
+func TestNewOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string // error substring
+	}{
+		{"unknown backend", Options{Backend: "quota"}, `unknown backend "quota"`},
+		{"bad device", Options{Device: "gpu0"}, `device "gpu0"`},
+		{"bad cuda index", Options{Device: "cuda:x"}, "cuda:N"},
+		{"mps on cpu", Options{Backend: BackendMPS}, "needs a cuda:N device"},
+		{"cgroup on gpu", Options{Backend: BackendCgroup, Device: "cuda:0"}, "needs mps or none"},
+		{"period too long", Options{Period: 2e9}, "outside 1ms..1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opts.Logger = testLogger(t)
+			if l, err := New(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				if l != nil {
+					l.Close()
+				}
+				t.Errorf("New(%+v) = %v, want an error with %q", tc.opts, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNone(t *testing.T) {
+	f := newFakeV1(t)
+	l, err := newLimiter(Options{Backend: BackendNone, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Kind() != KindNone || l.CPUs() != 4 || l.Describe() != "none: backend none requested; compute shares set intra-op threads of 4 CPUs only" {
+		t.Errorf("kind %s, %d CPUs, %q", l.Kind(), l.CPUs(), l.Describe())
+	}
+	pl, err := l.Place("a", Share{Compute: 0.25, Memory: 1 << 20})
+	if err != nil || pl.IntraOpThreads != 1 || pl.JoinCgroups != nil || pl.Env != nil || pl.GPUMemLimit != 0 {
+		t.Errorf("Place = %+v, %v; want only 1 intra-op thread", pl, err)
+	}
+	if pl, _ := l.Place("b", Share{}); pl.IntraOpThreads != 4 {
+		t.Errorf("unlimited placement has %d threads, want 4", pl.IntraOpThreads)
+	}
+	if err := l.Resize("a", Share{Compute: 0.75}); err != nil {
+		t.Errorf("Resize = %v", err)
+	}
+	if st, err := l.Stats("a"); err != nil || st != (Stats{}) {
+		t.Errorf("Stats = %+v, %v; want zeros", st, err)
+	}
+	if err := l.Release("a"); err != nil {
+		t.Error(err)
+	}
+	for _, err := range []error{l.Release("a"), l.Resize("a", Share{})} {
+		if !errors.Is(err, ErrUnknownInstance) {
+			t.Errorf("after Release: %v, want ErrUnknownInstance", err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestMPS(t *testing.T) {
+	server := dgxa100.New()
+	dev1 := server.Devices[1].(*dgxa100.Device)
+	dev1.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 4100, UsedGpuMemory: 700 << 20}, {Pid: 4200, UsedGpuMemory: 3 << 30}}, nvml.SUCCESS
+	}
+	tel, err := newNVMLTelemetry(server, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Close()
+
+	l, err := New(Options{Device: "cuda:1", Telemetry: tel, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.Kind() != KindMPS || l.CPUs() != 1 || !strings.Contains(l.Describe(), "cuda:1") {
+		t.Errorf("kind %s, %d CPUs, %q", l.Kind(), l.CPUs(), l.Describe())
+	}
+	for _, tc := range []struct {
+		name  string
+		share Share
+		env   []string
+	}{
+		{"share and memory", Share{Compute: 0.3, Memory: 1536 << 20}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M"}},
+		{"rounds up to a MiB", Share{Compute: 0.666, Memory: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=67", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1M"}},
+		{"at least one percent", Share{Compute: 0.001}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1"}},
+		{"no limit", Share{}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}},
+		{"whole GPU", Share{Compute: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, err := l.Place(tc.name, tc.share)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(pl.Env, tc.env) || pl.GPUMemLimit != tc.share.Memory ||
+				pl.ArenaExtendStrategy != runtime.ArenaSameAsRequested || pl.IntraOpThreads != 0 || pl.JoinCgroups != nil {
+				t.Errorf("placement %+v, want env %q and gpu_mem_limit %d", pl, tc.env, tc.share.Memory)
+			}
+			// The arena strategy is one the runner's provider options accept.
+			if err := (runtime.ProviderOptions{Kind: runtime.ProviderCUDA, GPUMemLimit: pl.GPUMemLimit, ArenaExtendStrategy: pl.ArenaExtendStrategy}).Validate(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+
+	id := "share and memory"
+	if err := l.Resize(id, Share{Compute: 0.3, Memory: 1536 << 20}); err != nil {
+		t.Errorf("Resize to the same share = %v, want nil", err)
+	}
+	if err := l.Resize(id, Share{Compute: 0.5, Memory: 1536 << 20}); !errors.Is(err, ErrRestartRequired) {
+		t.Errorf("Resize to a new share = %v, want ErrRestartRequired", err)
+	}
+	st, err := l.Stats(id)
+	if err != nil || st != (Stats{MemoryLimit: 1536 << 20}) {
+		t.Errorf("Stats before Track = %+v, %v", st, err)
+	}
+	if err := l.(ProcessTracker).Track(id, 4200); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.Stats(id); err != nil || st.MemoryBytes != 3<<30 || st.MemoryLimit != 1536<<20 {
+		t.Errorf("Stats = %+v, %v; want 3 GiB used of a 1.5 GiB limit (from the mock)", st, err)
+	}
+	if err := l.Release(id); err != nil {
+		t.Error(err)
+	}
+	if _, err := l.Stats(id); !errors.Is(err, ErrUnknownInstance) {
+		t.Errorf("Stats after Release = %v", err)
+	}
+}
+
+// On a machine without a driver, the mps backend still places (the
+// runner fails later, on CUDA), and its Stats say there is no driver.
+func TestMPSWithoutDriver(t *testing.T) {
+	l, err := New(Options{Backend: BackendMPS, Device: "cuda:0", Telemetry: nullTelemetry{}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Place("x", Share{Compute: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	l.(ProcessTracker).Track("x", 1)
+	if _, err := l.Stats("x"); !errors.Is(err, ErrNoDriver) {
+		t.Errorf("Stats = %v, want ErrNoDriver", err)
+	}
+}

@@ -1,0 +1,169 @@
+package limiter
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// mpsLimiter shares a GPU through CUDA MPS: a runner starts as an MPS
+// client with an active-thread percentage and a pinned device memory
+// limit, and ONNX Runtime's CUDA arena is capped to the same memory and
+// grows only by what is asked. None of that can change in a running
+// client, so Resize asks for a new runner.
+type mpsLimiter struct {
+	dev       device
+	telemetry Telemetry
+	ownsTelem bool
+	log       *slog.Logger
+
+	mu    sync.Mutex
+	units map[string]*mpsUnit
+}
+
+type mpsUnit struct {
+	share Share
+	pid   int // 0 until Track
+}
+
+var (
+	_ Limiter        = (*mpsLimiter)(nil)
+	_ ProcessTracker = (*mpsLimiter)(nil)
+)
+
+func newMPS(dev device, t Telemetry, log *slog.Logger) *mpsLimiter {
+	l := &mpsLimiter{dev: dev, telemetry: t, log: log, units: map[string]*mpsUnit{}}
+	if t == nil {
+		l.telemetry = NewTelemetry(log)
+		l.ownsTelem = true
+	}
+	return l
+}
+
+func (l *mpsLimiter) Kind() string { return KindMPS }
+
+func (l *mpsLimiter) Describe() string {
+	return fmt.Sprintf("mps on %s: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per runner, ONNX Runtime gpu_mem_limit with arena %s; a resize restarts the runner", l.dev, runtime.ArenaSameAsRequested)
+}
+
+func (l *mpsLimiter) CPUs() int { return 1 }
+
+// mpsPercentage is the active thread percentage for a share: no limit is
+// 100, set explicitly so that a value in the server's own environment
+// does not leak into the runner.
+func mpsPercentage(s Share) int {
+	if !s.limited() {
+		return 100
+	}
+	return min(max(int(math.Round(s.Compute*100)), 1), 100)
+}
+
+// Placement for a share: the MPS client environment and the matching
+// ONNX Runtime CUDA options.
+func (l *mpsLimiter) placement(s Share) Placement {
+	p := Placement{Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(mpsPercentage(s))}}
+	if s.Memory > 0 {
+		mib := (s.Memory + 1<<20 - 1) >> 20 // never below what was asked
+		p.Env = append(p.Env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", l.dev.index, mib))
+		p.GPUMemLimit = s.Memory
+	}
+	p.ArenaExtendStrategy = runtime.ArenaSameAsRequested
+	return p
+}
+
+func (l *mpsLimiter) Place(id string, s Share) (Placement, error) {
+	if err := validShare(s); err != nil {
+		return Placement{}, err
+	}
+	if id == "" {
+		return Placement{}, fmt.Errorf("limiter: empty instance id")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.units[id]; ok {
+		return Placement{}, fmt.Errorf("limiter: instance %q is placed already", id)
+	}
+	l.units[id] = &mpsUnit{share: s}
+	return l.placement(s), nil
+}
+
+// Resize accepts only the share the instance has: an MPS client's limits
+// are fixed when it starts.
+func (l *mpsLimiter) Resize(id string, s Share) error {
+	if err := validShare(s); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.units[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	if u.share == s {
+		return nil
+	}
+	return fmt.Errorf("resize %s from %v to %v: %w", id, u.share, s, ErrRestartRequired)
+}
+
+// Track records the runner process of an instance, for Stats.
+func (l *mpsLimiter) Track(id string, pid int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u, ok := l.units[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	u.pid = pid
+	return nil
+}
+
+func (l *mpsLimiter) Release(id string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.units[id]; !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	delete(l.units, id)
+	return nil
+}
+
+// Stats reports the memory limit, and the device memory of the tracked
+// process when telemetry has it. CPU time and throttling are not
+// measured on a GPU.
+func (l *mpsLimiter) Stats(id string) (Stats, error) {
+	l.mu.Lock()
+	u, ok := l.units[id]
+	var share Share
+	var pid int
+	if ok {
+		share, pid = u.share, u.pid
+	}
+	l.mu.Unlock()
+	if !ok {
+		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	st := Stats{MemoryLimit: share.Memory}
+	if pid == 0 {
+		return st, nil
+	}
+	mem, err := l.telemetry.ProcessMemory(l.dev.index)
+	if err != nil {
+		return st, fmt.Errorf("limiter: stats of %s: %w", id, err)
+	}
+	st.MemoryBytes = mem[pid]
+	return st, nil
+}
+
+func (l *mpsLimiter) Close() error {
+	l.mu.Lock()
+	clear(l.units)
+	l.mu.Unlock()
+	if l.ownsTelem {
+		return l.telemetry.Close()
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// defaultNVML is the system's NVML (libnvidia-ml.so.1), loaded lazily by
+// Init.
+func defaultNVML() nvml.Interface { return nvml.New() }
+
+// nvmlTelemetry reads GPU telemetry through an nvml.Interface: the driver's
+// library in production, go-nvml's mocks in tests.
+type nvmlTelemetry struct {
+	lib nvml.Interface
+	log *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var _ Telemetry = (*nvmlTelemetry)(nil)
+
+// newNVMLTelemetry initialises lib. Its error says why NVML is not usable.
+func newNVMLTelemetry(lib nvml.Interface, logger *slog.Logger) (t *nvmlTelemetry, err error) {
+	// Without the library, go-nvml reports ERROR_LIBRARY_NOT_FOUND; some
+	// versions panic instead. Either way there is no driver.
+	defer func() {
+		if r := recover(); r != nil {
+			t, err = nil, fmt.Errorf("%w: NVML: %v", ErrNoDriver, r)
+		}
+	}()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND || ret == nvml.ERROR_DRIVER_NOT_LOADED {
+			return nil, fmt.Errorf("%w: NVML init: %v", ErrNoDriver, ret)
+		}
+		return nil, fmt.Errorf("NVML init: %v", ret)
+	}
+	return &nvmlTelemetry{lib: lib, log: logger}, nil
+}
+
+// nvmlError turns an NVML return code into an error naming the call.
+func nvmlError(what string, ret nvml.Return) error {
+	if ret == nvml.SUCCESS {
+		return nil
+	}
+	return fmt.Errorf("NVML %s: %v", what, ret)
+}
+
+func (t *nvmlTelemetry) device(index int) (nvml.Device, error) {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, errors.New("NVML telemetry is closed")
+	}
+	d, ret := t.lib.DeviceGetHandleByIndex(index)
+	if err := nvmlError(fmt.Sprintf("device %d", index), ret); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (t *nvmlTelemetry) Devices() ([]DeviceInfo, error) {
+	n, ret := t.lib.DeviceGetCount()
+	if err := nvmlError("device count", ret); err != nil {
+		return nil, err
+	}
+	out := make([]DeviceInfo, 0, n)
+	for i := range n {
+		d, err := t.device(i)
+		if err != nil {
+			return nil, err
+		}
+		info := DeviceInfo{Index: i}
+		var ret nvml.Return
+		if info.Name, ret = d.GetName(); ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("device %d name", i), ret)
+		}
+		if info.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("device %d UUID", i), ret)
+		}
+		mem, ret := d.GetMemoryInfo()
+		if ret != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("device %d memory", i), ret)
+		}
+		info.MemoryTotal = int64(mem.Total)
+		// Devices without MIG answer NOT_SUPPORTED: MIG is off.
+		switch cur, _, ret := d.GetMigMode(); ret {
+		case nvml.SUCCESS:
+			info.MIGEnabled = cur == nvml.DEVICE_MIG_ENABLE
+		case nvml.ERROR_NOT_SUPPORTED:
+		default:
+			return nil, nvmlError(fmt.Sprintf("device %d MIG mode", i), ret)
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func (t *nvmlTelemetry) Utilization(device int) (gpu, memory float64, err error) {
+	d, err := t.device(device)
+	if err != nil {
+		return 0, 0, err
+	}
+	u, ret := d.GetUtilizationRates()
+	if err := nvmlError(fmt.Sprintf("device %d utilization", device), ret); err != nil {
+		return 0, 0, err
+	}
+	return float64(u.Gpu) / 100, float64(u.Memory) / 100, nil
+}
+
+func (t *nvmlTelemetry) ProcessMemory(device int) (map[int]int64, error) {
+	d, err := t.device(device)
+	if err != nil {
+		return nil, err
+	}
+	procs, ret := d.GetComputeRunningProcesses()
+	if err := nvmlError(fmt.Sprintf("device %d processes", device), ret); err != nil {
+		return nil, err
+	}
+	m := make(map[int]int64, len(procs))
+	for _, p := range procs {
+		// NVML_VALUE_NOT_AVAILABLE (all ones) when the driver cannot tell.
+		if p.UsedGpuMemory == math.MaxUint64 {
+			m[int(p.Pid)] += 0
+			continue
+		}
+		m[int(p.Pid)] += int64(p.UsedGpuMemory)
+	}
+	return m, nil
+}
+
+func (t *nvmlTelemetry) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	return nvmlError("shutdown", t.lib.Shutdown())
+}

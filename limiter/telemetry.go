@@ -1,0 +1,72 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+)
+
+// DeviceInfo describes one GPU.
+type DeviceInfo struct {
+	Index       int
+	Name        string
+	UUID        string
+	MemoryTotal int64 // bytes
+	MIGEnabled  bool  // MIG mode is on (current, not pending)
+}
+
+// Telemetry reports what the GPUs are doing. NewTelemetry returns NVML's
+// view when the driver is there and a null source otherwise.
+type Telemetry interface {
+	// Devices lists the GPUs.
+	Devices() ([]DeviceInfo, error)
+	// Utilization is the fraction of the last sample period in which a
+	// kernel ran (gpu) and device memory was read or written (memory),
+	// each 0..1.
+	Utilization(device int) (gpu, memory float64, err error)
+	// ProcessMemory is the device memory each compute process uses, by pid.
+	ProcessMemory(device int) (map[int]int64, error)
+	Close() error
+}
+
+// ErrNoDriver is what the null source answers.
+var ErrNoDriver = errors.New("no NVIDIA driver")
+
+// NewTelemetry opens NVML. When its library does not load or does not
+// initialise, it logs why and returns a null source: no devices, and
+// errors that say "no NVIDIA driver".
+func NewTelemetry(logger *slog.Logger) Telemetry {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	t, err := newNVMLTelemetry(defaultNVML(), logger)
+	if err != nil {
+		logger.Info("GPU telemetry off", "reason", err)
+		return nullTelemetry{reason: err.Error()}
+	}
+	return t
+}
+
+// nullTelemetry is the source for machines without an NVIDIA driver.
+type nullTelemetry struct{ reason string }
+
+var _ Telemetry = nullTelemetry{}
+
+func (n nullTelemetry) err() error {
+	if n.reason == "" {
+		return ErrNoDriver
+	}
+	return fmt.Errorf("%w (%s)", ErrNoDriver, n.reason)
+}
+
+func (nullTelemetry) Devices() ([]DeviceInfo, error) { return nil, nil }
+
+func (n nullTelemetry) Utilization(device int) (float64, float64, error) {
+	return 0, 0, fmt.Errorf("gpu %d: %w", device, n.err())
+}
+
+func (n nullTelemetry) ProcessMemory(device int) (map[int]int64, error) {
+	return nil, fmt.Errorf("gpu %d: %w", device, n.err())
+}
+
+func (nullTelemetry) Close() error { return nil }
