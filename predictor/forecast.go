@@ -12,6 +12,10 @@ const (
 	seasonGamma   = 0.5 // weight of the latest period in a slot's average
 	maxSlots      = 288 // a day in 5-minute slots
 	minSlotLength = time.Second
+	// minInterval is the shortest interval a rate is computed over; a
+	// sample closer than that to the previous one is skipped (the next
+	// interval covers its arrivals), so that jitter cannot blow up a rate.
+	minInterval = 100 * time.Millisecond
 )
 
 // holt is Holt's linear exponential smoothing over irregular intervals: the
@@ -143,18 +147,18 @@ func newRateModel(season time.Duration) *rateModel {
 	return r
 }
 
-// observe takes one sample of the cumulative counter. A sample not after
-// the previous one is ignored; a counter that went backwards (a restart)
-// starts a new baseline.
+// observe takes one sample of the cumulative counter. A sample less than
+// minInterval after the previous one is ignored; a counter that went
+// backwards (a restart) starts a new baseline.
 func (r *rateModel) observe(at time.Time, count uint64) {
 	if r.samples == 0 {
 		r.first, r.last, r.lastCount, r.samples = at, at, count, 1
 		return
 	}
-	dt := at.Sub(r.last).Seconds()
-	if !(dt > 0) {
+	if at.Sub(r.last) < minInterval {
 		return
 	}
+	dt := at.Sub(r.last).Seconds()
 	if count < r.lastCount {
 		r.last, r.lastCount = at, count
 		return

@@ -115,8 +115,12 @@ func TestForecastIrregularSamples(t *testing.T) {
 		total += uint64(20 * dt.Seconds())
 		p.ObserveArrivals("m", at, total)
 	}
-	p.ObserveArrivals("m", at, total+100) // same instant: ignored
+	p.ObserveArrivals("m", at, total+100)                       // same instant: ignored
+	p.ObserveArrivals("m", at.Add(time.Millisecond), total+100) // too close: ignored
 	p.ObserveArrivals("m", at.Add(-time.Second), total+100)
+	if got := p.Accuracy("m").ObservedRate; relErr(got, 20) > 0.1 {
+		t.Errorf("last rate %g after ignored samples", got)
+	}
 	if got := p.ForecastRate("m", time.Second); relErr(got, 20) > 0.05 {
 		t.Errorf("forecast %g, want 20", got)
 	}

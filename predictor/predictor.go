@@ -43,7 +43,8 @@ type Options struct {
 	Alpha float64
 	// Fallback estimates a model that has no curve yet, from the
 	// executions Observe reports. Nil means a built-in EWMA per batch size
-	// (weight 0.2). A *qos.EWMAEstimator fits here.
+	// (weight 0.2). A *qos.EWMAEstimator fits here; Forget cannot clear
+	// a given fallback's memory of a model.
 	Fallback Estimator
 	// Season is the period of the arrival-rate seasonality, default
 	// DefaultSeason; negative disables seasonality.
@@ -151,7 +152,7 @@ func (p *Predictor) SetProfile(name string, prof Profile) {
 		}
 		pm = MAPE(c, prof.Points)
 	}
-	if !(pm >= 0) || math.IsInf(pm, 0) {
+	if !(pm > 0) || math.IsInf(pm, 0) {
 		pm = MAPE(c, prof.Points)
 	}
 	m := p.ensure(name)
@@ -286,7 +287,8 @@ func (m *model) record(predicted, observed float64) {
 
 // ObserveArrivals takes a sample of the model's cumulative arrival counter,
 // which the control loop reads about once a second. Samples must come in
-// time order; a counter that goes backwards starts a new baseline.
+// time order; one less than 100 ms after the previous is skipped, and a
+// counter that goes backwards starts a new baseline.
 func (p *Predictor) ObserveArrivals(name string, at time.Time, arrived uint64) {
 	m := p.ensure(name)
 	m.mu.Lock()

@@ -205,3 +205,40 @@ func TestSweepMeasureError(t *testing.T) {
 		t.Errorf("a zero measurement: points %v, err %v", pts, err)
 	}
 }
+
+// TestSweepFitCacheEstimate runs the load-time path end to end on a fake
+// device: sweep, fit, cache, restart, install.
+func TestSweepFitCacheEstimate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &fakeDevice{curve: truth}
+		pts, err := Sweep(t.Context(), SweepOptions{MaxBatch: 16}, d.measure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof, err := NewProfile("model-key", pts, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache := Cache{Dir: t.TempDir()}
+		if err := cache.Store(prof); err != nil {
+			t.Fatal(err)
+		}
+		// After a restart.
+		loaded, ok, err := cache.Load("model-key")
+		if !ok || err != nil {
+			t.Fatalf("ok %v, err %v", ok, err)
+		}
+		p := newPredictor(t, Options{})
+		p.SetProfile("det/1", loaded)
+		p.SetShare("det/1", 0.4)
+		for _, b := range []int{1, 3, 12} {
+			got, _ := p.Estimate("det/1", b)
+			if want := truth.Predict(b, 0.4); relErr(got.Seconds(), want.Seconds()) > 0.02 {
+				t.Errorf("Estimate(%d) at share 0.4 = %v, want %v", b, got, want)
+			}
+		}
+		if a := p.Accuracy("det/1"); a.ProfileMAPE > 0.01 || !a.HasCurve {
+			t.Errorf("accuracy %+v", a)
+		}
+	})
+}
