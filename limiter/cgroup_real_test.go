@@ -1,0 +1,477 @@
+package limiter
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// The tests in this file use the machine's real cgroups (v1 cpu and
+// memory on the development machines, writable by root). Where they are
+// not usable they skip and say why, unless SLOSERVE_REQUIRE_CGROUPS=1.
+
+func skipWithoutCgroups(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("SLOSERVE_REQUIRE_CGROUPS") == "1" {
+		t.Fatalf("%s, and SLOSERVE_REQUIRE_CGROUPS=1 demands cgroups", msg)
+	}
+	t.Skipf("%s; set SLOSERVE_REQUIRE_CGROUPS=1 to make this a failure", msg)
+}
+
+// skipWithoutORT follows the runtime package: skip without ONNX Runtime
+// unless SLOSERVE_REQUIRE_ORT=1.
+func skipWithoutORT(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("SLOSERVE_REQUIRE_ORT") == "1" {
+		t.Fatalf("%s, and SLOSERVE_REQUIRE_ORT=1 demands it (run `make setup`)", msg)
+	}
+	t.Skipf("%s; run `make setup` or set the variable to run this test", msg)
+}
+
+// realLimiter is a cgroup limiter on the machine's cgroups, closed when
+// the test ends.
+func realLimiter(t *testing.T) Limiter {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipWithoutCgroups(t, "cgroups need root here and uid is %d", os.Geteuid())
+	}
+	l, err := New(Options{Backend: BackendCgroup, Logger: testLogger(t)})
+	if err != nil {
+		skipWithoutCgroups(t, "%v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	t.Logf("limiter: %s", l.Describe())
+	return l
+}
+
+func ortLibrary(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv("SLOSERVE_ONNXRUNTIME_LIBRARY")
+	if p == "" {
+		p, _ = filepath.Abs(filepath.Join("..", "deps", "onnxruntime", "libonnxruntime.so.1.30.0"))
+	}
+	if _, err := os.Stat(p); err != nil {
+		skipWithoutORT(t, "no ONNX Runtime library: %v", err)
+	}
+	return p
+}
+
+// detector is the demo text detector: CPU-bound, tens of milliseconds a
+// call on one thread.
+func detector(t *testing.T) string {
+	t.Helper()
+	repo := os.Getenv("SLOSERVE_DEMO_REPOSITORY")
+	if repo == "" {
+		repo = filepath.Join("..", "demo-repository")
+	}
+	p, err := filepath.Abs(filepath.Join(repo, "ocr-det", "1", "model.onnx"))
+	if err == nil {
+		_, err = os.Stat(p)
+	}
+	if err != nil {
+		skipWithoutORT(t, "no demo detector model: %v", err)
+	}
+	return p
+}
+
+// startRunner starts the test binary as a runner of the detector, one
+// intra-op thread, joined to pl's cgroups.
+func startRunner(t *testing.T, pl Placement) *runtime.Runner {
+	t.Helper()
+	r, err := runtime.StartRunner(t.Context(), runtime.RunnerConfig{
+		Name:        "limiter-test/ocr-det",
+		ModelPath:   detector(t),
+		Library:     ortLibrary(t),
+		Executable:  os.Args[0],
+		Env:         []string{childEnv + "=runner", "GORACE=atexit_sleep_ms=0"},
+		SocketDir:   t.TempDir(),
+		Provider:    runtime.ProviderOptions{IntraOpThreads: 1, InterOpThreads: 1},
+		JoinCgroups: pl.JoinCgroups,
+		// No restarts: a runner that dies should fail the test.
+		MaxRestarts:  -1,
+		ReadyTimeout: 30 * time.Second,
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("StartRunner: %v", err)
+	}
+	t.Cleanup(func() { stopRunner(t, r) })
+	return r
+}
+
+func stopRunner(t *testing.T, r *runtime.Runner) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+}
+
+// detectorRequest is one random 320x320 image.
+func detectorRequest() *runtime.InferRequest {
+	rng := rand.New(rand.NewPCG(7, 11))
+	data := make([]byte, 0, 4*3*320*320)
+	for range 3 * 320 * 320 {
+		data = binary.LittleEndian.AppendUint32(data, math.Float32bits(rng.Float32()))
+	}
+	return &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 3, 320, 320}, Data: data}}}
+}
+
+// timeCall runs one request and returns its wall time.
+func timeCall(t *testing.T, r *runtime.Runner, req *runtime.InferRequest) time.Duration {
+	wall, _ := timeCallInfer(t, r, req)
+	return wall
+}
+
+// timeCallInfer runs one request and returns its wall time and the time
+// the runner spent in the ONNX Runtime session.
+func timeCallInfer(t *testing.T, r *runtime.Runner, req *runtime.InferRequest) (wall, infer time.Duration) {
+	t.Helper()
+	start := time.Now()
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Infer: %v", err)
+	}
+	return time.Since(start), resp.Timing.Infer
+}
+
+// medianOf runs n calls and returns the medians of their wall and
+// session times.
+func medianOf(t *testing.T, r *runtime.Runner, req *runtime.InferRequest, n int) (wall, infer time.Duration) {
+	t.Helper()
+	w, i := make([]time.Duration, n), make([]time.Duration, n)
+	for k := range w {
+		w[k], i[k] = timeCallInfer(t, r, req)
+	}
+	return median(w), median(i)
+}
+
+func median(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// inProcs reports whether pid is listed in a cgroup.procs file.
+func inProcs(t *testing.T, file string, pid int) bool {
+	t.Helper()
+	pids, err := readPids(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Contains(pids, pid)
+}
+
+// A runner given a quarter of a core runs about four times slower than
+// at one core.
+func TestCgroupThrottlesRunner(t *testing.T) {
+	l := realLimiter(t)
+	cpus := float64(l.CPUs())
+	quarter, one := Share{Compute: 0.25 / cpus}, Share{Compute: 1 / cpus}
+	id := fmt.Sprintf("throttle/%d", time.Now().UnixNano())
+	pl, err := l.Place(id, quarter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.IntraOpThreads != 1 {
+		t.Errorf("a quarter core suggests %d intra-op threads, want 1", pl.IntraOpThreads)
+	}
+	r := startRunner(t, pl)
+	for _, f := range pl.JoinCgroups {
+		if !inProcs(t, f, r.Pid()) {
+			t.Errorf("runner pid %d is not in %s", r.Pid(), f)
+		}
+	}
+	req := detectorRequest()
+	timeCall(t, r, req) // warm-up: first-run allocations
+
+	slow, slowInfer := medianOf(t, r, req, 5)
+	if err := l.Resize(id, one); err != nil {
+		t.Fatal(err)
+	}
+	timeCall(t, r, req)
+	fast, fastInfer := medianOf(t, r, req, 7)
+	ratio := float64(slow) / float64(fast)
+	t.Logf("median call at 0.25 core %s, at 1.0 core %s: %.2fx slower (session time alone %s vs %s: %.2fx)",
+		slow.Round(time.Millisecond), fast.Round(time.Millisecond), ratio,
+		slowInfer.Round(time.Millisecond), fastInfer.Round(time.Millisecond), float64(slowInfer)/float64(fastInfer))
+	if ratio < 2.5 || ratio > 6 {
+		t.Errorf("0.25 core is %.2fx slower than 1.0 core (%s vs %s), want 2.5..6", ratio, slow, fast)
+	}
+
+	st, err := l.Stats(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats: %+v", st)
+	if st.CPUSeconds <= 0 || st.ThrottledSeconds <= 0 || st.MemoryBytes < 1<<20 {
+		t.Errorf("stats %+v: want CPU time, throttled time and memory", st)
+	}
+	// The runner's time is the instance's: 13 calls of at least the fast
+	// time's worth of CPU.
+	if least := 12 * fast.Seconds() * 0.5; st.CPUSeconds < least {
+		t.Errorf("cgroup CPU time %.3fs, want at least %.3fs", st.CPUSeconds, least)
+	}
+
+	stopRunner(t, r)
+	if err := l.Release(id); err != nil {
+		t.Fatalf("Release after the runner stopped: %v", err)
+	}
+	for _, f := range pl.JoinCgroups {
+		if exists(filepath.Dir(f)) {
+			t.Errorf("%s still exists after Release", filepath.Dir(f))
+		}
+	}
+}
+
+// A resize takes effect while the runner works: calls that start a
+// second after it run at the new speed.
+func TestCgroupResizeLive(t *testing.T) {
+	l := realLimiter(t)
+	cpus := float64(l.CPUs())
+	id := fmt.Sprintf("resize/%d", time.Now().UnixNano())
+	pl, err := l.Place(id, Share{Compute: 0.25 / cpus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRunner(t, pl)
+	req := detectorRequest()
+	timeCall(t, r, req)
+
+	type call struct {
+		start time.Time
+		took  time.Duration
+	}
+	var (
+		mu      sync.Mutex
+		resized time.Time
+	)
+	resizeErr := make(chan error, 1)
+	timer := time.AfterFunc(1200*time.Millisecond, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		resized = time.Now()
+		resizeErr <- l.Resize(id, Share{Compute: 1 / cpus})
+	})
+	defer timer.Stop()
+	var calls []call
+	for after := 0; after < 5; {
+		if len(calls) > 200 {
+			t.Fatal("no resize after 200 calls")
+		}
+		start := time.Now()
+		calls = append(calls, call{start, timeCall(t, r, req)})
+		mu.Lock()
+		if !resized.IsZero() && start.Sub(resized) >= time.Second {
+			after++
+		}
+		mu.Unlock()
+	}
+	if err := <-resizeErr; err != nil {
+		t.Fatal(err)
+	}
+	var before, settled []time.Duration
+	var firstAfter []string
+	for _, c := range calls {
+		switch {
+		case c.start.Add(c.took).Before(resized):
+			before = append(before, c.took)
+		case c.start.Sub(resized) >= time.Second:
+			settled = append(settled, c.took)
+		default:
+			firstAfter = append(firstAfter, fmt.Sprintf("+%s:%s", c.start.Sub(resized).Round(time.Millisecond), c.took.Round(time.Millisecond)))
+		}
+	}
+	if len(before) < 2 {
+		t.Fatalf("only %d calls ended before the resize", len(before))
+	}
+	slow, fast := median(before), median(settled)
+	ratio := float64(slow) / float64(fast)
+	t.Logf("before the resize: median %s of %d calls; calls in the first second after (start offset:time) %v; from 1s on: median %s of %d calls: %.2fx faster",
+		slow.Round(time.Millisecond), len(before), firstAfter, fast.Round(time.Millisecond), len(settled), ratio)
+	if ratio < 2.5 {
+		t.Errorf("calls a second after the resize to 1.0 core are only %.2fx faster than at 0.25 core (%s vs %s), want >= 2.5", ratio, fast, slow)
+	}
+}
+
+// A unit's memory limit is enforced and reported; Release, Close and
+// CleanupStale leave no directories behind.
+func TestCgroupMemory(t *testing.T) {
+	l := realLimiter(t)
+	const limit = 48 << 20
+	id := fmt.Sprintf("memory/%d", time.Now().UnixNano())
+	pl, err := l.Place(id, Share{Memory: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.Stats(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MemoryLimit != limit || st.OOMKills != 0 {
+		t.Errorf("stats of a new unit %+v, want limit %d and no OOM kills", st, limit)
+	}
+
+	// A process that joins the unit and allocates 512 MiB is killed.
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"=alloc", childCgroupsEnv+"="+strings.Join(pl.JoinCgroups, ","), "GORACE=atexit_sleep_ms=0")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("the allocating process outlived its memory limit; output:\n%s", out.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("allocating process ended with %v, want SIGKILL from the OOM killer; output:\n%s", err, out.String())
+	}
+	st, err = l.Stats(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats after the OOM kill: %+v", st)
+	if st.OOMKills < 1 || st.MemoryLimit != limit || st.MemoryBytes > limit {
+		t.Errorf("stats %+v, want an OOM kill and usage within the %d byte limit", st, limit)
+	}
+
+	// Shrinking the limit, resizing to none, and release.
+	if err := l.Resize(id, Share{Memory: 16 << 20}); err != nil {
+		t.Errorf("shrink an empty unit: %v", err)
+	}
+	if err := l.Resize(id, Share{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := l.Stats(id); st.MemoryLimit != 0 {
+		t.Errorf("limit after removing it = %d, want 0", st.MemoryLimit)
+	}
+	if err := l.Release(id); err != nil {
+		t.Fatal(err)
+	}
+	var parents []string
+	for _, f := range pl.JoinCgroups {
+		unit := filepath.Dir(f)
+		parents = append(parents, filepath.Dir(unit))
+		if exists(unit) {
+			t.Errorf("%s still exists after Release", unit)
+		}
+	}
+	// Another unit, left for Close.
+	if _, err := l.Place(id+"-2", Share{Compute: 0.1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parents {
+		if exists(p) {
+			t.Errorf("parent %s still exists after Close", p)
+		}
+	}
+}
+
+// CleanupStale removes the units of a server that is gone and kills what
+// is left in them.
+func TestCleanupStaleReal(t *testing.T) {
+	l := realLimiter(t) // skips unless cgroups are usable
+	// A pid that was just used and is free again.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadPid := gone.Process.Pid
+	if processAlive(deadPid) {
+		t.Skipf("pid %d was reused at once", deadPid)
+	}
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := parseSelfCgroup(b)
+	var own []string
+	if isUnified(DefaultRoot) {
+		own = []string{ownDir(DefaultRoot, sc.unified)}
+	} else {
+		for _, c := range []string{"cpu", "memory"} {
+			own = append(own, ownDir(filepath.Join(DefaultRoot, c), sc.v1[c]))
+		}
+	}
+	var stale []string
+	for _, o := range own {
+		dir := filepath.Join(o, parentName(deadPid))
+		if err := os.MkdirAll(filepath.Join(dir, "u1"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		stale = append(stale, dir)
+	}
+	// A process the dead server left behind, in the stale cpu unit.
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- sleeper.Wait() }()
+	if err := os.WriteFile(filepath.Join(stale[0], "u1", "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0); err != nil {
+		sleeper.Process.Kill()
+		<-waited
+		t.Fatal(err)
+	}
+
+	n, err := CleanupStale(DefaultRoot, testLogger(t))
+	if err != nil {
+		t.Error(err)
+	}
+	if n < len(stale) {
+		t.Errorf("CleanupStale removed %d, want at least %d", n, len(stale))
+	}
+	for _, d := range stale {
+		if exists(d) {
+			t.Errorf("stale %s kept", d)
+			os.Remove(filepath.Join(d, "u1"))
+			os.Remove(d)
+		}
+	}
+	select {
+	case err := <-waited:
+		if err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Errorf("left-behind process ended with %v, want killed", err)
+		}
+	case <-time.After(5 * time.Second):
+		sleeper.Process.Kill()
+		<-waited
+		t.Error("CleanupStale did not kill the process left in the stale unit")
+	}
+	// This server's own parent is not stale.
+	if pl, err := l.Place("still-here", Share{Compute: 0.5}); err != nil || !exists(pl.JoinCgroups[0]) {
+		t.Errorf("Place after cleanup: %+v, %v", pl, err)
+	}
+}
