@@ -469,29 +469,39 @@ func (a *Adjuster) pass(ctx context.Context) {
 		a.notePins(st, pins)
 	}
 
-	var ds map[string]decision
+	p := newPlan(len(states))
 	switch a.opts.Policy {
 	case SharePolicyAdaptive:
 		for _, st := range states {
 			a.opts.Predictor.ObserveArrivals(st.Spec.Name, now, st.Arrived)
 		}
-		ds = a.decideAdaptive(states)
+		a.decideAdaptive(now, states, p)
 	case SharePolicyStatic:
-		ds = a.decideStatic(states)
+		a.decideStatic(now, states, p)
 	default:
-		ds = a.decideShared(states)
+		a.decideShared(now, states, p)
 	}
-	next := a.settle(now, states, ds)
+	a.release(p)
+	// Shrink before growing, so that the device is not oversubscribed
+	// in between.
+	order := make([]string, 0, len(states))
 	for _, st := range states {
+		order = append(order, st.Spec.Name)
+	}
+	delta := func(name string) float64 {
+		return limitedOrWhole(p.next[name].Compute) - limitedOrWhole(a.models[name].applied.Compute)
+	}
+	slices.SortStableFunc(order, func(x, y string) int { return cmp.Compare(delta(x), delta(y)) })
+	for _, name := range order {
 		if ctx.Err() != nil {
 			return
 		}
-		a.apply(ctx, now, st.Spec.Name, next[st.Spec.Name], ds[st.Spec.Name])
+		a.apply(ctx, now, name, p.next[name], p.ds[name])
 	}
 	if a.opts.Policy == SharePolicyAdaptive && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
 		a.evictIdle(ctx, now, states)
 	}
-	a.publish(states, ds)
+	a.publish(states, p.ds)
 }
 
 // notePins records the pin in effect for a model and the events of its
@@ -530,74 +540,81 @@ func sameSharePtr(a, b *limiter.Share) bool {
 	return *a == *b
 }
 
-// settle turns the decisions into the shares to apply: pins and the
-// static and shared policies as they are; adaptive growth at once and
-// shrinking only after ScaleDownAfter of slack and Cooldown since the last
-// change. When what is held back that way would oversubscribe the
-// capacity, it is released at once, best-effort models first.
-func (a *Adjuster) settle(now time.Time, states []modelState, ds map[string]decision) map[string]limiter.Share {
-	next := make(map[string]limiter.Share, len(ds))
-	var held []string
-	for _, st := range states {
-		name := st.Spec.Name
-		d, t := ds[name], a.models[name]
-		if d.exact || !t.hasApplied || t.fresh {
-			next[name] = d.share
-			t.slackSince, t.slack = time.Time{}, nil
-			continue
-		}
-		cur, target := t.applied.Compute, d.share.Compute
-		half := a.opts.Step / 2
-		switch {
-		case target >= cur-half:
-			// Growth (or a change within the dead band): at once.
-			t.slackSince, t.slack = time.Time{}, nil
-			next[name] = d.share
-		default:
-			if t.slackSince.IsZero() {
-				t.slackSince = now
-			}
-			t.slack = append(t.slack, slackSample{now, target})
-			from := now.Add(-a.opts.ScaleDownAfter)
-			t.slack = slices.DeleteFunc(t.slack, func(s slackSample) bool { return s.at.Before(from) })
-			share := d.share
-			share.Compute = cur
-			if !t.slackSince.After(from) && !t.lastChange.After(now.Add(-a.opts.Cooldown)) {
-				share.Compute = maxTarget(t.slack)
-				d.reason = fmt.Sprintf("slack for %s: %.2f -> %.2f; %s", shortDuration(now.Sub(t.slackSince)), cur, share.Compute, d.reason)
-				ds[name] = d
-			} else {
-				held = append(held, name)
-			}
-			next[name] = share
-		}
-	}
+// plan is a pass's outcome: the decisions, and the shares to apply after
+// the hysteresis.
+type plan struct {
+	ds   map[string]decision
+	next map[string]limiter.Share
+	held []string // models whose shrink the hysteresis holds back
+}
 
-	// Release what hysteresis holds when the capacity is needed.
+func newPlan(n int) *plan {
+	return &plan{ds: make(map[string]decision, n), next: make(map[string]limiter.Share, n)}
+}
+
+// settle turns a model's decision into the share to apply: pins and the
+// static and shared policies as they are; adaptive growth at once, and
+// shrinking only once every target of the last ScaleDownAfter has been
+// below the applied share and Cooldown has passed since its last change,
+// to the largest of those targets.
+func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
+	t := a.models[name]
+	defer func() { p.ds[name] = d }()
+	if d.exact || !t.hasApplied || t.fresh {
+		p.next[name] = d.share
+		t.slackSince, t.slack = time.Time{}, nil
+		return
+	}
+	cur, target := t.applied.Compute, d.share.Compute
+	if target >= cur-a.opts.Step/2 {
+		// Growth, or a change within the dead band: at once.
+		p.next[name] = d.share
+		t.slackSince, t.slack = time.Time{}, nil
+		return
+	}
+	if t.slackSince.IsZero() {
+		t.slackSince = now
+	}
+	from := now.Add(-a.opts.ScaleDownAfter)
+	t.slack = append(t.slack, slackSample{now, target})
+	t.slack = slices.DeleteFunc(t.slack, func(s slackSample) bool { return s.at.Before(from) })
+	share := d.share
+	if t.slackSince.After(from) || t.lastChange.After(now.Add(-a.opts.Cooldown)) {
+		share.Compute = cur
+		p.held = append(p.held, name)
+	} else {
+		share.Compute = maxTarget(t.slack)
+		d.reason = fmt.Sprintf("slack for %s: %.2f -> %.2f; %s", shortDuration(now.Sub(t.slackSince)), cur, share.Compute, d.reason)
+	}
+	p.next[name] = share
+}
+
+// release gives back at once what the hysteresis holds when the shares
+// would oversubscribe the capacity: best-effort models first, lowest
+// priority first.
+func (a *Adjuster) release(p *plan) {
 	over := -a.opts.Capacity
-	for _, s := range next {
+	for _, s := range p.next {
 		over += limitedCompute(s.Compute)
 	}
-	slices.SortStableFunc(held, func(x, y string) int {
-		dx, dy := ds[x], ds[y]
-		if dx.class != dy.class { // best-effort first
+	slices.SortStableFunc(p.held, func(x, y string) int {
+		dx, dy := p.ds[x], p.ds[y]
+		if dx.class != dy.class {
 			return cmp.Compare(classOrder(dx.class), classOrder(dy.class))
 		}
-		return cmp.Compare(dy.rank, dx.rank) // lowest priority first
+		return cmp.Or(cmp.Compare(dy.rank, dx.rank), cmp.Compare(x, y))
 	})
-	for _, name := range held {
+	for _, name := range p.held {
 		if over <= shareEpsilon {
-			break
+			return
 		}
-		d, s := ds[name], next[name]
+		d, s := p.ds[name], p.next[name]
 		over -= s.Compute - d.share.Compute
 		d.reason = fmt.Sprintf("capacity needed by other models: %.2f -> %.2f; %s", s.Compute, d.share.Compute, d.reason)
-		ds[name] = d
-		next[name] = d.share
+		p.ds[name], p.next[name] = d, d.share
 		t := a.models[name]
 		t.slackSince, t.slack = time.Time{}, nil
 	}
-	return next
 }
 
 func maxTarget(samples []slackSample) float64 {
@@ -626,15 +643,18 @@ func limitedCompute(c float64) float64 {
 	return c
 }
 
+// limitedOrWhole is a compute share with no limit counted as the whole
+// device.
+func limitedOrWhole(c float64) float64 {
+	if c <= 0 || c >= 1 {
+		return 1
+	}
+	return c
+}
+
 // sameCompute compares compute shares, 0 and >= 1 both meaning no limit.
 func sameCompute(x, y, tolerance float64) bool {
-	norm := func(c float64) float64 {
-		if c <= 0 || c >= 1 {
-			return 1
-		}
-		return c
-	}
-	return math.Abs(norm(x)-norm(y)) <= tolerance
+	return math.Abs(limitedOrWhole(x)-limitedOrWhole(y)) <= tolerance
 }
 
 // apply sends a changed share to the actuator and then the predictor.

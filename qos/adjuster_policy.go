@@ -12,18 +12,18 @@ import (
 // model counts as having no traffic.
 const rateEpsilon = 1e-6
 
-// decideAdaptive is the adaptive policy's wish for every model: pins first,
-// then the latency-critical models' targets (scaled down when they do not
-// fit), then the best-effort models split the rest.
-func (a *Adjuster) decideAdaptive(states []modelState) map[string]decision {
-	ds := make(map[string]decision, len(states))
+// decideAdaptive is the adaptive policy: pins first, then the
+// latency-critical models' targets (scaled down when they do not fit), then
+// the best-effort models split what the latency-critical models hold after
+// the hysteresis.
+func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 	rank := ranker(states)
 	available := a.opts.Capacity
 	var lcs, bes []modelState
 	for _, st := range states {
 		name := st.Spec.Name
 		if t := a.models[name]; t.pin != nil {
-			ds[name] = pinDecision(t)
+			a.settle(now, name, pinDecision(t), p)
 			available -= limitedCompute(t.pin.Compute)
 			continue
 		}
@@ -42,6 +42,7 @@ func (a *Adjuster) decideAdaptive(states []modelState) map[string]decision {
 		floors += lo
 	}
 
+	ds := make(map[string]decision, len(lcs))
 	var demand float64
 	for _, st := range lcs {
 		d := a.latencyCritical(st)
@@ -49,49 +50,50 @@ func (a *Adjuster) decideAdaptive(states []modelState) map[string]decision {
 		ds[st.Spec.Name] = d
 		demand += d.share.Compute
 	}
-	used := demand
 	if lcAvailable := max(available-floors, 0); demand > lcAvailable+shareEpsilon {
-		used = a.fitCapacity(lcs, ds, demand, lcAvailable)
+		a.fitCapacity(lcs, ds, demand, lcAvailable)
 	}
-	a.bestEffort(bes, ds, max(available-used, 0), rank)
-	return ds
+	held := available
+	for _, st := range lcs {
+		a.settle(now, st.Spec.Name, ds[st.Spec.Name], p)
+		held -= p.next[st.Spec.Name].Compute
+	}
+	for name, d := range a.bestEffort(bes, max(held, 0), rank) {
+		a.settle(now, name, d, p)
+	}
 }
 
 // decideStatic gives every model an equal share of the capacity, and of
 // the memory budget when there is one.
-func (a *Adjuster) decideStatic(states []modelState) map[string]decision {
-	ds := make(map[string]decision, len(states))
+func (a *Adjuster) decideStatic(now time.Time, states []modelState, p *plan) {
 	n := len(states)
 	for _, st := range states {
 		t := a.models[st.Spec.Name]
 		if t.pin != nil {
-			ds[st.Spec.Name] = pinDecision(t)
+			a.settle(now, st.Spec.Name, pinDecision(t), p)
 			continue
 		}
 		share := limiter.Share{Compute: floorShare(a.opts.Capacity / float64(n)), Memory: st.Spec.Memory}
 		if a.opts.MemoryBudget > 0 {
 			share.Memory = a.opts.MemoryBudget / int64(n)
 		}
-		ds[st.Spec.Name] = decision{
+		a.settle(now, st.Spec.Name, decision{
 			share: share, source: SharePolicyStatic, exact: true, class: st.Spec.Class,
 			reason: fmt.Sprintf("static: %.2f of the device split among %d models", a.opts.Capacity, n),
-		}
+		}, p)
 	}
-	return ds
 }
 
 // decideShared sets no limits.
-func (a *Adjuster) decideShared(states []modelState) map[string]decision {
-	ds := make(map[string]decision, len(states))
+func (a *Adjuster) decideShared(now time.Time, states []modelState, p *plan) {
 	for _, st := range states {
 		t := a.models[st.Spec.Name]
 		if t.pin != nil {
-			ds[st.Spec.Name] = pinDecision(t)
+			a.settle(now, st.Spec.Name, pinDecision(t), p)
 			continue
 		}
-		ds[st.Spec.Name] = decision{source: SharePolicyShared, exact: true, class: st.Spec.Class, reason: "shared: no limits"}
+		a.settle(now, st.Spec.Name, decision{source: SharePolicyShared, exact: true, class: st.Spec.Class, reason: "shared: no limits"}, p)
 	}
-	return ds
 }
 
 func pinDecision(t *tracked) decision {
@@ -240,9 +242,8 @@ func (a *Adjuster) predict(spec ModelSpec, rate, share float64) (prediction, boo
 
 // fitCapacity scales the latency-critical targets down to what is
 // available. Each gives up in proportion to its target times its priority
-// rank, so priority 1 keeps most; none goes below its minimum. It returns
-// the compute they use then.
-func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand, available float64) float64 {
+// rank, so priority 1 keeps most; none goes below its minimum.
+func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand, available float64) {
 	type claim struct{ target, lo, weight float64 }
 	claims := make([]claim, len(lcs))
 	var floor float64
@@ -266,7 +267,6 @@ func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand,
 			return sum
 		}, demand-available, 1)
 	}
-	var used float64
 	for i, st := range lcs {
 		d, c := ds[st.Spec.Name], claims[i]
 		share := c.lo
@@ -276,15 +276,14 @@ func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand,
 		d.reason += fmt.Sprintf("; scaled from %.2f to %.2f: latency-critical demand %.2f over the %.2f available (priority rank %d)", c.target, share, demand, available, d.rank)
 		d.share.Compute = share
 		ds[st.Spec.Name] = d
-		used += share
 	}
-	return used
 }
 
 // bestEffort splits what the latency-critical models leave among the
 // best-effort ones with demand, weighted by priority (weight 1/rank),
 // within their bounds; idle ones get their minimum.
-func (a *Adjuster) bestEffort(bes []modelState, ds map[string]decision, rest float64, rank func(int) int) {
+func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int) map[string]decision {
+	ds := make(map[string]decision, len(bes))
 	type claim struct{ weight, lo, hi float64 }
 	var busy []modelState
 	var claims []claim
@@ -335,6 +334,7 @@ func (a *Adjuster) bestEffort(bes []modelState, ds map[string]decision, rest flo
 		}
 		ds[st.Spec.Name] = d
 	}
+	return ds
 }
 
 // bisect finds θ in [0, hi] where the nondecreasing f reaches want.
