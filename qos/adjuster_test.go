@@ -13,6 +13,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -1017,4 +1020,67 @@ func TestFormatting(t *testing.T) {
 			t.Errorf("shortDuration(%s) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+func TestAdjusterMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewPedanticRegistry()
+		ah := newAdjHarness(t, AdjusterOptions{Registerer: reg, Device: "cpu"},
+			ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Memory: gib},
+			ModelSpec{Name: "be", Class: be},
+		)
+		if _, err := NewAdjuster(ah.s, AdjusterOptions{Registerer: reg, Device: "cpu", Predictor: ah.pred, Actuator: ah.act}); err == nil {
+			t.Error("two adjusters registered the same device")
+		}
+		ah.pred.setRate("lc", 50)
+		ah.act.fail["be"] = 1
+		ah.start()
+		ah.tick()
+		want := `
+# HELP sloserve_adjuster_events_total Adjuster events by kind: resize, evict, pin, unpin, error.
+# TYPE sloserve_adjuster_events_total counter
+sloserve_adjuster_events_total{device="cpu",kind="error"} 1
+sloserve_adjuster_events_total{device="cpu",kind="evict"} 0
+sloserve_adjuster_events_total{device="cpu",kind="pin"} 0
+sloserve_adjuster_events_total{device="cpu",kind="resize"} 2
+sloserve_adjuster_events_total{device="cpu",kind="unpin"} 0
+# HELP sloserve_share_compute Compute share applied to the model, as a fraction of the device; 0 means no limit.
+# TYPE sloserve_share_compute gauge
+sloserve_share_compute{device="cpu",model="be"} 0.05
+sloserve_share_compute{device="cpu",model="lc"} 0.65
+# HELP sloserve_share_memory_bytes Memory share applied to the model; 0 means no limit.
+# TYPE sloserve_share_memory_bytes gauge
+sloserve_share_memory_bytes{device="cpu",model="be"} 0
+sloserve_share_memory_bytes{device="cpu",model="lc"} 1.073741824e+09
+# HELP sloserve_share_target_compute Compute share the adjuster's last pass wanted for the model.
+# TYPE sloserve_share_target_compute gauge
+sloserve_share_target_compute{device="cpu",model="be"} 0.05
+sloserve_share_target_compute{device="cpu",model="lc"} 0.65
+`
+		names := []string{"sloserve_adjuster_events_total", "sloserve_share_compute", "sloserve_share_memory_bytes", "sloserve_share_target_compute"}
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+			t.Error(err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var passes uint64
+		for _, mf := range mfs {
+			if mf.GetName() == "sloserve_adjuster_pass_seconds" {
+				passes = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		if passes != 2 {
+			t.Errorf("%d passes observed, want 2", passes)
+		}
+
+		if err := ah.s.RemoveModel(t.Context(), "be"); err != nil {
+			t.Fatal(err)
+		}
+		ah.tick()
+		if n, err := testutil.GatherAndCount(reg, "sloserve_share_compute"); err != nil || n != 1 {
+			t.Errorf("share series after removing be = %d, %v; want 1", n, err)
+		}
+	})
 }
