@@ -15,7 +15,7 @@ const (
 	// minInterval is the shortest interval a rate is computed over; a
 	// sample closer than that to the previous one is skipped (the next
 	// interval covers its arrivals), so that jitter cannot blow up a rate.
-	minInterval = 100 * time.Millisecond
+	minInterval = 500 * time.Millisecond
 )
 
 // holt is Holt's linear exponential smoothing over irregular intervals: the
@@ -182,7 +182,10 @@ func (r *rateModel) seasonalActive() bool {
 }
 
 // forecast returns the rate expected at horizon after the last sample,
-// never negative; 0 before two samples.
+// never negative and never below the rate of the last interval: a load
+// step is acted on at the next sample, not after the smoother has caught up
+// with it (the control loop grows shares at once and shrinks them slowly,
+// so a forecast that errs high costs little); 0 before two samples.
 func (r *rateModel) forecast(horizon time.Duration) float64 {
 	if !r.haveRate {
 		return 0
@@ -194,8 +197,8 @@ func (r *rateModel) forecast(horizon time.Duration) float64 {
 	} else {
 		v = r.raw.at(h)
 	}
-	if !(v > 0) || math.IsInf(v, 0) {
-		return 0
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		v = 0
 	}
-	return v
+	return max(v, r.lastRate, 0)
 }
