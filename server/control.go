@@ -217,6 +217,7 @@ type profiler struct {
 	// report, when set, receives every profile installed (the profile
 	// command prints it).
 	report func(run models.ProfileRun, p predictor.Profile, cached bool)
+	fresh  bool // ignore cached profiles
 }
 
 // shares are the compute shares profiled: quarter, half and all of what
@@ -237,6 +238,9 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		return err
 	}
 	prof, ok, err := p.cache.Load(key)
+	if p.fresh {
+		ok, err = false, nil
+	}
 	if err != nil {
 		p.log.Warn("ignoring an unreadable cached profile", "model", run.Key, "err", err)
 	}

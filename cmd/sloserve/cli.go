@@ -21,10 +21,13 @@ const usage = `sloserve: a latency-aware multi-model ONNX inference server
 
 Usage:
   sloserve serve [flags]     serve the models of the configured repositories
+  sloserve profile [flags] MODEL
+                             time a model over batch sizes x compute shares and
+                             print the latency curve the predictor fits
   sloserve version           print the version
   sloserve help              this text
 
-Run "sloserve serve -h" for the serve flags.
+Run "sloserve serve -h" or "sloserve profile -h" for their flags.
 `
 
 // run dispatches a subcommand and returns the process exit code.
@@ -39,6 +42,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		err = serve(ctx, args[1:], stderr)
+	case "profile":
+		err = profile(ctx, args[1:], stdout, stderr)
 	case "runner":
 		// Hidden: the child process that hosts one ONNX Runtime session.
 		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", "info").With("pid", os.Getpid()))
@@ -69,6 +74,34 @@ func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	cfg, err := loadConfig(fs, args, 0)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.Log.Format, cfg.Log.Level)
+	return server.Run(ctx, cfg, logger)
+}
+
+func profile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fresh := fs.Bool("fresh", false, "profile again even when the cache has this model's curve")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sloserve profile [flags] MODEL\n\nProfiles MODEL of the configured repositories as the server does at load\n(control.profile settings) and prints the points, the fitted curve and its error.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	cfg, err := loadConfig(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.Log.Format, "warn")
+	return server.Profile(ctx, cfg, fs.Arg(0), *fresh, stdout, logger)
+}
+
+// loadConfig parses the server flags into fs, loads the config and applies
+// the environment and the flags; nargs is how many positional arguments
+// the command takes.
+func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, error) {
 	configPath := fs.String("config", "", "server config file (YAML); empty uses the embedded default")
 	var sets setFlags
 	fs.Var(&sets, "set", "override a config key, as key=value (repeatable); keys: "+strings.Join(configs.Keys(), ", "))
@@ -82,40 +115,42 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"log.level":      fs.String("log-level", "", "debug | info | warn | error (log.level)"),
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	if fs.NArg() != nargs {
+		if nargs == 0 {
+			return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+		}
+		return nil, fmt.Errorf("want %d argument(s), got %q", nargs, fs.Args())
 	}
 	cfg, err := configs.LoadServer(*configPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Precedence: file (or embedded default) < environment < flags.
 	if err := cfg.ApplyEnv(os.Environ()); err != nil {
-		return err
+		return nil, err
 	}
 	for key, v := range shorthands {
 		if *v != "" {
 			if err := cfg.Set(key, *v); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	for _, kv := range sets {
 		key, value, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("--set %q: want key=value", kv)
+			return nil, fmt.Errorf("--set %q: want key=value", kv)
 		}
 		if err := cfg.Set(key, value); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
-	logger := newLogger(stderr, cfg.Log.Format, cfg.Log.Level)
-	return server.Run(ctx, cfg, logger)
+	return cfg, nil
 }
 
 func newLogger(w io.Writer, format, level string) *slog.Logger {

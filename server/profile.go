@@ -1,0 +1,146 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
+)
+
+// Profile loads one model of the configured repositories the way the server
+// does, with its profiling sweep (or the cached result, unless fresh), and
+// writes the measured points, the fitted curve and its error to out. No
+// listener is opened and no request is served.
+func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool, out io.Writer, logger *slog.Logger) error {
+	lib, err := FindONNXRuntime(cfg.Runtime.ONNXRuntimeLibrary)
+	if err != nil {
+		return err
+	}
+	socketDir, err := os.MkdirTemp(cfg.Runtime.SocketDir, fmt.Sprintf("%s%d-", socketDirPrefix, os.Getpid()))
+	if err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	defer os.RemoveAll(socketDir)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	pred, err := predictor.New(predictor.Options{})
+	if err != nil {
+		return err
+	}
+	var (
+		mu   sync.Mutex
+		lims = map[string]limiter.Limiter{}
+		lerr error
+	)
+	defer func() {
+		for _, l := range lims {
+			l.Close()
+		}
+	}()
+	limiterFor := func(device string) limiter.Limiter {
+		mu.Lock()
+		defer mu.Unlock()
+		if l, ok := lims[device]; ok {
+			return l
+		}
+		l, err := limiter.New(limiter.Options{Backend: cfg.Control.Limiter, Device: device, Period: cfg.Control.CFSPeriod, Logger: logger})
+		if err != nil {
+			lerr = err
+			return nil
+		}
+		lims[device] = l
+		return l
+	}
+	var reported bool
+	prof := &profiler{
+		cfg:   cfg.Control.Profile,
+		cache: predictor.Cache{Dir: profileCacheDir(cfg.Control.Profile.CacheDir)},
+		pred:  pred,
+		lib:   lib,
+		log:   logger,
+		fresh: fresh,
+		report: func(run models.ProfileRun, p predictor.Profile, cached bool) {
+			reported = true
+			writeProfile(out, run, p, cached, lims[run.Device])
+		},
+	}
+	runners := &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: cfg.Runtime, logger: logger}
+	reg, err := models.New(models.Options{
+		Repositories:      cfg.Repositories,
+		Control:           configs.ModelControlExplicit,
+		StartupModels:     []string{model},
+		MaxTensorElements: cfg.Limits.MaxTensorElements,
+		NewInstance:       runners.start,
+		Logger:            logger,
+		Limiter:           limiterFor,
+		Profile: func(ctx context.Context, run models.ProfileRun) error {
+			if err := prof.run(ctx, run); err != nil {
+				return err
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	startErr := reg.Start(ctx)
+	defer reg.Stop(context.WithoutCancel(ctx))
+	if startErr != nil {
+		return startErr
+	}
+	if lerr != nil {
+		return fmt.Errorf("limiter: %w", lerr)
+	}
+	if !reported {
+		for _, e := range reg.Index(false) {
+			if e.Name == model && e.Reason != "" {
+				return fmt.Errorf("model %s: %s: %s", model, e.State, e.Reason)
+			}
+		}
+		if _, err := reg.ModelReady(model, ""); err != nil {
+			return err
+		}
+		return errors.New("the model was loaded but not profiled: its inputs need profile.shapes in its config, " +
+			"or shares are not enforced here (control.limiter none, or no writable cgroups); the log above says which")
+	}
+	return nil
+}
+
+// writeProfile prints a profile: where it came from, each point measured
+// against the curve, the curve and its error.
+func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cached bool, lim limiter.Limiter) {
+	src := "measured now"
+	if cached {
+		src = "from the cache (profiled " + p.Created.Format(time.RFC3339) + "; --fresh profiles again)"
+	}
+	fmt.Fprintf(w, "model %s on %s, %d intra-op thread(s), shares of the device up to %.3f\n", run.Key, run.Device, run.Threads, run.MaxShare)
+	if lim != nil {
+		fmt.Fprintf(w, "limiter %s (%d CPUs): %s\n", lim.Kind(), lim.CPUs(), lim.Describe())
+	}
+	fmt.Fprintf(w, "profile %s\n\n", src)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "batch\tshare\tmeasured ms\tcurve ms\terror\t")
+	for _, pt := range p.Points {
+		pred := p.Curve.Predict(pt.Batch, pt.Share)
+		errPct := 100 * (float64(pred) - float64(pt.Latency)) / float64(pt.Latency)
+		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t\n", pt.Batch, pt.Share, ms(pt.Latency), ms(pred), errPct)
+	}
+	tw.Flush()
+	c := p.Curve
+	fmt.Fprintf(w, "\nt(b, s) = (%.4g*b^2 + %.4g*b + %.4g) / (s + %.4g) + %.4g seconds\n", c.K1, c.K2, c.K3, c.K4, c.K5)
+	fmt.Fprintf(w, "MAPE %.1f%% over %d points\n", 100*p.MAPE, len(p.Points))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
