@@ -23,7 +23,9 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 	for _, st := range states {
 		name := st.Spec.Name
 		if t := a.models[name]; t.pin != nil {
-			a.settle(now, name, pinDecision(t), p)
+			d := pinDecision(t)
+			d.rate = a.forecast(name)
+			a.settle(now, name, d, p)
 			available -= limitedCompute(t.pin.Compute)
 			continue
 		}

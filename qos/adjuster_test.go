@@ -893,7 +893,7 @@ func TestAdjusterEventsAndShares(t *testing.T) {
 		}
 		want := ModelShare{
 			Model: "m", Class: lc, Share: limiter.Share{Compute: 1}, Target: 1, Pinned: true, Source: SourcePinned,
-			SLO: 100 * ms, Attainment: 1,
+			ForecastRate: 70, SLO: 100 * ms, Attainment: 1,
 		}
 		if got[0] != want {
 			t.Errorf("Shares()[0] = %+v\nwant %+v", got[0], want)
