@@ -595,7 +595,7 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 func (a *Adjuster) release(p *plan) {
 	over := -a.opts.Capacity
 	for _, s := range p.next {
-		over += limitedCompute(s.Compute)
+		over += min(s.Compute, 1) // a share of 1 or more wants the whole device
 	}
 	slices.SortStableFunc(p.held, func(x, y string) int {
 		dx, dy := p.ds[x], p.ds[y]
@@ -635,7 +635,8 @@ func classOrder(c Class) int {
 // shareEpsilon absorbs floating-point noise in share arithmetic.
 const shareEpsilon = 1e-9
 
-// limitedCompute is the compute a share reserves: none when unlimited.
+// limitedCompute is the compute a pinned share reserves: none when it has
+// no compute limit, since such a model contends with the others.
 func limitedCompute(c float64) float64 {
 	if c <= 0 || c >= 1 {
 		return 0
