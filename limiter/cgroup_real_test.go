@@ -156,17 +156,6 @@ func timeCallInfer(t *testing.T, r *runtime.Runner, req *runtime.InferRequest) (
 	return time.Since(start), resp.Timing.Infer
 }
 
-// medianOf runs n calls and returns the medians of their wall and
-// session times.
-func medianOf(t *testing.T, r *runtime.Runner, req *runtime.InferRequest, n int) (wall, infer time.Duration) {
-	t.Helper()
-	w, i := make([]time.Duration, n), make([]time.Duration, n)
-	for k := range w {
-		w[k], i[k] = timeCallInfer(t, r, req)
-	}
-	return median(w), median(i)
-}
-
 func median(d []time.Duration) time.Duration {
 	d = slices.Clone(d)
 	slices.Sort(d)
@@ -206,18 +195,33 @@ func TestCgroupThrottlesRunner(t *testing.T) {
 	req := detectorRequest()
 	timeCall(t, r, req) // warm-up: first-run allocations
 
-	slow, slowInfer := medianOf(t, r, req, 5)
-	if err := l.Resize(id, one); err != nil {
-		t.Fatal(err)
+	// The levels take turns, so that load from elsewhere on the machine
+	// falls on both alike. The assertion is on the time the runner spends
+	// in the session: the quota governs it alone, while the wall time
+	// also holds the unthrottled client's share of moving 1.6 MB.
+	var slowWall, slowInfer, fastWall, fastInfer []time.Duration
+	for range 3 {
+		for _, level := range []Share{quarter, one} {
+			if err := l.Resize(id, level); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				w, i := timeCallInfer(t, r, req)
+				if level == quarter {
+					slowWall, slowInfer = append(slowWall, w), append(slowInfer, i)
+				} else {
+					fastWall, fastInfer = append(fastWall, w), append(fastInfer, i)
+				}
+			}
+		}
 	}
-	timeCall(t, r, req)
-	fast, fastInfer := medianOf(t, r, req, 7)
+	slow, fast := median(slowInfer), median(fastInfer)
 	ratio := float64(slow) / float64(fast)
-	t.Logf("median call at 0.25 core %s, at 1.0 core %s: %.2fx slower (session time alone %s vs %s: %.2fx)",
+	t.Logf("median session time at 0.25 core %s, at 1.0 core %s: %.2fx slower (wall time %s vs %s: %.2fx)",
 		slow.Round(time.Millisecond), fast.Round(time.Millisecond), ratio,
-		slowInfer.Round(time.Millisecond), fastInfer.Round(time.Millisecond), float64(slowInfer)/float64(fastInfer))
+		median(slowWall).Round(time.Millisecond), median(fastWall).Round(time.Millisecond), float64(median(slowWall))/float64(median(fastWall)))
 	if ratio < 2.5 || ratio > 6 {
-		t.Errorf("0.25 core is %.2fx slower than 1.0 core (%s vs %s), want 2.5..6", ratio, slow, fast)
+		t.Errorf("0.25 core is %.2fx slower than 1.0 core (session %s vs %s), want 2.5..6", ratio, slow, fast)
 	}
 
 	st, err := l.Stats(id)
@@ -228,9 +232,9 @@ func TestCgroupThrottlesRunner(t *testing.T) {
 	if st.CPUSeconds <= 0 || st.ThrottledSeconds <= 0 || st.MemoryBytes < 1<<20 {
 		t.Errorf("stats %+v: want CPU time, throttled time and memory", st)
 	}
-	// The runner's time is the instance's: 13 calls of at least the fast
-	// time's worth of CPU.
-	if least := 12 * fast.Seconds() * 0.5; st.CPUSeconds < least {
+	// The runner's time is the instance's: 19 calls of at least the fast
+	// session's worth of CPU.
+	if least := 19 * fast.Seconds() * 0.8; st.CPUSeconds < least {
 		t.Errorf("cgroup CPU time %.3fs, want at least %.3fs", st.CPUSeconds, least)
 	}
 
@@ -261,7 +265,7 @@ func TestCgroupResizeLive(t *testing.T) {
 
 	type call struct {
 		start time.Time
-		took  time.Duration
+		took  time.Duration // in the session
 	}
 	var (
 		mu      sync.Mutex
@@ -281,7 +285,8 @@ func TestCgroupResizeLive(t *testing.T) {
 			t.Fatal("no resize after 200 calls")
 		}
 		start := time.Now()
-		calls = append(calls, call{start, timeCall(t, r, req)})
+		_, took := timeCallInfer(t, r, req)
+		calls = append(calls, call{start, took})
 		mu.Lock()
 		if !resized.IsZero() && start.Sub(resized) >= time.Second {
 			after++
@@ -308,10 +313,11 @@ func TestCgroupResizeLive(t *testing.T) {
 	}
 	slow, fast := median(before), median(settled)
 	ratio := float64(slow) / float64(fast)
-	t.Logf("before the resize: median %s of %d calls; calls in the first second after (start offset:time) %v; from 1s on: median %s of %d calls: %.2fx faster",
+	t.Logf("session time before the resize: median %s of %d calls; calls in the first second after (start offset:session time) %v; from 1s on: median %s of %d calls: %.2fx faster",
 		slow.Round(time.Millisecond), len(before), firstAfter, fast.Round(time.Millisecond), len(settled), ratio)
-	if ratio < 2.5 {
-		t.Errorf("calls a second after the resize to 1.0 core are only %.2fx faster than at 0.25 core (%s vs %s), want >= 2.5", ratio, fast, slow)
+	// At an unchanged quota the ratio would be 1; 4 is the ideal.
+	if ratio < 2 {
+		t.Errorf("calls a second after the resize to 1.0 core are only %.2fx faster than at 0.25 core (%s vs %s), want >= 2", ratio, fast, slow)
 	}
 }
 
