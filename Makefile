@@ -28,6 +28,12 @@ test bench run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
 test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
 test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
 test bench: export SLOSERVE_REQUIRE_ORT := 1
+# cgroups are writable on the project's machines: the limiter's real tests
+# must run there, not skip.
+test: export SLOSERVE_REQUIRE_CGROUPS := 1
+# Profiles the servers under test measure are cached for the run's later
+# servers, inside the checkout.
+test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
 .PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench clean distclean
 
