@@ -212,13 +212,18 @@ func TestCgroupThrottlesRunner(t *testing.T) {
 			}
 		}
 	}
-	slow, fast := median(slowInfer), median(fastInfer)
+	// Other work on the machine only ever adds time, and it hurts the
+	// full core more than the quarter (which a busy machine still
+	// grants), so the assertion compares each level's fastest call; the
+	// medians are logged beside it.
+	slow, fast := slices.Min(slowInfer), slices.Min(fastInfer)
 	ratio := float64(slow) / float64(fast)
-	t.Logf("median session time at 0.25 core %s, at 1.0 core %s: %.2fx slower (wall time %s vs %s: %.2fx)",
+	t.Logf("fastest session time at 0.25 core %s, at 1.0 core %s: %.2fx slower; medians %s vs %s (%.2fx); median wall time %s vs %s (%.2fx)",
 		slow.Round(time.Millisecond), fast.Round(time.Millisecond), ratio,
+		median(slowInfer).Round(time.Millisecond), median(fastInfer).Round(time.Millisecond), float64(median(slowInfer))/float64(median(fastInfer)),
 		median(slowWall).Round(time.Millisecond), median(fastWall).Round(time.Millisecond), float64(median(slowWall))/float64(median(fastWall)))
 	if ratio < 2.5 || ratio > 6 {
-		t.Errorf("0.25 core is %.2fx slower than 1.0 core (session %s vs %s), want 2.5..6", ratio, slow, fast)
+		t.Errorf("0.25 core is %.2fx slower than 1.0 core (fastest session %s vs %s), want 2.5..6", ratio, slow, fast)
 	}
 
 	st, err := l.Stats(id)
@@ -229,8 +234,8 @@ func TestCgroupThrottlesRunner(t *testing.T) {
 	if st.CPUSeconds <= 0 || st.ThrottledSeconds <= 0 || st.MemoryBytes < 1<<20 {
 		t.Errorf("stats %+v: want CPU time, throttled time and memory", st)
 	}
-	// The runner's time is the instance's: 19 calls of at least the fast
-	// session's worth of CPU.
+	// The runner's time is the instance's: 19 calls of at least the
+	// fastest session's worth of CPU.
 	if least := 19 * fast.Seconds() * 0.8; st.CPUSeconds < least {
 		t.Errorf("cgroup CPU time %.3fs, want at least %.3fs", st.CPUSeconds, least)
 	}
@@ -261,8 +266,8 @@ func TestCgroupResizeLive(t *testing.T) {
 	timeCall(t, r, req)
 
 	type call struct {
-		start time.Time
-		took  time.Duration // in the session
+		start, end time.Time
+		took       time.Duration // in the session
 	}
 	var (
 		mu      sync.Mutex
@@ -282,8 +287,8 @@ func TestCgroupResizeLive(t *testing.T) {
 			t.Fatal("no resize after 200 calls")
 		}
 		start := time.Now()
-		_, took := timeCallInfer(t, r, req)
-		calls = append(calls, call{start, took})
+		wall, took := timeCallInfer(t, r, req)
+		calls = append(calls, call{start, start.Add(wall), took})
 		mu.Lock()
 		if !resized.IsZero() && start.Sub(resized) >= time.Second {
 			after++
@@ -297,7 +302,7 @@ func TestCgroupResizeLive(t *testing.T) {
 	var firstAfter []string
 	for _, c := range calls {
 		switch {
-		case c.start.Add(c.took).Before(resized):
+		case c.end.Before(resized):
 			before = append(before, c.took)
 		case c.start.Sub(resized) >= time.Second:
 			settled = append(settled, c.took)
@@ -310,11 +315,19 @@ func TestCgroupResizeLive(t *testing.T) {
 	}
 	slow, fast := median(before), median(settled)
 	ratio := float64(slow) / float64(fast)
-	t.Logf("session time before the resize: median %s of %d calls; calls in the first second after (start offset:session time) %v; from 1s on: median %s of %d calls: %.2fx faster",
-		slow.Round(time.Millisecond), len(before), firstAfter, fast.Round(time.Millisecond), len(settled), ratio)
-	// At an unchanged quota the ratio would be 1; 4 is the ideal.
-	if ratio < 2 {
-		t.Errorf("calls a second after the resize to 1.0 core are only %.2fx faster than at 0.25 core (%s vs %s), want >= 2", ratio, fast, slow)
+	t.Logf("session time before the resize: median %s of %d calls (fastest %s); calls in the first second after (start offset:session time) %v; from 1s on: median %s of %d calls (fastest %s): %.2fx faster",
+		slow.Round(time.Millisecond), len(before), slices.Min(before).Round(time.Millisecond), firstAfter,
+		fast.Round(time.Millisecond), len(settled), slices.Min(settled).Round(time.Millisecond), ratio)
+	// Under the quarter-core quota no call can beat the fastest call
+	// before the resize; the settled calls must run at least twice as fast
+	// as that at their best, and as a whole clearly faster than before
+	// (the margin leaves room for other load on the machine, which slows
+	// the full core more than the quarter).
+	if best := slices.Min(settled); float64(slices.Min(before))/float64(best) < 2 {
+		t.Errorf("fastest call a second after the resize to 1.0 core took %s, fastest before %s: want at least 2x faster", best, slices.Min(before))
+	}
+	if ratio < 1.5 {
+		t.Errorf("calls a second after the resize to 1.0 core are only %.2fx faster than at 0.25 core (median %s vs %s), want >= 1.5", ratio, fast, slow)
 	}
 }
 
