@@ -340,7 +340,7 @@ type calibration struct {
 // clients answered with 429 come straight back, and the storm of refused
 // requests eats the CPU being measured).
 func calibrate(b *testing.B) calibration {
-	s := startServer(b, qosRepo(b, 1000), "")
+	s := startServer(b, qosRepo(b, 1000), benchShared)
 	solo := lcInfer(1)
 	for range 50 {
 		if _, err := s.grpc.ModelInfer(b.Context(), solo); err != nil {
@@ -403,7 +403,7 @@ func benchQoSvsFIFO(b *testing.B, cal calibration, sloMS float64) {
 	for b.Loop() {
 		results = results[:0]
 		for _, policy := range []string{"qos", "fifo"} {
-			s := startServer(b, repo, fmt.Sprintf("qos: {policy: %s}\n", policy))
+			s := startServer(b, repo, fmt.Sprintf("qos: {policy: %s}\n", policy)+benchShared)
 			beAlone := measureRate(b, s, beReq, qbBEClients)
 			be := startClosedLoop(s, beReq, qbBEClients)
 			time.Sleep(qbWarm)

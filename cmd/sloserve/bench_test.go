@@ -69,6 +69,11 @@ func runDirect(b testing.TB, s *ort.DynamicAdvancedSession, shape []int64, data 
 	return outs[0].(*ort.Tensor[float32]).GetData()
 }
 
+// benchShared runs a benchmark's server under the shared policy (no
+// shares, no limiter): the serving-path and scheduler benchmarks measure
+// those parts alone, as before the control loop existed.
+const benchShared = "control: {policy: shared}\n"
+
 func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -84,7 +89,7 @@ func BenchmarkServerOverhead(b *testing.B) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
 	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1}\n"})
-	s := startServer(b, repo, "")
+	s := startServer(b, repo, benchShared)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 
 	data := make([]float32, 10)
@@ -168,7 +173,7 @@ func BenchmarkServerThroughput16(b *testing.B) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
 	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1, concurrency: 4}\n"})
-	s := startServer(b, repo, "")
+	s := startServer(b, repo, benchShared)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 	data := make([]float32, 10)
 	req := &inference.ModelInferRequest{
@@ -216,7 +221,7 @@ func BenchmarkServerDetector640(b *testing.B) {
 	det := demoModel(b, "ocr-det")
 	// Spinning allowed, as in the direct session's default options.
 	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2, allow_spinning: true}\n"})
-	s := startServer(b, repo, "")
+	s := startServer(b, repo, benchShared)
 	direct := directSession(b, det, "x", "sigmoid_0.tmp_0", 2)
 	rng := rand.New(rand.NewPCG(3, 4))
 	img := make([]float32, 3*640*640)
