@@ -21,4 +21,13 @@
 // with Warmup); every execution feeds it. Outcomes (good, late, rejected,
 // dropped, failed, canceled) are counted per model, with goodput and SLO
 // attainment over a sliding window (Stats) and as Prometheus metrics.
+//
+// An Adjuster sits beside each Scheduler and chooses every model's share of
+// the device, once a period, under one of three policies: "adaptive" (the
+// smallest share a Predictor says meets each latency-critical model's SLO
+// at its forecast rate, the rest to best-effort models by priority, growth
+// at once and shrinking after sustained slack), "static" (equal shares) and
+// "shared" (no limits). An Actuator (the model registry) applies the
+// shares; pins override the policy; idle models are evicted when memory is
+// over budget. Every decision is an Event.
 package qos
