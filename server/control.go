@@ -158,8 +158,47 @@ func (ds *devices) get(name string) (*device, error) {
 			log.Error("adjuster stopped", "err", err)
 		}
 	})
+	ds.loops.Go(func() { ds.sampleInterference(d) })
 	log.Info("device started", "policy", ds.qos.Policy, "slots", slots, "share_policy", adj.Policy())
 	return d, nil
+}
+
+// sampleInterference tells the predictor, once a control period, how much
+// of the device each model's co-located models used (CPU seconds of their
+// limiter units over the period, as a fraction of the device), so that its
+// predictions scale when the device is oversubscribed.
+func (ds *devices) sampleInterference(d *device) {
+	if d.lim.Kind() == limiter.KindNone || ds.registry == nil {
+		return // no unit to read usage from
+	}
+	tick := time.NewTicker(ds.ctl.Period)
+	defer tick.Stop()
+	last := map[string]float64{}
+	lastAt := time.Now()
+	for {
+		select {
+		case <-ds.ctx.Done():
+			return
+		case now := <-tick.C:
+			dt := now.Sub(lastAt).Seconds()
+			lastAt = now
+			used := map[string]float64{}
+			next := map[string]float64{} // models gone since are forgotten
+			var total float64
+			for _, ms := range d.adj.Shares() {
+				cpu := ds.registry.UnitStats(ms.Model).CPUSeconds
+				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
+					used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
+					total += used[ms.Model]
+				}
+				next[ms.Model] = cpu
+			}
+			last = next
+			for name, u := range used {
+				ds.pred.SetInterference(name, total-u)
+			}
+		}
+	}
 }
 
 // all returns the devices in name order.
