@@ -340,6 +340,13 @@ func (r *Registry) Unload(ctx context.Context, name string) error {
 	if r.opts.Control != ControlExplicit {
 		return fmt.Errorf("%w: unload needs model control mode %q, the server runs in %q", ErrModelControl, ControlExplicit, r.opts.Control)
 	}
+	// An unloaded model stays unloaded, even one evicted before: requests
+	// no longer bring it back.
+	r.mu.Lock()
+	if m, ok := r.models[name]; ok {
+		m.evicted = false
+	}
+	r.mu.Unlock()
 	return r.unload(ctx, name, "unloaded")
 }
 

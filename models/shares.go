@@ -324,12 +324,14 @@ func (r *Registry) Evict(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request"); err != nil {
-		return err
-	}
+	// Marked first, so that a request arriving while the model drains
+	// loads it again instead of failing.
 	r.mu.Lock()
 	m.evicted = true
 	r.mu.Unlock()
+	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request"); err != nil {
+		return err
+	}
 	r.metrics.evictions.WithLabelValues(name).Inc()
 	return nil
 }

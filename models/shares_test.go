@@ -282,7 +282,11 @@ func TestEvictAndLoadOnDemand(t *testing.T) {
 	if n := len(f.of("sum", 1)); n != 2 {
 		t.Errorf("%d instances started, want 2 (one load on demand)", n)
 	}
-	// An unload (not an eviction) is not undone by a request.
+	// An unload (not an eviction) is not undone by a request, even of a
+	// model evicted before.
+	if err := r.Evict(t.Context(), "sum/1"); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.Unload(t.Context(), "sum"); err != nil {
 		t.Fatal(err)
 	}
