@@ -39,7 +39,7 @@ type cgroupLimiter struct {
 	describe string
 
 	mu     sync.Mutex
-	units  map[string]*cgroupUnit
+	units  unitTable[*cgroupUnit]
 	closed bool
 }
 
@@ -69,7 +69,7 @@ func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimi
 		periodUS: opts.Period.Microseconds(),
 		env:      env,
 		log:      log,
-		units:    map[string]*cgroupUnit{},
+		units:    unitTable[*cgroupUnit]{},
 	}
 	errV2 := l.setupV2(opts.Root, sc)
 	if errV2 == nil {
@@ -237,8 +237,8 @@ func (l *cgroupLimiter) Place(id string, s Share) (Placement, error) {
 	if l.closed {
 		return Placement{}, errors.New("limiter: closed")
 	}
-	if _, ok := l.units[id]; ok {
-		return Placement{}, fmt.Errorf("limiter: instance %q is placed already", id)
+	if err := l.units.free(id); err != nil {
+		return Placement{}, err
 	}
 	u := &cgroupUnit{name: name, share: s}
 	var pl Placement
@@ -272,9 +272,9 @@ func (l *cgroupLimiter) Resize(id string, s Share) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	u, ok := l.units[id]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	u, err := l.units.get(id)
+	if err != nil {
+		return err
 	}
 	if err := l.apply(u, s); err != nil {
 		return fmt.Errorf("limiter: resize %s: %w", id, err)
@@ -349,10 +349,10 @@ func (l *cgroupLimiter) apply(u *cgroupUnit, s Share) error {
 
 func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 	l.mu.Lock()
-	u, ok := l.units[id]
+	u, err := l.units.get(id)
 	l.mu.Unlock()
-	if !ok {
-		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	if err != nil {
+		return Stats{}, err
 	}
 	var st Stats
 	var errs []error
@@ -468,9 +468,9 @@ func processCPU(pid int) (float64, error) {
 func (l *cgroupLimiter) Release(id string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	u, ok := l.units[id]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	u, err := l.units.get(id)
+	if err != nil {
+		return err
 	}
 	if err := l.release(u); err != nil {
 		return fmt.Errorf("limiter: release %s: %w", id, err)

@@ -244,3 +244,27 @@ func unitName(id string) (string, error) {
 	}
 	return name, nil
 }
+
+// unitTable holds a backend's placed instances by id; the backend's mutex
+// guards it.
+type unitTable[T any] map[string]T
+
+// free checks that id may be placed: not empty, not placed already.
+func (t unitTable[T]) free(id string) error {
+	if id == "" {
+		return errors.New("limiter: empty instance id")
+	}
+	if _, ok := t[id]; ok {
+		return fmt.Errorf("limiter: instance %q is placed already", id)
+	}
+	return nil
+}
+
+// get returns a placed instance, or ErrUnknownInstance.
+func (t unitTable[T]) get(id string) (T, error) {
+	u, ok := t[id]
+	if !ok {
+		return u, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	}
+	return u, nil
+}

@@ -22,7 +22,7 @@ type mpsLimiter struct {
 	log       *slog.Logger
 
 	mu    sync.Mutex
-	units map[string]*mpsUnit
+	units unitTable[*mpsUnit]
 }
 
 type mpsUnit struct {
@@ -36,7 +36,7 @@ var (
 )
 
 func newMPS(dev device, t Telemetry, log *slog.Logger) *mpsLimiter {
-	l := &mpsLimiter{dev: dev, telemetry: t, log: log, units: map[string]*mpsUnit{}}
+	l := &mpsLimiter{dev: dev, telemetry: t, log: log, units: unitTable[*mpsUnit]{}}
 	if t == nil {
 		l.telemetry = NewTelemetry(log)
 		l.ownsTelem = true
@@ -79,13 +79,10 @@ func (l *mpsLimiter) Place(id string, s Share) (Placement, error) {
 	if err := validShare(s); err != nil {
 		return Placement{}, err
 	}
-	if id == "" {
-		return Placement{}, fmt.Errorf("limiter: empty instance id")
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; ok {
-		return Placement{}, fmt.Errorf("limiter: instance %q is placed already", id)
+	if err := l.units.free(id); err != nil {
+		return Placement{}, err
 	}
 	l.units[id] = &mpsUnit{share: s}
 	return l.placement(s), nil
@@ -99,9 +96,9 @@ func (l *mpsLimiter) Resize(id string, s Share) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	u, ok := l.units[id]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	u, err := l.units.get(id)
+	if err != nil {
+		return err
 	}
 	if u.share == s {
 		return nil
@@ -113,9 +110,9 @@ func (l *mpsLimiter) Resize(id string, s Share) error {
 func (l *mpsLimiter) Track(id string, pid int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	u, ok := l.units[id]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	u, err := l.units.get(id)
+	if err != nil {
+		return err
 	}
 	u.pid = pid
 	return nil
@@ -124,8 +121,8 @@ func (l *mpsLimiter) Track(id string, pid int) error {
 func (l *mpsLimiter) Release(id string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	if _, err := l.units.get(id); err != nil {
+		return err
 	}
 	delete(l.units, id)
 	return nil
@@ -136,15 +133,15 @@ func (l *mpsLimiter) Release(id string) error {
 // measured on a GPU.
 func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	l.mu.Lock()
-	u, ok := l.units[id]
+	u, err := l.units.get(id)
 	var share Share
 	var pid int
-	if ok {
+	if err == nil {
 		share, pid = u.share, u.pid
 	}
 	l.mu.Unlock()
-	if !ok {
-		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	if err != nil {
+		return Stats{}, err
 	}
 	st := Stats{MemoryLimit: share.Memory}
 	if pid == 0 {

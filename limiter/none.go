@@ -14,7 +14,7 @@ type noneLimiter struct {
 	reason string
 
 	mu    sync.Mutex
-	units map[string]Share
+	units unitTable[Share]
 }
 
 var _ Limiter = (*noneLimiter)(nil)
@@ -23,7 +23,7 @@ func newNone(dev device, cpus int, reason string) *noneLimiter {
 	if dev.gpu {
 		cpus = 1
 	}
-	return &noneLimiter{dev: dev, cpus: max(cpus, 1), reason: reason, units: map[string]Share{}}
+	return &noneLimiter{dev: dev, cpus: max(cpus, 1), reason: reason, units: unitTable[Share]{}}
 }
 
 func (l *noneLimiter) Kind() string { return KindNone }
@@ -41,13 +41,10 @@ func (l *noneLimiter) Place(id string, s Share) (Placement, error) {
 	if err := validShare(s); err != nil {
 		return Placement{}, err
 	}
-	if id == "" {
-		return Placement{}, fmt.Errorf("limiter: empty instance id")
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; ok {
-		return Placement{}, fmt.Errorf("limiter: instance %q is placed already", id)
+	if err := l.units.free(id); err != nil {
+		return Placement{}, err
 	}
 	l.units[id] = s
 	if l.dev.gpu {
@@ -62,8 +59,8 @@ func (l *noneLimiter) Resize(id string, s Share) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	if _, err := l.units.get(id); err != nil {
+		return err
 	}
 	l.units[id] = s
 	return nil
@@ -72,8 +69,8 @@ func (l *noneLimiter) Resize(id string, s Share) error {
 func (l *noneLimiter) Release(id string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; !ok {
-		return fmt.Errorf("%w: %q", ErrUnknownInstance, id)
+	if _, err := l.units.get(id); err != nil {
+		return err
 	}
 	delete(l.units, id)
 	return nil
@@ -82,10 +79,8 @@ func (l *noneLimiter) Release(id string) error {
 func (l *noneLimiter) Stats(id string) (Stats, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.units[id]; !ok {
-		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownInstance, id)
-	}
-	return Stats{}, nil
+	_, err := l.units.get(id)
+	return Stats{}, err
 }
 
 func (l *noneLimiter) Close() error {
