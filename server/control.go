@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +60,16 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, byDev: map[string]*device{}}, nil
 }
 
+// newLimiter starts a device's limiter as the control config says. The
+// shared policy sets no limits, so under auto it gets none.
+func newLimiter(ctl configs.Control, device string, log *slog.Logger) (limiter.Limiter, error) {
+	backend := ctl.Limiter
+	if ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
+		backend = configs.LimiterNone
+	}
+	return limiter.New(limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log})
+}
+
 // scheduler is the registry's Options.Scheduler.
 func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
 	d, err := ds.get(name)
@@ -68,8 +79,9 @@ func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
 	return d.sched, nil
 }
 
-// limiter is the registry's Options.Limiter. A device whose limiter failed
-// to start has no device entry; its models then start unlimited.
+// limiter is the registry's Options.Limiter. When the device cannot start,
+// nil: the model's instances start unlimited and its scheduling then fails
+// with the device's error.
 func (ds *devices) limiter(name string) limiter.Limiter {
 	d, err := ds.get(name)
 	if err != nil {
@@ -111,16 +123,7 @@ func (ds *devices) get(name string) (*device, error) {
 	if err != nil {
 		return nil, err
 	}
-	backend := ds.ctl.Limiter
-	if ds.ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
-		backend = configs.LimiterNone // the shared policy sets no limits
-	}
-	lim, err := limiter.New(limiter.Options{
-		Backend: backend,
-		Device:  name,
-		Period:  ds.ctl.CFSPeriod,
-		Logger:  log.With("component", "limiter"),
-	})
+	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
 	if err != nil {
 		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
 	}
@@ -209,15 +212,7 @@ func (ds *devices) all() []*device {
 	for _, d := range ds.byDev {
 		out = append(out, d)
 	}
-	slices.SortFunc(out, func(a, b *device) int {
-		switch {
-		case a.name < b.name:
-			return -1
-		case a.name > b.name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *device) int { return strings.Compare(a.name, b.name) })
 	return out
 }
 
@@ -276,14 +271,17 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 	if err != nil {
 		return err
 	}
-	prof, ok, err := p.cache.Load(key)
-	if p.fresh {
-		ok, err = false, nil
+	var (
+		prof predictor.Profile
+		ok   bool
+	)
+	if !p.fresh {
+		if prof, ok, err = p.cache.Load(key); err != nil {
+			p.log.Warn("ignoring an unreadable cached profile", "model", run.Key, "err", err)
+			ok = false
+		}
 	}
-	if err != nil {
-		p.log.Warn("ignoring an unreadable cached profile", "model", run.Key, "err", err)
-	}
-	if ok && err == nil {
+	if ok {
 		p.pred.SetProfile(run.Key, prof)
 		p.log.Info("profile from cache", "model", run.Key, "mape", prof.MAPE, "curve", prof.Curve)
 		if p.report != nil {

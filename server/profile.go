@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -22,19 +21,11 @@ import (
 // writes the measured points, the fitted curve and its error to out. No
 // listener is opened and no request is served.
 func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool, out io.Writer, logger *slog.Logger) error {
-	lib, err := FindONNXRuntime(cfg.Runtime.ONNXRuntimeLibrary)
+	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err
 	}
-	socketDir, err := os.MkdirTemp(cfg.Runtime.SocketDir, fmt.Sprintf("%s%d-", socketDirPrefix, os.Getpid()))
-	if err != nil {
-		return fmt.Errorf("socket directory: %w", err)
-	}
-	defer os.RemoveAll(socketDir)
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
+	defer cleanup()
 	pred, err := predictor.New(predictor.Options{})
 	if err != nil {
 		return err
@@ -55,7 +46,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		if l, ok := lims[device]; ok {
 			return l
 		}
-		l, err := limiter.New(limiter.Options{Backend: cfg.Control.Limiter, Device: device, Period: cfg.Control.CFSPeriod, Logger: logger})
+		l, err := newLimiter(cfg.Control, device, logger)
 		if err != nil {
 			lerr = err
 			return nil
@@ -68,7 +59,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		cfg:   cfg.Control.Profile,
 		cache: predictor.Cache{Dir: profileCacheDir(cfg.Control.Profile.CacheDir)},
 		pred:  pred,
-		lib:   lib,
+		lib:   runners.library,
 		log:   logger,
 		fresh: fresh,
 		report: func(run models.ProfileRun, p predictor.Profile, cached bool) {
@@ -76,7 +67,6 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 			writeProfile(out, run, p, cached, lims[run.Device])
 		},
 	}
-	runners := &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: cfg.Runtime, logger: logger}
 	reg, err := models.New(models.Options{
 		Repositories:      cfg.Repositories,
 		Control:           configs.ModelControlExplicit,
@@ -85,12 +75,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		NewInstance:       runners.start,
 		Logger:            logger,
 		Limiter:           limiterFor,
-		Profile: func(ctx context.Context, run models.ProfileRun) error {
-			if err := prof.run(ctx, run); err != nil {
-				return err
-			}
-			return nil
-		},
+		Profile:           prof.run,
 	})
 	if err != nil {
 		return err

@@ -4,11 +4,38 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
 )
+
+// newRunnerFactory finds the ONNX Runtime library and this executable and
+// prepares the runners' socket folder: the configured one, or a temporary
+// one (after removing those of dead servers) that cleanup removes.
+func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
+	lib, err := FindONNXRuntime(rt.ONNXRuntimeLibrary)
+	if err != nil {
+		return nil, nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("finding the sloserve executable for runners: %w", err)
+	}
+	cleanup = func() {}
+	socketDir := rt.SocketDir
+	if socketDir == "" {
+		removeStaleSocketDirs(os.TempDir(), logger)
+		if socketDir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", socketDirPrefix, os.Getpid())); err != nil {
+			return nil, nil, fmt.Errorf("socket directory: %w", err)
+		}
+		cleanup = func() { os.RemoveAll(socketDir) }
+	} else if err := os.MkdirAll(socketDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("socket directory: %w", err)
+	}
+	return &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: rt, logger: logger}, cleanup, nil
+}
 
 // runnerFactory starts model instances as runner processes of this binary.
 type runnerFactory struct {

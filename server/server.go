@@ -36,24 +36,11 @@ var Version = "dev"
 // turns false, listeners stop accepting, admitted requests finish within the
 // grace period, and the runners stop.
 func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
-	lib, err := FindONNXRuntime(cfg.Runtime.ONNXRuntimeLibrary)
+	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err
 	}
-	socketDir := cfg.Runtime.SocketDir
-	if socketDir == "" {
-		removeStaleSocketDirs(os.TempDir(), logger)
-		if socketDir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", socketDirPrefix, os.Getpid())); err != nil {
-			return fmt.Errorf("socket directory: %w", err)
-		}
-		defer os.RemoveAll(socketDir)
-	} else if err := os.MkdirAll(socketDir, 0o700); err != nil {
-		return fmt.Errorf("socket directory: %w", err)
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("finding the sloserve executable for runners: %w", err)
-	}
+	defer cleanup()
 
 	promReg := prometheus.NewRegistry()
 	if err := promReg.Register(collectors.NewGoCollector()); err != nil {
@@ -77,16 +64,8 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		cfg:   cfg.Control.Profile,
 		cache: predictor.Cache{Dir: profileCacheDir(cfg.Control.Profile.CacheDir)},
 		pred:  devs.pred,
-		lib:   lib,
+		lib:   runners.library,
 		log:   logger.With("component", "predictor"),
-	}
-
-	runners := &runnerFactory{
-		executable: exe,
-		library:    lib,
-		socketDir:  socketDir,
-		rt:         cfg.Runtime,
-		logger:     logger,
 	}
 	opts := models.Options{
 		Repositories:      cfg.Repositories,
