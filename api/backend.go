@@ -46,6 +46,8 @@ type Backend interface {
 	// Control describes the control loop: policy, limiters, shares and
 	// predictions.
 	Control() ControlStatus
+	// Limiters names the limiter of each started device (device -> kind).
+	Limiters() map[string]string
 	// ControlEvents returns the adjusters' decisions after since, oldest
 	// first, at most limit.
 	ControlEvents(since time.Time, limit int) []qos.Event

@@ -198,6 +198,8 @@ func (f *fakeBackend) Control() ControlStatus {
 	}}}
 }
 
+func (f *fakeBackend) Limiters() map[string]string { return map[string]string{"cpu": "cgroup-v1"} }
+
 func (f *fakeBackend) ControlEvents(since time.Time, limit int) []qos.Event {
 	f.mu.Lock()
 	defer f.mu.Unlock()

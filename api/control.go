@@ -136,7 +136,11 @@ func (s *restServer) pinShare(c *gin.Context) {
 		Compute *float64         `json:"compute"`
 		Memory  *json.RawMessage `json:"memory"`
 	}
-	if err := decodeStrictBody(body, &req); err != nil {
+	if len(body) == 0 {
+		s.writeError(c, restBadRequest("empty body: want a JSON object"))
+		return
+	}
+	if err := decodeJSONBody(body, &req, true); err != nil {
 		s.writeError(c, err)
 		return
 	}
@@ -192,24 +196,4 @@ func parseMemory(raw json.RawMessage) (int64, error) {
 		return 0, restBadRequest("memory: %v", err)
 	}
 	return int64(b), nil
-}
-
-// decodeStrictBody is decodeRESTBody refusing unknown fields.
-func decodeStrictBody(body []byte, v any) error {
-	if len(body) == 0 {
-		return restBadRequest("empty body: want a JSON object")
-	}
-	if err := decodeRESTBody(body, v); err != nil {
-		return err
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return restBadRequest("want a JSON object")
-	}
-	for k := range fields {
-		if k != "compute" && k != "memory" {
-			return restBadRequest("unknown field %q (want compute, memory)", k)
-		}
-	}
-	return nil
 }

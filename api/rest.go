@@ -232,18 +232,12 @@ type serverMetadataJSON struct {
 }
 
 func (s *restServer) serverMetadata(c *gin.Context) {
-	md := serverMetadataJSON{
+	s.writeValue(c, http.StatusOK, serverMetadataJSON{
 		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
 		Extensions: Extensions,
-	}
-	for _, d := range s.b.Control().Devices {
-		if md.Limiters == nil {
-			md.Limiters = map[string]string{}
-		}
-		md.Limiters[d.Device] = d.Limiter
-	}
-	s.writeValue(c, http.StatusOK, md)
+		Limiters:   s.b.Limiters(),
+	})
 }
 
 // tensorMetadataJSON describes one model input or output.
@@ -490,11 +484,17 @@ type indexEntryJSON struct {
 
 // decodeRESTBody decodes a JSON object body into v; an empty body
 // leaves v as it is.
-func decodeRESTBody(body []byte, v any) error {
+func decodeRESTBody(body []byte, v any) error { return decodeJSONBody(body, v, false) }
+
+// decodeJSONBody is decodeRESTBody; strict refuses fields v does not have.
+func decodeJSONBody(body []byte, v any, strict bool) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(v); err != nil {
 		return restJSONError(err)
 	}

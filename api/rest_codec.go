@@ -40,6 +40,7 @@ import (
 	"math"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -275,6 +276,8 @@ func restJSONError(err error) error {
 		return restBadRequest("the request must be a JSON object, not %s", typ.Value)
 	case errors.As(err, &typ):
 		return restBadRequest("%s must be %s, not %s", typ.Field, jsonKindOf(typ.Type), clipValue(typ.Value))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return restBadRequest("%s", strings.TrimPrefix(err.Error(), "json: "))
 	default:
 		return restBadRequest("malformed JSON: %v", err)
 	}

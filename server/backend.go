@@ -81,6 +81,14 @@ func (b *backend) Control() api.ControlStatus {
 	return st
 }
 
+func (b *backend) Limiters() map[string]string {
+	out := map[string]string{}
+	for _, d := range b.devs.all() {
+		out[d.name] = d.lim.Kind()
+	}
+	return out
+}
+
 func (b *backend) ControlEvents(since time.Time, limit int) []qos.Event {
 	var all []qos.Event
 	for _, d := range b.devs.all() {
