@@ -132,25 +132,24 @@ func (r *Registry) versionByKey(key string) (*version, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not model/version", ErrModelNotFound, key)
 	}
+	return r.serving(name, label)
+}
+
+// serving finds a serving version of a model ("" = the default one).
+func (r *Registry) serving(name, ver string) (*version, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
 	}
-	return m.resolve(label)
+	return m.resolve(ver)
 }
 
 // VersionKey resolves a model and version ("" = the default version) to
 // the serving version's scheduler name "model/N" and its device.
 func (r *Registry) VersionKey(name, ver string) (key, device string, err error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return "", "", fmt.Errorf("%w: %q", ErrModelNotFound, name)
-	}
-	v, err := m.resolve(ver)
+	v, err := r.serving(name, ver)
 	if err != nil {
 		return "", "", err
 	}
@@ -383,7 +382,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry", "model", v.model, "version", v.label)
 		return
 	}
-	if v.lim == nil || v.lim.Kind() == "none" {
+	if v.lim == nil || v.lim.Kind() == limiter.KindNone {
 		r.log.Info("not profiled: shares are not enforced on this device (limiter none)", "model", v.model, "version", v.label)
 		return
 	}
