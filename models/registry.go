@@ -877,9 +877,7 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 // tried once more on another: inference is idempotent.
 func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
 	var queue time.Duration
-	v.instMu.RLock()
-	attempts := min(2, len(v.instances))
-	v.instMu.RUnlock()
+	attempts := min(2, v.cfg.Instances) // swaps replace instances, never change their number
 	var err error
 	for range attempts {
 		q := time.Now()
