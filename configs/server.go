@@ -348,33 +348,34 @@ func (s *Server) validate() problems {
 func (c *Control) validate(p *problems) {
 	p.oneOf("control.policy", c.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
 	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterNone)
-	fraction := func(path string, v float64, lowOpen bool) {
-		if !(v >= 0 && v < 1) || (lowOpen && v == 0) {
-			p.add(path, "must be in %s0, 1), got %v", map[bool]string{true: "(", false: "["}[lowOpen], v)
-		}
+	if !(c.Headroom >= 0 && c.Headroom < 1) { // false for NaN
+		p.add("control.headroom", "must be in [0, 1), got %v", c.Headroom)
 	}
-	fraction("control.headroom", c.Headroom, false)
 	if !(c.MaxUtilization > 0 && c.MaxUtilization <= 1) {
 		p.add("control.max_utilization", "must be > 0 and <= 1, got %v", c.MaxUtilization)
 	}
-	fraction("control.step", c.Step, true)
-	fraction("control.min_share", c.MinShare, false)
-	for _, d := range []struct {
-		path string
-		v    time.Duration
-		zero bool // 0 allowed
-	}{
-		{"control.period", c.Period, false},
-		{"control.scale_down_after", c.ScaleDownAfter, true},
-		{"control.cooldown", c.Cooldown, true},
-		{"control.keep_alive", c.KeepAlive, true},
-		{"control.cfs_period", c.CFSPeriod, false},
-		{"control.profile.budget", c.Profile.Budget, false},
-	} {
-		if d.v < 0 || (d.v == 0 && !d.zero) {
-			p.add(d.path, "must be %s, got %v", map[bool]string{true: ">= 0", false: "> 0"}[d.zero], d.v)
+	if !(c.Step > 0 && c.Step < 1) {
+		p.add("control.step", "must be in (0, 1), got %v", c.Step)
+	}
+	if !(c.MinShare >= 0 && c.MinShare < 1) {
+		p.add("control.min_share", "must be in [0, 1), got %v", c.MinShare)
+	}
+	positive := func(path string, d time.Duration) {
+		if d <= 0 {
+			p.add(path, "must be > 0, got %v", d)
 		}
 	}
+	nonNegative := func(path string, d time.Duration) {
+		if d < 0 {
+			p.add(path, "must be >= 0, got %v", d)
+		}
+	}
+	positive("control.period", c.Period)
+	nonNegative("control.scale_down_after", c.ScaleDownAfter)
+	nonNegative("control.cooldown", c.Cooldown)
+	nonNegative("control.keep_alive", c.KeepAlive)
+	positive("control.cfs_period", c.CFSPeriod)
+	positive("control.profile.budget", c.Profile.Budget)
 	if c.CFSPeriod > 0 && (c.CFSPeriod < time.Millisecond || c.CFSPeriod > time.Second) {
 		p.add("control.cfs_period", "must be between 1ms and 1s (the kernel's range), got %v", c.CFSPeriod)
 	}
