@@ -384,7 +384,7 @@ type Comparison struct {
 //
 // A ratio whose denominator is 0 is undefined (Inf or NaN, neither of which
 // JSON can carry): it is reported as 0 and its JSON name is listed in
-// Undefined, so that a reader can tell "no better than nothing" from "zero".
+// Undefined, so that a reader can tell an undefined ratio from a real 0.
 type Ratio struct {
 	Of   string `json:"of"`   // the numerator's policy
 	Over string `json:"over"` // the denominator's policy
