@@ -12,7 +12,12 @@
 package loadtest
 
 import (
+	"cmp"
+	"encoding/csv"
 	"fmt"
+	"io"
+	"slices"
+	"strconv"
 	"time"
 )
 
@@ -124,4 +129,25 @@ type Run struct {
 	Records  []Record // in no particular order
 	Shares   []ShareSample
 	Events   []Event
+}
+
+// WriteRecordsCSV writes every record of a run, one row per request, in
+// send order: model, scheduled_ms, sent_ms, latency_ms, outcome, detail.
+func WriteRecordsCSV(w io.Writer, r *Run) error {
+	recs := slices.Clone(r.Records)
+	slices.SortStableFunc(recs, func(a, b Record) int { return cmp.Compare(a.Sent, b.Sent) })
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"model", "scheduled_ms", "sent_ms", "latency_ms", "outcome", "detail"})
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64)
+	}
+	for _, rec := range recs {
+		name := ""
+		if rec.Model >= 0 && rec.Model < len(r.Models) {
+			name = r.Models[rec.Model].Name
+		}
+		cw.Write([]string{name, ms(rec.Scheduled), ms(rec.Sent), ms(rec.Latency), rec.Outcome.String(), rec.Detail})
+	}
+	cw.Flush()
+	return cw.Error()
 }

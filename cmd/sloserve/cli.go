@@ -24,10 +24,15 @@ Usage:
   sloserve profile [flags] MODEL
                              time a model over batch sizes x compute shares and
                              print the latency curve the predictor fits
+  sloserve loadtest [flags] SCENARIO.yaml
+                             drive models with a scenario's load and report
+                             goodput, attainment and latency; --compare runs
+                             it under each share policy side by side
   sloserve version           print the version
   sloserve help              this text
 
-Run "sloserve serve -h" or "sloserve profile -h" for their flags.
+Run "sloserve serve -h", "sloserve profile -h" or "sloserve loadtest -h" for
+their flags.
 `
 
 // run dispatches a subcommand and returns the process exit code.
@@ -44,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, args[1:], stderr)
 	case "profile":
 		err = profile(ctx, args[1:], stdout, stderr)
+	case "loadtest":
+		err = loadtestCmd(ctx, args[1:], stdout, stderr)
 	case "runner":
 		// Hidden: the child process that hosts one ONNX Runtime session.
 		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", "info").With("pid", os.Getpid()))

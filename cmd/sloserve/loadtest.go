@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sloserve/sloserve/loadtest"
+)
+
+const loadtestUsage = `Usage: sloserve loadtest [flags] SCENARIO.yaml
+
+Drives the models of a scenario file (see loadtest/scenarios/) with open- or
+closed-loop load and writes a report: summary.json (per model and class:
+goodput, attainment, percentiles, throughput), timeline.csv (per second),
+records.csv (every request) and report.html (plots, shares, events).
+
+Modes:
+  (default)   against a running server (--http, --grpc)
+  --serve     start a server for the run (the scenario's server section),
+              with --policy if given
+  --compare   start one server per policy (--policies, or the scenario's
+              server.policies) and write one combined report with ratios
+  --search    find the highest multiple of the scenario's rates at which
+              every latency-critical model keeps --search-target attainment
+
+Flags:
+`
+
+func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, loadtestUsage)
+		fs.PrintDefaults()
+	}
+	httpBase := fs.String("http", "http://127.0.0.1:8000", "the server's REST base URL")
+	grpcAddr := fs.String("grpc", "127.0.0.1:8001", "the server's gRPC address")
+	out := fs.String("out", "", "report folder (default loadtest-results/<scenario>-<time>)")
+	duration := fs.Duration("duration", 0, "measured window, overriding the scenario's")
+	warmup := fs.Duration("warmup", -1, "warmup before the window, overriding the scenario's")
+	serveFlag := fs.Bool("serve", false, "start a server for the run")
+	policy := fs.String("policy", "", "with --serve: the server's share policy (static, shared or adaptive)")
+	compare := fs.Bool("compare", false, "run once per policy, each with a server of its own, and compare")
+	policies := fs.String("policies", "", "with --compare: comma-separated policies (default: the scenario's server.policies)")
+	search := fs.Bool("search", false, "search the highest rate multiple that keeps the target attainment")
+	searchTarget := fs.Float64("search-target", 0.99, "with --search: the SLO attainment to keep")
+	searchProbe := fs.Duration("search-probe", 20*time.Second, "with --search: the measured length of each probe")
+	serverConfig := fs.String("server-config", "", "with --serve/--compare: the server's config file (default: the embedded one)")
+	var serverSets setFlags
+	fs.Var(&serverSets, "server-set", "with --serve/--compare: a server config override key=value (repeatable)")
+	maxInFlight := fs.Int("max-inflight", 0, "requests in flight per model before arrivals are dropped by the generator (default 2048)")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("want one scenario file, got %q", fs.Args())
+	}
+	if *serveFlag && *compare {
+		return errors.New("--serve and --compare are exclusive (--compare starts its own servers)")
+	}
+	if *search && *compare {
+		return errors.New("--search and --compare are exclusive")
+	}
+	if *policy != "" && !*serveFlag {
+		return errors.New("--policy needs --serve (or use --compare)")
+	}
+	sc, err := loadtest.LoadScenario(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	opts := loadtest.Options{
+		HTTPBase: strings.TrimSuffix(*httpBase, "/"), GRPCAddr: *grpcAddr,
+		Duration: *duration, MaxInFlight: *maxInFlight,
+	}
+	if *warmup >= 0 {
+		opts.Warmup, opts.WarmupSet = *warmup, true
+	}
+	if !*quiet {
+		opts.Progress = stderr
+		opts.ProgressLines = !isTerminal(stderr)
+	}
+	dir := *out
+	if dir == "" {
+		dir = filepath.Join("loadtest-results", sc.Name+"-"+time.Now().Format("20060102-150405"))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "loadtest: "+format+"\n", args...) }
+	so := loadtest.ServerOptions{Config: *serverConfig, Set: serverSets}
+
+	switch {
+	case *compare:
+		ps := sc.Server.Policies
+		if *policies != "" {
+			ps = strings.Split(*policies, ",")
+		}
+		if len(ps) == 0 {
+			return errors.New("--compare: no policies (give --policies or server.policies in the scenario)")
+		}
+		var logs []*os.File
+		defer func() {
+			for _, f := range logs {
+				f.Close()
+			}
+		}()
+		var runs []*loadtest.Run
+		for _, p := range ps {
+			f, err := os.Create(filepath.Join(dir, "server-"+p+".log"))
+			if err != nil {
+				return err
+			}
+			logs = append(logs, f)
+			so.Log = f
+			run, err := loadtest.RunPolicy(ctx, sc, p, so, opts, logf)
+			if err != nil {
+				return err
+			}
+			runs = append(runs, run)
+			if err := writeRun(filepath.Join(dir, p), run); err != nil {
+				return err
+			}
+		}
+		return writeComparison(dir, runs, stdout)
+
+	case *search:
+		if *serveFlag {
+			f, err := os.Create(filepath.Join(dir, "server.log"))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			so.Log = f
+			srv, err := loadtest.StartServer(ctx, sc, *policy, so)
+			if err != nil {
+				return err
+			}
+			defer srv.Stop(time.Minute)
+			opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+		}
+		opts.Progress = nil // one line per probe is enough
+		res, err := loadtest.Search(ctx, sc, opts, loadtest.SearchOptions{Target: *searchTarget, Probe: *searchProbe}, logf)
+		if res != nil {
+			if werr := writeJSONFile(filepath.Join(dir, "search.json"), res); werr != nil && err == nil {
+				err = werr
+			}
+			fmt.Fprintf(stdout, "highest scale keeping %.2f%% attainment: %.3g x the scenario's rates (%d probes); report in %s\n",
+				100*res.Target, res.Scale, len(res.Probes), dir)
+		}
+		return err
+
+	default:
+		if *serveFlag {
+			f, err := os.Create(filepath.Join(dir, "server.log"))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			so.Log = f
+			srv, err := loadtest.StartServer(ctx, sc, *policy, so)
+			if err != nil {
+				return err
+			}
+			defer srv.Stop(time.Minute)
+			opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+		}
+		run, err := loadtest.Execute(ctx, sc, opts)
+		if run == nil {
+			return err
+		}
+		if werr := writeRun(dir, run); werr != nil {
+			return werr
+		}
+		if werr := writeHTML(filepath.Join(dir, "report.html"), []*loadtest.Run{run}); werr != nil {
+			return werr
+		}
+		printSummary(stdout, loadtest.Summarize(run))
+		fmt.Fprintf(stdout, "report: %s\n", filepath.Join(dir, "report.html"))
+		return err
+	}
+}
+
+// writeRun writes one run's summary, timeline and records into dir.
+func writeRun(dir string, run *loadtest.Run) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	sum := loadtest.Summarize(run)
+	if err := writeFile(filepath.Join(dir, "summary.json"), sum.WriteJSON); err != nil {
+		return err
+	}
+	rows := loadtest.Timeline(run)
+	if err := writeFile(filepath.Join(dir, "timeline.csv"), func(w io.Writer) error { return loadtest.WriteTimelineCSV(w, rows) }); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, "records.csv"), func(w io.Writer) error { return loadtest.WriteRecordsCSV(w, run) })
+}
+
+func writeComparison(dir string, runs []*loadtest.Run, stdout io.Writer) error {
+	sums := make([]*loadtest.Summary, len(runs))
+	for i, r := range runs {
+		sums[i] = loadtest.Summarize(r)
+	}
+	cmp := loadtest.Compare(sums)
+	if err := writeFile(filepath.Join(dir, "comparison.json"), cmp.WriteJSON); err != nil {
+		return err
+	}
+	if err := writeHTML(filepath.Join(dir, "report.html"), runs); err != nil {
+		return err
+	}
+	for _, s := range sums {
+		fmt.Fprintf(stdout, "== policy %s\n", s.Policy)
+		printSummary(stdout, s)
+	}
+	for _, r := range cmp.Ratios {
+		fmt.Fprintf(stdout, "%s / %s: latency-critical goodput %.2fx, total goodput %.2fx, best-effort throughput %.2fx\n",
+			r.Of, r.Over, r.LCGoodput, r.TotalGoodput, r.BEThroughput)
+	}
+	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(dir, "report.html"))
+	return nil
+}
+
+func printSummary(w io.Writer, s *loadtest.Summary) {
+	fmt.Fprintf(w, "%-18s %-16s %8s %8s %9s %8s %8s %8s %7s\n", "model", "class", "requests", "goodput", "attain", "p50ms", "p99ms", "rejected", "share")
+	for _, m := range s.Models {
+		fmt.Fprintf(w, "%-18s %-16s %8d %8.2f %8.2f%% %8.1f %8.1f %8d %7.2f\n", m.Name, m.Class, m.Requests, m.Goodput,
+			100*m.Attainment, m.P50ms, m.P99ms, m.Outcomes["rejected"], m.ShareMean)
+	}
+	if s.Generator.Behind {
+		fmt.Fprintf(w, "warning: the generator fell behind (p99 lag %.1f ms, max %.1f ms): the client limited this run\n", s.Generator.LagP99ms, s.Generator.LagMaxms)
+	}
+}
+
+func writeHTML(path string, runs []*loadtest.Run) error {
+	return writeFile(path, func(w io.Writer) error { return loadtest.WriteHTML(w, runs) })
+}
+
+func writeJSONFile(path string, v any) error {
+	return writeFile(path, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	})
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// isTerminal reports whether w is a character device (a progress line can
+// be rewritten in place).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

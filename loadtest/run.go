@@ -1,0 +1,507 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Options say where a run sends its requests and what it shows meanwhile.
+type Options struct {
+	HTTPBase string // the server's REST base URL, e.g. http://127.0.0.1:8000
+	GRPCAddr string // the server's gRPC address, e.g. 127.0.0.1:8001
+	// Progress, when set, gets a live progress line once a second ("\r"-
+	// rewritten when it is a terminal-like writer; one line per second in
+	// logs otherwise).
+	Progress io.Writer
+	// ProgressLines writes a new line each second instead of rewriting one.
+	ProgressLines bool
+	// MaxInFlight bounds the requests in flight per model; an arrival that
+	// finds the bound reached is recorded as dropped by the generator.
+	// 0: 2048.
+	MaxInFlight int
+	// SharePeriod is how often the server's shares are read (GET
+	// /v2/control); 0: 1 s; negative: never.
+	SharePeriod time.Duration
+	// Scale multiplies every open-loop model's rate (the capacity
+	// search); 0: 1.
+	Scale float64
+	// Duration, when set, overrides the scenario's measured window.
+	Duration time.Duration
+	// Warmup, when >= 0 and WarmupSet, overrides the scenario's.
+	Warmup    time.Duration
+	WarmupSet bool
+}
+
+// generatorDetail is the Detail of an arrival the generator could not send.
+const generatorDetail = "generator: too many requests in flight"
+
+// Execute runs scenario sc against a running server and returns every
+// request's record, the server's shares over the run and its adjuster's
+// decisions. Cancelling ctx ends the run early; what was recorded so far is
+// returned with ctx's error.
+func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
+	if opts.Scale == 0 {
+		opts.Scale = 1
+	}
+	if opts.MaxInFlight == 0 {
+		opts.MaxInFlight = 2048
+	}
+	if opts.SharePeriod == 0 {
+		opts.SharePeriod = time.Second
+	}
+	sc2 := *sc
+	if opts.Duration > 0 {
+		sc2.Duration = opts.Duration
+	}
+	if opts.WarmupSet {
+		sc2.Warmup = opts.Warmup
+	}
+	sc = &sc2
+
+	hc := &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 4096,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+	defer hc.CloseIdleConnections()
+	ctl, err := fetchControl(ctx, hc, opts.HTTPBase)
+	if err != nil {
+		return nil, err
+	}
+	var conn *grpc.ClientConn
+	for _, m := range sc.Models {
+		if m.Protocol == ProtoGRPC && conn == nil {
+			if opts.GRPCAddr == "" {
+				return nil, fmt.Errorf("model %s: protocol grpc needs the server's gRPC address", m.Model)
+			}
+			conn, err = grpc.NewClient(opts.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+			defer conn.Close()
+		}
+	}
+
+	run := &Run{Scenario: sc.Name, Policy: ctl.Policy, Duration: sc.Duration}
+	drivers := make([]*driver, len(sc.Models))
+	for i := range sc.Models {
+		d, err := newDriver(ctx, sc, i, opts, hc, conn, ctl)
+		if err != nil {
+			for _, d := range drivers[:i] {
+				d.client.Close()
+			}
+			return nil, fmt.Errorf("model %s: %w", sc.Models[i].Model, err)
+		}
+		drivers[i] = d
+		run.Models = append(run.Models, d.info)
+	}
+	defer func() {
+		for _, d := range drivers {
+			d.client.Close()
+		}
+	}()
+
+	// Offset 0 is the start of the measured window, Warmup from now.
+	start := time.Now().Add(sc.Warmup)
+	run.Started = start
+	end := start.Add(sc.Duration)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	for _, d := range drivers {
+		wg.Go(func() { d.drive(runCtx, start, end) })
+	}
+	var shares []ShareSample
+	var sharesDone = make(chan struct{})
+	go func() {
+		defer close(sharesDone)
+		if opts.SharePeriod > 0 {
+			shares = pollShares(runCtx, hc, opts.HTTPBase, start, opts.SharePeriod, drivers)
+		}
+	}()
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		if opts.Progress != nil {
+			progress(runCtx, opts.Progress, !opts.ProgressLines, start, sc.Duration, drivers)
+		}
+	}()
+	wg.Wait() // every driver waits for its requests in flight
+	cancel()
+	<-sharesDone
+	<-progressDone
+
+	run.Shares = shares
+	for i, d := range drivers {
+		for _, r := range d.records {
+			r.Model = i
+			run.Records = append(run.Records, r)
+		}
+	}
+	// The adjuster's decisions over the run, by model.
+	events, err := fetchEvents(context.WithoutCancel(ctx), hc, opts.HTTPBase, start.Add(-sc.Warmup))
+	if err == nil {
+		for _, e := range events {
+			idx := -1
+			for i, d := range drivers {
+				if d.owns(e.Model) {
+					idx = i
+				}
+			}
+			run.Events = append(run.Events, Event{
+				At: e.Time.Sub(start), Model: idx, Kind: e.Kind,
+				Old: e.Old.Compute, New: e.New.Compute, Reason: e.Reason,
+			})
+		}
+	}
+	return run, ctx.Err()
+}
+
+// driver sends one model's requests.
+type driver struct {
+	info     ModelInfo
+	client   *Client
+	arrivals []time.Duration // open loop; nil for a closed loop
+	clients  int             // closed loop
+	timeout  time.Duration
+	version  string
+	inflight chan struct{}
+
+	mu      sync.Mutex
+	records []Record
+	// Live counters for the progress line.
+	sent, good, done atomic.Int64
+	lagMax           atomic.Int64 // ns, reset each progress tick
+}
+
+func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, conn *grpc.ClientConn, ctl *controlStatus) (*driver, error) {
+	m := &sc.Models[i]
+	md, err := FetchMetadata(ctx, hc, opts.HTTPBase, m.Model, m.Version)
+	if err != nil {
+		return nil, err
+	}
+	specs := make(map[string]InputSpec, len(m.Inputs))
+	for name, in := range m.Inputs {
+		specs[name] = InputSpec{Shape: in.Shape, Data: in.Data, File: sc.Path(in.File)}
+	}
+	inputs, err := BuildInputs(md, specs, sc.Seed+uint64(i))
+	if err != nil {
+		return nil, err
+	}
+	info := ModelInfo{Name: m.Model, Class: m.Class, SLO: m.SLO, Protocol: m.Protocol}
+	if mc, ok := ctl.model(m.Model, m.Version); ok {
+		if info.Class == "" {
+			info.Class = mc.Class
+		}
+		if info.SLO == 0 {
+			info.SLO = time.Duration(mc.SLOms * float64(time.Millisecond))
+		}
+	}
+	if info.SLO <= 0 {
+		return nil, errors.New("no SLO: the server reports none for it (GET /v2/control); give slo in the scenario")
+	}
+	if info.Class == "" {
+		info.Class = LatencyCritical
+	}
+	timeout := m.Timeout
+	if timeout == 0 {
+		timeout = max(4*info.SLO, time.Second)
+	}
+	client, err := NewClient(ClientOptions{
+		Protocol: m.Protocol, HTTPBase: opts.HTTPBase, GRPCAddr: opts.GRPCAddr,
+		Model: m.Model, Version: m.Version, Inputs: inputs,
+		Timeout: timeout, ServerTimeout: timeout,
+		HTTPClient: hc, GRPCConn: conn,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d := &driver{info: info, client: client, timeout: timeout, version: m.Version,
+		inflight: make(chan struct{}, opts.MaxInFlight)}
+	if m.Concurrency > 0 {
+		d.clients = m.Concurrency
+		d.info.Load = fmt.Sprintf("closed loop, %d clients", m.Concurrency)
+		return d, nil
+	}
+	offs, desc, err := sc.arrivals(i, opts.Scale)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	d.arrivals, d.info.Load = offs, desc
+	return d, nil
+}
+
+// owns reports whether the server's "model/version" name is this driver's.
+func (d *driver) owns(name string) bool {
+	model, version, _ := strings.Cut(name, "/")
+	return model == d.info.Name && (d.version == "" || version == d.version)
+}
+
+func (d *driver) drive(ctx context.Context, start, end time.Time) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if d.arrivals == nil {
+		for range d.clients {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					d.send(ctx, start, time.Since(start))
+				}
+			})
+		}
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for _, at := range d.arrivals {
+		if wait := time.Until(start.Add(at)); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		} else if ctx.Err() != nil {
+			return
+		}
+		select {
+		case d.inflight <- struct{}{}:
+		default:
+			if at >= 0 {
+				d.add(Record{Scheduled: at, Sent: at, Outcome: Dropped, Detail: generatorDetail})
+			}
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-d.inflight }()
+			d.send(ctx, start, at)
+		})
+	}
+}
+
+// send sends one request scheduled at offset at and records it when it
+// belongs to the measured window. The request keeps its own timeout past
+// the end of the window: a run waits for what it sent.
+func (d *driver) send(ctx context.Context, start time.Time, at time.Duration) {
+	sent := time.Since(start)
+	if lag := int64(sent - at); lag > d.lagMax.Load() {
+		d.lagMax.Store(lag)
+	}
+	d.sent.Add(1)
+	o, detail := d.client.Infer(context.WithoutCancel(ctx))
+	lat := time.Since(start) - sent
+	if o == Good && lat > d.info.SLO {
+		o = Late
+	}
+	d.done.Add(1)
+	if o == Good {
+		d.good.Add(1)
+	}
+	if at < 0 {
+		return // warmup
+	}
+	d.add(Record{Scheduled: at, Sent: sent, Latency: lat, Outcome: o, Detail: detail})
+}
+
+func (d *driver) add(r Record) {
+	d.mu.Lock()
+	d.records = append(d.records, r)
+	d.mu.Unlock()
+}
+
+// progress writes a progress line each second until ctx ends.
+func progress(ctx context.Context, w io.Writer, rewrite bool, start time.Time, total time.Duration, drivers []*driver) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	type last struct{ sent, good, done int64 }
+	prev := make([]last, len(drivers))
+	for {
+		select {
+		case <-ctx.Done():
+			if rewrite {
+				fmt.Fprintln(w)
+			}
+			return
+		case <-tick.C:
+		}
+		el := time.Since(start)
+		phase := "warmup"
+		if el >= 0 {
+			phase = fmt.Sprintf("%s/%s", el.Truncate(time.Second), total)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "[%s]", phase)
+		var behind time.Duration
+		for i, d := range drivers {
+			cur := last{d.sent.Load(), d.good.Load(), d.done.Load()}
+			done := cur.done - prev[i].done
+			att := "-"
+			if done > 0 {
+				att = fmt.Sprintf("%.0f%%", 100*float64(cur.good-prev[i].good)/float64(done))
+			}
+			fmt.Fprintf(&b, " %s %d/s good %s, in flight %d;", d.info.Name, cur.sent-prev[i].sent, att, len(d.inflight))
+			prev[i] = cur
+			behind = max(behind, time.Duration(d.lagMax.Swap(0)))
+		}
+		if behind > 10*time.Millisecond {
+			fmt.Fprintf(&b, " GENERATOR BEHIND by %s", behind.Round(time.Millisecond))
+		}
+		line := strings.TrimSuffix(b.String(), ";")
+		if rewrite {
+			fmt.Fprintf(w, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
+// controlStatus is the part of GET /v2/control a run reads.
+type controlStatus struct {
+	Policy  string `json:"policy"`
+	Devices []struct {
+		Models []modelControl `json:"models"`
+	} `json:"devices"`
+}
+
+type modelControl struct {
+	Model        string  `json:"model"` // model/version
+	Class        string  `json:"class"`
+	SLOms        float64 `json:"slo_ms"`
+	ComputeShare float64 `json:"compute_share"`
+	TargetShare  float64 `json:"target_compute_share"`
+	ForecastRate float64 `json:"forecast_rate"`
+	PredictedMs  float64 `json:"predicted_latency_ms"`
+	ObservedMs   float64 `json:"observed_latency_ms"`
+}
+
+// model finds a model's entry: the given version, or its highest one.
+func (c *controlStatus) model(name, version string) (modelControl, bool) {
+	var found modelControl
+	ok := false
+	for _, dev := range c.Devices {
+		for _, m := range dev.Models {
+			mn, mv, _ := strings.Cut(m.Model, "/")
+			if mn != name || (version != "" && mv != version) {
+				continue
+			}
+			if !ok || versionLess(found.Model, m.Model) {
+				found, ok = m, true
+			}
+		}
+	}
+	return found, ok
+}
+
+func versionLess(a, b string) bool {
+	_, va, _ := strings.Cut(a, "/")
+	_, vb, _ := strings.Cut(b, "/")
+	if len(va) != len(vb) {
+		return len(va) < len(vb)
+	}
+	return va < vb
+}
+
+func getJSON(ctx context.Context, hc *http.Client, u string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return fmt.Errorf("GET %s: %d: %s", u, resp.StatusCode, e.Error)
+		}
+		return fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("GET %s: %w", u, err)
+	}
+	return nil
+}
+
+func fetchControl(ctx context.Context, hc *http.Client, base string) (*controlStatus, error) {
+	var c controlStatus
+	if err := getJSON(ctx, hc, base+"/v2/control", &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// pollShares reads the server's shares every period until ctx ends.
+func pollShares(ctx context.Context, hc *http.Client, base string, start time.Time, period time.Duration, drivers []*driver) []ShareSample {
+	var out []ShareSample
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		if at := time.Since(start); at >= 0 {
+			if c, err := fetchControl(ctx, hc, base); err == nil {
+				for i, d := range drivers {
+					if m, ok := c.model(d.info.Name, d.version); ok {
+						out = append(out, ShareSample{
+							At: at, Model: i, Compute: m.ComputeShare, Target: m.TargetShare,
+							ForecastRate: m.ForecastRate, PredictedMs: m.PredictedMs, ObservedMs: m.ObservedMs,
+						})
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+		}
+	}
+}
+
+type eventJSON struct {
+	Time   time.Time `json:"time"`
+	Model  string    `json:"model"`
+	Kind   string    `json:"kind"`
+	Reason string    `json:"reason"`
+	Old    struct {
+		Compute float64 `json:"compute"`
+	} `json:"old"`
+	New struct {
+		Compute float64 `json:"compute"`
+	} `json:"new"`
+}
+
+// fetchEvents reads the adjuster's decisions since a time.
+func fetchEvents(ctx context.Context, hc *http.Client, base string, since time.Time) ([]eventJSON, error) {
+	var out struct {
+		Events []eventJSON `json:"events"`
+	}
+	u := base + "/v2/control/events?limit=10000&since=" + url.QueryEscape(since.UTC().Format(time.RFC3339Nano))
+	if err := getJSON(ctx, hc, u, &out); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out.Events, func(a, b eventJSON) int { return a.Time.Compare(b.Time) })
+	return out.Events, nil
+}
