@@ -77,7 +77,7 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 		IdleConnTimeout:     90 * time.Second,
 	}}
 	defer hc.CloseIdleConnections()
-	ctl, err := fetchControl(ctx, hc, opts.HTTPBase)
+	ctl, err := awaitControl(ctx, hc, opts.HTTPBase, sc.Models, 15*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -452,6 +452,33 @@ func fetchControl(ctx context.Context, hc *http.Client, base string) (*controlSt
 		return nil, err
 	}
 	return &c, nil
+}
+
+// awaitControl reads the server's control status, again until it lists
+// every model whose SLO the scenario does not give (a model just loaded
+// appears at the adjuster's next pass) or wait has passed.
+func awaitControl(ctx context.Context, hc *http.Client, base string, models []ModelLoad, wait time.Duration) (*controlStatus, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		c, err := fetchControl(ctx, hc, base)
+		if err != nil {
+			return nil, err
+		}
+		missing := false
+		for _, m := range models {
+			if _, ok := c.model(m.Model, m.Version); !ok && m.SLO == 0 {
+				missing = true
+			}
+		}
+		if !missing || time.Now().After(deadline) {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // pollShares reads the server's shares every period until ctx ends.

@@ -28,12 +28,12 @@ type loadtestSummary struct {
 	} `json:"models"`
 }
 
-// qosOutcomes sums the server's sloserve_qos_requests_total of one model by
-// outcome.
+// qosOutcomes sums the server's sloserve_qos_requests_total of one model
+// (all its versions) by outcome.
 func qosOutcomes(series map[string]float64, model string) map[string]int {
 	out := map[string]int{}
 	for k, v := range series {
-		if !strings.HasPrefix(k, "sloserve_qos_requests_total{") || !strings.Contains(k, `model="`+model+`"`) {
+		if !strings.HasPrefix(k, "sloserve_qos_requests_total{") || !strings.Contains(k, `model="`+model+`/`) {
 			continue
 		}
 		i := strings.Index(k, `outcome="`)
@@ -83,6 +83,7 @@ func TestE2ELoadtestAgainstServerCounters(t *testing.T) {
 		repoModel{name: "cls", file: demoModel(t, "ocr-cls"), config: `max_batch_size: 8
 execution: {intra_op_threads: 1}
 slo: {latency_ms: 200, class: latency-critical}
+resources: {min_compute_share: 0.5}
 `},
 		repoModel{name: "wake", file: demoModel(t, "wakeword-hello"), config: `max_batch_size: 0
 execution: {intra_op_threads: 1}
