@@ -24,7 +24,7 @@ PKGS       ?= ./...
 SERVE_FLAGS ?=
 
 # Environment the server, the tests and the benchmarks read.
-test bench run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
+test bench bench-diurnal run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
 test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
 test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
 test bench: export SLOSERVE_REQUIRE_ORT := 1
@@ -35,7 +35,7 @@ test: export SLOSERVE_REQUIRE_CGROUPS := 1
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
-.PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench clean distclean
+.PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal clean distclean
 
 setup: onnxruntime models testmodels
 
@@ -71,6 +71,13 @@ test: setup
 
 bench: setup
 	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count=$(BENCHCOUNT) -timeout 60m $(PKGS)
+
+# The diurnal goodput benchmark: one server per share policy on the same
+# scenario, one combined report (BENCHMARKS.md). About 16 minutes.
+DIURNAL_OUT ?= loadtest-results/diurnal
+bench-diurnal: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
+bench-diurnal: setup build
+	./bin/sloserve loadtest --compare --out $(DIURNAL_OUT) loadtest/scenarios/diurnal.yaml
 
 # Build outputs only; `distclean` also drops fetched files and tools.
 clean:

@@ -28,6 +28,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -844,9 +845,10 @@ func clientTransportText(err error) string {
 }
 
 // clientDetail is a failure's detail: what failed (a status, a code name)
-// and the start of the message.
+// and the start of the message, with durations elided so that the same
+// failure at different times counts as one kind in a report.
 func clientDetail(what, msg string) string {
-	msg = strings.TrimSpace(msg)
+	msg = clientDurations.ReplaceAllString(strings.TrimSpace(msg), "…")
 	if msg == "" {
 		return what
 	}
@@ -859,6 +861,10 @@ func clientDetail(what, msg string) string {
 	}
 	return what + ": " + msg
 }
+
+// clientDurations matches the durations in server messages ("by 1.7ms",
+// "queued: 54.3ms late").
+var clientDurations = regexp.MustCompile(`[0-9]+(\.[0-9]+)?(ns|µs|us|ms|s|m|h)\b`)
 
 // clientErrorText is the message of an error body: the "error" of a JSON
 // {"error": ...} object, else the body itself.

@@ -1056,3 +1056,19 @@ func TestClientAgainstServer(t *testing.T) {
 		}
 	}
 }
+
+// Details of one kind of failure are equal whatever the durations in the
+// server's message, so a report counts them together.
+func TestClientDetailElidesDurations(t *testing.T) {
+	cases := []struct{ what, msg, want string }{
+		{"504", "model m version 1: request dropped: deadline passed while queued: 54.3ms late", "504: model m version 1: request dropped: deadline passed while queued: … late"},
+		{"429", "misses the deadline by 1.7ms (queue ahead 0.0ms, execution 12µs)", "429: misses the deadline by … (queue ahead …, execution …)"},
+		{"503", "model ocr-det version 12 is not ready", "503: model ocr-det version 12 is not ready"},
+		{"Unavailable", "", "Unavailable"},
+	}
+	for _, c := range cases {
+		if got := clientDetail(c.what, c.msg); got != c.want {
+			t.Errorf("clientDetail(%q, %q) = %q, want %q", c.what, c.msg, got, c.want)
+		}
+	}
+}
