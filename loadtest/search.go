@@ -89,15 +89,24 @@ func Search(ctx context.Context, sc *Scenario, opts Options, so SearchOptions, l
 		}
 		return p.Pass, nil
 	}
+	scale, err := searchScale(so, probe)
+	res.Scale = scale
+	return res, err
+}
+
+// searchScale finds the highest scale probe passes: doubling from
+// so.Start until a probe fails or so.Max is passed, halving (at most ten
+// times) when even so.Start fails, then bisecting to so.Precision. It
+// returns 0 when no probe passed.
+func searchScale(so SearchOptions, probe func(scale float64) (bool, error)) (float64, error) {
 	lo, hi := 0.0, 0.0
 	for s := so.Start; ; s *= 2 {
 		if s > so.Max {
-			res.Scale = lo
-			return res, nil
+			return lo, nil
 		}
 		ok, err := probe(s)
 		if err != nil {
-			return res, err
+			return lo, err
 		}
 		if !ok {
 			hi = s
@@ -106,11 +115,10 @@ func Search(ctx context.Context, sc *Scenario, opts Options, so SearchOptions, l
 		lo = s
 	}
 	if lo == 0 {
-		// Below Start: halve until one passes (at most 10 times).
 		for s, i := so.Start/2, 0; i < 10; s, i = s/2, i+1 {
 			ok, err := probe(s)
 			if err != nil {
-				return res, err
+				return 0, err
 			}
 			if ok {
 				lo = s
@@ -119,14 +127,14 @@ func Search(ctx context.Context, sc *Scenario, opts Options, so SearchOptions, l
 			hi = s
 		}
 		if lo == 0 {
-			return res, nil
+			return 0, nil
 		}
 	}
 	for hi/lo-1 > so.Precision {
 		mid := (lo + hi) / 2
 		ok, err := probe(mid)
 		if err != nil {
-			return res, err
+			return lo, err
 		}
 		if ok {
 			lo = mid
@@ -134,8 +142,7 @@ func Search(ctx context.Context, sc *Scenario, opts Options, so SearchOptions, l
 			hi = mid
 		}
 	}
-	res.Scale = lo
-	return res, nil
+	return lo, nil
 }
 
 func hasClass(s *Summary, class string) bool {
