@@ -38,44 +38,55 @@ type ModelMeta struct {
 	Outputs  []TensorMeta `json:"outputs"`
 }
 
-// inputMaxMetadataBytes caps the metadata body FetchMetadata reads.
+// inputMaxMetadataBytes caps a body getJSON reads (metadata, control
+// status, events).
 const inputMaxMetadataBytes = 16 << 20
 
 // FetchMetadata reads GET {baseURL}/v2/models/{model}, or
 // /v2/models/{model}/versions/{version} when version is not empty. An error
 // answer's error carries the status and the server's {"error": ...} text.
 func FetchMetadata(ctx context.Context, hc *http.Client, baseURL, model, version string) (*ModelMeta, error) {
-	if hc == nil {
-		hc = http.DefaultClient
-	}
 	u := strings.TrimRight(baseURL, "/") + "/v2/models/" + url.PathEscape(model)
 	if version != "" {
 		u += "/versions/" + url.PathEscape(version)
 	}
+	var md ModelMeta
+	if err := getJSON(ctx, hc, u, &md); err != nil {
+		return nil, fmt.Errorf("metadata of model %q: %w", model, err)
+	}
+	return &md, nil
+}
+
+// getJSON reads a JSON answer of the server into v. A status other than
+// 200 is an error carrying the status and the server's {"error": ...} text;
+// bodies over inputMaxMetadataBytes are refused.
+func getJSON(ctx context.Context, hc *http.Client, u string, v any) error {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, fmt.Errorf("metadata of model %q: %w", model, err)
+		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("metadata of model %q: %w", model, err)
+		return err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, inputMaxMetadataBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("metadata of model %q: reading the response: %w", model, err)
+		return fmt.Errorf("reading the response: %w", err)
 	}
 	if len(body) > inputMaxMetadataBytes {
-		return nil, fmt.Errorf("metadata of model %q: the response has more than %d bytes", model, inputMaxMetadataBytes)
+		return fmt.Errorf("the response has more than %d bytes", inputMaxMetadataBytes)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metadata of model %q: %s: %s", model, resp.Status, clientErrorText(body))
+		return fmt.Errorf("%s: %s", resp.Status, clientErrorText(body))
 	}
-	var md ModelMeta
-	if err := json.Unmarshal(body, &md); err != nil {
-		return nil, fmt.Errorf("metadata of model %q: decoding the response: %w", model, err)
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("decoding the response: %w", err)
 	}
-	return &md, nil
+	return nil
 }
 
 // InputSpec is how a scenario wants one input filled.

@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sloserve/sloserve/api"
 )
 
 // Options say where a run sends its requests and what it shows meanwhile.
@@ -188,7 +189,7 @@ type driver struct {
 	lagMax           atomic.Int64 // ns, reset each progress tick
 }
 
-func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, conn *grpc.ClientConn, ctl *controlStatus) (*driver, error) {
+func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, conn *grpc.ClientConn, ctl *api.ControlStatus) (*driver, error) {
 	m := &sc.Models[i]
 	md, err := FetchMetadata(ctx, hc, opts.HTTPBase, m.Model, m.Version)
 	if err != nil {
@@ -203,7 +204,7 @@ func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.
 		return nil, err
 	}
 	info := ModelInfo{Name: m.Model, Class: m.Class, SLO: m.SLO, Protocol: m.Protocol}
-	if mc, ok := ctl.model(m.Model, m.Version); ok {
+	if mc, ok := controlModel(ctl, m.Model, m.Version); ok {
 		if info.Class == "" {
 			info.Class = mc.Class
 		}
@@ -369,28 +370,10 @@ func progress(ctx context.Context, w io.Writer, rewrite bool, start time.Time, t
 	}
 }
 
-// controlStatus is the part of GET /v2/control a run reads.
-type controlStatus struct {
-	Policy  string `json:"policy"`
-	Devices []struct {
-		Models []modelControl `json:"models"`
-	} `json:"devices"`
-}
-
-type modelControl struct {
-	Model        string  `json:"model"` // model/version
-	Class        string  `json:"class"`
-	SLOms        float64 `json:"slo_ms"`
-	ComputeShare float64 `json:"compute_share"`
-	TargetShare  float64 `json:"target_compute_share"`
-	ForecastRate float64 `json:"forecast_rate"`
-	PredictedMs  float64 `json:"predicted_latency_ms"`
-	ObservedMs   float64 `json:"observed_latency_ms"`
-}
-
-// model finds a model's entry: the given version, or its highest one.
-func (c *controlStatus) model(name, version string) (modelControl, bool) {
-	var found modelControl
+// controlModel finds a model's entry in the control status: the given
+// version, or its highest one.
+func controlModel(c *api.ControlStatus, name, version string) (api.ModelControl, bool) {
+	var found api.ModelControl
 	ok := false
 	for _, dev := range c.Devices {
 		for _, m := range dev.Models {
@@ -415,39 +398,10 @@ func versionLess(a, b string) bool {
 	return va < vb
 }
 
-func getJSON(ctx context.Context, hc *http.Client, u string, v any) error {
+func fetchControl(ctx context.Context, hc *http.Client, base string) (*api.ControlStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return fmt.Errorf("GET %s: %d: %s", u, resp.StatusCode, e.Error)
-		}
-		return fmt.Errorf("GET %s: %s", u, resp.Status)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("GET %s: %w", u, err)
-	}
-	return nil
-}
-
-func fetchControl(ctx context.Context, hc *http.Client, base string) (*controlStatus, error) {
-	var c controlStatus
+	var c api.ControlStatus
 	if err := getJSON(ctx, hc, base+"/v2/control", &c); err != nil {
 		return nil, err
 	}
@@ -457,7 +411,7 @@ func fetchControl(ctx context.Context, hc *http.Client, base string) (*controlSt
 // awaitControl reads the server's control status, again until it lists
 // every model whose SLO the scenario does not give (a model just loaded
 // appears at the adjuster's next pass) or wait has passed.
-func awaitControl(ctx context.Context, hc *http.Client, base string, models []ModelLoad, wait time.Duration) (*controlStatus, error) {
+func awaitControl(ctx context.Context, hc *http.Client, base string, models []ModelLoad, wait time.Duration) (*api.ControlStatus, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		c, err := fetchControl(ctx, hc, base)
@@ -466,7 +420,7 @@ func awaitControl(ctx context.Context, hc *http.Client, base string, models []Mo
 		}
 		missing := false
 		for _, m := range models {
-			if _, ok := c.model(m.Model, m.Version); !ok && m.SLO == 0 {
+			if _, ok := controlModel(c, m.Model, m.Version); !ok && m.SLO == 0 {
 				missing = true
 			}
 		}
@@ -490,7 +444,7 @@ func pollShares(ctx context.Context, hc *http.Client, base string, start time.Ti
 		if at := time.Since(start); at >= 0 {
 			if c, err := fetchControl(ctx, hc, base); err == nil {
 				for i, d := range drivers {
-					if m, ok := c.model(d.info.Name, d.version); ok {
+					if m, ok := controlModel(c, d.info.Name, d.version); ok {
 						out = append(out, ShareSample{
 							At: at, Model: i, Compute: m.ComputeShare, Target: m.TargetShare,
 							ForecastRate: m.ForecastRate, PredictedMs: m.PredictedMs, ObservedMs: m.ObservedMs,
@@ -525,6 +479,8 @@ func fetchEvents(ctx context.Context, hc *http.Client, base string, since time.T
 	var out struct {
 		Events []eventJSON `json:"events"`
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	u := base + "/v2/control/events?limit=10000&since=" + url.QueryEscape(since.UTC().Format(time.RFC3339Nano))
 	if err := getJSON(ctx, hc, u, &out); err != nil {
 		return nil, err

@@ -243,7 +243,7 @@ models:
 				t.Errorf("%s: model %s: %d requests, %d failed", p, m.Name, m.Requests, m.Outcomes["failed"])
 			}
 		}
-		if log := string(mustRead(t, filepath.Join(out, "server-"+p+".log"))); !strings.Contains(log, "policy="+p) && !strings.Contains(log, p) {
+		if log := string(mustRead(t, filepath.Join(out, "server-"+p+".log"))); !strings.Contains(log, "policy="+p) {
 			t.Errorf("server-%s.log does not mention the policy", p)
 		}
 	}

@@ -115,6 +115,7 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			}
 		}()
 		var runs []*loadtest.Run
+		var sums []*loadtest.Summary
 		for _, p := range ps {
 			f, err := os.Create(filepath.Join(dir, "server-"+p+".log"))
 			if err != nil {
@@ -126,27 +127,21 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			if err != nil {
 				return err
 			}
-			runs = append(runs, run)
-			if err := writeRun(filepath.Join(dir, p), run); err != nil {
+			sum, err := writeRun(filepath.Join(dir, p), run)
+			if err != nil {
 				return err
 			}
+			runs, sums = append(runs, run), append(sums, sum)
 		}
-		return writeComparison(dir, runs, stdout)
+		return writeComparison(dir, runs, sums, stdout)
 
 	case *search:
 		if *serveFlag {
-			f, err := os.Create(filepath.Join(dir, "server.log"))
+			stop, err := startOwnServer(ctx, dir, sc, *policy, so, &opts)
 			if err != nil {
 				return err
 			}
-			defer f.Close()
-			so.Log = f
-			srv, err := loadtest.StartServer(ctx, sc, *policy, so)
-			if err != nil {
-				return err
-			}
-			defer srv.Stop(time.Minute)
-			opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+			defer stop()
 		}
 		opts.Progress = nil // one line per probe is enough
 		res, err := loadtest.Search(ctx, sc, opts, loadtest.SearchOptions{Target: *searchTarget, Probe: *searchProbe}, logf)
@@ -161,56 +156,64 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 	default:
 		if *serveFlag {
-			f, err := os.Create(filepath.Join(dir, "server.log"))
+			stop, err := startOwnServer(ctx, dir, sc, *policy, so, &opts)
 			if err != nil {
 				return err
 			}
-			defer f.Close()
-			so.Log = f
-			srv, err := loadtest.StartServer(ctx, sc, *policy, so)
-			if err != nil {
-				return err
-			}
-			defer srv.Stop(time.Minute)
-			opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+			defer stop()
 		}
 		run, err := loadtest.Execute(ctx, sc, opts)
 		if run == nil {
 			return err
 		}
-		if werr := writeRun(dir, run); werr != nil {
+		sum, werr := writeRun(dir, run)
+		if werr != nil {
 			return werr
 		}
 		if werr := writeHTML(filepath.Join(dir, "report.html"), []*loadtest.Run{run}); werr != nil {
 			return werr
 		}
-		printSummary(stdout, loadtest.Summarize(run))
+		printSummary(stdout, sum)
 		fmt.Fprintf(stdout, "report: %s\n", filepath.Join(dir, "report.html"))
 		return err
 	}
 }
 
-// writeRun writes one run's summary, timeline and records into dir.
-func writeRun(dir string, run *loadtest.Run) error {
+// startOwnServer starts a server for the run (--serve) with its log in
+// dir/server.log and points opts at it; stop stops it and closes the log.
+func startOwnServer(ctx context.Context, dir string, sc *loadtest.Scenario, policy string, so loadtest.ServerOptions, opts *loadtest.Options) (stop func(), err error) {
+	f, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		return nil, err
+	}
+	so.Log = f
+	srv, err := loadtest.StartServer(ctx, sc, policy, so)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+	return func() { srv.Stop(time.Minute); f.Close() }, nil
+}
+
+// writeRun writes one run's summary, timeline and records into dir and
+// returns the summary.
+func writeRun(dir string, run *loadtest.Run) (*loadtest.Summary, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	sum := loadtest.Summarize(run)
 	if err := writeFile(filepath.Join(dir, "summary.json"), sum.WriteJSON); err != nil {
-		return err
+		return nil, err
 	}
 	rows := loadtest.Timeline(run)
 	if err := writeFile(filepath.Join(dir, "timeline.csv"), func(w io.Writer) error { return loadtest.WriteTimelineCSV(w, rows) }); err != nil {
-		return err
+		return nil, err
 	}
-	return writeFile(filepath.Join(dir, "records.csv"), func(w io.Writer) error { return loadtest.WriteRecordsCSV(w, run) })
+	return sum, writeFile(filepath.Join(dir, "records.csv"), func(w io.Writer) error { return loadtest.WriteRecordsCSV(w, run) })
 }
 
-func writeComparison(dir string, runs []*loadtest.Run, stdout io.Writer) error {
-	sums := make([]*loadtest.Summary, len(runs))
-	for i, r := range runs {
-		sums[i] = loadtest.Summarize(r)
-	}
+func writeComparison(dir string, runs []*loadtest.Run, sums []*loadtest.Summary, stdout io.Writer) error {
 	cmp := loadtest.Compare(sums)
 	if err := writeFile(filepath.Join(dir, "comparison.json"), cmp.WriteJSON); err != nil {
 		return err
