@@ -13,18 +13,24 @@ import (
 type metrics struct {
 	requests   *prometheus.CounterVec
 	queueDelay *prometheus.HistogramVec
+	latency    *prometheus.HistogramVec
 	batchSize  *prometheus.HistogramVec
 
-	goodputDesc, attainmentDesc, depthDesc *prometheus.Desc
-	s                                      *Scheduler
+	goodputDesc, attainmentDesc, depthDesc, sloDesc, rejectedDesc *prometheus.Desc
+	s                                                             *Scheduler
 }
 
 // modelMetrics are one model's series, resolved once.
 type modelMetrics struct {
 	outcomes   [numOutcomes]prometheus.Counter
 	queueDelay prometheus.Observer
+	latency    prometheus.Observer
 	batchSize  prometheus.Observer
 }
+
+// latencySecondsBuckets span 0.5 ms to 30 s, 25% apart, so that
+// histogram_quantile's p99 is within about 12% wherever the SLO lies.
+var latencySecondsBuckets = prometheus.ExponentialBucketsRange(0.0005, 30, 50)
 
 func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metrics, error) {
 	var constLabels prometheus.Labels
@@ -44,6 +50,12 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 			Buckets:     prometheus.ExponentialBuckets(0.0001, 2, 18),
 			ConstLabels: constLabels,
 		}, labels),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:        "sloserve_qos_request_duration_seconds",
+			Help:        "Time from a request's arrival to its answer, of the requests answered (good and late): what the SLO judges.",
+			Buckets:     latencySecondsBuckets,
+			ConstLabels: constLabels,
+		}, labels),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:        "sloserve_qos_batch_size",
 			Help:        "Batch size of each execution.",
@@ -56,12 +68,17 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 			"Good requests over requests that ended, over the sliding window.", labels, constLabels),
 		depthDesc: prometheus.NewDesc("sloserve_qos_queue_depth",
 			"Requests waiting in the model's queue.", labels, constLabels),
+		sloDesc: prometheus.NewDesc("sloserve_qos_slo_seconds",
+			"The model's latency SLO (absent when it has none).", labels, constLabels),
+		rejectedDesc: prometheus.NewDesc("sloserve_qos_rejected_total",
+			"Requests rejected at admission, by reason: deadline (predicted to miss it) or queue_full.",
+			append(labels, "reason"), constLabels),
 		s: s,
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.batchSize, m} {
+	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.latency, m.batchSize, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("qos: registering metrics"), err)
 		}
@@ -72,6 +89,7 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 func (m *metrics) forModel(name string, class Class) *modelMetrics {
 	mm := &modelMetrics{
 		queueDelay: m.queueDelay.WithLabelValues(name, string(class)),
+		latency:    m.latency.WithLabelValues(name, string(class)),
 		batchSize:  m.batchSize.WithLabelValues(name),
 	}
 	for o := range numOutcomes {
@@ -84,6 +102,7 @@ func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"model": name}
 	m.requests.DeletePartialMatch(l)
 	m.queueDelay.DeletePartialMatch(l)
+	m.latency.DeletePartialMatch(l)
 	m.batchSize.DeletePartialMatch(l)
 }
 
@@ -92,6 +111,8 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.goodputDesc
 	ch <- m.attainmentDesc
 	ch <- m.depthDesc
+	ch <- m.sloDesc
+	ch <- m.rejectedDesc
 }
 
 // Collect implements prometheus.Collector for the computed gauges.
@@ -101,5 +122,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.goodputDesc, prometheus.GaugeValue, st.Goodput, st.Model, class)
 		ch <- prometheus.MustNewConstMetric(m.attainmentDesc, prometheus.GaugeValue, st.Attainment, st.Model, class)
 		ch <- prometheus.MustNewConstMetric(m.depthDesc, prometheus.GaugeValue, float64(st.QueueDepth), st.Model, class)
+		if st.SLO > 0 {
+			ch <- prometheus.MustNewConstMetric(m.sloDesc, prometheus.GaugeValue, st.SLO.Seconds(), st.Model, class)
+		}
+		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.Rejected-st.QueueFull), st.Model, class, "deadline")
+		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.QueueFull), st.Model, class, "queue_full")
 	}
 }

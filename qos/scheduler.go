@@ -180,6 +180,8 @@ type model struct {
 	arrived     uint64
 	lastArrival time.Time // zero until a request arrives
 	counts      [numOutcomes]uint64
+	queueFull   uint64           // rejections for a full queue, of counts[outcomeRejected]
+	latency     LatencyHistogram // arrival to answer, of the good and late requests
 	win         *window
 	mm          *modelMetrics
 }
@@ -474,6 +476,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	m.lastArrival = now
 	if m.q.len() >= m.spec.QueueCapacity {
 		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, name, m.q.len())
+		m.queueFull++
 		s.finishLocked(r, outcomeRejected, now, result{err: err})
 		s.mu.Unlock()
 		return nil, err
@@ -574,6 +577,11 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 	r.state, r.exec = stateDone, nil
 	m := r.m
 	m.counts[o]++
+	if o == outcomeGood || o == outcomeLate {
+		d := now.Sub(r.arrival)
+		m.latency.Observe(d)
+		m.mm.latency.Observe(d.Seconds())
+	}
 	m.win.record(now, o)
 	m.mm.outcomes[o].Inc()
 	r.done <- res
@@ -688,6 +696,9 @@ func (m *model) stats(now time.Time) Stats {
 		Dropped:    m.counts[outcomeDropped],
 		Failed:     m.counts[outcomeFailed],
 		Canceled:   m.counts[outcomeCanceled],
+		QueueFull:  m.queueFull,
+		SLO:        m.spec.SLO,
+		Latency:    m.latency,
 		QueueDepth: m.q.len(),
 		Running:    m.running,
 	}

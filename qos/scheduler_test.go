@@ -529,13 +529,29 @@ func TestStatsWindow(t *testing.T) {
 
 		want := Stats{
 			Model: "m", Class: lc,
-			Arrived: 7, Good: 5, Late: 1, Rejected: 1,
+			Arrived: 7, Good: 5, Late: 1, Rejected: 1, SLO: 100 * ms,
 			WindowGood: 5, WindowSettled: 7,
 			Goodput:        5,       // 5 good in the 1s since the model was added
 			Attainment:     5.0 / 7, // late and rejected count against it
 			MeanQueueDelay: 25 * ms, // 0, 10, 20, 30, 40, 50ms
 		}
-		if st, _ := h.s.Stats("m"); st != want {
+		st, _ := h.s.Stats("m")
+		// Answered in 10, 20, 30, 40 and 50ms, and the late one in 50+200ms
+		// (queued 50ms, then the slow run), each counted in a bucket at most 5% above.
+		lat := st.Latency
+		if lat.Count() != 6 {
+			t.Errorf("latency count = %d, want 6", lat.Count())
+		}
+		for _, c := range []struct {
+			q    float64
+			want time.Duration
+		}{{0, 10 * ms}, {0.5, 30 * ms}, {0.8, 50 * ms}, {1, 250 * ms}} {
+			if got := lat.Quantile(c.q); got < c.want || float64(got) > 1.05*float64(c.want) {
+				t.Errorf("latency quantile %.1f = %s, want %s (+5%%)", c.q, got, c.want)
+			}
+		}
+		want.Latency = lat
+		if st != want {
 			t.Errorf("at 1s: %+v\nwant %+v", st, want)
 		}
 		if cs := h.s.ClassStats(lc); cs.MeanQueueDelay != 25*ms || cs.QueueDepth != 0 {
@@ -553,7 +569,12 @@ func TestStatsWindow(t *testing.T) {
 		time.Sleep(time.Second)
 		want.Arrived, want.Good = 9, 7
 		want.WindowGood, want.WindowSettled, want.Goodput, want.Attainment, want.MeanQueueDelay = 2, 2, 0.2, 1, 5*ms
-		if st, _ := h.s.Stats("m"); st != want {
+		st, _ = h.s.Stats("m")
+		if d := st.Latency.Sub(&lat); d.Count() != 2 || d.Quantile(1) < 20*ms || d.Quantile(1) > 21*ms {
+			t.Errorf("latency since 1s: count %d, max %s; want 2, the later in 20ms", d.Count(), d.Quantile(1))
+		}
+		want.Latency = st.Latency
+		if st != want {
 			t.Errorf("at 13s: %+v\nwant %+v", st, want)
 		}
 	})

@@ -33,6 +33,14 @@ type Stats struct {
 	// of the outcomes, so Arrived = Good + Late + Rejected + Dropped +
 	// Failed + Canceled + the requests still queued or running.
 	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
+	// QueueFull counts the rejections for a full queue; the rest of
+	// Rejected were predicted to miss their deadline at admission.
+	QueueFull uint64
+	// SLO is the model's latency target (0: none).
+	SLO time.Duration
+	// Latency counts the time from arrival to answer of the good and late
+	// requests.
+	Latency LatencyHistogram
 
 	QueueDepth int // requests waiting
 	Running    int // executions in progress
