@@ -1,0 +1,307 @@
+package dashboard
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Status says at a glance how a model does against its SLO.
+const (
+	StatusOK          = "ok"          // attainment at target and p99 within the SLO
+	StatusMissing     = "missing"     // attainment below target or p99 over the SLO
+	StatusIdle        = "idle"        // no request ended in the window
+	StatusNoSLO       = "no-slo"      // the model declares no SLO
+	StatusUnavailable = "unavailable" // not serving
+)
+
+// ModelOverview is one model version's current state: the latest point,
+// what it is configured with, and a verdict. JSON field names are the
+// dashboard API's.
+type ModelOverview struct {
+	Key     string `json:"key"` // "name/version"; "" for a model that serves no version
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	State   string `json:"state"`
+	Reason  string `json:"reason"`
+	Device  string `json:"device"`
+	Class   string `json:"class"`
+	SLOms   Value  `json:"slo_ms"`
+	Status  string `json:"status"`
+	Why     string `json:"why"`
+
+	P50ms        Value `json:"p50_ms"`
+	P90ms        Value `json:"p90_ms"`
+	P99ms        Value `json:"p99_ms"`
+	Attainment   Value `json:"attainment"`
+	Goodput      Value `json:"goodput"`
+	Throughput   Value `json:"throughput"`
+	ArrivalRate  Value `json:"arrival_rate"`
+	ForecastRate Value `json:"forecast_rate"`
+
+	ComputeShare Value  `json:"compute_share"`
+	TargetShare  Value  `json:"target_compute_share"`
+	MemoryShare  Value  `json:"memory_share_bytes"`
+	MemoryUsed   Value  `json:"memory_used_bytes"`
+	ShareSource  string `json:"share_source"`
+	Pinned       bool   `json:"pinned"`
+
+	PredictedMs Value `json:"predicted_ms"`
+	ObservedMs  Value `json:"observed_ms"`
+	PlannedMs   Value `json:"planned_ms"`
+
+	QueueDepth        Value `json:"queue_depth"`
+	RejectedDeadline  Value `json:"rejected_deadline"` // over the window
+	RejectedQueueFull Value `json:"rejected_queue_full"`
+	Dropped           Value `json:"dropped"`
+	Failed            Value `json:"failed"`
+
+	Totals *Totals `json:"totals"` // since the version was loaded
+}
+
+// Totals are a model version's counters since it was loaded.
+type Totals struct {
+	Arrived  uint64 `json:"arrived"`
+	Good     uint64 `json:"good"`
+	Late     uint64 `json:"late"`
+	Rejected uint64 `json:"rejected"`
+	Dropped  uint64 `json:"dropped"`
+	Failed   uint64 `json:"failed"`
+	Canceled uint64 `json:"canceled"`
+}
+
+// Overview is every model's current state.
+type Overview struct {
+	Time             time.Time       `json:"time"`
+	ResolutionS      float64         `json:"resolution_s"`
+	WindowS          float64         `json:"window_s"`
+	RetentionS       float64         `json:"retention_s"`
+	AttainmentTarget float64         `json:"attainment_target"`
+	Models           []ModelOverview `json:"models"`
+}
+
+// History is one model version's points, as columns.
+type History struct {
+	Name        string        `json:"name"`
+	Key         string        `json:"key"`
+	ResolutionS float64       `json:"resolution_s"`
+	WindowS     float64       `json:"window_s"`
+	Model       ModelOverview `json:"model"`
+	// Series holds "t" (unix seconds) and one column per value, each as
+	// long as "t".
+	Series Columns `json:"series"`
+}
+
+// Columns are named columns of equal length.
+type Columns struct {
+	T      []float64
+	Values [numFields][]Value
+}
+
+// MarshalJSON writes {"t": [...], "p50_ms": [...], ...}.
+func (c Columns) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, numFields+1)
+	m["t"] = c.T
+	for f := range numFields {
+		m[fieldNames[f]] = c.Values[f]
+	}
+	return json.Marshal(m)
+}
+
+// Column returns the column named name ("p99_ms", ...); nil if none.
+func (c Columns) Column(name string) []Value {
+	if i := slices.Index(fieldNames[:], name); i >= 0 {
+		return c.Values[i]
+	}
+	return nil
+}
+
+// ColumnNames lists the value columns a history holds, besides "t".
+func ColumnNames() []string { return slices.Clone(fieldNames[:]) }
+
+// ErrUnknownModel: the history has no such model.
+var ErrUnknownModel = errors.New("unknown model")
+
+// Overview returns every model's latest point: serving versions first by
+// status (missing first), then the models that serve nothing.
+func (r *Recorder) Overview() Overview {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ov := r.header()
+	serving := map[string]bool{}
+	for key, s := range r.series {
+		if s.seen != r.last {
+			continue // not in the latest snapshot: unloaded
+		}
+		ov.Models = append(ov.Models, r.overviewOf(key, s))
+		serving[s.sample.Name] = true
+	}
+	for _, st := range r.states {
+		if serving[st.Name] || st.State == "READY" {
+			continue
+		}
+		ov.Models = append(ov.Models, unavailable(st))
+		serving[st.Name] = true // one row per model
+	}
+	slices.SortFunc(ov.Models, func(a, b ModelOverview) int {
+		return cmp.Or(cmp.Compare(statusOrder(a.Status), statusOrder(b.Status)), cmp.Compare(a.Name, b.Name),
+			cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
+	})
+	return ov
+}
+
+func (r *Recorder) header() Overview {
+	return Overview{
+		Time: r.last, ResolutionS: r.opts.Resolution.Seconds(), WindowS: r.opts.Window.Seconds(),
+		RetentionS: r.opts.Retention.Seconds(), AttainmentTarget: r.opts.AttainmentTarget,
+		Models: []ModelOverview{},
+	}
+}
+
+func statusOrder(s string) int {
+	return slices.Index([]string{StatusMissing, StatusUnavailable, StatusOK, StatusIdle, StatusNoSLO}, s)
+}
+
+// History returns up to last of a model's history, only the points after
+// since when since is set. version "" picks the highest serving version.
+func (r *Recorder) History(name, version string, since time.Time, last time.Duration) (History, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key, s := r.find(name, version)
+	if s == nil {
+		return History{}, fmt.Errorf("%w: %q has no history (version %q)", ErrUnknownModel, name, cmp.Or(version, "any"))
+	}
+	h := History{
+		Name: name, Key: key, ResolutionS: r.opts.Resolution.Seconds(), WindowS: r.opts.Window.Seconds(),
+		Model: r.overviewOf(key, s),
+	}
+	from := r.last.Add(-last)
+	if since.After(from) {
+		from = since
+	}
+	n := s.points.len()
+	first := n
+	for first > 0 && s.points.at(first-1).t.After(from) {
+		first--
+	}
+	h.Series.T = make([]float64, 0, n-first)
+	for f := range numFields {
+		h.Series.Values[f] = make([]Value, 0, n-first)
+	}
+	for i := first; i < n; i++ {
+		p := s.points.at(i)
+		h.Series.T = append(h.Series.T, float64(p.t.UnixMilli())/1000)
+		for f := range numFields {
+			h.Series.Values[f] = append(h.Series.Values[f], Value(p.v[f]))
+		}
+	}
+	return h, nil
+}
+
+// find picks a model's series: the version asked for, else the highest
+// version still serving, else the highest version with history.
+func (r *Recorder) find(name, version string) (string, *series) {
+	if version != "" {
+		key := name + "/" + version
+		return key, r.series[key]
+	}
+	var bestKey string
+	var best *series
+	for key, s := range r.series {
+		if s.sample.Name != name {
+			continue
+		}
+		if best == nil || newer(s, best, r.last) {
+			bestKey, best = key, s
+		}
+	}
+	return bestKey, best
+}
+
+// newer reports whether a should be shown before b: serving beats not
+// serving, then the higher version number.
+func newer(a, b *series, last time.Time) bool {
+	if (a.seen == last) != (b.seen == last) {
+		return a.seen == last
+	}
+	va, _ := strconv.ParseInt(a.sample.Version, 10, 64)
+	vb, _ := strconv.ParseInt(b.sample.Version, 10, 64)
+	return va > vb
+}
+
+// overviewOf builds a model version's overview from its latest point.
+func (r *Recorder) overviewOf(key string, s *series) ModelOverview {
+	m := &s.sample
+	st := &m.Stats
+	o := ModelOverview{
+		Key: key, Name: m.Name, Version: m.Version, State: "READY", Device: m.Device, Class: string(st.Class),
+		SLOms: Null, ShareSource: m.ShareSource, Pinned: m.Pinned,
+		Totals: &Totals{
+			Arrived: st.Arrived, Good: st.Good, Late: st.Late, Rejected: st.Rejected,
+			Dropped: st.Dropped, Failed: st.Failed, Canceled: st.Canceled,
+		},
+	}
+	if s.seen != r.last {
+		o.State = "UNAVAILABLE"
+	}
+	for _, e := range r.states {
+		if e.Name == m.Name && e.Version == m.Version {
+			o.State, o.Reason = e.State, e.Reason
+		}
+	}
+	if st.SLO > 0 {
+		o.SLOms = Value(ms(st.SLO))
+	}
+	var p point
+	if lp := s.points.last(); lp != nil {
+		p = *lp
+	}
+	v := func(f field) Value { return Value(p.v[f]) }
+	o.P50ms, o.P90ms, o.P99ms = v(fP50), v(fP90), v(fP99)
+	o.Attainment, o.Goodput, o.Throughput = v(fAttainment), v(fGoodput), v(fThroughput)
+	o.ArrivalRate, o.ForecastRate = v(fArrivalRate), v(fForecastRate)
+	o.ComputeShare, o.TargetShare, o.MemoryShare, o.MemoryUsed = v(fComputeShare), v(fTargetShare), v(fMemoryShare), v(fMemoryUsed)
+	o.PredictedMs, o.ObservedMs, o.PlannedMs = v(fPredicted), v(fObserved), v(fPlanned)
+	o.QueueDepth = v(fQueueDepth)
+	// Rejections over the window, to go with the window's rates.
+	o.RejectedDeadline, o.RejectedQueueFull, o.Dropped, o.Failed = 0, 0, 0, 0
+	for i := s.points.len() - 1; i >= 0; i-- {
+		q := s.points.at(i)
+		if p.t.Sub(q.t) >= r.opts.Window {
+			break
+		}
+		add := func(dst *Value, f field) {
+			if x := q.v[f]; !isNaN(x) {
+				*dst += Value(x)
+			}
+		}
+		add(&o.RejectedDeadline, fRejectedDeadline)
+		add(&o.RejectedQueueFull, fRejectedQueueFull)
+		add(&o.Dropped, fDropped)
+		add(&o.Failed, fFailed)
+	}
+	o.Status, o.Why = diagnose(&o, m, r.opts.AttainmentTarget, r.opts.Window)
+	return o
+}
+
+func isNaN(x float64) bool { return x != x }
+
+// unavailable is the overview of a model that serves no version.
+func unavailable(st ModelState) ModelOverview {
+	o := ModelOverview{
+		Name: st.Name, Version: st.Version, State: st.State, Reason: st.Reason, Status: StatusUnavailable,
+		SLOms: Null, P50ms: Null, P90ms: Null, P99ms: Null, Attainment: Null, Goodput: Null, Throughput: Null,
+		ArrivalRate: Null, ForecastRate: Null, ComputeShare: Null, TargetShare: Null, MemoryShare: Null,
+		MemoryUsed: Null, PredictedMs: Null, ObservedMs: Null, PlannedMs: Null, QueueDepth: Null,
+		RejectedDeadline: Null, RejectedQueueFull: Null, Dropped: Null, Failed: Null,
+	}
+	o.Why = "not serving"
+	if st.Reason != "" {
+		o.Why = "not serving: " + st.Reason
+	}
+	return o
+}
