@@ -7,6 +7,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
@@ -53,6 +54,9 @@ type Backend interface {
 	ControlEvents(since time.Time, limit int) []qos.Event
 	// PinShare pins the share of a model's default version; nil unpins.
 	PinShare(ctx context.Context, name string, pin *limiter.Share) error
+	// Dashboard is the models' history for the dashboard; nil when the
+	// dashboard is disabled.
+	Dashboard() *dashboard.Recorder
 }
 
 // Limits bound what a request may make the server allocate.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
@@ -32,6 +33,7 @@ type fakeBackend struct {
 
 	pins   map[string]*limiter.Share // PinShare calls by model
 	events []qos.Event
+	dash   *dashboard.Recorder // nil: the dashboard is disabled
 }
 
 var _ Backend = (*fakeBackend)(nil)
@@ -227,3 +229,5 @@ func (f *fakeBackend) PinShare(_ context.Context, name string, pin *limiter.Shar
 	f.pins[name] = pin
 	return nil
 }
+
+func (f *fakeBackend) Dashboard() *dashboard.Recorder { return f.dash }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // The control API (sloserve's own, beside the OIP routes) shows what the
@@ -84,6 +85,19 @@ type shareJSON struct {
 
 func toShareJSON(s limiter.Share) shareJSON { return shareJSON{Compute: s.Compute, Memory: s.Memory} }
 
+// toEventsJSON converts adjuster events for the wire.
+func toEventsJSON(events []qos.Event) []eventJSON {
+	out := make([]eventJSON, len(events))
+	for i, e := range events {
+		out[i] = eventJSON{
+			Time: e.Time, Device: e.Device, Model: e.Model, Kind: e.Kind,
+			Old: toShareJSON(e.Old), New: toShareJSON(e.New), Reason: e.Reason,
+			PredictedMs: Milliseconds(e.Predicted), ForecastRate: e.ForecastRate,
+		}
+	}
+	return out
+}
+
 // Milliseconds converts a duration for the control API.
 func Milliseconds(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
@@ -113,15 +127,7 @@ func (s *restServer) controlEvents(c *gin.Context) {
 		}
 		limit = n
 	}
-	events := s.b.ControlEvents(since, limit)
-	out := make([]eventJSON, len(events))
-	for i, e := range events {
-		out[i] = eventJSON{
-			Time: e.Time, Device: e.Device, Model: e.Model, Kind: e.Kind,
-			Old: toShareJSON(e.Old), New: toShareJSON(e.New), Reason: e.Reason,
-			PredictedMs: Milliseconds(e.Predicted), ForecastRate: e.ForecastRate,
-		}
-	}
+	out := toEventsJSON(s.b.ControlEvents(since, limit))
 	s.writeValue(c, http.StatusOK, map[string]any{"events": out})
 }
 

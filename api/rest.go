@@ -70,6 +70,10 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
 	e.GET("/v2/control/events", s.controlEvents)
 	e.PUT("/v2/models/:model/share", s.pinShare)
 	e.DELETE("/v2/models/:model/share", s.unpinShare)
+	e.GET("/v2/dashboard", s.dashboardOverview)
+	e.GET("/v2/dashboard/models/:model", s.dashboardHistory)
+	e.GET("/dashboard", s.dashboardPage)
+	e.GET("/dashboard/*file", dashboardFiles())
 	return e
 }
 

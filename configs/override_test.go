@@ -22,6 +22,8 @@ func TestKeys(t *testing.T) {
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
 		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",
+		"dashboard.enabled", "dashboard.resolution", "dashboard.retention", "dashboard.window",
+		"dashboard.attainment_target",
 		"log.format", "log.level",
 	}
 	keys := Keys()
@@ -141,6 +143,8 @@ func TestSetEveryKey(t *testing.T) {
 		"control.policy": "static", "control.period": "2s", "control.scale_down_after": "0s",
 		"control.cooldown": "1s", "control.keep_alive": "1m", "control.cfs_period": "5ms",
 		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",
+		"dashboard.enabled": "false", "dashboard.resolution": "2s", "dashboard.retention": "1h",
+		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

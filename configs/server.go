@@ -46,6 +46,7 @@ type Server struct {
 	Limits        Limits        `yaml:"limits"`
 	QoS           QoS           `yaml:"qos"`
 	Control       Control       `yaml:"control"`
+	Dashboard     Dashboard     `yaml:"dashboard"`
 	Log           Log           `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
@@ -104,6 +105,26 @@ type Control struct {
 	CFSPeriod time.Duration `yaml:"cfs_period"`
 	Profile   Profile       `yaml:"profile"`
 }
+
+// Dashboard configures the built-in dashboard (/dashboard on the REST
+// port) and the history it shows.
+type Dashboard struct {
+	Enabled bool `yaml:"enabled"`
+	// Resolution is the time between two points of a model's history.
+	Resolution time.Duration `yaml:"resolution"`
+	// Retention is how much history each model keeps.
+	Retention time.Duration `yaml:"retention"`
+	// Window is the trailing span each point's rates, attainment and
+	// latency quantiles are computed over.
+	Window time.Duration `yaml:"window"`
+	// AttainmentTarget is the SLO attainment below which a model is shown
+	// as missing its SLO.
+	AttainmentTarget float64 `yaml:"attainment_target"`
+}
+
+// maxDashboardPoints bounds a model's history: 6 hours at 1 s resolution
+// is 21,600 points of about 170 bytes.
+const maxDashboardPoints = 1_000_000
 
 // Profile configures the predictor's profiling sweep at model load.
 type Profile struct {
@@ -210,6 +231,13 @@ func DefaultServer() *Server {
 			CFSPeriod:      10 * time.Millisecond,
 			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
 		},
+		Dashboard: Dashboard{
+			Enabled:          true,
+			Resolution:       time.Second,
+			Retention:        6 * time.Hour,
+			Window:           10 * time.Second,
+			AttainmentTarget: 0.99,
+		},
 		Log: Log{Format: LogFormatText, Level: "info"},
 	}
 }
@@ -289,6 +317,7 @@ func (s *Server) validate() problems {
 		p.add("qos.window", "must be > 0, got %v", s.QoS.Window)
 	}
 	s.Control.validate(&p)
+	s.Dashboard.validate(&p)
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
 	}
@@ -384,6 +413,24 @@ func (c *Control) validate(p *problems) {
 	}
 	if c.Profile.Runs < 1 {
 		p.add("control.profile.runs", "must be >= 1, got %d", c.Profile.Runs)
+	}
+}
+
+func (d *Dashboard) validate(p *problems) {
+	if d.Resolution < 100*time.Millisecond || d.Resolution > time.Minute {
+		p.add("dashboard.resolution", "must be between 100ms and 1m, got %v", d.Resolution)
+		return
+	}
+	if d.Retention < d.Resolution {
+		p.add("dashboard.retention", "must be >= dashboard.resolution (%v), got %v", d.Resolution, d.Retention)
+	} else if n := d.Retention / d.Resolution; n > maxDashboardPoints {
+		p.add("dashboard.retention", "keeps %d points per model at resolution %v; at most %d", n, d.Resolution, maxDashboardPoints)
+	}
+	if d.Window < d.Resolution || d.Window > 10*time.Minute {
+		p.add("dashboard.window", "must be between dashboard.resolution (%v) and 10m, got %v", d.Resolution, d.Window)
+	}
+	if t := d.AttainmentTarget; !(t > 0 && t <= 1) {
+		p.add("dashboard.attainment_target", "must be in (0, 1], got %v", t)
 	}
 }
 

@@ -117,7 +117,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector for the computed gauges.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, st := range m.s.allStats() {
+	for _, st := range m.s.AllStats() {
 		class := string(st.Class)
 		ch <- prometheus.MustNewConstMetric(m.goodputDesc, prometheus.GaugeValue, st.Goodput, st.Model, class)
 		ch <- prometheus.MustNewConstMetric(m.attainmentDesc, prometheus.GaugeValue, st.Attainment, st.Model, class)

@@ -649,8 +649,8 @@ func (s *Scheduler) Stats(name string) (Stats, bool) {
 	return m.stats(time.Now()), true
 }
 
-// allStats returns every model's statistics, by name.
-func (s *Scheduler) allStats() []Stats {
+// AllStats returns every model's statistics, by name.
+func (s *Scheduler) AllStats() []Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
@@ -17,7 +18,8 @@ import (
 type backend struct {
 	reg      *models.Registry
 	devs     *devices
-	ready    atomic.Bool // initial loads done and not shutting down
+	dash     *dashboard.Recorder // nil: disabled
+	ready    atomic.Bool         // initial loads done and not shutting down
 	stopping atomic.Bool
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 )
@@ -91,6 +92,12 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 	}
 	devs.registry = reg
 	be := &backend{reg: reg, devs: devs}
+	if d := cfg.Dashboard; d.Enabled {
+		be.dash = dashboard.New(dashboard.Options{
+			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,
+		})
+		devs.loops.Go(func() { be.dash.Run(loopCtx, be.dashboardSnapshot) })
+	}
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,

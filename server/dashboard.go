@@ -1,0 +1,44 @@
+package server
+
+import (
+	"cmp"
+	"strings"
+	"time"
+
+	"github.com/sloserve/sloserve/dashboard"
+	"github.com/sloserve/sloserve/qos"
+)
+
+// dashboardSnapshot reads what the dashboard records once a resolution
+// step: each device's scheduler counters joined with the adjuster's shares,
+// the predictor's view and the limiter's readings, and the repository index
+// for the models that do not serve.
+func (b *backend) dashboardSnapshot() dashboard.Snapshot {
+	snap := dashboard.Snapshot{Time: time.Now()}
+	for _, d := range b.devs.all() {
+		shares := map[string]qos.ModelShare{}
+		for _, ms := range d.adj.Shares() {
+			shares[ms.Model] = ms
+		}
+		for _, st := range d.sched.AllStats() {
+			ms := shares[st.Model]
+			acc := b.devs.pred.Accuracy(st.Model)
+			us := b.reg.UnitStats(st.Model)
+			name, version, _ := strings.Cut(st.Model, "/")
+			snap.Models = append(snap.Models, dashboard.ModelSample{
+				Key: st.Model, Name: name, Version: version, Device: d.name, Stats: st,
+				ComputeShare: ms.Share.Compute, TargetShare: ms.Target, MemoryShare: ms.Share.Memory,
+				MemoryUsed: us.MemoryBytes, ShareSource: ms.Source, Pinned: ms.Pinned,
+				ForecastRate: cmp.Or(ms.ForecastRate, acc.ForecastRate),
+				Predicted:    acc.Predicted, Observed: acc.Observed, Planned: ms.PredictedLatency,
+				Interference: acc.Interference,
+			})
+		}
+	}
+	for _, e := range b.reg.Index(false) {
+		snap.States = append(snap.States, dashboard.ModelState{Name: e.Name, Version: e.Version, State: string(e.State), Reason: e.Reason})
+	}
+	return snap
+}
+
+func (b *backend) Dashboard() *dashboard.Recorder { return b.dash }
