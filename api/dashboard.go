@@ -81,10 +81,15 @@ func (s *restServer) dashboardOverview(c *gin.Context) {
 		Devices: make([]dashboardDeviceJSON, 0, len(st.Devices)),
 		Events:  toEventsJSON(s.b.ControlEvents(time.Time{}, dashboardEvents)),
 	}
+	// The split comes from the same sample as the models' rows.
 	for _, d := range st.Devices {
-		dj := dashboardDeviceJSON{Device: d.Device, Limiter: d.Limiter, CPUs: d.CPUs, Shares: make([]dashboardShareJSON, 0, len(d.Models))}
-		for _, m := range d.Models {
-			dj.Shares = append(dj.Shares, dashboardShareJSON{Key: m.Model, Compute: m.ComputeShare, Memory: m.MemoryShare, MemoryUsed: m.MemoryUsedBytes})
+		dj := dashboardDeviceJSON{Device: d.Device, Limiter: d.Limiter, CPUs: d.CPUs, Shares: []dashboardShareJSON{}}
+		for _, m := range out.Models {
+			if m.Device == d.Device && m.Key != "" {
+				dj.Shares = append(dj.Shares, dashboardShareJSON{
+					Key: m.Key, Compute: float64(m.ComputeShare), Memory: int64(m.MemoryShare), MemoryUsed: int64(m.MemoryUsed),
+				})
+			}
 		}
 		out.Devices = append(out.Devices, dj)
 	}

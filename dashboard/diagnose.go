@@ -20,14 +20,15 @@ func diagnose(o *ModelOverview, m *ModelSample, target float64, window time.Dura
 		return StatusIdle, ""
 	}
 	overP99 := o.P99ms.Known() && o.P99ms > o.SLOms
-	lowAttainment := o.Attainment.Known() && float64(o.Attainment) < target
+	// Requests refused and none answered: nothing was attained.
+	lowAttainment := o.Attainment.Known() && float64(o.Attainment) < target || !o.Attainment.Known() && refused > 0
 	if !overP99 && !lowAttainment {
 		return StatusOK, ""
 	}
 
 	var what []string
 	if lowAttainment {
-		what = append(what, fmt.Sprintf("attainment %s is below the %s target", pct(o.Attainment), pct(Value(target))))
+		what = append(what, fmt.Sprintf("attainment %s is below the %s target", pct(cmpValue(o.Attainment, 0)), pct(Value(target))))
 	}
 	if overP99 {
 		what = append(what, fmt.Sprintf("p99 %s is over the %s SLO", msText(o.P99ms), msText(o.SLOms)))
@@ -115,4 +116,12 @@ func shareText(s float64) string {
 		return "the whole device"
 	}
 	return fmt.Sprintf("%.2f", s)
+}
+
+// cmpValue is v, or otherwise when v is unknown.
+func cmpValue(v, otherwise Value) Value {
+	if v.Known() {
+		return v
+	}
+	return otherwise
 }

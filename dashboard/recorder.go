@@ -204,10 +204,11 @@ func (r *Recorder) pointOf(s *series, now time.Time) point {
 		p.v[fDropped] = float64(cur.dropped - prev.dropped)
 		p.v[fFailed] = float64(cur.failed - prev.failed)
 	}
-	// The window's base is the oldest reading no older than the window.
+	// The window's base is the oldest reading no older than the window,
+	// give or take half a step of sampling jitter.
 	var base *reading
 	for i := range s.recent.len() {
-		if b := s.recent.at(i); now.Sub(b.t) <= r.opts.Window {
+		if b := s.recent.at(i); now.Sub(b.t) <= r.opts.Window+r.opts.Resolution/2 {
 			base = b
 			break
 		}

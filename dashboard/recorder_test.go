@@ -242,6 +242,8 @@ func TestDiagnose(t *testing.T) {
 			StatusMissing, []string{"load 20 req/s is above the 10 req/s forecast"}},
 		{"queueing", func(o *ModelOverview, m *ModelSample) { o.P99ms, o.P50ms, o.QueueDepth = 120, 70, 4 },
 			StatusMissing, []string{"requests wait: p50 70.0 ms against 20.0 ms of execution, 4 queued"}},
+		{"all refused", func(o *ModelOverview, m *ModelSample) { o.Attainment, o.P99ms, o.RejectedDeadline = Null, Null, 3 },
+			StatusMissing, []string{"attainment 0.0% is below", "3 rejected at admission"}},
 		{"unreachable", func(o *ModelOverview, m *ModelSample) { o.P99ms, o.PlannedMs = 120, 130 },
 			StatusMissing, []string{"even its largest share is predicted to take 130 ms"}},
 	}
@@ -277,5 +279,29 @@ func TestRing(t *testing.T) {
 	r.reset()
 	if r.len() != 0 {
 		t.Error("reset ring not empty")
+	}
+}
+
+// Samples come a little late or early; the window's rejections and its
+// attainment still cover the same requests.
+func TestRecorderJitterKeepsWindowsAligned(t *testing.T) {
+	r := newTestRecorder() // 5s window
+	tr := &traffic{st: qos.Stats{Class: qos.ClassLatencyCritical, SLO: 50 * time.Millisecond}}
+	jitter := []time.Duration{0, 300, -200, 400, 100, -300, 250, 0, 350, -100}
+	for i, j := range jitter {
+		if i < 4 {
+			tr.second(0, 0, 0, 0, 2, 0, 0) // two rejections a second, then nothing
+		}
+		r.Record(Snapshot{Time: t0.Add(time.Duration(i)*time.Second + j*time.Millisecond), Models: []ModelSample{sample("a/1", tr.st)}})
+		m := r.Overview().Models[0]
+		refused := float64(m.RejectedDeadline)
+		switch {
+		case refused > 0 && !m.Attainment.Known():
+			t.Errorf("step %d: %v rejections in the window but no attainment", i, refused)
+		case refused == 0 && m.Attainment.Known():
+			t.Errorf("step %d: attainment %v but no rejections in the window", i, float64(m.Attainment))
+		case refused > 0 && m.Status != StatusMissing:
+			t.Errorf("step %d: status %q with %v rejections", i, m.Status, refused)
+		}
 	}
 }

@@ -267,11 +267,12 @@ func (r *Recorder) overviewOf(key string, s *series) ModelOverview {
 	o.ComputeShare, o.TargetShare, o.MemoryShare, o.MemoryUsed = v(fComputeShare), v(fTargetShare), v(fMemoryShare), v(fMemoryUsed)
 	o.PredictedMs, o.ObservedMs, o.PlannedMs = v(fPredicted), v(fObserved), v(fPlanned)
 	o.QueueDepth = v(fQueueDepth)
-	// Rejections over the window, to go with the window's rates.
+	// Rejections over the window, to go with the window's rates: the
+	// points whose counts fall in it (each counts the step before it).
 	o.RejectedDeadline, o.RejectedQueueFull, o.Dropped, o.Failed = 0, 0, 0, 0
 	for i := s.points.len() - 1; i >= 0; i-- {
 		q := s.points.at(i)
-		if p.t.Sub(q.t) >= r.opts.Window {
+		if p.t.Sub(q.t) > r.opts.Window-r.opts.Resolution/2 {
 			break
 		}
 		add := func(dst *Value, f field) {
