@@ -80,10 +80,11 @@ func (v *Value) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// round keeps six significant digits: enough for a chart, and the history
-// stays small on the wire.
+// round keeps six significant digits of fractions: enough for a chart,
+// and the history stays small on the wire. Whole numbers (bytes, counts)
+// stay exact.
 func round(x float64) float64 {
-	if x == 0 || math.Abs(x) >= 1e15 {
+	if x == math.Trunc(x) {
 		return x
 	}
 	f, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', 6, 64), 64)

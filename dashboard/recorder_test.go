@@ -265,6 +265,25 @@ func TestDiagnose(t *testing.T) {
 	}
 }
 
+func TestValueJSON(t *testing.T) {
+	for _, c := range []struct {
+		v    Value
+		want string
+	}{
+		{Null, "null"}, {Value(math.Inf(1)), "null"}, {0, "0"}, {536870912, "536870912"},
+		{0.123456789, "0.123457"}, {136.77812, "136.778"}, {-2.5, "-2.5"},
+	} {
+		b, err := json.Marshal(c.v)
+		if err != nil || string(b) != c.want {
+			t.Errorf("%v: %s %v, want %s", float64(c.v), b, err, c.want)
+		}
+	}
+	var v Value
+	if err := json.Unmarshal([]byte("null"), &v); err != nil || v.Known() {
+		t.Errorf("null reads as %v, %v", float64(v), err)
+	}
+}
+
 func TestRing(t *testing.T) {
 	r := newRing[int](3)
 	if r.last() != nil {
