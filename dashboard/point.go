@@ -63,7 +63,11 @@ func (v Value) MarshalJSON() ([]byte, error) {
 	if !v.Known() {
 		return []byte("null"), nil
 	}
-	return strconv.AppendFloat(nil, round(float64(v)), 'g', -1, 64), nil
+	x := float64(v)
+	if x == math.Trunc(x) && math.Abs(x) < 1e21 {
+		return strconv.AppendFloat(nil, x, 'f', -1, 64), nil
+	}
+	return strconv.AppendFloat(nil, round(x), 'g', -1, 64), nil
 }
 
 // UnmarshalJSON reads null as unknown.
