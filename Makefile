@@ -31,11 +31,13 @@ test bench: export SLOSERVE_REQUIRE_ORT := 1
 # cgroups are writable on the project's machines: the limiter's real tests
 # must run there, not skip.
 test: export SLOSERVE_REQUIRE_CGROUPS := 1
+# Prometheus comes from test-tools: its e2e test must run, not skip.
+test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
-.PHONY: setup onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal clean distclean
+.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal clean distclean
 
 setup: onnxruntime models testmodels
 
@@ -47,6 +49,10 @@ models:
 
 testmodels:
 	scripts/fetch-testmodels.sh
+
+# Debian packages the tests run: prometheus (promtool), chromium, chromedriver.
+test-tools:
+	scripts/install-test-tools.sh
 
 proto-tools:
 	scripts/install-proto-tools.sh
@@ -65,7 +71,7 @@ build:
 run: setup build
 	./bin/sloserve serve $(SERVE_FLAGS)
 
-test: setup
+test: setup test-tools
 	go vet $(PKGS)
 	go test -race -count=1 -timeout 45m $(PKGS)
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests run, when any is missing:
+#   prometheus       /usr/bin/prometheus and promtool (the Prometheus e2e test)
+#   chromium         /usr/bin/chromium     (the dashboard's browser test)
+#   chromium-driver  /usr/bin/chromedriver
+# One apt run for all of them; nothing happens when every binary is there.
+# The packages' daemons are not started: the tests run their own Prometheus
+# on a free port with a temporary data directory.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+# binary -> the package that ships it.
+bins=(prometheus promtool chromium chromedriver)
+pkgs=(prometheus prometheus chromium chromium-driver)
+
+missing=()
+for i in "${!bins[@]}"; do
+  if ! command -v "${bins[$i]}" >/dev/null 2>&1; then
+    case " ${missing[*]-} " in
+      *" ${pkgs[$i]} "*) ;;
+      *) missing+=("${pkgs[$i]}") ;;
+    esac
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  log "test tools already installed: ${bins[*]}"
+  exit 0
+fi
+
+need apt-get
+sudo=
+[ "$(id -u)" = 0 ] || sudo=sudo
+
+# Keep postinst scripts from starting daemons (prometheus would take :9090):
+# invoke-rc.d and deb-systemd-invoke ask policy-rc.d, and 101 means "no".
+# Docker images ship such a file already; add one only for this run.
+policy=/usr/sbin/policy-rc.d
+marker="# sloserve install-test-tools.sh"
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n%s: no daemons started by package installs\nexit 101\n' "$marker" | $sudo tee "$policy" >/dev/null
+  $sudo chmod 0755 "$policy"
+  trap 'grep -qs "$marker" "$policy" && $sudo rm -f "$policy"' EXIT
+fi
+
+apt_install() {
+  # Wait for another apt run (another engineer's setup) instead of failing.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
+}
+log "apt-get install ${missing[*]}"
+if ! apt_install; then
+  log "apt-get update, then install again"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq -o DPkg::Lock::Timeout=600
+  apt_install
+fi
+
+# On a host run by systemd the package enables its service for the next
+# boot; the tests never want it, so a fresh install leaves it disabled.
+case " ${missing[*]} " in
+  *" prometheus "*)
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+    ;;
+esac
+
+for b in "${bins[@]}"; do
+  command -v "$b" >/dev/null 2>&1 || die "'$b' is still missing after installing ${missing[*]}"
+done
+log "installed ${missing[*]}"
