@@ -33,6 +33,8 @@ test bench: export SLOSERVE_REQUIRE_ORT := 1
 test: export SLOSERVE_REQUIRE_CGROUPS := 1
 # Prometheus comes from test-tools: its e2e test must run, not skip.
 test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
+# Chromium too: the dashboard's browser test must run, not skip.
+test: export SLOSERVE_REQUIRE_CHROMIUM := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
