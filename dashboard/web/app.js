@@ -313,7 +313,7 @@
 
   function badge(status, state) {
     const st = statusInfo(status);
-    return h('span', { class: 'badge st-' + (status || 'unknown'), 'data-field': 'status', 'data-value': status || '' },
+    return h('span', { class: 'badge st-' + (status || 'unknown'), 'data-field': 'status', 'data-value': JSON.stringify(status || '') },
       h('span', { class: 'icon', 'aria-hidden': 'true' }, st.icon), st.label);
   }
 
@@ -441,6 +441,17 @@
       tone = unavailable.length ? 'warn' : 'good';
       const lc = models.filter((m) => m.class === 'latency-critical' && (m.status === 'ok' || m.status === 'idle'));
       title = lc.length ? 'All latency-critical models meet their SLO' : 'No model is missing its SLO';
+      // Say which model is closest to its SLO, the one to watch.
+      let closest = null;
+      for (const m of models) {
+        if (m.status !== 'ok' || !isNum(m.p99_ms) || !isNum(m.slo_ms) || m.slo_ms <= 0) continue;
+        if (!closest || m.p99_ms / m.slo_ms > closest.p99_ms / closest.slo_ms) closest = m;
+      }
+      if (closest) {
+        list = h('p', { class: 'closest' }, 'Closest to its SLO: ', h('a', { href: modelHref(closest.name, closest.version) }, closest.name), versionTag(closest),
+          ', p99 ' + fmtMs(closest.p99_ms) + ' of ' + fmtMs(closest.slo_ms) + ' (' + fmtPct(closest.p99_ms / closest.slo_ms) + ')' +
+          (isNum(closest.attainment) ? ', attainment ' + fmtAttainment(closest.attainment) : '') + '.');
+      }
     }
     if (unavailable.length) {
       const ul = h('ul', { class: 'why-list' }, unavailable.map((m) =>
@@ -629,15 +640,18 @@
     for (const m of (lastOverview && lastOverview.models) || []) if (m.key) names.set(m.key, m.name);
     return h('div', { class: 'events-wrap' }, h('table', { class: 'events', 'data-table': 'events' },
       h('thead', null, h('tr', null, h('th', { scope: 'col' }, 'Time'), opts.showModel ? h('th', { scope: 'col' }, 'Model') : null,
-        h('th', { scope: 'col' }, 'Kind'), h('th', { scope: 'col' }, 'Change'), h('th', { scope: 'col' }, 'Reason'))),
-      h('tbody', null, list.map((e) => h('tr', { 'data-event': e.kind, 'data-model': e.model || '' },
-        h('td', { class: 'time', title: e.time }, fmtClock(e.time)),
-        opts.showModel ? h('td', { class: 'model' }, e.model ? h('a', { href: modelHref(names.get(e.model) || e.model.split('/')[0]) }, keyLabel(e.model)) : DASH) : null,
-        h('td', null, h('span', { class: 'kind k-' + e.kind }, e.kind)),
-        h('td', { class: 'change' }, fmtChange(e)),
-        h('td', { class: 'reason' }, e.reason || DASH,
-          isNum(e.predicted_latency_ms) || isNum(e.forecast_rate) ? h('div', { class: 'sub' },
-            [isNum(e.forecast_rate) ? 'forecast ' + fmtRate(e.forecast_rate) : null, isNum(e.predicted_latency_ms) ? 'predicted ' + fmtMs(e.predicted_latency_ms) : null].filter(Boolean).join(' · ')) : null))))));
+        h('th', { scope: 'col' }, 'Change and reason'))),
+      h('tbody', null, list.map((e) => {
+        const extra = [isNum(e.forecast_rate) && e.forecast_rate > 0 ? 'forecast ' + fmtRate(e.forecast_rate) : null,
+          isNum(e.predicted_latency_ms) && e.predicted_latency_ms > 0 ? 'predicted ' + fmtMs(e.predicted_latency_ms) : null].filter(Boolean);
+        return h('tr', { 'data-event': e.kind, 'data-model': e.model || '' },
+          h('td', { class: 'time', title: e.time }, fmtClock(e.time)),
+          opts.showModel ? h('td', { class: 'model' }, e.model ? h('a', { href: modelHref(names.get(e.model) || e.model.split('/')[0]) }, keyLabel(e.model)) : DASH) : null,
+          h('td', { class: 'what' },
+            h('div', { class: 'change' }, h('span', { class: 'kind k-' + e.kind }, e.kind), ' ', fmtChange(e)),
+            e.reason ? h('div', { class: 'reason' }, e.reason) : null,
+            extra.length ? h('div', { class: 'sub' }, extra.join(' · ')) : null));
+      }))));
   }
 
   // ---------------------------------------------------------------- model page
@@ -807,8 +821,15 @@
     },
 
     renderMissing(msg) {
+      for (const el of [this.els.kpis, this.els.toolbar, this.els.charts]) el.hidden = true;
+      // A model the server knows but that never served (it failed to
+      // load, say) has no history; the overview still says why.
+      const known = ((lastOverview && lastOverview.models) || []).find((m) => m.name === this.name);
       this.els.head = swap(this.els.head, h('section', { class: 'model-head', 'data-not-found': this.name },
-        h('h1', null, this.name), h('p', { class: 'headline tone-warn' }, msg || 'No such model.'),
+        h('div', { class: 'title-row' }, h('h1', null, this.name, known ? versionTag(known) : null), known ? badge(known.status) : null),
+        known ? h('p', { class: 'why-box tone-warn' }, h('strong', null, this.name + ' is ' + String(known.state || 'unavailable').toLowerCase() + ': '),
+          known.reason || known.why || 'no reason given', '. It has no history yet.')
+          : h('p', { class: 'why-box tone-warn' }, msg || 'No such model.'),
         h('p', null, h('a', { href: '#/' }, '← back to all models'))));
       markRendered('model-missing', null);
     },
@@ -816,6 +837,7 @@
     render() {
       const d = this.data;
       const m = d.model || {};
+      for (const el of [this.els.kpis, this.els.toolbar, this.els.charts]) el.hidden = false;
       this.els.head = swap(this.els.head, renderModelHead(m, this.name));
       this.els.kpis = swap(this.els.kpis, renderKPIs(m, d, lastOverview));
       this.els.toolbar = swap(this.els.toolbar, this.renderToolbar());
@@ -863,7 +885,10 @@
       const m = d.model || {};
       const se = d.series;
       const t1 = d.t.length ? d.t[d.t.length - 1] : Date.now() / 1000;
-      const t0 = t1 - this.rangeSeconds();
+      // A history shorter than the range (a model loaded a minute ago)
+      // fills the width instead of sitting in a corner.
+      const first = d.t.length ? d.t[0] : t1;
+      const t0 = Math.max(t1 - this.rangeSeconds(), Math.min(first, t1 - 30));
       const slo = isNum(m.slo_ms) && m.slo_ms > 0 ? m.slo_ms : null;
       const target = lastOverview && isNum(lastOverview.attainment_target) ? lastOverview.attainment_target : null;
       const events = d.events.map((e) => ({ t: toDate(e.time) / 1000, kind: e.kind, text: fmtClock(e.time) + ' ' + e.kind + ': ' + fmtChange(e) + (e.reason ? ' — ' + e.reason : '') }));
