@@ -85,13 +85,35 @@
     return el;
   }
 
-  // swap replaces old with fresh unless they are the same, so a repeated
-  // render leaves unchanged parts (and any text selection in them) alone.
+  // swap makes old look like fresh and returns the element on the page.
+  // It changes only what differs, so a render once a second keeps the
+  // nodes (links under the pointer, focus, a text selection) that did not
+  // change.
   function swap(old, fresh) {
     if (!old) return fresh;
-    if (!old.isEqualNode(fresh)) old.replaceWith(fresh);
-    else return old;
-    return fresh;
+    return morph(old, fresh);
+  }
+
+  function morph(old, fresh) {
+    if (old.nodeType !== fresh.nodeType || old.nodeName !== fresh.nodeName) {
+      old.replaceWith(fresh);
+      return fresh;
+    }
+    if (old.nodeType !== Node.ELEMENT_NODE) {
+      if (old.nodeValue !== fresh.nodeValue) old.nodeValue = fresh.nodeValue;
+      return old;
+    }
+    if (old.isEqualNode(fresh)) return old;
+    for (const a of [...old.attributes]) if (!fresh.hasAttribute(a.name)) old.removeAttribute(a.name);
+    for (const a of [...fresh.attributes]) if (old.getAttribute(a.name) !== a.value) old.setAttribute(a.name, a.value);
+    const oc = [...old.childNodes];
+    const fc = [...fresh.childNodes];
+    for (let i = 0; i < fc.length; i++) {
+      if (i < oc.length) morph(oc[i], fc[i]);
+      else old.appendChild(fc[i]);
+    }
+    for (let i = fc.length; i < oc.length; i++) oc[i].remove();
+    return old;
   }
 
   // ---------------------------------------------------------------- formatting
@@ -106,10 +128,12 @@
     return Math.round(v) + ' ms';
   }
 
-  // fmtAttainment never rounds up, so 99.96% is not shown as 100%.
+  // fmtAttainment rounds as the server's sentences do, except that short
+  // of 100% it never shows 100.0%.
   function fmtAttainment(v) {
     if (!isNum(v)) return DASH;
-    return (Math.floor(v * 1000 + 1e-9) / 10).toFixed(1) + '%';
+    const text = (v * 100).toFixed(1);
+    return (v < 1 && text === '100.0' ? '99.9' : text) + '%';
   }
 
   function fmtPct(v, digits) {
@@ -1261,7 +1285,7 @@
       const y = Y(r.value);
       svg.append(s('g', { class: 'ref' },
         s('line', { x1: M.left, x2: M.left + pw, y1: y, y2: y, stroke: r.color, 'stroke-width': 1.5, 'stroke-dasharray': '7 4', 'data-ref': r.key, 'data-value': String(r.value) }),
-        s('text', { x: M.left + pw - 4, y: y - 5, 'text-anchor': 'end', fill: r.color, class: 'ref-label' }, r.label)));
+        s('text', { x: M.left + 6, y: y - 5, 'text-anchor': 'start', fill: r.color, class: 'ref-label' }, r.label)));
     }
 
     // adjuster events on the time axis
