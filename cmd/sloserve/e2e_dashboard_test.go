@@ -494,14 +494,14 @@ var statusLabels = map[string]string{"ok": "ok", "missing": "missing SLO", "idle
 
 // TestE2EDashboard loads the dashboard in Chromium from a server with three
 // models under load: ocr-det gets more requests than it can answer within
-// its 30 ms SLO (missing), ocr-cls a light stream well within 500 ms (ok),
+// its 25 ms SLO (missing), ocr-cls a light stream well within 500 ms (ok),
 // and a wake-word model without an SLO (best effort) a steady stream.
 func TestE2EDashboard(t *testing.T) {
 	requireChromium(t)
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"ocr-det", demoModel(t, "ocr-det"), `max_batch_size: 4
-slo: {latency_ms: 30, class: latency-critical}
+slo: {latency_ms: 25, class: latency-critical}
 execution: {intra_op_threads: 1}
 resources: {memory_limit: 512MiB, min_compute_share: 0.1}
 profile: {shapes: {x: [1, 3, 128, 128]}, batch_sizes: [1, 4]}
@@ -521,7 +521,7 @@ resources: {memory_limit: 128MiB, min_compute_share: 0.05}
 
 	load := newDashboardLoad(t, s)
 	det, detLen := detRequest(t, 128, nil)
-	load.clients("ocr-det", 4, det, detLen, 10*time.Millisecond)
+	load.clients("ocr-det", 5, det, detLen, 10*time.Millisecond)
 	cls, clsLen := tensorRequest(t, "x", []int64{1, 3, 48, 192}, "softmax_0.tmp_0")
 	load.clients("ocr-cls", 1, cls, clsLen, 300*time.Millisecond)
 	ww, wwLen := tensorRequest(t, "onnx::Flatten_0", []int64{1, 25, 96}, "39")
@@ -756,7 +756,20 @@ resources: {memory_limit: 128MiB, min_compute_share: 0.05}
 	})
 
 	t.Run("model page", func(t *testing.T) {
-		b.do(t, chromedp.Click(chromedp.CSS(`tr[data-model="ocr-det"] a[data-field="name"]`)))
+		// A real click on the link (retried: a busy page may re-render the
+		// row between finding the link and clicking it).
+		for try := 0; ; try++ {
+			ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+			err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-model="ocr-det"] a[data-field="name"]`)))
+			cancel()
+			if err == nil {
+				break
+			}
+			if try == 4 {
+				t.Fatalf("clicking ocr-det's link: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 		b.waitJS(t, "the model page's charts", 30*time.Second, fmt.Sprintf(
 			`document.body.dataset.page === 'model' && document.querySelector('svg[data-chart="latency"]') && +document.querySelector('svg[data-chart="latency"]').dataset.points >= %d`, minPoints))
 		var hash string
@@ -764,9 +777,11 @@ resources: {memory_limit: 128MiB, min_compute_share: 0.05}
 		if !strings.HasPrefix(hash, "#/models/ocr-det") {
 			t.Errorf("the model link led to %q", hash)
 		}
+		b.waitJS(t, "ocr-det's page to say it misses its SLO", 20*time.Second,
+			`(document.querySelector('.model-head[data-status="missing"] .why-box [data-field="why"]')?.dataset.value || '').length > 2`)
 		var shown shownModelPage
 		b.eval(t, readModelPageJS, &shown)
-		if shown.Status != "missing" || shown.Why == "" {
+		if shown.Why == "" {
 			t.Errorf("model page status %q why %q; want missing and why", shown.Status, shown.Why)
 		}
 		if v := shown.KPIs["p99_ms"].Value; v == "null" || v == "" {
@@ -814,8 +829,8 @@ resources: {memory_limit: 128MiB, min_compute_share: 0.05}
 			}
 			return vs
 		}
-		if got := refs("latency", "slo"); len(got) != 1 || got[0] != 30 {
-			t.Errorf("latency chart SLO line: %v, want one at 30 ms", got)
+		if got := refs("latency", "slo"); len(got) != 1 || got[0] != 25 {
+			t.Errorf("latency chart SLO line: %v, want one at 25 ms", got)
 		}
 		if got := refs("attainment", "target"); len(got) != 1 || got[0] != 0.99 {
 			t.Errorf("attainment chart target line: %v, want one at 0.99", got)
@@ -835,11 +850,11 @@ resources: {memory_limit: 128MiB, min_compute_share: 0.05}
 		// Live: the next polls add points.
 		before := shown.Charts["latency"]
 		b.waitJS(t, "new points on the latency chart", 20*time.Second, fmt.Sprintf(
-			`(() => { const s = document.querySelector('svg[data-chart="latency"]'); return +s.dataset.lastT > %v && +s.dataset.points > %d; })()`,
+			`(() => { const s = document.querySelector('svg[data-chart="latency"]'); return s && +s.dataset.lastT > %v && +s.dataset.points > %d; })()`,
 			before.LastT, before.Points))
 		// A few more polls, so the history below went through ?since= merges.
 		b.waitJS(t, "three more polls", 20*time.Second, fmt.Sprintf(
-			`+document.querySelector('svg[data-chart="latency"]').dataset.lastT >= %v`, before.LastT+3))
+			`+document.querySelector('svg[data-chart="latency"]')?.dataset.lastT >= %v`, before.LastT+3))
 
 		// The page's history, built from a full fetch and then ?since=
 		// polls, holds the same points as the API's.
