@@ -130,9 +130,14 @@ func (s *restServer) dashboardHistory(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
+	// The model's events since the poll before (when polling), else within
+	// the span of the points.
 	out := historyJSON{History: h, Events: []eventJSON{}}
-	if len(h.Series.T) > 0 {
-		from := time.UnixMilli(int64(h.Series.T[0] * 1000))
+	from := since
+	if from.IsZero() && len(h.Series.T) > 0 {
+		from = time.UnixMilli(int64(h.Series.T[0] * 1000))
+	}
+	if !from.IsZero() {
 		for _, e := range toEventsJSON(s.b.ControlEvents(from, maxEvents)) {
 			if e.Model == h.Key {
 				out.Events = append(out.Events, e)

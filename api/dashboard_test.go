@@ -122,6 +122,19 @@ func TestDashboardHistory(t *testing.T) {
 		t.Errorf("since: %d, %d points, %v", code, len(hist.Series["t"]), err)
 	}
 
+	// Polling: the events after since, even those older than the first
+	// point returned.
+	for _, c := range []struct {
+		after  time.Duration
+		events int
+	}{{9500 * time.Millisecond, 1}, {10500 * time.Millisecond, 0}} {
+		var got historyJSON
+		rec = getREST(t, h, "/v2/dashboard/models/sum?last=5&since="+strconv.FormatFloat(float64(start.Add(c.after).UnixMilli())/1000, 'f', 3, 64))
+		if err := json.Unmarshal(rec.Body.Bytes(), &struct{ Events *[]eventJSON }{&got.Events}); err != nil || len(got.Events) != c.events {
+			t.Errorf("since start+%s: %d events, want %d (%v)", c.after, len(got.Events), c.events, err)
+		}
+	}
+
 	for _, c := range []struct {
 		path string
 		code int

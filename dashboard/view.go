@@ -86,11 +86,12 @@ type Overview struct {
 
 // History is one model version's points, as columns.
 type History struct {
-	Name        string        `json:"name"`
-	Key         string        `json:"key"`
-	ResolutionS float64       `json:"resolution_s"`
-	WindowS     float64       `json:"window_s"`
-	Model       ModelOverview `json:"model"`
+	Name             string        `json:"name"`
+	Key              string        `json:"key"`
+	ResolutionS      float64       `json:"resolution_s"`
+	WindowS          float64       `json:"window_s"`
+	AttainmentTarget float64       `json:"attainment_target"`
+	Model            ModelOverview `json:"model"`
 	// Series holds "t" (unix seconds) and one column per value, each as
 	// long as "t".
 	Series Columns `json:"series"`
@@ -177,7 +178,7 @@ func (r *Recorder) History(name, version string, since time.Time, last time.Dura
 	}
 	h := History{
 		Name: name, Key: key, ResolutionS: r.opts.Resolution.Seconds(), WindowS: r.opts.Window.Seconds(),
-		Model: r.overviewOf(key, s),
+		AttainmentTarget: r.opts.AttainmentTarget, Model: r.overviewOf(key, s),
 	}
 	from := r.last.Add(-last)
 	if since.After(from) {
