@@ -27,6 +27,8 @@ type metrics struct {
 	loadDuration *prometheus.HistogramVec
 	restarts     *prometheus.CounterVec
 	evictions    *prometheus.CounterVec
+	loads        *prometheus.CounterVec
+	loadFailures *prometheus.CounterVec
 
 	mu       sync.Mutex
 	versions map[[2]string]*versionMetrics
@@ -82,9 +84,18 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "sloserve_model_evictions_total",
 			Help: "Idle models unloaded to free memory (they load again on demand).",
 		}, []string{"model"}),
+		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_model_loads_total",
+			Help: "Loads and reloads of a model that succeeded: the new versions serve.",
+		}, []string{"model"}),
+		loadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_model_load_failures_total",
+			Help: "Loads and reloads of a model that failed (bad config, bad model file, runner failure); a reload that fails leaves the previous version serving.",
+		}, []string{"model"}),
 		versions: map[[2]string]*versionMetrics{},
 	}
-	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.evictions, &usageCollector{r: r}}
+	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.evictions,
+		m.loads, m.loadFailures, &usageCollector{r: r}, &stateCollector{r: r}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("models: registering metrics"), err)
@@ -129,6 +140,15 @@ func (m *metrics) forget(model, version string) {
 	m.inflight.DeletePartialMatch(l)
 	m.loadDuration.DeletePartialMatch(l)
 	m.restarts.DeletePartialMatch(l)
+}
+
+// forgetModel deletes the model-level series of a model that has left the
+// repositories.
+func (m *metrics) forgetModel(model string) {
+	l := prometheus.Labels{"model": model}
+	m.loads.DeletePartialMatch(l)
+	m.loadFailures.DeletePartialMatch(l)
+	m.evictions.DeletePartialMatch(l)
 }
 
 func (vm *versionMetrics) observe(o outcome, total, queue time.Duration, t *runtime.Timing) {
@@ -178,4 +198,44 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(cpuDesc, prometheus.CounterValue, cpu, model, version, idx)
 		ch <- prometheus.MustNewConstMetric(rssDesc, prometheus.GaugeValue, float64(rss), model, version, idx)
 	})
+}
+
+// stateCollector reports, at scrape time, each model version's state in
+// the repository index and whether each model's last load failed. Models
+// that have left the repositories have no series.
+type stateCollector struct{ r *Registry }
+
+var (
+	stateDesc = prometheus.NewDesc("sloserve_model_state",
+		"1 for the state a model version is in (READY, LOADING, UNLOADING, UNAVAILABLE), 0 for the others; version is empty for a model that has no version to show.",
+		[]string{"model", "version", "state"}, nil)
+	loadFailedDesc = prometheus.NewDesc("sloserve_model_load_failed",
+		"1 while the last load or reload of a model has failed (the repository index has the reason; a version that served before keeps serving), else 0.",
+		[]string{"model"}, nil)
+)
+
+var allStates = []State{StateReady, StateLoading, StateUnloading, StateUnavailable}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- stateDesc
+	ch <- loadFailedDesc
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.r.index(false) {
+		for _, st := range allStates {
+			v := 0.0
+			if e.State == st {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, e.Name, e.Version, string(st))
+		}
+	}
+	for name, failed := range c.r.loadFailures() {
+		v := 0.0
+		if failed {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(loadFailedDesc, prometheus.GaugeValue, v, name)
+	}
 }

@@ -8,35 +8,122 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
-// poll watches the repositories: a new model folder is loaded, a changed
+// watch follows the repositories: a new model folder is loaded, a changed
 // config or version set is reloaded (the old versions serve until the new
 // ones are ready), and a removed folder is unloaded after draining. A change
-// that fails to load leaves the previous version serving.
-func (r *Registry) poll(ctx context.Context) {
-	defer close(r.pollDone)
-	t := time.NewTicker(r.opts.PollInterval)
-	defer t.Stop()
+// that fails to load leaves the previous version serving. In poll mode it
+// looks every poll interval and whenever Rescan asks; in none mode only
+// when Rescan asks.
+func (r *Registry) watch(ctx context.Context) {
+	defer close(r.watchDone)
+	var (
+		timer *time.Timer
+		tick  <-chan time.Time
+	)
+	if r.opts.Control == ControlPoll {
+		timer = time.NewTimer(time.Duration(r.pollInterval.Load()))
+		defer timer.Stop()
+		tick = timer.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-tick:
+		case <-r.rescan:
 		}
 		r.pollOnce(ctx)
+		if timer != nil {
+			// Read again: a config reload may have changed it.
+			timer.Reset(time.Duration(r.pollInterval.Load()))
+		}
 	}
 }
 
+// Rescan asks for a pass over the repositories now, as a poll does, in
+// poll and none modes; it returns at once. Requests made while a pass runs
+// collapse into one more pass. In explicit mode it only refreshes the list
+// of models the index shows: loading stays with the API.
+func (r *Registry) Rescan() {
+	if r.opts.Control == ControlExplicit {
+		r.scan()
+		return
+	}
+	select {
+	case r.rescan <- struct{}{}:
+	default:
+	}
+}
+
+// SetPollInterval changes the poll interval from the next poll on.
+func (r *Registry) SetPollInterval(d time.Duration) {
+	if d > 0 {
+		r.pollInterval.Store(int64(d))
+	}
+}
+
+// SetMaxInflight changes the limit on requests in flight across all models
+// (0 = no limit) for requests that arrive from now on.
+func (r *Registry) SetMaxInflight(n int) { r.maxInflight.Store(int64(max(n, 0))) }
+
+// SetDrainTimeout changes how long an unload or reload waits for in-flight
+// requests.
+func (r *Registry) SetDrainTimeout(d time.Duration) {
+	if d >= 0 {
+		r.drainTimeout.Store(int64(d))
+	}
+}
+
+// SetRepositories replaces the list of model repositories after checking
+// that each is a readable directory (an error changes nothing). The models
+// of an added repository are found, and those of a removed one lost, at the
+// next pass over the repositories (see Rescan); in explicit mode a loaded
+// model stays loaded until it is unloaded.
+func (r *Registry) SetRepositories(repos []string) error {
+	if len(repos) == 0 {
+		return fmt.Errorf("%w: no model repository", ErrBadConfig)
+	}
+	if err := checkRepositories(repos); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.repos = slices.Clone(repos)
+	r.mu.Unlock()
+	return nil
+}
+
+// repositories returns the current list of model repositories.
+func (r *Registry) repositories() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.repos
+}
+
+func checkRepositories(repos []string) error {
+	for _, repo := range repos {
+		if st, err := os.Stat(repo); err != nil || !st.IsDir() {
+			return fmt.Errorf("model repository %q: not a readable directory", repo)
+		}
+	}
+	return nil
+}
+
+// pollOnce is one pass over the repositories.
 func (r *Registry) pollOnce(ctx context.Context) {
 	present := r.scan()
-	r.mu.RLock()
+	r.mu.Lock()
 	type change struct{ name, why string }
 	var changes []change
 	var gone []string
 	for name, m := range r.models {
 		if !slices.Contains(present, name) {
+			// From now on requests find no such model, also while
+			// the unload below drains the ones in flight.
+			m.removed = true
 			gone = append(gone, name)
 			continue
 		}
@@ -48,23 +135,25 @@ func (r *Registry) pollOnce(ctx context.Context) {
 			changes = append(changes, change{name, why})
 		}
 	}
-	r.mu.RUnlock()
+	r.mu.Unlock()
+	slices.Sort(gone)
+	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.name, b.name) })
 	for _, name := range gone {
 		r.log.Info("model folder removed; unloading", "model", name)
 		if err := r.unload(ctx, name, "removed from the repository"); err != nil {
-			r.log.Warn("poll: unload failed", "model", name, "err", err)
+			r.log.Warn("unload of a removed model failed", "model", name, "err", err)
 		}
 		r.mu.Lock()
 		if m, ok := r.models[name]; ok && len(m.serving) == 0 {
 			delete(r.models, name)
+			r.metrics.forgetModel(name)
 		}
 		r.mu.Unlock()
 	}
 	for _, c := range changes {
 		r.log.Info("model folder "+c.why+"; loading", "model", c.name)
-		if err := r.load(ctx, c.name); err != nil {
-			r.log.Error("poll: load failed", "model", c.name, "err", err)
-		}
+		// A failure is logged, counted and shown in the index by load.
+		_ = r.load(ctx, c.name)
 	}
 }
 

@@ -105,12 +105,21 @@ type Registry struct {
 
 	inflight atomic.Int64
 
+	// Settings a config reload changes while the registry runs; they start
+	// as Options says.
+	maxInflight  atomic.Int64 // 0 = no limit
+	drainTimeout atomic.Int64 // a time.Duration
+	pollInterval atomic.Int64 // a time.Duration
+
 	mu     sync.RWMutex
 	models map[string]*model
+	repos  []string // the repositories; guarded by mu
 
-	pollDone chan struct{}
-	started  atomic.Bool
-	unitSeq  atomic.Uint64 // makes limiter unit ids unique
+	// rescan asks the watcher for a pass over the repositories now.
+	rescan    chan struct{}
+	watchDone chan struct{} // closed when the watcher has returned
+	started   atomic.Bool
+	unitSeq   atomic.Uint64 // makes limiter unit ids unique
 }
 
 // model is one folder of a repository and what is loaded from it.
@@ -127,6 +136,8 @@ type model struct {
 	reason      string               // why the model as a whole is not serving
 	fingerprint string               // of the files that the last load read
 	evicted     bool                 // unloaded for memory: the next request loads it
+	loadFailed  bool                 // the last load or reload failed; reason says why
+	removed     bool                 // its folder is gone: requests find no model
 
 	demand sync.Mutex // one load on demand at a time
 }
@@ -148,6 +159,7 @@ type version struct {
 	idle     chan Instance // an instance per free execution slot
 
 	shareMu sync.Mutex // serialises share changes and swaps
+	retired bool       // guarded by shareMu: being stopped, no more swaps
 
 	instMu    sync.RWMutex // guards the fields below; swaps replace instances
 	instances []Instance
@@ -183,7 +195,12 @@ func New(opts Options) (*Registry, error) {
 		opts:   opts,
 		log:    opts.Logger,
 		models: make(map[string]*model),
+		repos:  slices.Clone(opts.Repositories),
+		rescan: make(chan struct{}, 1),
 	}
+	r.maxInflight.Store(int64(opts.MaxInflight))
+	r.drainTimeout.Store(int64(cmp.Or(opts.DrainTimeout, 30*time.Second)))
+	r.pollInterval.Store(int64(opts.PollInterval))
 	m, err := newMetrics(opts.Registerer, r)
 	if err != nil {
 		return nil, err
@@ -195,12 +212,11 @@ func New(opts Options) (*Registry, error) {
 // Start scans the repositories and loads what the control mode says: every
 // model in none and poll modes, the startup models in explicit mode. A model
 // that fails to load is reported in the index; it does not fail Start. In
-// poll mode a goroutine then watches the repositories until ctx ends.
+// poll and none modes a goroutine then watches the repositories until ctx
+// ends: every poll interval in poll mode, only when Rescan asks in none mode.
 func (r *Registry) Start(ctx context.Context) error {
-	for _, repo := range r.opts.Repositories {
-		if st, err := os.Stat(repo); err != nil || !st.IsDir() {
-			return fmt.Errorf("model repository %q: not a readable directory", repo)
-		}
+	if err := checkRepositories(r.repositories()); err != nil {
+		return err
 	}
 	found := r.scan()
 	var names []string
@@ -224,9 +240,9 @@ func (r *Registry) Start(ctx context.Context) error {
 	}
 	wg.Wait()
 	r.started.Store(true)
-	if r.opts.Control == ControlPoll {
-		r.pollDone = make(chan struct{})
-		go r.poll(ctx)
+	if r.opts.Control != ControlExplicit {
+		r.watchDone = make(chan struct{})
+		go r.watch(ctx)
 	}
 	return nil
 }
@@ -234,12 +250,13 @@ func (r *Registry) Start(ctx context.Context) error {
 // Started reports whether Start has finished its initial loads.
 func (r *Registry) Started() bool { return r.started.Load() }
 
-// Stop unloads every model, draining in-flight requests first. In poll mode
-// it expects Start's ctx to be cancelled already and waits for the watcher.
+// Stop unloads every model, draining in-flight requests first. In poll and
+// none modes it expects Start's ctx to be cancelled already and waits for
+// the watcher.
 func (r *Registry) Stop(ctx context.Context) {
-	if r.pollDone != nil {
+	if r.watchDone != nil {
 		select {
-		case <-r.pollDone:
+		case <-r.watchDone:
 		case <-ctx.Done():
 		}
 	}
@@ -268,7 +285,7 @@ func validName(name string) error {
 // It returns the names found, sorted.
 func (r *Registry) scan() []string {
 	found := map[string]string{}
-	for _, repo := range r.opts.Repositories {
+	for _, repo := range r.repositories() {
 		entries, err := os.ReadDir(repo)
 		if err != nil {
 			r.log.Warn("cannot read model repository", "repository", repo, "err", err)
@@ -382,9 +399,12 @@ func (r *Registry) load(ctx context.Context, name string) error {
 		return err
 	}
 
+	// A version that serves stays READY while its replacement loads.
 	r.mu.Lock()
 	for _, n := range selected {
-		m.states[n] = IndexEntry{Name: name, Version: strconv.FormatInt(n, 10), State: StateLoading}
+		if _, ok := m.serving[n]; !ok {
+			m.states[n] = IndexEntry{Name: name, Version: strconv.FormatInt(n, 10), State: StateLoading}
+		}
 	}
 	r.mu.Unlock()
 
@@ -425,6 +445,11 @@ func (r *Registry) load(ctx context.Context, name string) error {
 			}
 			r.stopVersion(ctx, v)
 		}
+		for _, n := range selected {
+			if _, ok := serving[n]; !ok {
+				r.metrics.forget(name, strconv.FormatInt(n, 10))
+			}
+		}
 		err := errors.Join(errs...)
 		r.setFailed(m, selected, err, fp)
 		return err
@@ -436,12 +461,14 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	m.cfg = cfg
 	m.reason = ""
 	m.evicted = false
+	m.loadFailed = false
 	m.fingerprint = fp
 	m.states = map[int64]IndexEntry{}
 	for n, v := range fresh {
 		m.states[n] = IndexEntry{Name: name, Version: v.label, State: StateReady}
 	}
 	r.mu.Unlock()
+	r.metrics.loads.WithLabelValues(name).Inc()
 	log.Info("model ready", "versions", selected, "instances", cfg.Instances, "took", time.Since(start).Round(time.Millisecond))
 
 	for _, v := range old {
@@ -572,16 +599,22 @@ func samplesFor(v *version, given map[string][]int64) func(batch int) *runtime.I
 	}
 }
 
-// setFailed records why a load failed. Versions still serving stay READY.
+// setFailed records why a load failed, in the log, the metrics and the
+// index, and remembers the fingerprint of the files it read so that the
+// watcher does not try the same files again. Versions still serving stay
+// READY.
 func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
-	r.log.Error("model load failed", "model", m.name, "err", err)
+	r.metrics.loadFailures.WithLabelValues(m.name).Inc()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m.fingerprint = fp
+	m.loadFailed = true
 	if len(m.serving) > 0 {
 		m.reason = "reload failed, previous version serving: " + err.Error()
+		r.log.Error("model reload failed; the previous version keeps serving", "model", m.name, "err", err)
 	} else {
 		m.reason = err.Error()
+		r.log.Error("model load failed", "model", m.name, "err", err)
 	}
 	for n, v := range m.serving {
 		m.states[n] = IndexEntry{Name: m.name, Version: v.label, State: StateReady, Reason: m.reason}
@@ -694,7 +727,7 @@ func (r *Registry) stopVersion(ctx context.Context, v *version) {
 func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]*version) {
 	done := make(chan struct{})
 	go func() { v.inflight.Wait(); close(done) }()
-	timeout := cmp.Or(r.opts.DrainTimeout, 30*time.Second)
+	timeout := time.Duration(r.drainTimeout.Load())
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -703,6 +736,11 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 		r.log.Warn("unload: in-flight requests did not finish in time", "model", v.model, "version", v.label, "timeout", timeout)
 	case <-ctx.Done():
 	}
+	// A share swap in progress finishes first; later ones see the version
+	// retired, so none starts an instance that would outlive it.
+	v.shareMu.Lock()
+	v.retired = true
+	v.shareMu.Unlock()
 	r.unschedule(context.WithoutCancel(ctx), v, next)
 	r.stopVersion(context.WithoutCancel(ctx), v)
 	if _, replaced := next[v.number]; !replaced {
@@ -737,6 +775,7 @@ func (r *Registry) unload(ctx context.Context, name, reason string) error {
 	}
 	if len(old) > 0 {
 		m.reason = reason
+		m.loadFailed = false
 	}
 	r.mu.Unlock()
 	if len(old) > 0 {
@@ -756,6 +795,9 @@ func (r *Registry) isEvicted(name string) bool {
 // resolve finds the serving version a request names ("" = the highest).
 // The caller holds r.mu.
 func (m *model) resolve(ver string) (*version, error) {
+	if m.removed {
+		return nil, fmt.Errorf("%w: %q (removed from the repository)", ErrModelNotFound, m.name)
+	}
 	if ver == "" {
 		var best *version
 		for _, v := range m.serving {
@@ -812,8 +854,8 @@ func (r *Registry) acquire(name, ver string) (*version, error) {
 // version) and returns the version that served it.
 func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
 	start := time.Now()
-	if limit := r.opts.MaxInflight; limit > 0 {
-		if n := r.inflight.Add(1); n > int64(limit) {
+	if limit := r.maxInflight.Load(); limit > 0 {
+		if n := r.inflight.Add(1); n > limit {
 			r.inflight.Add(-1)
 			return nil, "", fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
 		}
@@ -970,6 +1012,11 @@ func (r *Registry) Index(readyOnly bool) []IndexEntry {
 	if r.opts.Control == ControlExplicit {
 		r.scan()
 	}
+	return r.index(readyOnly)
+}
+
+// index is Index without the scan.
+func (r *Registry) index(readyOnly bool) []IndexEntry {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []IndexEntry
@@ -994,6 +1041,18 @@ func (r *Registry) Index(readyOnly bool) []IndexEntry {
 	slices.SortFunc(out, func(a, b IndexEntry) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
 	})
+	return out
+}
+
+// loadFailures tells, for every model in the repositories, whether its last
+// load or reload failed.
+func (r *Registry) loadFailures() map[string]bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make(map[string]bool, len(r.models))
+	for name, m := range r.models {
+		out[name] = m.loadFailed
+	}
 	return out
 }
 

@@ -86,7 +86,8 @@ type fakeFactory struct {
 	mu        sync.Mutex
 	instances []*fakeInstance
 	g         chan struct{}
-	fail      map[string]error // model name -> start error
+	fail      map[string]error        // model name -> start error
+	onStart   func(spec InstanceSpec) // called first by start, without the lock
 }
 
 func (f *fakeFactory) gate() chan struct{} {
@@ -96,6 +97,12 @@ func (f *fakeFactory) gate() chan struct{} {
 }
 
 func (f *fakeFactory) start(ctx context.Context, spec InstanceSpec) (Instance, error) {
+	f.mu.Lock()
+	hook := f.onStart
+	f.mu.Unlock()
+	if hook != nil {
+		hook(spec)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail[spec.Model]; err != nil {

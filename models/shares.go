@@ -198,6 +198,9 @@ func (r *Registry) SetShare(ctx context.Context, key string, s limiter.Share) er
 // setShareLocked applies s to every instance; swaps are allowed only when
 // swap is set (profiling resizes without them). The caller holds shareMu.
 func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Share, swap bool) error {
+	if v.retired {
+		return fmt.Errorf("%w: model %s version %s is being unloaded", ErrNotReady, v.model, v.label)
+	}
 	v.instMu.RLock()
 	n := len(v.instances)
 	units := slices.Clone(v.units)
