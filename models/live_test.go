@@ -355,3 +355,64 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// The watcher sees what a load reads: a version folder that is a symlink
+// (releases kept elsewhere) counts, and re-pointing it reloads; a hidden
+// folder where a version is staged does not.
+func TestFingerprintFollowsVersionFolders(t *testing.T) {
+	repo, releases := t.TempDir(), t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1), 1)
+	r, f, preg := newTestRegistry(t, ControlPoll, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	loads := func() float64 { return series(t, preg)[`sloserve_model_loads_total{model="sum"}`] }
+
+	// Staging a version in a hidden folder changes nothing.
+	staging := filepath.Join(repo, "sum", ".staging")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(staging, "model.onnx"), []byte("onnx v2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.pollOnce(t.Context())
+	if n := loads(); n != 1 {
+		t.Fatalf("a hidden staging folder caused a reload: %v loads", n)
+	}
+
+	// A symlinked version folder is a new version.
+	for _, rel := range []string{"a", "b"} {
+		if err := os.MkdirAll(filepath.Join(releases, rel), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(releases, rel, "model.onnx"), []byte("onnx "+rel), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(repo, "sum", "2")
+	if err := os.Symlink(filepath.Join(releases, "a"), link); err != nil {
+		t.Fatal(err)
+	}
+	r.pollOnce(t.Context())
+	if _, ver, err := r.Infer(t.Context(), "sum", "", sumRequest([4]float32{1, 1, 1, 1})); err != nil || ver != "2" {
+		t.Fatalf("after linking version 2: version %q, %v", ver, err)
+	}
+	// Re-pointing the link (same size, maybe the same time) reloads.
+	tmp := filepath.Join(repo, "sum", ".2.tmp")
+	if err := os.Symlink(filepath.Join(releases, "b"), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+	r.pollOnce(t.Context())
+	if n := loads(); n != 3 {
+		t.Errorf("%v loads after re-pointing version 2, want 3", n)
+	}
+	insts := f.of("sum", 2)
+	if len(insts) != 2 || !strings.HasSuffix(filepath.Dir(insts[1].spec.Path), "2") {
+		t.Errorf("version 2 instances after re-pointing: %d", len(insts))
+	}
+}

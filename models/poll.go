@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sloserve/sloserve/configs"
 )
 
 // watch follows the repositories: a new model folder is loaded, a changed
@@ -158,23 +161,29 @@ func (r *Registry) pollOnce(ctx context.Context) {
 }
 
 // fingerprint summarises what a load of a model folder reads: the config
-// file's bytes and every version folder's model file size and time.
+// file's bytes and, for every version folder a load would see (symlinked
+// ones too), the model file's real path, size and time. Other folders, such
+// as a hidden one a new version is staged in, do not count.
 func fingerprint(dir string) string {
 	h := sha256.New()
-	for _, name := range []string{"config.yaml", "config.yml"} {
+	for _, name := range []string{configs.ModelConfigFile, configs.ModelConfigFileAlt} {
 		if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
 			fmt.Fprintf(h, "%s:%d:", name, len(b))
 			h.Write(b)
 		}
 	}
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if !e.IsDir() {
+	versions, err := configs.ListVersions(dir)
+	if err != nil {
+		fmt.Fprintf(h, "|%v", err)
+	}
+	for _, v := range versions {
+		path := filepath.Join(dir, strconv.FormatInt(v, 10), configs.ModelFile)
+		st, err := os.Stat(path)
+		if err != nil {
 			continue
 		}
-		if st, err := os.Stat(filepath.Join(dir, e.Name(), "model.onnx")); err == nil {
-			fmt.Fprintf(h, "|%s:%d:%d", e.Name(), st.Size(), st.ModTime().UnixNano())
-		}
+		real, _ := filepath.EvalSymlinks(path)
+		fmt.Fprintf(h, "|%d:%s:%d:%d", v, real, st.Size(), st.ModTime().UnixNano())
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
