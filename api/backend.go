@@ -44,6 +44,11 @@ type Backend interface {
 	LoadModel(ctx context.Context, name string) error
 	// UnloadModel unloads a model after in-flight requests finish.
 	UnloadModel(ctx context.Context, name string) error
+	// ReloadConfig rereads the server config from where it came from at
+	// start, applies what can change while the server runs and says which
+	// changed keys need a restart. An invalid config (configs.ErrInvalid)
+	// changes nothing.
+	ReloadConfig(ctx context.Context) (ReloadResult, error)
 	// Control describes the control loop: policy, limiters, shares and
 	// predictions.
 	Control() ControlStatus
@@ -57,6 +62,13 @@ type Backend interface {
 	// Dashboard is the models' history for the dashboard; nil when the
 	// dashboard is disabled.
 	Dashboard() *dashboard.Recorder
+}
+
+// ReloadResult is what a config reload did: the changed keys now in
+// effect, and the changed keys that take effect at the next start.
+type ReloadResult struct {
+	Applied       []string
+	RestartNeeded []string
 }
 
 // Limits bound what a request may make the server allocate.

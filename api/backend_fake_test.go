@@ -34,6 +34,10 @@ type fakeBackend struct {
 	pins   map[string]*limiter.Share // PinShare calls by model
 	events []qos.Event
 	dash   *dashboard.Recorder // nil: the dashboard is disabled
+
+	reloadResult ReloadResult // what ReloadConfig answers
+	reloadErr    error        // when set, ReloadConfig fails with it
+	reloads      int          // ReloadConfig calls
 }
 
 var _ Backend = (*fakeBackend)(nil)
@@ -231,3 +235,9 @@ func (f *fakeBackend) PinShare(_ context.Context, name string, pin *limiter.Shar
 }
 
 func (f *fakeBackend) Dashboard() *dashboard.Recorder { return f.dash }
+func (f *fakeBackend) ReloadConfig(context.Context) (ReloadResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloads++
+	return f.reloadResult, f.reloadErr
+}

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
@@ -49,7 +50,7 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusNotFound, codes.NotFound
 	case errors.Is(err, models.ErrModelControl):
 		return http.StatusBadRequest, codes.FailedPrecondition
-	case errors.Is(err, models.ErrBadConfig):
+	case errors.Is(err, models.ErrBadConfig), errors.Is(err, configs.ErrInvalid):
 		return http.StatusBadRequest, codes.InvalidArgument
 	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable),
 		errors.Is(err, models.ErrOverloaded):

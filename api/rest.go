@@ -66,6 +66,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
 	e.POST("/v2/repository/index", s.repositoryIndex)
 	e.POST("/v2/repository/models/:model/load", s.load)
 	e.POST("/v2/repository/models/:model/unload", s.unload)
+	e.POST("/v2/config/reload", s.reloadConfig)
 	e.GET("/v2/control", s.control)
 	e.GET("/v2/control/events", s.controlEvents)
 	e.PUT("/v2/models/:model/share", s.pinShare)
@@ -579,4 +580,29 @@ func (s *restServer) unload(c *gin.Context) {
 		return
 	}
 	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
+}
+
+// reloadConfig serves POST /v2/config/reload: the server rereads its config
+// and answers {"reloaded": true, "applied": [keys], "restart_needed":
+// [keys]}, or 400 with the error when the config is invalid (nothing
+// changed then).
+func (s *restServer) reloadConfig(c *gin.Context) {
+	res, err := s.b.ReloadConfig(c.Request.Context())
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	s.writeValue(c, http.StatusOK, struct {
+		Reloaded      bool     `json:"reloaded"`
+		Applied       []string `json:"applied"`
+		RestartNeeded []string `json:"restart_needed"`
+	}{true, nonNil(res.Applied), nonNil(res.RestartNeeded)})
+}
+
+// nonNil makes a nil list encode as [].
+func nonNil(xs []string) []string {
+	if xs == nil {
+		return []string{}
+	}
+	return xs
 }

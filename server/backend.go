@@ -19,7 +19,8 @@ type backend struct {
 	reg      *models.Registry
 	devs     *devices
 	dash     *dashboard.Recorder // nil: disabled
-	ready    atomic.Bool         // initial loads done and not shutting down
+	reloads  *reloader
+	ready    atomic.Bool // initial loads done and not shutting down
 	stopping atomic.Bool
 }
 
@@ -55,6 +56,10 @@ func (b *backend) LoadModel(ctx context.Context, name string) error {
 
 func (b *backend) UnloadModel(ctx context.Context, name string) error {
 	return b.reg.Unload(ctx, name)
+}
+
+func (b *backend) ReloadConfig(ctx context.Context) (api.ReloadResult, error) {
+	return b.reloads.reload()
 }
 
 func (b *backend) Control() api.ControlStatus {

@@ -35,8 +35,8 @@ var Version = "dev"
 
 // Run serves until ctx is cancelled, then shuts down gracefully: readiness
 // turns false, listeners stop accepting, admitted requests finish within the
-// grace period, and the runners stop.
-func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
+// grace period, and the runners stop. It rereads the config as rl says.
+func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloading) error {
 	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err
@@ -91,13 +91,21 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 		return err
 	}
 	devs.registry = reg
-	be := &backend{reg: reg, devs: devs}
+	reloads, err := newReloader(rl, cfg, reg, promReg, logger.With("component", "config"))
+	if err != nil {
+		return err
+	}
+	be := &backend{reg: reg, devs: devs, reloads: reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		be.dash = dashboard.New(dashboard.Options{
 			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,
 		})
 		devs.loops.Go(func() { be.dash.Run(loopCtx, be.dashboardSnapshot) })
 	}
+	reloadCtx, stopReloads := context.WithCancel(ctx)
+	reloadDone := make(chan struct{})
+	go func() { defer close(reloadDone); reloads.watch(reloadCtx) }()
+	defer func() { stopReloads(); <-reloadDone }()
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
@@ -179,9 +187,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger) error {
 	}
 
 	// Stop in reverse: not ready, stop accepting, drain, stop loops, stop runners.
-	logger.Info("shutting down", "grace_period", cfg.Limits.GracePeriod)
+	gracePeriod := reloads.current().Limits.GracePeriod
+	logger.Info("shutting down", "grace_period", gracePeriod)
 	be.ready.Store(false)
-	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Limits.GracePeriod)
+	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), gracePeriod)
 	defer cancel()
 	if httpSrv != nil {
 		if err := httpSrv.Shutdown(grace); err != nil {

@@ -53,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = loadtestCmd(ctx, args[1:], stdout, stderr)
 	case "runner":
 		// Hidden: the child process that hosts one ONNX Runtime session.
-		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", "info").With("pid", os.Getpid()))
+		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", slog.LevelInfo).With("pid", os.Getpid()))
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "sloserve %s\n", server.Version)
 	case "help", "-h", "--help":
@@ -79,14 +79,22 @@ func (s *setFlags) String() string     { return strings.Join(*s, ",") }
 func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	// SIGHUP rereads the config. It is caught from the first moment, so one
+	// that comes while the server starts does not kill it (the default
+	// action); the server reads it once it runs.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfg, err := loadConfig(fs, args, 0)
+	cfg, reload, err := loadConfig(fs, args, 0)
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stderr, cfg.Log.Format, cfg.Log.Level)
-	return server.Run(ctx, cfg, logger)
+	level := new(slog.LevelVar)
+	level.Set(cfg.Log.SlogLevel())
+	logger := newLogger(stderr, cfg.Log.Format, level)
+	return server.Run(ctx, cfg, logger, server.Reloading{Load: reload, Signals: hup, LogLevel: level})
 }
 
 func profile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -97,18 +105,19 @@ func profile(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stderr, "Usage: sloserve profile [flags] MODEL\n\nProfiles MODEL of the configured repositories as the server does at load\n(control.profile settings) and prints the points, the fitted curve and its error.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	cfg, err := loadConfig(fs, args, 1)
+	cfg, _, err := loadConfig(fs, args, 1)
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stderr, cfg.Log.Format, "warn")
+	logger := newLogger(stderr, cfg.Log.Format, slog.LevelWarn)
 	return server.Profile(ctx, cfg, fs.Arg(0), *fresh, stdout, logger)
 }
 
 // loadConfig parses the server flags into fs, loads the config and applies
 // the environment and the flags; nargs is how many positional arguments
-// the command takes.
-func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, error) {
+// the command takes. It also returns a function that does the same again,
+// with the same file and flags, for config reloads.
+func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, func() (*configs.Server, error), error) {
 	configPath := fs.String("config", "", "server config file (YAML); empty uses the embedded default")
 	var sets setFlags
 	fs.Var(&sets, "set", "override a config key, as key=value (repeatable); keys: "+strings.Join(configs.Keys(), ", "))
@@ -122,15 +131,27 @@ func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, er
 		"log.level":      fs.String("log-level", "", "debug | info | warn | error (log.level)"),
 	}
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if fs.NArg() != nargs {
 		if nargs == 0 {
-			return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+			return nil, nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 		}
-		return nil, fmt.Errorf("want %d argument(s), got %q", nargs, fs.Args())
+		return nil, nil, fmt.Errorf("want %d argument(s), got %q", nargs, fs.Args())
 	}
-	cfg, err := configs.LoadServer(*configPath)
+	load := func() (*configs.Server, error) { return readConfig(*configPath, shorthands, sets) }
+	cfg, err := load()
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, load, nil
+}
+
+// readConfig loads the config file (the embedded default for "") and
+// applies the environment, then the flag shorthands, then --set, and
+// validates the result.
+func readConfig(path string, shorthands map[string]*string, sets setFlags) (*configs.Server, error) {
+	cfg, err := configs.LoadServer(path)
 	if err != nil {
 		return nil, err
 	}
@@ -160,12 +181,8 @@ func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, er
 	return cfg, nil
 }
 
-func newLogger(w io.Writer, format, level string) *slog.Logger {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		lv = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: lv}
+func newLogger(w io.Writer, format string, level slog.Leveler) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
