@@ -137,6 +137,8 @@ type testServer struct {
 	grpcAddr    string
 	metrics     string // base URL
 	log         *syncBuffer
+	configPath  string // the --config file
+	config      string // what startServer wrote there
 	grpc        inference.GRPCInferenceServiceClient
 	waitErr     chan error
 	stoppedOnce sync.Once
@@ -161,6 +163,7 @@ limits:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	s.configPath, s.config = cfgPath, cfg
 	s.cmd = exec.Command(sloserveBin, "serve", "--config", cfgPath, "--log-level", "debug")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
