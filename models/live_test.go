@@ -416,3 +416,51 @@ func TestFingerprintFollowsVersionFolders(t *testing.T) {
 		t.Errorf("version 2 instances after re-pointing: %d", len(insts))
 	}
 }
+
+// Options.Forget hears of versions gone for good: replaced by another
+// version, unloaded through the API, removed with their folder; not of a
+// reload of the same version or an eviction.
+func TestForgetRetiredVersions(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1), 1)
+	writeModel(t, repo, "other", fmt.Sprintf(sumConfig, "other", 1, 1), 1)
+	var (
+		mu     sync.Mutex
+		forgot []string
+	)
+	f := &fakeFactory{fail: map[string]error{}}
+	r, err := New(Options{
+		Repositories: []string{repo}, Control: ControlExplicit, StartupModels: []string{"*"},
+		NewInstance: f.start, Registerer: prometheus.NewRegistry(),
+		Forget: func(key string) { mu.Lock(); forgot = append(forgot, key); mu.Unlock() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	got := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(forgot, " ") }
+
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 2, 1)) // same version, new config
+	if err := r.Load(t.Context(), "sum"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Evict(t.Context(), "other/1"); err != nil {
+		t.Fatal(err)
+	}
+	if g := got(); g != "" {
+		t.Errorf("forgot %q after a same-version reload and an eviction, want nothing", g)
+	}
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1), 2)
+	if err := r.Load(t.Context(), "sum"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Unload(t.Context(), "sum"); err != nil {
+		t.Fatal(err)
+	}
+	if g := got(); g != "sum/1 sum/2" {
+		t.Errorf("forgot %q, want sum/1 (replaced) then sum/2 (unloaded)", g)
+	}
+}

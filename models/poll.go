@@ -143,7 +143,7 @@ func (r *Registry) pollOnce(ctx context.Context) {
 	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.name, b.name) })
 	for _, name := range gone {
 		r.log.Info("model folder removed; unloading", "model", name)
-		if err := r.unload(ctx, name, "removed from the repository"); err != nil {
+		if err := r.unload(ctx, name, "removed from the repository", true); err != nil {
 			r.log.Warn("unload of a removed model failed", "model", name, "err", err)
 		}
 		r.mu.Lock()

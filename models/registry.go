@@ -91,6 +91,11 @@ type Options struct {
 	// Profile, when set, runs the predictor's sweep for each freshly
 	// loaded version before it takes traffic (see ProfileRun).
 	Profile func(ctx context.Context, run ProfileRun) error
+	// Forget, when set, is called with a version's scheduler name
+	// ("model/N") once the version is gone for good: replaced by other
+	// versions, unloaded through the API, or its model removed from the
+	// repositories (not when evicted: it comes back on demand).
+	Forget func(key string)
 }
 
 // ErrOverloaded means the server has as many requests in flight as allowed.
@@ -268,7 +273,7 @@ func (r *Registry) Stop(ctx context.Context) {
 	r.mu.RUnlock()
 	var wg sync.WaitGroup
 	for _, n := range names {
-		wg.Go(func() { _ = r.unload(ctx, n, "server stopping") })
+		wg.Go(func() { _ = r.unload(ctx, n, "server stopping", false) })
 	}
 	wg.Wait()
 }
@@ -364,7 +369,7 @@ func (r *Registry) Unload(ctx context.Context, name string) error {
 		m.evicted = false
 	}
 	r.mu.Unlock()
-	return r.unload(ctx, name, "unloaded")
+	return r.unload(ctx, name, "unloaded", true)
 }
 
 // load reads a model's config and starts the versions its policy selects.
@@ -473,8 +478,18 @@ func (r *Registry) load(ctx context.Context, name string) error {
 
 	for _, v := range old {
 		r.drainAndStop(ctx, v, fresh)
+		if _, replaced := fresh[v.number]; !replaced {
+			r.forget(v)
+		}
 	}
 	return nil
+}
+
+// forget tells Options.Forget that a version is gone for good.
+func (r *Registry) forget(v *version) {
+	if r.opts.Forget != nil {
+		r.opts.Forget(v.key)
+	}
 }
 
 // warmUp seeds the latency estimates of a started version, when its input
@@ -749,8 +764,9 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 }
 
 // unload takes every version of a model out of service and stops it once
-// its requests have finished.
-func (r *Registry) unload(ctx context.Context, name, reason string) error {
+// its requests have finished; forget says whether the versions are gone
+// for good (see Options.Forget).
+func (r *Registry) unload(ctx context.Context, name, reason string, forget bool) error {
 	m, err := r.lookup(name)
 	if err != nil {
 		return err
@@ -766,6 +782,9 @@ func (r *Registry) unload(ctx context.Context, name, reason string) error {
 	r.mu.Unlock()
 	for _, v := range old {
 		r.drainAndStop(ctx, v, nil)
+		if forget {
+			r.forget(v)
+		}
 	}
 	r.mu.Lock()
 	for n, e := range m.states {

@@ -331,7 +331,7 @@ func (r *Registry) Evict(ctx context.Context, key string) error {
 	r.mu.Lock()
 	m.evicted = true
 	r.mu.Unlock()
-	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request"); err != nil {
+	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request", false); err != nil {
 		return err
 	}
 	r.metrics.evictions.WithLabelValues(name).Inc()

@@ -82,6 +82,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		Scheduler:         devs.scheduler,
 		Estimator:         devs.pred,
 		Limiter:           devs.limiter,
+		Forget:            devs.pred.Forget,
 	}
 	if cfg.Control.Profile.Enabled {
 		opts.Profile = prof.run
