@@ -189,6 +189,12 @@ func (ds *devices) sampleInterference(d *device) {
 			next := map[string]float64{} // models gone since are forgotten
 			var total float64
 			for _, ms := range d.adj.Shares() {
+				// The adjuster's view is as old as its last pass; a
+				// version unloaded since is not fed (that would bring
+				// back what the predictor forgot of it).
+				if _, err := ds.registry.Share(ms.Model); err != nil {
+					continue
+				}
 				cpu := ds.registry.UnitStats(ms.Model).CPUSeconds
 				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
 					used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))

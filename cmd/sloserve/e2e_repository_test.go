@@ -271,10 +271,18 @@ func TestE2EPollReloadUnderLoad(t *testing.T) {
 	if len(idx) != 1 || idx[0].Version != "2" || idx[0].State != "READY" || idx[0].Reason != "" {
 		t.Errorf("index after the new version = %+v, want only version 2 READY", idx)
 	}
-	series := s.scrape(t)
-	if _, ok := series[`sloserve_inference_inflight_requests{model="dyn",version="1"}`]; ok {
-		t.Error("version 1's series are still exported after it was unloaded")
-	}
+	// Its serving, QoS, share and predictor series go (the shares with the
+	// adjuster's next pass).
+	var series map[string]float64
+	waitFor(t, "version 1's series to go", 30*time.Second, func() bool {
+		series = s.scrape(t)
+		for k := range series {
+			if strings.Contains(k, `model="dyn",version="1"`) || strings.Contains(k, `model="dyn/1"`) {
+				return false
+			}
+		}
+		return true
+	})
 	if v := series[stateSeries("dyn", "2", "READY")]; v != 1 {
 		t.Errorf("sloserve_model_state READY for version 2 = %v, want 1", v)
 	}
@@ -496,12 +504,16 @@ func TestE2EPollRemoveUnderLoad(t *testing.T) {
 	t.Logf("%d requests finished with 200 after the first 404", drained)
 
 	waitFor(t, "det's runner to exit", 30*time.Second, func() bool { return len(s.runnerPids(t, filepath.Join(repo, "det"))) == 0 })
-	// Serving, load, QoS, share and predictor series alike.
-	for k := range s.scrape(t) {
-		if strings.Contains(k, `model="det"`) || strings.Contains(k, `model="det/1"`) {
-			t.Errorf("a removed model's series is still exported: %s", k)
+	// Serving, load, QoS, share and predictor series alike (the shares
+	// with the adjuster's next pass).
+	waitFor(t, "the removed model's series to go", 30*time.Second, func() bool {
+		for k := range s.scrape(t) {
+			if strings.Contains(k, `model="det"`) || strings.Contains(k, `model="det/1"`) {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	for _, e := range s.index(t) {
 		if e.Name == "det" {
 			t.Errorf("a removed model is still in the index: %+v", e)
