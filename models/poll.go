@@ -117,28 +117,44 @@ func checkRepositories(repos []string) error {
 
 // pollOnce is one pass over the repositories.
 func (r *Registry) pollOnce(ctx context.Context) {
-	present := r.scan()
-	r.mu.Lock()
+	present := map[string]bool{}
+	for _, name := range r.scan() {
+		present[name] = true
+	}
+	type known struct{ name, dir, fingerprint string }
+	var all []known
+	r.mu.RLock()
+	for name, m := range r.models {
+		all = append(all, known{name, m.dir, m.fingerprint})
+	}
+	r.mu.RUnlock()
 	type change struct{ name, why string }
 	var changes []change
 	var gone []string
-	for name, m := range r.models {
-		if !slices.Contains(present, name) {
-			// From now on requests find no such model, also while
-			// the unload below drains the ones in flight.
-			m.removed = true
-			gone = append(gone, name)
+	for _, k := range all { // reading the folders without the lock
+		if !present[k.name] {
+			gone = append(gone, k.name)
 			continue
 		}
-		if fp := fingerprint(m.dir); fp != m.fingerprint {
+		if fp := fingerprint(k.dir); fp != k.fingerprint {
 			why := "changed"
-			if m.fingerprint == "" {
+			if k.fingerprint == "" {
 				why = "new"
 			}
-			changes = append(changes, change{name, why})
+			changes = append(changes, change{k.name, why})
 		}
 	}
-	r.mu.Unlock()
+	if len(gone) > 0 {
+		// From now on requests find no such model, also while the
+		// unload below drains the ones in flight.
+		r.mu.Lock()
+		for _, name := range gone {
+			if m, ok := r.models[name]; ok {
+				m.removed = true
+			}
+		}
+		r.mu.Unlock()
+	}
 	slices.Sort(gone)
 	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.name, b.name) })
 	for _, name := range gone {
