@@ -474,6 +474,7 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	}
 	r.mu.Unlock()
 	r.metrics.loads.WithLabelValues(name).Inc()
+	r.metrics.loadFailures.WithLabelValues(name) // exported as 0 until a load fails
 	log.Info("model ready", "versions", selected, "instances", cfg.Instances, "took", time.Since(start).Round(time.Millisecond))
 
 	for _, v := range old {
@@ -620,6 +621,7 @@ func samplesFor(v *version, given map[string][]int64) func(batch int) *runtime.I
 // READY.
 func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 	r.metrics.loadFailures.WithLabelValues(m.name).Inc()
+	r.metrics.loads.WithLabelValues(m.name) // exported as 0 until a load succeeds
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m.fingerprint = fp
