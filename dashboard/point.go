@@ -59,15 +59,19 @@ var Null = Value(math.NaN())
 func (v Value) Known() bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
 
 // MarshalJSON writes null for an unknown value.
-func (v Value) MarshalJSON() ([]byte, error) {
+func (v Value) MarshalJSON() ([]byte, error) { return v.appendJSON(nil), nil }
+
+// appendJSON appends v as JSON: null when unknown, whole numbers exact,
+// fractions to six significant digits.
+func (v Value) appendJSON(b []byte) []byte {
 	if !v.Known() {
-		return []byte("null"), nil
+		return append(b, "null"...)
 	}
 	x := float64(v)
 	if x == math.Trunc(x) && math.Abs(x) < 1e21 {
-		return strconv.AppendFloat(nil, x, 'f', -1, 64), nil
+		return strconv.AppendFloat(b, x, 'f', -1, 64)
 	}
-	return strconv.AppendFloat(nil, round(x), 'g', -1, 64), nil
+	return strconv.AppendFloat(b, round(x), 'g', -1, 64)
 }
 
 // UnmarshalJSON reads null as unknown.

@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -103,14 +102,31 @@ type Columns struct {
 	Values [numFields][]Value
 }
 
-// MarshalJSON writes {"t": [...], "p50_ms": [...], ...}.
+// MarshalJSON writes {"t": [...], "p50_ms": [...], ...}, appending the
+// numbers directly: a history holds thousands.
 func (c Columns) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, numFields+1)
-	m["t"] = c.T
-	for f := range numFields {
-		m[fieldNames[f]] = c.Values[f]
+	b := make([]byte, 0, 16*(int(numFields)+1)*(len(c.T)+1))
+	b = append(b, `{"t":[`...)
+	for i, t := range c.T {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, t, 'f', -1, 64)
 	}
-	return json.Marshal(m)
+	b = append(b, ']')
+	for f := range numFields {
+		b = append(b, `,"`...)
+		b = append(b, fieldNames[f]...)
+		b = append(b, `":[`...)
+		for i, v := range c.Values[f] {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = v.appendJSON(b)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
 }
 
 // Column returns the column named name ("p99_ms", ...); nil if none.
