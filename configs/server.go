@@ -123,7 +123,7 @@ type Dashboard struct {
 }
 
 // maxDashboardPoints bounds a model's history: 6 hours at 1 s resolution
-// is 21,600 points of about 170 bytes.
+// is 21,600 points of 184 bytes, about 4 MB.
 const maxDashboardPoints = 1_000_000
 
 // Profile configures the predictor's profiling sweep at model load.
