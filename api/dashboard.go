@@ -18,29 +18,13 @@ import (
 //	GET /v2/dashboard                every model's current state, the devices' shares, recent events
 //	GET /v2/dashboard/models/{m}     one model's history (?last=seconds, ?since=unix seconds, ?version=N)
 
-// dashboardJSON is the overview: the recorder's models with the server's
-// state, each device's split and the adjusters' recent decisions.
+// dashboardJSON is the overview: the recorder's models and device split
+// with the server's state and the adjusters' recent decisions.
 type dashboardJSON struct {
 	dashboard.Overview
-	Version string                `json:"version"`
-	Policy  string                `json:"policy"`
-	Ready   bool                  `json:"ready"`
-	Devices []dashboardDeviceJSON `json:"devices"`
-	Events  []eventJSON           `json:"events"`
-}
-
-type dashboardDeviceJSON struct {
-	Device  string               `json:"device"`
-	Limiter string               `json:"limiter"`
-	CPUs    int                  `json:"cpus"`
-	Shares  []dashboardShareJSON `json:"shares"`
-}
-
-type dashboardShareJSON struct {
-	Key        string  `json:"key"`
-	Compute    float64 `json:"compute"` // 0 = no limit
-	Memory     int64   `json:"memory_bytes"`
-	MemoryUsed int64   `json:"memory_used_bytes"`
+	Version string      `json:"version"`
+	Ready   bool        `json:"ready"`
+	Events  []eventJSON `json:"events"`
 }
 
 // historyJSON is one model's history with its events.
@@ -75,23 +59,9 @@ func (s *restServer) dashboardOverview(c *gin.Context) {
 		s.writeErrorStatus(c, http.StatusNotFound, "the dashboard is disabled (dashboard.enabled: false)")
 		return
 	}
-	st := s.b.Control()
 	out := dashboardJSON{
-		Overview: rec.Overview(), Version: s.b.ServerVersion(), Policy: st.Policy, Ready: s.b.Ready(),
-		Devices: make([]dashboardDeviceJSON, 0, len(st.Devices)),
-		Events:  toEventsJSON(s.b.ControlEvents(time.Time{}, dashboardEvents)),
-	}
-	// The split comes from the same sample as the models' rows.
-	for _, d := range st.Devices {
-		dj := dashboardDeviceJSON{Device: d.Device, Limiter: d.Limiter, CPUs: d.CPUs, Shares: []dashboardShareJSON{}}
-		for _, m := range out.Models {
-			if m.Device == d.Device && m.Key != "" {
-				dj.Shares = append(dj.Shares, dashboardShareJSON{
-					Key: m.Key, Compute: float64(m.ComputeShare), Memory: int64(m.MemoryShare), MemoryUsed: int64(m.MemoryUsed),
-				})
-			}
-		}
-		out.Devices = append(out.Devices, dj)
+		Overview: rec.Overview(), Version: s.b.ServerVersion(), Ready: s.b.Ready(),
+		Events: toEventsJSON(s.b.ControlEvents(time.Time{}, dashboardEvents)),
 	}
 	s.writeValue(c, http.StatusOK, out)
 }

@@ -31,9 +31,11 @@ func dashboardBackend(t *testing.T) (*fakeBackend, time.Time) {
 			}
 		}
 		f.dash.Record(dashboard.Snapshot{
-			Time:   start.Add(time.Duration(i) * time.Second),
-			Models: []dashboard.ModelSample{{Key: "sum/1", Name: "sum", Version: "1", Device: "cpu", Stats: st, ComputeShare: 0.25, TargetShare: 0.25, ShareSource: "adaptive"}},
-			States: []dashboard.ModelState{{Name: "sum", Version: "1", State: "READY"}, {Name: "broken", Version: "1", State: "UNAVAILABLE", Reason: "bad file"}},
+			Time:    start.Add(time.Duration(i) * time.Second),
+			Policy:  "adaptive",
+			Devices: []dashboard.Device{{Name: "cpu", Limiter: "cgroup-v1", CPUs: 2}},
+			Models:  []dashboard.ModelSample{{Key: "sum/1", Name: "sum", Version: "1", Device: "cpu", Stats: st, ComputeShare: 0.25, TargetShare: 0.25, ShareSource: "adaptive"}},
+			States:  []dashboard.ModelState{{Name: "sum", Version: "1", State: "READY"}, {Name: "broken", Version: "1", State: "UNAVAILABLE", Reason: "bad file"}},
 		})
 	}
 	f.events = []qos.Event{
@@ -61,7 +63,7 @@ func TestDashboardOverview(t *testing.T) {
 		Version, Policy string
 		Ready           bool
 		WindowS         float64 `json:"window_s"`
-		Devices         []dashboardDeviceJSON
+		Devices         []dashboard.DeviceSplit
 		Events          []eventJSON
 		Models          []map[string]any
 	}

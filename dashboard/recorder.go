@@ -61,11 +61,20 @@ type ModelState struct {
 	Name, Version, State, Reason string
 }
 
+// Device is an execution device as the dashboard shows it.
+type Device struct {
+	Name    string
+	Limiter string // cgroup-v2, cgroup-v1, mps or none
+	CPUs    int    // compute units a share is a fraction of
+}
+
 // Snapshot is one sampling instant.
 type Snapshot struct {
-	Time   time.Time
-	Models []ModelSample
-	States []ModelState
+	Time    time.Time
+	Policy  string // the share policy
+	Devices []Device
+	Models  []ModelSample
+	States  []ModelState
 }
 
 // Source reads a Snapshot.
@@ -75,10 +84,12 @@ type Source func() Snapshot
 type Recorder struct {
 	opts Options
 
-	mu     sync.Mutex
-	series map[string]*series // by key
-	states []ModelState
-	last   time.Time // of the latest sample
+	mu      sync.Mutex
+	series  map[string]*series // by key
+	states  []ModelState
+	policy  string
+	devices []Device
+	last    time.Time // of the latest sample
 }
 
 // series is one model version's history.
@@ -155,6 +166,7 @@ func (r *Recorder) Record(snap Snapshot) {
 	}
 	r.last = now
 	r.states = slices.Clone(snap.States)
+	r.policy, r.devices = snap.Policy, slices.Clone(snap.Devices)
 	for i := range snap.Models {
 		m := &snap.Models[i]
 		s, ok := r.series[m.Key]
@@ -184,10 +196,8 @@ func (r *Recorder) pointOf(s *series, now time.Time) point {
 	if prev := s.recent.last(); prev != nil && cur.before(prev) {
 		s.recent.reset()
 	}
-	p := point{t: now}
-	for i := range p.v {
-		p.v[i] = math.NaN()
-	}
+	p := unknownPoint
+	p.t = now
 	p.v[fComputeShare] = m.ComputeShare
 	p.v[fTargetShare] = m.TargetShare
 	p.v[fMemoryShare] = float64(m.MemoryShare)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -73,14 +74,33 @@ type Totals struct {
 	Canceled uint64 `json:"canceled"`
 }
 
-// Overview is every model's current state.
+// Overview is every model's current state and each device's split
+// between them, from the latest sample.
 type Overview struct {
 	Time             time.Time       `json:"time"`
 	ResolutionS      float64         `json:"resolution_s"`
 	WindowS          float64         `json:"window_s"`
 	RetentionS       float64         `json:"retention_s"`
 	AttainmentTarget float64         `json:"attainment_target"`
+	Policy           string          `json:"policy"`
 	Models           []ModelOverview `json:"models"`
+	Devices          []DeviceSplit   `json:"devices"`
+}
+
+// DeviceSplit is how a device is divided between its serving models.
+type DeviceSplit struct {
+	Device  string       `json:"device"`
+	Limiter string       `json:"limiter"`
+	CPUs    int          `json:"cpus"`
+	Shares  []ShareSplit `json:"shares"`
+}
+
+// ShareSplit is one model version's part of a device.
+type ShareSplit struct {
+	Key        string `json:"key"`
+	Compute    Value  `json:"compute"` // 0 = no limit
+	Memory     Value  `json:"memory_bytes"`
+	MemoryUsed Value  `json:"memory_used_bytes"`
 }
 
 // History is one model version's points, as columns.
@@ -168,6 +188,15 @@ func (r *Recorder) Overview() Overview {
 		return cmp.Or(cmp.Compare(statusOrder(a.Status), statusOrder(b.Status)), cmp.Compare(a.Name, b.Name),
 			cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
 	})
+	for _, d := range r.devices {
+		split := DeviceSplit{Device: d.Name, Limiter: d.Limiter, CPUs: d.CPUs, Shares: []ShareSplit{}}
+		for _, m := range ov.Models {
+			if m.Device == d.Name && m.Key != "" {
+				split.Shares = append(split.Shares, ShareSplit{Key: m.Key, Compute: m.ComputeShare, Memory: m.MemoryShare, MemoryUsed: m.MemoryUsed})
+			}
+		}
+		ov.Devices = append(ov.Devices, split)
+	}
 	return ov
 }
 
@@ -175,7 +204,7 @@ func (r *Recorder) header() Overview {
 	return Overview{
 		Time: r.last, ResolutionS: r.opts.Resolution.Seconds(), WindowS: r.opts.Window.Seconds(),
 		RetentionS: r.opts.Retention.Seconds(), AttainmentTarget: r.opts.AttainmentTarget,
-		Models: []ModelOverview{},
+		Policy: r.policy, Models: []ModelOverview{}, Devices: []DeviceSplit{},
 	}
 }
 
@@ -277,13 +306,7 @@ func (r *Recorder) overviewOf(key string, s *series) ModelOverview {
 	if lp := s.points.last(); lp != nil {
 		p = *lp
 	}
-	v := func(f field) Value { return Value(p.v[f]) }
-	o.P50ms, o.P90ms, o.P99ms = v(fP50), v(fP90), v(fP99)
-	o.Attainment, o.Goodput, o.Throughput = v(fAttainment), v(fGoodput), v(fThroughput)
-	o.ArrivalRate, o.ForecastRate = v(fArrivalRate), v(fForecastRate)
-	o.ComputeShare, o.TargetShare, o.MemoryShare, o.MemoryUsed = v(fComputeShare), v(fTargetShare), v(fMemoryShare), v(fMemoryUsed)
-	o.PredictedMs, o.ObservedMs, o.PlannedMs = v(fPredicted), v(fObserved), v(fPlanned)
-	o.QueueDepth = v(fQueueDepth)
+	o.setPoint(&p)
 	// Rejections over the window, to go with the window's rates: the
 	// points whose counts fall in it (each counts the step before it).
 	o.RejectedDeadline, o.RejectedQueueFull, o.Dropped, o.Failed = 0, 0, 0, 0
@@ -293,7 +316,7 @@ func (r *Recorder) overviewOf(key string, s *series) ModelOverview {
 			break
 		}
 		add := func(dst *Value, f field) {
-			if x := q.v[f]; !isNaN(x) {
+			if x := q.v[f]; !math.IsNaN(x) {
 				*dst += Value(x)
 			}
 		}
@@ -306,20 +329,38 @@ func (r *Recorder) overviewOf(key string, s *series) ModelOverview {
 	return o
 }
 
-func isNaN(x float64) bool { return x != x }
-
 // unavailable is the overview of a model that serves no version.
 func unavailable(st ModelState) ModelOverview {
 	o := ModelOverview{
-		Name: st.Name, Version: st.Version, State: st.State, Reason: st.Reason, Status: StatusUnavailable,
-		SLOms: Null, P50ms: Null, P90ms: Null, P99ms: Null, Attainment: Null, Goodput: Null, Throughput: Null,
-		ArrivalRate: Null, ForecastRate: Null, ComputeShare: Null, TargetShare: Null, MemoryShare: Null,
-		MemoryUsed: Null, PredictedMs: Null, ObservedMs: Null, PlannedMs: Null, QueueDepth: Null,
-		RejectedDeadline: Null, RejectedQueueFull: Null, Dropped: Null, Failed: Null,
+		Name: st.Name, Version: st.Version, State: st.State, Reason: st.Reason, Status: StatusUnavailable, SLOms: Null,
 	}
+	o.setPoint(&unknownPoint)
 	o.Why = "not serving"
 	if st.Reason != "" {
 		o.Why = "not serving: " + st.Reason
 	}
 	return o
+}
+
+// unknownPoint has every value unknown.
+var unknownPoint = func() point {
+	var p point
+	for i := range p.v {
+		p.v[i] = math.NaN()
+	}
+	return p
+}()
+
+// setPoint sets the overview's numbers from a point: the current values,
+// and the rejection counts of that step (overviewOf sums them over the
+// window).
+func (o *ModelOverview) setPoint(p *point) {
+	v := func(f field) Value { return Value(p.v[f]) }
+	o.P50ms, o.P90ms, o.P99ms = v(fP50), v(fP90), v(fP99)
+	o.Attainment, o.Goodput, o.Throughput = v(fAttainment), v(fGoodput), v(fThroughput)
+	o.ArrivalRate, o.ForecastRate = v(fArrivalRate), v(fForecastRate)
+	o.ComputeShare, o.TargetShare, o.MemoryShare, o.MemoryUsed = v(fComputeShare), v(fTargetShare), v(fMemoryShare), v(fMemoryUsed)
+	o.PredictedMs, o.ObservedMs, o.PlannedMs = v(fPredicted), v(fObserved), v(fPlanned)
+	o.QueueDepth = v(fQueueDepth)
+	o.RejectedDeadline, o.RejectedQueueFull, o.Dropped, o.Failed = v(fRejectedDeadline), v(fRejectedQueueFull), v(fDropped), v(fFailed)
 }

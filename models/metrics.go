@@ -222,7 +222,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, e := range c.r.index(false) {
+	for _, e := range c.r.IndexKnown(false) {
 		for _, st := range allStates {
 			v := 0.0
 			if e.State == st {

@@ -1033,11 +1033,12 @@ func (r *Registry) Index(readyOnly bool) []IndexEntry {
 	if r.opts.Control == ControlExplicit {
 		r.scan()
 	}
-	return r.index(readyOnly)
+	return r.IndexKnown(readyOnly)
 }
 
-// index is Index without the scan.
-func (r *Registry) index(readyOnly bool) []IndexEntry {
+// IndexKnown is Index without rescanning the repositories: the models the
+// registry knows, for readers that come often (metrics, the dashboard).
+func (r *Registry) IndexKnown(readyOnly bool) []IndexEntry {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var out []IndexEntry

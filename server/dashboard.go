@@ -14,8 +14,9 @@ import (
 // the predictor's view and the limiter's readings, and the repository index
 // for the models that do not serve.
 func (b *backend) dashboardSnapshot() dashboard.Snapshot {
-	snap := dashboard.Snapshot{Time: time.Now()}
+	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.devs.ctl.Policy}
 	for _, d := range b.devs.all() {
+		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.name, Limiter: d.lim.Kind(), CPUs: d.lim.CPUs()})
 		shares := map[string]qos.ModelShare{}
 		for _, ms := range d.adj.Shares() {
 			shares[ms.Model] = ms
@@ -35,7 +36,7 @@ func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 			})
 		}
 	}
-	for _, e := range b.reg.Index(false) {
+	for _, e := range b.reg.IndexKnown(false) {
 		snap.States = append(snap.States, dashboard.ModelState{Name: e.Name, Version: e.Version, State: string(e.State), Reason: e.Reason})
 	}
 	return snap

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,19 +60,14 @@ func TestE2EDashboardAPI(t *testing.T) {
 	const n = 40
 	start := time.Now()
 	var clientMax time.Duration
-	var tightCodes []int
 	for range n {
 		sent := time.Now()
 		if code, b, _ := s.do(t, "POST", "/v2/models/fast/infer", dynBody); code != 200 {
 			t.Fatalf("fast: %d %s", code, b)
 		}
 		clientMax = max(clientMax, time.Since(sent))
-		code, _, _ := s.do(t, "POST", "/v2/models/tight/infer", dynBody)
-		tightCodes = append(tightCodes, code)
+		s.do(t, "POST", "/v2/models/tight/infer", dynBody) // refused or late: the SLO is 10µs
 		time.Sleep(40 * time.Millisecond)
-	}
-	if slices.Contains(tightCodes, 200) && !slices.Contains(tightCodes, 429) {
-		t.Logf("tight answered %v", tightCodes)
 	}
 
 	var ov dashboardOverview

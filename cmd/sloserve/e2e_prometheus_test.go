@@ -53,10 +53,7 @@ func needPrometheus(t *testing.T) (prometheus, promtool string) {
 	}
 	if len(missing) > 0 {
 		msg := fmt.Sprintf("%s not installed; `make test-tools` (scripts/install-test-tools.sh) installs the Debian package", strings.Join(missing, " and "))
-		if os.Getenv("SLOSERVE_REQUIRE_PROMETHEUS") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		skipUnless(t, "SLOSERVE_REQUIRE_PROMETHEUS", msg)
 	}
 	return paths["prometheus"], paths["promtool"]
 }
@@ -480,6 +477,20 @@ type dashboardJSON struct {
 	} `json:"panels"`
 }
 
+// readDashboard reads the Grafana dashboard the test checks.
+func readDashboard(t *testing.T) dashboardJSON {
+	t.Helper()
+	raw, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboardJSON
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 var (
 	promqlQuoted = regexp.MustCompile("\"(?:[^\"\\\\]|\\\\.)*\"|`[^`]*`|'(?:[^'\\\\]|\\\\.)*'")
 	promqlIdent  = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
@@ -805,14 +816,7 @@ profile: {batch_sizes: [1]}
 	})
 
 	t.Run("every dashboard query returns data", func(t *testing.T) {
-		raw, err := os.ReadFile(dashboardPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var d dashboardJSON
-		if err := json.Unmarshal(raw, &d); err != nil {
-			t.Fatal(err)
-		}
+		d := readDashboard(t)
 		// Grafana's substitutions for a multi-value regex variable, and its
 		// intervals for a dashboard of the last minute.
 		subst := strings.NewReplacer(
@@ -849,7 +853,10 @@ profile: {batch_sizes: [1]}
 					t.Errorf("panel %d %q query %s: a variable the test does not substitute: %s", p.ID, p.Title, tg.RefID, expr)
 					continue
 				}
-				var res []promSeries
+				var (
+					res []promSeries
+					err error
+				)
 				if tg.Instant {
 					res, err = prom.query(expr, tq)
 				} else {
@@ -887,14 +894,7 @@ profile: {batch_sizes: [1]}
 		for _, n := range ruleNames(t) {
 			recorded[n] = true
 		}
-		raw, err := os.ReadFile(dashboardPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var d dashboardJSON
-		if err := json.Unmarshal(raw, &d); err != nil {
-			t.Fatal(err)
-		}
+		d := readDashboard(t)
 		uses := map[string][]string{} // name -> where
 		for _, p := range d.Panels {
 			for _, tg := range p.Targets {
