@@ -287,7 +287,7 @@ func (s *testServer) json(t *testing.T, method, path string, body any, out any) 
 
 // runnerPids lists the server's child processes whose command line holds
 // substr (the model file path), read from /proc.
-func (s *testServer) runnerPids(t *testing.T, substr string) []int {
+func (s *testServer) runnerPids(t testing.TB, substr string) []int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {

@@ -1,0 +1,555 @@
+package main
+
+// BenchmarkOverload and BenchmarkSoak: what the server does far past its
+// capacity, and whether it holds steady for a long time below it. Run with
+//
+//	make bench BENCH='Overload|Soak' PKGS=./cmd/sloserve BENCHTIME=1x
+//
+// Both use two real models sharing the machine under the default (adaptive)
+// control policy: the PP-OCRv4 detector on 320x320 images, latency-critical,
+// and the PP-OCRv4 recogniser on 48x320 text lines, best-effort. A
+// calibration server first measures each model's capacity alone (closed-loop
+// clients, a loose SLO) and the detector's batch latencies, from which the
+// detector's SLO is set. Then:
+//
+//   - Overload: a fresh server gets open-loop Poisson arrivals at
+//     SLOSERVE_OVERLOAD_FACTOR (10) times each model's capacity for
+//     SLOSERVE_OVERLOAD_DURATION (1m), while a prober asks for readiness
+//     every 100 ms and a sampler reads the server's and runners' memory
+//     every second. It reports the latency-critical goodput against its
+//     capacity, how every request ended, the probe latencies and the memory.
+//   - Soak: a fresh server gets SLOSERVE_SOAK_LOAD (0.7) of each model's
+//     capacity for SLOSERVE_SOAK_DURATION (10m); every 10 s the sampler
+//     reads goroutines, open files and resident memory, of the server and of
+//     the runners. It reports the first and last minute and the fitted
+//     growth per hour.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+// Names of the two models in the overload repository.
+const (
+	ovLCName = "det" // latency-critical: ocr-det at 320x320
+	ovBEName = "rec" // best-effort: ocr-rec at 48x320
+)
+
+// Parameters of the overload and soak benchmarks.
+const (
+	ovClients     = 4                // closed-loop clients that measure a capacity
+	ovWarm        = 2 * time.Second  // closed-loop load before a capacity window
+	ovWindow      = 10 * time.Second // capacity window
+	ovProbeEvery  = 100 * time.Millisecond
+	ovSampleEvery = time.Second
+	ovSeed        = 7
+)
+
+// envFloat and envDuration read a benchmark parameter from the environment.
+func envFloat(b *testing.B, name string, def float64) float64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 {
+		b.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return f
+}
+
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		b.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
+}
+
+// imageInfer is a request for model with one FP32 input x of shape, raw
+// contents filled with a fixed pattern.
+func imageInfer(model string, shape ...int64) *inference.ModelInferRequest {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	img := make([]float32, n)
+	for i := range img {
+		img[i] = float32(i%253) / 253
+	}
+	return &inference.ModelInferRequest{
+		ModelName:        model,
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape}},
+		RawInputContents: [][]byte{f32bytes(img)},
+	}
+}
+
+func ovLCInfer(batch int64) *inference.ModelInferRequest {
+	return imageInfer(ovLCName, batch, 3, 320, 320)
+}
+func ovBEInfer() *inference.ModelInferRequest { return imageInfer(ovBEName, 1, 3, 48, 320) }
+
+// overloadRepo writes the repository with the detector's SLO.
+func overloadRepo(b *testing.B, sloMS float64) string {
+	repo := b.TempDir()
+	writeRepo(b, repo,
+		repoModel{ovLCName, demoModel(b, "ocr-det"), fmt.Sprintf(`max_batch_size: 4
+inputs: [{name: x, datatype: FP32, shape: [-1, 3, 320, 320]}]
+execution: {intra_op_threads: 1}
+slo: {latency_ms: %g, class: latency-critical, priority: 1}
+resources: {memory_limit: 512MiB}
+profile: {shapes: {x: [1, 3, 320, 320]}}
+`, sloMS)},
+		repoModel{ovBEName, demoModel(b, "ocr-rec"), `max_batch_size: 4
+inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, 320]}]
+execution: {intra_op_threads: 1}
+slo: {latency_ms: 60000, class: best-effort}
+resources: {memory_limit: 512MiB}
+profile: {shapes: {x: [1, 3, 48, 320]}}
+`},
+	)
+	return repo
+}
+
+// ovCalibration is what a server with a loose SLO measures of each model
+// alone.
+type ovCalibration struct {
+	solo, batch4 time.Duration // detector p50, sequential calls
+	lcCapacity   float64       // detector req/s, ovClients closed-loop clients
+	beCapacity   float64       // recogniser req/s, the same
+	sloMS        float64       // the detector's SLO for the runs
+}
+
+func calibrateOverload(b *testing.B) ovCalibration {
+	s := startServer(b, overloadRepo(b, 5000), "")
+	timeCalls := func(req *inference.ModelInferRequest, n int) time.Duration {
+		ds := make([]time.Duration, n)
+		for i := range ds {
+			t0 := time.Now()
+			if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
+				b.Fatal(err)
+			}
+			ds[i] = time.Since(t0)
+		}
+		return percentile(ds, 0.5)
+	}
+	timeCalls(ovLCInfer(1), 10) // warm
+	var c ovCalibration
+	c.solo, c.batch4 = timeCalls(ovLCInfer(1), 40), timeCalls(ovLCInfer(4), 15)
+	c.lcCapacity = measureRateFor(b, s, ovLCInfer(1), ovClients)
+	c.beCapacity = measureRateFor(b, s, ovBEInfer(), ovClients)
+	// Room for a full batch ahead of a request's own, and some.
+	c.sloMS = math.Round(2.5 * ms(c.batch4))
+	if err := s.stop(); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// measureRateFor is measureRate with the overload benchmarks' windows.
+func measureRateFor(b *testing.B, s *testServer, req *inference.ModelInferRequest, clients int) float64 {
+	b.Helper()
+	l := startClosedLoop(s, req, clients)
+	time.Sleep(ovWarm)
+	from := time.Now()
+	time.Sleep(ovWindow)
+	r := l.rate(from, time.Now())
+	if n, err := l.stop(); n > 0 {
+		b.Logf("%s closed loop: %d failed requests, last: %v", req.ModelName, n, err)
+	}
+	return r
+}
+
+// procSample is one reading of the server process and its runners.
+type procSample struct {
+	at                   time.Duration
+	serverRSS, runnerRSS int64 // bytes
+	serverFDs, runnerFDs int
+	goroutines           float64 // the server's, from its metrics
+	heapInuse            float64
+	runners              int
+}
+
+// readProc reads a process's resident memory (bytes) and open files.
+func readProc(pid int) (rss int64, fds int, ok bool) {
+	st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, 0, false
+	}
+	for line := range strings.SplitSeq(string(st), "\n") {
+		if v, found := strings.CutPrefix(line, "VmRSS:"); found {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			rss = kb << 10
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+	if err != nil {
+		return rss, 0, false
+	}
+	return rss, len(ents), true
+}
+
+// sampleProcs reads the server and every child of it; metrics adds the
+// server's goroutines and heap from its own endpoint.
+func sampleProcs(b *testing.B, s *testServer, at time.Duration, metrics bool) procSample {
+	p := procSample{at: at}
+	p.serverRSS, p.serverFDs, _ = readProc(s.cmd.Process.Pid)
+	for _, pid := range s.runnerPids(b, "runner") {
+		rss, fds, ok := readProc(pid)
+		if ok {
+			p.runnerRSS += rss
+			p.runnerFDs += fds
+			p.runners++
+		}
+	}
+	if metrics {
+		m := s.scrape(b)
+		p.goroutines, p.heapInuse = m["go_goroutines"], m["go_memstats_heap_inuse_bytes"]
+	}
+	return p
+}
+
+// prober asks for readiness over REST every ovProbeEvery.
+type prober struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu        sync.Mutex
+	latencies []time.Duration
+	failures  int
+	lastErr   string
+}
+
+func startProber(s *testServer) *prober {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &prober{cancel: cancel, done: make(chan struct{})}
+	client := &http.Client{Timeout: 5 * time.Second}
+	go func() {
+		defer close(p.done)
+		defer client.CloseIdleConnections()
+		t := time.NewTicker(ovProbeEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			t0 := time.Now()
+			resp, err := client.Get(s.http + "/v2/health/ready")
+			took := time.Since(t0)
+			p.mu.Lock()
+			switch {
+			case err != nil:
+				p.failures++
+				p.lastErr = err.Error()
+			case resp.StatusCode != http.StatusOK:
+				p.failures++
+				p.lastErr = resp.Status
+			default:
+				p.latencies = append(p.latencies, took)
+			}
+			p.mu.Unlock()
+			if resp != nil {
+				resp.Body.Close()
+			}
+		}
+	}()
+	return p
+}
+
+func (p *prober) stop() {
+	p.cancel()
+	<-p.done
+}
+
+// sampler reads procSamples every period until stopped.
+type sampler struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	samples []procSample
+}
+
+func startSampler(b *testing.B, s *testServer, period time.Duration, metrics bool) *sampler {
+	ctx, cancel := context.WithCancel(context.Background())
+	sm := &sampler{cancel: cancel, done: make(chan struct{})}
+	start := time.Now()
+	go func() {
+		defer close(sm.done)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			sm.samples = append(sm.samples, sampleProcs(b, s, time.Since(start), metrics))
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return sm
+}
+
+func (sm *sampler) stop() []procSample {
+	sm.cancel()
+	<-sm.done
+	return sm.samples
+}
+
+// counts tallies open-loop records by outcome.
+func counts(recs []*lcRecord) (c [numLCOutcomes]int, lat []time.Duration, examples [numLCOutcomes]error) {
+	for _, r := range recs {
+		c[r.outcome]++
+		if r.err == nil {
+			lat = append(lat, r.latency)
+		} else if examples[r.outcome] == nil {
+			examples[r.outcome] = r.err
+		}
+	}
+	return c, lat, examples
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// BenchmarkOverload offers each model SLOSERVE_OVERLOAD_FACTOR times its
+// capacity for SLOSERVE_OVERLOAD_DURATION and reports the detector's goodput
+// against its capacity, the readiness probe's latency and the memory used.
+func BenchmarkOverload(b *testing.B) {
+	factor := envFloat(b, "SLOSERVE_OVERLOAD_FACTOR", 10)
+	dur := envDuration(b, "SLOSERVE_OVERLOAD_DURATION", time.Minute)
+	cal := calibrateOverload(b)
+	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
+	fmt.Printf("calibration: detector p50 %.1f ms (batch 1), %.1f ms (batch 4); capacity %.1f req/s; recogniser capacity %.1f req/s; detector SLO %.0f ms\n",
+		ms(cal.solo), ms(cal.batch4), cal.lcCapacity, cal.beCapacity, cal.sloMS)
+
+	var (
+		lcRecs, beRecs []*lcRecord
+		probe          *prober
+		mem            []procSample
+		before, after  procSample
+		recovery       time.Duration
+	)
+	for b.Loop() {
+		s := startServer(b, overloadRepo(b, cal.sloMS), "")
+		// Half the capacity for a while: the control loop learns the
+		// models and the baseline is a working server's.
+		warm := startClosedLoop(s, ovLCInfer(1), 1)
+		time.Sleep(5 * time.Second)
+		warm.stop()
+		before = sampleProcs(b, s, 0, true)
+
+		probe = startProber(s)
+		sm := startSampler(b, s, ovSampleEvery, false)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			lcRecs = openLoop(s, ovLCInfer(1), factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
+		})
+		wg.Go(func() {
+			beRecs = openLoop(s, ovBEInfer(), factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
+		})
+		wg.Wait()
+		mem = sm.stop()
+		probe.stop()
+
+		// Recovery: how long until a detector request is good again.
+		t0 := time.Now()
+		for time.Since(t0) < time.Minute {
+			c0 := time.Now()
+			_, err := s.grpc.ModelInfer(b.Context(), ovLCInfer(1))
+			if err == nil && time.Since(c0) <= slo {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		recovery = time.Since(t0)
+		after = sampleProcs(b, s, 0, true)
+		if err := s.stop(); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	lc, lcLat, lcEx := counts(lcRecs)
+	be, beLat, beEx := counts(beRecs)
+	goodput := float64(lc[lcGood]) / dur.Seconds()
+	var maxServer, maxRunners int64
+	for _, m := range mem {
+		maxServer, maxRunners = max(maxServer, m.serverRSS), max(maxRunners, m.runnerRSS)
+	}
+	probe.mu.Lock()
+	probes, probeFails, probeErr := probe.latencies, probe.failures, probe.lastErr
+	probe.mu.Unlock()
+
+	b.ReportMetric(cal.lcCapacity, "lc-capacity-req/s")
+	b.ReportMetric(goodput, "lc-good/s")
+	b.ReportMetric(goodput/cal.lcCapacity, "lc-good/capacity")
+	b.ReportMetric(pctMS(probes, 0.99), "ready-p99-ms")
+	b.ReportMetric(mib(maxServer), "server-max-rss-MiB")
+
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v, detector SLO %.0f ms\n", b.Name(), factor, dur, cal.sloMS)
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "model\toffered/s\tcapacity/s\tsent\tgood\tlate\trejected\tdropped\tfailed\tgoodput/s\tgood/capacity\tp50 ms\tp99 ms\tlag p99 ms\t")
+	row := func(name string, offered, capacity float64, recs []*lcRecord, c [numLCOutcomes]int, lat []time.Duration) {
+		lags := make([]time.Duration, len(recs))
+		for i, r := range recs {
+			lags[i] = r.lag
+		}
+		good := float64(c[lcGood]) / dur.Seconds()
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t\n",
+			name, offered, capacity, len(recs), c[lcGood], c[lcLate], c[lcRejected], c[lcDropped], c[lcFailed],
+			good, good/capacity, pctMS(lat, 0.5), pctMS(lat, 0.99), pctMS(lags, 0.99))
+	}
+	row("detector (latency-critical)", factor*cal.lcCapacity, cal.lcCapacity, lcRecs, lc, lcLat)
+	row("recogniser (best-effort)", factor*cal.beCapacity, cal.beCapacity, beRecs, be, beLat)
+	tw.Flush()
+	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
+	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
+		mib(before.serverRSS), mib(maxServer), mib(after.serverRSS),
+		mib(before.runnerRSS), mib(maxRunners), mib(after.runnerRSS), before.goroutines, after.goroutines)
+	fmt.Fprintf(&sb, "recovery: a detector request within its SLO %.0f ms after the load stopped\n", ms(recovery))
+	for _, ex := range []struct {
+		name string
+		errs [numLCOutcomes]error
+	}{{"detector", lcEx}, {"recogniser", beEx}} {
+		for o, err := range ex.errs {
+			if err != nil {
+				fmt.Fprintf(&sb, "%s %s: e.g. %v\n", ex.name, lcOutcomeNames[o], err)
+			}
+		}
+	}
+	fmt.Print(sb.String())
+}
+
+// BenchmarkSoak offers each model SLOSERVE_SOAK_LOAD of its capacity for
+// SLOSERVE_SOAK_DURATION and reports the server's and runners' goroutines,
+// open files and memory over the run.
+func BenchmarkSoak(b *testing.B) {
+	load := envFloat(b, "SLOSERVE_SOAK_LOAD", 0.7)
+	dur := envDuration(b, "SLOSERVE_SOAK_DURATION", 10*time.Minute)
+	cal := calibrateOverload(b)
+	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
+	fmt.Printf("calibration: detector capacity %.1f req/s, recogniser %.1f req/s, detector SLO %.0f ms\n",
+		cal.lcCapacity, cal.beCapacity, cal.sloMS)
+
+	var (
+		lcRecs, beRecs []*lcRecord
+		samples        []procSample
+	)
+	for b.Loop() {
+		s := startServer(b, overloadRepo(b, cal.sloMS), "")
+		sm := startSampler(b, s, 10*time.Second, true)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			lcRecs = openLoop(s, ovLCInfer(1), load*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 3)))
+		})
+		wg.Go(func() {
+			beRecs = openLoop(s, ovBEInfer(), load*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 4)))
+		})
+		wg.Wait()
+		samples = sm.stop()
+		if err := s.stop(); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	lc, _, lcEx := counts(lcRecs)
+	be, _, beEx := counts(beRecs)
+	// The first minute is the warm-up: the control loop and the allocators
+	// settle. Growth is judged from its end to the run's end.
+	var steady []procSample
+	for _, s := range samples {
+		if s.at >= time.Minute {
+			steady = append(steady, s)
+		}
+	}
+	if len(steady) < 3 {
+		steady = samples
+	}
+	type series struct {
+		name string
+		unit string
+		get  func(procSample) float64
+	}
+	all := []series{
+		{"server goroutines", "", func(p procSample) float64 { return p.goroutines }},
+		{"server open files", "", func(p procSample) float64 { return float64(p.serverFDs) }},
+		{"server RSS", "MiB", func(p procSample) float64 { return mib(p.serverRSS) }},
+		{"server Go heap in use", "MiB", func(p procSample) float64 { return p.heapInuse / (1 << 20) }},
+		{"runners' open files", "", func(p procSample) float64 { return float64(p.runnerFDs) }},
+		{"runners' RSS", "MiB", func(p procSample) float64 { return mib(p.runnerRSS) }},
+		{"runner processes", "", func(p procSample) float64 { return float64(p.runners) }},
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%s: %.0f%% of capacity for %v; %d samples, growth judged after the first minute\n", b.Name(), 100*load, dur, len(samples))
+	fmt.Fprintf(&sb, "detector: %d sent, %d good, %d late, %d rejected, %d dropped, %d failed; recogniser: %d sent, %d good, %d failed\n",
+		len(lcRecs), lc[lcGood], lc[lcLate], lc[lcRejected], lc[lcDropped], lc[lcFailed], len(beRecs), be[lcGood], be[lcFailed])
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "series\tat 1 min\tat end\tmin\tmax\tfitted growth per hour\t")
+	for _, s := range all {
+		vals := make([]float64, len(steady))
+		xs := make([]float64, len(steady))
+		for i, p := range steady {
+			vals[i], xs[i] = s.get(p), p.at.Hours()
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%+.1f %s\t\n", s.name, vals[0], vals[len(vals)-1],
+			slices.Min(vals), slices.Max(vals), slope(xs, vals), s.unit)
+		b.ReportMetric(vals[len(vals)-1]-vals[0], strings.ReplaceAll(s.name, " ", "-")+"-growth")
+	}
+	tw.Flush()
+	for _, ex := range []struct {
+		name string
+		errs [numLCOutcomes]error
+	}{{"detector", lcEx}, {"recogniser", beEx}} {
+		for o, err := range ex.errs {
+			if err != nil {
+				fmt.Fprintf(&sb, "%s %s: e.g. %v\n", ex.name, lcOutcomeNames[o], err)
+			}
+		}
+	}
+	var raw bytes.Buffer
+	for _, p := range samples {
+		fmt.Fprintf(&raw, "%.0f %.0f %d %.1f %d %.1f\n", p.at.Seconds(), p.goroutines, p.serverFDs, mib(p.serverRSS), p.runnerFDs, mib(p.runnerRSS))
+	}
+	fmt.Fprintf(&sb, "samples (s, goroutines, server fds, server RSS MiB, runner fds, runner RSS MiB):\n%s", raw.String())
+	fmt.Print(sb.String())
+}
+
+// slope is the least-squares slope of ys over xs.
+func slope(xs, ys []float64) float64 {
+	n := float64(len(xs))
+	if n < 2 {
+		return 0
+	}
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx += xs[i]
+		sy += ys[i]
+		sxx += xs[i] * xs[i]
+		sxy += xs[i] * ys[i]
+	}
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0
+	}
+	return (n*sxy - sx*sy) / d
+}
