@@ -26,17 +26,18 @@ var (
 
 // statusOf maps an error from decoding or from the Backend to the HTTP status
 // and gRPC code it is reported with. The scheduler's refusals: a request that
-// would miss its deadline or finds its model's queue full is 429 (the client
-// may retry later or with a longer timeout), one dropped from the queue when
-// its deadline passed is 504, and a scheduler that cannot take the request
-// (model unknown to it, being removed, or stopped) is 503.
+// would miss its deadline, finds its model's queue full or the server at its
+// limit of requests in flight is 429 (the client may retry later or with a
+// longer timeout), one dropped from the queue when its deadline passed is
+// 504, and a scheduler that cannot take the request (model unknown to it,
+// being removed, or stopped) is 503.
 func statusOf(err error) (int, codes.Code) {
 	switch {
 	case errors.Is(err, errUnsupportedEncoding):
 		return http.StatusUnsupportedMediaType, codes.InvalidArgument
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
-	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull):
+	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull), errors.Is(err, models.ErrOverloaded):
 		return http.StatusTooManyRequests, codes.ResourceExhausted
 	case errors.Is(err, qos.ErrDropped):
 		return http.StatusGatewayTimeout, codes.DeadlineExceeded
@@ -52,8 +53,7 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusBadRequest, codes.FailedPrecondition
 	case errors.Is(err, models.ErrBadConfig), errors.Is(err, configs.ErrInvalid):
 		return http.StatusBadRequest, codes.InvalidArgument
-	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable),
-		errors.Is(err, models.ErrOverloaded):
+	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable):
 		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, codes.DeadlineExceeded
