@@ -24,6 +24,9 @@ func TestKeys(t *testing.T) {
 		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",
 		"dashboard.enabled", "dashboard.resolution", "dashboard.retention", "dashboard.window",
 		"dashboard.attainment_target",
+		"tls.cert_file", "tls.key_file", "tls.client_ca_file", "tls.client_auth", "tls.min_version", "tls.metrics",
+		"auth.inference_token_file", "auth.admin_token_file", "auth.inference_token", "auth.admin_token",
+		"auth.require_token_for_health", "auth.require_token_for_metrics",
 		"log.format", "log.level",
 	}
 	keys := Keys()
@@ -145,6 +148,7 @@ func TestSetEveryKey(t *testing.T) {
 		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",
 		"dashboard.enabled": "false", "dashboard.resolution": "2s", "dashboard.retention": "1h",
 		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
+		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

@@ -47,6 +47,8 @@ type Server struct {
 	QoS           QoS           `yaml:"qos"`
 	Control       Control       `yaml:"control"`
 	Dashboard     Dashboard     `yaml:"dashboard"`
+	TLS           TLS           `yaml:"tls"`
+	Auth          Auth          `yaml:"auth"`
 	Log           Log           `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
@@ -238,6 +240,7 @@ func DefaultServer() *Server {
 			Window:           10 * time.Second,
 			AttainmentTarget: 0.99,
 		},
+		TLS: TLS{MinVersion: TLSVersion12},
 		Log: Log{Format: LogFormatText, Level: "info"},
 	}
 }
@@ -318,6 +321,8 @@ func (s *Server) validate() problems {
 	}
 	s.Control.validate(&p)
 	s.Dashboard.validate(&p)
+	s.TLS.validate(&p)
+	s.Auth.validate(&p)
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
 	}
