@@ -38,8 +38,11 @@ type restServer struct {
 // /v2/models/stats is the statistics of all models, so a model named "stats"
 // has no unversioned metadata path; its other paths work.
 //
+// The middleware (access control: Auth.REST) runs before every handler,
+// the answers to unknown routes and methods included.
+//
 // NewREST sets gin's global mode to release.
-func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
+func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.HandlerFunc) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -50,6 +53,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger) http.Handler {
 	e.HandleMethodNotAllowed = true
 	e.RedirectTrailingSlash = false
 	e.Use(s.recoverPanic)
+	e.Use(middleware...)
 	e.NoRoute(s.noRoute)
 	e.NoMethod(s.noMethod)
 

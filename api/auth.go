@@ -1,0 +1,417 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// AuthOptions say which bearer tokens the server takes and what they
+// protect. An empty token is not configured.
+type AuthOptions struct {
+	// InferenceToken, when set, is needed (or AdminToken) for every call
+	// except health.
+	InferenceToken string
+	// AdminToken, when set, is needed for the admin calls. When it is not
+	// set, admin calls are refused from peers that are not loopback.
+	AdminToken string
+	// RequireTokenForHealth and RequireTokenForMetrics put health and the
+	// metrics listener behind the inference token too.
+	RequireTokenForHealth  bool
+	RequireTokenForMetrics bool
+}
+
+// Auth is the access control at the edge: a gin middleware for REST,
+// interceptors for gRPC and a wrapper for the metrics handler. What each
+// call needs:
+//
+//   - health (REST /v2/health/*, /v2/models/{m}[/versions/{v}]/ready; gRPC
+//     ServerLive, ServerReady, ModelReady, grpc.health.v1): nothing, or
+//     the inference token with RequireTokenForHealth;
+//   - admin (REST POST /v2/repository/models/{m}/load and /unload, PUT and
+//     DELETE /v2/models/{m}/share, POST /v2/config/reload; gRPC
+//     RepositoryModelLoad, RepositoryModelUnload): the admin token when one
+//     is configured; otherwise a loopback peer (and the inference token
+//     when one is configured);
+//   - the dashboard page's static files (/dashboard, /dashboard/*): nothing;
+//     they hold no data, and the page asks for a token when its JSON calls
+//     are refused;
+//   - everything else, read-only views (/v2/control, /v2/dashboard) and
+//     unknown routes included: the inference token when one is
+//     configured. The admin token is accepted wherever the inference token
+//     is.
+//
+// Tokens are kept as SHA-256 digests and compared in constant time, so
+// neither their content nor their length shows in the timing. No token or
+// Authorization header is ever logged. Options change atomically with Set
+// (config reloads).
+type Auth struct {
+	state    atomic.Pointer[authState]
+	failures *prometheus.CounterVec
+	logger   *slog.Logger
+}
+
+type authState struct {
+	inference, admin       [sha256.Size]byte
+	hasInference, hasAdmin bool
+	health, metrics        bool
+}
+
+// access is what a call needs.
+type access int
+
+const (
+	accessOpen access = iota // the dashboard's static files
+	accessHealth
+	accessInference
+	accessAdmin
+)
+
+var accessNames = [...]string{accessOpen: "open", accessHealth: "health", accessInference: "inference", accessAdmin: "admin"}
+
+// Reasons a call is refused, the reason label of sloserve_auth_failures_total.
+const (
+	authMissing           = "missing"            // no Authorization header (or metadata)
+	authMalformed         = "malformed"          // not "Bearer <token>"
+	authInvalid           = "invalid"            // a token that matches none
+	authInsufficientScope = "insufficient_scope" // the inference token on an admin call
+	authNotLoopback       = "not_loopback"       // an admin call from the network with no admin token configured
+)
+
+// authRefusal is why a call is refused, with what the client is told.
+type authRefusal struct {
+	reason string
+	msg    string
+}
+
+func (r *authRefusal) unauthenticated() bool {
+	return r.reason == authMissing || r.reason == authMalformed || r.reason == authInvalid
+}
+
+// NewAuth returns the access control for opts, with its refusal counter
+// registered in reg.
+func NewAuth(opts AuthOptions, reg prometheus.Registerer, logger *slog.Logger) (*Auth, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Auth{
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_auth_failures_total",
+			Help: "Calls refused by access control, by protocol (rest, grpc, http for the metrics listener), surface (health, inference, admin, metrics) and reason (missing, malformed or invalid token: 401/UNAUTHENTICATED; insufficient_scope, not_loopback: 403/PERMISSION_DENIED).",
+		}, []string{"protocol", "surface", "reason"}),
+		logger: logger,
+	}
+	if reg != nil {
+		if err := reg.Register(a.failures); err != nil {
+			return nil, errors.Join(errors.New("api: registering auth metrics"), err)
+		}
+	}
+	for _, proto := range []string{"rest", "grpc"} {
+		for _, surface := range []string{"health", "inference", "admin"} {
+			for _, reason := range []string{authMissing, authMalformed, authInvalid} {
+				a.failures.WithLabelValues(proto, surface, reason)
+			}
+		}
+		a.failures.WithLabelValues(proto, "admin", authInsufficientScope)
+		a.failures.WithLabelValues(proto, "admin", authNotLoopback)
+	}
+	for _, reason := range []string{authMissing, authMalformed, authInvalid} {
+		a.failures.WithLabelValues("http", "metrics", reason)
+	}
+	a.Set(opts)
+	return a, nil
+}
+
+// Set puts opts in effect for the calls that arrive from now on.
+func (a *Auth) Set(opts AuthOptions) {
+	st := &authState{health: opts.RequireTokenForHealth, metrics: opts.RequireTokenForMetrics}
+	if opts.InferenceToken != "" {
+		st.inference, st.hasInference = sha256.Sum256([]byte(opts.InferenceToken)), true
+	}
+	if opts.AdminToken != "" {
+		st.admin, st.hasAdmin = sha256.Sum256([]byte(opts.AdminToken)), true
+	}
+	a.state.Store(st)
+}
+
+// tokenMatch is which configured token a presented one is.
+type tokenMatch int
+
+const (
+	matchNone tokenMatch = iota
+	matchInference
+	matchAdmin
+)
+
+// match compares token with both configured tokens, always both and in
+// constant time over fixed-length digests.
+func (st *authState) match(token string) tokenMatch {
+	d := sha256.Sum256([]byte(token))
+	inf := subtle.ConstantTimeCompare(d[:], st.inference[:]) & boolInt(st.hasInference)
+	adm := subtle.ConstantTimeCompare(d[:], st.admin[:]) & boolInt(st.hasAdmin)
+	switch {
+	case adm == 1:
+		return matchAdmin
+	case inf == 1:
+		return matchInference
+	}
+	return matchNone
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// bearer takes the token out of an Authorization value ("Bearer <token>",
+// the scheme in any case). ok is false when the value is not of that form.
+func bearer(header string) (token string, ok bool) {
+	scheme, token, found := strings.Cut(strings.TrimSpace(header), " ")
+	token = strings.TrimSpace(token)
+	if !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return "", false
+	}
+	return token, true
+}
+
+// check decides a call that needs need, made with the Authorization value
+// header (present says whether there was one) from a peer that is or is not
+// loopback. It returns nil to let the call through.
+func (a *Auth) check(need access, header string, present, loopback bool) *authRefusal {
+	st := a.state.Load()
+	switch {
+	case need == accessOpen, need == accessHealth && !st.health:
+		return nil
+	case need == accessAdmin && !st.hasAdmin && !loopback:
+		return &authRefusal{authNotLoopback, "admin calls are refused from non-loopback addresses when no admin token is configured; " +
+			"call from the server's host, or set auth.admin_token_file and send Authorization: Bearer <admin token>"}
+	}
+	wantAdmin := need == accessAdmin && st.hasAdmin
+	if !wantAdmin && !st.hasInference {
+		return nil
+	}
+	which := "the inference or admin token"
+	if wantAdmin {
+		which = "the admin token"
+	}
+	if !present {
+		return &authRefusal{authMissing, "this call needs a bearer token: send Authorization: Bearer <token> with " + which}
+	}
+	token, ok := bearer(header)
+	if !ok {
+		return &authRefusal{authMalformed, `the Authorization header must be "Bearer <token>"`}
+	}
+	switch m := st.match(token); {
+	case m == matchNone:
+		return &authRefusal{authInvalid, "the bearer token is not valid; this call needs " + which}
+	case wantAdmin && m != matchAdmin:
+		return &authRefusal{authInsufficientScope, "this call needs the admin token; the inference token does not allow it"}
+	}
+	return nil
+}
+
+// refused counts and logs a refusal. The log names the call and the peer,
+// never the token.
+func (a *Auth) refused(protocol string, need access, r *authRefusal, method, peerAddr string) {
+	surface := accessNames[need]
+	if protocol == "http" {
+		surface = "metrics"
+	}
+	a.failures.WithLabelValues(protocol, surface, r.reason).Inc()
+	a.logger.Debug("call refused by access control", "protocol", protocol, "method", method,
+		"peer", peerAddr, "surface", surface, "reason", r.reason)
+}
+
+// admitted logs an admin call let through: the audit trail of changes.
+func (a *Auth) admitted(protocol string, need access, method, peerAddr string) {
+	if need == accessAdmin {
+		a.logger.Info("admin call", "protocol", protocol, "method", method, "peer", peerAddr)
+	}
+}
+
+// isLoopback reports whether addr ("host:port" or a bare IP) is a loopback
+// address; anything it cannot read is not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// restAccess is what a REST route needs; fullPath is gin's route pattern,
+// "" for no route (which needs the inference token like any other call, so
+// a client without one cannot map the routes).
+func restAccess(method, fullPath string) access {
+	switch fullPath {
+	case "/v2/health/live", "/v2/health/ready", "/v2/models/:model/ready", "/v2/models/:model/versions/:version/ready":
+		if method == http.MethodGet {
+			return accessHealth
+		}
+	case "/v2/repository/models/:model/load", "/v2/repository/models/:model/unload", "/v2/config/reload":
+		return accessAdmin
+	case "/v2/models/:model/share":
+		return accessAdmin
+	case "/dashboard", "/dashboard/*file":
+		return accessOpen
+	}
+	return accessInference
+}
+
+// REST returns the gin middleware. The peer is the TCP peer of the
+// connection (Request.RemoteAddr): X-Forwarded-For and the like are not
+// trusted.
+func (a *Auth) REST() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		r := c.Request
+		need := restAccess(r.Method, c.FullPath())
+		values, present := r.Header["Authorization"]
+		header := ""
+		if present && len(values) > 0 {
+			header = values[0]
+		}
+		if len(values) > 1 {
+			header = "" // two Authorization headers: malformed
+		}
+		ref := a.check(need, header, present, isLoopback(r.RemoteAddr))
+		if ref == nil {
+			a.admitted("rest", need, r.Method+" "+r.URL.Path, r.RemoteAddr)
+			c.Next()
+			return
+		}
+		a.refused("rest", need, ref, r.Method+" "+r.URL.Path, r.RemoteAddr)
+		writeAuthRefusal(c.Writer, ref)
+		c.Abort()
+	}
+}
+
+// writeAuthRefusal answers 401 with a WWW-Authenticate challenge (RFC 6750)
+// or 403, and {"error": ...}.
+func writeAuthRefusal(w http.ResponseWriter, r *authRefusal) {
+	status := http.StatusForbidden
+	switch r.reason {
+	case authMissing:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sloserve"`)
+		status = http.StatusUnauthorized
+	case authMalformed:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sloserve", error="invalid_request"`)
+		status = http.StatusUnauthorized
+	case authInvalid:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sloserve", error="invalid_token"`)
+		status = http.StatusUnauthorized
+	case authInsufficientScope:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sloserve", error="insufficient_scope"`)
+	}
+	body := appendJSONString([]byte(`{"error":`), r.msg)
+	body = append(body, '}')
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// Metrics wraps the metrics handler: with RequireTokenForMetrics it needs
+// the inference or admin token.
+func (a *Auth) Metrics(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := a.state.Load()
+		if !st.metrics {
+			h.ServeHTTP(w, r)
+			return
+		}
+		values, present := r.Header["Authorization"]
+		header := ""
+		if len(values) == 1 {
+			header = values[0]
+		}
+		ref := a.check(accessInference, header, present, isLoopback(r.RemoteAddr))
+		if ref != nil {
+			a.refused("http", accessInference, ref, r.Method+" "+r.URL.Path, r.RemoteAddr)
+			writeAuthRefusal(w, ref)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// grpcAccess is what a gRPC method needs.
+func grpcAccess(fullMethod string) access {
+	switch fullMethod {
+	case "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch", "/grpc.health.v1.Health/List",
+		"/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady",
+		"/inference.GRPCInferenceService/ModelReady":
+		return accessHealth
+	case "/inference.GRPCInferenceService/RepositoryModelLoad", "/inference.GRPCInferenceService/RepositoryModelUnload":
+		return accessAdmin
+	}
+	return accessInference
+}
+
+// grpcCheck decides a gRPC call from its metadata and peer.
+func (a *Auth) grpcCheck(ctx context.Context, fullMethod string) error {
+	need := grpcAccess(fullMethod)
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get("authorization")
+	header := ""
+	if len(values) == 1 {
+		header = values[0]
+	}
+	peerAddr := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		peerAddr = p.Addr.String()
+	}
+	ref := a.check(need, header, len(values) > 0, isLoopback(peerAddr))
+	if ref == nil {
+		a.admitted("grpc", need, fullMethod, peerAddr)
+		return nil
+	}
+	a.refused("grpc", need, ref, fullMethod, peerAddr)
+	if ref.unauthenticated() {
+		return status.Error(codes.Unauthenticated, ref.msg)
+	}
+	return status.Error(codes.PermissionDenied, ref.msg)
+}
+
+// UnaryInterceptor checks unary calls.
+func (a *Auth) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := a.grpcCheck(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamInterceptor checks streaming calls (health Watch, reflection).
+func (a *Auth) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := a.grpcCheck(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// ServerOptions are the gRPC server options that install the interceptors.
+func (a *Auth) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(a.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(a.StreamInterceptor()),
+	}
+}
