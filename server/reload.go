@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,12 @@ var liveKeys = []string{
 	"limits.max_inflight_requests",
 	"limits.grace_period",
 	"log.level",
+	"auth.inference_token_file",
+	"auth.admin_token_file",
+	"auth.inference_token",
+	"auth.admin_token",
+	"auth.require_token_for_health",
+	"auth.require_token_for_metrics",
 }
 
 // reloader applies config reloads, one at a time. It keeps the settings in
@@ -49,6 +56,9 @@ type reloader struct {
 	reg     *models.Registry
 	log     *slog.Logger
 	metrics *reloadMetrics
+	// security, when set, rereads the tokens on every reload (their files
+	// may have changed under the same names) and the certificates.
+	security *security
 
 	mu      sync.Mutex
 	running *configs.Server
@@ -132,19 +142,31 @@ func (rl *reloader) apply() (api.ReloadResult, error) {
 		return res, err
 	}
 	for _, key := range rl.running.Changed(next) {
-		if slices.Contains(liveKeys, key) && (key != "log.level" || rl.opts.LogLevel != nil) {
+		live := slices.Contains(liveKeys, key) && (key != "log.level" || rl.opts.LogLevel != nil) &&
+			(!strings.HasPrefix(key, "auth.") || rl.security != nil)
+		if live {
 			res.Applied = append(res.Applied, key)
 		} else {
 			res.RestartNeeded = append(res.RestartNeeded, key)
 		}
 	}
-	// The only change that can still fail goes first.
+	// The changes that can still fail go first.
+	var auth api.AuthOptions
+	if rl.security != nil {
+		if auth, err = rl.security.prepare(next.Auth); err != nil {
+			return res, fmt.Errorf("%s: %w", next.File, err)
+		}
+	}
 	if slices.Contains(res.Applied, "repositories") {
 		if err := rl.reg.SetRepositories(next.Repositories); err != nil {
 			return res, fmt.Errorf("%s: repositories: %w", next.File, err)
 		}
 	}
 	r := rl.running
+	if rl.security != nil {
+		rl.security.apply(auth)
+		r.Auth = next.Auth
+	}
 	for _, key := range res.Applied {
 		switch key {
 		case "repositories":

@@ -96,6 +96,11 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	if err != nil {
 		return err
 	}
+	sec, err := newSecurity(cfg, promReg, logger)
+	if err != nil {
+		return err
+	}
+	reloads.security = sec
 	be := &backend{reg: reg, devs: devs, reloads: reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		be.dash = dashboard.New(dashboard.Options{
@@ -125,13 +130,13 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 			return fmt.Errorf("listen.http: %w", err)
 		}
 		httpSrv = &http.Server{
-			Handler:           api.NewREST(be, lim, logger.With("component", "rest")),
+			Handler:           api.NewREST(be, lim, logger.With("component", "rest"), sec.auth.REST()),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			MaxHeaderBytes:    64 << 10,
 		}
-		go func() { serveErr <- ignoreClosed(httpSrv.Serve(ln)) }()
-		logger.Info("REST listening", "addr", ln.Addr().String())
+		go func() { serveErr <- ignoreClosed(httpSrv.Serve(sec.listener(ln, "h2", "http/1.1"))) }()
+		logger.Info("REST listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
 	if addr := cfg.Listen.GRPC; addr != "" {
 		ln, err := net.Listen("tcp", addr)
@@ -141,10 +146,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		}
 		// Flow-control windows sized for tensors of megabytes, so a large
 		// request is not paced by window updates.
-		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"),
-			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))
+		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"), append(sec.grpcOptions(),
+			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))...)
 		go func() { serveErr <- grpcSrv.Serve(ln) }()
-		logger.Info("gRPC listening", "addr", ln.Addr().String())
+		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
 	if addr := cfg.Listen.Metrics; addr != "" {
 		ln, err := net.Listen("tcp", addr)
@@ -156,10 +161,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 			return fmt.Errorf("listen.metrics: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(promReg, promhttp.HandlerOpts{Registry: promReg}))
+		mux.Handle("/metrics", sec.auth.Metrics(promhttp.HandlerFor(promReg, promhttp.HandlerOpts{Registry: promReg})))
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { serveErr <- ignoreClosed(metricsSrv.Serve(ln)) }()
-		logger.Info("metrics listening", "addr", ln.Addr().String())
+		go func() { serveErr <- ignoreClosed(metricsSrv.Serve(sec.metricsListener(ln))) }()
+		logger.Info("metrics listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Metrics)
 	}
 
 	loadCtx, stopLoads := context.WithCancel(ctx)

@@ -6,6 +6,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sloserve/sloserve/api/inference"
@@ -152,7 +154,8 @@ func (s *syncBuffer) String() string {
 
 type testServer struct {
 	cmd         *exec.Cmd
-	http        string // base URL
+	client      *http.Client // for http; TLS-aware when the server speaks TLS
+	http        string       // base URL
 	grpcAddr    string
 	metrics     string // base URL
 	log         *syncBuffer
@@ -163,13 +166,35 @@ type testServer struct {
 	stoppedOnce sync.Once
 }
 
+// serverSetup is how startServer starts and reaches a server; options
+// change it.
+type serverSetup struct {
+	listenHost  string      // the host the server listens on; "": 127.0.0.1
+	tls         *tls.Config // the clients' TLS config; nil: plain TCP
+	readyHeader []string    // header name, value pairs for the readiness probe
+	metricsTLS  bool        // the metrics listener speaks TLS too (tls.metrics)
+}
+
+type serverOption func(*serverSetup)
+
 // startServer runs `sloserve serve` on free ports with the given extra
 // config (YAML lines) and waits until it is ready.
-func startServer(t testing.TB, repo string, extra string) *testServer {
+func startServer(t testing.TB, repo string, extra string, opts ...serverOption) *testServer {
 	t.Helper()
 	lib := need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
-	s := &testServer{log: &syncBuffer{}, waitErr: make(chan error, 1)}
+	var setup serverSetup
+	for _, o := range opts {
+		o(&setup)
+	}
+	s := &testServer{log: &syncBuffer{}, waitErr: make(chan error, 1), client: http.DefaultClient}
 	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
+	listenAt := func(addr string) string {
+		if setup.listenHost == "" {
+			return addr
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		return net.JoinHostPort(setup.listenHost, port)
+	}
 	cfg := fmt.Sprintf(`listen: {http: %q, grpc: %q, metrics: %q}
 repositories: [%q]
 runtime:
@@ -177,7 +202,7 @@ runtime:
   restart_backoff_initial: 100ms
 limits:
   grace_period: 10s
-%s`, httpAddr, grpcAddr, metricsAddr, repo, lib, extra)
+%s`, listenAt(httpAddr), listenAt(grpcAddr), listenAt(metricsAddr), repo, lib, extra)
 	cfgPath := filepath.Join(t.TempDir(), "server.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -190,6 +215,16 @@ limits:
 	}
 	go func() { s.waitErr <- s.cmd.Wait() }()
 	s.http, s.grpcAddr, s.metrics = "http://"+httpAddr, grpcAddr, "http://"+metricsAddr
+	creds := insecure.NewCredentials()
+	if setup.tls != nil {
+		s.client = &http.Client{Transport: &http.Transport{TLSClientConfig: setup.tls, ForceAttemptHTTP2: true}}
+		s.http = "https://" + httpAddr
+		if setup.metricsTLS {
+			s.metrics = "https://" + metricsAddr
+		}
+		creds = credentials.NewTLS(setup.tls)
+		t.Cleanup(s.client.CloseIdleConnections)
+	}
 	t.Cleanup(func() {
 		if err := s.stop(); err != nil {
 			t.Errorf("server exit: %v\n%s", err, s.log.String())
@@ -200,7 +235,14 @@ limits:
 	})
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		resp, err := http.Get(s.http + "/v2/health/ready")
+		req, err := http.NewRequest("GET", s.http+"/v2/health/ready", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(setup.readyHeader); i += 2 {
+			req.Header.Set(setup.readyHeader[i], setup.readyHeader[i+1])
+		}
+		resp, err := s.client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -218,7 +260,7 @@ limits:
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +297,7 @@ func (s *testServer) do(t *testing.T, method, path string, body []byte, header .
 	if body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +366,7 @@ func (s *testServer) runnerPids(t testing.TB, substr string) []int {
 // labels as exposed.
 func (s *testServer) scrape(tb testing.TB) map[string]float64 {
 	tb.Helper()
-	resp, err := http.Get(s.metrics + "/metrics")
+	resp, err := s.client.Get(s.metrics + "/metrics")
 	if err != nil {
 		tb.Fatal(err)
 	}
