@@ -117,6 +117,8 @@ type certFiles struct {
 	log    *slog.Logger
 	expiry prometheus.Gauge
 	loads  *prometheus.CounterVec
+	// every is the least time between two looks at the files.
+	every time.Duration
 
 	mu      sync.Mutex
 	checked time.Time
@@ -133,7 +135,7 @@ type fileStamp struct {
 
 func newCertFiles(cfg configs.TLS, reg prometheus.Registerer, log *slog.Logger) (*certFiles, error) {
 	f := &certFiles{
-		cfg: cfg, log: log,
+		cfg: cfg, log: log, every: certCheckInterval,
 		expiry: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sloserve_tls_certificate_expiry_timestamp_seconds",
 			Help: "When the server certificate in use expires (Unix seconds).",
@@ -216,7 +218,7 @@ func (f *certFiles) recheck() {
 func (f *certFiles) current() (*tls.Certificate, *x509.CertPool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if now := time.Now(); now.Sub(f.checked) >= certCheckInterval {
+	if now := time.Now(); now.Sub(f.checked) >= f.every {
 		f.checked = now
 		if stamps := f.stat(); !sameStamps(stamps, f.stamps) {
 			f.stamps = stamps
