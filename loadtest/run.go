@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sloserve/sloserve/api"
@@ -23,6 +25,12 @@ import (
 type Options struct {
 	HTTPBase string // the server's REST base URL, e.g. http://127.0.0.1:8000
 	GRPCAddr string // the server's gRPC address, e.g. 127.0.0.1:8001
+	// TLS, when set, is the client side of TLS for REST (an https://
+	// HTTPBase) and gRPC: the CAs to trust, a client certificate.
+	TLS *tls.Config
+	// Token, when set, goes with every request as "Authorization: Bearer
+	// <Token>" (gRPC metadata "authorization").
+	Token string
 	// Progress, when set, gets a live progress line once a second ("\r"-
 	// rewritten when it is a terminal-like writer; one line per second in
 	// logs otherwise).
@@ -44,6 +52,52 @@ type Options struct {
 	// Warmup, when >= 0 and WarmupSet, overrides the scenario's.
 	Warmup    time.Duration
 	WarmupSet bool
+}
+
+// bearerTransport adds an Authorization header to every request.
+type bearerTransport struct {
+	base  http.RoundTripper
+	value string
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.value)
+	return b.base.RoundTrip(r)
+}
+
+func (b bearerTransport) CloseIdleConnections() {
+	if c, ok := b.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// bearerCredentials sends the token with every gRPC call.
+type bearerCredentials struct {
+	token string
+	tls   bool
+}
+
+func (b bearerCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false without TLS so a token can be used
+// against a plain server on a trusted network (or loopback); it then
+// travels in clear text.
+func (b bearerCredentials) RequireTransportSecurity() bool { return b.tls }
+
+// grpcDialOptions are the transport credentials and token of opts.
+func grpcDialOptions(opts Options) []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
+	}
+	out := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if opts.Token != "" {
+		out = append(out, grpc.WithPerRPCCredentials(bearerCredentials{token: opts.Token, tls: opts.TLS != nil}))
+	}
+	return out
 }
 
 // generatorDetail is the Detail of an arrival the generator could not send.
@@ -72,11 +126,16 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 	}
 	sc = &sc2
 
-	hc := &http.Client{Transport: &http.Transport{
+	tr := &http.Transport{
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 4096,
 		IdleConnTimeout:     90 * time.Second,
-	}}
+		TLSClientConfig:     opts.TLS,
+	}
+	hc := &http.Client{Transport: tr}
+	if opts.Token != "" {
+		hc.Transport = bearerTransport{base: tr, value: "Bearer " + opts.Token}
+	}
 	defer hc.CloseIdleConnections()
 	ctl, err := awaitControl(ctx, hc, opts.HTTPBase, sc.Models, 15*time.Second)
 	if err != nil {
@@ -88,7 +147,7 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 			if opts.GRPCAddr == "" {
 				return nil, fmt.Errorf("model %s: protocol grpc needs the server's gRPC address", m.Model)
 			}
-			conn, err = grpc.NewClient(opts.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err = grpc.NewClient(opts.GRPCAddr, grpcDialOptions(opts)...)
 			if err != nil {
 				return nil, err
 			}

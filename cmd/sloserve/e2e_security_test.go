@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/loadtest"
 )
 
 const (
@@ -251,6 +252,7 @@ type securedServer struct {
 	clientCert         tls.Certificate
 	serverIP           net.IP // non-loopback
 	inferenceTokenFile string
+	caFile             string // the CA of the server's and the clients' certificates
 }
 
 func startSecuredServer(t *testing.T) *securedServer {
@@ -261,6 +263,7 @@ func startSecuredServer(t *testing.T) *securedServer {
 	certPEM, keyPEM, _ := ss.ca.issue(t, "sloserve", true, net.ParseIP("127.0.0.1"), ip)
 	ss.certFile, ss.keyFile = filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
 	caFile := filepath.Join(dir, "clients-ca.crt")
+	ss.caFile = caFile
 	writeAtomic(t, ss.certFile, certPEM)
 	writeAtomic(t, ss.keyFile, keyPEM)
 	writeAtomic(t, caFile, ss.ca.pem)
@@ -543,6 +546,37 @@ func TestE2ESecurityTLS(t *testing.T) {
 		}
 	})
 
+	t.Run("loadtest", func(t *testing.T) {
+		dir := t.TempDir()
+		certPEM, keyPEM, _ := ss.ca.issue(t, "loadtest", false)
+		certFile, keyFile := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+		writeAtomic(t, certFile, certPEM)
+		writeAtomic(t, keyFile, keyPEM)
+		before := ss.scrape(t)
+		out, stdout := runLoadtest(t, `name: secured
+duration: 2s
+models:
+  - {model: dyn, protocol: grpc, rate: {constant: 20}, slo: 1s, inputs: {input_vectors: {shape: [1, 10]}}}
+  - {model: dyn, protocol: rest, rate: {constant: 20}, slo: 1s, inputs: {input_vectors: {shape: [1, 10]}}}
+`, "--http", at(ss.http, ss.serverIP), "--grpc", ss.grpcAddr, "--warmup", "0s", "--quiet",
+			"--token-file", ss.inferenceTokenFile, "--ca-file", ss.caFile, "--cert-file", certFile, "--key-file", keyFile)
+		sum := readSummary(t, filepath.Join(out, "summary.json"))
+		if len(sum.Models) != 2 {
+			t.Fatalf("summary has %d models:\n%s", len(sum.Models), stdout)
+		}
+		for _, m := range sum.Models {
+			if m.Requests < 20 || m.Outcomes["good"] != m.Requests {
+				t.Errorf("%s over %s: %d requests, outcomes %v; want all good", m.Name, m.Protocol, m.Requests, m.Outcomes)
+			}
+		}
+		after := ss.scrape(t)
+		for k, v := range after {
+			if strings.HasPrefix(k, "sloserve_auth_failures_total") && v != before[k] {
+				t.Errorf("%s went from %v to %v during the loadtest", k, before[k], v)
+			}
+		}
+	})
+
 	t.Run("no token in the logs", func(t *testing.T) {
 		log := ss.log.String()
 		for _, tok := range []string{e2eInferenceToken, e2eAdminToken, e2eWrongToken, "Bearer"} {
@@ -729,4 +763,68 @@ func (s *testServer) metricValueWith(t *testing.T, series string, header []strin
 		}
 	}
 	return 0, false
+}
+
+// TestLoadtestClientSecurity checks how the loadtest flags become client
+// options, without a server.
+func TestLoadtestClientSecurity(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile, emptyFile := filepath.Join(dir, "token"), filepath.Join(dir, "empty")
+	writeAtomic(t, tokenFile, []byte(" file-token-0123456789\n"))
+	writeAtomic(t, emptyFile, []byte("\n"))
+	ca := newTestCA(t, "ca")
+	caFile := filepath.Join(dir, "ca.crt")
+	writeAtomic(t, caFile, ca.pem)
+	certPEM, keyPEM, _ := ca.issue(t, "client", false)
+	certFile, keyFile := filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key")
+	writeAtomic(t, certFile, certPEM)
+	writeAtomic(t, keyFile, keyPEM)
+	env := func(v string) func(string) string {
+		return func(name string) string {
+			if name == tokenEnv {
+				return v
+			}
+			return ""
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		sec     clientSecurity
+		base    string
+		env     string
+		token   string
+		tls     bool
+		certs   int
+		wantErr string
+	}{
+		{name: "plain, no token", base: "http://h:1"},
+		{name: "token from the environment", base: "http://h:1", env: "env-token", token: "env-token"},
+		{name: "file wins over the environment", sec: clientSecurity{tokenFile: tokenFile}, base: "http://h:1", env: "env-token", token: "file-token-0123456789"},
+		{name: "empty token file", sec: clientSecurity{tokenFile: emptyFile}, base: "http://h:1", wantErr: "--token-file: " + emptyFile + " is empty"},
+		{name: "https with system roots", base: "https://h:1", tls: true},
+		{name: "mutual TLS", sec: clientSecurity{caFile: caFile, certFile: certFile, keyFile: keyFile}, base: "https://h:1", tls: true, certs: 1},
+		{name: "cert without key", sec: clientSecurity{certFile: certFile}, base: "https://h:1", wantErr: "--cert-file and --key-file go together"},
+		{name: "TLS flags with http", sec: clientSecurity{caFile: caFile}, base: "http://h:1", wantErr: "use https://"},
+		{name: "CA file not PEM", sec: clientSecurity{caFile: tokenFile}, base: "https://h:1", wantErr: "--ca-file: " + tokenFile + " holds no PEM certificate"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := &loadtest.Options{HTTPBase: c.base}
+			err := c.sec.apply(opts, env(c.env))
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if opts.Token != c.token || (opts.TLS != nil) != c.tls {
+				t.Errorf("token %q, TLS %v; want %q, %v", opts.Token, opts.TLS != nil, c.token, c.tls)
+			}
+			if opts.TLS != nil && (len(opts.TLS.Certificates) != c.certs || (c.sec.caFile != "") != (opts.TLS.RootCAs != nil)) {
+				t.Errorf("TLS config %+v", opts.TLS)
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/loadtest"
 )
 
@@ -58,6 +60,11 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.Var(&serverSets, "server-set", "with --serve/--compare: a server config override key=value (repeatable)")
 	maxInFlight := fs.Int("max-inflight", 0, "requests in flight per model before arrivals are dropped by the generator (default 2048)")
 	quiet := fs.Bool("quiet", false, "no progress line")
+	var sec clientSecurity
+	fs.StringVar(&sec.tokenFile, "token-file", "", "a file holding the bearer token to send (default: $"+tokenEnv+" when set)")
+	fs.StringVar(&sec.caFile, "ca-file", "", "PEM CA certificates to verify the server's TLS certificate with (default: the system's)")
+	fs.StringVar(&sec.certFile, "cert-file", "", "PEM client certificate for mutual TLS (with --key-file)")
+	fs.StringVar(&sec.keyFile, "key-file", "", "PEM key of --cert-file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,6 +88,12 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	opts := loadtest.Options{
 		HTTPBase: strings.TrimSuffix(*httpBase, "/"), GRPCAddr: *grpcAddr,
 		Duration: *duration, MaxInFlight: *maxInFlight,
+	}
+	if err := sec.apply(&opts, os.Getenv); err != nil {
+		return err
+	}
+	if opts.TLS != nil && (*serveFlag || *compare) {
+		return errors.New("--serve and --compare start plain servers; the TLS flags are for a running server")
 	}
 	if *warmup >= 0 {
 		opts.Warmup, opts.WarmupSet = *warmup, true
@@ -277,4 +290,59 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// tokenEnv is the environment variable loadtest takes a bearer token from
+// when --token-file is not given.
+const tokenEnv = "SLOSERVE_TOKEN"
+
+// clientSecurity is how loadtest reaches a secured server: a bearer token
+// (from a file or the environment, never a flag, which shows in ps) and
+// TLS.
+type clientSecurity struct {
+	tokenFile, caFile, certFile, keyFile string
+}
+
+// apply sets opts.Token and opts.TLS. TLS is on when the REST base URL is
+// https:// or a CA or client certificate is given; it then applies to
+// gRPC too.
+func (c clientSecurity) apply(opts *loadtest.Options, getenv func(string) string) error {
+	switch {
+	case c.tokenFile != "":
+		b, err := os.ReadFile(c.tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		if opts.Token = strings.TrimSpace(string(b)); opts.Token == "" {
+			return fmt.Errorf("--token-file: %s is empty", c.tokenFile)
+		}
+	default:
+		opts.Token = strings.TrimSpace(getenv(tokenEnv))
+	}
+	if (c.certFile == "") != (c.keyFile == "") {
+		return errors.New("--cert-file and --key-file go together")
+	}
+	if !strings.HasPrefix(opts.HTTPBase, "https://") && c.caFile == "" && c.certFile == "" {
+		return nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.caFile != "" {
+		pool, err := configs.LoadCertPool(c.caFile)
+		if err != nil {
+			return fmt.Errorf("--ca-file: %w", err)
+		}
+		cfg.RootCAs = pool
+	}
+	if c.certFile != "" {
+		cert, err := configs.LoadKeyPair(c.certFile, c.keyFile)
+		if err != nil {
+			return fmt.Errorf("--cert-file: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	if strings.HasPrefix(opts.HTTPBase, "http://") {
+		return errors.New("TLS flags given but --http is http://; use https://")
+	}
+	opts.TLS = cfg
+	return nil
 }
