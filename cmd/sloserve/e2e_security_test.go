@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -827,4 +828,55 @@ func TestLoadtestClientSecurity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestE2EDashboardToken: with an inference token configured, the dashboard
+// page loads, asks for the token, refuses a wrong one, works with the right
+// one, and never puts the token in a URL.
+func TestE2EDashboardToken(t *testing.T) {
+	requireChromium(t)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "inference.token")
+	writeAtomic(t, tokenFile, []byte(e2eInferenceToken+"\n"))
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, fmt.Sprintf("auth: {inference_token_file: %q}\n", tokenFile))
+	b := newBrowser(t, s.http, 1280, 800)
+	b.do(t, chromedp.Navigate(s.http+"/dashboard/"))
+	b.waitJS(t, "the token form", 20*time.Second, `document.getElementById('token-form')`)
+	if n := len(b.exceptionsNow()); n != 0 {
+		t.Fatalf("the page threw: %v", b.exceptionsNow())
+	}
+	submit := func(token string) {
+		var ok bool
+		b.eval(t, fmt.Sprintf(`(() => { document.getElementById('token-input').value = %q;
+			document.getElementById('token-form').requestSubmit(); return true; })()`, token), &ok)
+	}
+	submit(e2eWrongToken)
+	b.waitJS(t, "the form again, saying the token was refused", 20*time.Second,
+		`(document.querySelector('#token-form .token-message') || {}).textContent?.includes('The token was not accepted')`)
+	submit(e2eInferenceToken)
+	b.waitJS(t, "the overview with the model", 20*time.Second,
+		`document.querySelector('tr[data-model="dyn"]') && !document.getElementById('token-form')`)
+	b.checkNetwork(t)
+	b.mu.Lock()
+	requests := append([]string(nil), b.requests...)
+	b.mu.Unlock()
+	for _, u := range requests {
+		if strings.Contains(u, e2eInferenceToken) || strings.Contains(u, e2eWrongToken) {
+			t.Errorf("the page put a token in a URL: %s", u)
+		}
+	}
+	if strings.Contains(s.log.String(), e2eInferenceToken) || strings.Contains(s.log.String(), e2eWrongToken) {
+		t.Error("the server log shows a token")
+	}
+	if v, _ := s.metricValue(t, `sloserve_auth_failures_total{protocol="rest",reason="invalid",surface="inference"}`); v < 1 {
+		t.Errorf("the wrong token was not counted: %v", v)
+	}
+}
+
+func (b *browserTab) exceptionsNow() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.exceptions...)
 }

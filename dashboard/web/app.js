@@ -229,13 +229,75 @@
 
   // ---------------------------------------------------------------- fetching and liveness
 
+  // A server with an inference token (auth.inference_token_file) answers the
+  // page's JSON calls with 401. The page then asks for a token and sends it
+  // in the Authorization header, never in a URL (URLs end up in logs and
+  // history). It is kept in sessionStorage: this tab only, gone when the tab
+  // closes. The static files are served without a token.
+  const TOKEN_KEY = 'sloserve-token';
+
+  function storedToken() {
+    try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (_) { return ''; }
+  }
+
+  function storeToken(v) {
+    try {
+      if (v) sessionStorage.setItem(TOKEN_KEY, v); else sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) { /* storage blocked: the token lasts until the page reloads */ }
+    memoryToken = v;
+  }
+  let memoryToken = storedToken();
+
+  // askToken shows the token form (once) with the server's message.
+  function askToken(message) {
+    let form = document.getElementById('token-form');
+    if (!form) {
+      form = document.createElement('form');
+      form.id = 'token-form';
+      form.className = 'token-form';
+      const msg = document.createElement('p');
+      msg.className = 'token-message';
+      const label = document.createElement('label');
+      label.htmlFor = 'token-input';
+      label.textContent = 'Access token';
+      const input = document.createElement('input');
+      input.id = 'token-input';
+      input.type = 'password';
+      input.autocomplete = 'off';
+      input.spellcheck = false;
+      const button = document.createElement('button');
+      button.type = 'submit';
+      button.textContent = 'Use token';
+      form.append(msg, label, input, button);
+      form.addEventListener('submit', (ev) => {
+        ev.preventDefault();
+        const v = input.value.trim();
+        if (!v) return;
+        storeToken(v);
+        input.value = '';
+        form.remove();
+      });
+      document.body.insertBefore(form, document.getElementById('app'));
+      input.focus();
+    }
+    form.querySelector('.token-message').textContent =
+      'This server needs an access token (the inference or admin token). ' + message;
+  }
+
   async function getJSON(url) {
     const ctl = new AbortController();
     const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
     try {
-      const resp = await fetch(url, { signal: ctl.signal, cache: 'no-store', headers: { Accept: 'application/json' } });
+      const headers = { Accept: 'application/json' };
+      const token = memoryToken;
+      if (token) headers.Authorization = 'Bearer ' + token;
+      const resp = await fetch(url, { signal: ctl.signal, cache: 'no-store', headers });
       let body = null;
       try { body = await resp.json(); } catch (_) { /* not JSON */ }
+      if (resp.status === 401) {
+        if (token && token === memoryToken) storeToken('');
+        askToken(token ? 'The token was not accepted.' : '');
+      }
       if (!resp.ok) {
         const err = new Error((body && body.error) || ('HTTP ' + resp.status));
         err.status = resp.status;
