@@ -118,6 +118,10 @@ func TestSecurityConfig(t *testing.T) {
 			"auth.admin_token_file: the admin token must differ from the inference token"},
 		{"space in token", fmt.Sprintf("auth: {inference_token_file: %q}", spaced),
 			"auth.inference_token_file: the token must be printable ASCII without spaces"},
+		{"token from a device", "auth: {inference_token_file: /dev/zero}",
+			"auth.inference_token_file: cannot read the token: /dev/zero is not a regular file"},
+		{"cert is a folder", fmt.Sprintf("tls: {cert_file: %q, key_file: %q}", dir, key),
+			"tls.cert_file: cannot read the certificate: " + dir + " is not a regular file"},
 		{"short value", "auth: {admin_token: tooshort}",
 			"auth.admin_token: the token has 8 characters; use at least 16"},
 	}
