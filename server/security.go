@@ -37,6 +37,9 @@ func newSecurity(cfg *configs.Server, reg prometheus.Registerer, logger *slog.Lo
 		return nil, err
 	}
 	s := &security{auth: auth, cfg: cfg.TLS}
+	if (opts.InferenceToken != "" || opts.AdminToken != "") && !cfg.TLS.Enabled() {
+		logger.Warn("bearer tokens are configured but the listeners do not speak TLS: tokens cross the network in clear text unless a TLS proxy terminates in front; set tls.cert_file and tls.key_file")
+	}
 	if cfg.TLS.Enabled() {
 		if s.tls, err = newCertFiles(cfg.TLS, reg, logger.With("component", "tls")); err != nil {
 			return nil, err
