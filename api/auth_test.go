@@ -401,3 +401,17 @@ func TestBearer(t *testing.T) {
 		}
 	}
 }
+
+// A client cannot choose the address gin reports for it.
+func TestRESTTrustsNoProxy(t *testing.T) {
+	var got string
+	h := NewREST(newFakeBackend(), Limits{}, nil, func(c *gin.Context) { got = c.ClientIP(); c.Next() })
+	req := httptest.NewRequest(http.MethodGet, "/v2/health/live", nil)
+	req.RemoteAddr = "192.0.2.7:4000"
+	req.Header.Set("X-Forwarded-For", "127.0.0.1")
+	req.Header.Set("X-Real-IP", "127.0.0.1")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if got != "192.0.2.7" {
+		t.Errorf("ClientIP = %q, want the peer 192.0.2.7", got)
+	}
+}

@@ -52,6 +52,9 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
 	e.RedirectTrailingSlash = false
+	// No proxy is trusted: a client's address is the connection's peer,
+	// never what X-Forwarded-For claims.
+	_ = e.SetTrustedProxies(nil)
 	e.Use(s.recoverPanic)
 	e.Use(middleware...)
 	e.NoRoute(s.noRoute)
