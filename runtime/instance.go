@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -32,4 +33,12 @@ var (
 	ErrInvalidTensor = errors.New("invalid tensor")
 	// ErrNoCUDA means the ONNX Runtime library has no CUDA provider.
 	ErrNoCUDA = errors.New("ONNX Runtime library has no CUDA support")
+	// ErrModelLoad means ONNX Runtime could not load the model file: it is
+	// not ONNX, truncated, or uses operators or types the library lacks.
+	// The model is at fault, not the server.
+	ErrModelLoad = errors.New("model file does not load")
+	// ErrOutOfMemory means the kernel killed the runner for exceeding the
+	// memory limit of its cgroup. Errors that carry it also wrap
+	// ErrUnavailable.
+	ErrOutOfMemory = fmt.Errorf("%w: out of memory", ErrUnavailable)
 )

@@ -56,6 +56,21 @@ type RunnerConfig struct {
 	// successful restart, with a short cause of the previous process's end
 	// ("process signal: killed", "hung: ..."), for metrics. It may be nil.
 	OnRestart func(reason string)
+	// OnExit is called from the supervising goroutine each time a process
+	// ends unexpectedly (crash, kill, hang, out of memory), before any
+	// restart. It may be nil.
+	OnExit func(Exit)
+	// MemoryEvents, when set, reads the kernel's count of processes killed
+	// in the instance's cgroup for exceeding its memory limit, and that
+	// limit in bytes (0: none). The runner reads it as each process starts
+	// and when it dies, to tell an out-of-memory kill from other deaths.
+	MemoryEvents func() (oomKills uint64, limit int64, err error)
+}
+
+// Exit describes an unexpected end of a runner process.
+type Exit struct {
+	Cause string // why it ended, as the runner's reason reports it
+	OOM   bool   // killed by the kernel for exceeding its memory limit
 }
 
 const (
@@ -137,6 +152,9 @@ const (
 	RunnerRestarting
 	RunnerFailed
 	RunnerStopped
+	// RunnerChecking: a call got no answer in time; the runner takes no
+	// requests while a health check decides whether it hangs.
+	RunnerChecking
 )
 
 // String names the state in lower case, as in logs and status messages.
@@ -152,6 +170,8 @@ func (s RunnerState) String() string {
 		return "failed"
 	case RunnerStopped:
 		return "stopped"
+	case RunnerChecking:
+		return "checking"
 	}
 	return fmt.Sprintf("RunnerState(%d)", int(s))
 }
@@ -178,10 +198,15 @@ type Runner struct {
 	// done is closed when the supervisor has returned.
 	done chan struct{}
 
+	// suspect carries Suspect's reports to the supervisor.
+	suspect chan string
+
 	mu       sync.Mutex
 	state    RunnerState
 	reason   string
 	restarts int
+	lastExit string    // the cause of the last unexpected process end
+	lastAt   time.Time // and when it was
 	stopping bool
 	stopCtx  context.Context // Stop's context, for the grace period
 	stopErr  error
@@ -199,7 +224,7 @@ func StartRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting}
+	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting, suspect: make(chan string, 1)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	p, desc, err := r.spawn(ctx)
 	if err != nil {
@@ -236,10 +261,12 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 		return nil, nil, fmt.Errorf("runner %s: socket path %s is longer than %d bytes; use a shorter SocketDir", r.cfg.Name, socket, maxSocketPath-1)
 	}
 	start := time.Now()
+	oomBase, _ := r.oomKills()
 	p, err := startProcess(&r.cfg, socket)
 	if err != nil {
 		return nil, nil, fmt.Errorf("runner %s: %w", r.cfg.Name, err)
 	}
+	p.oomBase = oomBase
 	r.live.Store(p)
 	r.log.Debug("runner process started", "pid", p.pid, "socket", socket)
 
@@ -262,7 +289,12 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	if tail != "" {
 		tail = "; last output:\n" + tail
 	}
+	oom, limit := r.oomKilled(p)
 	switch {
+	case exitedFirst && oom:
+		err = fmt.Errorf("runner %s was killed for exceeding its memory limit (%s) before it was ready: %w%s", r.cfg.Name, formatBytes(limit), ErrOutOfMemory, tail)
+	case exitedFirst && strings.Contains(p.output.Tail(outputTailLines), ErrModelLoad.Error()):
+		err = fmt.Errorf("runner %s exited before it was ready (%s): %w%s", r.cfg.Name, p.exitStatus(), ErrModelLoad, tail)
 	case exitedFirst && strings.Contains(p.output.Tail(outputTailLines), ErrNoCUDA.Error()):
 		// The runner's own error, printed as it exited, names the sentinel.
 		err = fmt.Errorf("runner %s exited before it was ready (%s): %w%s", r.cfg.Name, p.exitStatus(), ErrNoCUDA, tail)
@@ -297,7 +329,20 @@ func (r *Runner) supervise(p *process) {
 		if time.Since(readySince) >= stable {
 			failures, delay = 0, r.cfg.BackoffInitial
 		}
-		r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
+		exit := Exit{Cause: cause}
+		if oom, limit := r.oomKilled(p); oom {
+			exit = Exit{Cause: fmt.Sprintf("out of memory: killed by the kernel for exceeding the memory limit of %s (%s)", formatBytes(limit), cause), OOM: true}
+			cause = exit.Cause
+			r.log.Error("runner killed for exceeding its memory limit", "pid", p.pid, "limit_bytes", limit, "output", tail)
+		} else {
+			r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
+		}
+		r.mu.Lock()
+		r.lastExit, r.lastAt = cause, time.Now()
+		r.mu.Unlock()
+		if r.cfg.OnExit != nil {
+			r.cfg.OnExit(exit)
+		}
 		// reason is what the state reports: the cause, then the latest
 		// failed start.
 		reason := cause
@@ -373,6 +418,23 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 		case <-r.ctx.Done():
 			r.terminate(p, r.stopContext())
 			return "", "", true
+		case why := <-r.suspect:
+			if hung != "" || !r.pause(p) {
+				continue
+			}
+			err := p.checkHealth(r.ctx, timeout)
+			if err == nil {
+				r.log.Info("runner answered its health check after a call got no answer; serving again", "pid", p.pid, "call", why)
+				r.resume(p)
+				failed = 0
+				continue
+			}
+			if p.hasExited() || r.ctx.Err() != nil {
+				continue
+			}
+			hung = fmt.Sprintf("hung: %s, and a health check failed (%v); killed", why, err)
+			r.log.Error("runner hung; killing it", "pid", p.pid, "call", why, "err", err)
+			p.kill()
 		case <-ticker.C:
 			if hung != "" {
 				continue
@@ -477,6 +539,94 @@ func (r *Runner) setState(s RunnerState, reason string) {
 	r.log.Debug("runner state", "state", s, "reason", reason)
 }
 
+// Suspect tells the runner that a call on it got no answer in time (why
+// says which). The runner takes no more requests until a health check,
+// made at once, passes; a runner that fails it is killed and restarted as
+// a hung one, without waiting for the periodic checks. Reports that come
+// while a check is pending are merged.
+func (r *Runner) Suspect(why string) {
+	select {
+	case r.suspect <- why:
+	default:
+	}
+}
+
+// pause takes the ready process p out of service for a check; false if it
+// is not the serving process.
+func (r *Runner) pause(p *process) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping || r.serving.Load() != p {
+		return false
+	}
+	r.serving.Store(nil)
+	r.state, r.reason = RunnerChecking, "a call got no answer in time; checking the runner's health"
+	return true
+}
+
+// resume puts p back in service after a passed check, unless Stop has
+// begun.
+func (r *Runner) resume(p *process) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping || r.state != RunnerChecking {
+		return
+	}
+	r.state, r.reason = RunnerReady, ""
+	r.serving.Store(p)
+}
+
+// oomKills reads the cgroup's out-of-memory kill count; 0 without
+// MemoryEvents.
+func (r *Runner) oomKills() (uint64, int64) {
+	if r.cfg.MemoryEvents == nil {
+		return 0, 0
+	}
+	n, limit, err := r.cfg.MemoryEvents()
+	if err != nil {
+		return 0, 0
+	}
+	return n, limit
+}
+
+// oomKilled reports whether the kernel killed a process of the runner's
+// cgroup for memory since p started, and the memory limit. Call it after
+// p has ended.
+func (r *Runner) oomKilled(p *process) (bool, int64) {
+	if r.cfg.MemoryEvents == nil {
+		return false, 0
+	}
+	n, limit, err := r.cfg.MemoryEvents()
+	if err != nil {
+		r.log.Debug("reading the cgroup's memory events", "err", err)
+		return false, 0
+	}
+	return n > p.oomBase, limit
+}
+
+// LastExit is the cause of the runner's last unexpected process end and
+// when it was; empty if there was none.
+func (r *Runner) LastExit() (string, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastExit, r.lastAt
+}
+
+// formatBytes renders a memory size in binary units.
+func formatBytes(n int64) string {
+	switch {
+	case n <= 0:
+		return "none"
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
 // Inputs describes the model's inputs as the runner reported them.
 func (r *Runner) Inputs() []TensorSpec { return slices.Clone(r.inputs) }
 
@@ -569,12 +719,33 @@ func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
 	case codes.Unavailable, codes.Canceled:
 		// The connection broke or was closed under the call: the process
 		// died or is being replaced.
+		if oom, limit := r.diedOfOOM(p); oom {
+			return fmt.Errorf("%w: runner %s was killed by the kernel for exceeding its memory limit of %s while running this request", ErrOutOfMemory, r.cfg.Name, formatBytes(limit))
+		}
 		return fmt.Errorf("%w: runner %s: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	if p.hasExited() {
 		return fmt.Errorf("%w: runner %s died during the call: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	return fmt.Errorf("%w: runner %s: %s", ErrInference, r.cfg.Name, st.Message())
+}
+
+// oomWait bounds how long a failed call waits for its process to be reaped
+// before it looks at the cgroup's out-of-memory count.
+const oomWait = 500 * time.Millisecond
+
+// diedOfOOM reports whether p, whose connection broke under a call, was
+// killed for exceeding its memory limit.
+func (r *Runner) diedOfOOM(p *process) (bool, int64) {
+	if r.cfg.MemoryEvents == nil {
+		return false, 0
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(oomWait):
+		return false, 0 // alive: the connection broke for another reason
+	}
+	return r.oomKilled(p)
 }
 
 // remoteError carries a runner's message under one of the package's

@@ -129,7 +129,11 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	loadStart := time.Now()
 	sess, err := newORTSession(ortSessionConfig{ModelPath: f.model, Library: f.library, Provider: f.provider})
 	if err != nil {
-		return err
+		if errors.Is(err, ErrNoCUDA) {
+			return err
+		}
+		// The parent finds the sentinel's text in the output.
+		return fmt.Errorf("%w: %w", ErrModelLoad, err)
 	}
 	defer sess.destroy()
 

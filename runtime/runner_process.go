@@ -42,8 +42,11 @@ type process struct {
 	// exited is closed once the process has been reaped; exitErr is
 	// cmd.Wait's result and may be read after that. exitCtx is cancelled
 	// just after exited is closed.
-	exited     chan struct{}
-	exitErr    error
+	exited  chan struct{}
+	exitErr error
+	// oomBase is the cgroup's out-of-memory kill count before the process
+	// started.
+	oomBase    uint64
 	exitCtx    context.Context
 	exitCancel context.CancelFunc
 }
