@@ -26,6 +26,8 @@ type metrics struct {
 	inflight     *prometheus.GaugeVec
 	loadDuration *prometheus.HistogramVec
 	restarts     *prometheus.CounterVec
+	oomKills     *prometheus.CounterVec
+	retries      *prometheus.CounterVec
 	evictions    *prometheus.CounterVec
 	loads        *prometheus.CounterVec
 	loadFailures *prometheus.CounterVec
@@ -43,6 +45,8 @@ type versionMetrics struct {
 	compute  prometheus.Observer
 	inflight prometheus.Gauge
 	restarts prometheus.Counter
+	oomKills prometheus.Counter
+	retries  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
@@ -80,6 +84,14 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "sloserve_runner_restarts_total",
 			Help: "Runner processes restarted after they died or hung.",
 		}, labels),
+		oomKills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_runner_oom_kills_total",
+			Help: "Runner processes killed by the kernel for exceeding their memory limit (cgroup OOM kills).",
+		}, labels),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sloserve_inference_retries_total",
+			Help: "Requests (or batches) tried again on another instance after theirs died or gave no answer in time.",
+		}, labels),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sloserve_model_evictions_total",
 			Help: "Idle models unloaded to free memory (they load again on demand).",
@@ -94,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		}, []string{"model"}),
 		versions: map[[2]string]*versionMetrics{},
 	}
-	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.evictions,
+	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.oomKills, m.retries, m.evictions,
 		m.loads, m.loadFailures, &usageCollector{r: r}, &stateCollector{r: r}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -118,6 +130,8 @@ func (m *metrics) forVersion(model, version string) *versionMetrics {
 		compute:  m.compute.WithLabelValues(model, version),
 		inflight: m.inflight.WithLabelValues(model, version),
 		restarts: m.restarts.WithLabelValues(model, version),
+		oomKills: m.oomKills.WithLabelValues(model, version),
+		retries:  m.retries.WithLabelValues(model, version),
 	}
 	for _, o := range []outcome{outcomeSuccess, outcomeInvalid, outcomeUnavailable, outcomeCanceled, outcomeFailed, outcomeRejected, outcomeDropped} {
 		vm.outcomes[o] = m.requests.WithLabelValues(model, version, string(o))
@@ -140,6 +154,8 @@ func (m *metrics) forget(model, version string) {
 	m.inflight.DeletePartialMatch(l)
 	m.loadDuration.DeletePartialMatch(l)
 	m.restarts.DeletePartialMatch(l)
+	m.oomKills.DeletePartialMatch(l)
+	m.retries.DeletePartialMatch(l)
 }
 
 // forgetModel deletes the model-level series of a model that has left the

@@ -61,6 +61,18 @@ type InstanceSpec struct {
 	IntraOpThreads int
 	// OnRestart is called whenever the instance's process is restarted.
 	OnRestart func(reason string)
+	// OnExit is called whenever the instance's process ends unexpectedly.
+	OnExit func(runtime.Exit)
+	// MemoryEvents reads the out-of-memory kill count and the memory limit
+	// of the instance's limiter unit; nil without a limiter.
+	MemoryEvents func() (oomKills uint64, limit int64, err error)
+}
+
+// Suspecter is implemented by instances that can be told that a call on
+// them got no answer in time, so that they check themselves at once (see
+// runtime.Runner.Suspect).
+type Suspecter interface {
+	Suspect(why string)
 }
 
 // Options configure a Registry.
@@ -72,6 +84,11 @@ type Options struct {
 	MaxTensorElements int64
 	MaxInflight       int           // requests in flight across all models; 0 = no limit
 	DrainTimeout      time.Duration // how long unload waits for in-flight requests
+	// CallTimeout bounds one call to an instance (default 30s). A call
+	// without an answer by then is abandoned: the request is retried once
+	// on another instance or fails with runtime.ErrUnavailable, and the
+	// instance checks its health at once.
+	CallTimeout time.Duration
 	// NewInstance starts one instance; it returns once the instance is ready
 	// or has failed to start.
 	NewInstance func(ctx context.Context, spec InstanceSpec) (Instance, error)
@@ -97,6 +114,9 @@ type Options struct {
 	// repositories (not when evicted: it comes back on demand).
 	Forget func(key string)
 }
+
+// DefaultCallTimeout is Options.CallTimeout's default.
+const DefaultCallTimeout = 30 * time.Second
 
 // ErrOverloaded means the server has as many requests in flight as allowed.
 var ErrOverloaded = errors.New("too many requests in flight")
@@ -162,6 +182,12 @@ type version struct {
 	outputs  []runtime.TensorSpec
 	maxBatch int
 	idle     chan Instance // an instance per free execution slot
+	// callTimeout bounds one call to an instance (Options.CallTimeout).
+	callTimeout time.Duration
+	// stopped is closed when the version's instances are stopped; parked
+	// execution slots (see pick) are then dropped.
+	stopped  chan struct{}
+	stopOnce sync.Once
 
 	shareMu sync.Mutex // serialises share changes and swaps
 	retired bool       // guarded by shareMu: being stopped, no more swaps
@@ -206,6 +232,9 @@ func New(opts Options) (*Registry, error) {
 	r.maxInflight.Store(int64(opts.MaxInflight))
 	r.drainTimeout.Store(int64(cmp.Or(opts.DrainTimeout, 30*time.Second)))
 	r.pollInterval.Store(int64(opts.PollInterval))
+	if opts.CallTimeout <= 0 {
+		r.opts.CallTimeout = DefaultCallTimeout
+	}
 	m, err := newMetrics(opts.Registerer, r)
 	if err != nil {
 		return nil, err
@@ -659,9 +688,11 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		maxBatch: cfg.MaxBatchSize,
 		// Room for every instance's slots, and one more instance's for
 		// the replacement during a swap.
-		idle:  make(chan Instance, (cfg.Instances+1)*slots),
-		obs:   r.metrics.forVersion(cfg.Name, label),
-		share: initialShare(cfg),
+		idle:        make(chan Instance, (cfg.Instances+1)*slots),
+		obs:         r.metrics.forVersion(cfg.Name, label),
+		share:       initialShare(cfg),
+		callTimeout: r.opts.CallTimeout,
+		stopped:     make(chan struct{}),
 	}
 	if r.opts.Limiter != nil {
 		v.lim = r.opts.Limiter(v.device)
@@ -731,6 +762,7 @@ func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 
 // stopVersion stops the instances of a version no request can reach.
 func (r *Registry) stopVersion(ctx context.Context, v *version) {
+	v.stopOnce.Do(func() { close(v.stopped) })
 	v.instMu.RLock()
 	defer v.instMu.RUnlock()
 	for i, inst := range v.instances {
@@ -895,6 +927,14 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 	defer v.inflight.Done()
 	v.obs.inflight.Inc()
 	defer v.obs.inflight.Dec()
+	if !req.Deadline.IsZero() {
+		// The request's own deadline ends its wait, queued or running, as
+		// a gRPC deadline does: a runner that hangs holds no request past
+		// it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 
 	batch, err := v.validate(req, r.opts.MaxTensorElements)
 	if err != nil {
@@ -936,32 +976,158 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 }
 
 // run waits for an idle instance and executes the request on it. If the
-// instance turns out to be down and the version has others, the request is
-// tried once more on another: inference is idempotent.
+// instance turns out to be down (it died during the call, or gave no
+// answer within the call timeout) and the version has others, the request
+// is tried once more on another: inference is idempotent. A runner killed
+// for exceeding its memory limit is not retried: the request that did it
+// would most likely do it again.
 func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
 	var queue time.Duration
 	attempts := min(2, v.cfg.Instances) // swaps replace instances, never change their number
-	var err error
-	for range attempts {
+	var (
+		err  error
+		last Instance
+	)
+	for attempt := range attempts {
+		if attempt > 0 {
+			v.obs.retries.Inc()
+		}
 		q := time.Now()
+		inst, perr := v.pick(ctx, last)
+		queue += time.Since(q)
+		if perr != nil {
+			return nil, queue, perr
+		}
+		var resp *runtime.InferResponse
+		resp, err = v.call(ctx, inst, req)
+		v.putBack(inst)
+		if err == nil {
+			return resp, queue, nil
+		}
+		if !errors.Is(err, runtime.ErrUnavailable) || errors.Is(err, runtime.ErrOutOfMemory) || ctx.Err() != nil {
+			break
+		}
+		last = inst
+	}
+	return nil, queue, err
+}
+
+// suspectAfter is how long a call must have gone unanswered before its
+// abandonment (by the caller's deadline or cancellation) makes the instance
+// check its health; the call timeout always does.
+const suspectAfter = time.Second
+
+// call runs one request on one instance under the call timeout. A call
+// that gets no answer in time makes the instance check its health at once,
+// so that a hung runner is found without waiting for the periodic checks.
+func (v *version) call(ctx context.Context, inst Instance, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, v.callTimeout)
+	defer cancel()
+	resp, err := inst.Infer(cctx, req)
+	if err == nil || cctx.Err() == nil {
+		return resp, err
+	}
+	took := time.Since(start)
+	timedOut := ctx.Err() == nil
+	if s, ok := inst.(Suspecter); ok && (timedOut || took >= min(suspectAfter, v.callTimeout)) {
+		why := fmt.Sprintf("a call was abandoned unanswered after %s (%v)", took.Round(time.Millisecond), context.Cause(ctx))
+		if timedOut {
+			why = fmt.Sprintf("a call got no answer within the call timeout of %s", v.callTimeout)
+		}
+		s.Suspect(why)
+	}
+	if timedOut {
+		return nil, fmt.Errorf("%w: no answer within the call timeout of %s", runtime.ErrUnavailable, v.callTimeout)
+	}
+	return nil, err
+}
+
+// parkPoll is how often a parked execution slot looks whether its instance
+// serves again.
+const parkPoll = 20 * time.Millisecond
+
+// pick takes an execution slot for a request, preferring instances that
+// can serve now and, for a retry, another than avoid. The slots of an
+// instance that cannot serve (restarting, being checked, failed) leave the
+// rotation while another instance of the version can serve, and come back
+// when it can. When no other instance can serve, the slot is used anyway:
+// the call then fails at once, with the instance's reason.
+func (v *version) pick(ctx context.Context, avoid Instance) (Instance, error) {
+	for skipped := 0; ; skipped++ {
 		var inst Instance
 		select {
 		case inst = <-v.idle:
 		case <-ctx.Done():
-			return nil, queue + time.Since(q), ctx.Err()
+			return nil, ctx.Err()
 		}
-		queue += time.Since(q)
-		var resp *runtime.InferResponse
-		resp, err = inst.Infer(ctx, req)
-		v.idle <- inst
-		if err == nil {
-			return resp, queue, nil
+		ready := instanceReady(inst)
+		if skipped >= cap(v.idle) || (ready && inst != avoid) || !v.otherReady(inst) {
+			return inst, nil
 		}
-		if !errors.Is(err, runtime.ErrUnavailable) || ctx.Err() != nil {
-			break
+		if ready {
+			v.idle <- inst // avoid: a last resort
+			continue
+		}
+		v.park(inst)
+	}
+}
+
+// putBack returns an execution slot after a call: to the pool, or parked
+// while its instance cannot serve and another can.
+func (v *version) putBack(inst Instance) {
+	if !instanceReady(inst) && v.otherReady(inst) {
+		v.park(inst)
+		return
+	}
+	v.idle <- inst
+}
+
+// park holds an execution slot out of the pool until its instance can
+// serve again, no other instance of the version can, or the instance has
+// been replaced; it drops the slot when the version stops.
+func (v *version) park(inst Instance) {
+	go func() {
+		t := time.NewTicker(parkPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-v.stopped:
+				return
+			case <-t.C:
+			}
+			if instanceReady(inst) || !v.otherReady(inst) || !v.current(inst) {
+				v.idle <- inst
+				return
+			}
+		}
+	}()
+}
+
+func instanceReady(inst Instance) bool {
+	ok, _ := inst.Status()
+	return ok
+}
+
+// otherReady reports whether an instance of the version other than inst
+// can serve now.
+func (v *version) otherReady(inst Instance) bool {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	for _, o := range v.instances {
+		if o != inst && instanceReady(o) {
+			return true
 		}
 	}
-	return nil, queue, err
+	return false
+}
+
+// current reports whether inst is still one of the version's instances
+// (a swap replaces them).
+func (v *version) current(inst Instance) bool {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	return slices.Contains(v.instances, inst)
 }
 
 func (v *version) finish(o outcome, batch int, start time.Time, queue time.Duration, t *runtime.Timing) {
@@ -989,6 +1155,23 @@ func (r *Registry) ModelReady(name, ver string) (bool, error) {
 		return false, err
 	}
 	return v.ready(), nil
+}
+
+// notes joins what the version's instances say about themselves: why one
+// cannot serve, or what it recovered from.
+func (v *version) notes() string {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	var out []string
+	for i, inst := range v.instances {
+		if _, why := inst.Status(); why != "" {
+			if len(v.instances) > 1 {
+				why = fmt.Sprintf("instance %d: %s", i, why)
+			}
+			out = append(out, why)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // ready reports whether any instance of the version can serve now.
@@ -1050,9 +1233,12 @@ func (r *Registry) IndexKnown(readyOnly bool) []IndexEntry {
 			continue
 		}
 		for n, e := range m.states {
-			if v, ok := m.serving[n]; ok && e.State == StateReady && !v.ready() {
-				_, why := v.instances[0].Status()
-				e = IndexEntry{Name: e.Name, Version: e.Version, State: StateUnavailable, Reason: why}
+			if v, ok := m.serving[n]; ok && e.State == StateReady {
+				if !v.ready() {
+					e = IndexEntry{Name: e.Name, Version: e.Version, State: StateUnavailable, Reason: v.notes()}
+				} else if e.Reason == "" {
+					e.Reason = v.notes()
+				}
 			}
 			if readyOnly && e.State != StateReady {
 				continue

@@ -95,12 +95,30 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		Model: v.model, Version: v.number, Index: i, Path: v.path, Config: v.cfg,
 		Placement: pl, IntraOpThreads: u.threads,
 		OnRestart: func(string) { v.obs.restarts.Inc() },
+		OnExit: func(e runtime.Exit) {
+			if e.OOM {
+				v.obs.oomKills.Inc()
+			}
+		},
+		MemoryEvents: r.memoryEvents(v, u),
 	})
 	if err != nil {
 		r.release(v, u)
 		return nil, u, err
 	}
 	return inst, u, nil
+}
+
+// memoryEvents reads the out-of-memory kills and the memory limit of an
+// instance's limiter unit; nil without a limiter.
+func (r *Registry) memoryEvents(v *version, u unit) func() (uint64, int64, error) {
+	if v.lim == nil {
+		return nil
+	}
+	return func() (uint64, int64, error) {
+		st, err := v.lim.Stats(u.id)
+		return st.OOMKills, st.MemoryLimit, err
+	}
 }
 
 // release removes an instance's limiter unit.
