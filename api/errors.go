@@ -51,7 +51,8 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusNotFound, codes.NotFound
 	case errors.Is(err, models.ErrModelControl):
 		return http.StatusBadRequest, codes.FailedPrecondition
-	case errors.Is(err, models.ErrBadConfig), errors.Is(err, configs.ErrInvalid):
+	case errors.Is(err, models.ErrBadConfig), errors.Is(err, configs.ErrInvalid),
+		errors.Is(err, runtime.ErrModelLoad): // a load the model is at fault for, as Triton answers it
 		return http.StatusBadRequest, codes.InvalidArgument
 	case errors.Is(err, models.ErrNotReady), errors.Is(err, runtime.ErrUnavailable):
 		return http.StatusServiceUnavailable, codes.Unavailable

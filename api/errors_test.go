@@ -11,6 +11,7 @@ import (
 
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 func TestStatusOf(t *testing.T) {
@@ -34,6 +35,10 @@ func TestStatusOf(t *testing.T) {
 		{models.ErrOverloaded, http.StatusTooManyRequests, codes.ResourceExhausted},
 		{context.DeadlineExceeded, http.StatusGatewayTimeout, codes.DeadlineExceeded},
 		{context.Canceled, 499, codes.Canceled},
+		// Faults of a model, not of the server.
+		{runtime.ErrModelLoad, http.StatusBadRequest, codes.InvalidArgument},
+		{models.ErrBadConfig, http.StatusBadRequest, codes.InvalidArgument},
+		{runtime.ErrOutOfMemory, http.StatusServiceUnavailable, codes.Unavailable},
 		{errors.New("boom"), http.StatusInternalServerError, codes.Internal},
 	}
 	for _, tc := range tests {

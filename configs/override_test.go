@@ -14,9 +14,9 @@ func TestKeys(t *testing.T) {
 		"repositories", "model_control", "poll_interval", "startup_models",
 		"runtime.onnxruntime_library", "runtime.socket_dir", "runtime.ready_timeout",
 		"runtime.health_interval", "runtime.restart_backoff_initial", "runtime.restart_backoff_max",
-		"runtime.max_restarts",
+		"runtime.max_restarts", "runtime.call_timeout",
 		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_inflight_requests",
-		"limits.grace_period",
+		"limits.grace_period", "limits.shutdown_delay",
 		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
 		"control.policy", "control.period", "control.headroom", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
@@ -160,7 +160,7 @@ func TestSetEveryKey(t *testing.T) {
 			case strings.HasPrefix(key, "runtime.") && !strings.HasSuffix(key, "max_restarts") &&
 				!strings.HasSuffix(key, "_library") && !strings.HasSuffix(key, "_dir"):
 				v = "3s"
-			case key == "poll_interval", key == "limits.grace_period":
+			case key == "poll_interval", key == "limits.grace_period", key == "limits.shutdown_delay":
 				v = "3s"
 			default:
 				v = "3"

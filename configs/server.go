@@ -172,6 +172,7 @@ type Runtime struct {
 	RestartBackoffInitial time.Duration `yaml:"restart_backoff_initial"`
 	RestartBackoffMax     time.Duration `yaml:"restart_backoff_max"`
 	MaxRestarts           int           `yaml:"max_restarts"` // consecutive failures before a model is marked failed
+	CallTimeout           time.Duration `yaml:"call_timeout"` // longest one call to a runner may go unanswered
 }
 
 // Limits bounds what clients may ask of the server.
@@ -180,6 +181,7 @@ type Limits struct {
 	MaxTensorElements   int64         `yaml:"max_tensor_elements"`
 	MaxInflightRequests int           `yaml:"max_inflight_requests"`
 	GracePeriod         time.Duration `yaml:"grace_period"`
+	ShutdownDelay       time.Duration `yaml:"shutdown_delay"` // not ready but serving, before the listeners close
 }
 
 // Log configures logging.
@@ -211,6 +213,7 @@ func DefaultServer() *Server {
 			RestartBackoffInitial: 200 * time.Millisecond,
 			RestartBackoffMax:     30 * time.Second,
 			MaxRestarts:           5,
+			CallTimeout:           30 * time.Second,
 		},
 		Limits: Limits{
 			MaxRequestBytes:     64 * MiB,
@@ -359,6 +362,7 @@ func (s *Server) validate() problems {
 	if r.MaxRestarts < 0 {
 		p.add("runtime.max_restarts", "must be >= 0, got %d", r.MaxRestarts)
 	}
+	positive("runtime.call_timeout", r.CallTimeout)
 
 	l := &s.Limits
 	if l.MaxRequestBytes <= 0 {
@@ -372,6 +376,9 @@ func (s *Server) validate() problems {
 	}
 	if l.GracePeriod < 0 {
 		p.add("limits.grace_period", "must be >= 0, got %v", l.GracePeriod)
+	}
+	if l.ShutdownDelay < 0 {
+		p.add("limits.shutdown_delay", "must be >= 0, got %v", l.ShutdownDelay)
 	}
 
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)

@@ -76,6 +76,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		MaxInflight:       cfg.Limits.MaxInflightRequests,
 		DrainTimeout:      cfg.Limits.GracePeriod,
+		CallTimeout:       cfg.Runtime.CallTimeout,
 		NewInstance:       runners.start,
 		Logger:            logger.With("component", "models"),
 		Registerer:        promReg,
@@ -194,8 +195,15 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 
 	// Stop in reverse: not ready, stop accepting, drain, stop loops, stop runners.
 	gracePeriod := reloads.current().Limits.GracePeriod
-	logger.Info("shutting down", "grace_period", gracePeriod)
+	delay := cfg.Limits.ShutdownDelay
+	logger.Info("shutting down", "grace_period", gracePeriod, "shutdown_delay", delay)
 	be.ready.Store(false)
+	if delay > 0 && runErr == nil {
+		// Readiness says false while requests are still served, so that
+		// load balancers stop sending before the listeners close.
+		time.Sleep(delay)
+		logger.Info("shutdown delay over; closing the listeners")
+	}
 	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), gracePeriod)
 	defer cancel()
 	if httpSrv != nil {
