@@ -197,8 +197,11 @@ type version struct {
 	units     []unit        // the limiter unit of each instance
 	share     limiter.Share // the version's share of its device
 	inflight  sync.WaitGroup
-	stats     versionStats
-	obs       *versionMetrics
+	// fault is the last unexpected end of one of the version's instance
+	// processes, kept for the index once the instance serves again.
+	fault atomic.Pointer[string]
+	stats versionStats
+	obs   *versionMetrics
 }
 
 // New creates a Registry. Call Start to load models.
@@ -1157,8 +1160,8 @@ func (r *Registry) ModelReady(name, ver string) (bool, error) {
 	return v.ready(), nil
 }
 
-// notes joins what the version's instances say about themselves: why one
-// cannot serve, or what it recovered from.
+// notes joins what the version's instances say about themselves (why one
+// cannot serve) or, when all serve, the last fault they recovered from.
 func (v *version) notes() string {
 	v.instMu.RLock()
 	defer v.instMu.RUnlock()
@@ -1171,7 +1174,18 @@ func (v *version) notes() string {
 			out = append(out, why)
 		}
 	}
+	if len(out) == 0 {
+		if f := v.fault.Load(); f != nil {
+			return *f
+		}
+	}
 	return strings.Join(out, "; ")
+}
+
+// setFault records an unexpected end of instance i's process.
+func (v *version) setFault(i int, cause string) {
+	f := fmt.Sprintf("recovered: instance %d's runner ended at %s: %s", i, time.Now().UTC().Format(time.RFC3339), cause)
+	v.fault.Store(&f)
 }
 
 // ready reports whether any instance of the version can serve now.

@@ -99,6 +99,7 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 			if e.OOM {
 				v.obs.oomKills.Inc()
 			}
+			v.setFault(i, e.Cause)
 		},
 		MemoryEvents: r.memoryEvents(v, u),
 	})

@@ -198,15 +198,15 @@ type Runner struct {
 	// done is closed when the supervisor has returned.
 	done chan struct{}
 
-	// suspect carries Suspect's reports to the supervisor.
-	suspect chan string
+	// suspect wakes the supervisor after Suspect has paused the serving
+	// process; why says what the call saw.
+	suspect chan struct{}
 
 	mu       sync.Mutex
 	state    RunnerState
 	reason   string
 	restarts int
-	lastExit string    // the cause of the last unexpected process end
-	lastAt   time.Time // and when it was
+	why      string // what made Suspect pause the runner
 	stopping bool
 	stopCtx  context.Context // Stop's context, for the grace period
 	stopErr  error
@@ -224,7 +224,7 @@ func StartRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting, suspect: make(chan string, 1)}
+	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting, suspect: make(chan struct{}, 1)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	p, desc, err := r.spawn(ctx)
 	if err != nil {
@@ -337,9 +337,6 @@ func (r *Runner) supervise(p *process) {
 		} else {
 			r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
 		}
-		r.mu.Lock()
-		r.lastExit, r.lastAt = cause, time.Now()
-		r.mu.Unlock()
 		if r.cfg.OnExit != nil {
 			r.cfg.OnExit(exit)
 		}
@@ -418,9 +415,10 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 		case <-r.ctx.Done():
 			r.terminate(p, r.stopContext())
 			return "", "", true
-		case why := <-r.suspect:
-			if hung != "" || !r.pause(p) {
-				continue
+		case <-r.suspect:
+			why, paused := r.suspicion()
+			if hung != "" || !paused {
+				continue // stale: an earlier process was suspected
 			}
 			err := p.checkHealth(r.ctx, timeout)
 			if err == nil {
@@ -540,28 +538,33 @@ func (r *Runner) setState(s RunnerState, reason string) {
 }
 
 // Suspect tells the runner that a call on it got no answer in time (why
-// says which). The runner takes no more requests until a health check,
-// made at once, passes; a runner that fails it is killed and restarted as
-// a hung one, without waiting for the periodic checks. Reports that come
-// while a check is pending are merged.
+// says which). The runner takes no more requests from the moment Suspect
+// returns until a health check, made at once, passes; a runner that fails
+// it is killed and restarted as a hung one, without waiting for the
+// periodic checks. Reports that come while a check is pending are merged.
 func (r *Runner) Suspect(why string) {
+	r.mu.Lock()
+	p := r.serving.Load()
+	if r.stopping || p == nil || r.state != RunnerReady {
+		r.mu.Unlock()
+		return
+	}
+	r.serving.Store(nil)
+	r.state, r.reason = RunnerChecking, "checking its health: "+why
+	r.why = why
+	r.mu.Unlock()
 	select {
-	case r.suspect <- why:
-	default:
+	case r.suspect <- struct{}{}:
+	default: // a wake-up is pending; it finds this pause
 	}
 }
 
-// pause takes the ready process p out of service for a check; false if it
-// is not the serving process.
-func (r *Runner) pause(p *process) bool {
+// suspicion says why the runner was paused for a check, and whether it
+// still is.
+func (r *Runner) suspicion() (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopping || r.serving.Load() != p {
-		return false
-	}
-	r.serving.Store(nil)
-	r.state, r.reason = RunnerChecking, "a call got no answer in time; checking the runner's health"
-	return true
+	return r.why, r.state == RunnerChecking && !r.stopping
 }
 
 // resume puts p back in service after a passed check, unless Stop has
@@ -602,14 +605,6 @@ func (r *Runner) oomKilled(p *process) (bool, int64) {
 		return false, 0
 	}
 	return n > p.oomBase, limit
-}
-
-// LastExit is the cause of the runner's last unexpected process end and
-// when it was; empty if there was none.
-func (r *Runner) LastExit() (string, time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastExit, r.lastAt
 }
 
 // formatBytes renders a memory size in binary units.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
@@ -106,14 +105,8 @@ var (
 	_ models.Usager   = runnerInstance{}
 )
 
-// Status is ready with no reason for a runner that never failed; a ready
-// runner that was restarted says after what, so that the index keeps the
-// last fault (an out-of-memory kill, a hang) in view.
 func (ri runnerInstance) Status() (bool, string) {
 	if ri.State() == runtime.RunnerReady {
-		if cause, at := ri.LastExit(); cause != "" {
-			return true, fmt.Sprintf("runner restarted at %s after: %s", at.UTC().Format(time.RFC3339), cause)
-		}
 		return true, ""
 	}
 	return false, fmt.Sprintf("runner %s: %s", ri.State(), ri.Reason())

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,114 +23,6 @@ var dynBody = []byte(`{"inputs":[{"name":"input_vectors","datatype":"FP32","shap
 
 var multiBody = []byte(`{"inputs":[{"name":"InputA","datatype":"UINT8","shape":[1,1,1],"data":[3]},` +
 	`{"name":"InputB","datatype":"FP64","shape":[1,2,2],"data":[1,2,3,4]}]}`)
-
-// A runner killed with SIGKILL under load: the requests on it fail fast with
-// 503, the other model keeps serving, and the runner comes back by itself.
-func TestE2ERunnerKilled(t *testing.T) {
-	repo := t.TempDir()
-	dyn := testModel(t, "example_dynamic_axes.onnx")
-	writeRepo(t, repo,
-		repoModel{"dyn", dyn, "max_batch_size: 8\n"},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
-	)
-	s := startServer(t, repo, "")
-	dynDir := filepath.Join(repo, "dyn")
-	pids := s.runnerPids(t, dynDir)
-	if len(pids) != 1 {
-		t.Fatalf("want 1 runner for dyn, found %v", pids)
-	}
-
-	type result struct {
-		code    int
-		took    time.Duration
-		started time.Time
-	}
-	var (
-		mu      sync.Mutex
-		results []result
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
-	)
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				start := time.Now()
-				resp, err := http.Post(s.http+"/v2/models/dyn/infer", "application/json", bytes.NewReader(dynBody))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				resp.Body.Close()
-				mu.Lock()
-				results = append(results, result{resp.StatusCode, time.Since(start), start})
-				mu.Unlock()
-			}
-		})
-	}
-	time.Sleep(300 * time.Millisecond)
-	killedAt := time.Now()
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	// The other model serves while dyn's runner is down.
-	for range 10 {
-		code, b, _ := s.do(t, "POST", "/v2/models/multi/infer", multiBody)
-		if code != 200 {
-			t.Fatalf("multi failed while dyn's runner was down: %d %s", code, b)
-		}
-	}
-	waitFor(t, "dyn to serve again", 20*time.Second, func() bool {
-		code, _, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody)
-		return code == 200
-	})
-	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-
-	var failed, okAfter int
-	for _, r := range results {
-		switch {
-		case r.code == 503:
-			failed++
-			if r.took > time.Second {
-				t.Errorf("a request failed only after %v", r.took)
-			}
-		case r.code == 200:
-			if r.started.After(killedAt) {
-				okAfter++
-			}
-		default:
-			t.Errorf("unexpected status %d", r.code)
-		}
-	}
-	if failed == 0 {
-		t.Error("no request saw the runner die; want 503s while it restarts")
-	}
-	if okAfter == 0 {
-		t.Error("no request succeeded after the restart")
-	}
-	t.Logf("%d requests, %d failed fast with 503, %d succeeded after the kill", len(results), failed, okAfter)
-	// The control loop may be swapping dyn's runner for one with another
-	// thread count (its threads follow its share); wait for one runner.
-	waitFor(t, "one new dyn runner", 10*time.Second, func() bool {
-		now := s.runnerPids(t, dynDir)
-		return len(now) == 1 && now[0] != pids[0]
-	})
-	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="dyn",version="1"}`); v != 1 {
-		t.Errorf("restarts metric = %v, want 1", v)
-	}
-	_, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{ModelName: "dyn",
-		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10}}},
-		RawInputContents: [][]byte{make([]byte, 40)}})
-	if err != nil {
-		t.Errorf("gRPC after restart: %v", err)
-	}
-}
 
 // Explicit model control: nothing loads at start; the repository API loads
 // and unloads over REST and gRPC.

@@ -38,6 +38,7 @@ type answer struct {
 	version string // model_version of a 200
 	msg     string // the body or error of a failure
 	at      time.Time
+	took    time.Duration // from sending to the answer
 }
 
 // driveLoad starts workers goroutines posting body to the model's infer
@@ -63,14 +64,15 @@ func driveLoad(t *testing.T, s *testServer, model string, body []byte, workers i
 				for i := 0; i+1 < len(header); i += 2 {
 					req.Header.Set(header[i], header[i+1])
 				}
+				start := time.Now()
 				resp, err := client.Do(req)
 				if err != nil {
-					d.record(answer{msg: err.Error(), at: time.Now()})
+					d.record(answer{msg: err.Error(), at: time.Now(), took: time.Since(start)})
 					continue
 				}
 				b, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				a := answer{code: resp.StatusCode, at: time.Now()}
+				a := answer{code: resp.StatusCode, at: time.Now(), took: time.Since(start)}
 				switch {
 				case err != nil:
 					a.code, a.msg = 0, err.Error()

@@ -161,6 +161,8 @@ type testServer struct {
 	log         *syncBuffer
 	configPath  string // the --config file
 	config      string // what startServer wrote there
+	setup       serverSetup
+	creds       credentials.TransportCredentials // the gRPC client's
 	grpc        inference.GRPCInferenceServiceClient
 	waitErr     chan error
 	stoppedOnce sync.Once
@@ -173,27 +175,33 @@ type serverSetup struct {
 	tls         *tls.Config // the clients' TLS config; nil: plain TCP
 	readyHeader []string    // header name, value pairs for the readiness probe
 	metricsTLS  bool        // the metrics listener speaks TLS too (tls.metrics)
+	sets        []string    // "key=value" overrides passed with --set
 }
 
 type serverOption func(*serverSetup)
+
+// withSet passes "key=value" overrides with --set, for keys of the sections
+// the config already has (runtime, limits).
+func withSet(kv ...string) serverOption {
+	return func(s *serverSetup) { s.sets = append(s.sets, kv...) }
+}
 
 // startServer runs `sloserve serve` on free ports with the given extra
 // config (YAML lines) and waits until it is ready.
 func startServer(t testing.TB, repo string, extra string, opts ...serverOption) *testServer {
 	t.Helper()
 	lib := need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
-	var setup serverSetup
+	s := &testServer{client: http.DefaultClient}
 	for _, o := range opts {
-		o(&setup)
+		o(&s.setup)
 	}
-	s := &testServer{log: &syncBuffer{}, waitErr: make(chan error, 1), client: http.DefaultClient}
 	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
 	listenAt := func(addr string) string {
-		if setup.listenHost == "" {
+		if s.setup.listenHost == "" {
 			return addr
 		}
 		_, port, _ := net.SplitHostPort(addr)
-		return net.JoinHostPort(setup.listenHost, port)
+		return net.JoinHostPort(s.setup.listenHost, port)
 	}
 	cfg := fmt.Sprintf(`listen: {http: %q, grpc: %q, metrics: %q}
 repositories: [%q]
@@ -208,29 +216,45 @@ limits:
 		t.Fatal(err)
 	}
 	s.configPath, s.config = cfgPath, cfg
-	s.cmd = exec.Command(sloserveBin, "serve", "--config", cfgPath, "--log-level", "debug")
+	s.http, s.grpcAddr, s.metrics = "http://"+httpAddr, grpcAddr, "http://"+metricsAddr
+	s.creds = insecure.NewCredentials()
+	if s.setup.tls != nil {
+		s.client = &http.Client{Transport: &http.Transport{TLSClientConfig: s.setup.tls, ForceAttemptHTTP2: true}}
+		s.http = "https://" + httpAddr
+		if s.setup.metricsTLS {
+			s.metrics = "https://" + metricsAddr
+		}
+		s.creds = credentials.NewTLS(s.setup.tls)
+		t.Cleanup(s.client.CloseIdleConnections)
+	}
+	s.launch(t)
+	return s
+}
+
+// launch starts the binary on s's config file and waits until it is ready.
+// A server killed with kill may be launched again on the same config.
+func (s *testServer) launch(t testing.TB) {
+	t.Helper()
+	s.log, s.waitErr, s.stoppedOnce = &syncBuffer{}, make(chan error, 1), sync.Once{}
+	args := []string{"serve", "--config", s.configPath, "--log-level", "debug"}
+	for _, kv := range s.setup.sets {
+		args = append(args, "--set", kv)
+	}
+	s.cmd = exec.Command(sloserveBin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { s.waitErr <- s.cmd.Wait() }()
-	s.http, s.grpcAddr, s.metrics = "http://"+httpAddr, grpcAddr, "http://"+metricsAddr
-	creds := insecure.NewCredentials()
-	if setup.tls != nil {
-		s.client = &http.Client{Transport: &http.Transport{TLSClientConfig: setup.tls, ForceAttemptHTTP2: true}}
-		s.http = "https://" + httpAddr
-		if setup.metricsTLS {
-			s.metrics = "https://" + metricsAddr
-		}
-		creds = credentials.NewTLS(setup.tls)
-		t.Cleanup(s.client.CloseIdleConnections)
-	}
+	cmd, log, waitErr := s.cmd, s.log, s.waitErr
+	go func() { waitErr <- cmd.Wait() }()
 	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("server exit: %v\n%s", err, s.log.String())
+		if s.cmd == cmd {
+			if err := s.stop(); err != nil {
+				t.Errorf("server exit: %v\n%s", err, log.String())
+			}
 		}
 		if t.Failed() {
-			t.Logf("server log:\n%s", s.log.String())
+			t.Logf("server log (pid %d):\n%s", cmd.Process.Pid, log.String())
 		}
 	})
 	deadline := time.Now().Add(90 * time.Second)
@@ -239,8 +263,8 @@ limits:
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i := 0; i+1 < len(setup.readyHeader); i += 2 {
-			req.Header.Set(setup.readyHeader[i], setup.readyHeader[i+1])
+		for i := 0; i+1 < len(s.setup.readyHeader); i += 2 {
+			req.Header.Set(s.setup.readyHeader[i], s.setup.readyHeader[i+1])
 		}
 		resp, err := s.client.Do(req)
 		if err == nil {
@@ -250,23 +274,33 @@ limits:
 			}
 		}
 		select {
-		case err := <-s.waitErr:
-			s.waitErr <- err
-			t.Fatalf("server exited before ready: %v\n%s", err, s.log.String())
+		case err := <-waitErr:
+			waitErr <- err
+			t.Fatalf("server exited before ready: %v\n%s", err, log.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server not ready in time\n%s", s.log.String())
+			t.Fatalf("server not ready in time\n%s", log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(s.creds))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	s.grpc = inference.NewGRPCInferenceServiceClient(conn)
-	return s
+}
+
+// kill ends the server with SIGKILL, as a crash would, and waits for it.
+func (s *testServer) kill(t testing.TB) {
+	t.Helper()
+	s.stoppedOnce.Do(func() {
+		if err := s.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-s.waitErr
+	})
 }
 
 // stop sends SIGTERM and waits for a clean exit.
