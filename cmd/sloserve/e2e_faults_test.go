@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -725,4 +726,215 @@ func serverCgroups(t *testing.T, pid int) []string {
 		t.Fatalf("no sloserve-%d cgroup folder found from /proc/%d/cgroup:\n%s", pid, pid, b)
 	}
 	return dirs
+}
+
+// termOutcome is what became of one request sent around a SIGTERM.
+type termOutcome int
+
+const (
+	termOK      termOutcome = iota // answered 200 / OK
+	termRefused                    // refused before admission: connection refused, not ready
+	termLost                       // anything else: an admitted request cut off or failed
+)
+
+// classifyTerm sorts an answer of a request sent around a SIGTERM. A
+// request was refused before admission when it never reached a listener:
+// the connection was refused (the listener had closed), or an idle
+// keep-alive connection was closed under it before the server read it.
+func classifyTerm(code int, err error) termOutcome {
+	switch {
+	case err == nil && code == http.StatusOK:
+		return termOK
+	case err != nil && (strings.Contains(err.Error(), "connection refused") ||
+		strings.Contains(err.Error(), "server closed idle connection")):
+		return termRefused
+	}
+	return termLost
+}
+
+// SIGTERM under REST and gRPC load: readiness turns false at once while
+// requests are still served for limits.shutdown_delay; then the listeners
+// close and new connections are refused; every request that was admitted
+// is answered 200 (none is cut off or failed), all within the grace
+// period; the runners stop and the server exits 0.
+func TestE2ESIGTERMUnderLoad(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo,
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"},
+		repoModel{"det", demoModel(t, "ocr-det"), "max_batch_size: 1\n"},
+	)
+	const delay, grace = time.Second, 10 * time.Second
+	s := startServer(t, repo, "", "limits.shutdown_delay="+delay.String(), "limits.grace_period="+grace.String())
+	runners := s.runnerPids(t, repo)
+	if len(runners) != 2 {
+		t.Fatalf("runners: %v, want 2", runners)
+	}
+
+	type result struct {
+		kind    termOutcome
+		sent    time.Time
+		done    time.Time
+		what    string
+		message string
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+		wg      sync.WaitGroup
+	)
+	record := func(r result) {
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	}
+	// Each client sends until it is refused: from then on nothing it sends
+	// can be admitted. A client that is never refused stops at the end.
+	hardStop := time.Now().Add(60 * time.Second)
+	restClient := func(model string, body []byte, header ...string) {
+		client := &http.Client{Timeout: 30 * time.Second}
+		for time.Now().Before(hardStop) {
+			req, err := http.NewRequest("POST", s.http+"/v2/models/"+model+"/infer", bytes.NewReader(body))
+			if err != nil {
+				panic(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			// Inference is idempotent: the transport may resend a request
+			// whose idle connection the server closed before reading it.
+			req.Header.Set("Idempotency-Key", "sigterm-test")
+			for i := 0; i+1 < len(header); i += 2 {
+				req.Header.Set(header[i], header[i+1])
+			}
+			sent := time.Now()
+			resp, err := client.Do(req)
+			code, msg := 0, ""
+			if err == nil {
+				b, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				code, msg, err = resp.StatusCode, string(b), rerr
+			}
+			if err != nil {
+				msg = err.Error()
+			}
+			r := result{kind: classifyTerm(code, err), sent: sent, done: time.Now(), what: "REST " + model, message: fmt.Sprintf("%d %s", code, msg)}
+			record(r)
+			if r.kind == termRefused {
+				return
+			}
+		}
+	}
+	grpcClient := func(req *inference.ModelInferRequest) {
+		for time.Now().Before(hardStop) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			sent := time.Now()
+			_, err := s.grpc.ModelInfer(ctx, req)
+			cancel()
+			r := result{kind: termLost, sent: sent, done: time.Now(), what: "gRPC " + req.ModelName}
+			st := status.Convert(err)
+			switch {
+			case err == nil:
+				r.kind = termOK
+			case st.Code() == codes.Unavailable && strings.Contains(st.Message(), "connection refused"):
+				r.kind = termRefused
+			}
+			r.message = st.Code().String() + " " + st.Message()
+			record(r)
+			if r.kind == termRefused {
+				return
+			}
+		}
+	}
+	detBody, detHeaderLen := tensorRequest(t, "x", []int64{1, 3, 320, 320}, "sigmoid_0.tmp_0")
+	for range 3 {
+		wg.Go(func() { restClient("dyn", dynBody) })
+	}
+	wg.Go(func() {
+		restClient("det", detBody, "Inference-Header-Content-Length", detHeaderLen, "Content-Type", "application/octet-stream")
+	})
+	for range 2 {
+		wg.Go(func() { grpcClient(grpcDyn("dyn", 1)) })
+	}
+
+	// Readiness, polled until the listener is gone.
+	var notReadyAt time.Time
+	readyDone := make(chan struct{})
+	go func() {
+		defer close(readyDone)
+		for time.Now().Before(hardStop) {
+			resp, err := http.Get(s.http + "/v2/health/ready")
+			if err != nil {
+				if notReadyAt.IsZero() {
+					notReadyAt = time.Now()
+				}
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 && notReadyAt.IsZero() {
+				notReadyAt = time.Now()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	time.Sleep(time.Second)
+	termAt := time.Now()
+	exitErr := s.stop() // SIGTERM, then waits for the exit
+	exitedAfter := time.Since(termAt)
+	wg.Wait()
+	<-readyDone
+
+	counts := map[termOutcome]int{}
+	var okAfterTerm, drained int
+	var firstRefused time.Time
+	for _, r := range results {
+		counts[r.kind]++
+		switch r.kind {
+		case termOK:
+			if r.sent.After(termAt) {
+				okAfterTerm++
+			}
+		case termRefused:
+			if firstRefused.IsZero() || r.done.Before(firstRefused) {
+				firstRefused = r.done
+			}
+		case termLost:
+			if counts[termLost] <= 10 {
+				t.Errorf("%s sent %v after SIGTERM was lost: %s", r.what, r.sent.Sub(termAt).Round(time.Millisecond), r.message)
+			}
+		}
+	}
+	for _, r := range results {
+		if r.kind == termOK && !firstRefused.IsZero() && r.done.After(firstRefused) {
+			drained++ // admitted before the listeners closed, answered after
+		}
+	}
+	if exitErr != nil {
+		t.Errorf("server exit: %v, want 0", exitErr)
+	}
+	if counts[termLost] > 0 {
+		t.Errorf("%d requests lost", counts[termLost])
+	}
+	if counts[termRefused] != 6 {
+		t.Errorf("%d clients refused, want all 6", counts[termRefused])
+	}
+	if okAfterTerm == 0 {
+		t.Error("no request sent after SIGTERM was served; the shutdown delay should serve them")
+	}
+	switch {
+	case notReadyAt.IsZero():
+		t.Error("readiness never turned false")
+	case notReadyAt.Sub(termAt) > delay/2:
+		t.Errorf("readiness turned false %v after SIGTERM, want at once", notReadyAt.Sub(termAt))
+	case !firstRefused.IsZero() && !notReadyAt.Before(firstRefused):
+		t.Errorf("the first refusal (%v after SIGTERM) came before readiness turned false (%v)", firstRefused.Sub(termAt), notReadyAt.Sub(termAt))
+	}
+	if exitedAfter > delay+grace+10*time.Second {
+		t.Errorf("the server exited %v after SIGTERM, want within the delay, the grace period and the runners' stop", exitedAfter)
+	}
+	if anyAlive(runners) {
+		t.Errorf("runners %v outlived the server", runners)
+	}
+	t.Logf("%d requests: %d answered 200 (%d sent after SIGTERM, %d answered after the listeners closed), %d clients refused at the closed listeners, %d lost; "+
+		"not ready %v after SIGTERM, first refusal after %v, exit after %v",
+		len(results), counts[termOK], okAfterTerm, drained, counts[termRefused], counts[termLost],
+		notReadyAt.Sub(termAt).Round(time.Millisecond), firstRefused.Sub(termAt).Round(time.Millisecond), exitedAfter.Round(time.Millisecond))
 }
