@@ -930,14 +930,6 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 	defer v.inflight.Done()
 	v.obs.inflight.Inc()
 	defer v.obs.inflight.Dec()
-	if !req.Deadline.IsZero() {
-		// The request's own deadline ends its wait, queued or running, as
-		// a gRPC deadline does: a runner that hangs holds no request past
-		// it.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
-		defer cancel()
-	}
 
 	batch, err := v.validate(req, r.opts.MaxTensorElements)
 	if err != nil {
@@ -985,6 +977,14 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 // for exceeding its memory limit is not retried: the request that did it
 // would most likely do it again.
 func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
+	if !req.Deadline.IsZero() {
+		// The request's own deadline (a merged batch's latest) ends its
+		// execution as a gRPC deadline does: a runner that hangs holds no
+		// request past it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 	var queue time.Duration
 	attempts := min(2, v.cfg.Instances) // swaps replace instances, never change their number
 	var (

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -68,6 +69,21 @@ func mergeKey(req *runtime.InferRequest) string {
 // mergeRequests concatenates requests along the batch dimension into one
 // request. sizes are the requests' batch sizes, as splitResponse needs them.
 // The requests must have equal merge keys; it fails otherwise.
+// latestDeadline is the deadline a merged batch carries: the latest of its
+// requests', or none when one of them has none.
+func latestDeadline(reqs []*runtime.InferRequest) time.Time {
+	var latest time.Time
+	for _, r := range reqs {
+		if r.Deadline.IsZero() {
+			return time.Time{}
+		}
+		if r.Deadline.After(latest) {
+			latest = r.Deadline
+		}
+	}
+	return latest
+}
+
 func mergeRequests(reqs []*runtime.InferRequest) (*runtime.InferRequest, []int, error) {
 	sizes := make([]int, len(reqs))
 	for i, r := range reqs {
@@ -92,8 +108,9 @@ func mergeRequests(reqs []*runtime.InferRequest) (*runtime.InferRequest, []int, 
 	}
 	first := reqs[0]
 	merged := &runtime.InferRequest{
-		Inputs:  make([]runtime.Tensor, len(first.Inputs)),
-		Outputs: slices.Clone(first.Outputs),
+		Inputs:   make([]runtime.Tensor, len(first.Inputs)),
+		Outputs:  slices.Clone(first.Outputs),
+		Deadline: latestDeadline(reqs),
 	}
 	for i, in := range first.Inputs {
 		n := 0

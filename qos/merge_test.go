@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -197,6 +198,37 @@ func TestSplitRejectsBadOutputs(t *testing.T) {
 			_, err := splitResponse(&runtime.InferResponse{Outputs: []runtime.Tensor{tt.out}}, sizes)
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Errorf("error = %v, want one containing %q", err, tt.err)
+			}
+		})
+	}
+}
+
+// A merged batch carries its latest deadline, which bounds its execution;
+// one request without a deadline leaves the batch without one.
+func TestMergeKeepsLatestDeadline(t *testing.T) {
+	now := time.Now()
+	row := func(d time.Time) *runtime.InferRequest {
+		return &runtime.InferRequest{Deadline: d, Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 1}, Data: make([]byte, 4)}}}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []time.Time
+		want time.Time
+	}{
+		{"all set", []time.Time{now.Add(time.Second), now.Add(3 * time.Second), now.Add(2 * time.Second)}, now.Add(3 * time.Second)},
+		{"one without", []time.Time{now.Add(time.Second), {}}, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var reqs []*runtime.InferRequest
+			for _, d := range tc.in {
+				reqs = append(reqs, row(d))
+			}
+			merged, _, err := mergeRequests(reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !merged.Deadline.Equal(tc.want) {
+				t.Errorf("deadline %v, want %v", merged.Deadline, tc.want)
 			}
 		})
 	}
