@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -206,20 +207,28 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	}
 	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), gracePeriod)
 	defer cancel()
+	// Both listeners close at once; each server then waits for its
+	// admitted requests, within the one grace period.
+	var drain sync.WaitGroup
 	if httpSrv != nil {
-		if err := httpSrv.Shutdown(grace); err != nil {
-			logger.Warn("REST shutdown", "err", err)
-		}
+		drain.Go(func() {
+			if err := httpSrv.Shutdown(grace); err != nil {
+				logger.Warn("REST shutdown", "err", err)
+			}
+		})
 	}
 	if grpcSrv != nil {
-		stopped := make(chan struct{})
-		go func() { grpcSrv.GracefulStop(); close(stopped) }()
-		select {
-		case <-stopped:
-		case <-grace.Done():
-			grpcSrv.Stop()
-		}
+		drain.Go(func() {
+			stopped := make(chan struct{})
+			go func() { grpcSrv.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-grace.Done():
+				grpcSrv.Stop()
+			}
+		})
 	}
+	drain.Wait()
 	be.stopping.Store(true)
 	stopLoads()
 	<-started

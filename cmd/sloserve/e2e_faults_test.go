@@ -763,7 +763,7 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"},
 		repoModel{"det", demoModel(t, "ocr-det"), "max_batch_size: 1\n"},
 	)
-	const delay, grace = time.Second, 10 * time.Second
+	const delay, grace = 2 * time.Second, 10 * time.Second
 	s := startServer(t, repo, "", "limits.shutdown_delay="+delay.String(), "limits.grace_period="+grace.String())
 	runners := s.runnerPids(t, repo)
 	if len(runners) != 2 {
