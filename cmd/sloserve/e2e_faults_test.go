@@ -764,7 +764,7 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 		repoModel{"det", demoModel(t, "ocr-det"), "max_batch_size: 1\n"},
 	)
 	const delay, grace = 2 * time.Second, 10 * time.Second
-	s := startServer(t, repo, "", "limits.shutdown_delay="+delay.String(), "limits.grace_period="+grace.String())
+	s := startServer(t, repo, "", withSet("limits.shutdown_delay="+delay.String(), "limits.grace_period="+grace.String()))
 	runners := s.runnerPids(t, repo)
 	if len(runners) != 2 {
 		t.Fatalf("runners: %v, want 2", runners)
