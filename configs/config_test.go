@@ -68,12 +68,20 @@ var badServerConfigs = map[string][]string{
 	"shutdown_delay_negative": {"limits.shutdown_delay: must be >= 0, got -2s"},
 	"call_timeout_zero":       {"runtime.call_timeout: must be > 0, got 0s"},
 	"grace_negative":          {"limits.grace_period: must be >= 0, got -1s"},
-	"log_format":              {`log.format: must be one of text, json; got "xml"`},
-	"log_level":               {`log.level: must be one of debug, info, warn, error; got "verbose"`},
-	"duplicate_key":           {"log.level: duplicate key (first at line 2) (line 3)"},
-	"not_mapping":             {"want a mapping, got a list"},
-	"syntax":                  {"invalid YAML: "},
-	"two_docs":                {"must hold a single YAML document"},
+	"connections": {"limits.max_connections: must be > 0, got 0 (line 2)", "limits.header_timeout: must be > 0, got 0s (line 3)",
+		"limits.idle_timeout: must be > 0, got -1s (line 4)", "limits.max_header_bytes: must be between 4KiB and 16MiB, got 1024 (line 5)",
+		"limits.grpc_max_streams: must be > 0 and at most 2147483647, got 0 (line 6)",
+		"limits.grpc_connection_timeout: must be > 0, got 0s (line 7)", "limits.grpc_keepalive_min_time: must be >= 0, got -1s (line 8)"},
+	"body_timeout": {"limits.body_timeout: must be > 0, got -5s (line 3)",
+		"limits.max_header_bytes: must be between 4KiB and 16MiB, got 1073741824 (line 4)"},
+	"tensor_limits": {"limits.max_tensor_elements: must be > 0 and at most 1152921504606846975 (its bytes must fit in int64), got 2305843009213693952 (line 2)",
+		"limits.max_batch_size: must be > 0, got 0 (line 3)", "limits.grpc_max_streams: must be > 0 and at most 2147483647, got 4294967296 (line 4)"},
+	"log_format":    {`log.format: must be one of text, json; got "xml"`},
+	"log_level":     {`log.level: must be one of debug, info, warn, error; got "verbose"`},
+	"duplicate_key": {"log.level: duplicate key (first at line 2) (line 3)"},
+	"not_mapping":   {"want a mapping, got a list"},
+	"syntax":        {"invalid YAML: "},
+	"two_docs":      {"must hold a single YAML document"},
 	"many": {
 		`listen.grpc: ":8000" conflicts with listen.http ":8000" (line 3)`,
 		`listen.metrics: want host:port such as ":8000" or "127.0.0.1:8000", got "nope" (line 4)`,
@@ -609,6 +617,8 @@ func TestLoadServer(t *testing.T) {
 	if s.ModelControl != ModelControlPoll || s.PollInterval != 10*time.Second ||
 		!slices.Equal(s.Repositories, []string{"demo-repository", "/srv/models"}) ||
 		s.Limits.MaxRequestBytes != 256*MiB || s.Runtime.ReadyTimeout != 2*time.Minute ||
+		s.Limits.MaxConnections != 10000 || s.Limits.HeaderTimeout != 5*time.Second || s.Limits.MaxHeaderBytes != 32*KiB ||
+		s.Limits.GRPCMaxStreams != 100 || s.Limits.GRPCKeepaliveMinTime != 30*time.Second || s.Limits.MaxBatchSize != 64 ||
 		s.Log.SlogLevel().String() != "DEBUG" {
 		t.Errorf("examples/server.yaml read as %+v", s)
 	}

@@ -15,8 +15,10 @@ func TestKeys(t *testing.T) {
 		"runtime.onnxruntime_library", "runtime.socket_dir", "runtime.ready_timeout",
 		"runtime.health_interval", "runtime.restart_backoff_initial", "runtime.restart_backoff_max",
 		"runtime.max_restarts", "runtime.call_timeout",
-		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_inflight_requests",
-		"limits.grace_period", "limits.shutdown_delay",
+		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_batch_size", "limits.max_inflight_requests",
+		"limits.grace_period", "limits.shutdown_delay", "limits.max_connections", "limits.header_timeout", "limits.body_timeout",
+		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_connection_timeout",
+		"limits.grpc_keepalive_min_time",
 		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
 		"control.policy", "control.period", "control.headroom", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
@@ -149,6 +151,7 @@ func TestSetEveryKey(t *testing.T) {
 		"dashboard.enabled": "false", "dashboard.resolution": "2s", "dashboard.retention": "1h",
 		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
 		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
+		"limits.max_header_bytes": "8KiB",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()
@@ -160,7 +163,8 @@ func TestSetEveryKey(t *testing.T) {
 			case strings.HasPrefix(key, "runtime.") && !strings.HasSuffix(key, "max_restarts") &&
 				!strings.HasSuffix(key, "_library") && !strings.HasSuffix(key, "_dir"):
 				v = "3s"
-			case key == "poll_interval", key == "limits.grace_period", key == "limits.shutdown_delay":
+			case key == "poll_interval", key == "limits.grace_period", key == "limits.shutdown_delay",
+				strings.HasSuffix(key, "_timeout"), strings.HasSuffix(key, "_time"):
 				v = "3s"
 			default:
 				v = "3"

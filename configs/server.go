@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -177,12 +178,46 @@ type Runtime struct {
 
 // Limits bounds what clients may ask of the server.
 type Limits struct {
-	MaxRequestBytes     ByteSize      `yaml:"max_request_bytes"`
-	MaxTensorElements   int64         `yaml:"max_tensor_elements"`
+	MaxRequestBytes   ByteSize `yaml:"max_request_bytes"`
+	MaxTensorElements int64    `yaml:"max_tensor_elements"`
+	// MaxBatchSize caps the batch dimension of every request: a model whose
+	// max_batch_size is larger does not load.
+	MaxBatchSize        int           `yaml:"max_batch_size"`
 	MaxInflightRequests int           `yaml:"max_inflight_requests"`
 	GracePeriod         time.Duration `yaml:"grace_period"`
 	ShutdownDelay       time.Duration `yaml:"shutdown_delay"` // not ready but serving, before the listeners close
+	// MaxConnections caps the open connections of each listener (REST,
+	// gRPC). Over it, REST answers health probes and refuses the rest with
+	// 503 on a small overflow allowance, and gRPC closes new connections.
+	MaxConnections int `yaml:"max_connections"`
+	// HeaderTimeout bounds reading a REST request's line and headers;
+	// BodyTimeout reading its body once the headers are in; IdleTimeout how
+	// long a connection with no request in progress stays open (REST
+	// keep-alive, gRPC connections with no call).
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
+	BodyTimeout   time.Duration `yaml:"body_timeout"`
+	IdleTimeout   time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps a REST request's headers and a gRPC call's
+	// metadata.
+	MaxHeaderBytes ByteSize `yaml:"max_header_bytes"`
+	// GRPCMaxStreams caps the calls one gRPC connection may have open at
+	// once.
+	GRPCMaxStreams int `yaml:"grpc_max_streams"`
+	// GRPCConnectionTimeout bounds a new gRPC connection's handshake.
+	GRPCConnectionTimeout time.Duration `yaml:"grpc_connection_timeout"`
+	// GRPCKeepaliveMinTime is the shortest interval between keepalive pings
+	// a gRPC client may use; clients that ping more often are disconnected.
+	GRPCKeepaliveMinTime time.Duration `yaml:"grpc_keepalive_min_time"`
 }
+
+// Bounds of the limits that have a hard ceiling.
+const (
+	// maxTensorElementsCeiling keeps a tensor's byte size (elements × 8, the
+	// widest element) within int64.
+	maxTensorElementsCeiling = math.MaxInt64 / 8
+	minHeaderBytes           = 4 * KiB
+	maxHeaderBytesCeiling    = 16 * MiB
+)
 
 // Log configures logging.
 type Log struct {
@@ -216,10 +251,19 @@ func DefaultServer() *Server {
 			CallTimeout:           30 * time.Second,
 		},
 		Limits: Limits{
-			MaxRequestBytes:     64 * MiB,
-			MaxTensorElements:   16 << 20,
-			MaxInflightRequests: 1024,
-			GracePeriod:         30 * time.Second,
+			MaxRequestBytes:       64 * MiB,
+			MaxTensorElements:     16 << 20,
+			MaxBatchSize:          1024,
+			MaxInflightRequests:   1024,
+			GracePeriod:           30 * time.Second,
+			MaxConnections:        4096,
+			HeaderTimeout:         10 * time.Second,
+			BodyTimeout:           time.Minute,
+			IdleTimeout:           2 * time.Minute,
+			MaxHeaderBytes:        64 * KiB,
+			GRPCMaxStreams:        256,
+			GRPCConnectionTimeout: 10 * time.Second,
+			GRPCKeepaliveMinTime:  10 * time.Second,
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second},
 		Control: Control{
@@ -368,8 +412,11 @@ func (s *Server) validate() problems {
 	if l.MaxRequestBytes <= 0 {
 		p.add("limits.max_request_bytes", "must be > 0, got %d", l.MaxRequestBytes)
 	}
-	if l.MaxTensorElements <= 0 {
-		p.add("limits.max_tensor_elements", "must be > 0, got %d", l.MaxTensorElements)
+	if l.MaxTensorElements <= 0 || l.MaxTensorElements > maxTensorElementsCeiling {
+		p.add("limits.max_tensor_elements", "must be > 0 and at most %d (its bytes must fit in int64), got %d", int64(maxTensorElementsCeiling), l.MaxTensorElements)
+	}
+	if l.MaxBatchSize <= 0 {
+		p.add("limits.max_batch_size", "must be > 0, got %d", l.MaxBatchSize)
 	}
 	if l.MaxInflightRequests <= 0 {
 		p.add("limits.max_inflight_requests", "must be > 0, got %d", l.MaxInflightRequests)
@@ -380,10 +427,38 @@ func (s *Server) validate() problems {
 	if l.ShutdownDelay < 0 {
 		p.add("limits.shutdown_delay", "must be >= 0, got %v", l.ShutdownDelay)
 	}
+	l.validateConnections(&p)
 
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
 	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")
 	return p
+}
+
+// validateConnections checks the limits on connections and their timing.
+func (l *Limits) validateConnections(p *problems) {
+	if l.MaxConnections <= 0 {
+		p.add("limits.max_connections", "must be > 0, got %d", l.MaxConnections)
+	}
+	positive := func(path string, d time.Duration) bool {
+		if d <= 0 {
+			p.add(path, "must be > 0, got %v", d)
+			return false
+		}
+		return true
+	}
+	positive("limits.header_timeout", l.HeaderTimeout)
+	positive("limits.body_timeout", l.BodyTimeout)
+	positive("limits.idle_timeout", l.IdleTimeout)
+	positive("limits.grpc_connection_timeout", l.GRPCConnectionTimeout)
+	if l.MaxHeaderBytes < minHeaderBytes || l.MaxHeaderBytes > maxHeaderBytesCeiling {
+		p.add("limits.max_header_bytes", "must be between %v and %v, got %d", minHeaderBytes, maxHeaderBytesCeiling, l.MaxHeaderBytes)
+	}
+	if l.GRPCMaxStreams <= 0 || l.GRPCMaxStreams > math.MaxInt32 {
+		p.add("limits.grpc_max_streams", "must be > 0 and at most %d, got %d", math.MaxInt32, l.GRPCMaxStreams)
+	}
+	if l.GRPCKeepaliveMinTime < 0 {
+		p.add("limits.grpc_keepalive_min_time", "must be >= 0, got %v", l.GRPCKeepaliveMinTime)
+	}
 }
 
 func (c *Control) validate(p *problems) {
