@@ -77,6 +77,9 @@ type Limits struct {
 	MaxRequestBytes int64
 	// MaxTensorElements caps the elements of any one tensor.
 	MaxTensorElements int64
+	// BodyTimeout bounds reading a REST request's body once its headers
+	// are in; 0 means no bound.
+	BodyTimeout time.Duration
 }
 
 // ServerName is the name sloserve gives in server metadata.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 
@@ -22,6 +24,8 @@ var (
 	// errUnsupportedEncoding marks a REST body in a Content-Encoding the
 	// server does not decode.
 	errUnsupportedEncoding = errors.New("unsupported content encoding")
+	// errBodyTimeout marks a REST body that did not arrive in time.
+	errBodyTimeout = errors.New("request timeout")
 )
 
 // statusOf maps an error from decoding or from the Backend to the HTTP status
@@ -35,6 +39,10 @@ func statusOf(err error) (int, codes.Code) {
 	switch {
 	case errors.Is(err, errUnsupportedEncoding):
 		return http.StatusUnsupportedMediaType, codes.InvalidArgument
+	case errors.Is(err, errBodyTimeout):
+		return http.StatusRequestTimeout, codes.DeadlineExceeded
+	case errors.Is(err, errTooManyConnections):
+		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
 	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull), errors.Is(err, models.ErrOverloaded):
@@ -63,4 +71,24 @@ func statusOf(err error) (int, codes.Code) {
 	default:
 		return http.StatusInternalServerError, codes.Internal
 	}
+}
+
+// maxErrorMessage caps an error message sent to a client. Messages quote
+// what the client sent (names, shapes), and a hostile request can make those
+// megabytes long; a gRPC status message that large would even exceed the
+// client's header limit and turn into a reset stream.
+const maxErrorMessage = 4 << 10
+
+// clipMessage shortens msg to at most maxErrorMessage bytes, cutting at a
+// UTF-8 boundary and saying how much was cut.
+func clipMessage(msg string) string {
+	if len(msg) <= maxErrorMessage {
+		return msg
+	}
+	const room = maxErrorMessage - 40 // for the note
+	cut := room
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "... (" + strconv.Itoa(len(msg)-cut) + " more bytes)"
 }

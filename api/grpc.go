@@ -73,7 +73,7 @@ func (s *grpcService) grpcError(method string, err error) error {
 	if code == codes.Internal {
 		s.logger.Error("request failed", "method", method, "err", err)
 	}
-	return status.Error(code, err.Error())
+	return status.Error(code, clipMessage(err.Error()))
 }
 
 // ServerLive reports whether the server can answer requests.

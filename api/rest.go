@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -55,7 +56,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	// No proxy is trusted: a client's address is the connection's peer,
 	// never what X-Forwarded-For claims.
 	_ = e.SetTrustedProxies(nil)
-	e.Use(s.recoverPanic)
+	e.Use(s.recoverPanic, s.overflowGuard)
 	e.Use(middleware...)
 	e.NoRoute(s.noRoute)
 	e.NoMethod(s.noMethod)
@@ -105,6 +106,28 @@ func (s *restServer) recoverPanic(c *gin.Context) {
 	c.Next()
 }
 
+// overflowGuard serves only health probes on a connection accepted over the
+// listener's connection limit (see LimitedListener); every answer on such a
+// connection closes it.
+func (s *restServer) overflowGuard(c *gin.Context) {
+	l := overflowListener(c.Request.Context())
+	if l == nil {
+		c.Next()
+		return
+	}
+	c.Header("Connection", "close")
+	if c.Request.Method == http.MethodGet {
+		switch c.Request.URL.Path {
+		case "/v2/health/live", "/v2/health/ready":
+			c.Next()
+			return
+		}
+	}
+	c.Header("Retry-After", "1")
+	s.writeError(c, fmt.Errorf("%w: the server has its %d connections open; retry later", errTooManyConnections, l.Max()))
+	c.Abort()
+}
+
 func (s *restServer) noRoute(c *gin.Context) {
 	s.writeErrorStatus(c, http.StatusNotFound, fmt.Sprintf("no route for %s %s", c.Request.Method, c.Request.URL.Path))
 }
@@ -134,7 +157,7 @@ func (s *restServer) writeErrorStatus(c *gin.Context, status int, msg string) {
 	bp := getRESTBuffer()
 	defer putRESTBuffer(bp)
 	b := append((*bp)[:0], `{"error":`...)
-	b = appendJSONString(b, msg)
+	b = appendJSONString(b, clipMessage(msg))
 	b = append(b, '}')
 	*bp = b
 	writeRESTBody(c, status, "application/json", b)
@@ -177,15 +200,35 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	if limit > 0 {
 		body = http.MaxBytesReader(c.Writer, r.Body, limit)
 	}
+	// The body's own deadline, cleared once it is in: the connection's
+	// read deadline also bounds the server's watch for a client that goes
+	// away, which must last as long as the request runs. A body that failed
+	// keeps it, so that the server does not wait for the rest of the body
+	// before it closes the connection.
+	var rc *http.ResponseController
+	if s.lim.BodyTimeout > 0 {
+		rc = http.NewResponseController(c.Writer)
+		if rc.SetReadDeadline(time.Now().Add(s.lim.BodyTimeout)) != nil {
+			rc = nil // not a connection with deadlines (a test recorder)
+		}
+	}
 	buf, err := restReadAll(body, r.ContentLength)
+	if rc != nil && err == nil {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return nil, restBadRequest("the body is shorter than its Content-Length")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.Header("Connection", "close")
+		return nil, fmt.Errorf("%w: the body did not arrive within %v (limits.body_timeout); %d bytes came", errBodyTimeout, s.lim.BodyTimeout, len(buf))
 	case err != nil:
-		return nil, fmt.Errorf("reading request body: %w", err)
+		// The client went away or broke the framing: nobody to answer, and
+		// not the server's fault.
+		return nil, restBadRequest("reading the body: %v", err)
 	}
 	return buf, nil
 }
@@ -208,7 +251,7 @@ func restReadAll(r io.Reader, declared int64) ([]byte, error) {
 			return buf, nil
 		}
 		if err != nil {
-			return nil, err
+			return buf, err // buf for the error message
 		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)] // grow

@@ -75,6 +75,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		PollInterval:      cfg.PollInterval,
 		StartupModels:     cfg.StartupModels,
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
+		MaxBatchSize:      cfg.Limits.MaxBatchSize,
 		MaxInflight:       cfg.Limits.MaxInflightRequests,
 		DrainTimeout:      cfg.Limits.GracePeriod,
 		CallTimeout:       cfg.Runtime.CallTimeout,
@@ -117,6 +118,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
+		BodyTimeout:       cfg.Limits.BodyTimeout,
 	}
 
 	// Listen on every port before loading models, so a busy port fails the
@@ -127,28 +129,23 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		serveErr            = make(chan error, 3)
 	)
 	if addr := cfg.Listen.HTTP; addr != "" {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listenLimited("rest", addr, cfg.Limits, restOverflowConnections, promReg)
 		if err != nil {
 			return fmt.Errorf("listen.http: %w", err)
 		}
-		httpSrv = &http.Server{
-			Handler:           api.NewREST(be, lim, logger.With("component", "rest"), sec.auth.REST()),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			MaxHeaderBytes:    64 << 10,
-		}
+		httpSrv = newRESTServer(api.NewREST(be, lim, logger.With("component", "rest"), sec.auth.REST()), cfg.Limits, ln)
 		go func() { serveErr <- ignoreClosed(httpSrv.Serve(sec.listener(ln, "h2", "http/1.1"))) }()
 		logger.Info("REST listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
 	if addr := cfg.Listen.GRPC; addr != "" {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listenLimited("grpc", addr, cfg.Limits, 0, promReg)
 		if err != nil {
 			closeAll(httpSrv)
 			return fmt.Errorf("listen.grpc: %w", err)
 		}
 		// Flow-control windows sized for tensors of megabytes, so a large
 		// request is not paced by window updates.
-		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"), append(sec.grpcOptions(),
+		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"), append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
 			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))...)
 		go func() { serveErr <- grpcSrv.Serve(ln) }()
 		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())

@@ -1,0 +1,152 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LimitedListener counts the connections it has accepted that are still
+// open. Up to max are served normally. Past max, up to overflow more are
+// accepted as overflow connections, which live at most overflowTimeout and
+// on which the REST handler answers health probes only (everything else gets
+// 503 and the connection closes): an orchestrator's liveness and readiness
+// probes keep working while clients hold every normal slot. Past both, a new
+// connection is closed as soon as it is accepted.
+//
+// Closing excess connections rather than leaving them in the kernel's accept
+// queue tells clients at once (a gRPC client sees UNAVAILABLE and backs off)
+// instead of letting them time out, and keeps the accept queue free for the
+// connections that will fit.
+type LimitedListener struct {
+	net.Listener
+	max             int
+	slots           chan struct{}
+	spare           chan struct{}
+	overflowTimeout time.Duration
+	refused         atomic.Uint64
+}
+
+// OverflowTimeout is how long an overflow connection may stay open.
+const OverflowTimeout = 2 * time.Second
+
+// NewLimitedListener limits ln to max open connections plus overflow
+// connections that only answer health probes (0: none).
+func NewLimitedListener(ln net.Listener, max, overflow int) *LimitedListener {
+	return &LimitedListener{
+		Listener:        ln,
+		max:             max,
+		slots:           make(chan struct{}, max),
+		spare:           make(chan struct{}, overflow),
+		overflowTimeout: OverflowTimeout,
+	}
+}
+
+// Accept waits for the next connection that fits, closing those that do
+// not.
+func (l *LimitedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitedConn{Conn: c, owner: l, slots: l.slots}, nil
+		default:
+		}
+		select {
+		case l.spare <- struct{}{}:
+			lc := &limitedConn{Conn: c, owner: l, slots: l.spare, overflow: true, until: time.Now().Add(l.overflowTimeout)}
+			if err := lc.Conn.SetDeadline(lc.until); err != nil {
+				lc.Close()
+				continue
+			}
+			return lc, nil
+		default:
+		}
+		l.refused.Add(1)
+		c.Close()
+	}
+}
+
+// Open is the number of connections open now, overflow ones included.
+func (l *LimitedListener) Open() int { return len(l.slots) + len(l.spare) }
+
+// Refused is the number of connections closed at once because every normal
+// and overflow slot was taken.
+func (l *LimitedListener) Refused() uint64 { return l.refused.Load() }
+
+// Max is the number of connections served normally.
+func (l *LimitedListener) Max() int { return l.max }
+
+// ConnContext marks the context of an overflow connection's requests, for
+// http.Server.ConnContext.
+func (l *LimitedListener) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	for {
+		if lc, ok := c.(*limitedConn); ok {
+			if lc.overflow {
+				return context.WithValue(ctx, overflowKey{}, lc.owner)
+			}
+			return ctx
+		}
+		// A TLS connection wraps the one the listener accepted.
+		inner, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return ctx
+		}
+		c = inner.NetConn()
+	}
+}
+
+// overflowKey marks the requests of an overflow connection; its value is
+// the listener.
+type overflowKey struct{}
+
+// overflowListener returns the listener whose overflow connection ctx
+// belongs to, or nil.
+func overflowListener(ctx context.Context) *LimitedListener {
+	l, _ := ctx.Value(overflowKey{}).(*LimitedListener)
+	return l
+}
+
+// limitedConn gives its slot back when closed. An overflow connection's
+// deadlines never go past until, whatever the server asks.
+type limitedConn struct {
+	net.Conn
+	owner    *LimitedListener
+	slots    chan struct{}
+	overflow bool
+	until    time.Time
+	once     sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
+}
+
+// clamp keeps an overflow connection's deadline at or before until; the
+// zero time (no deadline) becomes until.
+func (c *limitedConn) clamp(t time.Time) time.Time {
+	if c.overflow && (t.IsZero() || t.After(c.until)) {
+		return c.until
+	}
+	return t
+}
+
+func (c *limitedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.clamp(t)) }
+func (c *limitedConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.clamp(t))
+}
+func (c *limitedConn) SetWriteDeadline(t time.Time) error {
+	return c.Conn.SetWriteDeadline(c.clamp(t))
+}
+
+// errTooManyConnections refuses a request that came on an overflow
+// connection.
+var errTooManyConnections = errors.New("too many connections")
