@@ -22,9 +22,14 @@ package api
 //   - Floating-point values that overflow their type (1e39 for FP32, 65520
 //     for FP16) are refused. JSON has no NaN or infinity: send those in
 //     binary. In responses NaN and ±Inf are written as null.
-//   - BYTES strings are kept byte for byte (escapes decoded, invalid UTF-8 as
-//     sent). In responses BYTES elements are JSON strings with invalid UTF-8
-//     replaced by U+FFFD; clients that need the exact bytes ask for
+//   - BYTES strings are kept byte for byte once their escapes are decoded
+//     (an unpaired surrogate escape becomes U+FFFD, as in encoding/json). A
+//     string that is not valid UTF-8 is refused: JSON text must be UTF-8
+//     (RFC 8259), and the JSON response could not give the same bytes back.
+//     BYTES elements are arbitrary bytes in the protocol; send them with the
+//     binary tensor data extension (or over gRPC), where they are kept
+//     exactly. In responses BYTES elements are JSON strings with invalid
+//     UTF-8 replaced by U+FFFD; clients that need the exact bytes ask for
 //     binary_data.
 //   - FP16 and BF16 values are converted to and from JSON numbers with
 //     round-to-nearest-even, and written back with the fewest digits that
@@ -613,6 +618,9 @@ func appendJSONElement(out []byte, dt runtime.DataType, tok []byte) ([]byte, err
 	case runtime.Bytes:
 		if len(tok) < 2 || tok[0] != '"' {
 			return out, jsonWrongKind(tok, dt, "strings")
+		}
+		if !utf8.Valid(tok) {
+			return out, errors.New("the string is not valid UTF-8, which JSON text must be; send arbitrary BYTES with the binary tensor data extension")
 		}
 		at := len(out)
 		out = append(out, 0, 0, 0, 0)

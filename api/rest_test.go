@@ -447,13 +447,28 @@ func TestRESTEchoDatatypes(t *testing.T) {
 	}
 }
 
-// TestRESTBytesInvalidUTF8 sends raw invalid UTF-8 inside a JSON string: the
-// bytes are kept as sent, and in a JSON response become U+FFFD.
+// TestRESTBytesInvalidUTF8 sends raw invalid UTF-8 inside a JSON string: it
+// is refused (JSON text must be UTF-8). The same bytes in binary are kept as
+// sent, and in a JSON response become U+FFFD.
 func TestRESTBytesInvalidUTF8(t *testing.T) {
 	h, fb := newRESTTest(restLimits)
-	body := "{\"inputs\":[{\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[1],\"data\":[\"a\xff\xfeb\"]}]}"
-	resp, _ := decodeInferResponse(t, restCall{path: "/v2/models/echo/infer", body: body}.do(t, t.Context(), h))
-	if got := fb.lastReq.Inputs[0].Data; !bytes.Equal(got, []byte("\x04\x00\x00\x00a\xff\xfeb")) {
+	body := "{\"inputs\":[{\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[1],\"data\":[\"ok\",\"a\xff\xfeb\"]}]}"
+	body = strings.Replace(body, "[1]", "[2]", 1)
+	rec := restCall{path: "/v2/models/echo/infer", body: body}.do(t, t.Context(), h)
+	if msg, want := restErrorBody(t, rec), `input "s": element 1: the string is not valid UTF-8`; rec.Code != 400 || !strings.Contains(msg, want) {
+		t.Errorf("invalid UTF-8 in JSON: %d %s, want 400 with %s", rec.Code, msg, want)
+	}
+	// An escaped unpaired surrogate is valid JSON text; it decodes to U+FFFD.
+	body = `{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"data":["a\ud800b"]}]}`
+	decodeInferResponse(t, restCall{path: "/v2/models/echo/infer", body: body}.do(t, t.Context(), h))
+	if got := fb.lastReq.Inputs[0].Data; !bytes.Equal(got, []byte("\x05\x00\x00\x00a\xef\xbf\xbdb")) {
+		t.Errorf("tensor % x", got)
+	}
+
+	elem := []byte("\x04\x00\x00\x00a\xff\xfeb")
+	body, hdr := binaryRequest(`{"inputs":[{"name":"s","datatype":"BYTES","shape":[1],"parameters":{"binary_data_size":8}}]}`, elem)
+	resp, _ := decodeInferResponse(t, restCall{path: "/v2/models/echo/infer", body: body, headers: hdr}.do(t, t.Context(), h))
+	if got := fb.lastReq.Inputs[0].Data; !bytes.Equal(got, elem) {
 		t.Errorf("tensor % x", got)
 	}
 	if got := string(resp.Outputs[0].Data); got != `["a\ufffd\ufffdb"]` {
