@@ -82,6 +82,7 @@ type Options struct {
 	PollInterval      time.Duration
 	StartupModels     []string // explicit mode; "*" loads all
 	MaxTensorElements int64
+	MaxBatchSize      int           // largest max_batch_size a model may have; 0 = no limit
 	MaxInflight       int           // requests in flight across all models; 0 = no limit
 	DrainTimeout      time.Duration // how long unload waits for in-flight requests
 	// CallTimeout bounds one call to an instance (default 30s). A call
@@ -418,6 +419,9 @@ func (r *Registry) load(ctx context.Context, name string) error {
 
 	fp := fingerprint(m.dir)
 	cfg, err := configs.LoadModel(m.dir)
+	if err == nil {
+		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		r.setFailed(m, nil, err, fp)

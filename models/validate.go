@@ -2,8 +2,10 @@ package models
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -52,8 +54,8 @@ func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, e
 		if err != nil {
 			return 0, fmt.Errorf("%w: input %q: %w", ErrTooLarge, t.Name, err)
 		}
-		if size := t.DataType.ByteSize(n); size >= 0 && int64(len(t.Data)) != size {
-			return 0, fmt.Errorf("%w: input %q with shape %v needs %d bytes of data, got %d", ErrInvalidInput, t.Name, t.Shape, size, len(t.Data))
+		if err := checkDataSize(t, n); err != nil {
+			return 0, err
 		}
 		if v.maxBatch > 0 {
 			b := int(t.Shape[0])
@@ -75,6 +77,36 @@ func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, e
 		batch = 1
 	}
 	return batch, nil
+}
+
+// checkDataSize checks that a tensor of n elements has the bytes its
+// datatype needs, without computing n × element size, which overflows int64
+// for the element counts a hostile shape can declare when no element limit
+// is set. BYTES tensors are checked by the runner, which splits them.
+func checkDataSize(t *runtime.Tensor, n int64) error {
+	size := int64(t.DataType.Size())
+	if t.DataType == runtime.Bytes || size <= 0 {
+		return nil
+	}
+	if have := int64(len(t.Data)); have%size != 0 || have/size != n {
+		need := fmt.Sprintf("%d × %d bytes", n, size)
+		if n <= math.MaxInt64/size {
+			need = fmt.Sprintf("%d bytes", n*size)
+		}
+		return fmt.Errorf("%w: input %q with shape %v needs %s of data, got %d", ErrInvalidInput, t.Name, t.Shape, need, have)
+	}
+	return nil
+}
+
+// checkBatchLimit refuses a model config whose max_batch_size is over the
+// server's limit (0: none). The limit caps the batch dimension of every
+// request, and with it what the batcher merges, what a load warms up and what
+// the adjuster and profiler sweep over, which all grow with max_batch_size.
+func checkBatchLimit(cfg *configs.Model, limit int) error {
+	if limit > 0 && cfg.MaxBatchSize > limit {
+		return fmt.Errorf("%s: max_batch_size: %d is over the server's limits.max_batch_size (%d)", cfg.File, cfg.MaxBatchSize, limit)
+	}
+	return nil
 }
 
 // checkDeclared compares the inputs or outputs a config declares with what
