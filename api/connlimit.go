@@ -113,6 +113,8 @@ func overflowListener(ctx context.Context) *LimitedListener {
 	return l
 }
 
+var _ interface{ CloseWrite() error } = (*limitedConn)(nil)
+
 // limitedConn gives its slot back when closed. An overflow connection's
 // deadlines never go past until, whatever the server asks.
 type limitedConn struct {
@@ -137,6 +139,16 @@ func (c *limitedConn) clamp(t time.Time) time.Time {
 		return c.until
 	}
 	return t
+}
+
+// CloseWrite half-closes the connection when the accepted one can:
+// http.Server does so before it hangs up on a request it refuses unread
+// (431, 400), so that the client reads the answer instead of a reset.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 func (c *limitedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.clamp(t)) }

@@ -28,7 +28,7 @@ func serveREST(t *testing.T, h http.Handler, max, overflow int, overflowTimeout 
 	}
 	l := NewLimitedListener(ln, max, overflow)
 	l.overflowTimeout = overflowTimeout
-	srv := &http.Server{Handler: h, ConnContext: l.ConnContext, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ConnContext: l.ConnContext, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 4096}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l
@@ -181,6 +181,25 @@ func (s slowBackend) Infer(ctx context.Context, name, version string, req *runti
 		return nil, "", ctx.Err()
 	}
 	return s.fakeBackend.Infer(ctx, name, version, req)
+}
+
+// TestLimitedListenerHalfClose: a request whose headers are over the limit
+// gets http.Server's 431, which the client can read because the limited
+// connection passes on the half-close before the server hangs up.
+func TestLimitedListenerHalfClose(t *testing.T) {
+	h, _ := newRESTTest(restLimits)
+	l := serveREST(t, h, 4, 0, OverflowTimeout)
+	start := time.Now()
+	resp, _ := rawRequest(t, l, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Pad: "+strings.Repeat("a", 64<<10)+"\r\n\r\n")
+	if resp.status != http.StatusRequestHeaderFieldsTooLarge || resp.body != "431 Request Header Fields Too Large" {
+		t.Errorf("got %d %q", resp.status, resp.body)
+	}
+	// The answer has no length: it ends with the half-close, at once.
+	// Without one it would end only when the server hangs up, 500ms later
+	// (http.Server's delay against resets), or in a reset.
+	if d := time.Since(start); d > 450*time.Millisecond {
+		t.Errorf("the answer ended after %v: no half-close", d)
+	}
 }
 
 // TestRESTBodyTimeout: a body that stops arriving gets 408 once
