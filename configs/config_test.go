@@ -71,7 +71,7 @@ var badServerConfigs = map[string][]string{
 	"connections": {"limits.max_connections: must be > 0, got 0 (line 2)", "limits.header_timeout: must be > 0, got 0s (line 3)",
 		"limits.idle_timeout: must be > 0, got -1s (line 4)", "limits.max_header_bytes: must be between 4KiB and 16MiB, got 1024 (line 5)",
 		"limits.grpc_max_streams: must be > 0 and at most 2147483647, got 0 (line 6)",
-		"limits.grpc_connection_timeout: must be > 0, got 0s (line 7)", "limits.grpc_keepalive_min_time: must be >= 0, got -1s (line 8)"},
+		"limits.grpc_connection_timeout: must be > 0, got 0s (line 7)", "limits.grpc_keepalive_min_time: must be > 0, got -1s (line 8)"},
 	"body_timeout": {"limits.body_timeout: must be > 0, got -5s (line 3)",
 		"limits.max_header_bytes: must be between 4KiB and 16MiB, got 1073741824 (line 4)"},
 	"tensor_limits": {"limits.max_tensor_elements: must be > 0 and at most 1152921504606846975 (its bytes must fit in int64), got 2305843009213693952 (line 2)",

@@ -439,12 +439,10 @@ func (l *Limits) validateConnections(p *problems) {
 	if l.MaxConnections <= 0 {
 		p.add("limits.max_connections", "must be > 0, got %d", l.MaxConnections)
 	}
-	positive := func(path string, d time.Duration) bool {
+	positive := func(path string, d time.Duration) {
 		if d <= 0 {
 			p.add(path, "must be > 0, got %v", d)
-			return false
 		}
-		return true
 	}
 	positive("limits.header_timeout", l.HeaderTimeout)
 	positive("limits.body_timeout", l.BodyTimeout)
@@ -456,9 +454,7 @@ func (l *Limits) validateConnections(p *problems) {
 	if l.GRPCMaxStreams <= 0 || l.GRPCMaxStreams > math.MaxInt32 {
 		p.add("limits.grpc_max_streams", "must be > 0 and at most %d, got %d", math.MaxInt32, l.GRPCMaxStreams)
 	}
-	if l.GRPCKeepaliveMinTime < 0 {
-		p.add("limits.grpc_keepalive_min_time", "must be >= 0, got %v", l.GRPCKeepaliveMinTime)
-	}
+	positive("limits.grpc_keepalive_min_time", l.GRPCKeepaliveMinTime)
 }
 
 func (c *Control) validate(p *problems) {
