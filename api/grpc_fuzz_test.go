@@ -37,6 +37,14 @@ func FuzzDecodeModelInfer(f *testing.F) {
 			"timeout": grpcInt64(250000), "priority": grpcUint64(2)}},
 		{Inputs: []*input{{Name: "a", Datatype: "FP32", Shape: []int64{0}}}, Parameters: map[string]*inference.InferParameter{
 			"timeout": grpcInt64(math.MinInt64), "priority": grpcUint64(math.MaxUint64)}},
+		// Hostile: shapes far beyond the data, products past int64 and
+		// past int64 bytes, raw entries that do not match the inputs.
+		{Inputs: []*input{{Name: "x", Datatype: "FP32", Shape: []int64{1, 1 << 40}}}, RawInputContents: [][]byte{grpcFP32Bytes(1)}},
+		{Inputs: []*input{{Name: "x", Datatype: "FP32", Shape: []int64{8, 8}, Contents: &inference.InferTensorContents{Fp32Contents: []float32{1}}}}},
+		{Inputs: []*input{{Name: "x", Datatype: "INT64", Shape: []int64{1 << 61}}}, RawInputContents: [][]byte{grpcInt64Bytes(1)}},
+		{Inputs: []*input{{Name: "x", Datatype: "FP32", Shape: []int64{1 << 32, 1 << 32, 0}}}, RawInputContents: [][]byte{nil}},
+		{Inputs: []*input{{Name: "x", Datatype: "FP32", Shape: []int64{1}}}, RawInputContents: [][]byte{grpcFP32Bytes(1), grpcFP32Bytes(2)}},
+		{Inputs: []*input{{Name: "s", Datatype: "BYTES", Shape: []int64{2}}}, RawInputContents: [][]byte{{0xff, 0xff, 0xff, 0xff, 0xfe}}},
 	}
 	for _, s := range seeds {
 		b, err := proto.Marshal(s)

@@ -3,7 +3,11 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sloserve/sloserve/runtime"
@@ -34,6 +38,15 @@ var restFuzzSeeds = []string{
 	`{"inputs":[`,
 	`[]`,
 	``,
+	// Hostile: shapes far beyond the data, overflowing products, nesting
+	// past encoding/json's depth limit, invalid UTF-8 in BYTES.
+	`{"inputs":[{"name":"x","shape":[1,1099511627776],"datatype":"FP32","data":[1]}]}`,
+	`{"inputs":[{"name":"x","shape":[100000000,10],"datatype":"FP32","data":[1]}]}`,
+	`{"inputs":[{"name":"x","shape":[4294967296,4294967296],"datatype":"INT64","data":[]}]}`,
+	`{"inputs":[{"name":"x","shape":[9223372036854775808],"datatype":"INT64","data":[]}]}`,
+	`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}]}`,
+	"{\"inputs\":[{\"name\":\"s\",\"shape\":[2],\"datatype\":\"BYTES\",\"data\":[\"\xff\xfe\",\"\\ud800\"]}]}",
+	`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1],"parameters":{"binary_data_size":4}}]}`,
 }
 
 // checkDecoded asserts what every decode result must satisfy: errors are
@@ -101,6 +114,11 @@ func FuzzDecodeInferBinary(f *testing.F) {
 	add(`{"inputs":[{"name":"x","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":5}}]}`, "\x09\x00\x00\x00a")
 	add(`{"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","parameters":{"binary_data_size":28}}]}`, string(f32s(1, 2, 3, 4, 5, 6, 7)))
 	add(`{"inputs":[]}`, "trailing")
+	add(`{"inputs":[{"name":"x","shape":[100000000,10],"datatype":"FP32","parameters":{"binary_data_size":4}}]}`, "\x00\x00\x80\x3f")
+	add(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4000000000}}]}`, "\x00\x00\x80\x3f")
+	add(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":-4}}]}`, "\x00\x00\x80\x3f")
+	add(`{"inputs":[{"name":"s","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}]}`, "\xff\xff\xff\xff\xff\xfe")
+	f.Add(int64(1<<62), []byte(`{"inputs":[]}`))
 	f.Add(int64(1000), []byte(`{"inputs":[]}`))
 	f.Add(int64(-1), []byte(restFuzzSeeds[0]))
 	f.Fuzz(func(t *testing.T, headerLen int64, body []byte) {
@@ -128,6 +146,66 @@ func FuzzAppendJSONString(f *testing.F) {
 		// Unescaping our own output gives back what the JSON decoder reads.
 		if got := string(appendJSONUnescaped(nil, out[1:len(out)-1])); got != back {
 			t.Fatalf("unescape %s: %q, want %q", out, got, back)
+		}
+	})
+}
+
+// FuzzRequestOptions parses the scheduling options a request carries: the
+// Inference-Timeout-Ms header and the timeout and priority parameters (raw
+// JSON values). Accepted values are in range and agree with the plain
+// reading; refusals are bad requests.
+func FuzzRequestOptions(f *testing.F) {
+	for _, s := range []struct{ header, timeout, priority string }{
+		{"50", "250000", "2"},
+		{"0.01", "1", "0"},
+		{"3600000", "3600000000", "9223372036854775807"},
+		{"3600000.0000001", "3600000001", "9223372036854775808"},
+		{"1e3", "1e3", "1.5"},
+		{"-1", "-1", "-1"},
+		{"NaN", "-0", "-0"},
+		{"Inf", "null", `"2"`},
+		{"0.0000001", "18446744073709551616", "1e400"},
+		{".", "true", "[]"},
+		{"", "", ""},
+	} {
+		f.Add(s.header, s.timeout, s.priority)
+	}
+	f.Fuzz(func(t *testing.T, header, timeout, priority string) {
+		if d, problem := parseTimeoutMillis(header); problem == "" {
+			ms, err := strconv.ParseFloat(header, 64)
+			if err != nil || d <= 0 || d > maxRequestTimeout || strings.ContainsAny(header, "eE+-") {
+				t.Fatalf("header %q accepted as %v", header, d)
+			}
+			if diff := math.Abs(float64(d) - ms*1e6); diff > 1 {
+				t.Fatalf("header %q read as %v, %v ns off", header, d, diff)
+			}
+		}
+		checkOption := func(err error) {
+			if err != nil && !errors.Is(err, errBadRequest) {
+				t.Fatalf("refusal %v is not a bad request", err)
+			}
+		}
+		d, err := restTimeoutParam(json.RawMessage(timeout))
+		checkOption(err)
+		if err == nil {
+			var us uint64
+			if d <= 0 || d > maxRequestTimeout || d%time.Microsecond != 0 {
+				t.Fatalf("timeout %q accepted as %v", timeout, d)
+			}
+			if json.Unmarshal([]byte(timeout), &us) == nil && time.Duration(us)*time.Microsecond != d {
+				t.Fatalf("timeout %q read as %v, JSON says %d µs", timeout, d, us)
+			}
+		}
+		p, err := restPriorityParam(json.RawMessage(priority))
+		checkOption(err)
+		if err == nil {
+			var want uint64
+			if p < 0 {
+				t.Fatalf("priority %q accepted as %d", priority, p)
+			}
+			if json.Unmarshal([]byte(priority), &want) == nil && uint64(p) != want {
+				t.Fatalf("priority %q read as %d, JSON says %d", priority, p, want)
+			}
 		}
 	})
 }
