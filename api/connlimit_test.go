@@ -18,9 +18,9 @@ import (
 	"github.com/sloserve/sloserve/runtime"
 )
 
-// serveREST serves h on a loopback listener limited to max connections plus
+// serveLimited serves h on a loopback listener limited to max connections plus
 // overflow health-only ones, and returns the listener.
-func serveREST(t *testing.T, h http.Handler, max, overflow int, overflowTimeout time.Duration) *LimitedListener {
+func serveLimited(t *testing.T, h http.Handler, max, overflow int, overflowTimeout time.Duration) *LimitedListener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -98,7 +98,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // connections close, requests are served again.
 func TestLimitedListener(t *testing.T) {
 	h, _ := newRESTTest(restLimits)
-	l := serveREST(t, h, 2, 1, 500*time.Millisecond)
+	l := serveLimited(t, h, 2, 1, 500*time.Millisecond)
 
 	var held []net.Conn
 	for range 2 {
@@ -188,7 +188,7 @@ func (s slowBackend) Infer(ctx context.Context, name, version string, req *runti
 // connection passes on the half-close before the server hangs up.
 func TestLimitedListenerHalfClose(t *testing.T) {
 	h, _ := newRESTTest(restLimits)
-	l := serveREST(t, h, 4, 0, OverflowTimeout)
+	l := serveLimited(t, h, 4, 0, OverflowTimeout)
 	start := time.Now()
 	resp, _ := rawRequest(t, l, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Pad: "+strings.Repeat("a", 64<<10)+"\r\n\r\n")
 	if resp.status != http.StatusRequestHeaderFieldsTooLarge || resp.body != "431 Request Header Fields Too Large" {
@@ -209,7 +209,7 @@ func TestRESTBodyTimeout(t *testing.T) {
 	lim := restLimits
 	lim.BodyTimeout = 300 * time.Millisecond
 	h := NewREST(slowBackend{newFakeBackend(), time.Second}, lim, slog.New(slog.DiscardHandler))
-	l := serveREST(t, h, 8, 0, OverflowTimeout)
+	l := serveLimited(t, h, 8, 0, OverflowTimeout)
 
 	start := time.Now()
 	resp, c := rawRequest(t, l, "POST /v2/models/sum/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\":")
