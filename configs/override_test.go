@@ -15,7 +15,7 @@ func TestKeys(t *testing.T) {
 		"runtime.onnxruntime_library", "runtime.socket_dir", "runtime.ready_timeout",
 		"runtime.health_interval", "runtime.restart_backoff_initial", "runtime.restart_backoff_max",
 		"runtime.max_restarts", "runtime.call_timeout",
-		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_batch_size", "limits.max_inflight_requests",
+		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_batch_size", "limits.max_inflight_requests", "limits.max_inflight_bytes",
 		"limits.grace_period", "limits.shutdown_delay", "limits.max_connections", "limits.header_timeout", "limits.body_timeout",
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_connection_timeout",
 		"limits.grpc_keepalive_min_time",

@@ -182,10 +182,13 @@ type Limits struct {
 	MaxTensorElements int64    `yaml:"max_tensor_elements"`
 	// MaxBatchSize caps the batch dimension of every request: a model whose
 	// max_batch_size is larger does not load.
-	MaxBatchSize        int           `yaml:"max_batch_size"`
-	MaxInflightRequests int           `yaml:"max_inflight_requests"`
-	GracePeriod         time.Duration `yaml:"grace_period"`
-	ShutdownDelay       time.Duration `yaml:"shutdown_delay"` // not ready but serving, before the listeners close
+	MaxBatchSize        int `yaml:"max_batch_size"`
+	MaxInflightRequests int `yaml:"max_inflight_requests"`
+	// MaxInflightBytes bounds the input bytes of all requests in flight,
+	// so that memory stays bounded whatever the requests' sizes.
+	MaxInflightBytes ByteSize      `yaml:"max_inflight_bytes"`
+	GracePeriod      time.Duration `yaml:"grace_period"`
+	ShutdownDelay    time.Duration `yaml:"shutdown_delay"` // not ready but serving, before the listeners close
 	// MaxConnections caps the open connections of each listener (REST,
 	// gRPC). Over it, REST answers health probes and refuses the rest with
 	// 503 on a small overflow allowance, and gRPC closes new connections.
@@ -255,6 +258,7 @@ func DefaultServer() *Server {
 			MaxTensorElements:     16 << 20,
 			MaxBatchSize:          1024,
 			MaxInflightRequests:   1024,
+			MaxInflightBytes:      GiB,
 			GracePeriod:           30 * time.Second,
 			MaxConnections:        4096,
 			HeaderTimeout:         10 * time.Second,
@@ -420,6 +424,9 @@ func (s *Server) validate() problems {
 	}
 	if l.MaxInflightRequests <= 0 {
 		p.add("limits.max_inflight_requests", "must be > 0, got %d", l.MaxInflightRequests)
+	}
+	if l.MaxInflightBytes <= 0 {
+		p.add("limits.max_inflight_bytes", "must be > 0, got %d", l.MaxInflightBytes)
 	}
 	if l.GracePeriod < 0 {
 		p.add("limits.grace_period", "must be >= 0, got %v", l.GracePeriod)

@@ -345,6 +345,57 @@ func TestSetMaxInflight(t *testing.T) {
 	}
 }
 
+// The input bytes in flight are bounded: a request that would pass the
+// bound is refused while another runs, one alone always passes, and the
+// bytes are given back when a request ends.
+func TestSetMaxInflightBytes(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1), 1)
+	r, f, _ := newTestRegistry(t, ControlNone, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	req := sumRequest([4]float32{1, 1, 1, 1}) // 16 bytes of input
+	// Smaller than one request: a request alone still runs.
+	r.SetMaxInflightBytes(10)
+	if _, _, err := r.Infer(t.Context(), "sum", "", req); err != nil {
+		t.Fatalf("a request alone over the bound: %v, want it served", err)
+	}
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.g = gate
+	f.mu.Unlock()
+	r.SetMaxInflightBytes(31) // room for one 16-byte request, not two
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := r.Infer(context.Background(), "sum", "", sumRequest([4]float32{1, 1, 1, 1}))
+		done <- err
+	}()
+	waitUntil(t, "the first request to run", func() bool { return f.of("sum", 1)[0].calls.Load() == 2 })
+	_, _, err := r.Infer(t.Context(), "sum", "", req)
+	if !errors.Is(err, ErrOverloaded) || !strings.Contains(err.Error(), "limits.max_inflight_bytes") {
+		t.Errorf("second request past 31 bytes: %v, want ErrOverloaded naming limits.max_inflight_bytes", err)
+	}
+	r.SetMaxInflightBytes(32) // room for both: the second waits for the instance
+	second := make(chan error, 1)
+	go func() {
+		_, _, err := r.Infer(context.Background(), "sum", "", sumRequest([4]float32{1, 1, 1, 1}))
+		second <- err
+	}()
+	waitUntil(t, "the second request to be admitted", func() bool { return r.inflightBytes.Load() == 32 })
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Errorf("second request within 32 bytes: %v", err)
+	}
+	if n := r.inflightBytes.Load(); n != 0 {
+		t.Errorf("%d bytes still counted in flight after every request ended", n)
+	}
+}
+
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

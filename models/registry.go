@@ -82,9 +82,14 @@ type Options struct {
 	PollInterval      time.Duration
 	StartupModels     []string // explicit mode; "*" loads all
 	MaxTensorElements int64
-	MaxBatchSize      int           // largest max_batch_size a model may have; 0 = no limit
-	MaxInflight       int           // requests in flight across all models; 0 = no limit
-	DrainTimeout      time.Duration // how long unload waits for in-flight requests
+	MaxBatchSize      int // largest max_batch_size a model may have; 0 = no limit
+	MaxInflight       int // requests in flight across all models; 0 = no limit
+	// MaxInflightBytes bounds the input bytes of the requests in flight
+	// across all models (0 = no limit). A request that would pass it is
+	// refused with ErrOverloaded, unless nothing else is in flight: one
+	// request within the request size limit always gets through.
+	MaxInflightBytes int64
+	DrainTimeout     time.Duration // how long unload waits for in-flight requests
 	// CallTimeout bounds one call to an instance (default 30s). A call
 	// without an answer by then is abandoned: the request is retried once
 	// on another instance or fails with runtime.ErrUnavailable, and the
@@ -133,9 +138,12 @@ type Registry struct {
 
 	// Settings a config reload changes while the registry runs; they start
 	// as Options says.
-	maxInflight  atomic.Int64 // 0 = no limit
-	drainTimeout atomic.Int64 // a time.Duration
-	pollInterval atomic.Int64 // a time.Duration
+	maxInflight atomic.Int64 // 0 = no limit
+	// inflightBytes sums the input bytes of the requests in flight;
+	// maxInflightBytes bounds it (0 = no limit).
+	inflightBytes, maxInflightBytes atomic.Int64
+	drainTimeout                    atomic.Int64 // a time.Duration
+	pollInterval                    atomic.Int64 // a time.Duration
 
 	mu     sync.RWMutex
 	models map[string]*model
@@ -234,6 +242,7 @@ func New(opts Options) (*Registry, error) {
 		rescan: make(chan struct{}, 1),
 	}
 	r.maxInflight.Store(int64(opts.MaxInflight))
+	r.maxInflightBytes.Store(max(opts.MaxInflightBytes, 0))
 	r.drainTimeout.Store(int64(cmp.Or(opts.DrainTimeout, 30*time.Second)))
 	r.pollInterval.Store(int64(opts.PollInterval))
 	if opts.CallTimeout <= 0 {
@@ -920,6 +929,18 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 			return nil, "", fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
 		}
 		defer r.inflight.Add(-1)
+	}
+	if limit := r.maxInflightBytes.Load(); limit > 0 {
+		var size int64
+		for _, t := range req.Inputs {
+			size += int64(len(t.Data))
+		}
+		if n := r.inflightBytes.Add(size); n > limit && n != size {
+			r.inflightBytes.Add(-size)
+			return nil, "", fmt.Errorf("%w: the requests in flight hold %s of inputs, over limits.max_inflight_bytes (%s)",
+				ErrOverloaded, configs.ByteSize(n-size), configs.ByteSize(limit))
+		}
+		defer r.inflightBytes.Add(-size)
 	}
 	v, err := r.acquire(name, ver)
 	if errors.Is(err, ErrNotReady) && r.isEvicted(name) {

@@ -38,6 +38,7 @@ var liveKeys = []string{
 	"repositories",
 	"poll_interval",
 	"limits.max_inflight_requests",
+	"limits.max_inflight_bytes",
 	"limits.grace_period",
 	"log.level",
 	"auth.inference_token_file",
@@ -177,6 +178,9 @@ func (rl *reloader) apply() (api.ReloadResult, error) {
 		case "limits.max_inflight_requests":
 			r.Limits.MaxInflightRequests = next.Limits.MaxInflightRequests
 			rl.reg.SetMaxInflight(next.Limits.MaxInflightRequests)
+		case "limits.max_inflight_bytes":
+			r.Limits.MaxInflightBytes = next.Limits.MaxInflightBytes
+			rl.reg.SetMaxInflightBytes(int64(next.Limits.MaxInflightBytes))
 		case "limits.grace_period":
 			r.Limits.GracePeriod = next.Limits.GracePeriod
 			rl.reg.SetDrainTimeout(next.Limits.GracePeriod)

@@ -77,6 +77,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		MaxBatchSize:      cfg.Limits.MaxBatchSize,
 		MaxInflight:       cfg.Limits.MaxInflightRequests,
+		MaxInflightBytes:  int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout:      cfg.Limits.GracePeriod,
 		CallTimeout:       cfg.Runtime.CallTimeout,
 		NewInstance:       runners.start,
