@@ -174,6 +174,10 @@ type model struct {
 	removed     bool                 // its folder is gone: requests find no model
 
 	demand sync.Mutex // one load on demand at a time
+	// reviving counts the requests in revive, so that a request that finds
+	// the model not ready while another loads it on demand waits for that
+	// load instead of failing.
+	reviving atomic.Int32
 }
 
 // version is one loaded model version: its instances and their idle pool.
@@ -853,13 +857,14 @@ func (r *Registry) unload(ctx context.Context, name, reason string, forget bool)
 	return nil
 }
 
-// isEvicted reports whether a model was evicted and not loaded since.
-func (r *Registry) isEvicted(name string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	return ok && m.evicted
-}
+// evictedError is the not-ready error of a model that was evicted and not
+// loaded since, or that a request is loading on demand: a request that
+// gets it loads the model itself, or waits for the load under way. It is
+// decided under the same lock as the version lookup, so a load finishing
+// in between cannot make a request fail.
+type evictedError struct{ error }
+
+func (e evictedError) Unwrap() error { return e.error }
 
 // resolve finds the serving version a request names ("" = the highest).
 // The caller holds r.mu.
@@ -893,10 +898,14 @@ func (m *model) resolve(ver string) (*version, error) {
 }
 
 func (m *model) notReady() error {
+	err := fmt.Errorf("%w: %q is not loaded", ErrNotReady, m.name)
 	if m.reason != "" {
-		return fmt.Errorf("%w: %q: %s", ErrNotReady, m.name, m.reason)
+		err = fmt.Errorf("%w: %q: %s", ErrNotReady, m.name, m.reason)
 	}
-	return fmt.Errorf("%w: %q is not loaded", ErrNotReady, m.name)
+	if m.evicted || m.reviving.Load() > 0 {
+		return evictedError{err}
+	}
+	return err
 }
 
 // acquire finds a serving version and counts a request in flight on it, so
@@ -943,7 +952,7 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		defer r.inflightBytes.Add(-size)
 	}
 	v, err := r.acquire(name, ver)
-	if errors.Is(err, ErrNotReady) && r.isEvicted(name) {
+	if errors.As(err, new(evictedError)) {
 		if err := r.revive(ctx, name); err != nil {
 			return nil, "", fmt.Errorf("%w: %q: loading the evicted model on demand: %w", ErrNotReady, name, err)
 		}

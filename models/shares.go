@@ -364,6 +364,8 @@ func (r *Registry) revive(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	m.reviving.Add(1)
+	defer m.reviving.Add(-1)
 	m.demand.Lock()
 	defer m.demand.Unlock()
 	r.mu.RLock()
