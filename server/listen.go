@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 
@@ -49,10 +50,13 @@ func listenLimited(name, addr string, lim configs.Limits, overflow int, reg prom
 // newRESTServer is the REST listener's http.Server with the configured
 // header, idle and size limits. The body's own deadline
 // (limits.body_timeout) is set by the handler, not here: http.Server's
-// ReadTimeout would also end the requests that run longer than it.
-func newRESTServer(h http.Handler, lim configs.Limits, ln *api.LimitedListener) *http.Server {
+// ReadTimeout would also end the requests that run longer than it. The
+// server's own complaints about connections (failed TLS handshakes from
+// scanners or plain-HTTP clients, broken requests) go to logger at debug.
+func newRESTServer(h http.Handler, lim configs.Limits, ln *api.LimitedListener, logger *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: lim.HeaderTimeout,
 		IdleTimeout:       lim.IdleTimeout,
 		MaxHeaderBytes:    int(lim.MaxHeaderBytes),

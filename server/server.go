@@ -134,7 +134,8 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		if err != nil {
 			return fmt.Errorf("listen.http: %w", err)
 		}
-		httpSrv = newRESTServer(api.NewREST(be, lim, logger.With("component", "rest"), sec.auth.REST()), cfg.Limits, ln)
+		restLog := logger.With("component", "rest")
+		httpSrv = newRESTServer(api.NewREST(be, lim, restLog, sec.auth.REST()), cfg.Limits, ln, restLog)
 		go func() { serveErr <- ignoreClosed(httpSrv.Serve(sec.listener(ln, "h2", "http/1.1"))) }()
 		logger.Info("REST listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}

@@ -366,6 +366,11 @@ func TestE2ESecurityTLS(t *testing.T) {
 		if err != nil || code != 400 || !strings.Contains(string(body), "Client sent an HTTP request to an HTTPS server") {
 			t.Errorf("plain HTTP to the REST port: %d %q %v; want 400 from the TLS layer", code, body, err)
 		}
+		// The failed handshake is logged through the server's logger, at
+		// debug, not printed raw to stderr.
+		waitFor(t, "the failed handshake in the log", 5*time.Second, func() bool {
+			return ss.logHas("level=DEBUG", "TLS handshake error", "component=rest")
+		})
 		code, body, _, err = request(ctx, http.DefaultClient, "GET", strings.Replace(ss.metrics, "https://", "http://", 1)+"/metrics", nil)
 		if err != nil || code != 400 || strings.Contains(string(body), "sloserve_") {
 			t.Errorf("plain HTTP to the metrics port: %d %v; want 400 from the TLS layer", code, err)
