@@ -153,8 +153,8 @@ slo: {latency_ms: %d, class: latency-critical}
 			rng := rand.New(rand.NewPCG(qbSeed, 0))
 			var before, during []*lcRecord
 			for b.Loop() {
-				openLoop(s, req, rbRate, 2*time.Second, rbSLO, rng) // warm
-				before = append(before, openLoop(s, req, rbRate, rbPhase, rbSLO, rng)...)
+				openLoop(s.grpc, req, rbRate, 2*time.Second, rbSLO, rng) // warm
+				before = append(before, openLoop(s.grpc, req, rbRate, rbPhase, rbSLO, rng)...)
 				var wg sync.WaitGroup
 				wg.Go(func() {
 					for i := range rbChanges {
@@ -162,7 +162,7 @@ slo: {latency_ms: %d, class: latency-critical}
 						pin(tc.shares[(i+1)%2])
 					}
 				})
-				during = append(during, openLoop(s, req, rbRate, rbPhase, rbSLO, rng)...)
+				during = append(during, openLoop(s.grpc, req, rbRate, rbPhase, rbSLO, rng)...)
 				wg.Wait()
 				pin(tc.shares[0])
 			}

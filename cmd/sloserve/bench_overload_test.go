@@ -41,6 +41,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/sloserve/sloserve/api/inference"
 )
 
@@ -123,7 +125,7 @@ profile: {shapes: {x: [1, 3, 320, 320]}}
 inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, 320]}]
 execution: {intra_op_threads: 1}
 slo: {latency_ms: 60000, class: best-effort}
-resources: {memory_limit: 512MiB}
+resources: {memory_limit: 1GiB}
 profile: {shapes: {x: [1, 3, 48, 320]}}
 `},
 	)
@@ -177,6 +179,19 @@ func measureRateFor(b *testing.B, s *testServer, req *inference.ModelInferReques
 		b.Logf("%s closed loop: %d failed requests, last: %v", req.ModelName, n, err)
 	}
 	return r
+}
+
+// ownClient is a gRPC client on a connection of its own, as a separate
+// client application would have: one connection carries at most
+// limits.grpc_max_streams calls at once, and the two models' load must not
+// queue behind each other in the generator.
+func ownClient(b *testing.B, s *testServer) inference.GRPCInferenceServiceClient {
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(s.creds))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return inference.NewGRPCInferenceServiceClient(conn)
 }
 
 // procSample is one reading of the server process and its runners.
@@ -361,10 +376,10 @@ func BenchmarkOverload(b *testing.B) {
 		sm := startSampler(b, s, ovSampleEvery, false)
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			lcRecs = openLoop(s, ovLCInfer(1), factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
+			lcRecs = openLoop(ownClient(b, s), ovLCInfer(1), factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
 		})
 		wg.Go(func() {
-			beRecs = openLoop(s, ovBEInfer(), factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
+			beRecs = openLoop(ownClient(b, s), ovBEInfer(), factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
 		})
 		wg.Wait()
 		mem = sm.stop()
@@ -460,10 +475,10 @@ func BenchmarkSoak(b *testing.B) {
 		sm := startSampler(b, s, 10*time.Second, true)
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			lcRecs = openLoop(s, ovLCInfer(1), load*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 3)))
+			lcRecs = openLoop(ownClient(b, s), ovLCInfer(1), load*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 3)))
 		})
 		wg.Go(func() {
-			beRecs = openLoop(s, ovBEInfer(), load*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 4)))
+			beRecs = openLoop(ownClient(b, s), ovBEInfer(), load*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 4)))
 		})
 		wg.Wait()
 		samples = sm.stop()

@@ -238,7 +238,7 @@ type lcRecord struct {
 // second for d, each from its own goroutine at its scheduled time without
 // waiting for earlier ones, and returns when every response is in. Latency
 // counts from the actual send; the lag before it is recorded apart.
-func openLoop(s *testServer, req *inference.ModelInferRequest, rate float64, d, slo time.Duration, rng *rand.Rand) []*lcRecord {
+func openLoop(client inference.GRPCInferenceServiceClient, req *inference.ModelInferRequest, rate float64, d, slo time.Duration, rng *rand.Rand) []*lcRecord {
 	var recs []*lcRecord
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -259,7 +259,7 @@ func openLoop(s *testServer, req *inference.ModelInferRequest, rate float64, d, 
 			// A safety net only: far longer than any queue here lasts.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			_, err := s.grpc.ModelInfer(ctx, req)
+			_, err := client.ModelInfer(ctx, req)
 			rec.latency = time.Since(sent)
 			rec.outcome, rec.err = classify(err, rec.latency, slo), err
 		})
@@ -412,7 +412,7 @@ func benchQoSvsFIFO(b *testing.B, cal calibration, sloMS float64) {
 				p := &phaseResult{policy: policy, load: load, rate: load * cal.capacity, dur: qbPhase, beAlone: beAlone}
 				before := lcCounters(b, s)
 				start := time.Now()
-				recs := openLoop(s, lcReq, p.rate, qbPhase, slo, rng)
+				recs := openLoop(s.grpc, lcReq, p.rate, qbPhase, slo, rng)
 				p.beRate = be.rate(start, start.Add(qbPhase))
 				p.server = lcCounters(b, s).sub(before)
 				p.add(recs)
