@@ -157,28 +157,14 @@ func calibrateOverload(b *testing.B) ovCalibration {
 	timeCalls(ovLCInfer(1), 10) // warm
 	var c ovCalibration
 	c.solo, c.batch4 = timeCalls(ovLCInfer(1), 40), timeCalls(ovLCInfer(4), 15)
-	c.lcCapacity = measureRateFor(b, s, ovLCInfer(1), ovClients)
-	c.beCapacity = measureRateFor(b, s, ovBEInfer(), ovClients)
+	c.lcCapacity = measureRateOver(b, s, ovLCInfer(1), ovClients, ovWarm, ovWindow)
+	c.beCapacity = measureRateOver(b, s, ovBEInfer(), ovClients, ovWarm, ovWindow)
 	// Room for a full batch ahead of a request's own, and some.
 	c.sloMS = math.Round(2.5 * ms(c.batch4))
 	if err := s.stop(); err != nil {
 		b.Fatal(err)
 	}
 	return c
-}
-
-// measureRateFor is measureRate with the overload benchmarks' windows.
-func measureRateFor(b *testing.B, s *testServer, req *inference.ModelInferRequest, clients int) float64 {
-	b.Helper()
-	l := startClosedLoop(s, req, clients)
-	time.Sleep(ovWarm)
-	from := time.Now()
-	time.Sleep(ovWindow)
-	r := l.rate(from, time.Now())
-	if n, err := l.stop(); n > 0 {
-		b.Logf("%s closed loop: %d failed requests, last: %v", req.ModelName, n, err)
-	}
-	return r
 }
 
 // ownClient is a gRPC client on a connection of its own, as a separate
@@ -237,8 +223,12 @@ func sampleProcs(b *testing.B, s *testServer, at time.Duration, metrics bool) pr
 		}
 	}
 	if metrics {
-		m := s.scrape(b)
-		p.goroutines, p.heapInuse = m["go_goroutines"], m["go_memstats_heap_inuse_bytes"]
+		// The sampler's goroutine must not call Fatal: a failed scrape
+		// leaves the sample's metrics NaN.
+		p.goroutines, p.heapInuse = math.NaN(), math.NaN()
+		if m, err := s.scrapeMetrics(); err == nil {
+			p.goroutines, p.heapInuse = m["go_goroutines"], m["go_memstats_heap_inuse_bytes"]
+		}
 	}
 	return p
 }
@@ -330,17 +320,20 @@ func (sm *sampler) stop() []procSample {
 	return sm.samples
 }
 
-// counts tallies open-loop records by outcome.
-func counts(recs []*lcRecord) (c [numLCOutcomes]int, lat []time.Duration, examples [numLCOutcomes]error) {
-	for _, r := range recs {
-		c[r.outcome]++
-		if r.err == nil {
-			lat = append(lat, r.latency)
-		} else if examples[r.outcome] == nil {
-			examples[r.outcome] = r.err
+// tally counts open-loop records that ran for d by outcome.
+func tally(recs []*lcRecord, d time.Duration) *phaseResult {
+	p := &phaseResult{dur: d}
+	p.add(recs)
+	return p
+}
+
+// writeExamples writes an error of each kind the records of p had.
+func writeExamples(sb *strings.Builder, name string, p *phaseResult) {
+	for o, err := range p.examples {
+		if err != nil {
+			fmt.Fprintf(sb, "%s %s: e.g. %v\n", name, lcOutcomeNames[o], err)
 		}
 	}
-	return c, lat, examples
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
@@ -402,9 +395,8 @@ func BenchmarkOverload(b *testing.B) {
 		}
 	}
 
-	lc, lcLat, lcEx := counts(lcRecs)
-	be, beLat, beEx := counts(beRecs)
-	goodput := float64(lc[lcGood]) / dur.Seconds()
+	lc, be := tally(lcRecs, dur), tally(beRecs, dur)
+	goodput := lc.goodput()
 	var maxServer, maxRunners int64
 	for _, m := range mem {
 		maxServer, maxRunners = max(maxServer, m.serverRSS), max(maxRunners, m.runnerRSS)
@@ -423,18 +415,14 @@ func BenchmarkOverload(b *testing.B) {
 	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v, detector SLO %.0f ms\n", b.Name(), factor, dur, cal.sloMS)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\toffered/s\tcapacity/s\tsent\tgood\tlate\trejected\tdropped\tfailed\tgoodput/s\tgood/capacity\tp50 ms\tp99 ms\tlag p99 ms\t")
-	row := func(name string, offered, capacity float64, recs []*lcRecord, c [numLCOutcomes]int, lat []time.Duration) {
-		lags := make([]time.Duration, len(recs))
-		for i, r := range recs {
-			lags[i] = r.lag
-		}
-		good := float64(c[lcGood]) / dur.Seconds()
+	row := func(name string, capacity float64, p *phaseResult) {
+		c := p.counts
 		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.3f\t%.1f\t%.1f\t%.1f\t\n",
-			name, offered, capacity, len(recs), c[lcGood], c[lcLate], c[lcRejected], c[lcDropped], c[lcFailed],
-			good, good/capacity, pctMS(lat, 0.5), pctMS(lat, 0.99), pctMS(lags, 0.99))
+			name, factor*capacity, capacity, p.sent, c[lcGood], c[lcLate], c[lcRejected], c[lcDropped], c[lcFailed],
+			p.goodput(), p.goodput()/capacity, pctMS(p.latencies, 0.5), pctMS(p.latencies, 0.99), pctMS(p.lags, 0.99))
 	}
-	row("detector (latency-critical)", factor*cal.lcCapacity, cal.lcCapacity, lcRecs, lc, lcLat)
-	row("recogniser (best-effort)", factor*cal.beCapacity, cal.beCapacity, beRecs, be, beLat)
+	row("detector (latency-critical)", cal.lcCapacity, lc)
+	row("recogniser (best-effort)", cal.beCapacity, be)
 	tw.Flush()
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
@@ -442,16 +430,8 @@ func BenchmarkOverload(b *testing.B) {
 		mib(before.serverRSS), mib(maxServer), mib(after.serverRSS),
 		mib(before.runnerRSS), mib(maxRunners), mib(after.runnerRSS), before.goroutines, after.goroutines)
 	fmt.Fprintf(&sb, "recovery: a detector request within its SLO %.0f ms after the load stopped\n", ms(recovery))
-	for _, ex := range []struct {
-		name string
-		errs [numLCOutcomes]error
-	}{{"detector", lcEx}, {"recogniser", beEx}} {
-		for o, err := range ex.errs {
-			if err != nil {
-				fmt.Fprintf(&sb, "%s %s: e.g. %v\n", ex.name, lcOutcomeNames[o], err)
-			}
-		}
-	}
+	writeExamples(&sb, "detector", lc)
+	writeExamples(&sb, "recogniser", be)
 	fmt.Print(sb.String())
 }
 
@@ -487,8 +467,7 @@ func BenchmarkSoak(b *testing.B) {
 		}
 	}
 
-	lc, _, lcEx := counts(lcRecs)
-	be, _, beEx := counts(beRecs)
+	lc, be := tally(lcRecs, dur), tally(beRecs, dur)
 	// The first minute is the warm-up: the control loop and the allocators
 	// settle. Growth is judged from its end to the run's end.
 	var steady []procSample
@@ -517,7 +496,8 @@ func BenchmarkSoak(b *testing.B) {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%s: %.0f%% of capacity for %v; %d samples, growth judged after the first minute\n", b.Name(), 100*load, dur, len(samples))
 	fmt.Fprintf(&sb, "detector: %d sent, %d good, %d late, %d rejected, %d dropped, %d failed; recogniser: %d sent, %d good, %d failed\n",
-		len(lcRecs), lc[lcGood], lc[lcLate], lc[lcRejected], lc[lcDropped], lc[lcFailed], len(beRecs), be[lcGood], be[lcFailed])
+		lc.sent, lc.counts[lcGood], lc.counts[lcLate], lc.counts[lcRejected], lc.counts[lcDropped], lc.counts[lcFailed],
+		be.sent, be.counts[lcGood], be.counts[lcFailed])
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "series\tat 1 min\tat end\tmin\tmax\tfitted growth per hour\t")
 	for _, s := range all {
@@ -531,16 +511,8 @@ func BenchmarkSoak(b *testing.B) {
 		b.ReportMetric(vals[len(vals)-1]-vals[0], strings.ReplaceAll(s.name, " ", "-")+"-growth")
 	}
 	tw.Flush()
-	for _, ex := range []struct {
-		name string
-		errs [numLCOutcomes]error
-	}{{"detector", lcEx}, {"recogniser", beEx}} {
-		for o, err := range ex.errs {
-			if err != nil {
-				fmt.Fprintf(&sb, "%s %s: e.g. %v\n", ex.name, lcOutcomeNames[o], err)
-			}
-		}
-	}
+	writeExamples(&sb, "detector", lc)
+	writeExamples(&sb, "recogniser", be)
 	var raw bytes.Buffer
 	for _, p := range samples {
 		fmt.Fprintf(&raw, "%.0f %.0f %d %.1f %d %.1f\n", p.at.Seconds(), p.goroutines, p.serverFDs, mib(p.serverRSS), p.runnerFDs, mib(p.runnerRSS))

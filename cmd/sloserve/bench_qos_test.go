@@ -182,11 +182,17 @@ func (l *closedLoop) stop() (int, error) {
 // measureRate runs a closed loop, lets it settle for qbWarm and returns its
 // completion rate over the next qbWindow.
 func measureRate(b *testing.B, s *testServer, req *inference.ModelInferRequest, clients int) float64 {
+	return measureRateOver(b, s, req, clients, qbWarm, qbWindow)
+}
+
+// measureRateOver runs a closed loop, lets it settle for warm and returns
+// its completion rate over the next window.
+func measureRateOver(b *testing.B, s *testServer, req *inference.ModelInferRequest, clients int, warm, window time.Duration) float64 {
 	b.Helper()
 	l := startClosedLoop(s, req, clients)
-	time.Sleep(qbWarm)
+	time.Sleep(warm)
 	from := time.Now()
-	time.Sleep(qbWindow)
+	time.Sleep(window)
 	r := l.rate(from, time.Now())
 	if n, err := l.stop(); n > 0 {
 		b.Logf("%s closed loop: %d failed requests, last: %v", req.ModelName, n, err)

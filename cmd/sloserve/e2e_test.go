@@ -400,9 +400,19 @@ func (s *testServer) runnerPids(t testing.TB, substr string) []int {
 // labels as exposed.
 func (s *testServer) scrape(tb testing.TB) map[string]float64 {
 	tb.Helper()
-	resp, err := s.client.Get(s.metrics + "/metrics")
+	series, err := s.scrapeMetrics()
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return series
+}
+
+// scrapeMetrics is scrape for goroutines other than the test's, which must
+// not call Fatal.
+func (s *testServer) scrapeMetrics() (map[string]float64, error) {
+	resp, err := s.client.Get(s.metrics + "/metrics")
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	series := map[string]float64{}
@@ -416,14 +426,11 @@ func (s *testServer) scrape(tb testing.TB) map[string]float64 {
 		}
 		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {
-			tb.Fatalf("metric %s: %v", line, err)
+			return nil, fmt.Errorf("metric %s: %w", line, err)
 		}
 		series[line[:i]] = v
 	}
-	if err := sc.Err(); err != nil {
-		tb.Fatal(err)
-	}
-	return series
+	return series, sc.Err()
 }
 
 // metricValue scrapes the metrics endpoint for one series' value.
