@@ -319,7 +319,14 @@ func (r *Runner) supervise(p *process) {
 	for {
 		readySince := time.Now()
 		cause, tail, stopped := r.watch(p)
+		r.mu.Lock()
+		// Out of service and no longer ready in one step, so that no caller
+		// sees a ready runner without a process.
 		r.serving.Store(nil)
+		if !stopped && r.state == RunnerReady {
+			r.state, r.reason = RunnerRestarting, cause
+		}
+		r.mu.Unlock()
 		p.close()
 		r.live.Store(nil)
 		if stopped {
@@ -683,13 +690,9 @@ func (r *Runner) LogValue() slog.Value {
 // with ErrInvalidTensor (and ErrInference); an ONNX Runtime failure with
 // ErrInference. Both keep the runner's message.
 func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, error) {
-	p := r.serving.Load()
-	if p == nil {
-		msg := r.State().String()
-		if reason := r.Reason(); reason != "" {
-			msg += ": " + reason
-		}
-		return nil, fmt.Errorf("%w: runner %s is %s", ErrUnavailable, r.cfg.Name, msg)
+	p, err := r.servingProcess()
+	if err != nil {
+		return nil, err
 	}
 	resp, err := p.runner.Infer(ctx, requestToProto(req))
 	if err != nil {
@@ -700,6 +703,21 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 		return nil, fmt.Errorf("%w: runner %s: %v", ErrInference, r.cfg.Name, err)
 	}
 	return out, nil
+}
+
+// servingProcess is the process to send a call to; a runner that is not
+// ready fails the call at once with ErrUnavailable and its state's reason.
+func (r *Runner) servingProcess() (*process, error) {
+	if p := r.serving.Load(); p != nil {
+		return p, nil
+	}
+	r.mu.Lock()
+	msg := r.state.String()
+	if r.reason != "" {
+		msg += ": " + r.reason
+	}
+	r.mu.Unlock()
+	return nil, fmt.Errorf("%w: runner %s is %s", ErrUnavailable, r.cfg.Name, msg)
 }
 
 // inferError turns a failed call into the package's errors.
