@@ -491,3 +491,78 @@ func TestCleanupStaleReal(t *testing.T) {
 		t.Errorf("Place after cleanup: %+v, %v", pl, err)
 	}
 }
+
+// A background unit yields the CPU to a floor: with both runners kept
+// busy by more calls than there are CPUs, the floor's runner gets nearly
+// all of the CPU time. The same runners at equal default weights (two
+// caps with no quota) split it about evenly, which shows it is the class
+// that yields, not the runners' own pace.
+func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
+	l := realLimiter(t)
+	req := detectorRequest()
+	// busy keeps two calls in flight on each runner for d and returns the
+	// CPU seconds each unit used meanwhile.
+	busy := func(ids [2]string, runners [2]*runtime.Runner, d time.Duration) [2]float64 {
+		var before, after [2]float64
+		for i, id := range ids {
+			st, err := l.Stats(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[i] = st.CPUSeconds
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, r := range runners {
+			for range l.CPUs() {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						_, _ = r.Infer(ctx, req)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for i, id := range ids {
+			st, err := l.Stats(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after[i] = st.CPUSeconds - before[i]
+		}
+		return after
+	}
+
+	floor, bg := "yield-floor", "yield-background"
+	plF, err := l.Place(floor, Share{Compute: 0.25, Mode: ModeFloor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plB, err := l.Place(bg, Share{Mode: ModeBackground})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
+	for _, r := range runners {
+		timeCall(t, r, req) // warm up
+	}
+	ids := [2]string{floor, bg}
+
+	prio := busy(ids, runners, 3*time.Second)
+	for _, id := range ids {
+		if err := l.Resize(id, Share{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	even := busy(ids, runners, 3*time.Second)
+	t.Logf("CPU seconds in 3s, floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f", prio[0], prio[1], even[0], even[1])
+	// The background runner still fills the moments the floor's runner
+	// waits for its next call (measured: about a sixth of the CPU).
+	if prio[0] < 2.5*prio[1] {
+		t.Errorf("the floor's runner used %.2f CPU s and the background one %.2f; want at least 2.5 times as much", prio[0], prio[1])
+	}
+	if even[1] < even[0]/2 {
+		t.Errorf("at equal weights the runners used %.2f and %.2f CPU s; want about even (the test's load is not what it assumes)", even[0], even[1])
+	}
+}
