@@ -34,7 +34,8 @@ const (
 // Defaults for zero values in AdjusterOptions.
 const (
 	DefaultAdjustPeriod   = time.Second
-	DefaultHeadroom       = 0.2
+	DefaultHeadroom       = 0.1
+	DefaultQuantile       = 0.99
 	DefaultMaxUtilization = 0.8
 	DefaultScaleDownAfter = 10 * time.Second
 	DefaultCooldown       = 5 * time.Second
@@ -101,6 +102,12 @@ type AdjusterOptions struct {
 	// Headroom: a latency-critical model's predicted latency must be at
 	// most SLO × (1 - Headroom). Default 0.2; negative means none.
 	Headroom float64
+	// Quantile is the fraction of a latency-critical model's requests
+	// that must meet its SLO: the adaptive policy sizes its share so that
+	// the predicted latency at this quantile meets the SLO, and grows it
+	// whatever the prediction while the observed attainment is below it.
+	// Default 0.99.
+	Quantile float64
 	// MaxUtilization bounds a model's predicted utilisation, rate ×
 	// execution time / (batch × slots). Default 0.8.
 	MaxUtilization float64
@@ -221,6 +228,10 @@ type tracked struct {
 	// again before retryAt.
 	failures int
 	retryAt  time.Time
+	// boost is the floor observed misses have raised a latency-critical
+	// model to (0: none), boostAt when it last rose.
+	boost   float64
+	boostAt time.Time
 }
 
 type slackSample struct {
@@ -284,6 +295,10 @@ func (o *AdjusterOptions) setDefaults() error {
 	fraction("step", &o.Step, DefaultShareStep, false)
 	fraction("min share", &o.MinShare, DefaultMinShare, false)
 	fraction("headroom", &o.Headroom, DefaultHeadroom, true)
+	fraction("quantile", &o.Quantile, DefaultQuantile, false)
+	if o.Quantile >= 1 {
+		bad("quantile %v: no queue meets an SLO always", o.Quantile)
+	}
 	if o.Headroom >= 1 {
 		bad("headroom %v leaves no latency budget", o.Headroom)
 	}
@@ -665,7 +680,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if !d.exact {
 		tolerance = a.opts.Step/2 - shareEpsilon
 	}
-	if t.hasApplied && want.Memory == t.applied.Memory && sameCompute(want.Compute, t.applied.Compute, tolerance) {
+	if t.hasApplied && want.Memory == t.applied.Memory && want.Mode == t.applied.Mode && sameCompute(want.Compute, t.applied.Compute, tolerance) {
 		t.fresh = false
 		return
 	}
@@ -693,8 +708,8 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	t.slackSince, t.slack = time.Time{}, nil
 	if a.opts.Predictor != nil {
 		c := want.Compute
-		if c <= 0 || c > 1 {
-			c = 1
+		if c <= 0 || c > 1 || want.Mode == limiter.ModeFloor {
+			c = 1 // a floor takes what is idle: it runs as fast as the device
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}

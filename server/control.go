@@ -70,6 +70,15 @@ func newLimiter(ctl configs.Control, device string, log *slog.Logger) (limiter.L
 	return limiter.New(limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log})
 }
 
+// backgroundsBestEffort reports whether the device runs best-effort work
+// behind latency-critical work: the adaptive policy on a cgroup limiter
+// puts best-effort runners in the background (limiter.ModeBackground), so
+// the scheduler may give each class slots of its own.
+func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
+	k := lim.Kind()
+	return policy == configs.SharePolicyAdaptive && (k == limiter.KindCgroupV1 || k == limiter.KindCgroupV2)
+}
+
 // scheduler is the registry's Options.Scheduler.
 func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
 	d, err := ds.get(name)
@@ -110,10 +119,16 @@ func (ds *devices) get(name string) (*device, error) {
 	if floor == 0 {
 		floor = -1 // configs says 0 means none; qos reads 0 as its default
 	}
+	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
+	if err != nil {
+		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
+	}
+	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
 		Policy:          ds.qos.Policy,
 		BestEffortFloor: floor,
 		DeviceSlots:     slots,
+		SeparateClasses: backgroundsBestEffort(ds.ctl.Policy, lim),
 		Estimator:       ds.pred,
 		Logger:          log.With("component", "qos"),
 		Registerer:      ds.reg,
@@ -121,17 +136,14 @@ func (ds *devices) get(name string) (*device, error) {
 		Window:          ds.qos.Window,
 	})
 	if err != nil {
+		lim.Close()
 		return nil, err
 	}
-	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
-	if err != nil {
-		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
-	}
-	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	adj, err := qos.NewAdjuster(sched, qos.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
 		Headroom:       ds.ctl.Headroom,
+		Quantile:       ds.ctl.Quantile,
 		MaxUtilization: ds.ctl.MaxUtilization,
 		ScaleDownAfter: ds.ctl.ScaleDownAfter,
 		Cooldown:       ds.ctl.Cooldown,
@@ -187,7 +199,10 @@ func (ds *devices) sampleInterference(d *device) {
 			lastAt = now
 			used := map[string]float64{}
 			next := map[string]float64{} // models gone since are forgotten
-			var total float64
+			// Background models yield to the others at once, so they slow
+			// only each other.
+			background := map[string]bool{}
+			var total, foreground float64
 			for _, ms := range d.adj.Shares() {
 				// The adjuster's view is as old as its last pass; a
 				// version unloaded since is not fed (that would bring
@@ -199,12 +214,21 @@ func (ds *devices) sampleInterference(d *device) {
 				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
 					used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
 					total += used[ms.Model]
+					if ms.Share.Mode == limiter.ModeBackground {
+						background[ms.Model] = true
+					} else {
+						foreground += used[ms.Model]
+					}
 				}
 				next[ms.Model] = cpu
 			}
 			last = next
 			for name, u := range used {
-				ds.pred.SetInterference(name, total-u)
+				if background[name] {
+					ds.pred.SetInterference(name, total-u)
+				} else {
+					ds.pred.SetInterference(name, foreground-u)
+				}
 			}
 		}
 	}
