@@ -214,8 +214,8 @@ const minSettled = 20
 
 // overrule grows a latency-critical floor past the prediction while the
 // model's observed attainment is below the quantile: by a step above the
-// larger of the applied floor and the boost of the last pass, at most one
-// step a cooldown. The boost stays until attainment is back, and then
+// largest of the applied floor, the prediction and the boost of the last
+// pass, at most one step a cooldown. The boost stays until attainment is back, and then
 // leaves through the usual hysteresis.
 func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 	t := a.models[st.Spec.Name]
@@ -227,7 +227,7 @@ func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 		t.boost = 0
 		return
 	}
-	base := t.boost
+	base := max(t.boost, d.share.Compute) // nothing applied yet: above the prediction
 	if t.hasApplied && t.applied.Mode == limiter.ModeFloor {
 		base = max(base, limitedOrWhole(t.applied.Compute))
 	}
