@@ -458,6 +458,9 @@ type decision struct {
 	exact bool
 	class Class
 	rank  int // priority rank, 1 highest
+	// reserve is the part of a latency-critical floor the best-effort
+	// caps leave free (see Adjuster.reserve).
+	reserve float64
 }
 
 // pass is one round of decisions: read the models, decide, apply what
@@ -609,8 +612,12 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 // priority first.
 func (a *Adjuster) release(p *plan) {
 	over := -a.opts.Capacity
-	for _, s := range p.next {
-		over += min(s.Compute, 1) // a share of 1 or more wants the whole device
+	for name, s := range p.next {
+		c := min(s.Compute, 1) // a share of 1 or more wants the whole device
+		if s.Mode == limiter.ModeFloor {
+			c = min(c, p.ds[name].reserve)
+		}
+		over += c
 	}
 	slices.SortStableFunc(p.held, func(x, y string) int {
 		dx, dy := p.ds[x], p.ds[y]

@@ -56,10 +56,16 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 	if lcAvailable := max(available-floors, 0); demand > lcAvailable+shareEpsilon {
 		a.fitCapacity(lcs, ds, demand, lcAvailable)
 	}
+	// A floor is a weight, not a partition: what the latency-critical
+	// models keep from the best-effort caps is what they are expected to
+	// use with a burst margin (all of the floor while they miss their
+	// SLO); they take the rest of their floor back from the background
+	// at once when a burst needs it.
 	held := available
 	for _, st := range lcs {
-		a.settle(now, st.Spec.Name, ds[st.Spec.Name], p)
-		held -= p.next[st.Spec.Name].Compute
+		name := st.Spec.Name
+		a.settle(now, name, ds[name], p)
+		held -= min(p.next[name].Compute, p.ds[name].reserve)
 	}
 	for name, d := range a.bestEffort(bes, max(held, 0), rank) {
 		a.settle(now, name, d, p)
@@ -160,16 +166,17 @@ func (a *Adjuster) forecast(name string) float64 {
 // takes idle compute beyond it at once). While the observed attainment is
 // below the quantile the floor grows a step a cooldown whatever the
 // prediction says.
-func (a *Adjuster) latencyCritical(st modelState) decision {
+func (a *Adjuster) latencyCritical(st modelState) (d decision) {
 	spec := st.Spec
 	lo, hi := a.bounds(spec)
 	rate := a.forecastAhead(spec.Name)
-	d := decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory, Mode: limiter.ModeFloor}}
+	d = decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory, Mode: limiter.ModeFloor}}
 	if rate < rateEpsilon && st.QueueDepth == 0 && st.Running == 0 {
-		d.share.Compute = lo
+		d.share.Compute, d.reserve = lo, lo
 		d.reason = fmt.Sprintf("no traffic: minimum share %.2f", lo)
 		return d
 	}
+	defer func() { d.reserve = a.reserve(st, d, rate, lo) }()
 	goal := fmt.Sprintf("meet %s at p%s", spec.SLO, quantileName(a.opts.Quantile))
 	if spec.SLO == 0 {
 		goal = fmt.Sprintf("stay under %.2f utilisation", a.opts.MaxUtilization)
@@ -206,6 +213,30 @@ func (a *Adjuster) latencyCritical(st modelState) decision {
 	}
 	a.overrule(st, &d, hi)
 	return d
+}
+
+// reserveMargin is how many times its expected busy fraction a
+// latency-critical model keeps from the best-effort caps.
+const reserveMargin = 2
+
+// reserve is the part of a latency-critical floor kept from the
+// best-effort caps: reserveMargin times the fraction of the device the
+// model keeps busy at its forecast rate running at full speed (as a floor
+// does while the background yields), at least its minimum, at most the
+// floor; the whole floor while observed misses overrule the prediction or
+// nothing is predicted.
+func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 {
+	t := a.models[st.Spec.Name]
+	if t != nil && t.boost > 0 {
+		return d.share.Compute
+	}
+	p, known := a.predict(st, rate, 1)
+	if !known || p.batch == 0 {
+		return d.share.Compute
+	}
+	full, _ := a.opts.Predictor.Latency(st.Spec.Name, p.batch, 1)
+	busy := rate * full.Seconds() / float64(p.batch)
+	return min(d.share.Compute, max(reserveMargin*busy, lo))
 }
 
 // minSettled is how many requests the window must have settled before the
