@@ -186,7 +186,7 @@ func TestLoadTraceReal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The file has 8,819 rows after its header (its README says 8,818).
+	// The file has 8,819 rows after its header; the last has no newline.
 	if len(tr.Offsets) != 8819 {
 		t.Errorf("%d arrivals, want 8819", len(tr.Offsets))
 	}
