@@ -6,7 +6,7 @@
 // It owns the lifecycle: components start in order and stop in reverse,
 // the config is reloaded on SIGHUP or request, and shutdown drains in
 // stages. It must not implement serving, scheduling or control itself: those
-// belong to the packages it wires, and nothing may import server.
+// belong to the packages it wires, and only cmd/sloserve may import server.
 package server
 
 import (
