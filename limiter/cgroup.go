@@ -389,21 +389,21 @@ func (l *cgroupLimiter) quotaUS(s Share) int64 {
 
 // applyClass writes a share's weight and scheduling class. The kernel
 // refuses a weight for a group in the idle class, so a unit leaves the
-// class before its weight is set and enters it after.
+// class before its weight is set, and a background unit's weight is left
+// as it was.
 func (l *cgroupLimiter) applyClass(d string, s Share) error {
 	idle := filepath.Join(d, "cpu.idle")
-	if l.idleClass && s.Mode != ModeBackground {
+	if l.idleClass && s.Mode == ModeBackground {
+		// The weight of an idle group means nothing and cannot be
+		// written (EINVAL); leaving the class resets it below.
+		return writeFile(idle, "1")
+	}
+	if l.idleClass {
 		if err := writeFile(idle, "0"); err != nil {
 			return err
 		}
 	}
-	if err := writeFile(filepath.Join(d, l.weightFile()), l.weightValue(l.weight(s))); err != nil {
-		return err
-	}
-	if l.idleClass && s.Mode == ModeBackground {
-		return writeFile(idle, "1")
-	}
-	return nil
+	return writeFile(filepath.Join(d, l.weightFile()), l.weightValue(l.weight(s)))
 }
 
 // apply writes a share's limits into the unit's control files.

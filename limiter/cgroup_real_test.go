@@ -543,6 +543,13 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A background unit resized stays background (the kernel refuses a
+	// weight for an idle group: the limiter must not write one).
+	for _, c := range []float64{0.5, 0, 0.25, 0} {
+		if err := l.Resize(bg, Share{Compute: c, Mode: ModeBackground}); err != nil {
+			t.Fatalf("resizing a background unit to %v: %v", c, err)
+		}
+	}
 	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
 	for _, r := range runners {
 		timeCall(t, r, req) // warm up
@@ -556,6 +563,13 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 		}
 	}
 	even := busy(ids, runners, 3*time.Second)
+	// And back: out of the idle class and into it again.
+	if err := l.Resize(bg, Share{Compute: 0.9, Mode: ModeBackground}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Resize(floor, Share{Compute: 0.3, Mode: ModeFloor}); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("CPU seconds in 3s, floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f", prio[0], prio[1], even[0], even[1])
 	// The background runner still fills the moments the floor's runner
 	// waits for its next call (measured: about a sixth of the CPU).

@@ -334,8 +334,9 @@ func TestCgroupModes(t *testing.T) {
 				{Share{Compute: 0.25, Mode: ModeFloor}, "-1", "max 10000", "8192", "400", "0", 4, 2},
 				{Share{Compute: 0.5, Mode: ModeFloor}, "-1", "max 10000", "16384", "800", "0", 4, 2},
 				{Share{Mode: ModeFloor}, "-1", "max 10000", "32768", "1600", "0", 4, 2}, // unlimited: the whole device
-				// Background: the quota, the default weight, the idle class.
-				{Share{Compute: 0.25, Mode: ModeBackground}, "10000", "5000 10000", "1024", "100", "1", 1, 1},
+				// Background: the quota and the idle class; the weight of an
+				// idle group cannot be written and stays as it was.
+				{Share{Compute: 0.25, Mode: ModeBackground}, "10000", "5000 10000", "32768", "1600", "1", 1, 1},
 				// Back to a cap: out of the idle class, default weight.
 				{Share{Compute: 0.5}, "20000", "10000 10000", "1024", "100", "0", 2, 1},
 				{Share{Compute: 0.1, Mode: ModeBackground}, "4000", "2000 10000", "1024", "100", "1", 1, 1},
