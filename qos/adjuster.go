@@ -132,6 +132,13 @@ type AdjusterOptions struct {
 	Predictor Predictor
 	// Actuator applies the shares; required.
 	Actuator Actuator
+	// Usage is device telemetry: the fraction of the device a model's
+	// instances have used lately (CPU time of its limiter units over the
+	// device's CPUs), false when unknown. The adaptive policy keeps that
+	// much, with a margin, of a latency-critical floor from the
+	// best-effort caps; nil means always unknown, and the prediction
+	// stands in.
+	Usage func(model string) (float64, bool)
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
 	// Logger; nil discards.

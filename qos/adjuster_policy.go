@@ -221,21 +221,28 @@ const reserveMargin = 2
 
 // reserve is the part of a latency-critical floor kept from the
 // best-effort caps: reserveMargin times the fraction of the device the
-// model keeps busy at its forecast rate running at full speed (as a floor
-// does while the background yields), at least its minimum, at most the
-// floor; the whole floor while observed misses overrule the prediction or
-// nothing is predicted.
+// model keeps busy, as telemetry measured it (Usage) or, unknown, as
+// predicted at its forecast rate running at full speed (as a floor does
+// while the background yields); at least its minimum, at most the floor;
+// the whole floor while observed misses overrule the prediction or
+// nothing is known.
 func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 {
 	t := a.models[st.Spec.Name]
 	if t != nil && t.boost > 0 {
 		return d.share.Compute
 	}
-	p, known := a.predict(st, rate, 1)
-	if !known || p.batch == 0 {
-		return d.share.Compute
+	busy, known := 0.0, false
+	if a.opts.Usage != nil {
+		busy, known = a.opts.Usage(st.Spec.Name)
 	}
-	full, _ := a.opts.Predictor.Latency(st.Spec.Name, p.batch, 1)
-	busy := rate * full.Seconds() / float64(p.batch)
+	if !known {
+		p, ok := a.predict(st, rate, 1)
+		if !ok || p.batch == 0 {
+			return d.share.Compute
+		}
+		full, _ := a.opts.Predictor.Latency(st.Spec.Name, p.batch, 1)
+		busy = rate * full.Seconds() / float64(p.batch)
+	}
 	return min(d.share.Compute, max(reserveMargin*busy, lo))
 }
 

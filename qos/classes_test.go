@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -129,6 +130,40 @@ func TestBestEffortFairQueueing(t *testing.T) {
 		// against it. Without the catch-up small would run all 20.
 		if longest > 8 {
 			t.Errorf("small ran %d executions in a row after returning from idle; want turns with big (4 of 10ms per 40ms)", longest)
+		}
+	})
+}
+
+// Telemetry decides what a latency-critical floor keeps from the
+// best-effort caps: twice the measured use, not the prediction; unknown,
+// the prediction stands in.
+func TestAdjusterReserveFollowsUsage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		usage := map[string]float64{"lc": 0.1}
+		ah := newAdjHarness(t, AdjusterOptions{Usage: func(m string) (float64, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			u, ok := usage[m]
+			return u, ok
+		}},
+			ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms},
+			ModelSpec{Name: "be", Class: be},
+		)
+		ah.pred.setRate("lc", 30) // floor 0.65, predicted busy 0.3
+		ah.pred.setRate("be", 5)
+		ah.start()
+		// 1 - 2 · 0.1 = 0.8 for the background cap.
+		if got := ah.act.computes(); got["lc"] != 0.65 || got["be"] != 0.8 {
+			t.Errorf("shares with lc using 0.1: %v, want lc 0.65, be 0.8", got)
+		}
+		mu.Lock()
+		delete(usage, "lc")
+		mu.Unlock()
+		ah.tick()
+		// Unknown: 1 - 2 · 0.3 (predicted) = 0.4; the cap shrinks at once.
+		if got := ah.act.computes(); got["be"] != 0.4 {
+			t.Errorf("shares with lc's use unknown: %v, want be 0.4", got)
 		}
 	})
 }

@@ -50,6 +50,37 @@ type device struct {
 	sched *qos.Scheduler
 	lim   limiter.Limiter
 	adj   *qos.Adjuster
+	usage usageBoard // written by sampleInterference, read by adj
+}
+
+// usageBoard holds each model's recent use of its device, smoothed: the
+// telemetry the adjuster reads (AdjusterOptions.Usage).
+type usageBoard struct {
+	mu sync.Mutex
+	m  map[string]float64
+}
+
+// usageWeight is the weight of each period's sample in the smoothed use.
+const usageWeight = 0.3
+
+func (b *usageBoard) record(seen map[string]float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	next := make(map[string]float64, len(seen))
+	for name, u := range seen {
+		if old, ok := b.m[name]; ok {
+			u = old + usageWeight*(u-old)
+		}
+		next[name] = u
+	}
+	b.m = next
+}
+
+func (b *usageBoard) get(model string) (float64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	u, ok := b.m[model]
+	return u, ok
 }
 
 func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registerer, log *slog.Logger) (*devices, error) {
@@ -139,6 +170,7 @@ func (ds *devices) get(name string) (*device, error) {
 		lim.Close()
 		return nil, err
 	}
+	d := &device{name: name, sched: sched, lim: lim}
 	adj, err := qos.NewAdjuster(sched, qos.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
@@ -153,6 +185,7 @@ func (ds *devices) get(name string) (*device, error) {
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
 		Actuator:       ds.registry,
+		Usage:          d.usage.get,
 		Logger:         log.With("component", "adjuster"),
 		Registerer:     ds.reg,
 		Device:         name,
@@ -161,7 +194,7 @@ func (ds *devices) get(name string) (*device, error) {
 		lim.Close()
 		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
 	}
-	d := &device{name: name, sched: sched, lim: lim, adj: adj}
+	d.adj = adj
 	ds.byDev[name] = d
 	ds.loops.Go(func() {
 		if err := sched.Run(ds.ctx); err != nil {
@@ -223,6 +256,7 @@ func (ds *devices) sampleInterference(d *device) {
 				next[ms.Model] = cpu
 			}
 			last = next
+			d.usage.record(used)
 			for name, u := range used {
 				if background[name] {
 					ds.pred.SetInterference(name, total-u)
