@@ -167,3 +167,38 @@ func TestAdjusterReserveFollowsUsage(t *testing.T) {
 		}
 	})
 }
+
+// A best-effort batch stops growing before its predicted duration passes
+// MaxBestEffortExecution; latency-critical batches are not bounded by it.
+func TestBestEffortBatchBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{MaxBestEffortExecution: 50 * ms})
+		perRow := func(ids []int64) time.Duration { return time.Duration(len(ids)) * 20 * ms }
+		h.model(ModelSpec{Name: "be", Class: be, MaxBatchSize: 8}, perRow)
+		h.model(ModelSpec{Name: "lc", Class: lc, SLO: time.Second, MaxBatchSize: 8}, perRow)
+		for b := 1; b <= 8; b++ {
+			h.est.Observe("be", b, time.Duration(b)*20*ms)
+			h.est.Observe("lc", b, time.Duration(b)*20*ms)
+		}
+		var ps []*pending
+		for i := range int64(5) {
+			ps = append(ps, h.submit(t.Context(), "be", RequestOptions{}, 1+i))
+		}
+		h.run()
+		mustSucceed(t, ps...)
+		// 2 rows are 40ms, 3 would be 60ms: batches of 2, 2, 1.
+		checkCalls(t, h, "be[1 2]@0s", "be[3 4]@40ms", "be[5]@80ms")
+
+		// While a best-effort row holds the device, five latency-critical
+		// requests queue: they run as one batch of 100ms.
+		ps = []*pending{h.submit(t.Context(), "be", RequestOptions{}, 100)}
+		for i := range int64(5) {
+			ps = append(ps, h.submit(t.Context(), "lc", RequestOptions{}, 11+i))
+		}
+		mustSucceed(t, ps...)
+		calls := h.rec.snapshot()
+		if last := calls[len(calls)-1]; last.model != "lc" || len(last.ids) != 5 {
+			t.Errorf("executions %v, want the latency-critical five in one batch", calls)
+		}
+	})
+}

@@ -343,6 +343,12 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 				break
 			}
 		}
+		if bound := s.opts.MaxBestEffortExecution; !s.fifo && bound > 0 && m.spec.Class != ClassLatencyCritical {
+			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && e > bound {
+				complete = true
+				break
+			}
+		}
 		batch, size = append(batch, r), size+r.batch
 		complete = size >= maxBatch
 	}

@@ -47,6 +47,9 @@ const (
 	DefaultBestEffortFloor = 0.05
 	DefaultWindow          = 10 * time.Second
 	DefaultQueueCapacity   = 256
+	// DefaultMaxBestEffortExecution is Options.MaxBestEffortExecution's
+	// default.
+	DefaultMaxBestEffortExecution = 200 * time.Millisecond
 )
 
 // Executor runs one request, possibly merged from several, on a model's
@@ -131,6 +134,12 @@ type Options struct {
 	// work (the limiter's background mode); elsewhere the two pools
 	// would oversubscribe the device. Ignored under PolicyFIFO.
 	SeparateClasses bool
+	// MaxBestEffortExecution bounds the predicted duration of a
+	// best-effort batch (qos policy): a batch stops growing before its
+	// prediction passes it, so that best-effort work yields at batch
+	// boundaries this often. 0 means DefaultMaxBestEffortExecution,
+	// negative no bound. A single request is never cut.
+	MaxBestEffortExecution time.Duration
 	// Estimator predicts execution times; nil means a new EWMAEstimator.
 	Estimator Estimator
 	// Logger; nil discards.
@@ -254,6 +263,12 @@ func NewScheduler(opts Options) (*Scheduler, error) {
 		return nil, fmt.Errorf("qos: negative device slots (%d) or window (%s)", opts.DeviceSlots, opts.Window)
 	}
 	opts.DeviceSlots = max(opts.DeviceSlots, 1)
+	switch {
+	case opts.MaxBestEffortExecution == 0:
+		opts.MaxBestEffortExecution = DefaultMaxBestEffortExecution
+	case opts.MaxBestEffortExecution < 0:
+		opts.MaxBestEffortExecution = 0
+	}
 	opts.Window = cmp.Or(opts.Window, DefaultWindow)
 	if opts.Estimator == nil {
 		opts.Estimator = NewEWMAEstimator(DefaultEWMAAlpha)
