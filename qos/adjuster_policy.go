@@ -250,6 +250,20 @@ func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 
 // observed attainment overrules the prediction.
 const minSettled = 20
 
+// significantMiss reports whether n settled requests with attainment att
+// missed more than a model meeting quantile q would by chance: more than
+// n(1-q) plus two binomial standard deviations plus one. At q = 0.99 that
+// is attainment under 96% of 100 requests, 94% of 50; a window of a few
+// unlucky requests does not take the background work's compute away.
+func significantMiss(n uint64, att, q float64) bool {
+	if n < minSettled {
+		return false
+	}
+	fn := float64(n)
+	misses := fn * (1 - att)
+	return misses > fn*(1-q)+2*math.Sqrt(fn*q*(1-q))+1
+}
+
 // overrule grows a latency-critical floor past the prediction while the
 // model's observed attainment is below the quantile: by a step above the
 // largest of the applied floor, the prediction and the boost of the last
@@ -260,8 +274,7 @@ func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 	if t == nil {
 		return
 	}
-	missing := st.Settled >= minSettled && st.Attainment < a.opts.Quantile
-	if !missing {
+	if !significantMiss(st.Settled, st.Attainment, a.opts.Quantile) {
 		t.boost = 0
 		return
 	}
@@ -424,12 +437,16 @@ func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand,
 
 // bestEffort splits what the latency-critical models leave among the
 // best-effort ones with demand, weighted by priority (weight 1/rank),
-// within their bounds; idle ones get their minimum.
+// within their bounds; idle ones get their minimum. Where telemetry says
+// how much of the device a model uses, its claim is first bounded by
+// twice that plus a step (a model held at its cap doubles each pass; one
+// that cannot use its cap does not keep it from the others), and what
+// the bounded claims leave is then shared out by weight up to the bounds.
 func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int) map[string]decision {
 	ds := make(map[string]decision, len(bes))
-	type claim struct{ weight, lo, hi float64 }
 	var busy []modelState
-	var claims []claim
+	var claims []waterClaim
+	var demands []float64
 	left := rest
 	for _, st := range bes {
 		lo, hi := a.bounds(st.Spec)
@@ -443,11 +460,56 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 			left -= lo
 		} else {
 			busy = append(busy, st)
-			claims = append(claims, claim{1 / float64(d.rank), lo, hi})
+			claims = append(claims, waterClaim{1 / float64(d.rank), lo, hi})
+			demand := hi
+			if a.opts.Usage != nil {
+				if u, ok := a.opts.Usage(st.Spec.Name); ok {
+					demand = min(max(2*u+a.opts.Step, lo), hi)
+				}
+			}
+			demands = append(demands, demand)
 		}
 		ds[st.Spec.Name] = d
 	}
 	left = max(left, 0)
+	bounded := make([]waterClaim, len(claims))
+	for i, c := range claims {
+		bounded[i] = waterClaim{c.weight, c.lo, demands[i]}
+	}
+	shares := waterFill(bounded, left)
+	if spare := left - sum(shares); spare > shareEpsilon {
+		// Room the demands leave: share it by weight up to the bounds.
+		room := make([]waterClaim, len(claims))
+		for i, c := range claims {
+			room[i] = waterClaim{c.weight, 0, max(c.hi-shares[i], 0)}
+		}
+		for i, extra := range waterFill(room, spare) {
+			shares[i] += extra
+		}
+	}
+	for i, st := range busy {
+		c, d := claims[i], ds[st.Spec.Name]
+		d.share.Compute = max(floorShare(shares[i]), c.lo)
+		d.reason = fmt.Sprintf("best-effort: %.2f of the %.2f left (priority rank %d)", d.share.Compute, left, d.rank)
+		if demands[i] < c.hi {
+			d.reason += fmt.Sprintf("; it uses %.2f", max(demands[i]-a.opts.Step, 0)/2)
+		}
+		if p, ok := a.predict(st, d.rate, d.share.Compute); ok {
+			d.predicted = p.latency
+		}
+		ds[st.Spec.Name] = d
+	}
+	return ds
+}
+
+// waterClaim is one model's claim on a split: its weight and bounds.
+type waterClaim struct{ weight, lo, hi float64 }
+
+// waterFill splits total among the claims in proportion to their weights
+// within their bounds: each gets min(max(θ·weight, lo), hi) for the θ at
+// which they add up to total (all at lo when even that is too much, all
+// at hi when even that is too little).
+func waterFill(claims []waterClaim, total float64) []float64 {
 	var floor, ceiling, top float64
 	for _, c := range claims {
 		floor += c.lo
@@ -456,8 +518,8 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 	}
 	theta := 0.0
 	switch {
-	case floor >= left:
-	case ceiling <= left:
+	case floor >= total:
+	case ceiling <= total:
 		theta = top
 	default:
 		theta = bisect(func(theta float64) float64 {
@@ -466,18 +528,21 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 				sum += min(max(theta*c.weight, c.lo), c.hi)
 			}
 			return sum
-		}, left, top)
+		}, total, top)
 	}
-	for i, st := range busy {
-		c, d := claims[i], ds[st.Spec.Name]
-		d.share.Compute = max(floorShare(min(max(theta*c.weight, c.lo), c.hi)), c.lo)
-		d.reason = fmt.Sprintf("best-effort: %.2f of the %.2f left (priority rank %d)", d.share.Compute, left, d.rank)
-		if p, ok := a.predict(st, d.rate, d.share.Compute); ok {
-			d.predicted = p.latency
-		}
-		ds[st.Spec.Name] = d
+	out := make([]float64, len(claims))
+	for i, c := range claims {
+		out[i] = min(max(theta*c.weight, c.lo), c.hi)
 	}
-	return ds
+	return out
+}
+
+func sum(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s
 }
 
 // bisect finds θ in [0, hi] where the nondecreasing f reaches want.
