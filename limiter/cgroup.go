@@ -22,6 +22,10 @@ type hierarchy struct {
 	controllers []string // of "cpu", "cpuacct", "memory" that this hierarchy carries
 	own         string   // the server's cgroup directory in it
 	parent      string   // own/sloserve-<pid>, where the units live
+	// background is own/sloserve-<pid>-background, in the idle class (the
+	// lowest weight without it), where background units live in a
+	// hierarchy with the cpu controller; "" in the others.
+	background string
 }
 
 func (h *hierarchy) has(c string) bool { return slices.Contains(h.controllers, c) }
@@ -53,6 +57,12 @@ var _ Limiter = (*cgroupLimiter)(nil)
 type cgroupUnit struct {
 	name  string
 	share Share
+	// bg: the unit's processes live in the background parent (its cpu
+	// home); the unit has a directory in both parents of a hierarchy
+	// with the cpu controller, so that a runner restarted with its first
+	// placement still finds the directory it joins, and the limiter moves
+	// it home (rehome).
+	bg bool
 }
 
 // parentName is the directory under the server's cgroup that holds its
@@ -109,24 +119,29 @@ const (
 	// floor of half of 2 CPUs weighs as 8 busy default threads, so that it
 	// gets its share against anything that is not itself a floor.
 	floorWeightPerCPU = 8
+	// parentWeightPerCPU is the weight of the units' parent per CPU.
+	parentWeightPerCPU = 4
 )
+
+// backgroundName is the parent of the background units beside
+// parentName.
+func backgroundName(pid int) string { return parentName(pid) + "-background" }
 
 // idleWord says how background units are kept out of the way.
 func (l *cgroupLimiter) idleWord() string {
 	if l.idleClass {
-		return "cpu.idle for background units"
+		return "background units in an idle-class parent (cpu.idle)"
 	}
-	return "lowest weight for background units (no cpu.idle in this kernel)"
+	return "background units in a parent of the lowest weight (no cpu.idle in this kernel)"
 }
 
-// setupWeights finds whether the kernel has cpu.idle and gives the parent
-// the weight of as many default threads as the limiter has CPUs: the
-// units together weigh against the server's own threads (which stay in
-// its cgroup, beside the parent, at the default weight) and the host's
-// other processes as a busy process with one thread per CPU would, so
-// grouping the runners neither raises nor lowers their priority on the
-// host, and a background unit busy in the parent never takes more than
-// that from the server's ingress.
+// setupWeights orders the server's compute in three tiers, beside the
+// server's own threads (which stay in its cgroup at the default weight):
+// the units' parent weighs as parentWeightPerCPU busy threads per CPU, so
+// latency-critical runners come before the server's ingress and the host's
+// other processes; the background parent is in the idle class (the lowest
+// weight without it), so best-effort runners get only what everything
+// else, the server's ingress included, leaves, and yield at once.
 func (l *cgroupLimiter) setupWeights() error {
 	for _, h := range l.hier {
 		if !h.has("cpu") {
@@ -134,8 +149,26 @@ func (l *cgroupLimiter) setupWeights() error {
 		}
 		_, err := os.Stat(filepath.Join(h.parent, "cpu.idle"))
 		l.idleClass = err == nil
-		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.weightValue(float64(l.cpus))); err != nil {
+		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))); err != nil {
 			return fmt.Errorf("weighting the units' parent: %w", err)
+		}
+		bg := filepath.Join(h.own, backgroundName(l.env.pid))
+		if err := l.env.mkdirUnit(bg); err != nil {
+			return fmt.Errorf("%s is not writable: %w", h.own, errnoOf(err))
+		}
+		h.background = bg
+		if l.v2 {
+			if err := enableControllers(bg); err != nil {
+				return err
+			}
+		}
+		if l.idleClass {
+			err = writeFile(filepath.Join(bg, "cpu.idle"), "1")
+		} else {
+			err = writeFile(filepath.Join(bg, l.weightFile()), l.weightValue(0))
+		}
+		if err != nil {
+			return fmt.Errorf("making the background parent idle: %w", err)
 		}
 	}
 	return nil
@@ -144,6 +177,9 @@ func (l *cgroupLimiter) setupWeights() error {
 // undoSetup removes the parents a failed setup made.
 func (l *cgroupLimiter) undoSetup() {
 	for _, h := range slices.Backward(l.hier) {
+		if h.background != "" {
+			_ = l.env.rmdir(h.background)
+		}
 		_ = l.env.rmdir(h.parent)
 	}
 	l.hier = nil
@@ -165,10 +201,9 @@ func (l *cgroupLimiter) weightValue(w float64) string {
 	return strconv.FormatInt(min(max(int64(math.Round(w*1024)), 2), 262144), 10)
 }
 
-// weight is a share's scheduling weight in default units: a floor's in
-// proportion to its compute (a whole-device floor for an unlimited
-// one), the least there is for a background unit without the idle
-// class, the default otherwise.
+// weight is a share's scheduling weight in default units among its
+// siblings: a floor's in proportion to its compute (a whole-device floor
+// for an unlimited one), the default otherwise.
 func (l *cgroupLimiter) weight(s Share) float64 {
 	switch s.Mode {
 	case ModeFloor:
@@ -177,12 +212,8 @@ func (l *cgroupLimiter) weight(s Share) float64 {
 			c = 1
 		}
 		return max(c*float64(l.cpus)*floorWeightPerCPU, 1)
-	case ModeBackground:
-		if !l.idleClass {
-			return 0
-		}
 	}
-	return 1
+	return 1 // background units weigh alike inside their idle parent
 }
 
 func (l *cgroupLimiter) controllers() []string {
@@ -313,9 +344,52 @@ func (l *cgroupLimiter) Kind() string {
 func (l *cgroupLimiter) Describe() string { return l.describe }
 func (l *cgroupLimiter) CPUs() int        { return l.cpus }
 
-// dir is the unit's directory in h.
+// dir is the unit's directory in h: in the cpu hierarchy its home for
+// its mode.
 func (l *cgroupLimiter) dir(h *hierarchy, u *cgroupUnit) string {
+	return l.home(h, u, u.bg)
+}
+
+// home is the unit's directory in h under the background parent (bg) or
+// the units' parent; h's only one where it has none.
+func (l *cgroupLimiter) home(h *hierarchy, u *cgroupUnit, bg bool) string {
+	if bg && h.background != "" {
+		return filepath.Join(h.background, u.name)
+	}
 	return filepath.Join(h.parent, u.name)
+}
+
+// homes are the unit's directories in h: two where h has a background
+// parent.
+func (l *cgroupLimiter) homes(h *hierarchy, u *cgroupUnit) []string {
+	if h.background == "" {
+		return []string{l.home(h, u, false)}
+	}
+	return []string{l.home(h, u, false), l.home(h, u, true)}
+}
+
+// rehome moves the unit's processes that are in its other home (a runner
+// restarted with its first placement, or all of them after a change of
+// mode) to the home of its mode.
+func (l *cgroupLimiter) rehome(u *cgroupUnit) error {
+	var errs []error
+	for _, h := range l.hier {
+		if h.background == "" {
+			continue
+		}
+		from, to := l.home(h, u, !u.bg), l.home(h, u, u.bg)
+		pids, err := readPids(filepath.Join(from, "cgroup.procs"))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, pid := range pids {
+			if err := writeFile(filepath.Join(to, "cgroup.procs"), strconv.Itoa(pid)); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (l *cgroupLimiter) Place(id string, s Share) (Placement, error) {
@@ -334,19 +408,20 @@ func (l *cgroupLimiter) Place(id string, s Share) (Placement, error) {
 	if err := l.units.free(id); err != nil {
 		return Placement{}, err
 	}
-	u := &cgroupUnit{name: name, share: s}
+	u := &cgroupUnit{name: name, share: s, bg: s.Mode == ModeBackground}
 	var pl Placement
 	var made []string
 	for _, h := range l.hier {
-		d := l.dir(h, u)
-		if err := l.env.mkdirUnit(d); err != nil {
-			for _, m := range made {
-				_ = l.env.rmdir(m)
+		for _, d := range l.homes(h, u) {
+			if err := l.env.mkdirUnit(d); err != nil {
+				for _, m := range made {
+					_ = l.env.rmdir(m)
+				}
+				return Placement{}, fmt.Errorf("limiter: create cgroup for %s: %w", id, err)
 			}
-			return Placement{}, fmt.Errorf("limiter: create cgroup for %s: %w", id, err)
+			made = append(made, d)
 		}
-		made = append(made, d)
-		pl.JoinCgroups = append(pl.JoinCgroups, filepath.Join(d, "cgroup.procs"))
+		pl.JoinCgroups = append(pl.JoinCgroups, filepath.Join(l.dir(h, u), "cgroup.procs"))
 	}
 	if err := l.apply(u, s); err != nil {
 		for _, m := range made {
@@ -387,30 +462,39 @@ func (l *cgroupLimiter) quotaUS(s Share) int64 {
 	return max(int64(math.Round(s.Compute*float64(l.cpus)*float64(l.periodUS))), 1000)
 }
 
-// applyClass writes a share's weight and scheduling class. The kernel
-// refuses a weight for a group in the idle class, so a unit leaves the
-// class before its weight is set, and a background unit's weight is left
-// as it was.
+// applyClass writes a unit's weight among its siblings.
 func (l *cgroupLimiter) applyClass(d string, s Share) error {
-	idle := filepath.Join(d, "cpu.idle")
-	if l.idleClass && s.Mode == ModeBackground {
-		// The weight of an idle group means nothing and cannot be
-		// written (EINVAL); leaving the class resets it below.
-		return writeFile(idle, "1")
-	}
-	if l.idleClass {
-		if err := writeFile(idle, "0"); err != nil {
-			return err
-		}
-	}
 	return writeFile(filepath.Join(d, l.weightFile()), l.weightValue(l.weight(s)))
 }
 
 // apply writes a share's limits into the unit's control files.
 func (l *cgroupLimiter) apply(u *cgroupUnit, s Share) error {
+	if err := l.applyTo(u, s); err != nil {
+		return err
+	}
+	u.bg = s.Mode == ModeBackground
+	return l.rehome(u)
+}
+
+// applyTo writes a share's limits into both homes of the unit, so that a
+// process in either is limited as the share says.
+func (l *cgroupLimiter) applyTo(u *cgroupUnit, s Share) error {
+	for _, bg := range []bool{false, true} {
+		if err := l.applyHome(u, s, bg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyHome writes a share's limits into one home of the unit.
+func (l *cgroupLimiter) applyHome(u *cgroupUnit, s Share, bg bool) error {
 	quota := l.quotaUS(s)
 	for _, h := range l.hier {
-		d := l.dir(h, u)
+		if bg && h.background == "" {
+			continue // one directory, written once
+		}
+		d := l.home(h, u, bg)
 		if h.has("cpu") {
 			if err := l.applyClass(d, s); err != nil {
 				return err
@@ -474,13 +558,20 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 	}
 	var st Stats
 	var errs []error
+	l.mu.Lock()
+	if err := l.rehome(u); err != nil {
+		errs = append(errs, err)
+	}
+	l.mu.Unlock()
 	if l.v2 {
 		d := l.dir(l.hier[0], u)
-		if cpu, err := readKeyed(filepath.Join(d, "cpu.stat")); err == nil {
-			st.CPUSeconds = float64(cpu["usage_usec"]) / 1e6
-			st.ThrottledSeconds = float64(cpu["throttled_usec"]) / 1e6
-		} else {
-			errs = append(errs, err)
+		for _, home := range l.homes(l.hier[0], u) {
+			if cpu, err := readKeyed(filepath.Join(home, "cpu.stat")); err == nil {
+				st.CPUSeconds += float64(cpu["usage_usec"]) / 1e6
+				st.ThrottledSeconds += float64(cpu["throttled_usec"]) / 1e6
+			} else {
+				errs = append(errs, err)
+			}
 		}
 		cur, err := readInt(filepath.Join(d, "memory.current"))
 		errs = append(errs, err)
@@ -511,14 +602,12 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 		}
 		if h.has("cpu") {
 			procsFile = filepath.Join(d, "cgroup.procs")
-			if cpu, err := readKeyed(filepath.Join(d, "cpu.stat")); err == nil {
-				st.ThrottledSeconds = float64(cpu["throttled_time"]) / 1e9
-				if usec, ok := cpu["usage_usec"]; ok && !cpuFromAcct {
-					st.CPUSeconds = float64(usec) / 1e6
-					cpuFromAcct = true
+			for _, home := range l.homes(h, u) {
+				if cpu, err := readKeyed(filepath.Join(home, "cpu.stat")); err == nil {
+					st.ThrottledSeconds += float64(cpu["throttled_time"]) / 1e9
+				} else {
+					errs = append(errs, err)
 				}
-			} else {
-				errs = append(errs, err)
 			}
 		}
 		if h.has("memory") {
@@ -604,18 +693,24 @@ func (l *cgroupLimiter) Release(id string) error {
 func (l *cgroupLimiter) release(u *cgroupUnit) error {
 	var errs []error
 	for _, h := range l.hier {
-		d := l.dir(h, u)
-		evict := func(pid int) error {
-			if err := writeFile(filepath.Join(h.own, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
-				l.log.Warn("process left in a released cgroup could not be moved out; killing it", "pid", pid, "cgroup", d, "err", err)
-				return l.env.kill(pid)
-			}
-			l.log.Warn("process left in a released cgroup; moved it back to the server's cgroup", "pid", pid, "cgroup", d)
-			return nil
+		for _, d := range l.homes(h, u) {
+			errs = append(errs, l.removeUnitDir(h, d))
 		}
-		errs = append(errs, removeCgroup(d, evict, l.env.rmdir, time.Second))
 	}
 	return errors.Join(errs...)
+}
+
+// removeUnitDir removes one directory of a unit in h.
+func (l *cgroupLimiter) removeUnitDir(h *hierarchy, d string) error {
+	evict := func(pid int) error {
+		if err := writeFile(filepath.Join(h.own, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			l.log.Warn("process left in a released cgroup could not be moved out; killing it", "pid", pid, "cgroup", d, "err", err)
+			return l.env.kill(pid)
+		}
+		l.log.Warn("process left in a released cgroup; moved it back to the server's cgroup", "pid", pid, "cgroup", d)
+		return nil
+	}
+	return removeCgroup(d, evict, l.env.rmdir, time.Second)
 }
 
 // removeCgroup removes a cgroup directory and the cgroups below it. Each
@@ -682,15 +777,20 @@ func (l *cgroupLimiter) Close() error {
 		delete(l.units, id)
 	}
 	for _, h := range l.hier {
-		err := l.env.rmdir(h.parent)
-		switch {
-		case err == nil, errors.Is(err, os.ErrNotExist):
-		case hasSubdirs(h.parent) && len(errs) == 0:
-			// Another limiter of this server still has units here; the
-			// last one to close removes the parent.
-			l.log.Debug("parent cgroup still in use", "dir", h.parent)
-		default:
-			errs = append(errs, err)
+		for _, parent := range []string{h.parent, h.background} {
+			if parent == "" {
+				continue
+			}
+			err := l.env.rmdir(parent)
+			switch {
+			case err == nil, errors.Is(err, os.ErrNotExist):
+			case hasSubdirs(parent) && len(errs) == 0:
+				// Another limiter of this server still has units here;
+				// the last one to close removes the parent.
+				l.log.Debug("parent cgroup still in use", "dir", parent)
+			default:
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -564,10 +564,24 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 		}
 	}
 	even := busy(ids, runners, 3*time.Second)
-	// And back: out of the idle class and into it again.
+	// The runner moved home with its mode: out of the background parent
+	// at the resize to a cap, and into it again now.
+	inHome := func(pl Placement, r *runtime.Runner, background bool) {
+		t.Helper()
+		cpuProcs := pl.JoinCgroups[0] // the cpu hierarchy comes first
+		other := strings.Replace(cpuProcs, parentName(os.Getpid())+"-background/", parentName(os.Getpid())+"/", 1)
+		if !background {
+			cpuProcs, other = other, cpuProcs
+		}
+		if !inProcs(t, cpuProcs, r.Pid()) || inProcs(t, other, r.Pid()) {
+			t.Errorf("runner %d: want it in %s, not in %s", r.Pid(), cpuProcs, other)
+		}
+	}
+	inHome(plB, runners[1], false)
 	if err := l.Resize(bg, Share{Compute: 0.9, Mode: ModeBackground}); err != nil {
 		t.Fatal(err)
 	}
+	inHome(plB, runners[1], true)
 	if err := l.Resize(floor, Share{Compute: 0.3, Mode: ModeFloor}); err != nil {
 		t.Fatal(err)
 	}

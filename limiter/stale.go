@@ -76,7 +76,7 @@ func cleanupStale(root string, env hostEnvironment, log *slog.Logger) (int, erro
 			if !ok || !e.IsDir() {
 				continue
 			}
-			pid, err := strconv.Atoi(rest)
+			pid, err := strconv.Atoi(strings.TrimSuffix(rest, "-background"))
 			if err != nil || pid <= 0 || pid == env.pid || env.alive(pid) {
 				continue
 			}
