@@ -1,6 +1,8 @@
 // Package limiter enforces a model instance's share of a device on real
-// resources: a cgroup per runner process on CPU (v2 cpu.max and memory.max,
-// or v1 CFS quota and memory limit), MPS client limits and ONNX Runtime
+// resources: a cgroup per runner process on CPU (v2 cpu.max, cpu.weight
+// and memory.max, or v1 CFS quota, cpu.shares and memory limit; a share's
+// Mode makes it a hard cap, a work-conserving floor, or a cap in an
+// idle-class parent for background work), MPS client limits and ONNX Runtime
 // arena settings on GPU, and nothing but a thread count where neither is
 // available. NVML telemetry (Telemetry) reports what GPUs are doing.
 //
