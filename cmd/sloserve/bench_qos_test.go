@@ -408,8 +408,17 @@ func benchQoSvsFIFO(b *testing.B, cal calibration, sloMS float64) {
 	var results []*phaseResult
 	for b.Loop() {
 		results = results[:0]
-		for _, policy := range []string{"qos", "fifo"} {
-			s := startServer(b, repo, fmt.Sprintf("qos: {policy: %s}\n", policy)+benchShared)
+		// qos and fifo schedule on one device with no limits; qos+adaptive
+		// adds the control loop, which runs the best-effort detector in
+		// the background (cgroup idle class) and lets the scheduler give
+		// each class its own slots.
+		for _, run := range []struct{ policy, config string }{
+			{"qos", "qos: {policy: qos}\n" + benchShared},
+			{"fifo", "qos: {policy: fifo}\n" + benchShared},
+			{"qos+adaptive", "qos: {policy: qos}\ncontrol: {policy: adaptive}\n"},
+		} {
+			policy := run.policy
+			s := startServer(b, repo, run.config)
 			beAlone := measureRate(b, s, beReq, qbBEClients)
 			be := startClosedLoop(s, beReq, qbBEClients)
 			time.Sleep(qbWarm)
