@@ -79,9 +79,9 @@ func requireCgroups(t *testing.T, c controlJSON) {
 	}
 }
 
-// cpuQuota reads the CPU quota of a process's cgroup, in cores (v1
-// cfs_quota_us/cfs_period_us, v2 cpu.max); +Inf when unlimited.
-func cpuQuota(t *testing.T, pid int) float64 {
+// cpuDir is the directory of a process's cgroup that has the cpu
+// controller, and whether it is cgroup v2.
+func cpuDir(t *testing.T, pid int) (string, bool) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
@@ -93,29 +93,53 @@ func cpuQuota(t *testing.T, pid int) float64 {
 			continue
 		}
 		for c := range strings.SplitSeq(parts[1], ",") {
-			if c != "cpu" {
-				continue
+			if c == "cpu" {
+				return filepath.Join("/sys/fs/cgroup", parts[1], parts[2]), false
 			}
-			dir := filepath.Join("/sys/fs/cgroup", parts[1], parts[2])
-			q := readInt(t, filepath.Join(dir, "cpu.cfs_quota_us"))
-			if q < 0 {
-				return math.Inf(1)
-			}
-			return float64(q) / float64(readInt(t, filepath.Join(dir, "cpu.cfs_period_us")))
 		}
-		if parts[1] == "" { // v2
-			f := strings.Fields(string(mustRead(t, filepath.Join("/sys/fs/cgroup", parts[2], "cpu.max"))))
-			if f[0] == "max" {
-				return math.Inf(1)
-			}
-			q, _ := strconv.Atoi(f[0])
-			p, _ := strconv.Atoi(f[1])
-			return float64(q) / float64(p)
+		if parts[1] == "" {
+			return filepath.Join("/sys/fs/cgroup", parts[2]), true
 		}
 	}
 	t.Fatalf("pid %d: no cpu cgroup in %s", pid, b)
-	return 0
+	return "", false
 }
+
+// cpuQuota reads the CPU quota of a process's cgroup, in cores (v1
+// cfs_quota_us/cfs_period_us, v2 cpu.max); +Inf when unlimited.
+func cpuQuota(t *testing.T, pid int) float64 {
+	t.Helper()
+	dir, v2 := cpuDir(t, pid)
+	if v2 {
+		f := strings.Fields(string(mustRead(t, filepath.Join(dir, "cpu.max"))))
+		if f[0] == "max" {
+			return math.Inf(1)
+		}
+		q, _ := strconv.Atoi(f[0])
+		p, _ := strconv.Atoi(f[1])
+		return float64(q) / float64(p)
+	}
+	q := readInt(t, filepath.Join(dir, "cpu.cfs_quota_us"))
+	if q < 0 {
+		return math.Inf(1)
+	}
+	return float64(q) / float64(readInt(t, filepath.Join(dir, "cpu.cfs_period_us")))
+}
+
+// cpuWeight reads the scheduling weight of a process's cgroup in the
+// kernel's default weights (v1 cpu.shares / 1024, v2 cpu.weight / 100).
+func cpuWeight(t *testing.T, pid int) float64 {
+	t.Helper()
+	dir, v2 := cpuDir(t, pid)
+	if v2 {
+		return float64(readInt(t, filepath.Join(dir, "cpu.weight"))) / 100
+	}
+	return float64(readInt(t, filepath.Join(dir, "cpu.shares"))) / 1024
+}
+
+// floorWeight is the weight the limiter gives a latency-critical floor:
+// 8 default threads per CPU of its share.
+func floorWeight(share, cpus float64) float64 { return share * cpus * 8 }
 
 func mustRead(t *testing.T, path string) []byte {
 	t.Helper()
@@ -137,8 +161,9 @@ func readInt(t *testing.T, path string) int64 {
 
 // TestE2EAdaptiveControl runs the control loop against the real detector:
 // it is profiled at load, shrinks to its minimum share when idle, grows
-// when load comes (and the runner's real cgroup quota follows), can be
-// pinned and unpinned through the API, and its cgroups are gone after the
+// when load comes (its share is a floor: the runner's real cgroup has no
+// quota and a weight that follows the share), can be pinned (a hard
+// quota) and unpinned through the API, and its cgroups are gone after the
 // server stops.
 func TestE2EAdaptiveControl(t *testing.T) {
 	repo := t.TempDir()
@@ -171,12 +196,15 @@ profile: {shapes: {x: [1, 3, 128, 128]}, batch_sizes: [1, 4]}
 	}
 	pid := pids[0]
 
-	// Idle: the minimum share, and the runner's cgroup quota says so.
+	// Idle: the minimum share, as a floor: no quota, the floor's weight.
 	waitFor(t, "the idle model to reach its minimum share", 5*time.Second, func() bool {
 		return s.control(t).share("det/1") == 0.1
 	})
-	if q := cpuQuota(t, pid); math.Abs(q-0.1*cpus) > 0.01 {
-		t.Errorf("cgroup quota %v cores, want %v", q, 0.1*cpus)
+	if q := cpuQuota(t, pid); !math.IsInf(q, 1) {
+		t.Errorf("cgroup quota %v cores, want none (a floor is work-conserving)", q)
+	}
+	if w := cpuWeight(t, pid); math.Abs(w-floorWeight(0.1, cpus)) > 0.01 {
+		t.Errorf("cgroup weight %v, want %v", w, floorWeight(0.1, cpus))
 	}
 
 	// Load: a steady stream the minimum share cannot serve in 300 ms.
@@ -204,8 +232,8 @@ profile: {shapes: {x: [1, 3, 128, 128]}, batch_sizes: [1, 4]}
 		return s.control(t).share("det/1") >= 0.2
 	})
 	grown := s.control(t).share("det/1")
-	if q := cpuQuota(t, pid); math.Abs(q-grown*cpus) > 0.02 && s.control(t).share("det/1") == grown {
-		t.Errorf("cgroup quota %v cores, want %v (share %v)", q, grown*cpus, grown)
+	if w := cpuWeight(t, pid); math.Abs(w-floorWeight(grown, cpus)) > 0.01 && s.control(t).share("det/1") == grown {
+		t.Errorf("cgroup weight %v, want %v (share %v)", w, floorWeight(grown, cpus), grown)
 	}
 	var ev eventsJSON
 	s.json(t, "GET", "/v2/control/events?limit=1000", nil, &ev)
@@ -219,7 +247,7 @@ profile: {shapes: {x: [1, 3, 128, 128]}, batch_sizes: [1, 4]}
 		t.Errorf("no resize event naming the forecast among %+v", ev.Events)
 	}
 
-	// A pin holds whatever the load, and the quota follows at once.
+	// A pin holds whatever the load, as a hard quota, at once.
 	if code, b, _ := s.do(t, "PUT", "/v2/models/det/share", []byte(`{"compute": 0.35}`)); code != 200 {
 		t.Fatalf("pin: %d %s", code, b)
 	}
