@@ -239,9 +239,6 @@ type tracked struct {
 	// model to (0: none), boostAt when it last rose.
 	boost   float64
 	boostAt time.Time
-	// boostSteps counts the rises of boost since the misses began; each
-	// keeps a step more of the floor from the best-effort caps.
-	boostSteps int
 }
 
 type slackSample struct {

@@ -223,15 +223,13 @@ const reserveMargin = 2
 // best-effort caps: reserveMargin times the fraction of the device the
 // model keeps busy, as telemetry measured it (Usage) or, unknown, as
 // predicted at its forecast rate running at full speed (as a floor does
-// while the background yields), plus a step for every step observed
-// misses have raised the floor (so the caps shrink as the floor grows,
-// one step a cooldown, rather than all at once for a miss the background
-// may not have caused); at least its minimum, at most the floor; the
-// whole floor when nothing is known.
+// while the background yields); at least its minimum, at most the floor;
+// the whole floor while observed misses overrule the prediction or
+// nothing is known.
 func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 {
-	var extra float64
-	if t := a.models[st.Spec.Name]; t != nil {
-		extra = float64(t.boostSteps) * a.opts.Step
+	t := a.models[st.Spec.Name]
+	if t != nil && t.boost > 0 {
+		return d.share.Compute
 	}
 	busy, known := 0.0, false
 	if a.opts.Usage != nil {
@@ -245,7 +243,7 @@ func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 
 		full, _ := a.opts.Predictor.Latency(st.Spec.Name, p.batch, 1)
 		busy = rate * full.Seconds() / float64(p.batch)
 	}
-	return min(d.share.Compute, max(reserveMargin*busy+extra, lo))
+	return min(d.share.Compute, max(reserveMargin*busy, lo))
 }
 
 // minSettled is how many requests the window must have settled before the
@@ -277,7 +275,7 @@ func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 		return
 	}
 	if !significantMiss(st.Settled, st.Attainment, a.opts.Quantile) {
-		t.boost, t.boostSteps = 0, 0
+		t.boost = 0
 		return
 	}
 	base := max(t.boost, d.share.Compute) // nothing applied yet: above the prediction
@@ -287,7 +285,6 @@ func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 	if t.boost == 0 || !t.boostAt.After(st.now.Add(-a.opts.Cooldown)) {
 		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost {
 			t.boost, t.boostAt = next, st.now
-			t.boostSteps++
 		}
 	}
 	if t.boost > d.share.Compute+shareEpsilon {

@@ -3,15 +3,12 @@ package qos
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/sloserve/sloserve/limiter"
 )
 
 // With SeparateClasses a latency-critical request neither waits for nor is
@@ -257,20 +254,6 @@ func TestSignificantMiss(t *testing.T) {
 	} {
 		if got := significantMiss(tc.n, tc.att, 0.99); got != tc.want {
 			t.Errorf("significantMiss(%d, %v, 0.99) = %v, want %v", tc.n, tc.att, got, tc.want)
-		}
-	}
-}
-
-// Each step observed misses raise a floor keeps one step more of it from
-// the best-effort caps, up to the whole floor.
-func TestReserveGrowsWithBoostSteps(t *testing.T) {
-	a := &Adjuster{opts: AdjusterOptions{Step: 0.05, Usage: func(string) (float64, bool) { return 0.1, true }}, models: map[string]*tracked{"lc": {}}}
-	st := modelState{Spec: ModelSpec{Name: "lc", Class: ClassLatencyCritical}}
-	d := decision{share: limiter.Share{Compute: 0.5, Mode: limiter.ModeFloor}}
-	for steps, want := range []float64{0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.5} {
-		a.models["lc"].boostSteps = steps
-		if got := a.reserve(st, d, 10, 0.05); math.Abs(got-want) > 1e-9 {
-			t.Errorf("%d boost steps: reserve %v, want %v", steps, got, want)
 		}
 	}
 }
