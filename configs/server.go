@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -302,7 +301,7 @@ func LoadServer(path string) (*Server, error) {
 	if path == "" {
 		return ParseServer(DefaultServerFile, defaultServerYAML)
 	}
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
