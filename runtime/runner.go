@@ -43,9 +43,11 @@ type RunnerConfig struct {
 	BackoffInitial time.Duration // first restart delay; default 500ms, doubling
 	BackoffMax     time.Duration // restart delay cap; default 30s
 	// MaxRestarts is how many restarts may be tried in a row, counting
-	// crashes and failed starts, before the runner is Failed. A runner that
-	// stays ready for max(BackoffMax, 4×HealthInterval) earns the full
-	// count back. 0 means 5; negative means never restart.
+	// crashes and failed starts, before the runner is Failed. A process
+	// that stays ready for max(BackoffMax, 4×HealthInterval), or answers a
+	// call, earns the full count back. An out-of-memory kill while a call
+	// was in flight is charged to that call (it fails with ErrOutOfMemory)
+	// and does not count. 0 means 5; negative means never restart.
 	MaxRestarts int
 
 	// Logger receives the runner's events and the child's output lines. It
@@ -333,14 +335,21 @@ func (r *Runner) supervise(p *process) {
 			r.setState(RunnerStopped, "stopped")
 			return
 		}
-		if time.Since(readySince) >= stable {
+		// A process that stayed up long enough, or answered a call, shows
+		// the model can stay up: it earns the full restart count back.
+		if time.Since(readySince) >= stable || p.answered.Load() {
 			failures, delay = 0, r.cfg.BackoffInitial
 		}
 		exit := Exit{Cause: cause}
+		// An out-of-memory kill with a call in flight is that call's doing
+		// (the call is answered ErrOutOfMemory): it does not count toward
+		// MaxRestarts, so no client can fail the model for good.
+		charged := false
 		if oom, limit := r.oomKilled(p); oom {
 			exit = Exit{Cause: fmt.Sprintf("out of memory: killed by the kernel for exceeding the memory limit of %s (%s)", formatBytes(limit), cause), OOM: true}
 			cause = exit.Cause
-			r.log.Error("runner killed for exceeding its memory limit", "pid", p.pid, "limit_bytes", limit, "output", tail)
+			charged = p.inflightAtExit > 0
+			r.log.Error("runner killed for exceeding its memory limit", "pid", p.pid, "limit_bytes", limit, "calls_in_flight", p.inflightAtExit, "output", tail)
 		} else {
 			r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
 		}
@@ -355,21 +364,28 @@ func (r *Runner) supervise(p *process) {
 		}
 
 		for {
-			failures++
-			if failures > r.cfg.MaxRestarts {
-				reason = fmt.Sprintf("gave up after %d restarts in a row; last: %s", r.cfg.MaxRestarts, reason)
-				r.log.Error("runner failed", "reason", reason)
-				r.setState(RunnerFailed, reason)
-				return
+			wait := delay
+			if charged {
+				// Neither counted nor backed off; a failed start after it
+				// counts as usual.
+				charged, wait = false, r.cfg.BackoffInitial
+			} else {
+				failures++
+				if failures > r.cfg.MaxRestarts {
+					reason = fmt.Sprintf("gave up after %d restarts in a row; last: %s", r.cfg.MaxRestarts, reason)
+					r.log.Error("runner failed", "reason", reason)
+					r.setState(RunnerFailed, reason)
+					return
+				}
+				delay = min(2*delay, r.cfg.BackoffMax)
 			}
 			r.setState(RunnerRestarting, reason)
 			select {
-			case <-time.After(delay):
+			case <-time.After(wait):
 			case <-r.ctx.Done():
 				r.setState(RunnerStopped, "stopped")
 				return
 			}
-			delay = min(2*delay, r.cfg.BackoffMax)
 			np, _, err := r.spawn(r.ctx)
 			if err != nil {
 				if r.ctx.Err() != nil {
@@ -694,10 +710,15 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 	if err != nil {
 		return nil, err
 	}
+	// The call counts as in flight until inferError has looked at how the
+	// process ended, so the supervisor charges an out-of-memory kill to it.
+	p.inflight.Add(1)
+	defer p.inflight.Add(-1)
 	resp, err := p.runner.Infer(ctx, requestToProto(req))
 	if err != nil {
 		return nil, r.inferError(ctx, p, err)
 	}
+	p.answered.Store(true)
 	out, err := responseFromProto(resp)
 	if err != nil {
 		return nil, fmt.Errorf("%w: runner %s: %v", ErrInference, r.cfg.Name, err)
