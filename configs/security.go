@@ -82,6 +82,10 @@ type Auth struct {
 	// endpoints and the metrics listener to callers without a token.
 	RequireTokenForHealth  bool `yaml:"require_token_for_health"`
 	RequireTokenForMetrics bool `yaml:"require_token_for_metrics"`
+	// AllowedHosts are host names, besides localhost, IP addresses and the
+	// listen.http host, that the Host header of an admin call may name
+	// when no admin token is configured (a defence against DNS rebinding).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Secret is a config value that is never shown: printing, logging or
@@ -209,6 +213,11 @@ func (t *TLS) validate(p *problems) {
 
 func (a *Auth) validate(p *problems) {
 	a.tokens(p)
+	for i, h := range a.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, ":/[] \t@") {
+			p.add(fmt.Sprintf("auth.allowed_hosts[%d]", i), "want a host name such as sloserve.internal, without scheme or port; got %q", h)
+		}
+	}
 	for _, f := range []struct {
 		key string
 		set bool

@@ -290,8 +290,9 @@ func DefaultServer() *Server {
 			Window:           10 * time.Second,
 			AttainmentTarget: 0.99,
 		},
-		TLS: TLS{MinVersion: TLSVersion12},
-		Log: Log{Format: LogFormatText, Level: "info"},
+		TLS:  TLS{MinVersion: TLSVersion12},
+		Auth: Auth{AllowedHosts: []string{}},
+		Log:  Log{Format: LogFormatText, Level: "info"},
 	}
 }
 

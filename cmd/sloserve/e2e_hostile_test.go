@@ -102,7 +102,7 @@ func (s *testServer) rawHTTP(t *testing.T, req []byte, halfClose bool) rawHTTPRe
 // post is the bytes of a POST with a body and extra header lines.
 func post(path string, body []byte, headers ...string) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: sloserve\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
 	for _, h := range headers {
 		b.WriteString(h + "\r\n")
 	}
