@@ -450,7 +450,15 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 				failed = 0
 				continue
 			}
-			if p.hasExited() || r.ctx.Err() != nil {
+			// A process that died (the call saw its connection break) fails
+			// the check too: give its exit a moment to be reaped, so that
+			// it is reported as what it is, not as a hang.
+			select {
+			case <-p.exited:
+				continue
+			case <-time.After(exitGrace):
+			}
+			if r.ctx.Err() != nil {
 				continue
 			}
 			hung = fmt.Sprintf("hung: %s, and a health check failed (%v); killed", why, err)
@@ -565,10 +573,15 @@ func (r *Runner) setState(s RunnerState, reason string) {
 // returns until a health check, made at once, passes; a runner that fails
 // it is killed and restarted as a hung one, without waiting for the
 // periodic checks. Reports that come while a check is pending are merged.
-func (r *Runner) Suspect(why string) {
+func (r *Runner) Suspect(why string) { r.suspectProcess(nil, why) }
+
+// suspectProcess is Suspect for the serving process, or only for p when p
+// is not nil: a call that failed on a process already replaced says
+// nothing about its successor.
+func (r *Runner) suspectProcess(only *process, why string) {
 	r.mu.Lock()
 	p := r.serving.Load()
-	if r.stopping || p == nil || r.state != RunnerReady {
+	if r.stopping || p == nil || r.state != RunnerReady || (only != nil && p != only) {
 		r.mu.Unlock()
 		return
 	}
@@ -756,6 +769,10 @@ func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
 		if oom, limit := r.diedOfOOM(p); oom {
 			return fmt.Errorf("%w: runner %s was killed by the kernel for exceeding its memory limit of %s while running this request", ErrOutOfMemory, r.cfg.Name, formatBytes(limit))
 		}
+		// Out of service until a health check passes, before the caller
+		// retries: a process that died (its exit not yet reaped) must not
+		// be picked again, by this call's retry or any other call.
+		r.suspectProcess(p, "a call could not reach it ("+st.Message()+")")
 		return fmt.Errorf("%w: runner %s: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	if p.hasExited() {
@@ -763,6 +780,10 @@ func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
 	}
 	return fmt.Errorf("%w: runner %s: %s", ErrInference, r.cfg.Name, st.Message())
 }
+
+// exitGrace is how long a suspected process that failed its health check
+// may take to be reaped before it is taken for hung.
+const exitGrace = 250 * time.Millisecond
 
 // oomWait bounds how long a failed call waits for its process to be reaped
 // before it looks at the cgroup's out-of-memory count.
