@@ -24,7 +24,7 @@ PKGS       ?= ./...
 SERVE_FLAGS ?=
 
 # Environment the server, the tests and the benchmarks read.
-test bench bench-diurnal run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
+test bench bench-diurnal bench-colocation run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
 test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
 test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
 test bench: export SLOSERVE_REQUIRE_ORT := 1
@@ -39,7 +39,7 @@ test: export SLOSERVE_REQUIRE_CHROMIUM := 1
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
-.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal clean distclean
+.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal bench-colocation clean distclean
 
 setup: onnxruntime models testmodels
 
@@ -82,10 +82,24 @@ bench: setup
 
 # The diurnal goodput benchmark: one server per share policy on the same
 # scenario, one combined report (BENCHMARKS.md). About 16 minutes.
+# POLICY_RUNS repeats it (results in DIURNAL_OUT-1, -2, ...) and prints
+# the medians (scripts/policy-medians.py); BENCHMARKS.md reports 3.
 DIURNAL_OUT ?= loadtest-results/diurnal
-bench-diurnal: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
+POLICY_RUNS ?= 1
+bench-diurnal bench-colocation: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 bench-diurnal: setup build
-	./bin/sloserve loadtest --compare --out $(DIURNAL_OUT) loadtest/scenarios/diurnal.yaml
+	for i in $$(seq 1 $(POLICY_RUNS)); do \
+	  ./bin/sloserve loadtest --compare --out $(DIURNAL_OUT)-$$i loadtest/scenarios/diurnal.yaml; done
+	scripts/policy-medians.py $$(seq -f '$(DIURNAL_OUT)-%g' 1 $(POLICY_RUNS))
+
+# Co-location: two latency-critical services with a daily swell beside two
+# best-effort batch jobs that fill the machine; a 2-minute day per policy,
+# about 8 minutes a run.
+COLOCATION_OUT ?= loadtest-results/colocation
+bench-colocation: setup build
+	for i in $$(seq 1 $(POLICY_RUNS)); do \
+	  ./bin/sloserve loadtest --compare --out $(COLOCATION_OUT)-$$i loadtest/scenarios/colocation.yaml; done
+	scripts/policy-medians.py $$(seq -f '$(COLOCATION_OUT)-%g' 1 $(POLICY_RUNS))
 
 # Build outputs only; `distclean` also drops fetched files and tools.
 clean:

@@ -31,7 +31,7 @@ var badServerConfigs = map[string][]string{
 	"repos_blank":       {"repositories[1]: must not be empty"},
 	"model_control":     {`model_control: must be one of none, explicit, poll; got "auto"`},
 	"control": {`control.policy: must be one of adaptive, static, shared; got "greedy"`, "control.period: must be > 0, got 0s",
-		"control.headroom: must be in [0, 1), got 1", "control.max_utilization: must be > 0 and <= 1, got 0",
+		"control.headroom: must be in [0, 1), got 1", "control.quantile: must be in [0.5, 1), got 1", "control.max_utilization: must be > 0 and <= 1, got 0",
 		"control.step: must be in (0, 1), got 0", "control.min_share: must be in [0, 1), got -0.1",
 		"control.cooldown: must be >= 0, got -1s", "control.memory_budget: want a byte size such as 1024",
 		`control.limiter: must be one of auto, cgroup, none; got "mps"`, "control.cfs_period: must be between 1ms and 1s",

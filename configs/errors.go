@@ -3,6 +3,12 @@
 // Every problem is reported as a *FieldError that names the file and the
 // dotted YAML path of the field, and all problems in a file are reported
 // together (errors.Join), not just the first.
+//
+// It owns what a valid configuration is, and the files that ship with it:
+// the embedded default.yaml, the example model config, the Prometheus rules
+// and the Grafana dashboard. It must not act on a configuration: it reads
+// the files a config names (certificates, tokens) to validate them, but it
+// starts nothing, opens no listener and keeps no state between calls.
 package configs
 
 import (

@@ -20,7 +20,7 @@ func TestKeys(t *testing.T) {
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_connection_timeout",
 		"limits.grpc_keepalive_min_time",
 		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
-		"control.policy", "control.period", "control.headroom", "control.max_utilization",
+		"control.policy", "control.period", "control.headroom", "control.quantile", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
 		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",

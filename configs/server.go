@@ -83,6 +83,10 @@ type Control struct {
 	// Headroom: a latency-critical model's predicted latency must stay
 	// under slo.latency_ms × (1 - Headroom).
 	Headroom float64 `yaml:"headroom"`
+	// Quantile is the share of a latency-critical model's requests that
+	// must meet its SLO: shares are sized for the latency at this quantile,
+	// and grow while the observed attainment is below it.
+	Quantile float64 `yaml:"quantile"`
 	// MaxUtilization bounds a model's predicted busy fraction at its share.
 	MaxUtilization float64 `yaml:"max_utilization"`
 	// ScaleDownAfter is how long a model must have had more than it needs
@@ -272,7 +276,8 @@ func DefaultServer() *Server {
 		Control: Control{
 			Policy:         SharePolicyAdaptive,
 			Period:         time.Second,
-			Headroom:       0.2,
+			Headroom:       0.1,
+			Quantile:       0.99,
 			MaxUtilization: 0.8,
 			ScaleDownAfter: 10 * time.Second,
 			Cooldown:       5 * time.Second,
@@ -469,6 +474,9 @@ func (c *Control) validate(p *problems) {
 	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterNone)
 	if !(c.Headroom >= 0 && c.Headroom < 1) { // false for NaN
 		p.add("control.headroom", "must be in [0, 1), got %v", c.Headroom)
+	}
+	if !(c.Quantile >= 0.5 && c.Quantile < 1) {
+		p.add("control.quantile", "must be in [0.5, 1), got %v", c.Quantile)
 	}
 	if !(c.MaxUtilization > 0 && c.MaxUtilization <= 1) {
 		p.add("control.max_utilization", "must be > 0 and <= 1, got %v", c.MaxUtilization)

@@ -3,6 +3,11 @@
 // predictions, turns them into rates and quantiles over a trailing window,
 // and keeps the points in a ring buffer per model for the retention period.
 // It also holds the dashboard page's files. The api package serves both.
+//
+// It must not change anything it observes (it reads the scheduler's
+// counters and the shares, predictions and readings it is given) and must
+// not serve HTTP: api serves its JSON and its files. Its numbers are the QoS
+// scheduler's own counters, never a second count of outcomes.
 package dashboard
 
 import (

@@ -34,9 +34,12 @@ type cgroupLimiter struct {
 	hier     []*hierarchy
 	cpus     int
 	periodUS int64
-	env      hostEnvironment
-	log      *slog.Logger
-	describe string
+	// idleClass: the kernel has cpu.idle, so background units run in the
+	// idle class; without it they get the lowest weight.
+	idleClass bool
+	env       hostEnvironment
+	log       *slog.Logger
+	describe  string
 
 	mu     sync.Mutex
 	units  unitTable[*cgroupUnit]
@@ -74,21 +77,112 @@ func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimi
 	errV2 := l.setupV2(opts.Root, sc)
 	if errV2 == nil {
 		l.v2 = true
-		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs) and memory.max at %s",
-			opts.Period, l.cpus, l.hier[0].parent)
+		if err := l.setupWeights(); err != nil {
+			l.undoSetup()
+			return nil, fmt.Errorf("cgroup v2: %w", err)
+		}
+		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs), cpu.weight, %s and memory.max at %s",
+			opts.Period, l.cpus, l.idleWord(), l.hier[0].parent)
 		return l, nil
 	}
 	errV1 := l.setupV1(opts.Root, sc)
 	if errV1 == nil {
+		if err := l.setupWeights(); err != nil {
+			l.undoSetup()
+			return nil, fmt.Errorf("cgroup v1: %w", err)
+		}
 		var dirs []string
 		for _, h := range l.hier {
 			dirs = append(dirs, h.parent)
 		}
-		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs) and memory limit at %s (v2 not used: %v)",
-			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, strings.Join(dirs, ", "), errV2)
+		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs), cpu.shares, %s and memory limit at %s (v2 not used: %v)",
+			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, l.idleWord(), strings.Join(dirs, ", "), errV2)
 		return l, nil
 	}
 	return nil, fmt.Errorf("cgroup v2: %w; cgroup v1: %w", errV2, errV1)
+}
+
+// Scheduling weights, in units of the kernel's default weight (v1
+// cpu.shares 1024, v2 cpu.weight 100).
+const (
+	// floorWeightPerCPU is the weight of a floor per CPU of its share: a
+	// floor of half of 2 CPUs weighs as 8 busy default threads, so that it
+	// gets its share against anything that is not itself a floor.
+	floorWeightPerCPU = 8
+)
+
+// idleWord says how background units are kept out of the way.
+func (l *cgroupLimiter) idleWord() string {
+	if l.idleClass {
+		return "cpu.idle for background units"
+	}
+	return "lowest weight for background units (no cpu.idle in this kernel)"
+}
+
+// setupWeights finds whether the kernel has cpu.idle and gives the parent
+// the weight of as many default threads as the limiter has CPUs: the
+// units together weigh against the server's own threads (which stay in
+// its cgroup, beside the parent, at the default weight) and the host's
+// other processes as a busy process with one thread per CPU would, so
+// grouping the runners neither raises nor lowers their priority on the
+// host, and a background unit busy in the parent never takes more than
+// that from the server's ingress.
+func (l *cgroupLimiter) setupWeights() error {
+	for _, h := range l.hier {
+		if !h.has("cpu") {
+			continue
+		}
+		_, err := os.Stat(filepath.Join(h.parent, "cpu.idle"))
+		l.idleClass = err == nil
+		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.weightValue(float64(l.cpus))); err != nil {
+			return fmt.Errorf("weighting the units' parent: %w", err)
+		}
+	}
+	return nil
+}
+
+// undoSetup removes the parents a failed setup made.
+func (l *cgroupLimiter) undoSetup() {
+	for _, h := range slices.Backward(l.hier) {
+		_ = l.env.rmdir(h.parent)
+	}
+	l.hier = nil
+}
+
+func (l *cgroupLimiter) weightFile() string {
+	if l.v2 {
+		return "cpu.weight"
+	}
+	return "cpu.shares"
+}
+
+// weightValue is a weight in default units as the weight file takes it,
+// within the kernel's range.
+func (l *cgroupLimiter) weightValue(w float64) string {
+	if l.v2 {
+		return strconv.FormatInt(min(max(int64(math.Round(w*100)), 1), 10000), 10)
+	}
+	return strconv.FormatInt(min(max(int64(math.Round(w*1024)), 2), 262144), 10)
+}
+
+// weight is a share's scheduling weight in default units: a floor's in
+// proportion to its compute (a whole-device floor for an unlimited
+// one), the least there is for a background unit without the idle
+// class, the default otherwise.
+func (l *cgroupLimiter) weight(s Share) float64 {
+	switch s.Mode {
+	case ModeFloor:
+		c := s.Compute
+		if !s.fraction() {
+			c = 1
+		}
+		return max(c*float64(l.cpus)*floorWeightPerCPU, 1)
+	case ModeBackground:
+		if !l.idleClass {
+			return 0
+		}
+	}
+	return 1
 }
 
 func (l *cgroupLimiter) controllers() []string {
@@ -293,11 +387,35 @@ func (l *cgroupLimiter) quotaUS(s Share) int64 {
 	return max(int64(math.Round(s.Compute*float64(l.cpus)*float64(l.periodUS))), 1000)
 }
 
+// applyClass writes a share's weight and scheduling class. The kernel
+// refuses a weight for a group in the idle class, so a unit leaves the
+// class before its weight is set, and a background unit's weight is left
+// as it was.
+func (l *cgroupLimiter) applyClass(d string, s Share) error {
+	idle := filepath.Join(d, "cpu.idle")
+	if l.idleClass && s.Mode == ModeBackground {
+		// The weight of an idle group means nothing and cannot be
+		// written (EINVAL); leaving the class resets it below.
+		return writeFile(idle, "1")
+	}
+	if l.idleClass {
+		if err := writeFile(idle, "0"); err != nil {
+			return err
+		}
+	}
+	return writeFile(filepath.Join(d, l.weightFile()), l.weightValue(l.weight(s)))
+}
+
 // apply writes a share's limits into the unit's control files.
 func (l *cgroupLimiter) apply(u *cgroupUnit, s Share) error {
 	quota := l.quotaUS(s)
 	for _, h := range l.hier {
 		d := l.dir(h, u)
+		if h.has("cpu") {
+			if err := l.applyClass(d, s); err != nil {
+				return err
+			}
+		}
 		if l.v2 {
 			cpuMax := "max " + strconv.FormatInt(l.periodUS, 10)
 			if quota > 0 {

@@ -491,3 +491,93 @@ func TestCleanupStaleReal(t *testing.T) {
 		t.Errorf("Place after cleanup: %+v, %v", pl, err)
 	}
 }
+
+// A background unit yields the CPU to a floor: with both runners kept
+// busy by more calls than there are CPUs, the floor's runner gets nearly
+// all of the CPU time. The same runners at equal default weights (two
+// caps with no quota) split it about evenly, which shows it is the class
+// that yields, not the runners' own pace.
+func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
+	l := realLimiter(t)
+	req := detectorRequest()
+	// busy keeps twice as many calls as CPUs in flight on each runner for
+	// d and returns the CPU seconds each unit used meanwhile.
+	busy := func(ids [2]string, runners [2]*runtime.Runner, d time.Duration) [2]float64 {
+		var before, after [2]float64
+		for i, id := range ids {
+			st, err := l.Stats(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[i] = st.CPUSeconds
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, r := range runners {
+			for range 2 * l.CPUs() { // more calls than CPUs: each runner always has work
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						_, _ = r.Infer(ctx, req)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for i, id := range ids {
+			st, err := l.Stats(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after[i] = st.CPUSeconds - before[i]
+		}
+		return after
+	}
+
+	floor, bg := "yield-floor", "yield-background"
+	plF, err := l.Place(floor, Share{Compute: 0.25, Mode: ModeFloor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plB, err := l.Place(bg, Share{Mode: ModeBackground})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A background unit resized stays background (the kernel refuses a
+	// weight for an idle group: the limiter must not write one).
+	for _, c := range []float64{0.5, 0, 0.25, 0} {
+		if err := l.Resize(bg, Share{Compute: c, Mode: ModeBackground}); err != nil {
+			t.Fatalf("resizing a background unit to %v: %v", c, err)
+		}
+	}
+	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
+	for _, r := range runners {
+		timeCall(t, r, req) // warm up
+	}
+	ids := [2]string{floor, bg}
+
+	busy(ids, runners, time.Second) // warm: both runners at full concurrency
+	prio := busy(ids, runners, 3*time.Second)
+	for _, id := range ids {
+		if err := l.Resize(id, Share{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	even := busy(ids, runners, 3*time.Second)
+	// And back: out of the idle class and into it again.
+	if err := l.Resize(bg, Share{Compute: 0.9, Mode: ModeBackground}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Resize(floor, Share{Compute: 0.3, Mode: ModeFloor}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("CPU seconds in 3s, floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f", prio[0], prio[1], even[0], even[1])
+	// The background runner still fills the moments the floor's runner
+	// waits for its next call (measured: a sixth of the CPU or less).
+	if prio[0] < 2.5*prio[1] {
+		t.Errorf("the floor's runner used %.2f CPU s and the background one %.2f; want at least 2.5 times as much", prio[0], prio[1])
+	}
+	if even[1] < even[0]/2 {
+		t.Errorf("at equal weights the runners used %.2f and %.2f CPU s; want about even (the test's load is not what it assumes)", even[0], even[1])
+	}
+}

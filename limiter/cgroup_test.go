@@ -291,3 +291,100 @@ func TestCleanupStaleFake(t *testing.T) {
 		}
 	}
 }
+
+// Each mode writes its quota, weight and class; the parent weighs as one
+// busy thread per CPU. On 4 CPUs a floor weighs 8 default threads per CPU
+// of its share.
+func TestCgroupModes(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "v1", true: "v2"}[v2], func(t *testing.T) {
+			f := newFakeV1(t)
+			if v2 {
+				f = newFakeV2(t)
+			}
+			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			cpuParent := filepath.Join(f.root, "cpu", "sloserve-4242")
+			weightFile, quotaFile := "cpu.shares", "cpu.cfs_quota_us"
+			if v2 {
+				cpuParent = filepath.Join(f.root, "server", "sloserve-4242")
+				weightFile, quotaFile = "cpu.weight", "cpu.max"
+			}
+			fileHas(t, filepath.Join(cpuParent, weightFile), map[bool]string{false: "4096", true: "200"}[v2])
+			if !strings.Contains(l.Describe(), "cpu.idle for background units") {
+				t.Errorf("Describe() = %q, want it to name cpu.idle", l.Describe())
+			}
+			const id = "m"
+			if _, err := l.Place(id, Share{Compute: 0.25, Mode: ModeFloor}); err != nil {
+				t.Fatal(err)
+			}
+			unit := filepath.Join(cpuParent, id)
+			for _, tc := range []struct {
+				share                Share
+				v1Quota, v2Max       string
+				v1Weight, v2Weight   string
+				idle                 string
+				v1Threads, v2Threads int
+			}{
+				// A floor caps nothing: no quota, weight 8 defaults per CPU of share
+				// (v1 fake: 4 CPUs; v2 fake: 2, from its cpu.max of 1.5).
+				{Share{Compute: 0.25, Mode: ModeFloor}, "-1", "max 10000", "8192", "400", "0", 4, 2},
+				{Share{Compute: 0.5, Mode: ModeFloor}, "-1", "max 10000", "16384", "800", "0", 4, 2},
+				{Share{Mode: ModeFloor}, "-1", "max 10000", "32768", "1600", "0", 4, 2}, // unlimited: the whole device
+				// Background: the quota and the idle class; the weight of an
+				// idle group cannot be written and stays as it was.
+				{Share{Compute: 0.25, Mode: ModeBackground}, "10000", "5000 10000", "32768", "1600", "1", 1, 1},
+				// Back to a cap: out of the idle class, default weight.
+				{Share{Compute: 0.5}, "20000", "10000 10000", "1024", "100", "0", 2, 1},
+				{Share{Compute: 0.1, Mode: ModeBackground}, "4000", "2000 10000", "1024", "100", "1", 1, 1},
+				{Share{Compute: 0.75, Mode: ModeFloor}, "-1", "max 10000", "24576", "1200", "0", 4, 2},
+			} {
+				if err := l.Resize(id, tc.share); err != nil {
+					t.Fatalf("Resize(%+v): %v", tc.share, err)
+				}
+				if v2 {
+					fileHas(t, filepath.Join(unit, quotaFile), tc.v2Max)
+					fileHas(t, filepath.Join(unit, weightFile), tc.v2Weight)
+				} else {
+					fileHas(t, filepath.Join(unit, quotaFile), tc.v1Quota)
+					fileHas(t, filepath.Join(unit, weightFile), tc.v1Weight)
+				}
+				fileHas(t, filepath.Join(unit, "cpu.idle"), tc.idle)
+				if want := map[bool]int{false: tc.v1Threads, true: tc.v2Threads}[v2]; ThreadsFor(tc.share, l.CPUs()) != want {
+					t.Errorf("ThreadsFor(%+v) on %d CPUs = %d, want %d", tc.share, l.CPUs(), ThreadsFor(tc.share, l.CPUs()), want)
+				}
+			}
+			if err := l.Resize(id, Share{Mode: 7}); err == nil {
+				t.Error("unknown mode accepted")
+			}
+		})
+	}
+}
+
+// Without cpu.idle a background unit gets the lowest weight instead.
+func TestCgroupBackgroundWithoutIdleClass(t *testing.T) {
+	f := newFakeV1(t)
+	saved := fakeV1Files
+	fakeV1Files = slices.DeleteFunc(slices.Clone(saved), func(s string) bool { return s == "cpu.idle" })
+	t.Cleanup(func() { fakeV1Files = saved })
+	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !strings.Contains(l.Describe(), "lowest weight for background units") {
+		t.Errorf("Describe() = %q, want it to say background units get the lowest weight", l.Describe())
+	}
+	if _, err := l.Place("be", Share{Compute: 0.5, Mode: ModeBackground}); err != nil {
+		t.Fatal(err)
+	}
+	unit := filepath.Join(f.root, "cpu", "sloserve-4242", "be")
+	fileHas(t, filepath.Join(unit, "cpu.shares"), "2")
+	fileHas(t, filepath.Join(unit, "cpu.cfs_quota_us"), "20000")
+	if exists(filepath.Join(unit, "cpu.idle")) {
+		t.Error("cpu.idle written on a kernel without it")
+	}
+}

@@ -8,6 +8,10 @@
 // while it runs where the mechanism allows (Resize), and removes it when
 // the runner is gone (Release). The runner joins its unit itself, before it
 // loads the model, through the Placement it is started with.
+//
+// It must not choose shares (the qos adjuster does) nor start or stop
+// runner processes (runtime does); it applies the share it is given, and
+// says so when it cannot rather than pretending to.
 package limiter
 
 import (

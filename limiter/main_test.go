@@ -93,9 +93,9 @@ type fakeHost struct {
 }
 
 var (
-	fakeV1Files = []string{"cgroup.procs", "cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.stat",
+	fakeV1Files = []string{"cgroup.procs", "cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.stat", "cpu.shares", "cpu.idle",
 		"cpuacct.usage", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"}
-	fakeV2Files = []string{"cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.max",
+	fakeV2Files = []string{"cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.max", "cpu.weight", "cpu.idle",
 		"cpu.stat", "memory.max", "memory.current", "memory.events"}
 )
 
@@ -104,7 +104,7 @@ var fakeDefaults = map[string]string{
 	"cgroup.controllers": "cpu memory io\n", "cpu.cfs_period_us": "100000\n", "cpu.cfs_quota_us": "-1\n",
 	"cpuacct.usage": "0\n", "memory.limit_in_bytes": "9223372036854771712\n", "memory.usage_in_bytes": "0\n",
 	"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n", "cpu.max": "max 100000\n",
-	"memory.max": "max\n", "memory.current": "0\n",
+	"memory.max": "max\n", "memory.current": "0\n", "cpu.shares": "1024\n", "cpu.weight": "100\n", "cpu.idle": "0\n",
 }
 
 func (f *fakeHost) env() hostEnvironment {

@@ -56,7 +56,7 @@ func (l *mpsLimiter) CPUs() int { return 1 }
 // 100, set explicitly so that a value in the server's own environment
 // does not leak into the runner.
 func mpsPercentage(s Share) int {
-	if !s.limited() {
+	if !s.fraction() {
 		return 100
 	}
 	return min(max(int(math.Round(s.Compute*100)), 1), 100)

@@ -14,14 +14,56 @@ type Share struct {
 	Compute float64
 	// Memory is in bytes; 0 means no memory limit.
 	Memory int64
+	// Mode says how Compute is enforced on CPU (ModeCap by default). GPU
+	// backends read Compute as a fixed percentage whatever the mode.
+	Mode Mode
 }
 
-// limited reports whether the share limits compute.
-func (s Share) limited() bool { return s.Compute > 0 && s.Compute < 1 }
+// Mode is how a CPU compute share is enforced.
+type Mode uint8
+
+const (
+	// ModeCap makes Compute a hard quota (CFS quota, cpu.max): the
+	// instance never uses more, even while cores sit idle, like a
+	// dedicated slice. The static policy's mode.
+	ModeCap Mode = iota
+	// ModeFloor makes Compute a work-conserving guarantee: no quota, and
+	// a scheduling weight (cpu.shares, cpu.weight) in proportion to
+	// Compute and well above the default, so the instance takes idle
+	// cores at once and, on a busy device, at least its share. For
+	// latency-critical models.
+	ModeFloor
+	// ModeBackground makes Compute a hard quota and puts the instance in
+	// the idle scheduling class (cpu.idle; the lowest weight where the
+	// kernel has no cpu.idle): it runs on what the other instances and
+	// the server leave, and yields the CPU the moment they want it. For
+	// best-effort models.
+	ModeBackground
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeCap:
+		return "cap"
+	case ModeFloor:
+		return "floor"
+	case ModeBackground:
+		return "background"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// fraction reports whether Compute is a fraction of the device, whatever
+// the mode.
+func (s Share) fraction() bool { return s.Compute > 0 && s.Compute < 1 }
+
+// limited reports whether the share caps compute on CPU. A floor is not a
+// limit: it guarantees, and caps nothing.
+func (s Share) limited() bool { return s.Mode != ModeFloor && s.Compute > 0 && s.Compute < 1 }
 
 // LogValue logs a share as its two numbers.
 func (s Share) LogValue() slog.Value {
-	return slog.GroupValue(slog.Float64("compute", s.Compute), slog.Int64("memory", s.Memory))
+	return slog.GroupValue(slog.Float64("compute", s.Compute), slog.Int64("memory", s.Memory), slog.String("mode", s.Mode.String()))
 }
 
 // ThreadsFor is the intra-op thread count for a compute share on cpus
@@ -43,6 +85,9 @@ func validShare(s Share) error {
 	}
 	if s.Memory < 0 {
 		return fmt.Errorf("limiter: memory share %d is negative", s.Memory)
+	}
+	if s.Mode > ModeBackground {
+		return fmt.Errorf("limiter: unknown share mode %d", s.Mode)
 	}
 	return nil
 }

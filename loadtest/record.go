@@ -9,6 +9,11 @@
 // runner (run.go) sends them through a Client (client.go) and keeps a Record
 // per request and the server's shares over time in a Run; summary.go,
 // timeline.go and html.go turn Runs into reports.
+//
+// It talks to the server only over its public protocols, as any client
+// would: it reuses api's JSON types for /v2/control and the generated gRPC
+// client of api/inference, and must not import models, qos, runtime or
+// server. The server must not import it; only cmd/sloserve does.
 package loadtest
 
 import (

@@ -27,6 +27,15 @@ func TestShippedScenarios(t *testing.T) {
 					t.Errorf("server.repository: %v", err)
 				}
 			}
+			// A trace the scenario replays ships with the project.
+			for i, m := range sc.Models {
+				if m.Rate.Trace == nil {
+					continue
+				}
+				if _, err := LoadTrace(sc.Path(m.Rate.Trace.File), m.Rate.Trace.Column); err != nil {
+					t.Errorf("models[%d].rate.trace.file: %v", i, err)
+				}
+			}
 		})
 	}
 }

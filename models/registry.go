@@ -2,6 +2,12 @@
 // repository folders, loads the versions a model's policy selects as sets of
 // instances, answers which versions are ready, routes each request to an idle
 // instance, and unloads or reloads models without dropping requests.
+//
+// It also validates each request against its model's metadata, applies the
+// shares the adjuster chooses to every instance (it is the qos Actuator),
+// evicts idle models and loads them again on demand, and counts per-version
+// statistics. It must not decide shares or the order requests run in (qos
+// does) and must not speak a wire protocol (api does).
 package models
 
 import (

@@ -18,4 +18,8 @@
 // Predictor forecasts the arrival rate with Holt's linear smoothing, adding
 // a seasonal (by default daily) component once two full seasons of history
 // exist.
+//
+// It imports no other sloserve package and must not act on what it
+// predicts: choosing and applying shares belongs to the qos adjuster and the
+// limiter.
 package predictor

@@ -12,7 +12,7 @@ import (
 type collector struct {
 	p *Predictor
 
-	predicted, observed, mape, profileMAPE, correction, interference, forecastRate, observedRate *prometheus.Desc
+	predicted, observed, mape, profileMAPE, correction, drift, interference, forecastRate, observedRate *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -32,6 +32,7 @@ func newCollector(p *Predictor, device string) *collector {
 		mape:         desc("mape", "Mean absolute percentage error of the recent executions' predictions (0.07 is 7%)."),
 		profileMAPE:  desc("profile_mape", "Mean absolute percentage error of the fitted curve on its profile points."),
 		correction:   desc("correction", "Online correction factor: smoothed observed/predicted execution time."),
+		drift:        desc("drift", "1 when the online correction is over 2x either way: the profile does not describe what the model serves (profile it at the served input shapes)."),
 		interference: desc("interference", "Interference factor from co-located models' utilisation (1 is none)."),
 		forecastRate: desc("forecast_rate", "Forecast arrival rate one second ahead, requests/s."),
 		observedRate: desc("observed_rate", "Arrival rate over the latest counter interval, requests/s."),
@@ -47,7 +48,7 @@ func registerCollector(reg prometheus.Registerer, c *collector) error {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.profileMAPE, c.correction, c.interference, c.forecastRate, c.observedRate} {
+	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.profileMAPE, c.correction, c.drift, c.interference, c.forecastRate, c.observedRate} {
 		ch <- d
 	}
 }
@@ -83,6 +84,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.profileMAPE, a.ProfileMAPE, name)
 		}
 		gauge(c.correction, a.Correction, name)
+		drift := 0.0
+		if a.Drift {
+			drift = 1
+		}
+		gauge(c.drift, drift, name)
 		gauge(c.interference, a.Interference, name)
 		gauge(c.forecastRate, a.ForecastRate, name)
 		gauge(c.observedRate, a.ObservedRate, name)

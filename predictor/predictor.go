@@ -29,10 +29,20 @@ const (
 	Window = 100
 )
 
-// Bounds of the online correction and the interference factor.
+// Bounds of the online correction and the interference factor. One
+// execution's observed/predicted ratio is clamped to within stepRatio of
+// the correction in force, so that one outlier cannot swing it while a
+// persistent error (a model served at inputs ten times the profiled size)
+// is still learned within tens of executions; the correction itself stays
+// in [minCorrection, maxCorrection]. Outside [1/driftRatio, driftRatio]
+// the profile no longer describes what the model serves: Accuracy.Drift
+// says so (and the metric sloserve_predictor_drift), so that an operator
+// profiles at the served shapes (the model config's profile.shapes).
 const (
-	minRatio        = 0.25
-	maxRatio        = 4
+	stepRatio       = 4
+	minCorrection   = 1.0 / 64
+	maxCorrection   = 64
+	driftRatio      = 2
 	maxInterference = 4
 )
 
@@ -251,8 +261,8 @@ func (p *Predictor) Estimate(name string, batch int) (time.Duration, bool) {
 // Observe reports an execution of a batch at the model's current share. It
 // implements qos.Estimator. With a curve, the ratio of the observed time to
 // the curve's prediction (interference included, correction not), clamped
-// to [0.25, 4] so that one outlier cannot swing it, feeds the correction's
-// EWMA. The execution and what Estimate predicted for it join the recent
+// to within 4x of the correction in force so that one outlier cannot swing
+// it, feeds the correction's EWMA. The execution and what Estimate predicted for it join the recent
 // window Accuracy reports on. The fallback sees every execution, so it is
 // current should the curve be forgotten.
 func (p *Predictor) Observe(name string, batch int, took time.Duration) {
@@ -265,8 +275,8 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 	if m.hasCurve {
 		base := m.curve.seconds(batch, m.share) * interference(m.share, m.othersUtil)
 		m.record(seconds(base*m.correction).Seconds(), obs)
-		ratio := min(max(obs/base, minRatio), maxRatio)
-		m.correction = p.alpha*ratio + (1-p.alpha)*m.correction
+		ratio := min(max(obs/base, m.correction/stepRatio), m.correction*stepRatio)
+		m.correction = min(max(p.alpha*ratio+(1-p.alpha)*m.correction, minCorrection), maxCorrection)
 		m.mu.Unlock()
 	} else {
 		m.mu.Unlock()
@@ -315,6 +325,7 @@ type Accuracy struct {
 	MAPE                float64       // of those executions, predicted vs observed (0.07 is 7%)
 	ProfileMAPE         float64       // of the fitted curve on its own profile points
 	Correction          float64       // current online correction factor
+	Drift               bool          // the correction is over 2x either way: the profile does not fit what the model serves
 	Interference        float64       // current interference factor
 	ForecastRate        float64       // forecast for 1s after the latest counter sample, requests/s
 	ObservedRate        float64       // rate of the latest counter interval, requests/s
@@ -338,6 +349,7 @@ func (m *model) accuracy() Accuracy {
 	a := Accuracy{
 		ProfileMAPE:  m.profileMAPE,
 		Correction:   m.correction,
+		Drift:        m.correction > driftRatio || m.correction < 1/driftRatio,
 		Interference: interference(m.share, m.othersUtil),
 		ForecastRate: m.rate.forecast(time.Second),
 		ObservedRate: m.rate.lastRate,

@@ -103,16 +103,16 @@ func TestCorrectionConvergesAndClamps(t *testing.T) {
 	if got, _ := p.Estimate("m", 2); relErr(got.Seconds(), 0.060) > 0.01 {
 		t.Errorf("Estimate(2) = %v, want about 60ms", got)
 	}
-	// One 100x outlier moves the factor by at most alpha*(4-1.5).
+	// One 100x outlier moves the factor by at most alpha*(4-1)*correction.
 	before := p.Accuracy("m").Correction
 	p.Observe("m", 1, 2*time.Second)
 	after := p.Accuracy("m").Correction
-	if want := 0.1*4 + 0.9*before; math.Abs(after-want) > 1e-9 {
-		t.Errorf("after an outlier: correction %g, want %g (ratio clamped to 4)", after, want)
+	if want := 0.1*4*before + 0.9*before; math.Abs(after-want) > 1e-9 {
+		t.Errorf("after an outlier: correction %g, want %g (ratio clamped to 4x the correction)", after, want)
 	}
 	p.Observe("m", 1, time.Nanosecond)
-	if want := 0.1*0.25 + 0.9*after; math.Abs(p.Accuracy("m").Correction-want) > 1e-9 {
-		t.Errorf("after a fast outlier: correction %g, want %g (ratio clamped to 0.25)", p.Accuracy("m").Correction, want)
+	if want := 0.1*after/4 + 0.9*after; math.Abs(p.Accuracy("m").Correction-want) > 1e-9 {
+		t.Errorf("after a fast outlier: correction %g, want %g (ratio clamped to a quarter of the correction)", p.Accuracy("m").Correction, want)
 	}
 	// Invalid observations are ignored; a new profile resets.
 	c := p.Accuracy("m").Correction
@@ -124,6 +124,41 @@ func TestCorrectionConvergesAndClamps(t *testing.T) {
 	p.SetProfile("m", Profile{Curve: flat})
 	if c := p.Accuracy("m").Correction; c != 1 {
 		t.Errorf("correction after SetProfile = %g", c)
+	}
+}
+
+// A model served at inputs ten times the profiled size: the correction
+// learns the 10x within tens of executions (a fixed clamp at 4 would hold
+// estimates 2.5x too low for good), and Drift raises the alarm.
+func TestCorrectionLearnsPersistentError(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.SetProfile("m", Profile{Curve: flat})
+	p.SetShare("m", 0.5) // 20 ms per image
+	if p.Accuracy("m").Drift {
+		t.Error("drift before any execution")
+	}
+	n := 0
+	for ; n < 200; n++ {
+		if c := p.Accuracy("m").Correction; math.Abs(c-10) < 0.1 {
+			break
+		}
+		p.Observe("m", 1, 200*ms)
+	}
+	t.Logf("correction within 1%% of 10 after %d executions", n)
+	if n > 80 {
+		t.Errorf("correction took %d executions to learn a 10x error", n)
+	}
+	if got, _ := p.Estimate("m", 1); relErr(got.Seconds(), 0.2) > 0.02 {
+		t.Errorf("Estimate(1) = %v, want about 200ms", got)
+	}
+	if !p.Accuracy("m").Drift {
+		t.Error("a 10x correction does not raise Drift")
+	}
+	for range 200 {
+		p.Observe("m", 1, 100*time.Microsecond) // 200x faster than profiled
+	}
+	if c := p.Accuracy("m").Correction; c < minCorrection || c > minCorrection*1.01 {
+		t.Errorf("correction %g, want it held at the floor %g", c, minCorrection)
 	}
 }
 

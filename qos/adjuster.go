@@ -34,7 +34,8 @@ const (
 // Defaults for zero values in AdjusterOptions.
 const (
 	DefaultAdjustPeriod   = time.Second
-	DefaultHeadroom       = 0.2
+	DefaultHeadroom       = 0.1
+	DefaultQuantile       = 0.99
 	DefaultMaxUtilization = 0.8
 	DefaultScaleDownAfter = 10 * time.Second
 	DefaultCooldown       = 5 * time.Second
@@ -101,6 +102,12 @@ type AdjusterOptions struct {
 	// Headroom: a latency-critical model's predicted latency must be at
 	// most SLO × (1 - Headroom). Default 0.2; negative means none.
 	Headroom float64
+	// Quantile is the fraction of a latency-critical model's requests
+	// that must meet its SLO: the adaptive policy sizes its share so that
+	// the predicted latency at this quantile meets the SLO, and grows it
+	// whatever the prediction while the observed attainment is below it.
+	// Default 0.99.
+	Quantile float64
 	// MaxUtilization bounds a model's predicted utilisation, rate ×
 	// execution time / (batch × slots). Default 0.8.
 	MaxUtilization float64
@@ -125,6 +132,13 @@ type AdjusterOptions struct {
 	Predictor Predictor
 	// Actuator applies the shares; required.
 	Actuator Actuator
+	// Usage is device telemetry: the fraction of the device a model's
+	// instances have used lately (CPU time of its limiter units over the
+	// device's CPUs), false when unknown. The adaptive policy keeps that
+	// much, with a margin, of a latency-critical floor from the
+	// best-effort caps; nil means always unknown, and the prediction
+	// stands in.
+	Usage func(model string) (float64, bool)
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
 	// Logger; nil discards.
@@ -221,6 +235,10 @@ type tracked struct {
 	// again before retryAt.
 	failures int
 	retryAt  time.Time
+	// boost is the floor observed misses have raised a latency-critical
+	// model to (0: none), boostAt when it last rose.
+	boost   float64
+	boostAt time.Time
 }
 
 type slackSample struct {
@@ -284,6 +302,10 @@ func (o *AdjusterOptions) setDefaults() error {
 	fraction("step", &o.Step, DefaultShareStep, false)
 	fraction("min share", &o.MinShare, DefaultMinShare, false)
 	fraction("headroom", &o.Headroom, DefaultHeadroom, true)
+	fraction("quantile", &o.Quantile, DefaultQuantile, false)
+	if o.Quantile >= 1 {
+		bad("quantile %v: no queue meets an SLO always", o.Quantile)
+	}
 	if o.Headroom >= 1 {
 		bad("headroom %v leaves no latency budget", o.Headroom)
 	}
@@ -443,6 +465,9 @@ type decision struct {
 	exact bool
 	class Class
 	rank  int // priority rank, 1 highest
+	// reserve is the part of a latency-critical floor the best-effort
+	// caps leave free (see Adjuster.reserve).
+	reserve float64
 }
 
 // pass is one round of decisions: read the models, decide, apply what
@@ -594,8 +619,12 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 // priority first.
 func (a *Adjuster) release(p *plan) {
 	over := -a.opts.Capacity
-	for _, s := range p.next {
-		over += min(s.Compute, 1) // a share of 1 or more wants the whole device
+	for name, s := range p.next {
+		c := min(s.Compute, 1) // a share of 1 or more wants the whole device
+		if s.Mode == limiter.ModeFloor {
+			c = min(c, p.ds[name].reserve)
+		}
+		over += c
 	}
 	slices.SortStableFunc(p.held, func(x, y string) int {
 		dx, dy := p.ds[x], p.ds[y]
@@ -665,7 +694,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if !d.exact {
 		tolerance = a.opts.Step/2 - shareEpsilon
 	}
-	if t.hasApplied && want.Memory == t.applied.Memory && sameCompute(want.Compute, t.applied.Compute, tolerance) {
+	if t.hasApplied && want.Memory == t.applied.Memory && want.Mode == t.applied.Mode && sameCompute(want.Compute, t.applied.Compute, tolerance) {
 		t.fresh = false
 		return
 	}
@@ -693,8 +722,8 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	t.slackSince, t.slack = time.Time{}, nil
 	if a.opts.Predictor != nil {
 		c := want.Compute
-		if c <= 0 || c > 1 {
-			c = 1
+		if c <= 0 || c > 1 || want.Mode == limiter.ModeFloor {
+			c = 1 // a floor takes what is idle: it runs as fast as the device
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}

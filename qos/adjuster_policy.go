@@ -3,6 +3,7 @@ package qos
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/sloserve/sloserve/limiter"
@@ -55,10 +56,16 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 	if lcAvailable := max(available-floors, 0); demand > lcAvailable+shareEpsilon {
 		a.fitCapacity(lcs, ds, demand, lcAvailable)
 	}
+	// A floor is a weight, not a partition: what the latency-critical
+	// models keep from the best-effort caps is what they are expected to
+	// use with a burst margin (all of the floor while they miss their
+	// SLO); they take the rest of their floor back from the background
+	// at once when a burst needs it.
 	held := available
 	for _, st := range lcs {
-		a.settle(now, st.Spec.Name, ds[st.Spec.Name], p)
-		held -= p.next[st.Spec.Name].Compute
+		name := st.Spec.Name
+		a.settle(now, name, ds[name], p)
+		held -= min(p.next[name].Compute, p.ds[name].reserve)
 	}
 	for name, d := range a.bestEffort(bes, max(held, 0), rank) {
 		a.settle(now, name, d, p)
@@ -132,6 +139,18 @@ func (a *Adjuster) bounds(spec ModelSpec) (lo, hi float64) {
 	return lo, hi
 }
 
+// forecastAhead is the arrival rate expected one actuation lag ahead: a
+// share decided now is in force from the next pass until the one after,
+// so a latency-critical model is sized for the rate two periods out and
+// grows ahead of a rise instead of after it.
+func (a *Adjuster) forecastAhead(name string) float64 {
+	r := a.opts.Predictor.ForecastRate(name, 2*a.opts.Period)
+	if !(r > 0) || math.IsInf(r, 0) {
+		return 0
+	}
+	return r
+}
+
 // forecast is the model's expected arrival rate over the next period.
 func (a *Adjuster) forecast(name string) float64 {
 	r := a.opts.Predictor.ForecastRate(name, a.opts.Period)
@@ -143,48 +162,141 @@ func (a *Adjuster) forecast(name string) float64 {
 
 // latencyCritical chooses a latency-critical model's target: the smallest
 // share on the Step grid predicted to meet its SLO with headroom at the
-// forecast rate.
-func (a *Adjuster) latencyCritical(st modelState) decision {
+// target quantile at the forecast rate, as a floor (ModeFloor: the model
+// takes idle compute beyond it at once). While the observed attainment is
+// below the quantile the floor grows a step a cooldown whatever the
+// prediction says.
+func (a *Adjuster) latencyCritical(st modelState) (d decision) {
 	spec := st.Spec
 	lo, hi := a.bounds(spec)
-	rate := a.forecast(spec.Name)
-	d := decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory}}
+	rate := a.forecastAhead(spec.Name)
+	d = decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory, Mode: limiter.ModeFloor}}
 	if rate < rateEpsilon && st.QueueDepth == 0 && st.Running == 0 {
-		d.share.Compute = lo
+		d.share.Compute, d.reserve = lo, lo
 		d.reason = fmt.Sprintf("no traffic: minimum share %.2f", lo)
 		return d
 	}
-	goal := fmt.Sprintf("meet %s", spec.SLO)
+	defer func() { d.reserve = a.reserve(st, d, rate, lo) }()
+	goal := fmt.Sprintf("meet %s at p%s", spec.SLO, quantileName(a.opts.Quantile))
 	if spec.SLO == 0 {
 		goal = fmt.Sprintf("stay under %.2f utilisation", a.opts.MaxUtilization)
 	}
+	chosen := false
 	step := a.opts.Step
 	for k := math.Ceil(lo/step - shareEpsilon); ; k++ {
 		share := roundShare(k * step)
 		if share > hi+shareEpsilon {
 			break
 		}
-		p, known := a.predict(spec, rate, share)
+		p, known := a.predict(st, rate, share)
 		if !known {
 			return a.keep(spec.Name, d, hi)
 		}
 		if p.meets {
 			d.share.Compute, d.predicted = share, p.latency
 			d.reason = fmt.Sprintf("forecast %.1f req/s needs %.2f to %s (predicted %s at batch %d)", rate, share, goal, millis(p.latency), p.batch)
-			return d
+			chosen = true
+			break
 		}
 	}
-	p, known := a.predict(spec, rate, hi)
-	if !known {
-		return a.keep(spec.Name, d, hi)
+	if !chosen {
+		p, known := a.predict(st, rate, hi)
+		if !known {
+			return a.keep(spec.Name, d, hi)
+		}
+		d.share.Compute, d.predicted = hi, p.latency
+		if p.batch > 0 {
+			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (predicted %s at batch %d)", rate, goal, hi, millis(p.latency), p.batch)
+		} else {
+			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (utilisation over %.2f at every batch size)", rate, goal, hi, a.opts.MaxUtilization)
+		}
 	}
-	d.share.Compute, d.predicted = hi, p.latency
-	if p.batch > 0 {
-		d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (predicted %s at batch %d)", rate, goal, hi, millis(p.latency), p.batch)
-	} else {
-		d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (utilisation over %.2f at every batch size)", rate, goal, hi, a.opts.MaxUtilization)
-	}
+	a.overrule(st, &d, hi)
 	return d
+}
+
+// reserveMargin is how many times its expected busy fraction a
+// latency-critical model keeps from the best-effort caps.
+const reserveMargin = 2
+
+// reserve is the part of a latency-critical floor kept from the
+// best-effort caps: reserveMargin times the fraction of the device the
+// model keeps busy, as telemetry measured it (Usage) or, unknown, as
+// predicted at its forecast rate running at full speed (as a floor does
+// while the background yields); at least its minimum, at most the floor;
+// the whole floor while observed misses overrule the prediction or
+// nothing is known.
+func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 {
+	t := a.models[st.Spec.Name]
+	if t != nil && t.boost > 0 {
+		return d.share.Compute
+	}
+	busy, known := 0.0, false
+	if a.opts.Usage != nil {
+		busy, known = a.opts.Usage(st.Spec.Name)
+	}
+	if !known {
+		p, ok := a.predict(st, rate, 1)
+		if !ok || p.batch == 0 {
+			return d.share.Compute
+		}
+		full, _ := a.opts.Predictor.Latency(st.Spec.Name, p.batch, 1)
+		busy = rate * full.Seconds() / float64(p.batch)
+	}
+	return min(d.share.Compute, max(reserveMargin*busy, lo))
+}
+
+// minSettled is how many requests the window must have settled before the
+// observed attainment overrules the prediction.
+const minSettled = 20
+
+// significantMiss reports whether n settled requests with attainment att
+// missed more than a model meeting quantile q would by chance: more than
+// n(1-q) plus two binomial standard deviations plus one. At q = 0.99 that
+// is attainment under 96% of 100 requests, 94% of 50; a window of a few
+// unlucky requests does not take the background work's compute away.
+func significantMiss(n uint64, att, q float64) bool {
+	if n < minSettled {
+		return false
+	}
+	fn := float64(n)
+	misses := fn * (1 - att)
+	return misses > fn*(1-q)+2*math.Sqrt(fn*q*(1-q))+1
+}
+
+// overrule grows a latency-critical floor past the prediction while the
+// model's observed attainment is below the quantile: by a step above the
+// largest of the applied floor, the prediction and the boost of the last
+// pass, at most one step a cooldown. The boost stays until attainment is back, and then
+// leaves through the usual hysteresis.
+func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
+	t := a.models[st.Spec.Name]
+	if t == nil {
+		return
+	}
+	if !significantMiss(st.Settled, st.Attainment, a.opts.Quantile) {
+		t.boost = 0
+		return
+	}
+	base := max(t.boost, d.share.Compute) // nothing applied yet: above the prediction
+	if t.hasApplied && t.applied.Mode == limiter.ModeFloor {
+		base = max(base, limitedOrWhole(t.applied.Compute))
+	}
+	if t.boost == 0 || !t.boostAt.After(st.now.Add(-a.opts.Cooldown)) {
+		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost {
+			t.boost, t.boostAt = next, st.now
+		}
+	}
+	if t.boost > d.share.Compute+shareEpsilon {
+		d.reason = fmt.Sprintf("observed attainment %.1f%% is under %s%%: floor %.2f over the predicted %.2f; %s",
+			100*st.Attainment, quantileName(a.opts.Quantile), t.boost, d.share.Compute, d.reason)
+		d.share.Compute = t.boost
+	}
+}
+
+// quantileName is 0.99 as "99".
+func quantileName(q float64) string {
+	return strconv.FormatFloat(100*q, 'f', -1, 64)
 }
 
 // keep is the decision for a model whose latency is not predicted yet: the
@@ -201,35 +313,64 @@ func (a *Adjuster) keep(name string, d decision, hi float64) decision {
 
 // prediction is the best batch size of a model at one share.
 type prediction struct {
-	latency time.Duration // end to end: batch fill, queueing, execution
+	latency time.Duration // at the quantile, end to end: batch fill, queueing, execution
 	batch   int           // 0: every batch size is over MaxUtilization
 	meets   bool          // within SLO × (1 - Headroom), utilisation bounded
 }
 
+// Variability assumed until the scheduler has measured it: Poisson
+// arrivals, and executions within about a third of their prediction.
+const (
+	defaultArrivalSCV = 1
+	defaultServiceSCV = 0.1
+	maxSCV            = 16
+)
+
 // predict plays the model at a share and rate over its batch sizes and
-// returns the one with the lowest latency. For batch b with execution time
-// t and s slots, utilisation is ρ = rate·t/(b·s); the latency is the wait
-// for the batch to fill, (b-1)/rate, plus M/D/1-style queueing,
-// ρ·t/(2(1-ρ)), plus t. false when the predictor does not know the model.
-func (a *Adjuster) predict(spec ModelSpec, rate, share float64) (prediction, bool) {
+// returns the one with the lowest latency at the quantile. For batch b
+// with execution time t on c slots the utilisation is ρ = rate·t/(b·c).
+// Batches arrive with squared coefficient of variation ca²/b (ca² measured
+// on the model's requests), executions vary with cs² (measured against
+// their predictions). The wait is G/G/c after Allen and Cunneen: waiting
+// at all has the Erlang C probability Pw, the mean wait is
+// Pw·(ca²+cs²)/2·t/(c(1-ρ)), and its tail is exponential, so the wait at
+// quantile q is (Wq/Pw)·ln(Pw/(1-q)). The latency at q adds the time the
+// batch takes to fill, (b-1)/rate, and the execution's own quantile,
+// t·(1+z_q·cs). false when the predictor does not know the model.
+func (a *Adjuster) predict(st modelState, rate, share float64) (prediction, bool) {
+	spec := st.Spec
 	best := prediction{latency: math.MaxInt64}
-	slots := float64(max(spec.Slots, 1))
+	c := max(spec.Slots, 1)
+	ca2, cs2 := st.ArrivalSCV, st.ServiceSCV
+	if ca2 == 0 {
+		ca2 = defaultArrivalSCV
+	}
+	if cs2 == 0 {
+		cs2 = defaultServiceSCV
+	}
+	ca2, cs2 = min(ca2, maxSCV), min(cs2, maxSCV)
+	q := a.opts.Quantile
+	z := math.Sqrt2 * math.Erfinv(2*q-1)
 	for b := 1; b <= max(spec.MaxBatchSize, 1); b++ {
 		t, ok := a.opts.Predictor.Latency(spec.Name, b, share)
 		if !ok {
 			return prediction{}, false
 		}
 		ts := t.Seconds()
-		rho := rate * ts / (float64(b) * slots)
+		rho := rate * ts / (float64(b) * float64(c))
 		if rho >= a.opts.MaxUtilization {
 			continue
 		}
-		var fill float64
+		var fill, wait float64
 		if rate > 0 {
 			fill = float64(b-1) / rate
+			pw := erlangC(c, rho)
+			mean := pw * (ca2/float64(b) + cs2) / 2 * ts / (float64(c) * (1 - rho))
+			if pw > 1-q && mean > 0 {
+				wait = mean / pw * math.Log(pw/(1-q))
+			}
 		}
-		queueing := rho * ts / (2 * (1 - rho))
-		lat := time.Duration((fill + queueing + ts) * float64(time.Second))
+		lat := time.Duration((fill + wait + ts*(1+z*math.Sqrt(cs2))) * float64(time.Second))
 		if lat < best.latency {
 			best.latency, best.batch = lat, b
 		}
@@ -240,6 +381,19 @@ func (a *Adjuster) predict(spec ModelSpec, rate, share float64) (prediction, boo
 	budget := time.Duration(float64(spec.SLO) * (1 - a.opts.Headroom))
 	best.meets = spec.SLO == 0 || best.latency <= budget
 	return best, true
+}
+
+// erlangC is the probability that an arrival waits in an M/M/c queue at
+// utilisation rho < 1: ρ for one server.
+func erlangC(c int, rho float64) float64 {
+	offered := rho * float64(c)
+	sum, term := 0.0, 1.0 // term is offered^k / k!
+	for k := range c {
+		sum += term
+		term *= offered / float64(k+1)
+	}
+	last := term / (1 - rho)
+	return last / (sum + last)
 }
 
 // fitCapacity scales the latency-critical targets down to what is
@@ -283,18 +437,22 @@ func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand,
 
 // bestEffort splits what the latency-critical models leave among the
 // best-effort ones with demand, weighted by priority (weight 1/rank),
-// within their bounds; idle ones get their minimum.
+// within their bounds; idle ones get their minimum. Where telemetry says
+// how much of the device a model uses, its claim is first bounded by
+// twice that plus a step (a model held at its cap doubles each pass; one
+// that cannot use its cap does not keep it from the others), and what
+// the bounded claims leave is then shared out by weight up to the bounds.
 func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int) map[string]decision {
 	ds := make(map[string]decision, len(bes))
-	type claim struct{ weight, lo, hi float64 }
 	var busy []modelState
-	var claims []claim
+	var claims []waterClaim
+	var demands []float64
 	left := rest
 	for _, st := range bes {
 		lo, hi := a.bounds(st.Spec)
 		d := decision{
 			source: SharePolicyAdaptive, class: st.Spec.Class, rank: rank(st.Spec.Priority),
-			rate: a.forecast(st.Spec.Name), share: limiter.Share{Memory: st.Spec.Memory},
+			rate: a.forecast(st.Spec.Name), share: limiter.Share{Memory: st.Spec.Memory, Mode: limiter.ModeBackground},
 		}
 		if d.rate < rateEpsilon && st.QueueDepth == 0 && st.Running == 0 {
 			d.share.Compute = lo
@@ -302,11 +460,56 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 			left -= lo
 		} else {
 			busy = append(busy, st)
-			claims = append(claims, claim{1 / float64(d.rank), lo, hi})
+			claims = append(claims, waterClaim{1 / float64(d.rank), lo, hi})
+			demand := hi
+			if a.opts.Usage != nil {
+				if u, ok := a.opts.Usage(st.Spec.Name); ok {
+					demand = min(max(2*u+a.opts.Step, lo), hi)
+				}
+			}
+			demands = append(demands, demand)
 		}
 		ds[st.Spec.Name] = d
 	}
 	left = max(left, 0)
+	bounded := make([]waterClaim, len(claims))
+	for i, c := range claims {
+		bounded[i] = waterClaim{c.weight, c.lo, demands[i]}
+	}
+	shares := waterFill(bounded, left)
+	if spare := left - sum(shares); spare > shareEpsilon {
+		// Room the demands leave: share it by weight up to the bounds.
+		room := make([]waterClaim, len(claims))
+		for i, c := range claims {
+			room[i] = waterClaim{c.weight, 0, max(c.hi-shares[i], 0)}
+		}
+		for i, extra := range waterFill(room, spare) {
+			shares[i] += extra
+		}
+	}
+	for i, st := range busy {
+		c, d := claims[i], ds[st.Spec.Name]
+		d.share.Compute = max(floorShare(shares[i]), c.lo)
+		d.reason = fmt.Sprintf("best-effort: %.2f of the %.2f left (priority rank %d)", d.share.Compute, left, d.rank)
+		if demands[i] < c.hi {
+			d.reason += fmt.Sprintf("; it uses %.2f", max(demands[i]-a.opts.Step, 0)/2)
+		}
+		if p, ok := a.predict(st, d.rate, d.share.Compute); ok {
+			d.predicted = p.latency
+		}
+		ds[st.Spec.Name] = d
+	}
+	return ds
+}
+
+// waterClaim is one model's claim on a split: its weight and bounds.
+type waterClaim struct{ weight, lo, hi float64 }
+
+// waterFill splits total among the claims in proportion to their weights
+// within their bounds: each gets min(max(θ·weight, lo), hi) for the θ at
+// which they add up to total (all at lo when even that is too much, all
+// at hi when even that is too little).
+func waterFill(claims []waterClaim, total float64) []float64 {
 	var floor, ceiling, top float64
 	for _, c := range claims {
 		floor += c.lo
@@ -315,8 +518,8 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 	}
 	theta := 0.0
 	switch {
-	case floor >= left:
-	case ceiling <= left:
+	case floor >= total:
+	case ceiling <= total:
 		theta = top
 	default:
 		theta = bisect(func(theta float64) float64 {
@@ -325,18 +528,21 @@ func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int
 				sum += min(max(theta*c.weight, c.lo), c.hi)
 			}
 			return sum
-		}, left, top)
+		}, total, top)
 	}
-	for i, st := range busy {
-		c, d := claims[i], ds[st.Spec.Name]
-		d.share.Compute = max(floorShare(min(max(theta*c.weight, c.lo), c.hi)), c.lo)
-		d.reason = fmt.Sprintf("best-effort: %.2f of the %.2f left (priority rank %d)", d.share.Compute, left, d.rank)
-		if p, ok := a.predict(st.Spec, d.rate, d.share.Compute); ok {
-			d.predicted = p.latency
-		}
-		ds[st.Spec.Name] = d
+	out := make([]float64, len(claims))
+	for i, c := range claims {
+		out[i] = min(max(theta*c.weight, c.lo), c.hi)
 	}
-	return ds
+	return out
+}
+
+func sum(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s
 }
 
 // bisect finds θ in [0, hi] where the nondecreasing f reaches want.

@@ -36,6 +36,8 @@ type fakePredictor struct {
 	rates   map[string]float64
 	arrived map[string]uint64
 	shares  map[string]float64
+	// horizons is the last horizon each model's forecast was asked for.
+	horizons map[string]time.Duration
 }
 
 var _ Predictor = (*fakePredictor)(nil)
@@ -45,9 +47,10 @@ func newFakePredictor() *fakePredictor {
 		latency: func(_ string, b int, s float64) (time.Duration, bool) {
 			return time.Duration(float64(10*ms) * float64(b) / s), true
 		},
-		rates:   map[string]float64{},
-		arrived: map[string]uint64{},
-		shares:  map[string]float64{},
+		rates:    map[string]float64{},
+		arrived:  map[string]uint64{},
+		shares:   map[string]float64{},
+		horizons: map[string]time.Duration{},
 	}
 }
 
@@ -64,10 +67,19 @@ func (p *fakePredictor) ObserveArrivals(model string, _ time.Time, arrived uint6
 	p.arrived[model] = arrived
 }
 
-func (p *fakePredictor) ForecastRate(model string, _ time.Duration) float64 {
+// ForecastRate returns the rate the test set whatever the horizon, and
+// records the horizon.
+func (p *fakePredictor) ForecastRate(model string, horizon time.Duration) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.horizons[model] = horizon
 	return p.rates[model]
+}
+
+func (p *fakePredictor) horizon(model string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.horizons[model]
 }
 
 func (p *fakePredictor) SetShare(model string, share float64) {
@@ -271,10 +283,16 @@ func lastEvent(t *testing.T, a *Adjuster, model string) Event {
 }
 
 // The target of a latency-critical model, worked out by hand with
-// t(b, s) = 10ms·b/s, SLO 100ms, headroom 0.2 (budget 80ms), one slot:
-// utilisation ρ = rate·t/b = rate·10ms/s must stay under 0.8, and
-// latency = (b-1)/rate + ρ·t/(2(1-ρ)) + t must be <= 80ms. Batching does
-// not help this model (no fixed cost), so b = 1 wins.
+// t(b, s) = 10ms·b/s, SLO 100ms, headroom 0.1 (budget 90ms), quantile 0.99
+// (z = 2.326), and the variability assumed before any is measured: arrival
+// SCV ca² = 1, service SCV cs² = 0.1. With one slot the utilisation is
+// ρ = rate·t/b, which must stay under 0.8; Erlang C is ρ, so the wait at
+// p99 is (ca²/b + cs²)/2 · t/(1-ρ) · ln(ρ/0.01), and the latency at p99 is
+// that plus the fill (b-1)/rate plus the execution at p99,
+// t·(1 + 2.326·√0.1) = 1.736·t. Batching does not help the linear model
+// (no fixed cost), so b = 1 wins: 1.736·t + 0.55·t/(1-ρ)·ln(100ρ) <= 90ms.
+// Every latency-critical share is a floor, which the predictor is told is
+// the whole device.
 func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 	linear := func(_ string, b int, s float64) (time.Duration, bool) {
 		return time.Duration(float64(10*ms) * float64(b) / s), true
@@ -291,31 +309,38 @@ func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 		want    float64
 		reason  string
 	}{
-		// ρ = 0.5/s < 0.8 needs s > 0.625: 0.65 gives t = 15.4ms,
-		// ρ = 0.769, queueing 25.6ms: 41.0ms.
-		{"rate 50", ModelSpec{MaxBatchSize: 4}, linear, 50, 0.65,
-			"forecast 50.0 req/s needs 0.65 to meet 100ms (predicted 41.0ms at batch 1)"},
-		// ρ = 0.1/s: 0.15 gives t = 66.7ms, ρ = 0.667, queueing 66.7ms:
-		// 133ms, too slow; 0.20 gives 50 + 25 = 75ms.
-		{"rate 10", ModelSpec{MaxBatchSize: 4}, linear, 10, 0.20,
-			"forecast 10.0 req/s needs 0.20 to meet 100ms (predicted 75.0ms at batch 1)"},
-		{"rate 10 above the model's minimum", ModelSpec{MaxBatchSize: 4, MinShare: 0.3}, linear, 10, 0.30,
-			"forecast 10.0 req/s needs 0.30 to meet 100ms"},
+		// ρ = 0.5/s. 0.85 gives t = 11.8ms, ρ = 0.588, wait
+		// 0.55·11.8/0.412·ln 58.8 = 64.0ms, execution 20.4ms: 84.4ms.
+		// 0.80 gives t = 12.5ms, ρ = 0.625: 75.8 + 21.7 = 97.5ms, over 90.
+		{"rate 50", ModelSpec{MaxBatchSize: 4}, linear, 50, 0.85,
+			"forecast 50.0 req/s needs 0.85 to meet 100ms at p99 (predicted 84.4ms at batch 1)"},
+		// ρ = 0.1/s. 0.45 gives t = 22.2ms, ρ = 0.222, wait
+		// 0.55·22.2/0.778·ln 22.2 = 48.7ms, execution 38.6ms: 87.3ms.
+		// 0.40 gives t = 25ms, ρ = 0.25: 59.0 + 43.4 = 102.4ms, over 90.
+		{"rate 10", ModelSpec{MaxBatchSize: 4}, linear, 10, 0.45,
+			"forecast 10.0 req/s needs 0.45 to meet 100ms at p99 (predicted 87.3ms at batch 1)"},
+		// The minimum 0.5 is over the 0.45 the rate needs.
+		{"rate 10 above the model's minimum", ModelSpec{MaxBatchSize: 4, MinShare: 0.5}, linear, 10, 0.50,
+			"forecast 10.0 req/s needs 0.50 to meet 100ms at p99"},
 		// ρ = 1/s: over 0.8 at any share.
 		{"rate 100 cannot be met", ModelSpec{MaxBatchSize: 4}, linear, 100, 1,
-			"forecast 100.0 req/s: cannot meet 100ms even at the maximum share 1.00 (utilisation over 0.80 at every batch size)"},
+			"forecast 100.0 req/s: cannot meet 100ms at p99 even at the maximum share 1.00 (utilisation over 0.80 at every batch size)"},
 		{"rate 100 at the model's maximum", ModelSpec{MaxBatchSize: 4, MaxShare: 0.7}, linear, 100, 0.7,
-			"cannot meet 100ms even at the maximum share 0.70"},
+			"cannot meet 100ms at p99 even at the maximum share 0.70"},
 		{"no traffic", ModelSpec{MaxBatchSize: 4}, linear, 0, 0.05, "no traffic: minimum share 0.05"},
-		// ρ = (0.8/b + 0.2)/s. At 0.65: b = 2 gives ρ = 0.92; b = 3 gives
-		// t = 21.5ms, ρ = 0.718, fill 20ms, queueing 27.4ms: 69.0ms. At
-		// 0.60 the best is b = 4 at 83.3ms, over 80.
-		{"batching", ModelSpec{MaxBatchSize: 8}, fixed, 100, 0.65,
-			"forecast 100.0 req/s needs 0.65 to meet 100ms (predicted 69.0ms at batch 3)"},
-		// Two slots halve ρ: 0.35 gives ρ = 0.714 and t = 28.6ms, queueing
-		// 35.7ms: 64.3ms; 0.30 gives ρ = 0.833, over 0.8.
-		{"two slots", ModelSpec{MaxBatchSize: 1, Slots: 2}, linear, 50, 0.35,
-			"forecast 50.0 req/s needs 0.35 to meet 100ms (predicted 64.3ms at batch 1)"},
+		// ρ = (0.8/b + 0.2)/s. At 0.80: b = 3 gives t = 17.5ms, ρ = 0.583,
+		// fill 20ms, wait (1/3 + 0.1)/2·17.5/0.417·ln 58.3 = 37.0ms,
+		// execution 30.4ms: 87.4ms (b = 2 is 113.7ms, b = 4 92.1ms). At
+		// 0.75 the best is b = 3 at 96.6ms, over 90.
+		{"batching", ModelSpec{MaxBatchSize: 8}, fixed, 100, 0.80,
+			"forecast 100.0 req/s needs 0.80 to meet 100ms at p99 (predicted 87.4ms at batch 3)"},
+		// Two slots halve ρ and Erlang C is 2ρ²/(1+ρ). 0.45 gives
+		// t = 22.2ms, ρ = 0.556, Pw = 0.397, wait
+		// 0.55·22.2/(2·0.444)·ln 39.7 = 50.6ms, execution 38.6ms: 89.2ms;
+		// 0.40 gives ρ = 0.625, Pw = 0.481: 71.0 + 43.4 = 114.4ms. One
+		// slot needs 0.85 for the same rate.
+		{"two slots", ModelSpec{MaxBatchSize: 1, Slots: 2}, linear, 50, 0.45,
+			"forecast 50.0 req/s needs 0.45 to meet 100ms at p99 (predicted 89.2ms at batch 1)"},
 		{"no prediction yet", ModelSpec{MaxBatchSize: 4}, func(string, int, float64) (time.Duration, bool) { return 0, false }, 50, 1,
 			"no prediction yet: keeping 1.00"},
 	} {
@@ -327,11 +352,14 @@ func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 				ah.pred.latency = tc.latency
 				ah.pred.setRate("m", tc.rate)
 				ah.start()
-				if got := ah.act.share("m").Compute; got != tc.want {
-					t.Errorf("share = %v, want %v", got, tc.want)
+				if got := ah.act.share("m"); got.Compute != tc.want || got.Mode != limiter.ModeFloor {
+					t.Errorf("share = %+v, want a floor of %v", got, tc.want)
 				}
-				if got := ah.pred.share("m"); got != tc.want {
-					t.Errorf("predictor told %v, want %v", got, tc.want)
+				if got := ah.pred.share("m"); got != 1 {
+					t.Errorf("predictor told %v, want 1 (a floor takes idle compute)", got)
+				}
+				if got := ah.pred.horizon("m"); got != 2*ah.period {
+					t.Errorf("forecast asked %s ahead, want two periods", got)
 				}
 				e := lastEvent(t, ah.a, "m")
 				if e.Kind != EventResize || !strings.Contains(e.Reason, tc.reason) {
@@ -348,29 +376,31 @@ func TestAdjusterScalesUpAtOnce(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{}, ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
 		ah.pred.setRate("m", 10)
 		ah.start()
-		if got := ah.act.share("m").Compute; got != 0.20 {
-			t.Fatalf("share at 10 req/s = %v, want 0.20", got)
+		// Targets from TestAdjusterLatencyCriticalTarget: 10 req/s 0.45,
+		// 50 req/s 0.85.
+		if got := ah.act.share("m").Compute; got != 0.45 {
+			t.Fatalf("share at 10 req/s = %v, want 0.45", got)
 		}
 		ah.pred.setRate("m", 50)
 		ah.tick()
-		if got := ah.act.share("m").Compute; got != 0.65 {
-			t.Errorf("share one period after the step to 50 req/s = %v, want 0.65", got)
+		if got := ah.act.share("m").Compute; got != 0.85 {
+			t.Errorf("share one period after the step to 50 req/s = %v, want 0.85", got)
 		}
 		e := lastEvent(t, ah.a, "m")
 		want := Event{
 			Time: ah.rec.start.Add(time.Second), Model: "m", Kind: EventResize,
-			Old: limiter.Share{Compute: 0.20}, New: limiter.Share{Compute: 0.65},
-			Reason:       "forecast 50.0 req/s needs 0.65 to meet 100ms (predicted 41.0ms at batch 1)",
+			Old: limiter.Share{Compute: 0.45, Mode: limiter.ModeFloor}, New: limiter.Share{Compute: 0.85, Mode: limiter.ModeFloor},
+			Reason:       "forecast 50.0 req/s needs 0.85 to meet 100ms at p99 (predicted 84.4ms at batch 1)",
 			Predicted:    e.Predicted,
 			ForecastRate: 50,
 		}
 		if e != want {
 			t.Errorf("event = %+v\nwant %+v", e, want)
 		}
-		if e.Predicted.Round(ms) != 41*ms {
-			t.Errorf("predicted %s, want 41ms", e.Predicted)
+		if e.Predicted.Round(100*time.Microsecond) != 84400*time.Microsecond {
+			t.Errorf("predicted %s, want 84.4ms", e.Predicted)
 		}
-		if got := ah.act.callLog(); !slices.Equal(got, []string{"m=0.2/0@0", "m=0.65/0@1"}) {
+		if got := ah.act.callLog(); !slices.Equal(got, []string{"m=0.45/0@0", "m=0.85/0@1"}) {
 			t.Errorf("SetShare calls = %v", got)
 		}
 	})
@@ -382,25 +412,28 @@ func TestAdjusterScaleDownHysteresis(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{ScaleDownAfter: 2 * time.Second, Cooldown: 4 * time.Second},
 			ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
-		// Targets: 10 req/s 0.20, 25 req/s 0.35, 30 req/s 0.40, 50 req/s
-		// 0.65, 70 req/s 0.90.
+		// Targets (worked out as in TestAdjusterLatencyCriticalTarget, all
+		// at b = 1 and under the capacity): 10 req/s 0.45 (87.3ms), 25
+		// req/s 0.60 (87.5ms), 30 req/s 0.65 (86.9ms), 40 req/s 0.75
+		// (85.6ms), 60 req/s 0.95 (83.4ms); one step less is over 90ms for
+		// each.
 		steps := []struct {
 			rate float64
 			want float64
 			why  string
 		}{
-			{50, 0.65, "first pass"},
-			{10, 0.65, "slack for 0s"},
-			{70, 0.90, "load is back and more: up at once, slack forgotten"},
-			{30, 0.90, "slack for 0s"},
-			{25, 0.90, "slack for 1s"},
-			{10, 0.90, "slack for 2s, but the last change was 3s ago, under the cooldown"},
-			{10, 0.35, "slack for 3s, 4s since the last change: the largest target of the last 2s"},
-			{10, 0.35, "slack begins again below 0.35"},
-			{10, 0.35, "slack for 1s"},
-			{10, 0.35, "slack for 2s, cooldown not over"},
-			{10, 0.20, "cooldown over"},
-			{10, 0.20, "steady"},
+			{40, 0.75, "first pass"},
+			{10, 0.75, "slack for 0s"},
+			{60, 0.95, "load is back and more: up at once, slack forgotten"},
+			{30, 0.95, "slack for 0s"},
+			{25, 0.95, "slack for 1s"},
+			{10, 0.95, "slack for 2s, but the last change was 3s ago, under the cooldown"},
+			{10, 0.60, "slack for 3s, 4s since the last change: the largest target of the last 2s"},
+			{10, 0.60, "slack begins again below 0.60"},
+			{10, 0.60, "slack for 1s"},
+			{10, 0.60, "slack for 2s, cooldown not over"},
+			{10, 0.45, "cooldown over"},
+			{10, 0.45, "steady"},
 		}
 		for i, s := range steps {
 			ah.pred.setRate("m", s.rate)
@@ -418,10 +451,10 @@ func TestAdjusterScaleDownHysteresis(t *testing.T) {
 			reasons = append(reasons, fmt.Sprintf("%.0f %s", ah.since(e.Time), e.Reason))
 		}
 		want := []string{
-			"0 forecast 50.0 req/s needs 0.65 to meet 100ms (predicted 41.0ms at batch 1)",
-			"2 forecast 70.0 req/s needs 0.90 to meet 100ms (predicted 30.6ms at batch 1)",
-			"6 slack for 3s: 0.90 -> 0.35; forecast 10.0 req/s needs 0.20 to meet 100ms (predicted 75.0ms at batch 1)",
-			"10 slack for 3s: 0.35 -> 0.20; forecast 10.0 req/s needs 0.20 to meet 100ms (predicted 75.0ms at batch 1)",
+			"0 forecast 40.0 req/s needs 0.75 to meet 100ms at p99 (predicted 85.6ms at batch 1)",
+			"2 forecast 60.0 req/s needs 0.95 to meet 100ms at p99 (predicted 83.4ms at batch 1)",
+			"6 slack for 3s: 0.95 -> 0.60; forecast 10.0 req/s needs 0.45 to meet 100ms at p99 (predicted 87.3ms at batch 1)",
+			"10 slack for 3s: 0.60 -> 0.45; forecast 10.0 req/s needs 0.45 to meet 100ms at p99 (predicted 87.3ms at batch 1)",
 		}
 		if !slices.Equal(reasons, want) {
 			t.Errorf("events:\n%s\nwant\n%s", strings.Join(reasons, "\n"), strings.Join(want, "\n"))
@@ -429,7 +462,7 @@ func TestAdjusterScaleDownHysteresis(t *testing.T) {
 		if n := len(ah.act.callLog()); n != 4 {
 			t.Errorf("%d SetShare calls, want 4 (one a change)", n)
 		}
-		if got := ah.shareOf("m"); got.Target != 0.20 || got.Share.Compute != 0.20 {
+		if got := ah.shareOf("m"); got.Target != 0.45 || got.Share.Compute != 0.45 {
 			t.Errorf("Shares: %+v", got)
 		}
 	})
@@ -446,52 +479,71 @@ func TestAdjusterBestEffortGetsTheRest(t *testing.T) {
 			ModelSpec{Name: "be2", Class: be, Priority: 2},
 			ModelSpec{Name: "idle", Class: be},
 		)
-		ah.pred.setRate("lc", 50) // 0.65
+		ah.pred.setRate("lc", 30) // 0.65, see TestAdjusterScaleDownHysteresis
 		ah.pred.setRate("be1", 5)
 		ah.pred.setRate("be2", 5)
 		ah.start()
-		// 1 - 0.65 - 0.05 (idle) = 0.30: be1 gets twice what be2 gets.
-		want := map[string]float64{"lc": 0.65, "be1": 0.2, "be2": 0.1, "idle": 0.05}
+		// The floor of 0.65 keeps from the best-effort caps twice what lc
+		// keeps busy at full speed: 2 · 30 · 10ms = 0.6. 1 - 0.6 - 0.05
+		// (idle) = 0.35: be1 gets twice what be2 gets.
+		want := map[string]float64{"lc": 0.65, "be1": 0.2333, "be2": 0.1166, "idle": 0.05}
 		if got := ah.act.computes(); !maps.Equal(got, want) {
 			t.Errorf("shares = %v\nwant %v", got, want)
 		}
-		if e := lastEvent(t, ah.a, "be2"); e.Reason != "best-effort: 0.10 of the 0.30 left (priority rank 2)" {
+		// The latency-critical share is a floor sized for the rate two
+		// periods ahead; the best-effort ones run in the background and
+		// are sized for the next period.
+		for name, want := range map[string]limiter.Mode{"lc": limiter.ModeFloor, "be1": limiter.ModeBackground, "idle": limiter.ModeBackground} {
+			if got := ah.act.share(name).Mode; got != want {
+				t.Errorf("%s mode %v, want %v", name, got, want)
+			}
+		}
+		if lcH, beH := ah.pred.horizon("lc"), ah.pred.horizon("be1"); lcH != 2*ah.period || beH != ah.period {
+			t.Errorf("forecast horizons: lc %s, be1 %s; want %s and %s", lcH, beH, 2*ah.period, ah.period)
+		}
+		if e := lastEvent(t, ah.a, "be2"); e.Reason != "best-effort: 0.12 of the 0.35 left (priority rank 2)" {
 			t.Errorf("be2 reason %q", e.Reason)
 		}
 		if e := lastEvent(t, ah.a, "idle"); e.Reason != "best-effort, idle: minimum share 0.05" {
 			t.Errorf("idle reason %q", e.Reason)
 		}
 
-		// 62 req/s needs 0.80 (ρ = 0.62/s < 0.8 from 0.775 up).
-		ah.pred.setRate("lc", 62)
+		// 45 req/s needs 0.80: t = 12.5ms, ρ = 0.5625, wait
+		// 0.55·12.5/0.4375·ln 56.25 = 63.3ms, execution 21.7ms: 85.0ms;
+		// 0.75 gives 75.1 + 23.1 = 98.2ms, over 90.
+		ah.pred.setRate("lc", 45)
 		ah.tick()
-		// 0.15 left: be2 is at its minimum.
+		// Its reserve, 2 · 0.45 = 0.9, is over the floor: all of the 0.80
+		// is kept, 0.15 left: be2 is at its minimum.
 		want = map[string]float64{"lc": 0.8, "be1": 0.1, "be2": 0.05, "idle": 0.05}
 		if got := ah.act.computes(); !maps.Equal(got, want) {
 			t.Errorf("after lc grew: shares = %v\nwant %v", got, want)
 		}
-		if e := lastEvent(t, ah.a, "be1"); e.Reason != "capacity needed by other models: 0.20 -> 0.10; best-effort: 0.10 of the 0.15 left (priority rank 1)" {
+		if e := lastEvent(t, ah.a, "be1"); e.Reason != "capacity needed by other models: 0.23 -> 0.10; best-effort: 0.10 of the 0.15 left (priority rank 1)" {
 			t.Errorf("be1 reason %q", e.Reason)
 		}
 
-		// Back down: the latency-critical model keeps its share through the
-		// hysteresis, and the best-effort ones wait for it.
-		ah.pred.setRate("lc", 50)
-		for range 10 { // slack from 2s to 11s
-			ah.tick()
-		}
+		// Back down: the latency-critical floor stays through the
+		// hysteresis, but what it keeps from the best-effort caps follows
+		// the rate at once (its reserve is 0.6 again): the background
+		// work gets the idle compute back without waiting.
+		ah.pred.setRate("lc", 30)
+		ah.tick()
+		want = map[string]float64{"lc": 0.8, "be1": 0.2333, "be2": 0.1166, "idle": 0.05}
 		if got := ah.act.computes(); !maps.Equal(got, want) {
 			t.Errorf("within the hysteresis: shares = %v\nwant %v", got, want)
 		}
+		for range 9 { // slack from 2s to 11s
+			ah.tick()
+		}
 		ah.tick()
-		want = map[string]float64{"lc": 0.65, "be1": 0.2, "be2": 0.1, "idle": 0.05}
+		want["lc"] = 0.65
 		if got := ah.act.computes(); !maps.Equal(got, want) {
 			t.Errorf("after the hysteresis: shares = %v\nwant %v", got, want)
 		}
-		// Shrinks went first.
 		calls := ah.act.callLog()
-		if got := calls[len(calls)-3:]; !slices.Equal(got, []string{"lc=0.65/0@12", "be2=0.1/0@12", "be1=0.2/0@12"}) {
-			t.Errorf("last calls %v", got)
+		if got := calls[len(calls)-1]; got != "lc=0.65/0@12" {
+			t.Errorf("last call %v, want lc=0.65/0@12", got)
 		}
 	})
 }
@@ -505,9 +557,10 @@ func TestAdjusterScalesLatencyCriticalToCapacity(t *testing.T) {
 		prio     [2]int
 		want     [2]float64
 	}{
-		// Targets 0.65 + 0.65 = 1.30 over 1: each gives up its target ×
+		// 30 req/s each: targets 0.65 + 0.65 = 1.30 over 1 (see
+		// TestAdjusterScaleDownHysteresis). Each gives up its target ×
 		// its rank × θ; 0.65θ + 1.30θ = 0.30: θ = 0.154, cuts 0.10 and
-		// 0.20.
+		// 0.20. Equal ranks over 0.8 give up 0.25 each.
 		{"priorities", 1, [2]int{1, 2}, [2]float64{0.55, 0.45}},
 		{"equal", 0.8, [2]int{0, 0}, [2]float64{0.4, 0.4}},
 	} {
@@ -517,8 +570,8 @@ func TestAdjusterScalesLatencyCriticalToCapacity(t *testing.T) {
 					ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[0]},
 					ModelSpec{Name: "b", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[1]},
 				)
-				ah.pred.setRate("a", 50)
-				ah.pred.setRate("b", 50)
+				ah.pred.setRate("a", 30)
+				ah.pred.setRate("b", 30)
 				ah.start()
 				if got := [2]float64{ah.act.share("a").Compute, ah.act.share("b").Compute}; got != tc.want {
 					t.Errorf("shares = %v, want %v", got, tc.want)
@@ -543,10 +596,12 @@ func TestAdjusterPins(t *testing.T) {
 			ModelSpec{Name: "be", Class: be},
 		)
 		ah.pred.setRate("cfg", 50)
-		ah.pred.setRate("lc", 10) // 0.20
+		ah.pred.setRate("lc", 10) // 0.45
 		ah.pred.setRate("be", 1)
 		ah.start()
-		want := map[string]float64{"cfg": 0.3, "lc": 0.2, "be": 0.5}
+		// be gets 1 - 0.3 (pinned) - 0.2: lc's floor of 0.45 keeps twice
+		// what it keeps busy at full speed, 2 · 10 · 10ms.
+		want := map[string]float64{"cfg": 0.3, "lc": 0.45, "be": 0.5}
 		if got := ah.act.computes(); !maps.Equal(got, want) {
 			t.Errorf("shares = %v, want %v", got, want)
 		}
@@ -598,8 +653,8 @@ func TestAdjusterPins(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if got := ah.act.share("lc").Compute; got != 0.2 {
-			t.Errorf("lc after unpin: %v, want 0.2 at once", got)
+		if got := ah.act.share("lc"); got != (limiter.Share{Compute: 0.45, Mode: limiter.ModeFloor}) {
+			t.Errorf("lc after unpin: %+v, want a floor of 0.45 at once", got)
 		}
 		if err := ah.a.Pin("lc", nil); err != nil {
 			t.Errorf("unpinning twice: %v", err)
@@ -808,10 +863,11 @@ func TestAdjusterRetriesFailedShares(t *testing.T) {
 		ah.pred.setRate("good", 10)
 		ah.act.fail["bad"] = 2
 		ah.start()
-		if s := ah.shareOf("bad"); s.Share != (limiter.Share{}) || s.Target != 0.2 {
+		// 10 req/s: 0.45 each.
+		if s := ah.shareOf("bad"); s.Share != (limiter.Share{}) || s.Target != 0.45 {
 			t.Errorf("after a failure: %+v", s)
 		}
-		if got := ah.act.share("good").Compute; got != 0.2 {
+		if got := ah.act.share("good").Compute; got != 0.45 {
 			t.Errorf("good: %v", got)
 		}
 		for range 4 {
@@ -824,7 +880,7 @@ func TestAdjusterRetriesFailedShares(t *testing.T) {
 			}
 		}
 		// Fails at 0s and 1s, waits 2s, succeeds at 3s.
-		if want := []string{"bad=0.2/0@0", "bad=0.2/0@1", "bad=0.2/0@3"}; !slices.Equal(calls, want) {
+		if want := []string{"bad=0.45/0@0", "bad=0.45/0@1", "bad=0.45/0@3"}; !slices.Equal(calls, want) {
 			t.Errorf("calls %v, want %v", calls, want)
 		}
 		var got []string
@@ -836,13 +892,82 @@ func TestAdjusterRetriesFailedShares(t *testing.T) {
 		want := []string{
 			"0 error setting the share failed (attempt 1, next in 1s): runner did not come up",
 			"1 error setting the share failed (attempt 2, next in 2s): runner did not come up",
-			"3 resize forecast 10.0 req/s needs 0.20 to meet 100ms (predicted 75.0ms at batch 1)",
+			"3 resize forecast 10.0 req/s needs 0.45 to meet 100ms at p99 (predicted 87.3ms at batch 1)",
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
-		if s := ah.shareOf("bad"); s.Share.Compute != 0.2 {
+		if s := ah.shareOf("bad"); s.Share.Compute != 0.45 {
 			t.Errorf("after the retry: %+v", s)
+		}
+	})
+}
+
+// Observed misses overrule the prediction: while attainment over at least
+// 20 settled requests is under the quantile, a latency-critical floor grows
+// a step a cooldown past what the queueing model asks for.
+func TestAdjusterOverrulesOnMisses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah := newAdjHarness(t, AdjusterOptions{Cooldown: 3 * time.Second})
+		// Every execution takes 150ms against an SLO of 100ms, while the
+		// scheduler's estimator is told 10ms before each request, so that
+		// admission lets it in and it is late. Arrivals every 200ms at
+		// 0.1s, 0.3s, ... and completions at 0.25s, 0.45s, ... keep off the
+		// passes at whole seconds, and one execution at a time with a
+		// constant overrun keeps the measured variability at zero, so the
+		// prediction uses the defaults.
+		ah.model(ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 1},
+			func([]int64) time.Duration { return 150 * ms })
+		// 5 req/s needs 0.40: t = 25ms, ρ = 0.125, wait
+		// 0.55·25/0.875·ln 12.5 = 39.7ms, execution 43.4ms: 83.1ms; 0.35
+		// gives 48.7 + 49.6 = 98.3ms, over 90.
+		ah.pred.setRate("m", 5)
+		ah.start()
+		stop := make(chan struct{})
+		traffic := make(chan struct{})
+		go func() {
+			defer close(traffic)
+			time.Sleep(100 * ms)
+			for id := int64(1); ; id++ {
+				ah.est.Observe("m", 1, 10*ms)
+				if _, err := ah.s.Submit(t.Context(), "m", idRequest(id), RequestOptions{}); err != nil {
+					t.Errorf("request %d: %v", id, err)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * ms):
+				}
+			}
+		}()
+		defer func() { close(stop); <-traffic }()
+
+		// 19 requests have settled by 4s, 24 by 5s: from then on the floor
+		// grows at once and then every 3s.
+		want := []float64{0.40, 0.40, 0.40, 0.40, 0.40, 0.45, 0.45, 0.45, 0.50, 0.50, 0.50, 0.55}
+		var got []float64
+		for i := range want {
+			if i > 0 {
+				ah.tick()
+			}
+			got = append(got, ah.act.share("m").Compute)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("floor each second %v\nwant %v", got, want)
+		}
+		s := ah.shareOf("m")
+		if s.Attainment != 0 || s.Share != (limiter.Share{Compute: 0.55, Mode: limiter.ModeFloor}) || s.Target != 0.55 {
+			t.Errorf("Shares: %+v", s)
+		}
+		st, _ := ah.s.modelState("m")
+		if st.Settled < minSettled || st.ArrivalSCV != 0 || st.ServiceSCV != 0 {
+			t.Errorf("%d settled, variability measured: arrivals %v, service %v; want 20 or more and none", st.Settled, st.ArrivalSCV, st.ServiceSCV)
+		}
+		e := lastEvent(t, ah.a, "m")
+		const reason = "observed attainment 0.0% is under 99%: floor 0.55 over the predicted 0.40; " +
+			"forecast 5.0 req/s needs 0.40 to meet 100ms at p99 (predicted 83.1ms at batch 1)"
+		if e.Kind != EventResize || e.Reason != reason || ah.since(e.Time) != 11 {
+			t.Errorf("last event at %.0fs: %s %q\nwant resize at 11s %q", ah.since(e.Time), e.Kind, e.Reason, reason)
 		}
 	})
 }
@@ -858,7 +983,8 @@ func TestAdjusterEventsAndShares(t *testing.T) {
 		}
 		mustSucceed(t, ps...)
 		ah.start()
-		for _, r := range []float64{50, 70} {
+		// 0.45, then 0.65 and 0.95: each pass grows the share.
+		for _, r := range []float64{30, 60} {
 			ah.pred.setRate("m", r)
 			ah.tick()
 		}
@@ -893,7 +1019,7 @@ func TestAdjusterEventsAndShares(t *testing.T) {
 		}
 		want := ModelShare{
 			Model: "m", Class: lc, Share: limiter.Share{Compute: 1}, Target: 1, Pinned: true, Source: SourcePinned,
-			ForecastRate: 70, SLO: 100 * ms, Attainment: 1,
+			ForecastRate: 60, SLO: 100 * ms, Attainment: 1,
 		}
 		if got[0] != want {
 			t.Errorf("Shares()[0] = %+v\nwant %+v", got[0], want)
@@ -904,11 +1030,12 @@ func TestAdjusterEventsAndShares(t *testing.T) {
 		synctest.Wait()
 		got = ah.a.Shares()
 		want = ModelShare{
-			Model: "m", Class: lc, Share: limiter.Share{Compute: 0.9, Memory: gib}, Target: 0.9, Source: SharePolicyAdaptive,
-			PredictedLatency: got[0].PredictedLatency, ForecastRate: 70, SLO: 100 * ms, Attainment: 1,
+			Model: "m", Class: lc, Share: limiter.Share{Compute: 0.95, Memory: gib, Mode: limiter.ModeFloor}, Target: 0.95,
+			Source: SharePolicyAdaptive, PredictedLatency: got[0].PredictedLatency, ForecastRate: 60, SLO: 100 * ms, Attainment: 1,
 		}
-		// At 0.90: t = 11.1ms, ρ = 0.778, queueing 19.4ms.
-		if got[0] != want || got[0].PredictedLatency.Round(100*time.Microsecond) != 30600*time.Microsecond {
+		// At 0.95 and 60 req/s: t = 10.5ms, ρ = 0.632, wait
+		// 0.55·10.5/0.368·ln 63.2 = 65.1ms, execution 18.3ms: 83.4ms.
+		if got[0] != want || got[0].PredictedLatency.Round(100*time.Microsecond) != 83400*time.Microsecond {
 			t.Errorf("Shares()[0] = %+v\nwant %+v", got[0], want)
 		}
 	})
@@ -1032,7 +1159,7 @@ func TestAdjusterMetrics(t *testing.T) {
 		if _, err := NewAdjuster(ah.s, AdjusterOptions{Registerer: reg, Device: "cpu", Predictor: ah.pred, Actuator: ah.act}); err == nil {
 			t.Error("two adjusters registered the same device")
 		}
-		ah.pred.setRate("lc", 50)
+		ah.pred.setRate("lc", 50) // 0.85
 		ah.act.fail["be"] = 1
 		ah.start()
 		ah.tick()
@@ -1047,7 +1174,7 @@ sloserve_adjuster_events_total{device="cpu",kind="unpin"} 0
 # HELP sloserve_share_compute Compute share applied to the model, as a fraction of the device; 0 means no limit.
 # TYPE sloserve_share_compute gauge
 sloserve_share_compute{device="cpu",model="be"} 0.05
-sloserve_share_compute{device="cpu",model="lc"} 0.65
+sloserve_share_compute{device="cpu",model="lc"} 0.85
 # HELP sloserve_share_memory_bytes Memory share applied to the model; 0 means no limit.
 # TYPE sloserve_share_memory_bytes gauge
 sloserve_share_memory_bytes{device="cpu",model="be"} 0
@@ -1055,7 +1182,7 @@ sloserve_share_memory_bytes{device="cpu",model="lc"} 1.073741824e+09
 # HELP sloserve_share_target_compute Compute share the adjuster's last pass wanted for the model.
 # TYPE sloserve_share_target_compute gauge
 sloserve_share_target_compute{device="cpu",model="be"} 0.05
-sloserve_share_target_compute{device="cpu",model="lc"} 0.65
+sloserve_share_target_compute{device="cpu",model="lc"} 0.85
 `
 		names := []string{"sloserve_adjuster_events_total", "sloserve_share_compute", "sloserve_share_memory_bytes", "sloserve_share_target_compute"}
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {

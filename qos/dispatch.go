@@ -3,6 +3,7 @@ package qos
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -39,7 +40,13 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 
 	device := newSlots(s.opts.DeviceSlots, now)
 	mine := newSlots(m.spec.Slots, now)
+	// With separate classes a latency-critical request's slots are held
+	// by latency-critical executions only.
+	lcOnly := s.separate && m.spec.Class == ClassLatencyCritical
 	for _, other := range s.models {
+		if lcOnly && other.spec.Class != ClassLatencyCritical {
+			continue
+		}
 		for e := range other.execs {
 			end := now
 			if e.predicted > 0 {
@@ -163,7 +170,7 @@ func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
 	if !s.fifo {
 		wake = s.dropLocked(now)
 	}
-	for s.running < s.opts.DeviceSlots {
+	for {
 		batch, hold := s.pickLocked(now)
 		wake = earliest(wake, hold)
 		if batch == nil {
@@ -212,20 +219,28 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 // pickLocked chooses the next batch to start, or nil and when a held batch
 // is due. Under fifo the model whose head arrived first goes. Under qos
 // latency-critical models go first, the one whose head has the earliest
-// deadline (then priority); best-effort models (by priority, then head
-// deadline) go only when no latency-critical request waits, except that
-// best-effort work waiting while latency-critical work runs earns
-// BestEffortFloor of an execution per latency-critical one, and runs when
-// that credit makes up one of its own.
+// deadline (then priority). Best-effort models go by priority, and among
+// equal priorities the one with the least virtual time (fair queueing on
+// predicted work), and only when no latency-critical request waits for
+// their slot: in one pool (the default), best-effort work waiting while
+// latency-critical work runs earns BestEffortFloor of an execution per
+// latency-critical one, and runs when that credit makes up one of its
+// own; with SeparateClasses each class has its own slots.
 func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
+	lcFree, beFree := s.freeSlotsLocked()
+	if !lcFree && !beFree {
+		return nil, time.Time{}
+	}
 	var lc, be []*model
 	for _, m := range s.models {
 		if m.q.len() == 0 || m.running >= m.spec.Slots {
 			continue
 		}
 		if !s.fifo && m.spec.Class == ClassLatencyCritical {
-			lc = append(lc, m)
-		} else {
+			if lcFree {
+				lc = append(lc, m)
+			}
+		} else if beFree {
 			be = append(be, m)
 		}
 	}
@@ -236,6 +251,9 @@ func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
 		}
 		if ra, rb := a.q.head().rank, b.q.head().rank; ra != rb {
 			return order(ra < rb)
+		}
+		if a.vtime != b.vtime {
+			return order(a.vtime < b.vtime)
 		}
 		return order(before(a.q.head(), b.q.head()))
 	})
@@ -252,6 +270,12 @@ func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
 		return nil
 	}
 	lcBatch := first(lc)
+	if s.separate {
+		if lcBatch != nil {
+			return lcBatch, wake
+		}
+		return first(be), wake
+	}
 	if lcBatch == nil && len(lc) > 0 {
 		return nil, wake // latency-critical work is filling a batch; keep the device for it
 	}
@@ -268,6 +292,16 @@ func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
 		s.beCredit = min(s.beCredit+s.floor, due)
 	}
 	return lcBatch, wake
+}
+
+// freeSlotsLocked reports whether a latency-critical and a best-effort
+// execution could start now.
+func (s *Scheduler) freeSlotsLocked() (lc, be bool) {
+	if !s.separate {
+		free := s.running < s.opts.DeviceSlots
+		return free, free
+	}
+	return s.running-s.runningBE < s.opts.DeviceSlots, s.runningBE < s.opts.DeviceSlots
 }
 
 // order turns a less-than into a comparison for slices.SortFunc.
@@ -305,6 +339,12 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 		if !s.fifo && !head.deadline.IsZero() {
 			// The head has the batch's earliest deadline: queue order.
 			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && now.Add(e).After(head.deadline) {
+				complete = true
+				break
+			}
+		}
+		if bound := s.opts.MaxBestEffortExecution; !s.fifo && bound > 0 && m.spec.Class != ClassLatencyCritical {
+			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && e > bound {
 				complete = true
 				break
 			}
@@ -359,11 +399,45 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	m.mm.batchSize.Observe(float64(e.size))
 	m.running++
 	s.running++
+	if m.spec.Class != ClassLatencyCritical || s.fifo {
+		s.runningBE++
+		s.chargeLocked(m, e)
+	}
 	m.execs[e] = struct{}{}
 	ctx, cancel := context.WithCancel(s.runCtx)
 	e.cancel = cancel
 	s.execs.Add(1)
 	go s.execute(ctx, e)
+}
+
+// chargeLocked advances a best-effort model's virtual time by the
+// execution's predicted seconds. Priority ranks order best-effort models
+// before virtual time does, so within a rank the weights are equal.
+func (s *Scheduler) chargeLocked(m *model, e *execution) {
+	cost := e.predicted.Seconds()
+	if cost <= 0 {
+		cost = 1e-3 // unknown: a token, so that turns still rotate
+	}
+	m.vtime += cost
+}
+
+// wakeLocked brings a best-effort model that had nothing queued or
+// running up to the least virtual time of the best-effort models that kept
+// working, so that idleness is not saved up into a burst that shuts the
+// others out.
+func (s *Scheduler) wakeLocked(m *model) {
+	if s.fifo || m.spec.Class == ClassLatencyCritical || m.q.len() > 0 || m.running > 0 {
+		return
+	}
+	least := math.Inf(1)
+	for _, o := range s.models {
+		if o != m && o.spec.Class != ClassLatencyCritical && (o.q.len() > 0 || o.running > 0) {
+			least = min(least, o.vtime)
+		}
+	}
+	if !math.IsInf(least, 1) {
+		m.vtime = max(m.vtime, least)
+	}
 }
 
 // execute runs a batch, feeds the estimator and hands each request its part
@@ -379,8 +453,14 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 
 	s.mu.Lock()
 	now := time.Now()
+	if err == nil && e.predicted > 0 {
+		m.service.observe(now.Sub(e.start).Seconds() / e.predicted.Seconds())
+	}
 	m.running--
 	s.running--
+	if m.spec.Class != ClassLatencyCritical || s.fifo {
+		s.runningBE--
+	}
 	delete(m.execs, e)
 	for i, r := range e.reqs {
 		switch {

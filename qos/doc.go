@@ -30,4 +30,8 @@
 // "shared" (no limits). An Actuator (the model registry) applies the
 // shares; pins override the policy; idle models are evicted when memory is
 // over budget. Every decision is an Event.
+//
+// It must not touch processes, cgroups or the wire: requests run through
+// the Executor it is given, shares are applied through the Actuator, and
+// errors leave as sentinel errors that api maps to status codes.
 package qos

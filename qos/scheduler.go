@@ -47,6 +47,9 @@ const (
 	DefaultBestEffortFloor = 0.05
 	DefaultWindow          = 10 * time.Second
 	DefaultQueueCapacity   = 256
+	// DefaultMaxBestEffortExecution is Options.MaxBestEffortExecution's
+	// default.
+	DefaultMaxBestEffortExecution = 200 * time.Millisecond
 )
 
 // Executor runs one request, possibly merged from several, on a model's
@@ -123,6 +126,20 @@ type Options struct {
 	// DeviceSlots is how many executions the device runs at once across
 	// all models (CPU cores, or GPU streams); 0 means 1.
 	DeviceSlots int
+	// SeparateClasses gives latency-critical and best-effort executions
+	// DeviceSlots each instead of one pool: best-effort executions then
+	// never hold a slot a latency-critical request waits for, and
+	// latency-critical admission does not count them. Set it only where
+	// the device itself runs best-effort work behind latency-critical
+	// work (the limiter's background mode); elsewhere the two pools
+	// would oversubscribe the device. Ignored under PolicyFIFO.
+	SeparateClasses bool
+	// MaxBestEffortExecution bounds the predicted duration of a
+	// best-effort batch (qos policy): a batch stops growing before its
+	// prediction passes it, so that best-effort work yields at batch
+	// boundaries this often. 0 means DefaultMaxBestEffortExecution,
+	// negative no bound. A single request is never cut.
+	MaxBestEffortExecution time.Duration
 	// Estimator predicts execution times; nil means a new EWMAEstimator.
 	Estimator Estimator
 	// Logger; nil discards.
@@ -141,23 +158,26 @@ type Options struct {
 // one execution device. Run owns the dispatch loop; the other methods are
 // safe for concurrent use.
 type Scheduler struct {
-	opts    Options
-	fifo    bool
-	floor   float64
-	est     Estimator
-	log     *slog.Logger
-	metrics *metrics
-	trigger chan struct{} // capacity 1: dispatch passes collapse
+	opts     Options
+	fifo     bool
+	separate bool // Options.SeparateClasses, and not fifo
+	floor    float64
+	est      Estimator
+	log      *slog.Logger
+	metrics  *metrics
+	trigger  chan struct{} // capacity 1: dispatch passes collapse
 
-	mu       sync.Mutex
-	models   map[string]*model
-	running  int     // executions in progress on the device
-	seq      uint64  // last request sequence number
-	beCredit float64 // best-effort floor credit, see pickLocked
-	started  bool
-	stopped  bool
-	runCtx   context.Context
-	execs    sync.WaitGroup
+	mu      sync.Mutex
+	models  map[string]*model
+	running int // executions in progress on the device
+	// runningBE is the best-effort part of running.
+	runningBE int
+	seq       uint64  // last request sequence number
+	beCredit  float64 // best-effort floor credit, see pickLocked
+	started   bool
+	stopped   bool
+	runCtx    context.Context
+	execs     sync.WaitGroup
 }
 
 // model is one model's queue and accounting.
@@ -177,13 +197,22 @@ type model struct {
 	// below the maximum, and assuming full ones would under-predict the
 	// wait.
 	recentBatch float64
+	// vtime is a best-effort model's virtual time: the predicted
+	// execution seconds it has been given, over its weight. The
+	// backlogged best-effort model with the least goes next (fair
+	// queueing on estimated work, see pickLocked).
+	vtime       float64
 	arrived     uint64
 	lastArrival time.Time // zero until a request arrives
-	counts      [numOutcomes]uint64
-	queueFull   uint64           // rejections for a full queue, of counts[outcomeRejected]
-	latency     LatencyHistogram // arrival to answer, of the good and late requests
-	win         *window
-	mm          *modelMetrics
+	// gaps and service are the variability the adjuster's queueing model
+	// needs: the inter-arrival times, and each execution's time over its
+	// prediction.
+	gaps, service moments
+	counts        [numOutcomes]uint64
+	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
+	latency       LatencyHistogram // arrival to answer, of the good and late requests
+	win           *window
+	mm            *modelMetrics
 }
 
 // batchSizeWeight is the weight of each new execution in recentBatch.
@@ -234,6 +263,12 @@ func NewScheduler(opts Options) (*Scheduler, error) {
 		return nil, fmt.Errorf("qos: negative device slots (%d) or window (%s)", opts.DeviceSlots, opts.Window)
 	}
 	opts.DeviceSlots = max(opts.DeviceSlots, 1)
+	switch {
+	case opts.MaxBestEffortExecution == 0:
+		opts.MaxBestEffortExecution = DefaultMaxBestEffortExecution
+	case opts.MaxBestEffortExecution < 0:
+		opts.MaxBestEffortExecution = 0
+	}
 	opts.Window = cmp.Or(opts.Window, DefaultWindow)
 	if opts.Estimator == nil {
 		opts.Estimator = NewEWMAEstimator(DefaultEWMAAlpha)
@@ -242,13 +277,14 @@ func NewScheduler(opts Options) (*Scheduler, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Scheduler{
-		opts:    opts,
-		fifo:    opts.Policy == PolicyFIFO,
-		floor:   opts.BestEffortFloor,
-		est:     opts.Estimator,
-		log:     opts.Logger.With("component", "qos", "policy", opts.Policy),
-		trigger: make(chan struct{}, 1),
-		models:  map[string]*model{},
+		opts:     opts,
+		fifo:     opts.Policy == PolicyFIFO,
+		separate: opts.SeparateClasses && opts.Policy != PolicyFIFO,
+		floor:    opts.BestEffortFloor,
+		est:      opts.Estimator,
+		log:      opts.Logger.With("component", "qos", "policy", opts.Policy),
+		trigger:  make(chan struct{}, 1),
+		models:   map[string]*model{},
 	}
 	m, err := newMetrics(opts.Registerer, opts.Device, s)
 	if err != nil {
@@ -473,6 +509,9 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	s.seq++
 	r.seq = s.seq
 	m.arrived++
+	if !m.lastArrival.IsZero() {
+		m.gaps.observe(now.Sub(m.lastArrival).Seconds())
+	}
 	m.lastArrival = now
 	if m.q.len() >= m.spec.QueueCapacity {
 		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, name, m.q.len())
@@ -489,6 +528,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 			return nil, err
 		}
 	}
+	s.wakeLocked(m)
 	m.q.push(r)
 	s.mu.Unlock()
 	s.kick()

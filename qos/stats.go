@@ -2,6 +2,7 @@ package qos
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
 )
@@ -142,6 +143,12 @@ type modelState struct {
 	// nothing has arrived since.
 	LastActive time.Time
 	Attainment float64 // over the window; 0 when nothing settled
+	Settled    uint64  // requests settled in the window
+	// ArrivalSCV and ServiceSCV are the squared coefficients of variation
+	// of the inter-arrival times and of the execution times (relative to
+	// their predictions); 0 when too few have been seen.
+	ArrivalSCV, ServiceSCV float64
+	now                    time.Time // when the state was read
 }
 
 // snapshot returns the state of the models that are not being removed, by
@@ -180,6 +187,7 @@ func (m *model) state(now time.Time) modelState {
 		QueueDepth: m.q.len(),
 		Running:    m.running,
 		LastActive: m.added,
+		now:        now,
 	}
 	if m.lastArrival.After(st.LastActive) {
 		st.LastActive = m.lastArrival
@@ -192,5 +200,39 @@ func (m *model) state(now time.Time) modelState {
 	if settled > 0 {
 		st.Attainment = float64(w.outcomes[outcomeGood]) / float64(settled)
 	}
+	st.Settled = settled
+	st.ArrivalSCV = m.gaps.scv()
+	st.ServiceSCV = m.service.scv()
 	return st
+}
+
+// moments is an exponentially weighted mean and mean square of a
+// positive quantity, enough for its squared coefficient of variation.
+type moments struct {
+	n        int
+	mean, sq float64
+}
+
+// momentsWeight is the weight of a new sample: about the last 50 count.
+const momentsWeight = 0.02
+
+// minMoments is how many samples scv needs before it answers.
+const minMoments = 20
+
+func (v *moments) observe(x float64) {
+	if !(x >= 0) || math.IsInf(x, 0) {
+		return
+	}
+	v.n++
+	w := max(momentsWeight, 1/float64(v.n)) // a plain average until the EWMA has enough
+	v.mean += w * (x - v.mean)
+	v.sq += w * (x*x - v.sq)
+}
+
+// scv is variance over the squared mean; 0 until minMoments samples.
+func (v *moments) scv() float64 {
+	if v.n < minMoments || v.mean <= 0 {
+		return 0
+	}
+	return max(v.sq/(v.mean*v.mean)-1, 0)
 }

@@ -9,4 +9,8 @@
 // them against the model before ONNX Runtime sees them and wraps fixed-size
 // data in place; errors come back as ErrInvalidTensor, ErrInference or
 // ErrUnavailable.
+//
+// It must not schedule requests or know about SLOs and shares beyond the
+// limiter settings a runner is started with: admission, ordering and
+// batching belong to qos, and which instance serves a request to models.
 package runtime

@@ -50,6 +50,37 @@ type device struct {
 	sched *qos.Scheduler
 	lim   limiter.Limiter
 	adj   *qos.Adjuster
+	usage usageBoard // written by sampleInterference, read by adj
+}
+
+// usageBoard holds each model's recent use of its device, smoothed: the
+// telemetry the adjuster reads (AdjusterOptions.Usage).
+type usageBoard struct {
+	mu sync.Mutex
+	m  map[string]float64
+}
+
+// usageWeight is the weight of each period's sample in the smoothed use.
+const usageWeight = 0.3
+
+func (b *usageBoard) record(seen map[string]float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	next := make(map[string]float64, len(seen))
+	for name, u := range seen {
+		if old, ok := b.m[name]; ok {
+			u = old + usageWeight*(u-old)
+		}
+		next[name] = u
+	}
+	b.m = next
+}
+
+func (b *usageBoard) get(model string) (float64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	u, ok := b.m[model]
+	return u, ok
 }
 
 func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registerer, log *slog.Logger) (*devices, error) {
@@ -68,6 +99,15 @@ func newLimiter(ctl configs.Control, device string, log *slog.Logger) (limiter.L
 		backend = configs.LimiterNone
 	}
 	return limiter.New(limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log})
+}
+
+// backgroundsBestEffort reports whether the device runs best-effort work
+// behind latency-critical work: the adaptive policy on a cgroup limiter
+// puts best-effort runners in the background (limiter.ModeBackground), so
+// the scheduler may give each class slots of its own.
+func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
+	k := lim.Kind()
+	return policy == configs.SharePolicyAdaptive && (k == limiter.KindCgroupV1 || k == limiter.KindCgroupV2)
 }
 
 // scheduler is the registry's Options.Scheduler.
@@ -110,10 +150,16 @@ func (ds *devices) get(name string) (*device, error) {
 	if floor == 0 {
 		floor = -1 // configs says 0 means none; qos reads 0 as its default
 	}
+	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
+	if err != nil {
+		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
+	}
+	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
 		Policy:          ds.qos.Policy,
 		BestEffortFloor: floor,
 		DeviceSlots:     slots,
+		SeparateClasses: backgroundsBestEffort(ds.ctl.Policy, lim),
 		Estimator:       ds.pred,
 		Logger:          log.With("component", "qos"),
 		Registerer:      ds.reg,
@@ -121,17 +167,15 @@ func (ds *devices) get(name string) (*device, error) {
 		Window:          ds.qos.Window,
 	})
 	if err != nil {
+		lim.Close()
 		return nil, err
 	}
-	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
-	if err != nil {
-		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
-	}
-	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
+	d := &device{name: name, sched: sched, lim: lim}
 	adj, err := qos.NewAdjuster(sched, qos.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
 		Headroom:       ds.ctl.Headroom,
+		Quantile:       ds.ctl.Quantile,
 		MaxUtilization: ds.ctl.MaxUtilization,
 		ScaleDownAfter: ds.ctl.ScaleDownAfter,
 		Cooldown:       ds.ctl.Cooldown,
@@ -141,6 +185,7 @@ func (ds *devices) get(name string) (*device, error) {
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
 		Actuator:       ds.registry,
+		Usage:          d.usage.get,
 		Logger:         log.With("component", "adjuster"),
 		Registerer:     ds.reg,
 		Device:         name,
@@ -149,7 +194,7 @@ func (ds *devices) get(name string) (*device, error) {
 		lim.Close()
 		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
 	}
-	d := &device{name: name, sched: sched, lim: lim, adj: adj}
+	d.adj = adj
 	ds.byDev[name] = d
 	ds.loops.Go(func() {
 		if err := sched.Run(ds.ctx); err != nil {
@@ -187,7 +232,10 @@ func (ds *devices) sampleInterference(d *device) {
 			lastAt = now
 			used := map[string]float64{}
 			next := map[string]float64{} // models gone since are forgotten
-			var total float64
+			// Background models yield to the others at once, so they slow
+			// only each other.
+			background := map[string]bool{}
+			var total, foreground float64
 			for _, ms := range d.adj.Shares() {
 				// The adjuster's view is as old as its last pass; a
 				// version unloaded since is not fed (that would bring
@@ -199,12 +247,22 @@ func (ds *devices) sampleInterference(d *device) {
 				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
 					used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
 					total += used[ms.Model]
+					if ms.Share.Mode == limiter.ModeBackground {
+						background[ms.Model] = true
+					} else {
+						foreground += used[ms.Model]
+					}
 				}
 				next[ms.Model] = cpu
 			}
 			last = next
+			d.usage.record(used)
 			for name, u := range used {
-				ds.pred.SetInterference(name, total-u)
+				if background[name] {
+					ds.pred.SetInterference(name, total-u)
+				} else {
+					ds.pred.SetInterference(name, foreground-u)
+				}
 			}
 		}
 	}

@@ -2,6 +2,11 @@
 // the model registry, the runner processes and the protocol handlers
 // together, and runs them until the context ends, then stops them in reverse
 // order.
+//
+// It owns the lifecycle: components start in order and stop in reverse,
+// the config is reloaded on SIGHUP or request, and shutdown drains in
+// stages. It must not implement serving, scheduling or control itself: those
+// belong to the packages it wires, and only cmd/sloserve may import server.
 package server
 
 import (
