@@ -776,6 +776,7 @@ func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
 		return fmt.Errorf("%w: runner %s: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	if p.hasExited() {
+		r.suspectProcess(p, "it died during a call ("+st.Message()+")")
 		return fmt.Errorf("%w: runner %s died during the call: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	return fmt.Errorf("%w: runner %s: %s", ErrInference, r.cfg.Name, st.Message())
