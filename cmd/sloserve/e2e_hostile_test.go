@@ -16,10 +16,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"syscall"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
