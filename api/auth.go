@@ -6,8 +6,10 @@ import (
 	"crypto/subtle"
 	"errors"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 
@@ -33,6 +35,11 @@ type AuthOptions struct {
 	// metrics listener behind the inference token too.
 	RequireTokenForHealth  bool
 	RequireTokenForMetrics bool
+	// AllowedHosts are the host names, besides localhost and IP
+	// addresses, that the Host header of an admin call let through for
+	// coming from loopback may name (the listen host, names the server is
+	// reached by). See REST.
+	AllowedHosts []string
 }
 
 // Auth is the access control at the edge: a gin middleware for REST,
@@ -69,6 +76,7 @@ type authState struct {
 	inference, admin       [sha256.Size]byte
 	hasInference, hasAdmin bool
 	health, metrics        bool
+	hosts                  map[string]bool // AllowedHosts, lower case
 }
 
 // access is what a call needs.
@@ -90,6 +98,9 @@ const (
 	authInvalid           = "invalid"            // a token that matches none
 	authInsufficientScope = "insufficient_scope" // the inference token on an admin call
 	authNotLoopback       = "not_loopback"       // an admin call from the network with no admin token configured
+	authCrossSite         = "cross_site"         // an admin call a browser sent from another site (Origin, Sec-Fetch-Site)
+	authHostNotAllowed    = "host_not_allowed"   // a loopback-trusted admin call naming another host (DNS rebinding)
+	authContentType       = "content_type"       // an admin call with a body that is not JSON: 415
 )
 
 // authRefusal is why a call is refused, with what the client is told.
@@ -111,7 +122,7 @@ func NewAuth(opts AuthOptions, reg prometheus.Registerer, logger *slog.Logger) (
 	a := &Auth{
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sloserve_auth_failures_total",
-			Help: "Calls refused by access control, by protocol (rest, grpc, http for the metrics listener), surface (health, inference, admin, metrics) and reason (missing, malformed or invalid token: 401/UNAUTHENTICATED; insufficient_scope, not_loopback: 403/PERMISSION_DENIED).",
+			Help: "Calls refused by access control, by protocol (rest, grpc, http for the metrics listener), surface (health, inference, admin, metrics) and reason (missing, malformed or invalid token: 401/UNAUTHENTICATED; insufficient_scope, not_loopback, and for REST admin calls cross_site, host_not_allowed: 403/PERMISSION_DENIED; content_type: 415).",
 		}, []string{"protocol", "surface", "reason"}),
 		logger: logger,
 	}
@@ -129,6 +140,9 @@ func NewAuth(opts AuthOptions, reg prometheus.Registerer, logger *slog.Logger) (
 		a.failures.WithLabelValues(proto, "admin", authInsufficientScope)
 		a.failures.WithLabelValues(proto, "admin", authNotLoopback)
 	}
+	for _, reason := range []string{authCrossSite, authHostNotAllowed, authContentType} {
+		a.failures.WithLabelValues("rest", "admin", reason)
+	}
 	for _, reason := range []string{authMissing, authMalformed, authInvalid} {
 		a.failures.WithLabelValues("http", "metrics", reason)
 	}
@@ -138,7 +152,10 @@ func NewAuth(opts AuthOptions, reg prometheus.Registerer, logger *slog.Logger) (
 
 // Set puts opts in effect for the calls that arrive from now on.
 func (a *Auth) Set(opts AuthOptions) {
-	st := &authState{health: opts.RequireTokenForHealth, metrics: opts.RequireTokenForMetrics}
+	st := &authState{health: opts.RequireTokenForHealth, metrics: opts.RequireTokenForMetrics, hosts: map[string]bool{}}
+	for _, h := range opts.AllowedHosts {
+		st.hosts[strings.ToLower(strings.TrimSuffix(h, "."))] = true
+	}
 	if opts.InferenceToken != "" {
 		st.inference, st.hasInference = sha256.Sum256([]byte(opts.InferenceToken)), true
 	}
@@ -277,7 +294,9 @@ func restAccess(method, fullPath string) access {
 
 // REST returns the gin middleware. The peer is the TCP peer of the
 // connection (Request.RemoteAddr): X-Forwarded-For and the like are not
-// trusted.
+// trusted. Admin calls (all of which change state) are also kept from
+// browsers, which would otherwise let any web page a user opens drive them
+// from loopback: see browserCheck.
 func (a *Auth) REST() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		r := c.Request
@@ -291,6 +310,9 @@ func (a *Auth) REST() gin.HandlerFunc {
 			header = "" // two Authorization headers: malformed
 		}
 		ref := a.check(need, header, present, isLoopback(r.RemoteAddr))
+		if ref == nil && need == accessAdmin {
+			ref = a.state.Load().browserCheck(r)
+		}
 		if ref == nil {
 			a.admitted("rest", need, r.Method+" "+r.URL.Path, r.RemoteAddr)
 			c.Next()
@@ -302,8 +324,89 @@ func (a *Auth) REST() gin.HandlerFunc {
 	}
 }
 
+// browserCheck refuses an admin call that a web browser may have sent on
+// behalf of another site; tools such as curl send none of what it looks
+// at and pass. The call is refused (403) when
+//
+//   - Sec-Fetch-Site says cross-site or same-site (a page of another
+//     origin), or Origin is present and its host:port is not the Host the
+//     call was sent to (a cross-origin fetch or form post; "null" too);
+//   - no admin token is configured, so the call is let through for coming
+//     from loopback, and the Host header names a host other than an IP
+//     address, localhost or one of AllowedHosts: a page whose name was
+//     rebound to 127.0.0.1 (DNS rebinding) sends its own name;
+//
+// and answered 415 when it carries a body whose Content-Type is not
+// application/json, which a page cannot send cross-origin without a CORS
+// preflight the server never grants.
+func (st *authState) browserCheck(r *http.Request) *authRefusal {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "cross-site", "same-site":
+		return &authRefusal{authCrossSite, "admin calls from a web page of another site are refused (Sec-Fetch-Site: " +
+			r.Header.Get("Sec-Fetch-Site") + "); call from curl or another tool"}
+	}
+	if origins, ok := r.Header["Origin"]; ok {
+		if len(origins) != 1 || !sameHost(origins[0], r.Host) {
+			return &authRefusal{authCrossSite, "admin calls from a web page of another origin are refused (its Origin is not the Host called); call from curl or another tool"}
+		}
+	}
+	if !st.hasAdmin && !st.hostAllowed(r.Host) {
+		return &authRefusal{authHostNotAllowed, "admin calls trusted for coming from loopback must name localhost, an IP address or a host in auth.allowed_hosts in their Host header " +
+			"(this one names another host, as a DNS-rebinding web page would); add the name to auth.allowed_hosts or configure an admin token"}
+	}
+	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil || mt != "application/json" {
+			return &authRefusal{authContentType, "an admin call with a body must send it as Content-Type: application/json"}
+		}
+	}
+	return nil
+}
+
+// sameHost reports whether the Origin value origin ("scheme://host[:port]")
+// names host (the request's Host: "host[:port]"), ports included.
+func sameHost(origin, host string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" || u.Scheme == "" || host == "" {
+		return false
+	}
+	oh, op := splitHostPort(u.Host)
+	hh, hp := splitHostPort(host)
+	if op == "" {
+		op = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	if hp == "" {
+		hp = op // the client's default port for the scheme
+	}
+	return strings.EqualFold(oh, hh) && op == hp
+}
+
+// splitHostPort splits "host[:port]" ("[::1]:80" too), without brackets.
+func splitHostPort(hostport string) (host, port string) {
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
+}
+
+// hostAllowed reports whether a Host header names this server for a call
+// trusted for coming from loopback: an IP address (a rebound name never
+// is one), localhost, or an allowed name. No Host at all (HTTP/1.0) is not
+// a browser's.
+func (st *authState) hostAllowed(hostport string) bool {
+	if hostport == "" {
+		return true
+	}
+	host, _ := splitHostPort(hostport)
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if net.ParseIP(host) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	return st.hosts[host]
+}
+
 // writeAuthRefusal answers 401 with a WWW-Authenticate challenge (RFC 6750)
-// or 403, and {"error": ...}.
+// or 403 (415 for a wrong content type), and {"error": ...}.
 func writeAuthRefusal(w http.ResponseWriter, r *authRefusal) {
 	status := http.StatusForbidden
 	switch r.reason {
@@ -318,6 +421,8 @@ func writeAuthRefusal(w http.ResponseWriter, r *authRefusal) {
 		status = http.StatusUnauthorized
 	case authInsufficientScope:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sloserve", error="insufficient_scope"`)
+	case authContentType:
+		status = http.StatusUnsupportedMediaType
 	}
 	body := appendJSONString([]byte(`{"error":`), r.msg)
 	body = append(body, '}')

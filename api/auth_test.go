@@ -69,8 +69,20 @@ func serveREST(t *testing.T, a *Auth, method, path, body, remote string, header 
 	h := NewREST(newFakeBackend(), Limits{}, nil, mw...)
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	req.RemoteAddr = remote
+	// As curl sends them: the address called, JSON bodies typed.
+	req.Host = "127.0.0.1:8000"
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
+		switch {
+		case strings.EqualFold(header[i], "Host"):
+			req.Host = header[i+1]
+		case strings.EqualFold(header[i], "Content-Type"):
+			req.Header.Set(header[i], header[i+1])
+		default:
+			req.Header.Add(header[i], header[i+1])
+		}
 	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)

@@ -556,6 +556,9 @@ func decodeJSONBody(body []byte, v any, strict bool) error {
 	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
 		return restBadRequest("malformed JSON: data after the request object")
 	}
+	if key, dup := duplicateJSONKey(body); dup {
+		return restBadRequest("malformed JSON: key %q appears twice in one object", clipValue(key))
+	}
 	return nil
 }
 

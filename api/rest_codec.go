@@ -158,6 +158,9 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 	if len(bytes.TrimSpace(jsonPart[dec.InputOffset():])) != 0 {
 		return nil, restBadRequest("malformed JSON: data after the request object")
 	}
+	if key, dup := duplicateJSONKey(jsonPart); dup {
+		return nil, restBadRequest("malformed JSON: key %q appears twice in one object", clipValue(key))
+	}
 	if rj.Inputs == nil {
 		return nil, restBadRequest("the request has no inputs")
 	}

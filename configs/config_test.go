@@ -47,6 +47,7 @@ var badServerConfigs = map[string][]string{
 	"tls_without_cert":        {"tls.client_ca_file: needs tls.cert_file and tls.key_file (the listeners do not speak TLS) (line 2)", "tls.client_auth: needs tls.cert_file", "tls.metrics: needs tls.cert_file"},
 	"auth_missing":            {"auth.inference_token_file: cannot read the token: open testdata/auth/missing.token: no such file or directory (line 2)"},
 	"auth_empty":              {"auth.admin_token_file: testdata/auth/empty.token is empty (line 2)", "auth.inference_token_file: testdata/auth/blank.token is empty (line 3)"},
+	"auth_allowed_hosts":      {`auth.allowed_hosts[1]: want a host name such as sloserve.internal, without scheme or port; got "http://evil.example" (line 2)`, `auth.allowed_hosts[2]: want a host name such as sloserve.internal, without scheme or port; got "box:8000" (line 2)`},
 	"auth_short":              {"auth.inference_token_file: the token has 11 characters; use at least 16"},
 	"auth_both":               {"auth.admin_token: set either auth.admin_token_file or auth.admin_token, not both (line 3)"},
 	"auth_require":            {"auth.require_token_for_health: needs an inference token (auth.inference_token_file) (line 2)", "auth.require_token_for_metrics: needs an inference token"},

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"maps"
 	"math"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -212,7 +211,7 @@ func LoadModel(dir string) (*Model, error) {
 	var data []byte
 	for _, name := range []string{ModelConfigFile, ModelConfigFileAlt} {
 		f := filepath.Join(dir, name)
-		b, err := os.ReadFile(f)
+		b, err := ReadFile(f)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}

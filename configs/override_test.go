@@ -28,7 +28,7 @@ func TestKeys(t *testing.T) {
 		"dashboard.attainment_target",
 		"tls.cert_file", "tls.key_file", "tls.client_ca_file", "tls.client_auth", "tls.min_version", "tls.metrics",
 		"auth.inference_token_file", "auth.admin_token_file", "auth.inference_token", "auth.admin_token",
-		"auth.require_token_for_health", "auth.require_token_for_metrics",
+		"auth.require_token_for_health", "auth.require_token_for_metrics", "auth.allowed_hosts",
 		"log.format", "log.level",
 	}
 	keys := Keys()
@@ -151,7 +151,7 @@ func TestSetEveryKey(t *testing.T) {
 		"dashboard.enabled": "false", "dashboard.resolution": "2s", "dashboard.retention": "1h",
 		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
 		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
-		"limits.max_header_bytes": "8KiB",
+		"limits.max_header_bytes": "8KiB", "auth.allowed_hosts": "a.example,b.example",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

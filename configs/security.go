@@ -4,9 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"strings"
 )
 
@@ -84,6 +82,10 @@ type Auth struct {
 	// endpoints and the metrics listener to callers without a token.
 	RequireTokenForHealth  bool `yaml:"require_token_for_health"`
 	RequireTokenForMetrics bool `yaml:"require_token_for_metrics"`
+	// AllowedHosts are host names, besides localhost, IP addresses and the
+	// listen.http host, that the Host header of an admin call may name
+	// when no admin token is configured (a defence against DNS rebinding).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Secret is a config value that is never shown: printing, logging or
@@ -144,7 +146,7 @@ func readToken(p *problems, key, file string, value Secret) string {
 	}
 	path, token := key, string(value)
 	if file != "" {
-		data, err := readSecurityFile(file)
+		data, err := ReadFile(file)
 		if err != nil {
 			p.add(fileKey, "cannot read the token: %v", err)
 			return ""
@@ -211,6 +213,11 @@ func (t *TLS) validate(p *problems) {
 
 func (a *Auth) validate(p *problems) {
 	a.tokens(p)
+	for i, h := range a.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, ":/[] \t@") {
+			p.add(fmt.Sprintf("auth.allowed_hosts[%d]", i), "want a host name such as sloserve.internal, without scheme or port; got %q", h)
+		}
+	}
 	for _, f := range []struct {
 		key string
 		set bool
@@ -223,11 +230,11 @@ func (a *Auth) validate(p *problems) {
 
 // LoadKeyPair reads a PEM certificate chain and its private key.
 func LoadKeyPair(certFile, keyFile string) (*tls.Certificate, error) {
-	certPEM, err := readSecurityFile(certFile)
+	certPEM, err := ReadFile(certFile)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the certificate: %w", err)
 	}
-	keyPEM, err := readSecurityFile(keyFile)
+	keyPEM, err := ReadFile(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the key (tls.key_file): %w", err)
 	}
@@ -240,7 +247,7 @@ func LoadKeyPair(certFile, keyFile string) (*tls.Certificate, error) {
 
 // LoadCertPool reads PEM CA certificates.
 func LoadCertPool(file string) (*x509.CertPool, error) {
-	data, err := readSecurityFile(file)
+	data, err := ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the CA certificates: %w", err)
 	}
@@ -249,33 +256,4 @@ func LoadCertPool(file string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("%s holds no PEM certificate", file)
 	}
 	return pool, nil
-}
-
-// maxSecurityFile bounds the certificate, key and token files read.
-const maxSecurityFile = 1 << 20
-
-// readSecurityFile reads a regular file (symbolic links followed, as in a
-// Kubernetes secret volume) of at most maxSecurityFile bytes, so a path such
-// as /dev/zero or a FIFO cannot hang the server.
-func readSecurityFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxSecurityFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxSecurityFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxSecurityFile)
-	}
-	return data, nil
 }

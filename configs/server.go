@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -296,8 +295,9 @@ func DefaultServer() *Server {
 			Window:           10 * time.Second,
 			AttainmentTarget: 0.99,
 		},
-		TLS: TLS{MinVersion: TLSVersion12},
-		Log: Log{Format: LogFormatText, Level: "info"},
+		TLS:  TLS{MinVersion: TLSVersion12},
+		Auth: Auth{AllowedHosts: []string{}},
+		Log:  Log{Format: LogFormatText, Level: "info"},
 	}
 }
 
@@ -307,7 +307,7 @@ func LoadServer(path string) (*Server, error) {
 	if path == "" {
 		return ParseServer(DefaultServerFile, defaultServerYAML)
 	}
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}

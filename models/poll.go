@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -188,9 +190,16 @@ func (r *Registry) pollOnce(ctx context.Context) {
 func fingerprint(dir string) string {
 	h := sha256.New()
 	for _, name := range []string{configs.ModelConfigFile, configs.ModelConfigFileAlt} {
-		if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
+		// configs.ReadFile refuses a FIFO or a device (it would hang or
+		// exhaust memory here, on every poll); the error is the print, and
+		// the load it triggers reports it.
+		b, err := configs.ReadFile(filepath.Join(dir, name))
+		switch {
+		case err == nil:
 			fmt.Fprintf(h, "%s:%d:", name, len(b))
 			h.Write(b)
+		case !errors.Is(err, fs.ErrNotExist):
+			fmt.Fprintf(h, "%s:%v:", name, err)
 		}
 	}
 	versions, err := configs.ListVersions(dir)

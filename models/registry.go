@@ -890,8 +890,10 @@ func (m *model) resolve(ver string) (*version, error) {
 		}
 		return best, nil
 	}
+	// Versions are written as their folders are: "01" and "+1" name no
+	// version.
 	n, err := strconv.ParseInt(ver, 10, 64)
-	if err != nil || n < 1 {
+	if err != nil || n < 1 || strconv.FormatInt(n, 10) != ver {
 		return nil, fmt.Errorf("%w: %q version %q", ErrVersionNotFound, m.name, ver)
 	}
 	if v, ok := m.serving[n]; ok {

@@ -264,6 +264,9 @@ func TestRegistryLoadsAndServes(t *testing.T) {
 		{"unknown version", "sum", "9", ErrVersionNotFound},
 		{"unloaded version", "sum", "1", ErrVersionNotFound},
 		{"bad version", "sum", "x", ErrVersionNotFound},
+		{"leading zero", "sum", "02", ErrVersionNotFound},
+		{"plus sign", "sum", "+2", ErrVersionNotFound},
+		{"zero", "sum", "0", ErrVersionNotFound},
 		{"failed model", "broken", "", ErrNotReady},
 		{"traversal", "../sum", "", ErrModelNotFound},
 	} {

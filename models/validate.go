@@ -46,8 +46,15 @@ func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, e
 			return 0, fmt.Errorf("%w: input %q has shape %v, model expects %v", ErrInvalidInput, t.Name, t.Shape, spec.Shape)
 		}
 		for d, want := range spec.Shape {
-			if got := t.Shape[d]; got < 0 || (want >= 0 && got != want) {
+			got := t.Shape[d]
+			if got < 0 || (want >= 0 && got != want) {
 				return 0, fmt.Errorf("%w: input %q has shape %v, model expects %v", ErrInvalidInput, t.Name, t.Shape, spec.Shape)
+			}
+			// An empty tensor where the model leaves the size open is
+			// refused here: ONNX Runtime fails most models on one, which
+			// would read as a server error.
+			if got == 0 && want < 0 {
+				return 0, fmt.Errorf("%w: input %q has shape %v: dimension %d is 0; it must be at least 1", ErrInvalidInput, t.Name, t.Shape, d)
 			}
 		}
 		n, err := runtime.ElementCount(t.Shape, maxElements)

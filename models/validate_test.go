@@ -39,6 +39,8 @@ func TestValidateByteSizeOverflow(t *testing.T) {
 		{"wraps to zero", []int64{1, 1 << 61}, nil, "needs 2305843009213693952 × 8 bytes of data, got 0"},
 		{"wraps to eight", []int64{1, 1<<61 + 1}, make([]byte, 8), "needs 2305843009213693953 × 8 bytes of data, got 8"},
 		{"ragged", []int64{1, 2}, make([]byte, 12), "needs 16 bytes of data, got 12"},
+		{"zero dimension", []int64{1, 0}, nil, "has shape [1 0]: dimension 1 is 0; it must be at least 1"},
+		{"zero batch", []int64{0, 4}, nil, "dimension 0 is 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP64, Shape: tc.shape, Data: tc.data}}}

@@ -43,9 +43,11 @@ type RunnerConfig struct {
 	BackoffInitial time.Duration // first restart delay; default 500ms, doubling
 	BackoffMax     time.Duration // restart delay cap; default 30s
 	// MaxRestarts is how many restarts may be tried in a row, counting
-	// crashes and failed starts, before the runner is Failed. A runner that
-	// stays ready for max(BackoffMax, 4×HealthInterval) earns the full
-	// count back. 0 means 5; negative means never restart.
+	// crashes and failed starts, before the runner is Failed. A process
+	// that stays ready for max(BackoffMax, 4×HealthInterval), or answers a
+	// call, earns the full count back. An out-of-memory kill while a call
+	// was in flight is charged to that call (it fails with ErrOutOfMemory)
+	// and does not count. 0 means 5; negative means never restart.
 	MaxRestarts int
 
 	// Logger receives the runner's events and the child's output lines. It
@@ -333,14 +335,21 @@ func (r *Runner) supervise(p *process) {
 			r.setState(RunnerStopped, "stopped")
 			return
 		}
-		if time.Since(readySince) >= stable {
+		// A process that stayed up long enough, or answered a call, shows
+		// the model can stay up: it earns the full restart count back.
+		if time.Since(readySince) >= stable || p.answered.Load() {
 			failures, delay = 0, r.cfg.BackoffInitial
 		}
 		exit := Exit{Cause: cause}
+		// An out-of-memory kill with a call in flight is that call's doing
+		// (the call is answered ErrOutOfMemory): it does not count toward
+		// MaxRestarts, so no client can fail the model for good.
+		charged := false
 		if oom, limit := r.oomKilled(p); oom {
 			exit = Exit{Cause: fmt.Sprintf("out of memory: killed by the kernel for exceeding the memory limit of %s (%s)", formatBytes(limit), cause), OOM: true}
 			cause = exit.Cause
-			r.log.Error("runner killed for exceeding its memory limit", "pid", p.pid, "limit_bytes", limit, "output", tail)
+			charged = p.inflightAtExit > 0
+			r.log.Error("runner killed for exceeding its memory limit", "pid", p.pid, "limit_bytes", limit, "calls_in_flight", p.inflightAtExit, "output", tail)
 		} else {
 			r.log.Warn("runner process ended unexpectedly", "pid", p.pid, "cause", cause, "output", tail)
 		}
@@ -355,21 +364,28 @@ func (r *Runner) supervise(p *process) {
 		}
 
 		for {
-			failures++
-			if failures > r.cfg.MaxRestarts {
-				reason = fmt.Sprintf("gave up after %d restarts in a row; last: %s", r.cfg.MaxRestarts, reason)
-				r.log.Error("runner failed", "reason", reason)
-				r.setState(RunnerFailed, reason)
-				return
+			wait := delay
+			if charged {
+				// Neither counted nor backed off; a failed start after it
+				// counts as usual.
+				charged, wait = false, r.cfg.BackoffInitial
+			} else {
+				failures++
+				if failures > r.cfg.MaxRestarts {
+					reason = fmt.Sprintf("gave up after %d restarts in a row; last: %s", r.cfg.MaxRestarts, reason)
+					r.log.Error("runner failed", "reason", reason)
+					r.setState(RunnerFailed, reason)
+					return
+				}
+				delay = min(2*delay, r.cfg.BackoffMax)
 			}
 			r.setState(RunnerRestarting, reason)
 			select {
-			case <-time.After(delay):
+			case <-time.After(wait):
 			case <-r.ctx.Done():
 				r.setState(RunnerStopped, "stopped")
 				return
 			}
-			delay = min(2*delay, r.cfg.BackoffMax)
 			np, _, err := r.spawn(r.ctx)
 			if err != nil {
 				if r.ctx.Err() != nil {
@@ -434,7 +450,15 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 				failed = 0
 				continue
 			}
-			if p.hasExited() || r.ctx.Err() != nil {
+			// A process that died (the call saw its connection break) fails
+			// the check too: give its exit a moment to be reaped, so that
+			// it is reported as what it is, not as a hang.
+			select {
+			case <-p.exited:
+				continue
+			case <-time.After(exitGrace):
+			}
+			if r.ctx.Err() != nil {
 				continue
 			}
 			hung = fmt.Sprintf("hung: %s, and a health check failed (%v); killed", why, err)
@@ -549,10 +573,15 @@ func (r *Runner) setState(s RunnerState, reason string) {
 // returns until a health check, made at once, passes; a runner that fails
 // it is killed and restarted as a hung one, without waiting for the
 // periodic checks. Reports that come while a check is pending are merged.
-func (r *Runner) Suspect(why string) {
+func (r *Runner) Suspect(why string) { r.suspectProcess(nil, why) }
+
+// suspectProcess is Suspect for the serving process, or only for p when p
+// is not nil: a call that failed on a process already replaced says
+// nothing about its successor.
+func (r *Runner) suspectProcess(only *process, why string) {
 	r.mu.Lock()
 	p := r.serving.Load()
-	if r.stopping || p == nil || r.state != RunnerReady {
+	if r.stopping || p == nil || r.state != RunnerReady || (only != nil && p != only) {
 		r.mu.Unlock()
 		return
 	}
@@ -694,10 +723,15 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 	if err != nil {
 		return nil, err
 	}
+	// The call counts as in flight until inferError has looked at how the
+	// process ended, so the supervisor charges an out-of-memory kill to it.
+	p.inflight.Add(1)
+	defer p.inflight.Add(-1)
 	resp, err := p.runner.Infer(ctx, requestToProto(req))
 	if err != nil {
 		return nil, r.inferError(ctx, p, err)
 	}
+	p.answered.Store(true)
 	out, err := responseFromProto(resp)
 	if err != nil {
 		return nil, fmt.Errorf("%w: runner %s: %v", ErrInference, r.cfg.Name, err)
@@ -735,13 +769,22 @@ func (r *Runner) inferError(ctx context.Context, p *process, err error) error {
 		if oom, limit := r.diedOfOOM(p); oom {
 			return fmt.Errorf("%w: runner %s was killed by the kernel for exceeding its memory limit of %s while running this request", ErrOutOfMemory, r.cfg.Name, formatBytes(limit))
 		}
+		// Out of service until a health check passes, before the caller
+		// retries: a process that died (its exit not yet reaped) must not
+		// be picked again, by this call's retry or any other call.
+		r.suspectProcess(p, "a call could not reach it ("+st.Message()+")")
 		return fmt.Errorf("%w: runner %s: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	if p.hasExited() {
+		r.suspectProcess(p, "it died during a call ("+st.Message()+")")
 		return fmt.Errorf("%w: runner %s died during the call: %s", ErrUnavailable, r.cfg.Name, st.Message())
 	}
 	return fmt.Errorf("%w: runner %s: %s", ErrInference, r.cfg.Name, st.Message())
 }
+
+// exitGrace is how long a suspected process that failed its health check
+// may take to be reaped before it is taken for hung.
+const exitGrace = 250 * time.Millisecond
 
 // oomWait bounds how long a failed call waits for its process to be reaped
 // before it looks at the cgroup's out-of-memory count.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,9 +47,16 @@ type process struct {
 	exitErr error
 	// oomBase is the cgroup's out-of-memory kill count before the process
 	// started.
-	oomBase    uint64
-	exitCtx    context.Context
-	exitCancel context.CancelFunc
+	oomBase uint64
+	// inflight counts the calls sent to the process and not yet answered
+	// (a failed call counts until it has looked at the process's end);
+	// inflightAtExit is its value when the process was reaped, read after
+	// exited is closed. answered is set by the first call answered.
+	inflight       atomic.Int64
+	inflightAtExit int64
+	answered       atomic.Bool
+	exitCtx        context.Context
+	exitCancel     context.CancelFunc
 }
 
 // startProcess starts a runner child serving on socket and connects a
@@ -121,6 +129,7 @@ func (p *process) run(started chan<- error) {
 	p.pid = p.cmd.Process.Pid
 	started <- nil
 	p.exitErr = p.cmd.Wait()
+	p.inflightAtExit = p.inflight.Load()
 	p.output.flush()
 	close(p.exited)
 	p.exitCancel()

@@ -596,3 +596,34 @@ func TestRunnerCUDAWithoutCUDA(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestRunnerFailedCallLeavesService: a call that cannot reach its process
+// (killed, its exit perhaps not yet reaped) takes the runner out of
+// service before it returns, so the caller's retry, or any other call,
+// does not pick the dead process again (issue 15: one request in 456 got
+// 503 "connection refused" under a busy machine).
+func TestRunnerFailedCallLeavesService(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = 5 * time.Second
+	cfg.BackoffInitial = time.Second // the restart must not hide the state
+	r := startTestRunner(t, cfg)
+	pid := r.Pid()
+	rng := rand.New(rand.NewPCG(1, 1))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		req, _ := rowSumsRequest(rng, 1)
+		_, err := r.Infer(t.Context(), req)
+		if err == nil {
+			continue // sent before the kill landed
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("call on a killed runner: %v, want ErrUnavailable", err)
+		}
+		if st := r.State(); st == RunnerReady {
+			t.Fatalf("runner %s right after a call could not reach its killed process: %v", st, err)
+		}
+		return
+	}
+}

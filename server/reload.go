@@ -47,6 +47,7 @@ var liveKeys = []string{
 	"auth.admin_token",
 	"auth.require_token_for_health",
 	"auth.require_token_for_metrics",
+	"auth.allowed_hosts",
 }
 
 // reloader applies config reloads, one at a time. It keeps the settings in

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,10 +26,14 @@ type security struct {
 	auth *api.Auth
 	tls  *certFiles // nil: plain TCP
 	cfg  configs.TLS
+	// listenHost is the listen.http host (a restart changes it), which
+	// admin calls may name in Host.
+	listenHost string
 }
 
 func newSecurity(cfg *configs.Server, reg prometheus.Registerer, logger *slog.Logger) (*security, error) {
-	opts, err := authOptions(cfg.Auth)
+	listenHost, _, _ := net.SplitHostPort(cfg.Listen.HTTP)
+	opts, err := authOptions(cfg.Auth, listenHost)
 	if err != nil {
 		return nil, err
 	}
@@ -36,7 +41,7 @@ func newSecurity(cfg *configs.Server, reg prometheus.Registerer, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	s := &security{auth: auth, cfg: cfg.TLS}
+	s := &security{auth: auth, cfg: cfg.TLS, listenHost: listenHost}
 	if (opts.InferenceToken != "" || opts.AdminToken != "") && !cfg.TLS.Enabled() {
 		logger.Warn("bearer tokens are configured but the listeners do not speak TLS: tokens cross the network in clear text unless a TLS proxy terminates in front; set tls.cert_file and tls.key_file")
 	}
@@ -48,15 +53,21 @@ func newSecurity(cfg *configs.Server, reg prometheus.Registerer, logger *slog.Lo
 	return s, nil
 }
 
-// authOptions reads the tokens of an auth section.
-func authOptions(a configs.Auth) (api.AuthOptions, error) {
+// authOptions reads the tokens of an auth section; the host names admin
+// calls may name are its allowed_hosts and the listen host.
+func authOptions(a configs.Auth, listenHost string) (api.AuthOptions, error) {
 	inference, admin, err := a.Tokens()
 	if err != nil {
 		return api.AuthOptions{}, err
 	}
+	hosts := slices.Clone(a.AllowedHosts)
+	if listenHost != "" {
+		hosts = append(hosts, listenHost)
+	}
 	return api.AuthOptions{
 		InferenceToken: inference, AdminToken: admin,
 		RequireTokenForHealth: a.RequireTokenForHealth, RequireTokenForMetrics: a.RequireTokenForMetrics,
+		AllowedHosts: hosts,
 	}, nil
 }
 
@@ -90,7 +101,7 @@ func (s *security) grpcOptions() []grpc.ServerOption {
 // prepare reads a reloaded auth section's tokens from their files again,
 // before anything of the reload is applied, as it may fail.
 func (s *security) prepare(next configs.Auth) (api.AuthOptions, error) {
-	opts, err := authOptions(next)
+	opts, err := authOptions(next, s.listenHost)
 	if err != nil {
 		return opts, fmt.Errorf("auth: %w", err)
 	}

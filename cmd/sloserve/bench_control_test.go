@@ -142,6 +142,7 @@ slo: {latency_ms: %d, class: latency-critical}
 			pin := func(share float64) {
 				req, _ := http.NewRequest("PUT", s.http+"/v2/models/"+lcName+"/share",
 					strings.NewReader(fmt.Sprintf(`{"compute": %g}`, share)))
+				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil || resp.StatusCode != 200 {
 					b.Fatalf("pin %v: %v %v", share, err, resp)

@@ -442,6 +442,46 @@ func TestE2ERunnerOutOfMemory(t *testing.T) {
 	t.Logf("the request of %d MB failed after %v with: %s", 40*rows/1_000_000, took.Round(time.Millisecond), b)
 }
 
+// Out-of-memory kills caused by requests are charged to those requests,
+// not to the model: more of them in a row than runtime.max_restarts, with
+// no success between, still leave the model serving, and a normal request
+// afterwards is answered 200.
+func TestE2ERepeatedOutOfMemory(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo,
+		repoModel{"big", testModel(t, "example_dynamic_axes.onnx"),
+			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
+	)
+	const maxRestarts = 1
+	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts)))
+	requireCgroups(t, s.control(t))
+	const oom = `sloserve_runner_oom_kills_total{model="big",version="1"}`
+
+	body, hlen := tensorRequest(t, "input_vectors", []int64{1_200_000, 10}, "output_scalars")
+	const kills = maxRestarts + 3
+	for i := range kills {
+		waitFor(t, "big to be ready again", 30*time.Second, func() bool {
+			code, _, _ := s.do(t, "GET", "/v2/models/big/ready", nil)
+			return code == 200
+		})
+		code, b, _ := s.do(t, "POST", "/v2/models/big/infer", body, "Inference-Header-Content-Length", hlen, "Content-Type", "application/octet-stream")
+		if code != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("memory limit of 128MiB")) {
+			t.Fatalf("request %d over the memory limit: %d %s, want 503 naming the memory limit", i+1, code, b)
+		}
+		if v := s.metricAtLeast(t, oom, float64(i+1), 10*time.Second); v != float64(i+1) {
+			t.Fatalf("%s = %v after request %d, want %d", oom, v, i+1, i+1)
+		}
+	}
+	waitFor(t, "big to serve after the kills", 30*time.Second, func() bool {
+		code, _, _ := s.do(t, "POST", "/v2/models/big/infer", dynBody)
+		return code == 200
+	})
+	e := s.entries(t, "big")
+	if len(e) != 1 || e[0].State != "READY" || strings.Contains(e[0].Reason, "gave up") {
+		t.Errorf("index after %d out-of-memory kills = %+v, want READY", kills, e)
+	}
+}
+
 // A model whose runner dies at every start (here: killed as soon as it
 // appears) is restarted runtime.max_restarts times and then marked failed:
 // the index says UNAVAILABLE and why, its ready endpoint says not ready,

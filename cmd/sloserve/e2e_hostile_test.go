@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,7 +103,7 @@ func (s *testServer) rawHTTP(t *testing.T, req []byte, halfClose bool) rawHTTPRe
 // post is the bytes of a POST with a body and extra header lines.
 func post(path string, body []byte, headers ...string) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: sloserve\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
 	for _, h := range headers {
 		b.WriteString(h + "\r\n")
 	}
@@ -721,4 +722,73 @@ func TestE2EConnectionLimits(t *testing.T) {
 			t.Fatalf("gRPC inference after: %v", err)
 		}
 	})
+}
+
+// TestE2EHostileConfigFiles: config files that are a FIFO or a symlink to
+// /dev/zero (issue 15: the server hung, or grew to gigabytes and was
+// OOM-killed) are refused at once, naming the file, in the poll loop, on
+// SIGHUP and on POST /v2/config/reload; the server keeps serving.
+func TestE2EHostileConfigFiles(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "model_control: poll\npoll_interval: 200ms\n")
+
+	// Two hostile model folders, then a good one the poll loop must reach.
+	for name, mk := range map[string]func(string) error{
+		"a-fifo": func(p string) error { return syscall.Mkfifo(p, 0o644) },
+		"a-zero": func(p string) error { return os.Symlink("/dev/zero", p) },
+	} {
+		dir := filepath.Join(repo, name)
+		if err := os.MkdirAll(filepath.Join(dir, "1"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := mk(filepath.Join(dir, "config.yaml")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addModel(t, repo, repoModel{"multi", testModel(t, "example_multitype.onnx"), ""}, 1)
+	waitFor(t, "multi to load next to the hostile folders", 30*time.Second, func() bool {
+		code, _, _ := s.do(t, "POST", "/v2/models/multi/infer", multiBody)
+		return code == 200
+	})
+	for _, name := range []string{"a-fifo", "a-zero"} {
+		e := s.entries(t, name)
+		if len(e) != 1 || e[0].State != "UNAVAILABLE" || !strings.Contains(e[0].Reason, filepath.Join(repo, name, "config.yaml")+" is not a regular file") {
+			t.Errorf("index of %s = %+v, want UNAVAILABLE naming its config.yaml", name, e)
+		}
+	}
+
+	// The server config replaced by a symlink to /dev/zero, then a FIFO.
+	for _, c := range []struct {
+		name string
+		make func(string) error
+	}{
+		{"zero", func(p string) error { return os.Symlink("/dev/zero", p) }},
+		{"fifo", func(p string) error { return syscall.Mkfifo(p, 0o644) }},
+	} {
+		if err := os.Remove(s.configPath); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.make(s.configPath); err != nil {
+			t.Fatal(err)
+		}
+		s.hup(t)
+		waitFor(t, "the SIGHUP reload to fail", 10*time.Second, func() bool {
+			return s.logHas("config reload failed", "not a regular file")
+		})
+		var apiErr struct{ Error string }
+		if code := s.json(t, "POST", "/v2/config/reload", nil, &apiErr); code != 400 || !strings.Contains(apiErr.Error, s.configPath+" is not a regular file") {
+			t.Errorf("%s: POST /v2/config/reload = %d %q, want 400 naming the file", c.name, code, apiErr.Error)
+		}
+		if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 {
+			t.Fatalf("%s: dyn after the failed reloads: %d %s", c.name, code, b)
+		}
+	}
+	// Put a real config back, so that the server stops as usual.
+	if err := os.Remove(s.configPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.configPath, []byte(s.config), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -359,6 +359,10 @@ func TestE2EInference(t *testing.T) {
 			{"unknown output", "/v2/models/dyn/infer", `{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,0]}],"outputs":[{"name":"zzz"}]}`, 400, "zzz"},
 			{"batch too large", "/v2/models/det/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[3,3,1,1],"data":[1,2,3,4,5,6,7,8,9]}]}`, 400, "batch size 3"},
 			{"too many elements", "/v2/models/dyn/infer", `{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1000000000,10],"data":[]}]}`, 413, ""},
+			{"zero dimension", "/v2/models/det/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3,0,16],"data":[]}]}`, 400, "dimension 2 is 0"},
+			{"version with a leading zero", "/v2/models/dyn/versions/01/infer", string(dynBody), 404, `version "01"`},
+			{"version with a plus sign", "/v2/models/dyn/versions/+1/infer", string(dynBody), 404, `version "+1"`},
+			{"duplicate key", "/v2/models/dyn/infer", `{"inputs":[],` + string(dynBody)[1:], 400, `key "inputs" appears twice`},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				code, b, h := s.do(t, "POST", tc.path, []byte(tc.body))

@@ -885,3 +885,37 @@ func (b *browserTab) exceptionsNow() []string {
 	defer b.mu.Unlock()
 	return append([]string(nil), b.exceptions...)
 }
+
+// TestE2EAdminFromBrowsers replays the probe of issue 15 against the
+// default access control (no tokens: admin calls trusted from loopback): a
+// web page's cross-site unload, a DNS-rebound one and a text/plain one are
+// refused with {"error": ...}, and the same call from curl still works.
+func TestE2EAdminFromBrowsers(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n")
+	const unload = "/v2/repository/models/dyn/unload"
+	for _, c := range []struct {
+		name   string
+		body   []byte
+		header []string
+		want   int
+		in     string
+	}{
+		{"evil page", []byte("x"), []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}, 403, "another origin"},
+		{"rebound name", nil, []string{"Host", "evil.example:8000"}, 403, "auth.allowed_hosts"},
+		{"text/plain", []byte("x"), []string{"Content-Type", "text/plain"}, 415, "application/json"},
+	} {
+		code, b, _ := s.do(t, "POST", unload, c.body, c.header...)
+		var e struct{ Error string }
+		if code != c.want || json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error, c.in) {
+			t.Errorf("%s: %d %s, want %d with an error naming %q", c.name, code, b, c.want, c.in)
+		}
+	}
+	if code, b, _ := s.do(t, "GET", "/v2/models/dyn/ready", nil); code != 200 {
+		t.Fatalf("dyn not ready after the refused unloads: %d %s", code, b)
+	}
+	if code, b, _ := s.do(t, "POST", unload, nil); code != 200 {
+		t.Errorf("unload as curl sends it: %d %s", code, b)
+	}
+}

@@ -326,6 +326,10 @@ func (s *testServer) do(t *testing.T, method, path string, body []byte, header .
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1]
+			continue
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	if body != nil && req.Header.Get("Content-Type") == "" {
