@@ -22,6 +22,8 @@ def figures(run):
         "lc_attainment": lc_good / lc_req if lc_req else 0.0,
         "be_throughput": sum(m["throughput"] for m in be),
         "lc_p99": {m["name"]: m["p99_ms"] for m in lc},
+        "offered_lc": sum(m["requests"] for m in lc) / run["duration_s"],
+        "per_model": {m["name"]: (m["attainment"], m["p99_ms"], m["throughput"]) for m in run["models"]},
     }
 
 
@@ -53,6 +55,24 @@ def main(dirs):
             be = [x["be_throughput"] / y["be_throughput"] for x, y in zip(a, o) if y["be_throughput"]]
             print(f"| adaptive / {other} | {', '.join(f'{v:.2f}' for v in lc)} (median **{statistics.median(lc):.2f}x**) | "
                   f"{', '.join(f'{v:.2f}' for v in be)} (median **{statistics.median(be):.2f}x**) |")
+        # A policy's LC goodput cannot pass the LC rate offered: adaptive /
+        # other is bounded by offered / other's goodput.
+        print("\n| bound on adaptive / other LC goodput (offered / other's goodput) | runs | median |")
+        print("|---|---|---|")
+        for other in per:
+            if other == "adaptive":
+                continue
+            bounds = [y["offered_lc"] / y["lc_goodput"] for y in per[other] if y["lc_goodput"]]
+            print(f"| {other} | {', '.join(f'{v:.2f}x' for v in bounds)} | {statistics.median(bounds):.2f}x |")
+    print("\nPer model, attainment / p99 / throughput (req/s), run by run:\n")
+    names = list(next(iter(per.values()))[0]["per_model"])
+    print("| policy | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for pol, fs in per.items():
+        cells = []
+        for n in names:
+            cells.append("; ".join(f"{100*f['per_model'][n][0]:.1f}% / {f['per_model'][n][1]:.0f} ms / {f['per_model'][n][2]:.1f}" for f in fs))
+        print(f"| {pol} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
