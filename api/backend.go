@@ -40,6 +40,11 @@ type Backend interface {
 	// Infer runs one request on a model version ("" = the default version)
 	// and returns the version that served it.
 	Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error)
+	// Preadmit tells, before a request's body is read, whether a request
+	// for the model version with this deadline (zero: the model's SLO)
+	// would be refused now; nil promises nothing. A refusal is counted as
+	// the request's outcome.
+	Preadmit(ctx context.Context, name, version string, deadline time.Time) error
 	// Statistics returns per-version statistics; name "" means all models,
 	// version "" all versions.
 	Statistics(name, version string) ([]models.Statistics, error)

@@ -31,6 +31,10 @@ type fakeBackend struct {
 	notReady bool
 	inferErr error // when set, Infer returns it
 
+	preadmitErr   error     // when set, Preadmit returns it
+	preadmitCalls int       // Preadmit calls
+	preadmitDL    time.Time // the deadline of the last Preadmit
+
 	pins   map[string]*limiter.Share // PinShare calls by model
 	events []qos.Event
 	dash   *dashboard.Recorder // nil: the dashboard is disabled
@@ -60,6 +64,14 @@ func (f *fakeBackend) check(name, version string) error {
 		return fmt.Errorf("%w: %q version %q", models.ErrVersionNotFound, name, version)
 	}
 	return nil
+}
+
+func (f *fakeBackend) Preadmit(ctx context.Context, name, version string, deadline time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.preadmitCalls++
+	f.preadmitDL = deadline
+	return f.preadmitErr
 }
 
 func (f *fakeBackend) ModelReady(name, version string) (bool, error) {

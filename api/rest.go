@@ -364,15 +364,17 @@ func (s *restServer) modelReady(c *gin.Context) {
 // infer serves POST /v2/models/{m}[/versions/{v}]/infer. The request's
 // deadline counts from when the handler starts: the parameter timeout or the
 // header Inference-Timeout-Ms, whichever is shorter.
+//
+// A request the model would refuse anyway (its queue full, or its predicted
+// completion past the deadline the headers and the SLO give) is refused
+// before its body is read: under overload, reading and decoding the bodies
+// of refused requests would take the CPU the admitted ones need. The server
+// then closes the connection rather than read the rest of a large body.
 func (s *restServer) infer(c *gin.Context) {
 	arrival := time.Now()
-	body, err := s.readBody(c)
-	if err != nil {
-		s.writeError(c, err)
-		return
-	}
 	headerLen := int64(-1)
 	if h := c.Request.Header.Get(headerInferenceLength); h != "" {
+		var err error
 		headerLen, err = strconv.ParseInt(h, 10, 64)
 		if err != nil || headerLen < 0 {
 			s.writeError(c, restBadRequest("%s must be a non-negative integer, not %q", headerInferenceLength, clipValue(h)))
@@ -387,15 +389,27 @@ func (s *restServer) infer(c *gin.Context) {
 			return
 		}
 	}
+	name, version := c.Param("model"), c.Param("version")
+	if err := s.b.Preadmit(c.Request.Context(), name, version, requestDeadline(arrival, 0, headerTimeout)); err != nil {
+		if c.Request.ContentLength != 0 {
+			c.Header("Connection", "close") // the body stays unread
+		}
+		s.writeError(c, err)
+		return
+	}
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
 	req, err := decodeRESTInfer(body, headerLen, s.lim)
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
-	name := c.Param("model")
 	rr := req.runtimeRequest()
 	rr.Deadline = requestDeadline(arrival, req.timeout, headerTimeout)
-	resp, version, err := s.b.Infer(c.Request.Context(), name, c.Param("version"), rr)
+	resp, version, err := s.b.Infer(c.Request.Context(), name, version, rr)
 	if err != nil {
 		s.writeError(c, err)
 		return

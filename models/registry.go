@@ -936,6 +936,33 @@ func (r *Registry) acquire(name, ver string) (*version, error) {
 	return v, nil
 }
 
+// Preadmit tells, before a request's body is read, whether a request for
+// the model version would be refused now: the server has as many requests
+// in flight as allowed (ErrOverloaded), or the model's scheduler would
+// refuse even one row (qos.ErrQueueFull, qos.ErrRejected; counted as the
+// request's outcome, as Infer counts it). nil promises nothing: Infer
+// decides on the request itself, and reports unknown models and the like.
+func (r *Registry) Preadmit(ctx context.Context, name, ver string, deadline time.Time) error {
+	start := time.Now()
+	if limit := r.maxInflight.Load(); limit > 0 && r.inflight.Load() >= limit {
+		return fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
+	}
+	v, err := r.acquire(name, ver)
+	if err != nil {
+		return nil
+	}
+	defer v.inflight.Done()
+	if v.sched == nil {
+		return nil
+	}
+	err = v.sched.Preadmit(ctx, v.key, qos.RequestOptions{Deadline: deadline})
+	if errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrQueueFull) {
+		v.finish(outcomeRejected, 1, start, 0, nil)
+		return err
+	}
+	return nil
+}
+
 // Infer runs one request on a version of a model ("" = the highest ready
 // version) and returns the version that served it.
 func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {

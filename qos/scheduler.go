@@ -229,6 +229,27 @@ func (m *model) typicalBatch() int {
 	return min(max(int(m.recentBatch+0.5), 1), maxBatch)
 }
 
+// tailZ is how many standard deviations of the executions' error over
+// their predictions admission leaves as room when work waits ahead of a
+// request: about the 98th percentile for normal errors.
+const tailZ = 2
+
+// maxTailRatio bounds the room: past it, the predictions themselves are
+// wrong, which the estimator's correction mends.
+const maxTailRatio = 3
+
+// tailRatio is a high quantile of the model's executions' time over their
+// prediction (mean plus tailZ standard deviations, measured online), at
+// least 1; 1 until enough executions have been seen.
+func (m *model) tailRatio() float64 {
+	v := &m.service
+	if v.n < minMoments || v.mean <= 0 {
+		return 1
+	}
+	sd := v.mean * math.Sqrt(v.scv())
+	return min(max(v.mean+tailZ*sd, 1), maxTailRatio)
+}
+
 // execution is one batch in progress.
 type execution struct {
 	m         *model
@@ -506,27 +527,9 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 		s.mu.Unlock()
 		return nil, err
 	}
-	s.seq++
-	r.seq = s.seq
-	m.arrived++
-	if !m.lastArrival.IsZero() {
-		m.gaps.observe(now.Sub(m.lastArrival).Seconds())
-	}
-	m.lastArrival = now
-	if m.q.len() >= m.spec.QueueCapacity {
-		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, name, m.q.len())
-		m.queueFull++
-		s.finishLocked(r, outcomeRejected, now, result{err: err})
+	if err := s.arriveLocked(m, r, now); err != nil {
 		s.mu.Unlock()
 		return nil, err
-	}
-	if !s.fifo {
-		if err := s.admitLocked(m, r, now); err != nil {
-			m.log.Debug("request rejected", "error", err)
-			s.finishLocked(r, outcomeRejected, now, result{err: err})
-			s.mu.Unlock()
-			return nil, err
-		}
 	}
 	s.wakeLocked(m)
 	m.q.push(r)
@@ -565,6 +568,65 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	return nil, ctx.Err()
 }
 
+// arriveLocked counts r's arrival and admits it, or settles it as
+// rejected and returns why: its model's queue is full, or (under qos) its
+// predicted completion misses its deadline.
+func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
+	s.seq++
+	r.seq = s.seq
+	m.arrived++
+	if !m.lastArrival.IsZero() {
+		m.gaps.observe(now.Sub(m.lastArrival).Seconds())
+	}
+	m.lastArrival = now
+	if m.q.len() >= m.spec.QueueCapacity {
+		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, m.spec.Name, m.q.len())
+		m.queueFull++
+		s.finishLocked(r, outcomeRejected, now, result{err: err})
+		return err
+	}
+	if !s.fifo {
+		if err := s.admitLocked(m, r, now); err != nil {
+			m.log.Debug("request rejected", "error", err)
+			s.finishLocked(r, outcomeRejected, now, result{err: err})
+			return err
+		}
+	}
+	return nil
+}
+
+// Preadmit tells, before a request's body is read, whether a request of
+// one row for the model would be refused now: its queue is full, or
+// admission predicts that even one row queued now misses its deadline
+// (o.Deadline, the model's SLO, ctx's deadline). A refusal counts as the
+// request's arrival and outcome, as in Submit, and is returned; nil
+// promises nothing, and the request is counted when it is submitted. A
+// front end uses it to refuse a request for an overloaded model without
+// paying for its body.
+func (s *Scheduler) Preadmit(ctx context.Context, name string, o RequestOptions) error {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.models[name]
+	switch {
+	case s.stopped:
+		return ErrStopped
+	case !ok:
+		return fmt.Errorf("%w: %s", ErrUnknownModel, name)
+	case m.removing:
+		return fmt.Errorf("%w: %s", ErrModelRemoved, name)
+	}
+	r, err := newRequest(ctx, m, nil, o, now)
+	if err != nil {
+		return err
+	}
+	if m.q.len() < m.spec.QueueCapacity && (s.fifo || s.admitLocked(m, r, now) == nil) {
+		return nil
+	}
+	// Refused: arriveLocked counts it as Submit would, and says why.
+	return s.arriveLocked(m, r, now)
+}
+
 func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o RequestOptions, now time.Time) (*request, error) {
 	r := &request{
 		m:        m,
@@ -584,7 +646,7 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 	if d, ok := ctx.Deadline(); ok {
 		r.deadline = earliest(r.deadline, d)
 	}
-	if m.spec.MaxBatchSize > 0 {
+	if m.spec.MaxBatchSize > 0 && req != nil { // nil: one row (Preadmit)
 		b, err := requestBatch(req)
 		if err != nil {
 			return nil, err

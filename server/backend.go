@@ -42,6 +42,10 @@ func (b *backend) Infer(ctx context.Context, name, version string, req *runtime.
 	return b.reg.Infer(ctx, name, version, req)
 }
 
+func (b *backend) Preadmit(ctx context.Context, name, version string, deadline time.Time) error {
+	return b.reg.Preadmit(ctx, name, version, deadline)
+}
+
 func (b *backend) Statistics(name, version string) ([]models.Statistics, error) {
 	return b.reg.Statistics(name, version)
 }

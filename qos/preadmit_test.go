@@ -1,0 +1,153 @@
+package qos
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestPreadmit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 50 * ms, QueueCapacity: 2}, constant(30*ms))
+		h.seed("a", 1, constant(30*ms))
+		h.run()
+		ctx := t.Context()
+
+		if err := h.s.Preadmit(ctx, "a", RequestOptions{}); err != nil {
+			t.Fatalf("idle model: %v, want nil", err)
+		}
+		if st, _ := h.s.Stats("a"); st.Arrived != 0 {
+			t.Fatalf("an admissible Preadmit counted an arrival: %+v", st)
+		}
+		if err := h.s.Preadmit(ctx, "nosuch", RequestOptions{}); !errors.Is(err, ErrUnknownModel) {
+			t.Errorf("unknown model: %v", err)
+		}
+
+		running := h.submit(ctx, "a", RequestOptions{}, 1) // runs 0-30ms
+		// 30ms ahead + 30ms own > 50ms.
+		err := h.s.Preadmit(ctx, "a", RequestOptions{})
+		if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "misses the deadline by 10.0ms") {
+			t.Errorf("busy model: %v, want ErrRejected by 10ms", err)
+		}
+		// A looser deadline of the request's own does not loosen the SLO,
+		// a tighter one counts.
+		if err := h.s.Preadmit(ctx, "a", RequestOptions{Deadline: time.Now().Add(time.Second)}); !errors.Is(err, ErrRejected) {
+			t.Errorf("looser deadline: %v, want ErrRejected", err)
+		}
+		st, _ := h.s.Stats("a")
+		if st.Arrived != 3 || st.Rejected != 2 || st.QueueFull != 0 {
+			t.Errorf("after two refusals: %+v", st)
+		}
+		mustSucceed(t, running)
+		if err := h.s.Preadmit(ctx, "a", RequestOptions{}); err != nil {
+			t.Errorf("idle again: %v", err)
+		}
+	})
+}
+
+func TestPreadmitQueueFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, fifo := range []bool{false, true} {
+			policy := PolicyQoS
+			if fifo {
+				policy = PolicyFIFO
+			}
+			h := newHarness(t, Options{Policy: policy})
+			h.model(ModelSpec{Name: "m", QueueCapacity: 1}, constant(100*ms))
+			h.run()
+			ctx := t.Context()
+			ps := []*pending{h.submit(ctx, "m", RequestOptions{}, 1), h.submit(ctx, "m", RequestOptions{}, 2)}
+			err := h.s.Preadmit(ctx, "m", RequestOptions{})
+			if !errors.Is(err, ErrQueueFull) {
+				t.Errorf("fifo %v: %v, want ErrQueueFull", fifo, err)
+			}
+			mustSucceed(t, ps...)
+			if st, _ := h.s.Stats("m"); st.Arrived != 3 || st.QueueFull != 1 || st.Rejected != 1 || st.Good != 2 {
+				t.Errorf("fifo %v: stats %+v", fifo, st)
+			}
+		}
+	})
+}
+
+// With work ahead, admission leaves room for the executions' error over
+// their predictions; a request that would start at once is admitted
+// whatever the error.
+func TestAdmissionRoomForError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 100 * ms}, constant(30*ms))
+		h.seed("a", 1, constant(30*ms))
+		h.run()
+		ctx := t.Context()
+		// Executions took 1x or 2x their prediction: mean 1.5, sd 0.5,
+		// room 1.5 + 2*0.5 = 2.5x.
+		h.s.mu.Lock()
+		m := h.s.models["a"]
+		for i := range 2 * minMoments {
+			m.service.observe(float64(1 + i%2))
+		}
+		f := m.tailRatio()
+		h.s.mu.Unlock()
+		if f < 2.45 || f > 2.55 {
+			t.Fatalf("tailRatio = %.3f, want 2.5", f)
+		}
+
+		first := h.submit(ctx, "a", RequestOptions{}) // starts at once although 30ms*2.5 is near the SLO
+		<-time.After(ms)
+		// 29ms ahead + 30ms own = 59ms fits the mean; 2.5x of it does not.
+		p := h.submit(ctx, "a", RequestOptions{}, 2)
+		<-p.done
+		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "2.50x error bound") {
+			t.Errorf("behind a running one: %v, want a refusal for room", p.err)
+		}
+		mustSucceed(t, first)
+		<-time.After(ms)
+		alone := h.submit(ctx, "a", RequestOptions{}, 3)
+		mustSucceed(t, alone)
+	})
+}
+
+// Far past capacity with executions that vary around their predictions,
+// the admitted requests are still on time and the device stays busy.
+func TestOverloadAdmittedOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{Estimator: NewEWMAEstimator(0.1)})
+		rng := rand.New(rand.NewPCG(1, 2))
+		// 20-40ms, mean 30ms: capacity 33 req/s.
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 150 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
+			return 20*ms + time.Duration(rng.Int64N(int64(20*ms)))
+		})
+		h.s.opts.Estimator.Observe("a", 1, 30*ms)
+		h.run()
+		ctx := t.Context()
+		const (
+			dur  = 30 * time.Second
+			rate = 330.0 // 10x capacity
+		)
+		var ps []*pending
+		arrivals := rand.New(rand.NewPCG(3, 4))
+		for start := time.Now(); time.Since(start) < dur; {
+			<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
+			ps = append(ps, h.submit(ctx, "a", RequestOptions{}, 1))
+		}
+		for _, p := range ps {
+			<-p.done
+		}
+		st, _ := h.s.Stats("a")
+		capacity := dur.Seconds() / 0.030
+		lateShare := float64(st.Late) / float64(st.Good+st.Late)
+		t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late %.1f%% of executed",
+			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, float64(st.Good)/capacity, 100*lateShare)
+		// Without the room, 4.5% were late.
+		if lateShare > 0.02 {
+			t.Errorf("%.1f%% of the executed requests were late, want at most 2%%", 100*lateShare)
+		}
+		if g := float64(st.Good) / capacity; g < 0.8 {
+			t.Errorf("goodput %.2f of capacity, want at least 0.8", g)
+		}
+	})
+}
