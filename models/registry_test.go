@@ -613,6 +613,21 @@ func TestRegistrySchedulesThroughQoS(t *testing.T) {
 	if st[0].SLO == nil || st[0].SLO.Arrived != 1 || st[0].SLO.Good != 1 || st[0].SLO.Class != "latency-critical" {
 		t.Errorf("SLO statistics = %+v", st[0].SLO)
 	}
+	// Preadmit: an admissible request is not counted, a refused one is,
+	// by the scheduler and the registry alike.
+	if err := r.Preadmit(t.Context(), "sum", "", time.Time{}); err != nil {
+		t.Errorf("Preadmit of an idle model: %v", err)
+	}
+	if err := r.Preadmit(t.Context(), "sum", "", time.Now().Add(-time.Millisecond)); !errors.Is(err, qos.ErrRejected) {
+		t.Errorf("Preadmit past its deadline: %v, want qos.ErrRejected", err)
+	}
+	if err := r.Preadmit(t.Context(), "nosuch", "", time.Time{}); err != nil {
+		t.Errorf("Preadmit of an unknown model: %v, want nil (Infer reports it)", err)
+	}
+	st, _ = r.Statistics("sum", "1")
+	if st[0].SLO.Arrived != 2 || st[0].SLO.Rejected != 1 || st[0].Fail.Count != 1 {
+		t.Errorf("after one refusal: SLO %+v, failures %+v", st[0].SLO, st[0].Fail)
+	}
 
 	// A reload of the same version keeps it scheduled, on the new instance.
 	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"slo: {latency_ms: 500, class: latency-critical}\n")
