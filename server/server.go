@@ -295,11 +295,13 @@ const socketDirPrefix = "sloserve-"
 // removeStaleSocketDirs removes the socket folders of servers that died
 // without cleaning up (SIGKILL): folders named for a pid that no longer runs.
 // Their runners died with them (they are started with a parent-death signal).
-func removeStaleSocketDirs(tmp string, logger *slog.Logger) {
+// It returns the folders it removed.
+func removeStaleSocketDirs(tmp string, logger *slog.Logger) []string {
 	entries, err := os.ReadDir(tmp)
 	if err != nil {
-		return
+		return nil
 	}
+	var removed []string
 	for _, e := range entries {
 		rest, ok := strings.CutPrefix(e.Name(), socketDirPrefix)
 		if !ok || !e.IsDir() {
@@ -319,5 +321,7 @@ func removeStaleSocketDirs(tmp string, logger *slog.Logger) {
 			continue
 		}
 		logger.Info("removed a dead server's socket folder", "dir", dir, "pid", pid)
+		removed = append(removed, dir)
 	}
+	return removed
 }

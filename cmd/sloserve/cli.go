@@ -28,6 +28,9 @@ Usage:
                              drive models with a scenario's load and report
                              goodput, attainment and latency; --compare runs
                              it under each share policy side by side
+  sloserve cleanup           remove what servers killed without cleaning up
+                             (SIGKILL, a crash) left: their cgroups and their
+                             runners' socket folders
   sloserve version           print the version
   sloserve help              this text
 
@@ -54,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "runner":
 		// Hidden: the child process that hosts one ONNX Runtime session.
 		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", slog.LevelInfo).With("pid", os.Getpid()))
+	case "cleanup":
+		err = cleanup(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "sloserve %s\n", server.Version)
 	case "help", "-h", "--help":
@@ -70,6 +75,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// cleanup removes the cgroups and socket folders of dead servers and says
+// what it removed.
+func cleanup(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: sloserve cleanup\n\nRemoves the cgroups (killing any process left in them) and the runner socket\nfolders of sloserve servers that are no longer running. A running server's\nare never touched; every server also does this when it starts.\n")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	c, err := server.CleanupStale(newLogger(stderr, "text", slog.LevelInfo))
+	fmt.Fprintf(stdout, "removed %d cgroup folders and %d socket folders of servers that are gone\n", c.Cgroups, len(c.SocketDirs))
+	return err
 }
 
 // setFlags collects repeated --set key=value overrides.

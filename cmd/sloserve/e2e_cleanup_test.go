@@ -1,0 +1,71 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// `sloserve cleanup` after a server was killed with SIGKILL: the dead
+// server's cgroups and socket folder go, a live server's stay, and the
+// command says what it removed.
+func TestE2ECleanupCommand(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	live := startServer(t, repo, "")
+	requireCgroups(t, live.control(t))
+	dead := startServer(t, repo, "")
+	deadPid := dead.cmd.Process.Pid
+	runners := dead.runnerPids(t, repo)
+	cgroups := serverCgroups(t, deadPid)
+	sockets, err := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-*", deadPid)))
+	if err != nil || len(sockets) != 1 {
+		t.Fatalf("socket folder of the server: %v %v, want one", sockets, err)
+	}
+	liveCgroups := serverCgroups(t, live.cmd.Process.Pid)
+	liveSockets, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-*", live.cmd.Process.Pid)))
+
+	dead.kill(t)
+	waitFor(t, "the runners to die with the server", 10*time.Second, func() bool { return !anyAlive(runners) })
+	for _, dir := range append(slices.Clone(cgroups), sockets...) {
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("%s is gone before the cleanup (%v): nothing to test", dir, err)
+		}
+	}
+
+	out, err := exec.Command(sloserveBin, "cleanup").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("sloserve cleanup: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	// Other tests' servers may have died before; at least the killed one's.
+	var nCgroups, nSockets int
+	if _, err := fmt.Sscanf(string(out), "removed %d cgroup folders and %d socket folders", &nCgroups, &nSockets); err != nil {
+		t.Fatalf("output %q: %v", out, err)
+	}
+	if nCgroups < 1 || nSockets < 1 {
+		t.Errorf("output %q: want the dead server's cgroups and socket folder counted", strings.TrimSpace(string(out)))
+	}
+	for _, dir := range append(slices.Clone(cgroups), sockets...) {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s of the killed server is still there after the cleanup (%v)", dir, err)
+		}
+	}
+	for _, dir := range append(slices.Clone(liveCgroups), liveSockets...) {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("%s of the live server was removed: %v", dir, err)
+		}
+	}
+	if code, b, _ := live.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 {
+		t.Errorf("the live server after the cleanup: %d %s", code, b)
+	}
+}
