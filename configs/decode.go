@@ -23,14 +23,14 @@ func decodeStrict(data []byte, out any) (idx *nodeIndex, errs problems, ok bool)
 	var doc yaml.Node
 	nodes := yaml.NewDecoder(bytes.NewReader(data))
 	if err := nodes.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, problems{syntaxError(err)}, false
+		return nil, problems{syntaxError(err, data)}, false
 	}
 	idx = newIndex(&doc)
 	var extra yaml.Node
 	if err := nodes.Decode(&extra); !errors.Is(err, io.EOF) {
 		fe := &FieldError{Msg: "must hold a single YAML document", Line: extra.Line, hasScope: true}
 		if err != nil {
-			fe = syntaxError(err)
+			fe = syntaxError(err, data)
 		}
 		return idx, problems{fe}, false
 	}
@@ -40,7 +40,7 @@ func decodeStrict(data []byte, out any) (idx *nodeIndex, errs problems, ok bool)
 	if err := dec.Decode(out); err != nil && !errors.Is(err, io.EOF) {
 		var te *yaml.TypeError
 		if !errors.As(err, &te) {
-			fe := syntaxError(err)
+			fe := syntaxError(err, data)
 			return idx, problems{fe}, false
 		}
 		for _, msg := range te.Errors {

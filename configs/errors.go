@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"gopkg.in/yaml.v3"
 )
 
 var (
@@ -262,13 +264,54 @@ func describeValue(tag, value string) string {
 }
 
 // syntaxError turns a yaml.v3 parse error into a FieldError.
-func syntaxError(err error) *FieldError {
+func syntaxError(err error, data []byte) *FieldError {
 	fe := &FieldError{hasScope: true}
 	if m := syntaxRE.FindStringSubmatch(err.Error()); m != nil {
 		fe.Line, _ = strconv.Atoi(m[1])
 		fe.Msg = "invalid YAML: " + m[2]
+		fe.Line = syntaxErrorLine(data, fe.Line)
 	} else {
 		fe.Msg = "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")
 	}
 	return fe
+}
+
+// syntaxErrorLine finds the line of a syntax error that yaml.v3 reported at
+// line. For an error of its parser (an unclosed bracket, a key where a
+// list item belongs) yaml.v3 names the line before the one where the
+// construct around the problem starts, not the problem's own; for an
+// error of its scanner, the problem's line. Either way the problem is at
+// or after line, on the first line at which the document, cut there,
+// stops being YAML: found by bisection, since a longer cut of a
+// document that failed fails too, but for the rare construct that spans
+// the cut (a quoted string over several lines), where the answer is the
+// line it starts on.
+func syntaxErrorLine(data []byte, line int) int {
+	ends := []int{} // ends[i]: the offset just past line i+1
+	for i, b := range data {
+		if b == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	fails := func(n int) bool { // the first n lines are not YAML
+		var doc yaml.Node
+		err := yaml.Unmarshal(data[:ends[n-1]], &doc)
+		return err != nil
+	}
+	lo, hi := max(line, 1), len(ends)
+	if lo > hi || !fails(hi) {
+		return line
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if fails(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
 }
