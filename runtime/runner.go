@@ -44,8 +44,9 @@ type RunnerConfig struct {
 	BackoffMax     time.Duration // restart delay cap; default 30s
 	// MaxRestarts is how many restarts may be tried in a row, counting
 	// crashes and failed starts, before the runner is Failed. A process
-	// that stays ready for max(BackoffMax, 4×HealthInterval), or answers a
-	// call, earns the full count back. An out-of-memory kill while a call
+	// that stays ready for max(BackoffMax, 4×HealthInterval) (the stable
+	// period), or answers a call, earns the full count back; by answering,
+	// at most once per stable period. An out-of-memory kill while a call
 	// was in flight is charged to that call (it fails with ErrOutOfMemory)
 	// and does not count. 0 means 5; negative means never restart.
 	MaxRestarts int
@@ -318,6 +319,7 @@ func (r *Runner) supervise(p *process) {
 	failures := 0
 	delay := r.cfg.BackoffInitial
 	stable := max(r.cfg.BackoffMax, hungAfter*r.cfg.HealthInterval+r.cfg.HealthInterval)
+	var earned time.Time // when the restart count was last earned back
 	for {
 		readySince := time.Now()
 		cause, tail, stopped := r.watch(p)
@@ -336,9 +338,11 @@ func (r *Runner) supervise(p *process) {
 			return
 		}
 		// A process that stayed up long enough, or answered a call, shows
-		// the model can stay up: it earns the full restart count back.
-		if time.Since(readySince) >= stable || p.answered.Load() {
-			failures, delay = 0, r.cfg.BackoffInitial
+		// the model can stay up: it earns the full restart count back. By
+		// answering, at most once per stable period: a model that dies
+		// after every call it answers must still run out of restarts.
+		if up := time.Since(readySince) >= stable; up || (p.answered.Load() && time.Since(earned) >= stable) {
+			failures, delay, earned = 0, r.cfg.BackoffInitial, time.Now()
 		}
 		exit := Exit{Cause: cause}
 		// An out-of-memory kill with a call in flight is that call's doing

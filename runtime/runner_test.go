@@ -627,3 +627,45 @@ func TestRunnerFailedCallLeavesService(t *testing.T) {
 		return
 	}
 }
+
+// A model whose process dies after every call it answers runs out of
+// restarts: answering earns the count back at most once per stable period.
+func TestRunnerDyingAfterEveryCallFails(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.MaxRestarts = 2
+	cfg.BackoffInitial = 50 * time.Millisecond
+	cfg.HealthInterval = 5 * time.Second // stable period: 30s, the default BackoffMax
+	r := startTestRunner(t, cfg)
+	rng := rand.New(rand.NewPCG(1, 2))
+	kills := 0
+	for r.State() != RunnerFailed && kills < 10 {
+		waitFor(t, 30*time.Second, "ready or failed", func() bool {
+			return r.State() == RunnerReady || r.State() == RunnerFailed
+		})
+		if r.State() == RunnerFailed {
+			break
+		}
+		req, want := rowSumsRequest(rng, 2)
+		resp, err := r.Infer(t.Context(), req)
+		if err != nil {
+			t.Fatalf("call %d: %v", kills+1, err)
+		}
+		checkRowSums(t, resp, want)
+		pid := r.Pid()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		kills++
+		waitFor(t, 10*time.Second, "the kill to be noticed", func() bool { return r.Pid() != pid })
+	}
+	waitFor(t, 30*time.Second, "state failed", func() bool { return r.State() == RunnerFailed })
+	// Two restarts, and the third death is one too many (before answering
+	// was rate-bounded, every answered call earned the count back and the
+	// runner restarted for ever).
+	if kills != cfg.MaxRestarts+1 {
+		t.Errorf("failed after %d deaths, want %d", kills, cfg.MaxRestarts+1)
+	}
+	if !strings.Contains(r.Reason(), "gave up after 2 restarts") {
+		t.Errorf("Reason() = %q", r.Reason())
+	}
+}
