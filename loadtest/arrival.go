@@ -3,9 +3,10 @@ package loadtest
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/sloserve/sloserve/internal/randdist"
 )
 
 // errBadProcess is wrapped by every error Process.Validate returns.
@@ -121,7 +122,7 @@ func (g *arrivalGaps) next() float64 {
 	if !g.gamma {
 		return g.rng.ExpFloat64()
 	}
-	return gammaDraw(g.rng, g.k) / g.k
+	return randdist.Gamma(g.rng, g.k) / g.k
 }
 
 // first is the time from offset 0 to the first arrival of a renewal process
@@ -132,34 +133,5 @@ func (g *arrivalGaps) first() float64 {
 	if !g.gamma {
 		return g.rng.ExpFloat64()
 	}
-	return g.rng.Float64() * gammaDraw(g.rng, g.k+1) / g.k
-}
-
-// gammaDraw samples a gamma distribution with shape k > 0 and scale 1 by
-// Marsaglia and Tsang's method ("A simple method for generating gamma
-// variables", 2000). For k < 1 it draws shape k+1 and multiplies by
-// U^(1/k).
-func gammaDraw(rng *rand.Rand, k float64) float64 {
-	if k < 1 {
-		u := 1 - rng.Float64() // (0, 1]
-		return gammaDraw(rng, k+1) * math.Pow(u, 1/k)
-	}
-	d := k - 1.0/3
-	c := 1 / math.Sqrt(9*d)
-	for {
-		x := rng.NormFloat64()
-		v := 1 + c*x
-		if v <= 0 {
-			continue
-		}
-		v = v * v * v
-		u := 1 - rng.Float64() // (0, 1]
-		x2 := x * x
-		if u < 1-0.0331*x2*x2 {
-			return d * v
-		}
-		if math.Log(u) < 0.5*x2+d*(1-v+math.Log(v)) {
-			return d * v
-		}
-	}
+	return g.rng.Float64() * randdist.Gamma(g.rng, g.k+1) / g.k
 }

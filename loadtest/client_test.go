@@ -940,6 +940,8 @@ type clientTestBackend struct {
 	err     atomic.Pointer[error]
 }
 
+func (b *clientTestBackend) Preadmit(context.Context, string, string, time.Time) error { return nil }
+
 func (b *clientTestBackend) ModelMetadata(name, _ string) (models.Metadata, error) {
 	md, ok := b.models[name]
 	if !ok {

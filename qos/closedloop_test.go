@@ -11,6 +11,8 @@ import (
 
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/runtime"
+
+	"github.com/sloserve/sloserve/internal/randdist"
 )
 
 // The closed loop: the real scheduler and adjuster on a synthetic
@@ -81,25 +83,8 @@ func (o *oracle) SetShare(string, float64)                   {}
 // variation cv (Marsaglia and Tsang, with the boost for shape < 1).
 func gammaGap(rng *rand.Rand, rate, cv float64) time.Duration {
 	k := 1 / (cv * cv)
-	g := gammaDraw(rng, k+1) * math.Pow(rng.Float64(), 1/k)
+	g := randdist.Gamma(rng, k+1) * math.Pow(rng.Float64(), 1/k)
 	return time.Duration(g / (k * rate) * float64(time.Second))
-}
-
-func gammaDraw(rng *rand.Rand, k float64) float64 {
-	d := k - 1.0/3
-	c := 1 / math.Sqrt(9*d)
-	for {
-		x := rng.NormFloat64()
-		v := 1 + c*x
-		if v <= 0 {
-			continue
-		}
-		v = v * v * v
-		u := rng.Float64()
-		if math.Log(u) < 0.5*x*x+d-d*v+d*math.Log(v) {
-			return d * v
-		}
-	}
 }
 
 // The example: 10 req/s of gamma CV 1.5 arrivals and 10.6 ms of
