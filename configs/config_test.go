@@ -36,7 +36,7 @@ var badServerConfigs = map[string][]string{
 		"control.cooldown: must be >= 0, got -1s", "control.memory_budget: want a byte size such as 1024",
 		`control.limiter: must be one of auto, cgroup, none; got "mps"`, "control.cfs_period: must be between 1ms and 1s",
 		"control.profile.budget: must be > 0, got 0s", "control.profile.runs: must be >= 1, got 0"},
-	"qos": {`qos.policy: must be one of qos, fifo; got "edf"`, "qos.best_effort_floor: must be between 0 and 1, got 1.5", "qos.device_slots: must be >= 0, got -1", "qos.window: must be > 0, got 0s"},
+	"qos": {`qos.policy: must be one of qos, fifo; got "edf"`, "qos.best_effort_floor: must be between 0 and 1, got 1.5", "qos.device_slots: must be >= 0, got -1", "qos.window: must be > 0, got 0s", "qos.max_best_effort_execution: must be >= 0 (0: no bound), got -1s"},
 	"dashboard": {"dashboard.retention: must be >= dashboard.resolution (2s), got 1s",
 		"dashboard.window: must be between dashboard.resolution (2s) and 10m, got 1h0m0s",
 		"dashboard.attainment_target: must be in (0, 1], got 0"},

@@ -19,7 +19,7 @@ func TestKeys(t *testing.T) {
 		"limits.grace_period", "limits.shutdown_delay", "limits.max_connections", "limits.header_timeout", "limits.body_timeout",
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_connection_timeout",
 		"limits.grpc_keepalive_min_time",
-		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window",
+		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window", "qos.max_best_effort_execution",
 		"control.policy", "control.period", "control.headroom", "control.quantile", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
@@ -144,7 +144,7 @@ func TestSetEveryKey(t *testing.T) {
 	values := map[string]string{
 		"repositories": "r", "model_control": "explicit", "startup_models": "a,b",
 		"log.format": "json", "log.level": "warn",
-		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s",
+		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s", "qos.max_best_effort_execution": "50ms",
 		"control.policy": "static", "control.period": "2s", "control.scale_down_after": "0s",
 		"control.cooldown": "1s", "control.keep_alive": "1m", "control.cfs_period": "5ms",
 		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",

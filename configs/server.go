@@ -71,6 +71,10 @@ type QoS struct {
 	DeviceSlots int `yaml:"device_slots"`
 	// Window is the sliding window of goodput and SLO attainment.
 	Window time.Duration `yaml:"window"`
+	// MaxBestEffortExecution bounds the predicted duration of a
+	// best-effort batch, so that best-effort work yields at batch
+	// boundaries at least this often; 0 means no bound.
+	MaxBestEffortExecution time.Duration `yaml:"max_best_effort_execution"`
 }
 
 // Control configures the control loop: how each model's share of its
@@ -272,7 +276,7 @@ func DefaultServer() *Server {
 			GRPCConnectionTimeout: 10 * time.Second,
 			GRPCKeepaliveMinTime:  10 * time.Second,
 		},
-		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second},
+		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
 		Control: Control{
 			Policy:         SharePolicyAdaptive,
 			Period:         time.Second,
@@ -374,6 +378,9 @@ func (s *Server) validate() problems {
 	}
 	if s.QoS.Window <= 0 {
 		p.add("qos.window", "must be > 0, got %v", s.QoS.Window)
+	}
+	if s.QoS.MaxBestEffortExecution < 0 {
+		p.add("qos.max_best_effort_execution", "must be >= 0 (0: no bound), got %v", s.QoS.MaxBestEffortExecution)
 	}
 	s.Control.validate(&p)
 	s.Dashboard.validate(&p)

@@ -150,21 +150,26 @@ func (ds *devices) get(name string) (*device, error) {
 	if floor == 0 {
 		floor = -1 // configs says 0 means none; qos reads 0 as its default
 	}
+	beBound := ds.qos.MaxBestEffortExecution
+	if beBound == 0 {
+		beBound = -1 // the same
+	}
 	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
 	if err != nil {
 		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
 	}
 	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
-		Policy:          ds.qos.Policy,
-		BestEffortFloor: floor,
-		DeviceSlots:     slots,
-		SeparateClasses: backgroundsBestEffort(ds.ctl.Policy, lim),
-		Estimator:       ds.pred,
-		Logger:          log.With("component", "qos"),
-		Registerer:      ds.reg,
-		Device:          name,
-		Window:          ds.qos.Window,
+		Policy:                 ds.qos.Policy,
+		BestEffortFloor:        floor,
+		DeviceSlots:            slots,
+		MaxBestEffortExecution: beBound,
+		SeparateClasses:        backgroundsBestEffort(ds.ctl.Policy, lim),
+		Estimator:              ds.pred,
+		Logger:                 log.With("component", "qos"),
+		Registerer:             ds.reg,
+		Device:                 name,
+		Window:                 ds.qos.Window,
 	})
 	if err != nil {
 		lim.Close()
