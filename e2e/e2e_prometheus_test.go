@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // The Prometheus and Grafana files in configs/, checked against a real
 // Prometheus (the Debian package; `make test-tools` installs it) that

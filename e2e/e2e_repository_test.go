@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Live model management: changes to model folders (poll mode) and repository
 // API calls (explicit mode) applied under continuous load, invalid changes

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // BenchmarkQoSvsFIFO: sloserve's QoS scheduler against plain FIFO on two
 // real models sharing the machine. Run with

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // BenchmarkOverload and BenchmarkSoak: what the server does far past its
 // capacity, and whether it holds steady for a long time below it. Run with

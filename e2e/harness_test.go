@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // End-to-end tests: the real sloserve binary, started as a separate process
 // with the real ONNX Runtime and real models, driven over real sockets.
@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	sloserveBin = filepath.Join(dir, "sloserve")
-	build := exec.Command("go", "build", "-o", sloserveBin, ".")
+	build := exec.Command("go", "build", "-o", sloserveBin, "github.com/sloserve/sloserve/cmd/sloserve")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building sloserve:", err)

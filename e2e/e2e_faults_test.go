@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // End-to-end tests of the server under faults: runners killed, hung and
 // out of memory, models that crash at every start, broken model files, the

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // The dashboard in a real browser: headless Chromium (Debian's chromium,
 // driven over the DevTools protocol) loads /dashboard/ from a running server

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // End-to-end tests of malformed and hostile requests: each gets the right
 // status or code and message, none crashes or stalls the server, and none
