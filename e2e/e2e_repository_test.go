@@ -304,23 +304,6 @@ func containsAny(xs, ys []int) bool {
 	return false
 }
 
-// logHas reports whether one line of the server log holds every substring.
-func (s *testServer) logHas(subs ...string) bool {
-	for line := range strings.SplitSeq(s.log.String(), "\n") {
-		all := true
-		for _, sub := range subs {
-			if !strings.Contains(line, sub) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return true
-		}
-	}
-	return false
-}
-
 // hup sends the server SIGHUP.
 func (s *testServer) hup(t *testing.T) {
 	t.Helper()

@@ -1,13 +1,51 @@
 package e2e
 
-// End-to-end tests: the real sloserve binary, started as a separate process
-// with the real ONNX Runtime and real models, driven over real sockets.
+// The harness every end-to-end test and benchmark of this package uses. It
+// owns the built binary, the environment checks, the model repositories,
+// starting and stopping servers, the clients, and waiting.
+//
+// A new end-to-end test in ten lines:
+//
+//	func TestE2ESomething(t *testing.T) {
+//		repo := t.TempDir()
+//		writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+//		s := startServer(t, repo, "") // free ports, waits for ready; stopped and checked at cleanup
+//		code, body, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody)
+//		if code != 200 {
+//			t.Fatalf("infer: %d %s", code, body)
+//		}
+//	}
+//
+// What the harness gives:
+//   - sloserveBin: the binary TestMain built once; runSloserve runs a
+//     one-shot subcommand of it (loadtest, profile, version).
+//   - need, skipUnless, requireChromium, needPrometheus, requireCgroups:
+//     skip a test for want of something the machine lacks, or fail it
+//     where `make test` sets SLOSERVE_REQUIRE_*.
+//   - writeRepo, addModel, testModel, demoModel: a model repository in a
+//     temporary folder, model files symlinked.
+//   - startServer(t, repo, extraYAML, options...): `sloserve serve` on free
+//     loopback ports with a config file, ready to use. Options: withSet
+//     (--set overrides), withCommandLine (no config file: flags only, run
+//     in a folder); the TLS fields of serverSetup for secured servers.
+//   - on the server: do and json (REST), grpc (a gRPC client), scrape and
+//     metricValue (the metrics endpoint), runnerPids, logHas, kill, launch
+//     (start again after kill), stop.
+//   - teardown: at the test's cleanup the server gets SIGTERM and must exit
+//     0 within 30 s (else it is killed and the test fails), and it must
+//     leave nothing behind: no runner alive, no socket folder, no cgroup
+//     folder. A failed test logs the server's whole output.
+//   - waitFor: poll a condition with a timeout.
+//
+// Helpers for one topic (a load driver, a Prometheus server, a browser)
+// live in that topic's file.
 
 import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +53,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +69,9 @@ import (
 	"github.com/sloserve/sloserve/api/inference"
 )
 
+// The binary.
+
+// sloserveBin is the sloserve binary TestMain built for this run.
 var sloserveBin string
 
 func TestMain(m *testing.M) {
@@ -60,6 +102,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// runSloserve runs a one-shot subcommand of the binary (loadtest, profile,
+// version) to its end and returns what it wrote; err is its exit error, nil
+// when it exited 0.
+func runSloserve(args ...string) (stdout, stderr string, err error) {
+	cmd := exec.Command(sloserveBin, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// The environment.
+
 // need returns the value of a required environment variable, or skips the
 // test (fails it when SLOSERVE_REQUIRE_ORT=1, as `make test` sets).
 func need(t testing.TB, env string) string {
@@ -82,6 +137,54 @@ func skipUnless(t testing.TB, require, msg string) {
 	t.Skip(msg)
 }
 
+const chromiumPath = "/usr/bin/chromium"
+
+// requireChromium skips the test when Debian's chromium is not installed,
+// or fails it when SLOSERVE_REQUIRE_CHROMIUM=1 (as `make test` sets).
+func requireChromium(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		msg := fmt.Sprintf("the browser tests need Debian's chromium at %s (apt-get install chromium): %v", chromiumPath, err)
+		skipUnless(t, "SLOSERVE_REQUIRE_CHROMIUM", msg)
+	}
+	return chromiumPath
+}
+
+// needPrometheus finds the prometheus and promtool binaries, or skips;
+// SLOSERVE_REQUIRE_PROMETHEUS=1 (set by `make test`) fails instead.
+func needPrometheus(t *testing.T) (prometheus, promtool string) {
+	t.Helper()
+	var missing []string
+	paths := map[string]string{}
+	for _, name := range []string{"prometheus", "promtool"} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			missing = append(missing, name)
+		}
+		paths[name] = p
+	}
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("%s not installed; `make test-tools` (scripts/install-test-tools.sh) installs the Debian package", strings.Join(missing, " and "))
+		skipUnless(t, "SLOSERVE_REQUIRE_PROMETHEUS", msg)
+	}
+	return paths["prometheus"], paths["promtool"]
+}
+
+// requireCgroups skips (or, with SLOSERVE_REQUIRE_CGROUPS=1, fails) when
+// the server could not use cgroups; c is its /v2/control (s.control).
+func requireCgroups(t *testing.T, c controlJSON) {
+	t.Helper()
+	if len(c.Devices) == 0 {
+		t.Fatal("no device in /v2/control")
+	}
+	if l := c.Devices[0].Limiter; !strings.HasPrefix(l, "cgroup") {
+		msg := fmt.Sprintf("the server's limiter is %q, not cgroups: %s", l, c.Devices[0].Detail)
+		skipUnless(t, "SLOSERVE_REQUIRE_CGROUPS", msg)
+	}
+}
+
+// Model repositories.
+
 // repoModel is one model folder of a test repository.
 type repoModel struct {
 	name   string
@@ -89,10 +192,12 @@ type repoModel struct {
 	config string // config.yaml without the name line
 }
 
+// testModel is the path of one of the test networks (deps/testmodels).
 func testModel(t testing.TB, file string) string {
 	return filepath.Join(need(t, "SLOSERVE_TESTMODELS"), file)
 }
 
+// demoModel is the path of a demo model's version 1 (demo-repository).
 func demoModel(t testing.TB, name string) string {
 	return filepath.Join(need(t, "SLOSERVE_DEMO_REPOSITORY"), name, "1", "model.onnx")
 }
@@ -105,6 +210,7 @@ func writeRepo(t testing.TB, dir string, ms ...repoModel) {
 	}
 }
 
+// addModel adds version of model m to a repository, writing its config.
 func addModel(t testing.TB, repo string, m repoModel, version int) {
 	t.Helper()
 	vd := filepath.Join(repo, m.name, strconv.Itoa(version))
@@ -122,6 +228,8 @@ func addModel(t testing.TB, repo string, m repoModel, version int) {
 		t.Fatal(err)
 	}
 }
+
+// Servers.
 
 // freePort asks the kernel for an unused loopback port.
 func freePort(t testing.TB) string {
@@ -152,6 +260,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// testServer is one sloserve server process a test started.
 type testServer struct {
 	cmd         *exec.Cmd
 	client      *http.Client // for http; TLS-aware when the server speaks TLS
@@ -159,7 +268,7 @@ type testServer struct {
 	grpcAddr    string
 	metrics     string // base URL
 	log         *syncBuffer
-	configPath  string // the --config file
+	configPath  string // the --config file; "" with withCommandLine
 	config      string // what startServer wrote there
 	setup       serverSetup
 	creds       credentials.TransportCredentials // the gRPC client's
@@ -176,6 +285,9 @@ type serverSetup struct {
 	readyHeader []string    // header name, value pairs for the readiness probe
 	metricsTLS  bool        // the metrics listener speaks TLS too (tls.metrics)
 	sets        []string    // "key=value" overrides passed with --set
+	commandLine bool        // no config file: flags only (withCommandLine)
+	args        []string    // flags after the listen addresses (withCommandLine)
+	dir         string      // the server's working folder; "": the test's
 }
 
 type serverOption func(*serverSetup)
@@ -186,8 +298,17 @@ func withSet(kv ...string) serverOption {
 	return func(s *serverSetup) { s.sets = append(s.sets, kv...) }
 }
 
+// withCommandLine starts the server without a config file, as a user
+// would type it: `sloserve serve --http-addr ... --grpc-addr ...
+// --metrics-addr ... args...` in the folder dir. startServer's repo and
+// extra are then unused; the embedded default config applies.
+func withCommandLine(dir string, args ...string) serverOption {
+	return func(s *serverSetup) { s.commandLine, s.dir, s.args = true, dir, args }
+}
+
 // startServer runs `sloserve serve` on free ports with the given extra
-// config (YAML lines) and waits until it is ready.
+// config (YAML lines) and waits until it is ready. The test's cleanup stops
+// it and checks that it left nothing behind (see stop).
 func startServer(t testing.TB, repo string, extra string, opts ...serverOption) *testServer {
 	t.Helper()
 	lib := need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
@@ -203,7 +324,10 @@ func startServer(t testing.TB, repo string, extra string, opts ...serverOption) 
 		_, port, _ := net.SplitHostPort(addr)
 		return net.JoinHostPort(s.setup.listenHost, port)
 	}
-	cfg := fmt.Sprintf(`listen: {http: %q, grpc: %q, metrics: %q}
+	if s.setup.commandLine {
+		s.setup.args = append([]string{"--http-addr", httpAddr, "--grpc-addr", grpcAddr, "--metrics-addr", metricsAddr}, s.setup.args...)
+	} else {
+		cfg := fmt.Sprintf(`listen: {http: %q, grpc: %q, metrics: %q}
 repositories: [%q]
 runtime:
   onnxruntime_library: %q
@@ -211,11 +335,12 @@ runtime:
 limits:
   grace_period: 10s
 %s`, listenAt(httpAddr), listenAt(grpcAddr), listenAt(metricsAddr), repo, lib, extra)
-	cfgPath := filepath.Join(t.TempDir(), "server.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
+		cfgPath := filepath.Join(t.TempDir(), "server.yaml")
+		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s.configPath, s.config = cfgPath, cfg
 	}
-	s.configPath, s.config = cfgPath, cfg
 	s.http, s.grpcAddr, s.metrics = "http://"+httpAddr, grpcAddr, "http://"+metricsAddr
 	s.creds = insecure.NewCredentials()
 	if s.setup.tls != nil {
@@ -236,11 +361,17 @@ limits:
 func (s *testServer) launch(t testing.TB) {
 	t.Helper()
 	s.log, s.waitErr, s.stoppedOnce = &syncBuffer{}, make(chan error, 1), sync.Once{}
-	args := []string{"serve", "--config", s.configPath, "--log-level", "debug"}
+	args := []string{"serve"}
+	if s.setup.commandLine {
+		args = append(args, s.setup.args...)
+	} else {
+		args = append(args, "--config", s.configPath, "--log-level", "debug")
+	}
 	for _, kv := range s.setup.sets {
 		args = append(args, "--set", kv)
 	}
 	s.cmd = exec.Command(sloserveBin, args...)
+	s.cmd.Dir = s.setup.dir
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -250,14 +381,14 @@ func (s *testServer) launch(t testing.TB) {
 	t.Cleanup(func() {
 		if s.cmd == cmd {
 			if err := s.stop(); err != nil {
-				t.Errorf("server exit: %v\n%s", err, log.String())
+				t.Errorf("server exit: %v", err)
 			}
 		}
 		if t.Failed() {
 			t.Logf("server log (pid %d):\n%s", cmd.Process.Pid, log.String())
 		}
 	})
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(120 * time.Second)
 	for {
 		req, err := http.NewRequest("GET", s.http+"/v2/health/ready", nil)
 		if err != nil {
@@ -293,6 +424,7 @@ func (s *testServer) launch(t testing.TB) {
 }
 
 // kill ends the server with SIGKILL, as a crash would, and waits for it.
+// What it leaves behind is the next server's to clean up, not checked.
 func (s *testServer) kill(t testing.TB) {
 	t.Helper()
 	s.stoppedOnce.Do(func() {
@@ -303,10 +435,17 @@ func (s *testServer) kill(t testing.TB) {
 	})
 }
 
-// stop sends SIGTERM and waits for a clean exit.
+// stop sends SIGTERM and waits for a clean exit: exit status 0 within 30 s
+// (else the server is killed), and nothing left behind: the runners it had
+// have exited, its runner socket folder ($TMPDIR/sloserve-<pid>-*) and its
+// sloserve-<pid> cgroup folders are gone. The test's cleanup calls it; a
+// test may call it earlier to check the shutdown itself.
 func (s *testServer) stop() error {
 	var err error
 	s.stoppedOnce.Do(func() {
+		pid := s.cmd.Process.Pid
+		runners := s.children()
+		cgroups := cgroupDirs(pid)
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err = <-s.waitErr:
@@ -314,11 +453,138 @@ func (s *testServer) stop() error {
 			_ = s.cmd.Process.Kill()
 			err = fmt.Errorf("server did not stop within 30s of SIGTERM")
 		}
+		if err == nil {
+			err = leftBehind(pid, runners, cgroups)
+		}
 	})
 	return err
 }
 
-// do sends a request and returns status and body.
+// leftBehind waits a little for what a server that exited cleanly must
+// have removed, and says what remains.
+func leftBehind(pid int, runners []int, cgroups []string) error {
+	var left []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left = left[:0]
+		for _, r := range runners {
+			if alive(r) {
+				left = append(left, fmt.Sprintf("runner %d alive", r))
+			}
+		}
+		sockets, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-*", pid)))
+		for _, d := range append(sockets, cgroups...) {
+			if _, err := os.Stat(d); err == nil {
+				left = append(left, d)
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the server exited but left behind: " + strings.Join(left, ", "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Processes and cgroups.
+
+// runnerPids lists the server's child processes whose command line holds
+// substr (the model file path), read from /proc.
+func (s *testServer) runnerPids(t testing.TB, substr string) []int {
+	t.Helper()
+	var pids []int
+	for _, pid := range s.children() {
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if bytes.Contains(cmdline, []byte(substr)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// children lists the server's child processes (its runners), from /proc.
+func (s *testServer) children() []int {
+	entries, _ := os.ReadDir("/proc")
+	parent := strconv.Itoa(s.cmd.Process.Pid)
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command name, which is in parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(stat[i+1:])); len(f) >= 2 && f[1] == parent {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// alive reports whether a process exists and is not a zombie.
+func alive(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+func anyAlive(pids []int) bool { return slices.ContainsFunc(pids, alive) }
+
+// serverCgroups lists the sloserve-<pid> cgroup folders of a server, in
+// every hierarchy it has one; a server without one fails the test.
+func serverCgroups(t *testing.T, pid int) []string {
+	t.Helper()
+	dirs := cgroupDirs(pid)
+	if len(dirs) == 0 {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		t.Fatalf("no sloserve-%d cgroup folder found from /proc/%d/cgroup:\n%s", pid, pid, b)
+	}
+	return dirs
+}
+
+// cgroupDirs lists the sloserve-<pid> cgroup folders of a running server
+// (none when it uses no cgroups).
+func cgroupDirs(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, ctrl := range strings.Split(parts[1], ",") {
+			if ctrl == "" {
+				continue
+			}
+			dir := filepath.Join("/sys/fs/cgroup", ctrl, parts[2], fmt.Sprintf("sloserve-%d", pid))
+			real, err := filepath.EvalSymlinks(dir)
+			if err == nil && !slices.Contains(dirs, real) {
+				dirs = append(dirs, real)
+			}
+		}
+	}
+	return dirs
+}
+
+// Clients.
+
+// do sends a request and returns status and body. header holds name, value
+// pairs; "Host" sets the request's host.
 func (s *testServer) do(t *testing.T, method, path string, body []byte, header ...string) (int, []byte, http.Header) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, s.http+path, bytes.NewReader(body))
@@ -347,6 +613,8 @@ func (s *testServer) do(t *testing.T, method, path string, body []byte, header .
 	return resp.StatusCode, b, resp.Header
 }
 
+// json sends body as JSON (none when nil), decodes the answer into out
+// (when not nil) and returns the status.
 func (s *testServer) json(t *testing.T, method, path string, body any, out any) int {
 	t.Helper()
 	var raw []byte
@@ -365,40 +633,24 @@ func (s *testServer) json(t *testing.T, method, path string, body any, out any) 
 	return code
 }
 
-// runnerPids lists the server's child processes whose command line holds
-// substr (the model file path), read from /proc.
-func (s *testServer) runnerPids(t testing.TB, substr string) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+// logHas reports whether one line of the server log holds every substring.
+func (s *testServer) logHas(subs ...string) bool {
+	for line := range strings.SplitSeq(s.log.String(), "\n") {
+		all := true
+		for _, sub := range subs {
+			if !strings.Contains(line, sub) {
+				all = false
+				break
+			}
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// The fields after the command name, which is in parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 2 || f[1] != strconv.Itoa(s.cmd.Process.Pid) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if bytes.Contains(cmdline, []byte(substr)) {
-			pids = append(pids, pid)
+		if all {
+			return true
 		}
 	}
-	return pids
+	return false
 }
+
+// Metrics.
 
 // scrape reads every series of the metrics endpoint, keyed by its name and
 // labels as exposed.
@@ -444,6 +696,10 @@ func (s *testServer) metricValue(tb testing.TB, series string) (float64, bool) {
 	return v, ok
 }
 
+// Waiting.
+
+// waitFor polls cond every 50 ms until it holds, or fails the test after
+// timeout.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
