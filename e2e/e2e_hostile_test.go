@@ -124,14 +124,15 @@ func binaryBody(header string, data []byte) ([]byte, string) {
 }
 
 // servingRound checks that the server answers health and serves a valid
-// inference, over REST and gRPC, and returns how long that took.
+// inference, over REST and gRPC, and returns how long that took. The REST
+// requests come on new connections, as from new clients.
 func (s *testServer) servingRound(t *testing.T) time.Duration {
 	t.Helper()
 	start := time.Now()
-	if code, b, _ := s.do(t, "GET", "/v2/health/ready", nil); code != 200 {
+	if code, b, _ := s.do(t, "GET", "/v2/health/ready", nil, "Connection", "close"); code != 200 {
 		t.Fatalf("health: %d %s", code, b)
 	}
-	if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 || !bytes.Contains(b, []byte(`"outputs"`)) {
+	if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody, "Connection", "close"); code != 200 || !bytes.Contains(b, []byte(`"outputs"`)) {
 		t.Fatalf("inference: %d %s", code, b)
 	}
 	if _, err := s.grpc.ModelInfer(t.Context(), grpcDynRequest()); err != nil {
