@@ -168,14 +168,6 @@ func (s *testServer) stillServing(t *testing.T) {
 	}
 }
 
-// grpcDynRequest is a valid request for the dyn model: one row of 10.
-func grpcDynRequest() *inference.ModelInferRequest {
-	return &inference.ModelInferRequest{ModelName: "dyn", Inputs: []*inference.ModelInferRequest_InferInputTensor{{
-		Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10},
-		Contents: &inference.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
-	}}}
-}
-
 // peakRSS reads the peak resident memory (VmHWM) of a process, in bytes.
 func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()

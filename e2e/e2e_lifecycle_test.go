@@ -17,8 +17,6 @@ import (
 	"github.com/sloserve/sloserve/api/inference"
 )
 
-var dynBody = []byte(`{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,10]}]}`)
-
 var multiBody = []byte(`{"inputs":[{"name":"InputA","datatype":"UINT8","shape":[1,1,1],"data":[3]},` +
 	`{"name":"InputB","datatype":"FP64","shape":[1,2,2],"data":[1,2,3,4]}]}`)
 

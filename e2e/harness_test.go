@@ -28,6 +28,8 @@ package e2e
 //     loopback ports with a config file, ready to use. Options: withSet
 //     (--set overrides), withCommandLine (no config file: flags only, run
 //     in a folder); the TLS fields of serverSetup for secured servers.
+//   - dynBody and grpcDynRequest: valid REST and gRPC inference requests
+//     for a model "dyn" of example_dynamic_axes.onnx, as above.
 //   - on the server: do and json (REST), grpc (a gRPC client), scrape and
 //     metricValue (the metrics endpoint), runnerPids, logHas, kill, launch
 //     (start again after kill), stop.
@@ -38,7 +40,9 @@ package e2e
 //   - waitFor: poll a condition with a timeout.
 //
 // Helpers for one topic (a load driver, a Prometheus server, a browser)
-// live in that topic's file.
+// live in that topic's file. A test written against the harness of old in
+// cmd/sloserve (package main) moves here with `git mv` and its package
+// clause changed to e2e: the names are the same.
 
 import (
 	"bufio"
@@ -648,6 +652,20 @@ func (s *testServer) logHas(subs ...string) bool {
 		}
 	}
 	return false
+}
+
+// Requests for the test networks.
+
+// dynBody is a valid REST inference request for a "dyn" model of
+// example_dynamic_axes.onnx: one row of 10.
+var dynBody = []byte(`{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,10]}]}`)
+
+// grpcDynRequest is a valid request for the dyn model: one row of 10.
+func grpcDynRequest() *inference.ModelInferRequest {
+	return &inference.ModelInferRequest{ModelName: "dyn", Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+		Name: "input_vectors", Datatype: "FP32", Shape: []int64{1, 10},
+		Contents: &inference.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+	}}}
 }
 
 // Metrics.
