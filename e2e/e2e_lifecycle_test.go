@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -140,5 +139,3 @@ func TestE2EDefaultConfigServesDemoModels(t *testing.T) {
 		t.Error("--log-format json did not produce JSON logs")
 	}
 }
-
-var _ = errors.New
