@@ -17,6 +17,8 @@ VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/sloserve/sloserve/server.Version=$(VERSION)
 PROTOS      := api/inference/grpc_service.proto runtime/runnerpb/runner.proto
 
+# PKGS narrows `make test` and `make bench`; the end-to-end tests and
+# benchmarks, which build and drive the real binary, are PKGS=./e2e.
 BENCH      ?= .
 BENCHTIME  ?= 1s
 BENCHCOUNT ?= 1

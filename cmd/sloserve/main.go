@@ -3,9 +3,9 @@
 // One binary with subcommands: serve (package server), loadtest (package
 // loadtest), profile, version, and the hidden runner that hosts one ONNX
 // Runtime session (package runtime). This package owns only the command
-// line: flags, the config's sources, the logger, and the end-to-end tests
-// that drive the built binary. It must not hold serving, scheduling or
-// control logic; main stays a few lines.
+// line: flags, the config's sources, the logger, and their unit tests; the
+// end-to-end tests that drive the built binary are in package e2e. It must
+// not hold serving, scheduling or control logic; main stays a few lines.
 package main
 
 import "os"

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Benchmarks of the whole server path against a direct in-process ONNX
 // Runtime call, measured side by side in the same run so that machine noise

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Live model management: changes to model folders (poll mode) and repository
 // API calls (explicit mode) applied under continuous load, invalid changes
@@ -299,23 +299,6 @@ func containsAny(xs, ys []int) bool {
 			if x == y {
 				return true
 			}
-		}
-	}
-	return false
-}
-
-// logHas reports whether one line of the server log holds every substring.
-func (s *testServer) logHas(subs ...string) bool {
-	for line := range strings.SplitSeq(s.log.String(), "\n") {
-		all := true
-		for _, sub := range subs {
-			if !strings.Contains(line, sub) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return true
 		}
 	}
 	return false

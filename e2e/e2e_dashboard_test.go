@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // The dashboard in a real browser: headless Chromium (Debian's chromium,
 // driven over the DevTools protocol) loads /dashboard/ from a running server
@@ -26,19 +26,6 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 )
-
-const chromiumPath = "/usr/bin/chromium"
-
-// requireChromium skips the test when Debian's chromium is not installed,
-// or fails it when SLOSERVE_REQUIRE_CHROMIUM=1 (as `make test` sets).
-func requireChromium(t *testing.T) string {
-	t.Helper()
-	if _, err := os.Stat(chromiumPath); err != nil {
-		msg := fmt.Sprintf("the browser tests need Debian's chromium at %s (apt-get install chromium): %v", chromiumPath, err)
-		skipUnless(t, "SLOSERVE_REQUIRE_CHROMIUM", msg)
-	}
-	return chromiumPath
-}
 
 // tensorRequest is a REST binary request with one FP32 input of the given
 // shape, asking for one output as binary.

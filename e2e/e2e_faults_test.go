@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // End-to-end tests of the server under faults: runners killed, hung and
 // out of memory, models that crash at every start, broken model files, the
@@ -133,18 +133,6 @@ func requireFast(t *testing.T, what string, answers []answer, limit time.Duratio
 	}
 	return slowest
 }
-
-// alive reports whether a process exists and is not a zombie.
-func alive(pid int) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
-}
-
-func anyAlive(pids []int) bool { return slices.ContainsFunc(pids, alive) }
 
 // metricAtLeast waits until a counter reaches want and returns it.
 func (s *testServer) metricAtLeast(t *testing.T, series string, want float64, timeout time.Duration) float64 {
@@ -737,37 +725,6 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 		t.Errorf("runners after the restart: %v, want 3", now)
 	}
 	t.Logf("killed server %d: %d runners died with it; removed %v and %v", oldPid, len(runners), cgroups, sockets)
-}
-
-// serverCgroups lists the sloserve-<pid> cgroup folders of a server, in
-// every hierarchy it has one.
-func serverCgroups(t *testing.T, pid int) []string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dirs []string
-	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, ctrl := range strings.Split(parts[1], ",") {
-			if ctrl == "" {
-				continue
-			}
-			dir := filepath.Join("/sys/fs/cgroup", ctrl, parts[2], fmt.Sprintf("sloserve-%d", pid))
-			real, err := filepath.EvalSymlinks(dir)
-			if err == nil && !slices.Contains(dirs, real) {
-				dirs = append(dirs, real)
-			}
-		}
-	}
-	if len(dirs) == 0 {
-		t.Fatalf("no sloserve-%d cgroup folder found from /proc/%d/cgroup:\n%s", pid, pid, b)
-	}
-	return dirs
 }
 
 // termOutcome is what became of one request sent around a SIGTERM.

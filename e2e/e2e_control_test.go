@@ -1,11 +1,9 @@
-package main
+package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -64,19 +62,6 @@ func (c controlJSON) share(model string) float64 {
 		}
 	}
 	return -1
-}
-
-// requireCgroups skips (or, with SLOSERVE_REQUIRE_CGROUPS=1, fails) when
-// the server could not use cgroups.
-func requireCgroups(t *testing.T, c controlJSON) {
-	t.Helper()
-	if len(c.Devices) == 0 {
-		t.Fatal("no device in /v2/control")
-	}
-	if l := c.Devices[0].Limiter; !strings.HasPrefix(l, "cgroup") {
-		msg := fmt.Sprintf("the server's limiter is %q, not cgroups: %s", l, c.Devices[0].Detail)
-		skipUnless(t, "SLOSERVE_REQUIRE_CGROUPS", msg)
-	}
 }
 
 // cpuDir is the directory of a process's cgroup that has the cpu
@@ -352,17 +337,15 @@ profile: {shapes: {x: [1, 3, 96, 96]}, batch_sizes: [1, 2, 4]}
 	cache := t.TempDir()
 	run := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(sloserveBin, append([]string{"profile", "--repository", repo,
+		out, errOut, err := runSloserve(append([]string{"profile", "--repository", repo,
 			"--set", "runtime.onnxruntime_library=" + lib, "--set", "control.profile.cache_dir=" + cache}, args...)...)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		if err := cmd.Run(); err != nil {
-			if strings.Contains(errOut.String(), "not profiled") && os.Getenv("SLOSERVE_REQUIRE_CGROUPS") != "1" {
-				t.Skip(errOut.String())
+		if err != nil {
+			if strings.Contains(errOut, "not profiled") && os.Getenv("SLOSERVE_REQUIRE_CGROUPS") != "1" {
+				t.Skip(errOut)
 			}
-			t.Fatalf("sloserve profile %v: %v\n%s%s", args, err, out.String(), errOut.String())
+			t.Fatalf("sloserve profile %v: %v\n%s%s", args, err, out, errOut)
 		}
-		return out.String()
+		return out
 	}
 	out := run("--fresh", "det")
 	// 3 shares x 3 batch sizes, each a row "batch share measured curve error".
@@ -378,8 +361,8 @@ profile: {shapes: {x: [1, 3, 96, 96]}, batch_sizes: [1, 2, 4]}
 	if again := run("det"); !strings.Contains(again, "from the cache") {
 		t.Errorf("second run did not use the cache:\n%s", again)
 	}
-	cmd := exec.Command(sloserveBin, "profile", "--repository", repo, "--set", "runtime.onnxruntime_library="+lib, "nope")
-	if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), `model not found: "nope"`) {
-		t.Errorf("profile of an unknown model: %v %s", err, b)
+	out, errOut, err := runSloserve("profile", "--repository", repo, "--set", "runtime.onnxruntime_library="+lib, "nope")
+	if err == nil || !strings.Contains(out+errOut, `model not found: "nope"`) {
+		t.Errorf("profile of an unknown model: %v %s%s", err, out, errOut)
 	}
 }

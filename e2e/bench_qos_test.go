@@ -1,9 +1,9 @@
-package main
+package e2e
 
 // BenchmarkQoSvsFIFO: sloserve's QoS scheduler against plain FIFO on two
 // real models sharing the machine. Run with
 //
-//	make bench BENCH=QoSvsFIFO PKGS=./cmd/sloserve BENCHTIME=1x
+//	make bench BENCH=QoSvsFIFO PKGS=./e2e BENCHTIME=1x
 //
 // The latency-critical model is the PP-OCR text-direction classifier (fast,
 // batches up to 8), the best-effort one the PP-OCRv4 detector on 320x320

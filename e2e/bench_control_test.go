@@ -1,13 +1,11 @@
-package main
+package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -31,17 +29,15 @@ var curveLine = regexp.MustCompile(`t\(b, s\) = \((\S+)\*b\^2 \+ (\S+)\*b \+ (\S
 func runProfile(b *testing.B, model string) ([]profilePoint, [5]float64) {
 	b.Helper()
 	lib := need(b, "SLOSERVE_ONNXRUNTIME_LIBRARY")
-	cmd := exec.Command(sloserveBin, "profile", "--fresh", "--repository", need(b, "SLOSERVE_DEMO_REPOSITORY"),
+	out, errOut, err := runSloserve("profile", "--fresh", "--repository", need(b, "SLOSERVE_DEMO_REPOSITORY"),
 		"--set", "runtime.onnxruntime_library="+lib, "--set", "control.profile.cache_dir="+b.TempDir(),
 		"--set", "control.profile.budget=60s", model)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("sloserve profile %s: %v\n%s%s", model, err, out.String(), errOut.String())
+	if err != nil {
+		b.Fatalf("sloserve profile %s: %v\n%s%s", model, err, out, errOut)
 	}
 	var pts []profilePoint
 	var k [5]float64
-	for line := range strings.SplitSeq(out.String(), "\n") {
+	for line := range strings.SplitSeq(out, "\n") {
 		if m := curveLine.FindStringSubmatch(line); m != nil {
 			for i := range k {
 				k[i], _ = strconv.ParseFloat(m[i+1], 64)
@@ -60,7 +56,7 @@ func runProfile(b *testing.B, model string) ([]profilePoint, [5]float64) {
 		}
 	}
 	if len(pts) < 9 || k == [5]float64{} {
-		b.Fatalf("profile output has %d points, curve %v:\n%s", len(pts), k, out.String())
+		b.Fatalf("profile output has %d points, curve %v:\n%s", len(pts), k, out)
 	}
 	return pts, k
 }

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -549,5 +548,3 @@ func f32ToF16(f float32) uint16 {
 	}
 	return sign | uint16(exp)<<10 | uint16(mant>>13)
 }
-
-var _ = http.StatusOK

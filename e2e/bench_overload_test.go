@@ -1,9 +1,9 @@
-package main
+package e2e
 
 // BenchmarkOverload and BenchmarkSoak: what the server does far past its
 // capacity, and whether it holds steady for a long time below it. Run with
 //
-//	make bench BENCH='Overload|Soak' PKGS=./cmd/sloserve BENCHTIME=1x
+//	make bench BENCH='Overload|Soak' PKGS=./e2e BENCHTIME=1x
 //
 // Both use two real models sharing the machine under the default (adaptive)
 // control policy: the PP-OCRv4 detector on 320x320 images, latency-critical,

@@ -1,15 +1,12 @@
-package main
+package e2e
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,8 +15,6 @@ import (
 
 	"github.com/sloserve/sloserve/api/inference"
 )
-
-var dynBody = []byte(`{"inputs":[{"name":"input_vectors","datatype":"FP32","shape":[1,10],"data":[1,2,3,4,5,6,7,8,9,10]}]}`)
 
 var multiBody = []byte(`{"inputs":[{"name":"InputA","datatype":"UINT8","shape":[1,1,1],"data":[3]},` +
 	`{"name":"InputB","datatype":"FP64","shape":[1,2,2],"data":[1,2,3,4]}]}`)
@@ -99,36 +94,9 @@ func TestE2EPollRepository(t *testing.T) {
 // directory: what `make run` starts.
 func TestE2EDefaultConfigServesDemoModels(t *testing.T) {
 	demo := need(t, "SLOSERVE_DEMO_REPOSITORY")
-	need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")
-	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
-	cmd := exec.Command(sloserveBin, "serve", "--http-addr", httpAddr, "--grpc-addr", grpcAddr, "--metrics-addr", metricsAddr,
-		"--log-format", "json")
-	cmd.Dir = filepath.Dir(demo)
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		if err := <-done; err != nil {
-			t.Errorf("exit: %v", err)
-		}
-		if t.Failed() {
-			t.Log(log.String())
-		}
-	}()
-	base := "http://" + httpAddr
-	waitFor(t, "the demo server to be ready", 120*time.Second, func() bool {
-		resp, err := http.Get(base + "/v2/health/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	// The server reads SLOSERVE_ONNXRUNTIME_LIBRARY from the environment.
+	s := startServer(t, "", "", withCommandLine(filepath.Dir(demo), "--log-format", "json"))
+	base := s.http
 	resp, err := http.Post(base+"/v2/repository/index", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -167,9 +135,7 @@ func TestE2EDefaultConfigServesDemoModels(t *testing.T) {
 	if p := out.Outputs[0].Data; p[0] < 0 || p[1] < 0 || p[0]+p[1] < 0.999 || p[0]+p[1] > 1.001 {
 		t.Errorf("ocr-cls probabilities %v do not sum to 1", p)
 	}
-	if !strings.Contains(log.String(), `"msg":"server ready"`) {
+	if !strings.Contains(s.log.String(), `"msg":"server ready"`) {
 		t.Error("--log-format json did not produce JSON logs")
 	}
 }
-
-var _ = errors.New

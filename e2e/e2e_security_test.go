@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // End-to-end tests of the tls and auth sections: TLS and mutual TLS on the
 // REST, gRPC and metrics listeners, bearer tokens over every surface, admin
@@ -37,7 +37,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
-	"github.com/sloserve/sloserve/loadtest"
 )
 
 const (
@@ -769,70 +768,6 @@ func (s *testServer) metricValueWith(t *testing.T, series string, header []strin
 		}
 	}
 	return 0, false
-}
-
-// TestLoadtestClientSecurity checks how the loadtest flags become client
-// options, without a server.
-func TestLoadtestClientSecurity(t *testing.T) {
-	dir := t.TempDir()
-	tokenFile, emptyFile := filepath.Join(dir, "token"), filepath.Join(dir, "empty")
-	writeAtomic(t, tokenFile, []byte(" file-token-0123456789\n"))
-	writeAtomic(t, emptyFile, []byte("\n"))
-	ca := newTestCA(t, "ca")
-	caFile := filepath.Join(dir, "ca.crt")
-	writeAtomic(t, caFile, ca.pem)
-	certPEM, keyPEM, _ := ca.issue(t, "client", false)
-	certFile, keyFile := filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key")
-	writeAtomic(t, certFile, certPEM)
-	writeAtomic(t, keyFile, keyPEM)
-	env := func(v string) func(string) string {
-		return func(name string) string {
-			if name == tokenEnv {
-				return v
-			}
-			return ""
-		}
-	}
-	for _, c := range []struct {
-		name    string
-		sec     clientSecurity
-		base    string
-		env     string
-		token   string
-		tls     bool
-		certs   int
-		wantErr string
-	}{
-		{name: "plain, no token", base: "http://h:1"},
-		{name: "token from the environment", base: "http://h:1", env: "env-token", token: "env-token"},
-		{name: "file wins over the environment", sec: clientSecurity{tokenFile: tokenFile}, base: "http://h:1", env: "env-token", token: "file-token-0123456789"},
-		{name: "empty token file", sec: clientSecurity{tokenFile: emptyFile}, base: "http://h:1", wantErr: "--token-file: " + emptyFile + " is empty"},
-		{name: "https with system roots", base: "https://h:1", tls: true},
-		{name: "mutual TLS", sec: clientSecurity{caFile: caFile, certFile: certFile, keyFile: keyFile}, base: "https://h:1", tls: true, certs: 1},
-		{name: "cert without key", sec: clientSecurity{certFile: certFile}, base: "https://h:1", wantErr: "--cert-file and --key-file go together"},
-		{name: "TLS flags with http", sec: clientSecurity{caFile: caFile}, base: "http://h:1", wantErr: "use https://"},
-		{name: "CA file not PEM", sec: clientSecurity{caFile: tokenFile}, base: "https://h:1", wantErr: "--ca-file: " + tokenFile + " holds no PEM certificate"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			opts := &loadtest.Options{HTTPBase: c.base}
-			err := c.sec.apply(opts, env(c.env))
-			if c.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
-					t.Fatalf("err %v, want %q", err, c.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if opts.Token != c.token || (opts.TLS != nil) != c.tls {
-				t.Errorf("token %q, TLS %v; want %q, %v", opts.Token, opts.TLS != nil, c.token, c.tls)
-			}
-			if opts.TLS != nil && (len(opts.TLS.Certificates) != c.certs || (c.sec.caFile != "") != (opts.TLS.RootCAs != nil)) {
-				t.Errorf("TLS config %+v", opts.TLS)
-			}
-		})
-	}
 }
 
 // TestE2EDashboardToken: with an inference token configured, the dashboard

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,13 +55,11 @@ func runLoadtest(t *testing.T, scenario string, args ...string) (string, string)
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "out")
-	cmd := exec.Command(sloserveBin, append(append([]string{"loadtest", "--out", out}, args...), path)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("loadtest: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	stdout, stderr, err := runSloserve(append(append([]string{"loadtest", "--out", out}, args...), path)...)
+	if err != nil {
+		t.Fatalf("loadtest: %v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
 	}
-	return out, stdout.String()
+	return out, stdout
 }
 
 func readSummary(t *testing.T, path string) loadtestSummary {

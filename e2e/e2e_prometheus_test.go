@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // The Prometheus and Grafana files in configs/, checked against a real
 // Prometheus (the Debian package; `make test-tools` installs it) that
@@ -29,34 +29,14 @@ import (
 )
 
 const (
-	promConfigPath = "../../configs/prometheus/prometheus.yml"
-	promRulesPath  = "../../configs/prometheus/rules.yml"
-	dashboardPath  = "../../configs/grafana/sloserve-dashboard.json"
+	promConfigPath = "../configs/prometheus/prometheus.yml"
+	promRulesPath  = "../configs/prometheus/rules.yml"
+	dashboardPath  = "../configs/grafana/sloserve-dashboard.json"
 
 	// promWindow is the rate window of the test's own queries, and the one
 	// the rules' windows are shortened to: a whole window fits in the load.
 	promWindow = 20 * time.Second
 )
-
-// needPrometheus finds the prometheus and promtool binaries, or skips;
-// SLOSERVE_REQUIRE_PROMETHEUS=1 (set by `make test`) fails instead.
-func needPrometheus(t *testing.T) (prometheus, promtool string) {
-	t.Helper()
-	var missing []string
-	paths := map[string]string{}
-	for _, name := range []string{"prometheus", "promtool"} {
-		p, err := exec.LookPath(name)
-		if err != nil {
-			missing = append(missing, name)
-		}
-		paths[name] = p
-	}
-	if len(missing) > 0 {
-		msg := fmt.Sprintf("%s not installed; `make test-tools` (scripts/install-test-tools.sh) installs the Debian package", strings.Join(missing, " and "))
-		skipUnless(t, "SLOSERVE_REQUIRE_PROMETHEUS", msg)
-	}
-	return paths["prometheus"], paths["promtool"]
-}
 
 // promServer is a Prometheus process started for one test.
 type promServer struct {
