@@ -26,8 +26,10 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -42,6 +44,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
 )
@@ -340,21 +344,91 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // BenchmarkOverload offers each model SLOSERVE_OVERLOAD_FACTOR times its
 // capacity for SLOSERVE_OVERLOAD_DURATION and reports the detector's goodput
-// against its capacity, the readiness probe's latency and the memory used.
+// against its capacity, the readiness probe's latency and the memory used,
+// once per protocol of SLOSERVE_OVERLOAD_PROTOCOLS (grpc,rest), each on a
+// fresh server after one calibration. The generator (this process, with
+// its prober and sampler) runs confined to SLOSERVE_OVERLOAD_GENERATOR_CPUS
+// (0.5; 0: unconfined) in a cgroup of its own, as clients on other
+// machines would be; the server's own counts split the late requests into
+// those that finished late in the scheduler and those that became late on
+// the way back.
 func BenchmarkOverload(b *testing.B) {
 	factor := envFloat(b, "SLOSERVE_OVERLOAD_FACTOR", 10)
 	dur := envDuration(b, "SLOSERVE_OVERLOAD_DURATION", time.Minute)
+	genCPUs := 0.5
+	if v := os.Getenv("SLOSERVE_OVERLOAD_GENERATOR_CPUS"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 {
+			b.Fatalf("SLOSERVE_OVERLOAD_GENERATOR_CPUS=%q: want a number >= 0", v)
+		}
+		genCPUs = f
+	}
+	protocols := strings.Split(cmp.Or(os.Getenv("SLOSERVE_OVERLOAD_PROTOCOLS"), "grpc,rest"), ",")
 	cal := calibrateOverload(b)
-	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
 	fmt.Printf("calibration: detector p50 %.1f ms (batch 1), %.1f ms (batch 4); capacity %.1f req/s; recogniser capacity %.1f req/s; detector SLO %.0f ms\n",
 		ms(cal.solo), ms(cal.batch4), cal.lcCapacity, cal.beCapacity, cal.sloMS)
+	for _, proto := range protocols {
+		if proto != "grpc" && proto != "rest" {
+			b.Fatalf("SLOSERVE_OVERLOAD_PROTOCOLS: unknown protocol %q (grpc, rest)", proto)
+		}
+		b.Run(proto, func(b *testing.B) { overloadRun(b, proto, cal, factor, dur, genCPUs) })
+	}
+}
 
+// overloadOutcomes are the scheduler's counts of the detector's requests.
+type overloadOutcomes struct{ good, late, rejected, dropped float64 }
+
+func detectorOutcomes(b *testing.B, s *testServer) overloadOutcomes {
+	m := s.scrape(b)
+	series := `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="` + ovLCName + `/1",outcome="`
+	return overloadOutcomes{m[series+`good"}`], m[series+`late"}`], m[series+`rejected"}`], m[series+`dropped"}`]}
+}
+
+// restSender sends one request of model with one FP32 input x of shape in
+// the binary tensor extension, asking for binary outputs, and returns its
+// outcome as a gRPC status, as classify reads it.
+func restSender(s *testServer, client *http.Client, model string, shape ...int64) func(context.Context) error {
+	msg := imageInfer(model, shape...)
+	raw := msg.RawInputContents[0]
+	header := fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"FP32","shape":%s,"parameters":{"binary_data_size":%d}}],"parameters":{"binary_data_output":true}}`,
+		strings.ReplaceAll(fmt.Sprint(shape), " ", ","), len(raw))
+	body := append([]byte(header), raw...)
+	url := s.http + "/v2/models/" + model + "/infer"
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Inference-Header-Content-Length", strconv.Itoa(len(header)))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := client.Do(req)
+		if err != nil {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return nil
+		case http.StatusTooManyRequests:
+			return status.Error(codes.ResourceExhausted, string(b))
+		case http.StatusGatewayTimeout:
+			return status.Error(codes.DeadlineExceeded, string(b))
+		}
+		return status.Errorf(codes.Unknown, "%d %s", resp.StatusCode, b)
+	}
+}
+
+func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, dur time.Duration, genCPUs float64) {
+	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
 	var (
 		lcRecs, beRecs []*lcRecord
 		probe          *prober
 		mem            []procSample
 		before, after  procSample
 		recovery       time.Duration
+		server         overloadOutcomes
+		confined       string
 	)
 	for b.Loop() {
 		s := startServer(b, overloadRepo(b, cal.sloMS), "")
@@ -364,19 +438,46 @@ func BenchmarkOverload(b *testing.B) {
 		time.Sleep(5 * time.Second)
 		warm.stop()
 		before = sampleProcs(b, s, 0, true)
+		first := detectorOutcomes(b, s)
 
+		var sendLC, sendBE func(context.Context) error
+		if proto == "grpc" {
+			lcClient, beClient := ownClient(b, s), ownClient(b, s)
+			lcReq, beReq := ovLCInfer(1), ovBEInfer()
+			sendLC = func(ctx context.Context) error { _, err := lcClient.ModelInfer(ctx, lcReq); return err }
+			sendBE = func(ctx context.Context) error { _, err := beClient.ModelInfer(ctx, beReq); return err }
+		} else {
+			// Two clients, as two applications; refusals close their
+			// connections (the body is never read), so the pools refill.
+			newClient := func() *http.Client {
+				c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
+				b.Cleanup(c.CloseIdleConnections)
+				return c
+			}
+			sendLC = restSender(s, newClient(), ovLCName, 1, 3, 320, 320)
+			sendBE = restSender(s, newClient(), ovBEName, 1, 3, 48, 320)
+		}
+
+		leave := func() {}
+		confined = "generator unconfined (SLOSERVE_OVERLOAD_GENERATOR_CPUS=0)"
+		if genCPUs > 0 {
+			leave, confined = generatorCgroup(b, genCPUs)
+		}
 		probe = startProber(s)
 		sm := startSampler(b, s, ovSampleEvery, false)
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			lcRecs = openLoop(ownClient(b, s), ovLCInfer(1), factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
+			lcRecs = openLoopWith(sendLC, factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
 		})
 		wg.Go(func() {
-			beRecs = openLoop(ownClient(b, s), ovBEInfer(), factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
+			beRecs = openLoopWith(sendBE, factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
 		})
 		wg.Wait()
 		mem = sm.stop()
 		probe.stop()
+		leave()
+		last := detectorOutcomes(b, s)
+		server = overloadOutcomes{last.good - first.good, last.late - first.late, last.rejected - first.rejected, last.dropped - first.dropped}
 
 		// Recovery: how long until a detector request is good again.
 		t0 := time.Now()
@@ -408,11 +509,12 @@ func BenchmarkOverload(b *testing.B) {
 	b.ReportMetric(cal.lcCapacity, "lc-capacity-req/s")
 	b.ReportMetric(goodput, "lc-good/s")
 	b.ReportMetric(goodput/cal.lcCapacity, "lc-good/capacity")
+	b.ReportMetric(server.good/dur.Seconds()/cal.lcCapacity, "lc-server-good/capacity")
 	b.ReportMetric(pctMS(probes, 0.99), "ready-p99-ms")
 	b.ReportMetric(mib(maxServer), "server-max-rss-MiB")
 
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v, detector SLO %.0f ms\n", b.Name(), factor, dur, cal.sloMS)
+	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v over %s, detector SLO %.0f ms; %s\n", b.Name(), factor, dur, proto, cal.sloMS, confined)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\toffered/s\tcapacity/s\tsent\tgood\tlate\trejected\tdropped\tfailed\tgoodput/s\tgood/capacity\tp50 ms\tp99 ms\tlag p99 ms\t")
 	row := func(name string, capacity float64, p *phaseResult) {
@@ -424,6 +526,8 @@ func BenchmarkOverload(b *testing.B) {
 	row("detector (latency-critical)", cal.lcCapacity, lc)
 	row("recogniser (best-effort)", cal.beCapacity, be)
 	tw.Flush()
+	fmt.Fprintf(&sb, "detector in the server's scheduler: %.0f good, %.0f late, %.0f rejected, %.0f dropped; good/capacity %.3f (the client saw %d good: %.0f on time in the scheduler became late on the way back)\n",
+		server.good, server.late, server.rejected, server.dropped, server.good/dur.Seconds()/cal.lcCapacity, lc.counts[lcGood], max(0, server.good-float64(lc.counts[lcGood])))
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",

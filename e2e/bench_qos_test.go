@@ -245,6 +245,16 @@ type lcRecord struct {
 // waiting for earlier ones, and returns when every response is in. Latency
 // counts from the actual send; the lag before it is recorded apart.
 func openLoop(client inference.GRPCInferenceServiceClient, req *inference.ModelInferRequest, rate float64, d, slo time.Duration, rng *rand.Rand) []*lcRecord {
+	return openLoopWith(func(ctx context.Context) error {
+		_, err := client.ModelInfer(ctx, req)
+		return err
+	}, rate, d, slo, rng)
+}
+
+// openLoopWith is openLoop for any protocol: send makes one request and
+// returns its error as a gRPC status (codes.ResourceExhausted for a
+// refusal, codes.DeadlineExceeded for a drop).
+func openLoopWith(send func(context.Context) error, rate float64, d, slo time.Duration, rng *rand.Rand) []*lcRecord {
 	var recs []*lcRecord
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -265,7 +275,7 @@ func openLoop(client inference.GRPCInferenceServiceClient, req *inference.ModelI
 			// A safety net only: far longer than any queue here lasts.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			_, err := client.ModelInfer(ctx, req)
+			err := send(ctx)
 			rec.latency = time.Since(sent)
 			rec.outcome, rec.err = classify(err, rec.latency, slo), err
 		})
