@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/models"
@@ -41,6 +42,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	}
 	logger = logger.With("component", "grpc")
 	base := []grpc.ServerOption{
+		grpc.InTapHandle(grpcStampArrival),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
 		grpc.ChainStreamInterceptor(grpcRecoverStream(logger)),
@@ -53,6 +55,24 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	grpc_health_v1.RegisterHealthServer(srv, &grpcHealthServer{b: b, interval: grpcHealthWatchInterval})
 	reflection.Register(srv)
 	return srv
+}
+
+// grpcArrivalKey keys the time a call's headers arrived in its context.
+type grpcArrivalKey struct{}
+
+// grpcStampArrival notes when a call's headers arrived, before its message
+// is read: a request's SLO counts from then, as over REST, so that the
+// time a large message takes to arrive is not hidden from the scheduler.
+func grpcStampArrival(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil
+}
+
+// grpcArrival is when the call's headers arrived, or now if not known.
+func grpcArrival(ctx context.Context) time.Time {
+	if t, ok := ctx.Value(grpcArrivalKey{}).(time.Time); ok {
+		return t
+	}
+	return time.Now()
 }
 
 // grpcService implements the inference service over a Backend.
@@ -114,13 +134,15 @@ func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetad
 }
 
 // ModelInfer runs one inference. The client's deadline flows to the Backend
-// through ctx; the timeout parameter counts from when the handler starts.
+// through ctx; the timeout parameter and the model's SLO count from when the
+// call's headers arrived.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
-	arrival := time.Now()
+	arrival := grpcArrival(ctx)
 	in, err := decodeGRPCInfer(req, s.lim, arrival)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
+	in.Arrival = arrival
 	out, version, err := s.b.Infer(ctx, req.GetModelName(), req.GetModelVersion(), in)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)

@@ -1094,6 +1094,14 @@ func TestGRPCRequestOptions(t *testing.T) {
 			got := fb.lastReq
 			fb.mu.Unlock()
 			checkDeadline(t, got.Deadline, before, after, tc.wantTimeout)
+			// The arrival is stamped when the call's headers came, and
+			// the timeout counts from it.
+			if got.Arrival.Before(before) || got.Arrival.After(after) {
+				t.Errorf("arrival %v not within the call (%v .. %v)", got.Arrival, before, after)
+			}
+			if tc.wantTimeout > 0 && !got.Deadline.Equal(got.Arrival.Add(tc.wantTimeout)) {
+				t.Errorf("deadline %v, want arrival + %v = %v", got.Deadline, tc.wantTimeout, got.Arrival.Add(tc.wantTimeout))
+			}
 			if got.Priority != tc.wantPriority {
 				t.Errorf("priority %d, want %d", got.Priority, tc.wantPriority)
 			}

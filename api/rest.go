@@ -409,6 +409,7 @@ func (s *restServer) infer(c *gin.Context) {
 	}
 	rr := req.runtimeRequest()
 	rr.Deadline = requestDeadline(arrival, req.timeout, headerTimeout)
+	rr.Arrival = arrival
 	resp, version, err := s.b.Infer(c.Request.Context(), name, version, rr)
 	if err != nil {
 		s.writeError(c, err)

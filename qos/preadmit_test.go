@@ -73,6 +73,28 @@ func TestPreadmitQueueFull(t *testing.T) {
 	})
 }
 
+// The SLO counts from the request's arrival at the server, not from when
+// the scheduler got it: a request whose body took long to arrive has that
+// much less time.
+func TestSLOCountsFromArrival(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 50 * ms}, constant(30*ms))
+		h.seed("a", 1, constant(30*ms))
+		h.run()
+		req := idRequest(1)
+		req.Arrival = time.Now().Add(-40 * ms)
+		p := h.submitRequest(t.Context(), "a", RequestOptions{}, req)
+		<-p.done
+		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "misses the deadline by 20.0ms") {
+			t.Errorf("a request that arrived 40ms ago: %v, want rejected by 20ms", p.err)
+		}
+		fresh := idRequest(2)
+		fresh.Arrival = time.Now()
+		mustSucceed(t, h.submitRequest(t.Context(), "a", RequestOptions{}, fresh))
+	})
+}
+
 // With work ahead, admission leaves room for the executions' error over
 // their predictions; a request that would start at once is admitted
 // whatever the error.

@@ -640,8 +640,12 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 	if o.Priority < 0 {
 		return nil, fmt.Errorf("%w: priority %d is negative", ErrInvalidRequest, o.Priority)
 	}
+	if req != nil && !req.Arrival.IsZero() && req.Arrival.Before(now) {
+		// The SLO counts from when the request reached the server.
+		r.arrival = req.Arrival
+	}
 	if m.spec.SLO > 0 {
-		r.deadline = earliest(r.deadline, now.Add(m.spec.SLO))
+		r.deadline = earliest(r.deadline, r.arrival.Add(m.spec.SLO))
 	}
 	if d, ok := ctx.Deadline(); ok {
 		r.deadline = earliest(r.deadline, d)

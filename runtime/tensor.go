@@ -82,6 +82,10 @@ type InferRequest struct {
 	// Priority is the request's priority (Triton semantics: 0 = the
 	// model's default, 1 highest); runners ignore it.
 	Priority int
+	// Arrival is when the request reached the server (its headers, before
+	// its body); the model's SLO counts from it. Zero means when the
+	// scheduler got it. Runners ignore it.
+	Arrival time.Time
 }
 
 // InferResponse carries the outputs and how long each step took in the runner.
