@@ -15,10 +15,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -69,7 +69,7 @@ type Backend interface {
 	Limiters() map[string]string
 	// ControlEvents returns the adjusters' decisions after since, oldest
 	// first, at most limit.
-	ControlEvents(since time.Time, limit int) []qos.Event
+	ControlEvents(since time.Time, limit int) []control.Event
 	// PinShare pins the share of a model's default version; nil unpins.
 	PinShare(ctx context.Context, name string, pin *limiter.Share) error
 	// Dashboard is the models' history for the dashboard; nil when the

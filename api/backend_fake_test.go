@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -36,7 +36,7 @@ type fakeBackend struct {
 	preadmitDL    time.Time // the deadline of the last Preadmit
 
 	pins   map[string]*limiter.Share // PinShare calls by model
-	events []qos.Event
+	events []control.Event
 	dash   *dashboard.Recorder // nil: the dashboard is disabled
 
 	reloadResult ReloadResult // what ReloadConfig answers
@@ -218,10 +218,10 @@ func (f *fakeBackend) Control() ControlStatus {
 
 func (f *fakeBackend) Limiters() map[string]string { return map[string]string{"cpu": "cgroup-v1"} }
 
-func (f *fakeBackend) ControlEvents(since time.Time, limit int) []qos.Event {
+func (f *fakeBackend) ControlEvents(since time.Time, limit int) []control.Event {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []qos.Event
+	var out []control.Event
 	for _, e := range f.events {
 		if e.Time.After(since) {
 			out = append(out, e)

@@ -10,8 +10,8 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/limiter"
-	"github.com/sloserve/sloserve/qos"
 )
 
 // The control API (sloserve's own, beside the OIP routes) shows what the
@@ -86,7 +86,7 @@ type shareJSON struct {
 func toShareJSON(s limiter.Share) shareJSON { return shareJSON{Compute: s.Compute, Memory: s.Memory} }
 
 // toEventsJSON converts adjuster events for the wire.
-func toEventsJSON(events []qos.Event) []eventJSON {
+func toEventsJSON(events []control.Event) []eventJSON {
 	out := make([]eventJSON, len(events))
 	for i, e := range events {
 		out[i] = eventJSON{

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/limiter"
-	"github.com/sloserve/sloserve/qos"
 )
 
 func TestControlStatus(t *testing.T) {
@@ -43,7 +43,7 @@ func TestControlEvents(t *testing.T) {
 	h, fb := newRESTTest(restLimits)
 	t0 := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 	for i := range 5 {
-		fb.events = append(fb.events, qos.Event{
+		fb.events = append(fb.events, control.Event{
 			Time: t0.Add(time.Duration(i) * time.Second), Device: "cpu", Model: "sum/1", Kind: "resize",
 			Old: limiter.Share{Compute: 0.1 * float64(i)}, New: limiter.Share{Compute: 0.1 * float64(i+1)},
 			Reason: "test", Predicted: 42 * time.Millisecond, ForecastRate: 10,

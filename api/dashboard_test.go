@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/qos"
@@ -38,9 +39,9 @@ func dashboardBackend(t *testing.T) (*fakeBackend, time.Time) {
 			States:  []dashboard.ModelState{{Name: "sum", Version: "1", State: "READY"}, {Name: "broken", Version: "1", State: "UNAVAILABLE", Reason: "bad file"}},
 		})
 	}
-	f.events = []qos.Event{
-		{Time: start.Add(10 * time.Second), Device: "cpu", Model: "sum/1", Kind: qos.EventResize, Old: limiter.Share{Compute: 0.1}, New: limiter.Share{Compute: 0.25}, Reason: "forecast grew"},
-		{Time: start.Add(11 * time.Second), Device: "cpu", Model: "echo/1", Kind: qos.EventResize, Reason: "other model"},
+	f.events = []control.Event{
+		{Time: start.Add(10 * time.Second), Device: "cpu", Model: "sum/1", Kind: control.EventResize, Old: limiter.Share{Compute: 0.1}, New: limiter.Share{Compute: 0.25}, Reason: "forecast grew"},
+		{Time: start.Add(11 * time.Second), Device: "cpu", Model: "echo/1", Kind: control.EventResize, Reason: "other model"},
 	}
 	return f, start
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
-	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -480,5 +479,3 @@ func sampleShape(in runtime.TensorSpec, given map[string][]int64, batched bool) 
 	}
 	return shape, true
 }
-
-var _ qos.Actuator = (*Registry)(nil)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
 )
@@ -11,9 +12,9 @@ import (
 // The predictor is what the QoS scheduler estimates with and what the
 // adjuster sizes shares with.
 var (
-	_ qos.Estimator = (*predictor.Predictor)(nil)
-	_ qos.Predictor = (*predictor.Predictor)(nil)
-	_ qos.Estimator = (*qos.EWMAEstimator)(nil)
+	_ qos.Estimator     = (*predictor.Predictor)(nil)
+	_ control.Predictor = (*predictor.Predictor)(nil)
+	_ qos.Estimator     = (*qos.EWMAEstimator)(nil)
 	// A qos.EWMAEstimator can serve as the fallback.
 	_ predictor.Estimator = (*qos.EWMAEstimator)(nil)
 )

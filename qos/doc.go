@@ -22,16 +22,11 @@
 // dropped, failed, canceled) are counted per model, with goodput and SLO
 // attainment over a sliding window (Stats) and as Prometheus metrics.
 //
-// An Adjuster sits beside each Scheduler and chooses every model's share of
-// the device, once a period, under one of three policies: "adaptive" (the
-// smallest share a Predictor says meets each latency-critical model's SLO
-// at its forecast rate, the rest to best-effort models by priority, growth
-// at once and shrinking after sustained slack), "static" (equal shares) and
-// "shared" (no limits). An Actuator (the model registry) applies the
-// shares; pins override the policy; idle models are evicted when memory is
-// over budget. Every decision is an Event.
+// Scheduler.Snapshot and Scheduler.ModelState give the control loop
+// (package control) what it reads of each model: arrivals, queue, window
+// attainment, the variability of arrivals and executions.
 //
-// It must not touch processes, cgroups or the wire: requests run through
-// the Executor it is given, shares are applied through the Actuator, and
+// It must not touch processes, cgroups or the wire, nor choose shares:
+// requests run through the Executor it is given, and
 // errors leave as sentinel errors that api maps to status codes.
 package qos

@@ -500,6 +500,9 @@ type RequestOptions struct {
 	Priority int
 }
 
+// Device is the device the scheduler's metrics are labelled with.
+func (s *Scheduler) Device() string { return s.opts.Device }
+
 // Submit queues a request for a model and waits for its response. It
 // returns ErrRejected, ErrQueueFull, ErrDropped, ErrUnknownModel,
 // ErrModelRemoved, ErrInvalidRequest, ErrStopped, the executor's error, or

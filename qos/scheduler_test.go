@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -707,4 +709,36 @@ func TestAdmissionIgnoresBestEffortOnOtherSlots(t *testing.T) {
 		}
 		mustSucceed(t, blocking)
 	})
+}
+
+const gib = int64(1) << 30
+
+func TestModelSpecShareFields(t *testing.T) {
+	exec := ExecutorFunc(func(context.Context, *runtime.InferRequest) (*runtime.InferResponse, error) { return nil, nil })
+	for _, tc := range []struct {
+		spec ModelSpec
+		want string
+	}{
+		{ModelSpec{MinShare: 1.5}, "min share 1.5 or max share 0 is not a fraction"},
+		{ModelSpec{MaxShare: -0.1}, "is not a fraction"},
+		{ModelSpec{MinShare: 0.5, MaxShare: 0.2}, "min share 0.5 is over max share 0.2"},
+		{ModelSpec{Pin: &limiter.Share{Compute: math.NaN()}}, "pinned share"},
+		{ModelSpec{Pin: &limiter.Share{Memory: -1}}, "pinned share"},
+		{ModelSpec{Memory: -1}, "memory share -1 is negative"},
+	} {
+		spec := tc.spec
+		spec.Name, spec.Executor = "m", exec
+		if err := validateSpec(&spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.spec, err, tc.want)
+		}
+	}
+	pin := &limiter.Share{Compute: 0.5}
+	spec := ModelSpec{Name: "m", Executor: exec, MinShare: 0.1, MaxShare: 0.9, Pin: pin, Memory: gib}
+	if err := validateSpec(&spec); err != nil {
+		t.Fatal(err)
+	}
+	pin.Compute = 0.7
+	if spec.Pin.Compute != 0.5 {
+		t.Error("the spec shares its pin with the caller")
+	}
 }

@@ -134,8 +134,8 @@ func (w *window) span(now time.Time) time.Duration {
 	return min(w.width*windowBuckets, now.Sub(w.epoch))
 }
 
-// modelState is what the adjuster reads of one model at each pass.
-type modelState struct {
+// ModelState is what the control loop reads of one model at each pass.
+type ModelState struct {
 	Spec                ModelSpec
 	Arrived             uint64 // since AddModel
 	QueueDepth, Running int
@@ -148,46 +148,47 @@ type modelState struct {
 	// of the inter-arrival times and of the execution times (relative to
 	// their predictions); 0 when too few have been seen.
 	ArrivalSCV, ServiceSCV float64
-	now                    time.Time // when the state was read
+	// Read is when the state was read.
+	Read time.Time
 }
 
 // snapshot returns the state of the models that are not being removed, by
 // name.
-func (s *Scheduler) snapshot() []modelState {
+func (s *Scheduler) Snapshot() []ModelState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	out := make([]modelState, 0, len(s.models))
+	out := make([]ModelState, 0, len(s.models))
 	for _, m := range s.models {
 		if m.removing {
 			continue
 		}
 		out = append(out, m.state(now))
 	}
-	slices.SortFunc(out, func(a, b modelState) int { return cmp.Compare(a.Spec.Name, b.Spec.Name) })
+	slices.SortFunc(out, func(a, b ModelState) int { return cmp.Compare(a.Spec.Name, b.Spec.Name) })
 	return out
 }
 
-// modelState returns one model's state; false if it is unknown or being
+// ModelState returns one model's state; false if it is unknown or being
 // removed.
-func (s *Scheduler) modelState(name string) (modelState, bool) {
+func (s *Scheduler) ModelState(name string) (ModelState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.models[name]
 	if !ok || m.removing {
-		return modelState{}, false
+		return ModelState{}, false
 	}
 	return m.state(time.Now()), true
 }
 
-func (m *model) state(now time.Time) modelState {
-	st := modelState{
+func (m *model) state(now time.Time) ModelState {
+	st := ModelState{
 		Spec:       m.spec,
 		Arrived:    m.arrived,
 		QueueDepth: m.q.len(),
 		Running:    m.running,
 		LastActive: m.added,
-		now:        now,
+		Read:       now,
 	}
 	if m.lastArrival.After(st.LastActive) {
 		st.LastActive = m.lastArrival

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -100,12 +100,12 @@ func (b *backend) Limiters() map[string]string {
 	return out
 }
 
-func (b *backend) ControlEvents(since time.Time, limit int) []qos.Event {
-	var all []qos.Event
+func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
+	var all []control.Event
 	for _, d := range b.devs.all() {
 		all = append(all, d.adj.Events(since, limit)...)
 	}
-	slices.SortStableFunc(all, func(a, b qos.Event) int { return a.Time.Compare(b.Time) })
+	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {
 		all = all[len(all)-limit:]
 	}

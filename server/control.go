@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
@@ -49,7 +50,7 @@ type device struct {
 	name  string
 	sched *qos.Scheduler
 	lim   limiter.Limiter
-	adj   *qos.Adjuster
+	adj   *control.Adjuster
 	usage usageBoard // written by sampleInterference, read by adj
 }
 
@@ -176,7 +177,7 @@ func (ds *devices) get(name string) (*device, error) {
 		return nil, err
 	}
 	d := &device{name: name, sched: sched, lim: lim}
-	adj, err := qos.NewAdjuster(sched, qos.AdjusterOptions{
+	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
 		Headroom:       ds.ctl.Headroom,
@@ -385,3 +386,6 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 	}
 	return nil
 }
+
+// The registry applies the control loop's shares to the models' instances.
+var _ control.Actuator = (*models.Registry)(nil)

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
-	"github.com/sloserve/sloserve/qos"
 )
 
 // dashboardSnapshot reads what the dashboard records once a resolution
@@ -17,7 +17,7 @@ func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.devs.ctl.Policy}
 	for _, d := range b.devs.all() {
 		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.name, Limiter: d.lim.Kind(), CPUs: d.lim.CPUs()})
-		shares := map[string]qos.ModelShare{}
+		shares := map[string]control.ModelShare{}
 		for _, ms := range d.adj.Shares() {
 			shares[ms.Model] = ms
 		}

@@ -1,4 +1,4 @@
-package qos
+package control
 
 import (
 	"cmp"
@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // Share policies: how an Adjuster divides its device among the models.
@@ -48,7 +49,7 @@ const (
 // Sources of a model's share, as ModelShare.Source reports them.
 const (
 	SourcePinned = "pinned" // Adjuster.Pin
-	SourceConfig = "config" // ModelSpec.Pin
+	SourceConfig = "config" // qos.ModelSpec.Pin
 )
 
 // Event kinds.
@@ -152,7 +153,7 @@ type AdjusterOptions struct {
 // ModelShare is one model's share as the API shows it.
 type ModelShare struct {
 	Model string
-	Class Class
+	Class qos.Class
 	// Share is what was last applied successfully (zero before that).
 	Share limiter.Share
 	// Target is the compute share the last pass wanted; it differs from
@@ -199,7 +200,7 @@ func (e Event) LogValue() slog.Value {
 // through an Actuator. Run owns the decisions; the other methods are safe
 // for concurrent use.
 type Adjuster struct {
-	s       *Scheduler
+	s       *qos.Scheduler
 	opts    AdjusterOptions
 	log     *slog.Logger
 	metrics *adjusterMetrics
@@ -248,14 +249,14 @@ type slackSample struct {
 
 // NewAdjuster returns the adjuster of the scheduler's device. Call Run to
 // start it.
-func NewAdjuster(s *Scheduler, opts AdjusterOptions) (*Adjuster, error) {
+func NewAdjuster(s *qos.Scheduler, opts AdjusterOptions) (*Adjuster, error) {
 	if s == nil {
-		return nil, errors.New("qos: adjuster without a scheduler")
+		return nil, errors.New("control: adjuster without a scheduler")
 	}
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	opts.Device = cmp.Or(opts.Device, s.opts.Device)
+	opts.Device = cmp.Or(opts.Device, s.Device())
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -325,7 +326,7 @@ func (o *AdjusterOptions) setDefaults() error {
 		bad("the adaptive policy needs a predictor")
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("qos: adjuster: %w", errors.Join(errs...))
+		return fmt.Errorf("control: adjuster: %w", errors.Join(errs...))
 	}
 	o.Period = cmp.Or(o.Period, DefaultAdjustPeriod)
 	o.ScaleDownAfter = cmp.Or(o.ScaleDownAfter, DefaultScaleDownAfter)
@@ -345,7 +346,7 @@ func (a *Adjuster) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.started {
 		a.mu.Unlock()
-		return errors.New("qos: adjuster Run called twice")
+		return errors.New("control: adjuster Run called twice")
 	}
 	a.started = true
 	a.mu.Unlock()
@@ -367,14 +368,14 @@ func (a *Adjuster) Run(ctx context.Context) error {
 
 // Pin fixes a model's share until Pin(model, nil) unpins it; the next pass,
 // asked for at once, applies it. A pin set here overrides the model's
-// config pin. It returns ErrUnknownModel for a model the scheduler does not
+// config pin. It returns qos.ErrUnknownModel for a model the scheduler does not
 // have.
 func (a *Adjuster) Pin(model string, s *limiter.Share) error {
 	if !a.s.HasModel(model) {
-		return fmt.Errorf("qos: pin: %w: %s", ErrUnknownModel, model)
+		return fmt.Errorf("control: pin: %w: %s", qos.ErrUnknownModel, model)
 	}
 	if s != nil && (!(s.Compute >= 0) || math.IsInf(s.Compute, 0) || s.Memory < 0) {
-		return fmt.Errorf("qos: pin %s: share %+v is negative or not a number", model, *s)
+		return fmt.Errorf("control: pin %s: share %+v is negative or not a number", model, *s)
 	}
 	a.mu.Lock()
 	old, pinned := a.pins[model]
@@ -463,7 +464,7 @@ type decision struct {
 	// are; adaptive ones go through the hysteresis and ignore changes
 	// under Step/2.
 	exact bool
-	class Class
+	class qos.Class
 	rank  int // priority rank, 1 highest
 	// reserve is the part of a latency-critical floor the best-effort
 	// caps leave free (see Adjuster.reserve).
@@ -476,7 +477,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 	began := time.Now()
 	defer func() { a.metrics.pass.Observe(time.Since(began).Seconds()) }()
 
-	states := a.s.snapshot()
+	states := a.s.Snapshot()
 	now := time.Now()
 	a.mu.Lock()
 	live := make(map[string]bool, len(states))
@@ -531,7 +532,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 
 // notePins records the pin in effect for a model and the events of its
 // config pin. A change of pin applies at once and clears the retry backoff.
-func (a *Adjuster) notePins(st modelState, pins map[string]limiter.Share) {
+func (a *Adjuster) notePins(st qos.ModelState, pins map[string]limiter.Share) {
 	t := a.models[st.Spec.Name]
 	name := st.Spec.Name
 	if cfg := st.Spec.Pin; !sameSharePtr(cfg, t.cfgPin) {
@@ -654,8 +655,8 @@ func maxTarget(samples []slackSample) float64 {
 	return m
 }
 
-func classOrder(c Class) int {
-	if c == ClassBestEffort {
+func classOrder(c qos.Class) int {
+	if c == qos.ClassBestEffort {
 		return 0
 	}
 	return 1
@@ -733,7 +734,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 // evictIdle unloads idle models, least recently used first, while the
 // models' memory is over the budget. A model with requests queued or
 // running, or with arrivals within KeepAlive, is never evicted.
-func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []modelState) {
+func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.ModelState) {
 	usage := make(map[string]int64, len(states))
 	var total int64
 	for _, st := range states {
@@ -744,23 +745,23 @@ func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []modelS
 	if total <= a.opts.MemoryBudget {
 		return
 	}
-	idle := func(st modelState) bool {
+	idle := func(st qos.ModelState) bool {
 		return st.QueueDepth == 0 && st.Running == 0 && now.Sub(st.LastActive) >= a.opts.KeepAlive
 	}
-	var candidates []modelState
+	var candidates []qos.ModelState
 	for _, st := range states {
 		if usage[st.Spec.Name] > 0 && idle(st) {
 			candidates = append(candidates, st)
 		}
 	}
-	slices.SortStableFunc(candidates, func(x, y modelState) int { return x.LastActive.Compare(y.LastActive) })
+	slices.SortStableFunc(candidates, func(x, y qos.ModelState) int { return x.LastActive.Compare(y.LastActive) })
 	for _, c := range candidates {
 		if total <= a.opts.MemoryBudget || ctx.Err() != nil {
 			return
 		}
 		name := c.Spec.Name
 		// A request may have come since the snapshot.
-		if st, ok := a.s.modelState(name); !ok || !idle(st) {
+		if st, ok := a.s.ModelState(name); !ok || !idle(st) {
 			continue
 		}
 		t := a.models[name]
@@ -778,7 +779,7 @@ func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []modelS
 }
 
 // publish makes the pass's outcome visible to Shares and the metrics.
-func (a *Adjuster) publish(states []modelState, ds map[string]decision) {
+func (a *Adjuster) publish(states []qos.ModelState, ds map[string]decision) {
 	view := make([]ModelShare, 0, len(states))
 	for _, st := range states {
 		name := st.Spec.Name

@@ -1,4 +1,4 @@
-package qos
+package control
 
 import (
 	"errors"
@@ -50,7 +50,7 @@ func newAdjusterMetrics(reg prometheus.Registerer, device string, a *Adjuster) (
 	}
 	for _, c := range []prometheus.Collector{m.events, m.pass, m} {
 		if err := reg.Register(c); err != nil {
-			return nil, errors.Join(errors.New("qos: registering adjuster metrics"), err)
+			return nil, errors.Join(errors.New("control: registering adjuster metrics"), err)
 		}
 	}
 	return m, nil

@@ -1,4 +1,4 @@
-package qos
+package control
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // rateEpsilon is the forecast rate, in requests per second, below which a
@@ -17,10 +18,10 @@ const rateEpsilon = 1e-6
 // latency-critical models' targets (scaled down when they do not fit), then
 // the best-effort models split what the latency-critical models hold after
 // the hysteresis.
-func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
+func (a *Adjuster) decideAdaptive(now time.Time, states []qos.ModelState, p *plan) {
 	rank := ranker(states)
 	available := a.opts.Capacity
-	var lcs, bes []modelState
+	var lcs, bes []qos.ModelState
 	for _, st := range states {
 		name := st.Spec.Name
 		if t := a.models[name]; t.pin != nil {
@@ -30,7 +31,7 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 			available -= limitedCompute(t.pin.Compute)
 			continue
 		}
-		if st.Spec.Class == ClassLatencyCritical {
+		if st.Spec.Class == qos.ClassLatencyCritical {
 			lcs = append(lcs, st)
 		} else {
 			bes = append(bes, st)
@@ -74,7 +75,7 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []modelState, p *plan) {
 
 // decideStatic gives every model an equal share of the capacity, and of
 // the memory budget when there is one.
-func (a *Adjuster) decideStatic(now time.Time, states []modelState, p *plan) {
+func (a *Adjuster) decideStatic(now time.Time, states []qos.ModelState, p *plan) {
 	n := len(states)
 	for _, st := range states {
 		t := a.models[st.Spec.Name]
@@ -94,7 +95,7 @@ func (a *Adjuster) decideStatic(now time.Time, states []modelState, p *plan) {
 }
 
 // decideShared sets no limits.
-func (a *Adjuster) decideShared(now time.Time, states []modelState, p *plan) {
+func (a *Adjuster) decideShared(now time.Time, states []qos.ModelState, p *plan) {
 	for _, st := range states {
 		t := a.models[st.Spec.Name]
 		if t.pin != nil {
@@ -115,7 +116,7 @@ func pinDecision(t *tracked) decision {
 
 // ranker returns the priority rank of a priority: itself from 1 up, and
 // for 0 one past the lowest priority on the device.
-func ranker(states []modelState) func(priority int) int {
+func ranker(states []qos.ModelState) func(priority int) int {
 	lowest := 1
 	for _, st := range states {
 		lowest = max(lowest, st.Spec.Priority+1)
@@ -129,7 +130,7 @@ func ranker(states []modelState) func(priority int) int {
 }
 
 // bounds are the compute shares the adaptive policy may give a model.
-func (a *Adjuster) bounds(spec ModelSpec) (lo, hi float64) {
+func (a *Adjuster) bounds(spec qos.ModelSpec) (lo, hi float64) {
 	hi = spec.MaxShare
 	if hi == 0 {
 		hi = 1
@@ -166,7 +167,7 @@ func (a *Adjuster) forecast(name string) float64 {
 // takes idle compute beyond it at once). While the observed attainment is
 // below the quantile the floor grows a step a cooldown whatever the
 // prediction says.
-func (a *Adjuster) latencyCritical(st modelState) (d decision) {
+func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 	spec := st.Spec
 	lo, hi := a.bounds(spec)
 	rate := a.forecastAhead(spec.Name)
@@ -226,7 +227,7 @@ const reserveMargin = 2
 // while the background yields); at least its minimum, at most the floor;
 // the whole floor while observed misses overrule the prediction or
 // nothing is known.
-func (a *Adjuster) reserve(st modelState, d decision, rate, lo float64) float64 {
+func (a *Adjuster) reserve(st qos.ModelState, d decision, rate, lo float64) float64 {
 	t := a.models[st.Spec.Name]
 	if t != nil && t.boost > 0 {
 		return d.share.Compute
@@ -269,7 +270,7 @@ func significantMiss(n uint64, att, q float64) bool {
 // largest of the applied floor, the prediction and the boost of the last
 // pass, at most one step a cooldown. The boost stays until attainment is back, and then
 // leaves through the usual hysteresis.
-func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
+func (a *Adjuster) overrule(st qos.ModelState, d *decision, hi float64) {
 	t := a.models[st.Spec.Name]
 	if t == nil {
 		return
@@ -282,9 +283,9 @@ func (a *Adjuster) overrule(st modelState, d *decision, hi float64) {
 	if t.hasApplied && t.applied.Mode == limiter.ModeFloor {
 		base = max(base, limitedOrWhole(t.applied.Compute))
 	}
-	if t.boost == 0 || !t.boostAt.After(st.now.Add(-a.opts.Cooldown)) {
+	if t.boost == 0 || !t.boostAt.After(st.Read.Add(-a.opts.Cooldown)) {
 		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost {
-			t.boost, t.boostAt = next, st.now
+			t.boost, t.boostAt = next, st.Read
 		}
 	}
 	if t.boost > d.share.Compute+shareEpsilon {
@@ -337,7 +338,7 @@ const (
 // quantile q is (Wq/Pw)·ln(Pw/(1-q)). The latency at q adds the time the
 // batch takes to fill, (b-1)/rate, and the execution's own quantile,
 // t·(1+z_q·cs). false when the predictor does not know the model.
-func (a *Adjuster) predict(st modelState, rate, share float64) (prediction, bool) {
+func (a *Adjuster) predict(st qos.ModelState, rate, share float64) (prediction, bool) {
 	spec := st.Spec
 	best := prediction{latency: math.MaxInt64}
 	c := max(spec.Slots, 1)
@@ -399,7 +400,7 @@ func erlangC(c int, rho float64) float64 {
 // fitCapacity scales the latency-critical targets down to what is
 // available. Each gives up in proportion to its target times its priority
 // rank, so priority 1 keeps most; none goes below its minimum.
-func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand, available float64) {
+func (a *Adjuster) fitCapacity(lcs []qos.ModelState, ds map[string]decision, demand, available float64) {
 	type claim struct{ target, lo, weight float64 }
 	claims := make([]claim, len(lcs))
 	var floor float64
@@ -442,9 +443,9 @@ func (a *Adjuster) fitCapacity(lcs []modelState, ds map[string]decision, demand,
 // twice that plus a step (a model held at its cap doubles each pass; one
 // that cannot use its cap does not keep it from the others), and what
 // the bounded claims leave is then shared out by weight up to the bounds.
-func (a *Adjuster) bestEffort(bes []modelState, rest float64, rank func(int) int) map[string]decision {
+func (a *Adjuster) bestEffort(bes []qos.ModelState, rest float64, rank func(int) int) map[string]decision {
 	ds := make(map[string]decision, len(bes))
-	var busy []modelState
+	var busy []qos.ModelState
 	var claims []waterClaim
 	var demands []float64
 	left := rest
@@ -565,3 +566,8 @@ func roundShare(x float64) float64 { return math.Round(x*1e9) / 1e9 }
 // floorShare rounds a computed share down to 1e-4, so that the shares
 // split from a total do not exceed it by noise.
 func floorShare(x float64) float64 { return math.Floor(x*1e4+1e-6) / 1e4 }
+
+// millis formats a duration in milliseconds, as the events state them.
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+}

@@ -1,4 +1,4 @@
-package qos
+package control
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/sloserve/sloserve/runtime"
 
 	"github.com/sloserve/sloserve/internal/randdist"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // The closed loop: the real scheduler and adjuster on a synthetic
@@ -22,7 +23,7 @@ import (
 // that sizes for the mean under bursty arrivals fails the attainment
 // assertion.
 
-// shareDevice is an Actuator and an Executor factory: executions take
+// shareDevice is an Actuator and an qos.Executor factory: executions take
 // base(batch) / share of the model's applied share (1 when unlimited).
 type shareDevice struct {
 	mu     sync.Mutex
@@ -50,8 +51,8 @@ func (d *shareDevice) share(model string) float64 {
 }
 
 // executor runs a model's batches at its share's speed.
-func (d *shareDevice) executor(model string, base time.Duration) Executor {
-	return ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+func (d *shareDevice) executor(model string, base time.Duration) qos.Executor {
+	return qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
 		rows := len(req.Inputs[0].Data) / 8
 		took := time.Duration(float64(base) * float64(rows) / d.share(model))
 		select {
@@ -102,11 +103,11 @@ func TestClosedLoopMeetsTheTail(t *testing.T) {
 		)
 		base := 10600 * time.Microsecond
 		dev := &shareDevice{shares: map[string]limiter.Share{}}
-		s, err := NewScheduler(Options{DeviceSlots: 2, SeparateClasses: true, Logger: testLogger(t), Estimator: NewEWMAEstimator(0.2)})
+		s, err := qos.NewScheduler(qos.Options{DeviceSlots: 2, SeparateClasses: true, Logger: testLogger(t), Estimator: qos.NewEWMAEstimator(0.2)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.AddModel(ModelSpec{Name: "lc", Class: ClassLatencyCritical, SLO: slo, QueueCapacity: 1000, Executor: dev.executor("lc", base)}); err != nil {
+		if err := s.AddModel(qos.ModelSpec{Name: "lc", Class: qos.ClassLatencyCritical, SLO: slo, QueueCapacity: 1000, Executor: dev.executor("lc", base)}); err != nil {
 			t.Fatal(err)
 		}
 		a, err := NewAdjuster(s, AdjusterOptions{Predictor: &oracle{base: base, rate: rate}, Actuator: dev, Logger: testLogger(t)})
@@ -125,7 +126,7 @@ func TestClosedLoopMeetsTheTail(t *testing.T) {
 		var good, total int
 		send := func(measured bool) {
 			reqs.Go(func() {
-				_, err := s.Submit(t.Context(), "lc", idRequest(1), RequestOptions{})
+				_, err := s.Submit(t.Context(), "lc", idRequest(1), qos.RequestOptions{})
 				if measured {
 					mu.Lock()
 					total++

@@ -1,4 +1,4 @@
-package qos
+package control
 
 import (
 	"context"
@@ -17,10 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
-// The adjuster tests run a real Scheduler and Adjuster in a synctest bubble
+// The adjuster tests run a real qos.Scheduler and Adjuster in a synctest bubble
 // with a fake predictor (latency from a formula, forecasts set by the test)
 // and a fake actuator that records what it is asked to do. The default
 // latency is t(b, s) = 10ms·b/s, which makes the targets computable by
@@ -199,9 +200,9 @@ type adjHarness struct {
 // newAdjHarness must be called inside a synctest bubble. The models are
 // added to the scheduler, which runs; the adjuster does not run until
 // start.
-func newAdjHarness(t *testing.T, opts AdjusterOptions, specs ...ModelSpec) *adjHarness {
+func newAdjHarness(t *testing.T, opts AdjusterOptions, specs ...qos.ModelSpec) *adjHarness {
 	t.Helper()
-	h := newHarness(t, Options{DeviceSlots: 4})
+	h := newHarness(t, qos.Options{DeviceSlots: 4})
 	h.run()
 	for _, spec := range specs {
 		h.model(spec, nil)
@@ -303,7 +304,7 @@ func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		spec    ModelSpec
+		spec    qos.ModelSpec
 		latency func(string, int, float64) (time.Duration, bool)
 		rate    float64
 		want    float64
@@ -312,36 +313,36 @@ func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 		// ρ = 0.5/s. 0.85 gives t = 11.8ms, ρ = 0.588, wait
 		// 0.55·11.8/0.412·ln 58.8 = 64.0ms, execution 20.4ms: 84.4ms.
 		// 0.80 gives t = 12.5ms, ρ = 0.625: 75.8 + 21.7 = 97.5ms, over 90.
-		{"rate 50", ModelSpec{MaxBatchSize: 4}, linear, 50, 0.85,
+		{"rate 50", qos.ModelSpec{MaxBatchSize: 4}, linear, 50, 0.85,
 			"forecast 50.0 req/s needs 0.85 to meet 100ms at p99 (predicted 84.4ms at batch 1)"},
 		// ρ = 0.1/s. 0.45 gives t = 22.2ms, ρ = 0.222, wait
 		// 0.55·22.2/0.778·ln 22.2 = 48.7ms, execution 38.6ms: 87.3ms.
 		// 0.40 gives t = 25ms, ρ = 0.25: 59.0 + 43.4 = 102.4ms, over 90.
-		{"rate 10", ModelSpec{MaxBatchSize: 4}, linear, 10, 0.45,
+		{"rate 10", qos.ModelSpec{MaxBatchSize: 4}, linear, 10, 0.45,
 			"forecast 10.0 req/s needs 0.45 to meet 100ms at p99 (predicted 87.3ms at batch 1)"},
 		// The minimum 0.5 is over the 0.45 the rate needs.
-		{"rate 10 above the model's minimum", ModelSpec{MaxBatchSize: 4, MinShare: 0.5}, linear, 10, 0.50,
+		{"rate 10 above the model's minimum", qos.ModelSpec{MaxBatchSize: 4, MinShare: 0.5}, linear, 10, 0.50,
 			"forecast 10.0 req/s needs 0.50 to meet 100ms at p99"},
 		// ρ = 1/s: over 0.8 at any share.
-		{"rate 100 cannot be met", ModelSpec{MaxBatchSize: 4}, linear, 100, 1,
+		{"rate 100 cannot be met", qos.ModelSpec{MaxBatchSize: 4}, linear, 100, 1,
 			"forecast 100.0 req/s: cannot meet 100ms at p99 even at the maximum share 1.00 (utilisation over 0.80 at every batch size)"},
-		{"rate 100 at the model's maximum", ModelSpec{MaxBatchSize: 4, MaxShare: 0.7}, linear, 100, 0.7,
+		{"rate 100 at the model's maximum", qos.ModelSpec{MaxBatchSize: 4, MaxShare: 0.7}, linear, 100, 0.7,
 			"cannot meet 100ms at p99 even at the maximum share 0.70"},
-		{"no traffic", ModelSpec{MaxBatchSize: 4}, linear, 0, 0.05, "no traffic: minimum share 0.05"},
+		{"no traffic", qos.ModelSpec{MaxBatchSize: 4}, linear, 0, 0.05, "no traffic: minimum share 0.05"},
 		// ρ = (0.8/b + 0.2)/s. At 0.80: b = 3 gives t = 17.5ms, ρ = 0.583,
 		// fill 20ms, wait (1/3 + 0.1)/2·17.5/0.417·ln 58.3 = 37.0ms,
 		// execution 30.4ms: 87.4ms (b = 2 is 113.7ms, b = 4 92.1ms). At
 		// 0.75 the best is b = 3 at 96.6ms, over 90.
-		{"batching", ModelSpec{MaxBatchSize: 8}, fixed, 100, 0.80,
+		{"batching", qos.ModelSpec{MaxBatchSize: 8}, fixed, 100, 0.80,
 			"forecast 100.0 req/s needs 0.80 to meet 100ms at p99 (predicted 87.4ms at batch 3)"},
 		// Two slots halve ρ and Erlang C is 2ρ²/(1+ρ). 0.45 gives
 		// t = 22.2ms, ρ = 0.556, Pw = 0.397, wait
 		// 0.55·22.2/(2·0.444)·ln 39.7 = 50.6ms, execution 38.6ms: 89.2ms;
 		// 0.40 gives ρ = 0.625, Pw = 0.481: 71.0 + 43.4 = 114.4ms. One
 		// slot needs 0.85 for the same rate.
-		{"two slots", ModelSpec{MaxBatchSize: 1, Slots: 2}, linear, 50, 0.45,
+		{"two slots", qos.ModelSpec{MaxBatchSize: 1, Slots: 2}, linear, 50, 0.45,
 			"forecast 50.0 req/s needs 0.45 to meet 100ms at p99 (predicted 89.2ms at batch 1)"},
-		{"no prediction yet", ModelSpec{MaxBatchSize: 4}, func(string, int, float64) (time.Duration, bool) { return 0, false }, 50, 1,
+		{"no prediction yet", qos.ModelSpec{MaxBatchSize: 4}, func(string, int, float64) (time.Duration, bool) { return 0, false }, 50, 1,
 			"no prediction yet: keeping 1.00"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -373,7 +374,7 @@ func TestAdjusterLatencyCriticalTarget(t *testing.T) {
 // A load step raises the share in the very next pass.
 func TestAdjusterScalesUpAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ah := newAdjHarness(t, AdjusterOptions{}, ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
+		ah := newAdjHarness(t, AdjusterOptions{}, qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
 		ah.pred.setRate("m", 10)
 		ah.start()
 		// Targets from TestAdjusterLatencyCriticalTarget: 10 req/s 0.45,
@@ -411,7 +412,7 @@ func TestAdjusterScalesUpAtOnce(t *testing.T) {
 func TestAdjusterScaleDownHysteresis(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{ScaleDownAfter: 2 * time.Second, Cooldown: 4 * time.Second},
-			ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
 		// Targets (worked out as in TestAdjusterLatencyCriticalTarget, all
 		// at b = 1 and under the capacity): 10 req/s 0.45 (87.3ms), 25
 		// req/s 0.60 (87.5ms), 30 req/s 0.65 (86.9ms), 40 req/s 0.75
@@ -474,10 +475,10 @@ func TestAdjusterScaleDownHysteresis(t *testing.T) {
 func TestAdjusterBestEffortGetsTheRest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{},
-			ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
-			ModelSpec{Name: "be1", Class: be, Priority: 1},
-			ModelSpec{Name: "be2", Class: be, Priority: 2},
-			ModelSpec{Name: "idle", Class: be},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "be1", Class: be, Priority: 1},
+			qos.ModelSpec{Name: "be2", Class: be, Priority: 2},
+			qos.ModelSpec{Name: "idle", Class: be},
 		)
 		ah.pred.setRate("lc", 30) // 0.65, see TestAdjusterScaleDownHysteresis
 		ah.pred.setRate("be1", 5)
@@ -567,8 +568,8 @@ func TestAdjusterScalesLatencyCriticalToCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ah := newAdjHarness(t, AdjusterOptions{Capacity: tc.capacity},
-					ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[0]},
-					ModelSpec{Name: "b", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[1]},
+					qos.ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[0]},
+					qos.ModelSpec{Name: "b", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Priority: tc.prio[1]},
 				)
 				ah.pred.setRate("a", 30)
 				ah.pred.setRate("b", 30)
@@ -591,9 +592,9 @@ func TestAdjusterScalesLatencyCriticalToCapacity(t *testing.T) {
 func TestAdjusterPins(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{},
-			ModelSpec{Name: "cfg", Class: lc, SLO: 100 * ms, Pin: &limiter.Share{Compute: 0.3, Memory: gib}},
-			ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
-			ModelSpec{Name: "be", Class: be},
+			qos.ModelSpec{Name: "cfg", Class: lc, SLO: 100 * ms, Pin: &limiter.Share{Compute: 0.3, Memory: gib}},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "be", Class: be},
 		)
 		ah.pred.setRate("cfg", 50)
 		ah.pred.setRate("lc", 10) // 0.45
@@ -659,7 +660,7 @@ func TestAdjusterPins(t *testing.T) {
 		if err := ah.a.Pin("lc", nil); err != nil {
 			t.Errorf("unpinning twice: %v", err)
 		}
-		if err := ah.a.Pin("nope", &limiter.Share{Compute: 0.5}); !errors.Is(err, ErrUnknownModel) {
+		if err := ah.a.Pin("nope", &limiter.Share{Compute: 0.5}); !errors.Is(err, qos.ErrUnknownModel) {
 			t.Errorf("Pin of an unknown model: %v", err)
 		}
 		if err := ah.a.Pin("lc", &limiter.Share{Compute: -1}); err == nil {
@@ -684,7 +685,7 @@ func TestAdjusterPins(t *testing.T) {
 		}
 
 		// A config pin that goes with a reload is an event too.
-		if err := ah.s.UpdateModel(ModelSpec{Name: "cfg", Class: lc, SLO: 100 * ms, Executor: &fakeModel{name: "cfg", rec: ah.rec}}); err != nil {
+		if err := ah.s.UpdateModel(qos.ModelSpec{Name: "cfg", Class: lc, SLO: 100 * ms, Executor: &fakeModel{name: "cfg", rec: ah.rec}}); err != nil {
 			t.Fatal(err)
 		}
 		ah.tick()
@@ -703,9 +704,9 @@ func TestAdjusterStaticAndShared(t *testing.T) {
 	t.Run("static", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ah := newAdjHarness(t, AdjusterOptions{Policy: SharePolicyStatic, MemoryBudget: 3 * gib},
-				ModelSpec{Name: "a", Class: lc, SLO: 100 * ms},
-				ModelSpec{Name: "b", Class: be},
-				ModelSpec{Name: "c", Class: be},
+				qos.ModelSpec{Name: "a", Class: lc, SLO: 100 * ms},
+				qos.ModelSpec{Name: "b", Class: be},
+				qos.ModelSpec{Name: "c", Class: be},
 			)
 			ah.start()
 			third := limiter.Share{Compute: 0.3333, Memory: gib}
@@ -713,7 +714,7 @@ func TestAdjusterStaticAndShared(t *testing.T) {
 			if got := ah.act.all(); !maps.Equal(got, want) {
 				t.Errorf("shares = %v, want %v", got, want)
 			}
-			ah.model(ModelSpec{Name: "d", Class: be}, nil)
+			ah.model(qos.ModelSpec{Name: "d", Class: be}, nil)
 			ah.tick()
 			quarter := limiter.Share{Compute: 0.25, Memory: 3 * gib / 4}
 			want = map[string]limiter.Share{"a": quarter, "b": quarter, "c": quarter, "d": quarter}
@@ -742,8 +743,8 @@ func TestAdjusterStaticAndShared(t *testing.T) {
 	t.Run("shared", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ah := newAdjHarness(t, AdjusterOptions{Policy: SharePolicyShared, MemoryBudget: gib},
-				ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, Memory: gib},
-				ModelSpec{Name: "b", Class: be},
+				qos.ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, Memory: gib},
+				qos.ModelSpec{Name: "b", Class: be},
 			)
 			ah.start()
 			ah.tick()
@@ -770,8 +771,8 @@ func TestAdjusterStaticAndShared(t *testing.T) {
 
 // blocker is an executor that holds its executions until released or
 // canceled.
-func blocker(release <-chan struct{}) Executor {
-	return ExecutorFunc(func(ctx context.Context, _ *runtime.InferRequest) (*runtime.InferResponse, error) {
+func blocker(release <-chan struct{}) qos.Executor {
+	return qos.ExecutorFunc(func(ctx context.Context, _ *runtime.InferRequest) (*runtime.InferResponse, error) {
 		select {
 		case <-release:
 			return &runtime.InferResponse{}, nil
@@ -786,36 +787,36 @@ func blocker(release <-chan struct{}) Executor {
 // had one within KeepAlive, stay.
 func TestAdjusterEvictsIdleModels(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{DeviceSlots: 1})
+		h := newHarness(t, qos.Options{DeviceSlots: 1})
 		h.run()
 		release := make(chan struct{})
 		defer close(release)
 		for _, name := range []string{"old", "recent", "fresh"} {
-			h.model(ModelSpec{Name: name, Class: be}, nil)
+			h.model(qos.ModelSpec{Name: name, Class: be}, nil)
 		}
 		for _, name := range []string{"running", "queued"} {
-			if err := h.s.AddModel(ModelSpec{Name: name, Class: be, Executor: blocker(release)}); err != nil {
+			if err := h.s.AddModel(qos.ModelSpec{Name: name, Class: be, Executor: blocker(release)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		ctx := t.Context()
-		mustSucceed(t, h.submit(ctx, "old", RequestOptions{}, 1)) // at 0s
+		mustSucceed(t, h.submit(ctx, "old", qos.RequestOptions{}, 1)) // at 0s
 		time.Sleep(30 * time.Second)
-		mustSucceed(t, h.submit(ctx, "recent", RequestOptions{}, 2)) // at 30s
+		mustSucceed(t, h.submit(ctx, "recent", qos.RequestOptions{}, 2)) // at 30s
 		// "running" holds the one device slot, so "queued" waits.
-		h.submit(ctx, "running", RequestOptions{}, 3)
-		h.submit(ctx, "queued", RequestOptions{}, 4)
+		h.submit(ctx, "running", qos.RequestOptions{}, 3)
+		h.submit(ctx, "queued", qos.RequestOptions{}, 4)
 		time.Sleep(65 * time.Second)
 		// "fresh" has a request at 95s, which admission turns away: with
 		// the device busy it cannot meet its deadline.
 		h.est.Observe("fresh", 1, 10*ms)
-		p := h.submit(ctx, "fresh", RequestOptions{Deadline: time.Now().Add(ms)}, 5)
-		if err := p.wait(t); !errors.Is(err, ErrRejected) {
+		p := h.submit(ctx, "fresh", qos.RequestOptions{Deadline: time.Now().Add(ms)}, 5)
+		if err := p.wait(t); !errors.Is(err, qos.ErrRejected) {
 			t.Fatalf("fresh: %v, want rejected", err)
 		}
 		time.Sleep(5 * time.Second)
 		for name, want := range map[string][2]int{"running": {1, 0}, "queued": {0, 1}, "fresh": {0, 0}} {
-			st, _ := h.s.modelState(name)
+			st, _ := h.s.ModelState(name)
 			if got := [2]int{st.Running, st.QueueDepth}; got != want {
 				t.Fatalf("%s: running and queued %v, want %v", name, got, want)
 			}
@@ -856,8 +857,8 @@ func TestAdjusterEvictsIdleModels(t *testing.T) {
 func TestAdjusterRetriesFailedShares(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{},
-			ModelSpec{Name: "bad", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
-			ModelSpec{Name: "good", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "bad", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "good", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
 		)
 		ah.pred.setRate("bad", 10)
 		ah.pred.setRate("good", 10)
@@ -916,7 +917,7 @@ func TestAdjusterOverrulesOnMisses(t *testing.T) {
 		// passes at whole seconds, and one execution at a time with a
 		// constant overrun keeps the measured variability at zero, so the
 		// prediction uses the defaults.
-		ah.model(ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 1},
+		ah.model(qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 1},
 			func([]int64) time.Duration { return 150 * ms })
 		// 5 req/s needs 0.40: t = 25ms, ρ = 0.125, wait
 		// 0.55·25/0.875·ln 12.5 = 39.7ms, execution 43.4ms: 83.1ms; 0.35
@@ -930,7 +931,7 @@ func TestAdjusterOverrulesOnMisses(t *testing.T) {
 			time.Sleep(100 * ms)
 			for id := int64(1); ; id++ {
 				ah.est.Observe("m", 1, 10*ms)
-				if _, err := ah.s.Submit(t.Context(), "m", idRequest(id), RequestOptions{}); err != nil {
+				if _, err := ah.s.Submit(t.Context(), "m", idRequest(id), qos.RequestOptions{}); err != nil {
 					t.Errorf("request %d: %v", id, err)
 				}
 				select {
@@ -959,7 +960,7 @@ func TestAdjusterOverrulesOnMisses(t *testing.T) {
 		if s.Attainment != 0 || s.Share != (limiter.Share{Compute: 0.55, Mode: limiter.ModeFloor}) || s.Target != 0.55 {
 			t.Errorf("Shares: %+v", s)
 		}
-		st, _ := ah.s.modelState("m")
+		st, _ := ah.s.ModelState("m")
 		if st.Settled < minSettled || st.ArrivalSCV != 0 || st.ServiceSCV != 0 {
 			t.Errorf("%d settled, variability measured: arrivals %v, service %v; want 20 or more and none", st.Settled, st.ArrivalSCV, st.ServiceSCV)
 		}
@@ -975,11 +976,11 @@ func TestAdjusterOverrulesOnMisses(t *testing.T) {
 func TestAdjusterEventsAndShares(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{EventCapacity: 3, Device: "cpu"},
-			ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Memory: gib})
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Memory: gib})
 		ah.pred.setRate("m", 10)
 		ps := []*pending{
-			ah.submit(t.Context(), "m", RequestOptions{}, 1),
-			ah.submit(t.Context(), "m", RequestOptions{}, 2),
+			ah.submit(t.Context(), "m", qos.RequestOptions{}, 1),
+			ah.submit(t.Context(), "m", qos.RequestOptions{}, 2),
 		}
 		mustSucceed(t, ps...)
 		ah.start()
@@ -1044,7 +1045,7 @@ func TestAdjusterEventsAndShares(t *testing.T) {
 func TestAdjusterRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{Period: 5 * time.Second},
-			ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4})
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- ah.a.Run(ctx) }()
@@ -1068,7 +1069,7 @@ func TestAdjusterRun(t *testing.T) {
 }
 
 func TestNewAdjusterValidates(t *testing.T) {
-	s, err := NewScheduler(Options{})
+	s, err := qos.NewScheduler(qos.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1103,36 +1104,6 @@ func TestNewAdjusterValidates(t *testing.T) {
 	}
 }
 
-func TestModelSpecShareFields(t *testing.T) {
-	exec := ExecutorFunc(func(context.Context, *runtime.InferRequest) (*runtime.InferResponse, error) { return nil, nil })
-	for _, tc := range []struct {
-		spec ModelSpec
-		want string
-	}{
-		{ModelSpec{MinShare: 1.5}, "min share 1.5 or max share 0 is not a fraction"},
-		{ModelSpec{MaxShare: -0.1}, "is not a fraction"},
-		{ModelSpec{MinShare: 0.5, MaxShare: 0.2}, "min share 0.5 is over max share 0.2"},
-		{ModelSpec{Pin: &limiter.Share{Compute: math.NaN()}}, "pinned share"},
-		{ModelSpec{Pin: &limiter.Share{Memory: -1}}, "pinned share"},
-		{ModelSpec{Memory: -1}, "memory share -1 is negative"},
-	} {
-		spec := tc.spec
-		spec.Name, spec.Executor = "m", exec
-		if err := validateSpec(&spec); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: %v, want %q", tc.spec, err, tc.want)
-		}
-	}
-	pin := &limiter.Share{Compute: 0.5}
-	spec := ModelSpec{Name: "m", Executor: exec, MinShare: 0.1, MaxShare: 0.9, Pin: pin, Memory: gib}
-	if err := validateSpec(&spec); err != nil {
-		t.Fatal(err)
-	}
-	pin.Compute = 0.7
-	if spec.Pin.Compute != 0.5 {
-		t.Error("the spec shares its pin with the caller")
-	}
-}
-
 func TestFormatting(t *testing.T) {
 	for in, want := range map[int64]string{512: "512B", 3 * gib / 2: "1.5GiB", gib: "1GiB", 1536 << 10: "1.5MiB"} {
 		if got := formatBytes(in); got != want {
@@ -1153,8 +1124,8 @@ func TestAdjusterMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := prometheus.NewPedanticRegistry()
 		ah := newAdjHarness(t, AdjusterOptions{Registerer: reg, Device: "cpu"},
-			ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Memory: gib},
-			ModelSpec{Name: "be", Class: be},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, Memory: gib},
+			qos.ModelSpec{Name: "be", Class: be},
 		)
 		if _, err := NewAdjuster(ah.s, AdjusterOptions{Registerer: reg, Device: "cpu", Predictor: ah.pred, Actuator: ah.act}); err == nil {
 			t.Error("two adjusters registered the same device")

@@ -1,0 +1,19 @@
+// Package control is the control loop: once a period, for each device, it
+// reads every model's state from the device's qos.Scheduler, asks a
+// Predictor for latency at a share and for the forecast arrival rate,
+// chooses each model's share of the device's compute and memory, and has
+// an Actuator (the model registry, which hands them to the limiter) apply
+// them.
+//
+// An Adjuster serves one device under one of three policies: "adaptive"
+// (each latency-critical model gets the smallest share a G/G/c model of its
+// queue says meets its SLO quantile at the rate forecast one actuation
+// ahead, overruled upward by observed misses; best-effort models share the
+// rest), "static" (equal hard caps) and "shared" (no limits). Pins override
+// the policy; idle models are evicted when memory is over budget. Every
+// decision is an Event.
+//
+// It must not run requests, order them or touch processes and cgroups: it
+// reads the scheduler, predicts through the Predictor and acts through the
+// Actuator only.
+package control
