@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -375,6 +376,38 @@ func BenchmarkOverload(b *testing.B) {
 	}
 }
 
+// cpuSeconds is the CPU time a process has used (user and system), from
+// /proc/<pid>/stat at the usual 100 ticks a second; 0 if it is gone.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	// The command may hold spaces: the fields follow its closing paren.
+	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100
+}
+
+// cpuUse is the CPU time of the overload run's processes.
+type cpuUse struct{ server, lc, be, generator float64 }
+
+func readCPU(b *testing.B, s *testServer) cpuUse {
+	u := cpuUse{server: cpuSeconds(s.cmd.Process.Pid), generator: cpuSeconds(os.Getpid())}
+	for _, pid := range s.runnerPids(b, "/"+ovLCName+"/") {
+		u.lc += cpuSeconds(pid)
+	}
+	for _, pid := range s.runnerPids(b, "/"+ovBEName+"/") {
+		u.be += cpuSeconds(pid)
+	}
+	return u
+}
+
 // overloadOutcomes are the scheduler's counts of the detector's requests.
 type overloadOutcomes struct{ good, late, rejected, dropped float64 }
 
@@ -429,6 +462,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		recovery       time.Duration
 		server         overloadOutcomes
 		confined       string
+		cpu            cpuUse
 	)
 	for b.Loop() {
 		s := startServer(b, overloadRepo(b, cal.sloMS), "")
@@ -463,6 +497,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		if genCPUs > 0 {
 			leave, confined = generatorCgroup(b, genCPUs)
 		}
+		cpu0 := readCPU(b, s)
 		probe = startProber(s)
 		sm := startSampler(b, s, ovSampleEvery, false)
 		var wg sync.WaitGroup
@@ -476,6 +511,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		mem = sm.stop()
 		probe.stop()
 		leave()
+		cpu1 := readCPU(b, s)
+		cpu = cpuUse{cpu1.server - cpu0.server, cpu1.lc - cpu0.lc, cpu1.be - cpu0.be, cpu1.generator - cpu0.generator}
 		last := detectorOutcomes(b, s)
 		server = overloadOutcomes{last.good - first.good, last.late - first.late, last.rejected - first.rejected, last.dropped - first.dropped}
 
@@ -512,6 +549,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	b.ReportMetric(server.good/dur.Seconds()/cal.lcCapacity, "lc-server-good/capacity")
 	b.ReportMetric(pctMS(probes, 0.99), "ready-p99-ms")
 	b.ReportMetric(mib(maxServer), "server-max-rss-MiB")
+	b.ReportMetric(cpu.server/dur.Seconds(), "server-cores")
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v over %s, detector SLO %.0f ms; %s\n", b.Name(), factor, dur, proto, cal.sloMS, confined)
@@ -528,6 +566,9 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	tw.Flush()
 	fmt.Fprintf(&sb, "detector in the server's scheduler: %.0f good, %.0f late, %.0f rejected, %.0f dropped; good/capacity %.3f (the client saw %d good: %.0f on time in the scheduler became late on the way back)\n",
 		server.good, server.late, server.rejected, server.dropped, server.good/dur.Seconds()/cal.lcCapacity, lc.counts[lcGood], max(0, server.good-float64(lc.counts[lcGood])))
+	secs := dur.Seconds()
+	fmt.Fprintf(&sb, "CPU in cores over the load: server %.2f, detector runner %.2f, recogniser runner %.2f, generator %.2f (of %d)\n",
+		cpu.server/secs, cpu.lc/secs, cpu.be/secs, cpu.generator/secs, goruntime.NumCPU())
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
