@@ -85,7 +85,7 @@ func BenchmarkDirectORT(b *testing.B) {
 			pb := requestToProto(req)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := sess.run(pb); err != nil {
+				if _, err := sess.run(pb, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
