@@ -24,7 +24,7 @@ var (
 func inProcessORT(tb testing.TB) {
 	tb.Helper()
 	lib := ortLibrary(tb)
-	inProcessOnce.Do(func() { inProcessErr = initORT(lib) })
+	inProcessOnce.Do(func() { inProcessErr = sharedORT(lib) })
 	if inProcessErr != nil {
 		tb.Fatal(inProcessErr)
 	}
