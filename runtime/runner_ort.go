@@ -13,8 +13,9 @@ import (
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
-// This file is the only one that talks to ONNX Runtime. It runs in the
-// runner process; the server process never initialises ONNX Runtime.
+// This file and inprocess.go are the only ones that talk to ONNX Runtime.
+// The session code runs in the runner process, or in the server for an
+// InProcess instance.
 
 // ortSessionConfig is what a runner needs to open its session.
 type ortSessionConfig struct {
