@@ -234,6 +234,9 @@ func (p *process) openStream() error {
 				time.AfterFunc(runnerStopGrace+time.Second, p.kill)
 				return
 			}
+			if !p.hasExited() && p.exitCtx.Err() == nil {
+				p.output.log.Warn("runner's call stream ended; killing the process", "pid", p.pid, "err", err)
+			}
 			p.kill()
 		})
 	if err != nil {
