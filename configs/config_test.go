@@ -68,6 +68,7 @@ var badServerConfigs = map[string][]string{
 	"inflight_string":         {`limits.max_inflight_requests: want an integer, got "lots"`},
 	"shutdown_delay_negative": {"limits.shutdown_delay: must be >= 0, got -2s"},
 	"call_timeout_zero":       {"runtime.call_timeout: must be > 0, got 0s"},
+	"arena_big":               {"runtime.arena_size: must be between 0 and 68719476736 (64GiB), got 137438953472 (line 1)"},
 	"grace_negative":          {"limits.grace_period: must be >= 0, got -1s"},
 	"connections": {"limits.max_connections: must be > 0, got 0 (line 2)", "limits.header_timeout: must be > 0, got 0s (line 3)",
 		"limits.idle_timeout: must be > 0, got -1s (line 4)", "limits.max_header_bytes: must be between 4KiB and 16MiB, got 1024 (line 5)",

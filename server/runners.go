@@ -74,6 +74,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		BackoffInitial: f.rt.RestartBackoffInitial,
 		BackoffMax:     f.rt.RestartBackoffMax,
 		MaxRestarts:    f.rt.MaxRestarts,
+		ArenaSize:      arenaSize(f.rt.ArenaSize),
 		Logger:         f.logger.With("runner", name),
 		OnRestart:      spec.OnRestart,
 		OnExit:         spec.OnExit,
@@ -163,4 +164,13 @@ func (ri runnerInstance) Status() (bool, string) {
 		return true, ""
 	}
 	return false, fmt.Sprintf("runner %s: %s", ri.State(), ri.Reason())
+}
+
+// arenaSize turns runtime.arena_size into RunnerConfig.ArenaSize, where 0
+// means the default and a negative size none.
+func arenaSize(n configs.ByteSize) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return int64(n)
 }

@@ -376,16 +376,16 @@ func TestE2ERunnerOutOfMemory(t *testing.T) {
 	repo := t.TempDir()
 	// No batch dimension: [-1, 10] takes any number of rows. The runner
 	// starts in about 15 MiB of its cgroup. A request that fits the
-	// runner's shared-memory arena (64 MiB) costs the runner nothing: it
-	// reads the tensor in place. One of 2.4M rows (96 MB) does not fit, so
-	// it travels inline on the socket, and the runner needs several copies
-	// of it.
+	// runner's shared-memory arena costs the runner nothing: it reads the
+	// tensor in place. With a 16 MiB arena a request of 1.2M rows (48 MB)
+	// does not fit, so it travels inline on the socket, and the runner
+	// needs several copies of it.
 	writeRepo(t, repo,
 		repoModel{"big", testModel(t, "example_dynamic_axes.onnx"),
 			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
 		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
 	)
-	s := startServer(t, repo, "", withSet("limits.max_request_bytes=128MiB", "limits.max_tensor_elements=32000000"))
+	s := startServer(t, repo, "", withSet("runtime.arena_size=16MiB"))
 	requireCgroups(t, s.control(t))
 	bigDir := filepath.Join(repo, "big")
 	pids := s.runnerPids(t, bigDir)
@@ -398,7 +398,7 @@ func TestE2ERunnerOutOfMemory(t *testing.T) {
 		t.Fatalf("%s = %v (exported %v) before any kill, want 0", oom, v, ok)
 	}
 
-	const rows = 2_400_000
+	const rows = 1_200_000
 	body, hlen := tensorRequest(t, "input_vectors", []int64{rows, 10}, "output_scalars")
 	start := time.Now()
 	code, b, _ := s.do(t, "POST", "/v2/models/big/infer", body, "Inference-Header-Content-Length", hlen, "Content-Type", "application/octet-stream")
@@ -456,13 +456,13 @@ func TestE2ERepeatedOutOfMemory(t *testing.T) {
 			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
 	)
 	const maxRestarts = 1
-	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts), "limits.max_request_bytes=128MiB", "limits.max_tensor_elements=32000000"))
+	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts), "runtime.arena_size=16MiB"))
 	requireCgroups(t, s.control(t))
 	const oom = `sloserve_runner_oom_kills_total{model="big",version="1"}`
 
 	// Larger than the runner's arena: it travels inline (see
 	// TestE2ERunnerOutOfMemory).
-	body, hlen := tensorRequest(t, "input_vectors", []int64{2_400_000, 10}, "output_scalars")
+	body, hlen := tensorRequest(t, "input_vectors", []int64{1_200_000, 10}, "output_scalars")
 	const kills = maxRestarts + 3
 	for i := range kills {
 		waitFor(t, "big to be ready again", 30*time.Second, func() bool {
