@@ -23,6 +23,11 @@ const (
 	ProviderCPU  = "cpu"
 	ProviderCUDA = "cuda"
 
+	// IsolationProcess runs each instance in a runner process of its own
+	// (the default); IsolationInProcess runs it inside the server.
+	IsolationProcess   = "process"
+	IsolationInProcess = "in-process"
+
 	GraphOptDisable  = "disable"
 	GraphOptBasic    = "basic"
 	GraphOptExtended = "extended"
@@ -135,6 +140,11 @@ type Execution struct {
 	// CUDA holds the CUDA provider options. After LoadModel or ParseModel
 	// it is non-nil exactly when Provider is cuda.
 	CUDA *CUDA `yaml:"cuda,omitempty"`
+	// Isolation is where instances run: "process" (a runner process each,
+	// the default) or "in-process" (inside the server: lower latency, no
+	// fault isolation, no cgroup limits). See docs/reliability.md. ""
+	// (a config built in code) means process.
+	Isolation string `yaml:"isolation"`
 }
 
 // CUDA holds ONNX Runtime CUDA execution provider options.
@@ -194,6 +204,7 @@ func defaultModel() Model {
 			Provider:          ProviderCPU,
 			GraphOptimization: GraphOptAll,
 			CUDA:              defaultCUDA(),
+			Isolation:         IsolationProcess,
 		},
 		SLO:       SLO{Class: ClassBestEffort},
 		Resources: Resources{MaxComputeShare: 1},
@@ -333,6 +344,10 @@ func (m *Model) validate() problems {
 	m.Execution.validate(&p)
 	m.SLO.validate(&p)
 	m.Resources.validate(&p)
+	if m.Execution.Isolation == IsolationInProcess && m.Resources.MemoryLimit > 0 {
+		// Only a process of its own can be held to a memory limit.
+		p.add("resources.memory_limit", "cannot be enforced with execution.isolation %s (the model shares the server's memory); remove it or use isolation %s", IsolationInProcess, IsolationProcess)
+	}
 	m.Profile.validate(&p, m)
 	return p
 }
@@ -432,6 +447,9 @@ func (e *Execution) validate(p *problems) {
 		p.add("execution.concurrency", "must be between 0 and %d, got %d", MaxConcurrency, e.Concurrency)
 	}
 	p.oneOf("execution.graph_optimization", e.GraphOptimization, GraphOptDisable, GraphOptBasic, GraphOptExtended, GraphOptAll)
+	if e.Isolation != "" { // "": built in code, the default
+		p.oneOf("execution.isolation", e.Isolation, IsolationProcess, IsolationInProcess)
+	}
 	if c := e.CUDA; c != nil {
 		if e.Provider == ProviderCPU {
 			p.add("execution.cuda", "only allowed when execution.provider is cuda")

@@ -172,6 +172,9 @@ type Listen struct {
 }
 
 // Runtime configures the runner processes.
+// MaxArenaSize bounds runtime.arena_size.
+const MaxArenaSize = 64 * GiB
+
 type Runtime struct {
 	ONNXRuntimeLibrary    string        `yaml:"onnxruntime_library"` // "": auto-detect
 	SocketDir             string        `yaml:"socket_dir"`          // "": a temporary directory
@@ -181,6 +184,10 @@ type Runtime struct {
 	RestartBackoffMax     time.Duration `yaml:"restart_backoff_max"`
 	MaxRestarts           int           `yaml:"max_restarts"` // consecutive failures before a model is marked failed
 	CallTimeout           time.Duration `yaml:"call_timeout"` // longest one call to a runner may go unanswered
+	// ArenaSize is the shared memory between the server and each runner
+	// process that tensors travel through; 0 turns it off (every tensor
+	// inline on the socket).
+	ArenaSize ByteSize `yaml:"arena_size"`
 }
 
 // Limits bounds what clients may ask of the server.
@@ -259,6 +266,7 @@ func DefaultServer() *Server {
 			RestartBackoffMax:     30 * time.Second,
 			MaxRestarts:           5,
 			CallTimeout:           30 * time.Second,
+			ArenaSize:             64 * MiB,
 		},
 		Limits: Limits{
 			MaxRequestBytes:       64 * MiB,
@@ -423,6 +431,9 @@ func (s *Server) validate() problems {
 		p.add("runtime.max_restarts", "must be >= 0, got %d", r.MaxRestarts)
 	}
 	positive("runtime.call_timeout", r.CallTimeout)
+	if r.ArenaSize < 0 || r.ArenaSize > MaxArenaSize {
+		p.add("runtime.arena_size", "must be between 0 and %d (64GiB), got %d", int64(MaxArenaSize), r.ArenaSize)
+	}
 
 	l := &s.Limits
 	if l.MaxRequestBytes <= 0 {

@@ -84,11 +84,23 @@ func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond)
 
 // BenchmarkServerOverhead interleaves a direct call, a gRPC call and a REST
 // JSON call on the tiny row-sum network and reports each path's p50/p99 and
-// the latency the server path adds over the direct call.
+// the latency the server path adds over the direct call, for the model in
+// a runner process and in the server.
 func BenchmarkServerOverhead(b *testing.B) {
+	for _, iso := range isolations {
+		b.Run("isolation="+iso, func(b *testing.B) { benchServerOverhead(b, iso) })
+	}
+}
+
+// isolations are the execution.isolation settings the server benchmarks
+// compare: a runner process per instance (tensors through its arena), and
+// the model inside the server.
+var isolations = []string{"process", "in-process"}
+
+func benchServerOverhead(b *testing.B, isolation string) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
-	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1}\n"})
+	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1, isolation: " + isolation + "}\n"})
 	s := startServer(b, repo, benchShared)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 
@@ -170,9 +182,15 @@ func BenchmarkServerOverhead(b *testing.B) {
 // concurrent clients and reports inferences per second, beside 16
 // goroutines calling one in-process session for the same time.
 func BenchmarkServerThroughput16(b *testing.B) {
+	for _, iso := range isolations {
+		b.Run("isolation="+iso, func(b *testing.B) { benchServerThroughput16(b, iso) })
+	}
+}
+
+func benchServerThroughput16(b *testing.B, isolation string) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
-	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1, concurrency: 4}\n"})
+	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1, concurrency: 4, isolation: " + isolation + "}\n"})
 	s := startServer(b, repo, benchShared)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 	data := make([]float32, 10)
@@ -215,12 +233,19 @@ func BenchmarkServerThroughput16(b *testing.B) {
 }
 
 // BenchmarkServerDetector640 compares the PP-OCRv4 detector on a 640x640
-// image through gRPC against the same model in process, interleaved.
+// image through gRPC against the same model in process, interleaved, with
+// the server running it in a runner process and in itself.
 func BenchmarkServerDetector640(b *testing.B) {
+	for _, iso := range isolations {
+		b.Run("isolation="+iso, func(b *testing.B) { benchServerDetector640(b, iso) })
+	}
+}
+
+func benchServerDetector640(b *testing.B, isolation string) {
 	repo := b.TempDir()
 	det := demoModel(b, "ocr-det")
 	// Spinning allowed, as in the direct session's default options.
-	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2, allow_spinning: true}\n"})
+	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2, allow_spinning: true, isolation: " + isolation + "}\n"})
 	s := startServer(b, repo, benchShared)
 	direct := directSession(b, det, "x", "sigmoid_0.tmp_0", 2)
 	rng := rand.New(rand.NewPCG(3, 4))

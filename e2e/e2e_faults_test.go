@@ -363,14 +363,17 @@ func TestE2ERunnerHung(t *testing.T) {
 func TestE2ERunnerOutOfMemory(t *testing.T) {
 	repo := t.TempDir()
 	// No batch dimension: [-1, 10] takes any number of rows. The runner
-	// starts in about 15 MiB of its cgroup; a request of 1.2M rows (48 MB)
-	// needs several copies of that.
+	// starts in about 15 MiB of its cgroup. A request that fits the
+	// runner's shared-memory arena costs the runner nothing: it reads the
+	// tensor in place. With a 16 MiB arena a request of 1.2M rows (48 MB)
+	// does not fit, so it travels inline on the socket, and the runner
+	// needs several copies of it.
 	writeRepo(t, repo,
 		repoModel{"big", testModel(t, "example_dynamic_axes.onnx"),
 			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
 		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
 	)
-	s := startServer(t, repo, "")
+	s := startServer(t, repo, "", withSet("runtime.arena_size=16MiB"))
 	requireCgroups(t, s.control(t))
 	bigDir := filepath.Join(repo, "big")
 	pids := s.runnerPids(t, bigDir)
@@ -441,10 +444,12 @@ func TestE2ERepeatedOutOfMemory(t *testing.T) {
 			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
 	)
 	const maxRestarts = 1
-	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts)))
+	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts), "runtime.arena_size=16MiB"))
 	requireCgroups(t, s.control(t))
 	const oom = `sloserve_runner_oom_kills_total{model="big",version="1"}`
 
+	// Larger than the runner's arena: it travels inline (see
+	// TestE2ERunnerOutOfMemory).
 	body, hlen := tensorRequest(t, "input_vectors", []int64{1_200_000, 10}, "output_scalars")
 	const kills = maxRestarts + 3
 	for i := range kills {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +25,7 @@ var (
 func inProcessORT(tb testing.TB) {
 	tb.Helper()
 	lib := ortLibrary(tb)
-	inProcessOnce.Do(func() { inProcessErr = initORT(lib) })
+	inProcessOnce.Do(func() { inProcessErr = sharedORT(lib) })
 	if inProcessErr != nil {
 		tb.Fatal(inProcessErr)
 	}
@@ -85,7 +86,7 @@ func BenchmarkDirectORT(b *testing.B) {
 			pb := requestToProto(req)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := sess.run(pb); err != nil {
+				if _, err := sess.run(pb, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -94,10 +95,45 @@ func BenchmarkDirectORT(b *testing.B) {
 }
 
 // BenchmarkRunnerInfer runs example_dynamic_axes through a runner child
-// process: serialisation, the Unix socket and the child's request path.
+// process: the Unix socket and the child's request path, with the tensors
+// in the shared-memory arena ("arena") or inline in the messages
+// ("inline"), and through an in-process instance ("in-process").
 func BenchmarkRunnerInfer(b *testing.B) {
+	for _, tt := range []struct {
+		name  string
+		arena int64
+	}{{"arena", 0}, {"inline", -1}} {
+		b.Run(tt.name, func(b *testing.B) { benchRunnerInfer(b, tt.arena) })
+	}
+	b.Run("in-process", func(b *testing.B) {
+		ip, err := StartInProcess(b.Context(), InProcessConfig{
+			ModelPath: testModel(b, "example_dynamic_axes.onnx"),
+			Library:   ortLibrary(b),
+			Provider:  ProviderOptions{IntraOpThreads: 1, InterOpThreads: 1},
+			Logger:    slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ip.Stop(context.Background())
+		for _, batch := range benchBatches {
+			req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), batch)
+			b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := ip.Infer(b.Context(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	})
+}
+
+func benchRunnerInfer(b *testing.B, arena int64) {
 	cfg := testRunnerConfig(b, testModel(b, "example_dynamic_axes.onnx"))
 	cfg.Logger = slog.New(slog.DiscardHandler) // keep the benchmark output clean
+	cfg.ArenaSize = arena
 	r := startTestRunner(b, cfg)
 	// The bare round trip: a Describe call does no work in the runner.
 	b.Run("describe", func(b *testing.B) {

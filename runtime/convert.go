@@ -41,6 +41,32 @@ func requestToProto(req *InferRequest) *runnerpb.InferRequest {
 	return &runnerpb.InferRequest{Inputs: in, Outputs: req.Outputs}
 }
 
+// readResponse converts a runner's answer, copying the outputs it wrote to
+// the arena mem out of the call's output region. The runner is not
+// trusted: a descriptor outside the region, or one whose length does not
+// match its tensor's type and shape, is an ErrArena error, and nothing
+// outside the region is read.
+func readResponse(resp *runnerpb.InferResponse, mem []byte, region *runnerpb.ArenaSlice) (*InferResponse, error) {
+	for _, t := range resp.GetOutputs() {
+		if t.GetArena() == nil {
+			continue
+		}
+		if region == nil || mem == nil {
+			return nil, fmt.Errorf("%w: output %q names the arena, but the call gave it no room there", ErrArena, t.GetName())
+		}
+		b, err := arenaBytes(mem, region.GetOffset(), region.GetLength(), t.GetArena())
+		if err != nil {
+			return nil, fmt.Errorf("output %q: %w", t.GetName(), err)
+		}
+		if _, err := checkArenaTensor(t, uint64(len(b))); err != nil {
+			return nil, err
+		}
+		t.Data = bytes.Clone(b)
+		t.Arena = nil
+	}
+	return responseFromProto(resp)
+}
+
 func responseFromProto(resp *runnerpb.InferResponse) (*InferResponse, error) {
 	out := make([]Tensor, len(resp.GetOutputs()))
 	for i, t := range resp.GetOutputs() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,6 +38,11 @@ type RunnerConfig struct {
 	// model's memory and threads are charged to the instance's cgroup from
 	// the start. A restarted process joins them again.
 	JoinCgroups []string
+	// ArenaSize is the shared memory between the server and each runner
+	// process, in bytes: a call's inputs and outputs travel through it when
+	// they fit in what is free, inline on the socket otherwise. 0 means
+	// DefaultArenaSize; negative, no arena (everything inline).
+	ArenaSize int64
 
 	ReadyTimeout   time.Duration // how long a start may take; default 2m
 	HealthInterval time.Duration // between health checks; default 5s
@@ -128,6 +134,9 @@ func (c RunnerConfig) withDefaults() (RunnerConfig, error) {
 			*d = v
 		}
 	}
+	if c.ArenaSize == 0 {
+		c.ArenaSize = DefaultArenaSize
+	}
 	setDefault(&c.ReadyTimeout, defaultReadyTimeout)
 	setDefault(&c.HealthInterval, defaultHealthInterval)
 	setDefault(&c.BackoffInitial, defaultBackoffInitial)
@@ -189,6 +198,10 @@ type Runner struct {
 	log     *slog.Logger
 	inputs  []TensorSpec
 	outputs []TensorSpec
+	// outRatio is the largest ratio of output to input bytes seen so far,
+	// as float64 bits: how much of the arena a call reserves for its
+	// outputs.
+	outRatio atomic.Uint64
 
 	// serving is the process that takes requests; nil unless Ready.
 	serving atomic.Pointer[process]
@@ -228,6 +241,7 @@ func StartRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), state: RunnerStarting, suspect: make(chan struct{}, 1)}
+	r.outRatio.Store(math.Float64bits(1))
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	p, desc, err := r.spawn(ctx)
 	if err != nil {
@@ -278,6 +292,9 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	stop := context.AfterFunc(p.exitCtx, cancel)
 	defer stop()
 	desc, err := p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	if err == nil {
+		err = p.openStream()
+	}
 	if err == nil {
 		r.log.Debug("runner process ready", "pid", p.pid, "took", time.Since(start))
 		return p, desc, nil
@@ -731,16 +748,119 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 	// process ended, so the supervisor charges an out-of-memory kill to it.
 	p.inflight.Add(1)
 	defer p.inflight.Add(-1)
-	resp, err := p.runner.Infer(ctx, requestToProto(req))
+	var mem []byte
+	if p.arena != nil && p.arena.acquire() {
+		defer p.arena.release()
+		mem = p.arena.mem
+	}
+	msg, call, region := r.newCall(p, req, mem)
+	resp, err := p.stream.call(ctx, msg, call)
+	if call.hasSlot && !call.abandoned {
+		// Read the outputs before the slot can be handed out again.
+		defer p.arena.free(call.slot)
+	}
+	if err == nil {
+		err = replyStatus(resp)
+	}
 	if err != nil {
 		return nil, r.inferError(ctx, p, err)
 	}
 	p.answered.Store(true)
-	out, err := responseFromProto(resp)
+	out, err := readResponse(resp, mem, region)
 	if err != nil {
+		// A runner that answers with descriptors outside its call's region
+		// is broken; it is not trusted with further calls.
+		r.log.Error("runner answered with a bad descriptor; killing it", "pid", p.pid, "err", err)
+		p.kill()
 		return nil, fmt.Errorf("%w: runner %s: %v", ErrInference, r.cfg.Name, err)
 	}
+	r.learnOutputs(req, out)
 	return out, nil
+}
+
+// newCall builds the stream message for req. With an arena it reserves one
+// slot for the inputs, copied in, followed by room for the outputs; what
+// does not fit in the free part of the arena travels inline.
+func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice) {
+	call := &pendingCall{}
+	msg := &runnerpb.InferRequest{Outputs: req.Outputs, Inputs: make([]*runnerpb.Tensor, len(req.Inputs))}
+	for i, t := range req.Inputs {
+		msg.Inputs[i] = &runnerpb.Tensor{Name: t.Name, Datatype: string(t.DataType), Shape: t.Shape, Data: t.Data}
+	}
+	if mem == nil {
+		return msg, call, nil
+	}
+	var in uint64
+	for _, t := range req.Inputs {
+		in += uint64(len(t.Data)) + arenaAlign
+	}
+	reserve := r.outputReserve(req, in)
+	off, ok := p.arena.slot(in + reserve)
+	if !ok && reserve > 0 {
+		reserve = 0
+		off, ok = p.arena.slot(in)
+	}
+	if !ok {
+		return msg, call, nil
+	}
+	call.slot, call.hasSlot = off, true
+	at := off
+	for i, t := range req.Inputs {
+		n := uint64(len(t.Data))
+		copy(mem[at:at+n], t.Data)
+		msg.Inputs[i].Data = nil
+		msg.Inputs[i].Arena = &runnerpb.ArenaSlice{Offset: at, Length: n}
+		at, _ = alignUp(at + n)
+	}
+	var region *runnerpb.ArenaSlice
+	if reserve > 0 {
+		region = &runnerpb.ArenaSlice{Offset: off + in, Length: reserve}
+		msg.Output = region
+	}
+	return msg, call, region
+}
+
+// outputReserve is the room a call of in input bytes reserves for its
+// outputs: the exact size when every requested output has a fixed shape,
+// else in times the largest output-to-input ratio seen.
+func (r *Runner) outputReserve(req *InferRequest, in uint64) uint64 {
+	var exact uint64
+	for _, spec := range r.outputs {
+		if len(req.Outputs) > 0 && !slices.Contains(req.Outputs, spec.Name) {
+			continue
+		}
+		n, err := ElementCount(spec.Shape, 1<<40)
+		if len(spec.Shape) == 0 || !isStatic(spec.Shape) || spec.DataType == Bytes || err != nil {
+			ratio := math.Float64frombits(r.outRatio.Load())
+			return uint64(min(ratio*float64(in), float64(DefaultArenaSize<<4))) + arenaAlign*uint64(len(r.outputs))
+		}
+		exact += uint64(spec.DataType.ByteSize(n)) + arenaAlign
+	}
+	return exact
+}
+
+// learnOutputs raises the output-to-input ratio that later calls reserve
+// room by, when this call's outputs were larger.
+func (r *Runner) learnOutputs(req *InferRequest, resp *InferResponse) {
+	var in, out float64
+	for _, t := range req.Inputs {
+		in += float64(len(t.Data))
+	}
+	for _, t := range resp.Outputs {
+		out += float64(len(t.Data))
+	}
+	if in == 0 {
+		return
+	}
+	for {
+		old := r.outRatio.Load()
+		if out/in <= math.Float64frombits(old) {
+			return
+		}
+		if r.outRatio.CompareAndSwap(old, math.Float64bits(out/in)) {
+			return
+		}
+	}
 }
 
 // servingProcess is the process to send a call to; a runner that is not

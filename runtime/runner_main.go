@@ -5,11 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -46,6 +49,10 @@ type runnerFlags struct {
 	library  string
 	provider ProviderOptions
 	cgroups  pathList
+	// arenaFD and arenaSize name the shared-memory arena the server passed
+	// down; arenaFD -1: none.
+	arenaFD   int
+	arenaSize int64
 }
 
 // pathList is a repeatable string flag.
@@ -76,6 +83,8 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.Int64Var(&f.provider.GPUMemLimit, "gpu-mem-limit", 0, "CUDA arena limit in bytes (0: unlimited)")
 	fs.StringVar(&f.provider.ArenaExtendStrategy, "arena-extend-strategy", ArenaNextPowerOfTwo, "next_power_of_two or same_as_requested")
 	fs.Var(&f.cgroups, "join-cgroup", "cgroup.procs file to write the runner's pid to before loading the model (repeatable)")
+	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
+	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -89,6 +98,9 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 			errs = append(errs, fmt.Errorf("%s is required", name))
 		}
 	}
+	if f.arenaFD >= 0 && f.arenaSize <= 0 {
+		errs = append(errs, errors.New("--arena-fd needs a positive --arena-size"))
+	}
 	errs = append(errs, f.provider.Validate())
 	return f, errors.Join(errs...)
 }
@@ -99,7 +111,8 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 // gracefully. The flags are --socket, --model, --library, --provider,
 // --device-id, --intra-op-threads, --inter-op-threads,
 // --graph-optimization, --gpu-mem-limit, --arena-extend-strategy and
-// --cudnn-conv-algo-search, and --join-cgroup (repeatable).
+// --cudnn-conv-algo-search, --join-cgroup (repeatable), and --arena-fd
+// with --arena-size for the shared-memory arena it inherits.
 //
 // A runner does not watch for its parent: the parent starts it with a
 // parent-death signal (see StartRunner).
@@ -125,6 +138,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 			log.Warn("destroy ONNX Runtime environment", "err", err)
 		}
 	}()
+
+	var mem []byte
+	if f.arenaFD >= 0 {
+		if mem, err = mapArena(f.arenaFD, f.arenaSize); err != nil {
+			return err
+		}
+		defer syscall.Munmap(mem)
+	}
 
 	loadStart := time.Now()
 	sess, err := newORTSession(ortSessionConfig{ModelPath: f.model, Library: f.library, Provider: f.provider})
@@ -155,9 +176,11 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		grpc.ReadBufferSize(ioBuffer), grpc.WriteBufferSize(ioBuffer))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
-	runnerpb.RegisterRunnerServer(srv, &runnerService{
-		sess: sess,
-		log:  log,
+	svc := &runnerService{
+		sess:     sess,
+		log:      log,
+		mem:      mem,
+		stopping: make(chan struct{}),
 		describe: &runnerpb.DescribeResponse{
 			Inputs:             specsToProto(sess.io.inputs),
 			Outputs:            specsToProto(sess.io.outputs),
@@ -165,7 +188,8 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 			Provider:           f.provider.withDefaults().Kind,
 			Pid:                int32(os.Getpid()),
 		},
-	})
+	}
+	runnerpb.RegisterRunnerServer(srv, svc)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(runnerpb.Runner_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
@@ -186,6 +210,8 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	}
 	log.Info("runner stopping")
 	hs.Shutdown()
+	// Streams end once their calls in flight are answered.
+	close(svc.stopping)
 	stopped := make(chan struct{})
 	go func() {
 		srv.GracefulStop()
@@ -208,18 +234,72 @@ type runnerService struct {
 	sess     *ortSession
 	describe *runnerpb.DescribeResponse
 	log      *slog.Logger
+	// mem is the shared-memory arena; nil without one.
+	mem []byte
+	// stopping is closed when the runner stops: streams take no more calls
+	// and end once the calls they started are answered.
+	stopping chan struct{}
 }
 
 func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*runnerpb.DescribeResponse, error) {
 	return s.describe, nil
 }
 
-func (s *runnerService) Infer(_ context.Context, req *runnerpb.InferRequest) (*runnerpb.InferResponse, error) {
-	resp, err := s.sess.run(req)
-	if err != nil {
-		return nil, inferStatus(err)
+// Stream runs each call it receives in a goroutine of its own and sends
+// the answers as they come.
+func (s *runnerService) Stream(st runnerpb.Runner_StreamServer) error {
+	calls := make(chan *runnerpb.InferRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case calls <- req:
+			case <-st.Context().Done():
+				return
+			}
+		}
+	}()
+	var sendMu sync.Mutex
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case req := <-calls:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp := s.infer(req)
+				sendMu.Lock()
+				defer sendMu.Unlock()
+				if err := st.Send(resp); err != nil {
+					s.log.Debug("send answer", "id", req.GetId(), "err", err)
+				}
+			}()
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-s.stopping:
+			return nil
+		}
 	}
-	return resp, nil
+}
+
+// infer answers one call; a failure travels as a status code and message.
+func (s *runnerService) infer(req *runnerpb.InferRequest) *runnerpb.InferResponse {
+	resp, err := s.sess.run(req, s.mem)
+	if err != nil {
+		st, _ := status.FromError(inferStatus(err))
+		return &runnerpb.InferResponse{Id: req.GetId(), Code: int32(st.Code()), Message: st.Message()}
+	}
+	resp.Id = req.GetId()
+	return resp
 }
 
 // inferStatus maps a session error to the gRPC status the server decodes:

@@ -13,8 +13,9 @@ import (
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
-// This file is the only one that talks to ONNX Runtime. It runs in the
-// runner process; the server process never initialises ONNX Runtime.
+// This file and inprocess.go are the only ones that talk to ONNX Runtime.
+// The session code runs in the runner process, or in the server for an
+// InProcess instance.
 
 // ortSessionConfig is what a runner needs to open its session.
 type ortSessionConfig struct {
@@ -266,14 +267,30 @@ func cudaError(what string, err error) error {
 
 func (s *ortSession) destroy() error { return s.session.Destroy() }
 
-// run executes one request. Errors wrap ErrInvalidTensor when the request
+// run executes one request. Inputs that name a part of the arena mem are
+// read there in place; outputs go to the request's output region of mem
+// where they fit (static numeric outputs are written there by ONNX Runtime
+// itself), inline otherwise. Errors wrap ErrInvalidTensor when the request
 // is at fault.
-func (s *ortSession) run(req *runnerpb.InferRequest) (*runnerpb.InferResponse, error) {
+func (s *ortSession) run(req *runnerpb.InferRequest, mem []byte) (*runnerpb.InferResponse, error) {
 	start := time.Now()
 	selected, err := s.io.selectOutputs(req.GetOutputs())
 	if err != nil {
 		return nil, err
 	}
+	for _, t := range req.GetInputs() {
+		if t.GetArena() == nil {
+			continue
+		}
+		// The server is trusted, but a bad descriptor must not crash the
+		// runner either.
+		b, err := arenaBytes(mem, 0, uint64(len(mem)), t.GetArena())
+		if err != nil {
+			return nil, fmt.Errorf("input %q: %w", t.GetName(), err)
+		}
+		t.Data = b
+	}
+	out := newOutputRegion(mem, req.GetOutput())
 	checked, err := s.io.orderInputs(req.GetInputs())
 	if err != nil {
 		return nil, err
@@ -297,8 +314,29 @@ func (s *ortSession) run(req *runnerpb.InferRequest) (*runnerpb.InferResponse, e
 			return nil, fmt.Errorf("%w: input %q: %w", ErrInvalidTensor, c.tensor.GetName(), err)
 		}
 	}
+	// Selected outputs of fixed shape are written by ONNX Runtime straight
+	// into the arena, as far as the region goes.
+	inArena := make([]*runnerpb.ArenaSlice, len(s.io.outputs))
+	for _, i := range selected {
+		spec := s.io.outputs[i]
+		if len(spec.Shape) == 0 || !isStatic(spec.Shape) || spec.DataType == Bytes {
+			continue
+		}
+		n, err := ElementCount(spec.Shape, 0)
+		if err != nil || n == 0 {
+			continue
+		}
+		slice, b := out.take(uint64(spec.DataType.ByteSize(n)))
+		if b == nil {
+			continue
+		}
+		if outputs[i], err = ort.NewCustomDataTensor(ort.Shape(spec.Shape), b, dataTypeToORT[spec.DataType]); err != nil {
+			return nil, fmt.Errorf("allocate output %q in the arena: %w", spec.Name, err)
+		}
+		inArena[i] = slice
+	}
 	for i, pre := range s.preallocate {
-		if pre {
+		if pre && outputs[i] == nil {
 			if outputs[i], err = newOutputValue(s.io.outputs[i]); err != nil {
 				return nil, fmt.Errorf("allocate output %q: %w", s.io.outputs[i].Name, err)
 			}
@@ -316,12 +354,20 @@ func (s *ortSession) run(req *runnerpb.InferRequest) (*runnerpb.InferResponse, e
 		if err != nil {
 			return nil, fmt.Errorf("read output %q: %w", spec.Name, err)
 		}
-		resp.Outputs = append(resp.Outputs, &runnerpb.Tensor{
+		t := &runnerpb.Tensor{
 			Name:     spec.Name,
 			Datatype: string(spec.DataType),
 			Shape:    outputs[i].GetShape(),
-			Data:     data,
-		})
+		}
+		if inArena[i] != nil {
+			t.Arena = inArena[i] // ONNX Runtime wrote it there
+		} else if slice, b := out.take(uint64(len(data))); b != nil {
+			copy(b, data)
+			t.Arena = slice
+		} else {
+			t.Data = data
+		}
+		resp.Outputs = append(resp.Outputs, t)
 	}
 	resp.InputNs = int64(ran.Sub(start))
 	resp.InferNs = int64(done.Sub(ran))
@@ -437,4 +483,37 @@ func asBytes[T ort.TensorData](s []T) []byte {
 		return []byte{}
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// outputRegion hands out aligned parts of a call's output region of the
+// arena, front to back.
+type outputRegion struct {
+	mem       []byte
+	next, end uint64
+}
+
+// newOutputRegion is the region a request names; empty when it names none
+// or one outside mem.
+func newOutputRegion(mem []byte, s *runnerpb.ArenaSlice) *outputRegion {
+	if s == nil {
+		return &outputRegion{}
+	}
+	if _, err := arenaBytes(mem, 0, uint64(len(mem)), s); err != nil {
+		return &outputRegion{}
+	}
+	return &outputRegion{mem: mem, next: s.GetOffset(), end: s.GetOffset() + s.GetLength()}
+}
+
+// take reserves n bytes; nil when they do not fit.
+func (o *outputRegion) take(n uint64) (*runnerpb.ArenaSlice, []byte) {
+	if o.mem == nil || n > o.end-o.next {
+		return nil, nil
+	}
+	off := o.next
+	next, ok := alignUp(off + n)
+	if !ok {
+		return nil, nil
+	}
+	o.next = min(next, o.end)
+	return &runnerpb.ArenaSlice{Offset: off, Length: n}, o.mem[off : off+n : off+n]
 }

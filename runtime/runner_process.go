@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -39,6 +41,11 @@ type process struct {
 	conn   *grpc.ClientConn
 	runner runnerpb.RunnerClient
 	health healthpb.HealthClient
+	// arena is the shared memory of this process's calls; nil when the
+	// runner has none (ArenaSize < 0). stream carries the calls once the
+	// process is ready.
+	arena  *arena
+	stream *callStream
 
 	// exited is closed once the process has been reaped; exitErr is
 	// cmd.Wait's result and may be read after that. exitCtx is cancelled
@@ -68,7 +75,22 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	for _, path := range cfg.JoinCgroups {
 		args = append(args, "--join-cgroup", path)
 	}
+	// The arena goes to the child as an inherited descriptor, not over the
+	// socket: it is in place before the child runs, with no handshake, and
+	// every process gets a fresh one. The server's own descriptor is
+	// close-on-exec, so no other runner inherits it.
+	var ar *arena
+	if cfg.ArenaSize > 0 {
+		var err error
+		if ar, err = newArena(filepath.Base(socket), cfg.ArenaSize); err != nil {
+			return nil, err
+		}
+		args = append(args, "--arena-fd", strconv.Itoa(arenaFD), "--arena-size", strconv.FormatInt(cfg.ArenaSize, 10))
+	}
 	cmd := exec.Command(cfg.Executable, args...)
+	if ar != nil {
+		cmd.ExtraFiles = []*os.File{ar.file}
+	}
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:
 	// the server stops runners itself, in order. Pdeathsig kills the runner
@@ -79,11 +101,19 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	cmd.Stderr = out.writer("stderr")
 	cmd.WaitDelay = time.Second
 
-	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{})}
+	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{}), arena: ar}
 	p.exitCtx, p.exitCancel = context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go p.run(started)
-	if err := <-started; err != nil {
+	err := <-started
+	if ar != nil {
+		// The child has its copy; the mapping keeps the memory.
+		ar.file.Close()
+	}
+	if err != nil {
+		if ar != nil {
+			ar.close()
+		}
 		return nil, err
 	}
 
@@ -105,6 +135,9 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	if err != nil {
 		p.kill()
 		<-p.exited
+		if ar != nil {
+			ar.close()
+		}
 		return nil, fmt.Errorf("connect to runner: %w", err)
 	}
 	p.conn = conn
@@ -180,10 +213,51 @@ func (p *process) exitStatus() string {
 	return p.exitErr.Error()
 }
 
-// close releases the connection and the socket file; call it after exited.
+// openStream opens the call stream once the process is ready. A stream
+// that ends, or a runner that breaks its protocol, takes the process out
+// of service: it is killed, and the supervisor replaces it.
+func (p *process) openStream() error {
+	st, err := openStream(p.exitCtx, p.runner,
+		func(c *pendingCall) {
+			if c.hasSlot {
+				p.arena.free(c.slot)
+			}
+		},
+		func(err error) {
+			if p.arena != nil {
+				// The process may still write into any slot it was given.
+				p.arena.retire()
+			}
+			if errors.Is(err, io.EOF) {
+				// The runner ended the stream because it is stopping: give
+				// it the time it takes to finish.
+				time.AfterFunc(runnerStopGrace+time.Second, p.kill)
+				return
+			}
+			if !p.hasExited() && p.exitCtx.Err() == nil {
+				p.output.log.Warn("runner's call stream ended; killing the process", "pid", p.pid, "err", err)
+			}
+			p.kill()
+		})
+	if err != nil {
+		return fmt.Errorf("open call stream: %w", err)
+	}
+	p.stream = st
+	return nil
+}
+
+// close releases the stream, the connection, the arena and the socket
+// file; call it after exited. The arena is unmapped once the last call
+// using it has returned.
 func (p *process) close() {
+	if p.stream != nil {
+		p.stream.close()
+	}
 	if p.conn != nil {
 		p.conn.Close()
+	}
+	if p.arena != nil {
+		p.arena.close()
 	}
 	if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		p.output.log.Warn("remove runner socket", "socket", p.socket, "err", err)

@@ -46,10 +46,15 @@ type runnerFactory struct {
 	logger     *slog.Logger
 }
 
-// start is the registry's NewInstance: one runner process per instance.
+// start is the registry's NewInstance: one runner process per instance,
+// or a session in this process for a model with execution.isolation
+// in-process.
 func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (models.Instance, error) {
 	name := fmt.Sprintf("%s/%d#%d", spec.Model, spec.Version, spec.Index)
 	ex := spec.Config.Execution
+	if ex.Isolation == configs.IsolationInProcess {
+		return f.startInProcess(ctx, name, spec)
+	}
 	cfg := runtime.RunnerConfig{
 		Name:       name,
 		ModelPath:  spec.Path,
@@ -69,6 +74,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		BackoffInitial: f.rt.RestartBackoffInitial,
 		BackoffMax:     f.rt.RestartBackoffMax,
 		MaxRestarts:    f.rt.MaxRestarts,
+		ArenaSize:      arenaSize(f.rt.ArenaSize),
 		Logger:         f.logger.With("runner", name),
 		OnRestart:      spec.OnRestart,
 		OnExit:         spec.OnExit,
@@ -97,6 +103,54 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 	return runnerInstance{r}, nil
 }
 
+// startInProcess opens the model's session in the server process. The
+// instance's limiter unit stays empty: its share sizes only its intra-op
+// threads; no cgroup limit applies to it.
+func (f *runnerFactory) startInProcess(ctx context.Context, name string, spec models.InstanceSpec) (models.Instance, error) {
+	ex := spec.Config.Execution
+	log := f.logger.With("instance", name)
+	if len(spec.Placement.JoinCgroups) > 0 {
+		log.Warn("in-process instance runs in the server's cgroup; its share's CPU and memory limits do not apply")
+	}
+	provider := runtime.ProviderOptions{
+		Kind:              ex.Provider,
+		DeviceID:          ex.DeviceID,
+		IntraOpThreads:    spec.IntraOpThreads,
+		InterOpThreads:    ex.InterOpThreads,
+		GraphOptimization: ex.GraphOptimization,
+		AllowSpinning:     ex.AllowSpinning,
+	}
+	if c := ex.CUDA; c != nil {
+		provider.GPUMemLimit = int64(c.GPUMemLimit)
+		provider.ArenaExtendStrategy = c.ArenaExtendStrategy
+		provider.CudnnConvAlgoSearch = c.CuDNNConvAlgoSearch
+	}
+	ip, err := runtime.StartInProcess(ctx, runtime.InProcessConfig{
+		Name:      name,
+		ModelPath: spec.Path,
+		Library:   f.library,
+		Provider:  provider,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return inProcessInstance{ip}, nil
+}
+
+// inProcessInstance adapts an in-process session to the registry's
+// Instance. It reports no usage: its CPU and memory are the server's.
+type inProcessInstance struct{ *runtime.InProcess }
+
+var _ models.Instance = inProcessInstance{}
+
+func (ii inProcessInstance) Status() (bool, string) {
+	if ii.Ready() {
+		return true, ""
+	}
+	return false, "in-process instance stopped"
+}
+
 // runnerInstance adapts a runner process to the registry's Instance.
 type runnerInstance struct{ *runtime.Runner }
 
@@ -110,4 +164,13 @@ func (ri runnerInstance) Status() (bool, string) {
 		return true, ""
 	}
 	return false, fmt.Sprintf("runner %s: %s", ri.State(), ri.Reason())
+}
+
+// arenaSize turns runtime.arena_size into RunnerConfig.ArenaSize, where 0
+// means the default and a negative size none.
+func arenaSize(n configs.ByteSize) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return int64(n)
 }
