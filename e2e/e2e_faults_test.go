@@ -306,7 +306,10 @@ func TestE2ERunnerHung(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2)},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		// Latency-critical: a best-effort runner runs in the idle CPU
+		// class, and on a busy machine it can starve past the 1s call
+		// timeout whatever the hung runner does.
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), "slo: {latency_ms: 5000, class: latency-critical}\n"},
 	)
 	const callTimeout = time.Second
 	s := startServer(t, repo, "", withSet("runtime.call_timeout="+callTimeout.String(), "runtime.health_interval=30s"))
