@@ -88,6 +88,10 @@ type Limits struct {
 	// BodyTimeout bounds reading a REST request's body once its headers
 	// are in; 0 means no bound.
 	BodyTimeout time.Duration
+	// SharedMemory is the registry of clients' system shared-memory
+	// regions, one for REST and gRPC together, bounded by its own limits;
+	// nil turns the extension off.
+	SharedMemory *SharedMemory
 }
 
 // ServerName is the name sloserve gives in server metadata.

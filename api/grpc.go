@@ -100,7 +100,7 @@ func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataR
 	return &inference.ServerMetadataResponse{
 		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
-		Extensions: slices.Clone(Extensions),
+		Extensions: extensionsOf(s.lim.SharedMemory),
 	}, nil
 }
 
@@ -117,7 +117,17 @@ func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetad
 // through ctx; the timeout parameter counts from when the handler starts.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	arrival := time.Now()
-	in, err := decodeGRPCInfer(req, s.lim, arrival)
+	var shm *shmUse
+	if s.lim.SharedMemory != nil {
+		// The regions the request names stay mapped until its outputs
+		// are written.
+		shm = &shmUse{s: s.lim.SharedMemory}
+		defer shm.release()
+		if grpcUsesSharedMemory(req) {
+			shm.authHeader = grpcAuthHeader(ctx)
+		}
+	}
+	in, targets, err := decodeGRPCInferShm(req, s.lim, arrival, shm)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
@@ -125,7 +135,11 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
-	return encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out), nil
+	msg := encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out)
+	if err := writeGRPCShmOutputs(msg, out.Outputs, targets); err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	return msg, nil
 }
 
 // ModelStatistics reports per model version statistics in Triton's shape.
