@@ -118,14 +118,11 @@ func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetad
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	arrival := time.Now()
 	var shm *shmUse
-	if s.lim.SharedMemory != nil {
+	if s.lim.SharedMemory != nil && grpcUsesSharedMemory(req) {
 		// The regions the request names stay mapped until its outputs
 		// are written.
-		shm = &shmUse{s: s.lim.SharedMemory}
+		shm = &shmUse{s: s.lim.SharedMemory, authHeader: grpcAuthHeader(ctx)}
 		defer shm.release()
-		if grpcUsesSharedMemory(req) {
-			shm.authHeader = grpcAuthHeader(ctx)
-		}
 	}
 	in, targets, err := decodeGRPCInferShm(req, s.lim, arrival, shm)
 	if err != nil {
