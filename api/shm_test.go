@@ -613,3 +613,29 @@ func TestSharedMemoryStragglerReadsZeros(t *testing.T) {
 		t.Fatalf("the object itself changed: %v", got)
 	}
 }
+
+// TestSharedMemoryTruncatedUnderWrite: an object truncated after the
+// request's checks makes the output copy fault (SIGBUS); that is an error
+// for the request, not a crash of the server.
+func TestSharedMemoryTruncatedUnderWrite(t *testing.T) {
+	shm := NewSharedMemory(SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
+	t.Cleanup(shm.Close)
+	key := shmObject(t, 3*4096)
+	if err := shm.Register("", true, "out", key, 4096, 8192); err != nil {
+		t.Fatal(err)
+	}
+	u := &shmUse{s: shm}
+	defer u.release()
+	target, err := u.output("y", shmParams{region: "out", size: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(shmDir+key, 0); err != nil {
+		t.Fatal(err)
+	}
+	out := runtime.Tensor{Name: "y", DataType: runtime.Uint8, Shape: []int64{8192}, Data: bytes.Repeat([]byte{7}, 8192)}
+	_, err = target.write(&out)
+	if err == nil || !strings.Contains(err.Error(), "faulted") {
+		t.Fatalf("write into a truncated object: %v, want a fault turned into an error", err)
+	}
+}
