@@ -48,6 +48,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/metadata"
 
@@ -100,6 +101,9 @@ type SharedMemoryOptions struct {
 	// Auth tells whose a call is (see the file comment); nil puts every
 	// caller in one namespace.
 	Auth *Auth
+	// Registerer, when set, gets the gauges of regions registered and
+	// bytes mapped.
+	Registerer prometheus.Registerer
 }
 
 // SharedMemory is the registry of client shared-memory regions, shared by
@@ -137,16 +141,33 @@ type shmPlaceholder struct {
 
 // NewSharedMemory returns the registry, or nil (the extension off) when
 // opts.MaxRegions is 0.
-func NewSharedMemory(opts SharedMemoryOptions) *SharedMemory {
+func NewSharedMemory(opts SharedMemoryOptions) (*SharedMemory, error) {
 	if opts.MaxRegions <= 0 {
-		return nil
+		return nil, nil
 	}
-	return &SharedMemory{
+	s := &SharedMemory{
 		opts:         opts,
 		page:         os.Getpagesize(),
 		spaces:       map[string]map[string]*shmRegion{},
 		placeholders: map[*shmPlaceholder]struct{}{},
 	}
+	if reg := opts.Registerer; reg != nil {
+		for _, g := range []prometheus.Collector{
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "sloserve_shared_memory_regions",
+				Help: "System shared-memory regions clients have registered (limits.max_shared_memory_regions).",
+			}, func() float64 { n, _ := s.Mapped(); return float64(n) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "sloserve_shared_memory_mapped_bytes",
+				Help: "Bytes of client shared-memory regions mapped, regions unregistered while a request still used them included (limits.max_shared_memory_bytes).",
+			}, func() float64 { _, b := s.Mapped(); return float64(b) }),
+		} {
+			if err := reg.Register(g); err != nil {
+				return nil, fmt.Errorf("api: registering shared memory metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
 }
 
 // extensionsOf lists the extensions to advertise in server metadata.

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -65,6 +66,33 @@ func shmRead(t *testing.T, key string, offset int64, n int) []byte {
 	return b
 }
 
+// gaugeValue reads a gauge without labels from reg.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// newTestSharedMemory returns a registry closed when the test ends.
+func newTestSharedMemory(t *testing.T, opts SharedMemoryOptions) *SharedMemory {
+	t.Helper()
+	shm, err := NewSharedMemory(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(shm.Close)
+	return shm
+}
+
 // newShmREST returns a REST handler with shared memory over b.
 func newShmREST(t *testing.T, b Backend, opts SharedMemoryOptions) (http.Handler, *SharedMemory) {
 	t.Helper()
@@ -74,8 +102,7 @@ func newShmREST(t *testing.T, b Backend, opts SharedMemoryOptions) (http.Handler
 	if opts.MaxBytes == 0 {
 		opts.MaxBytes = 1 << 20
 	}
-	shm := NewSharedMemory(opts)
-	t.Cleanup(shm.Close)
+	shm := newTestSharedMemory(t, opts)
 	lim := restLimits
 	lim.SharedMemory = shm
 	return NewREST(b, lim, slog.New(slog.DiscardHandler)), shm
@@ -116,7 +143,16 @@ func registerBody(key string, offset, size uint64) string {
 }
 
 func TestSharedMemoryRegisterStatusUnregister(t *testing.T) {
-	h, shm := newShmREST(t, newFakeBackend(), SharedMemoryOptions{})
+	reg := prometheus.NewRegistry()
+	h, shm := newShmREST(t, newFakeBackend(), SharedMemoryOptions{Registerer: reg})
+	gauges := func() string {
+		t.Helper()
+		var b strings.Builder
+		for _, name := range []string{"sloserve_shared_memory_regions", "sloserve_shared_memory_mapped_bytes"} {
+			fmt.Fprintf(&b, "%s=%v ", name, gaugeValue(t, reg, name))
+		}
+		return b.String()
+	}
 	key := shmObject(t, 8192)
 
 	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/in/register", registerBody(key, 0, 64)), 200, "")
@@ -135,6 +171,9 @@ func TestSharedMemoryRegisterStatusUnregister(t *testing.T) {
 	if n, b := shm.Mapped(); n != 2 || b != 164 {
 		t.Fatalf("mapped %d regions, %d bytes; want 2, 164", n, b)
 	}
+	if g := gauges(); g != "sloserve_shared_memory_regions=2 sloserve_shared_memory_mapped_bytes=164 " {
+		t.Fatalf("gauges: %s", g)
+	}
 	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/in/register", registerBody(key, 0, 64)), 400, "already registered")
 	wantREST(t, shmCall(t, h, "GET", "/v2/systemsharedmemory/region/nope/status", ""), 400, `no region named "nope"`)
 	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/in/unregister", ""), 200, "")
@@ -142,6 +181,9 @@ func TestSharedMemoryRegisterStatusUnregister(t *testing.T) {
 	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/unregister", ""), 200, "")
 	if n, b := shm.Mapped(); n != 0 || b != 0 {
 		t.Fatalf("after unregistering all: %d regions, %d bytes mapped", n, b)
+	}
+	if g := gauges(); g != "sloserve_shared_memory_regions=0 sloserve_shared_memory_mapped_bytes=0 " {
+		t.Fatalf("gauges after unregistering: %s", g)
 	}
 	rec = shmCall(t, h, "GET", "/v2/systemsharedmemory/status", "")
 	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != "[]" {
@@ -396,7 +438,10 @@ func TestSharedMemoryUnregisterDuringRequest(t *testing.T) {
 // startShmGRPC serves b with shared memory on a loopback TCP listener.
 func startShmGRPC(t *testing.T, b Backend) (inference.GRPCInferenceServiceClient, *SharedMemory) {
 	t.Helper()
-	shm := NewSharedMemory(SharedMemoryOptions{MaxRegions: 8, MaxBytes: 1 << 20})
+	shm, err := NewSharedMemory(SharedMemoryOptions{MaxRegions: 8, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 	lim := restLimits
 	lim.SharedMemory = shm
 	srv := NewGRPC(b, lim, slog.New(slog.DiscardHandler))
@@ -557,8 +602,7 @@ func TestSharedMemoryGRPCCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shm := NewSharedMemory(SharedMemoryOptions{MaxRegions: 4, MaxBytes: 1 << 20, Auth: auth})
-	t.Cleanup(shm.Close)
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 4, MaxBytes: 1 << 20, Auth: auth})
 	key := shmObject(t, 4096)
 	s := &grpcService{b: newFakeBackend(), lim: Limits{SharedMemory: shm}, logger: slog.New(slog.DiscardHandler)}
 	withToken := func(token string) context.Context {
@@ -584,8 +628,7 @@ func TestSharedMemoryGRPCCredentials(t *testing.T) {
 // the region's address range holds zero pages, so an execution that
 // outlived its request reads zeros rather than faulting.
 func TestSharedMemoryStragglerReadsZeros(t *testing.T) {
-	shm := NewSharedMemory(SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
-	t.Cleanup(shm.Close)
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
 	key := shmObject(t, 4096)
 	shmWrite(t, key, 0, []byte{1, 2, 3, 4})
 	if err := shm.Register("", true, "r", key, 0, 4); err != nil {
@@ -618,8 +661,7 @@ func TestSharedMemoryStragglerReadsZeros(t *testing.T) {
 // request's checks makes the output copy fault (SIGBUS); that is an error
 // for the request, not a crash of the server.
 func TestSharedMemoryTruncatedUnderWrite(t *testing.T) {
-	shm := NewSharedMemory(SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
-	t.Cleanup(shm.Close)
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
 	key := shmObject(t, 3*4096)
 	if err := shm.Register("", true, "out", key, 4096, 8192); err != nil {
 		t.Fatal(err)

@@ -123,11 +123,15 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	defer func() { stopReloads(); <-reloadDone }()
 	// Client shared-memory regions outlive the listeners: they are unmapped
 	// once every request has ended.
-	shm := api.NewSharedMemory(api.SharedMemoryOptions{
+	shm, err := api.NewSharedMemory(api.SharedMemoryOptions{
 		MaxRegions: cfg.Limits.MaxSharedMemoryRegions,
 		MaxBytes:   int64(cfg.Limits.MaxSharedMemoryBytes),
 		Auth:       sec.auth,
+		Registerer: promReg,
 	})
+	if err != nil {
+		return err
+	}
 	defer shm.Close()
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
