@@ -27,7 +27,7 @@ import (
 // shmObject creates a POSIX shared-memory object of size bytes in /dev/shm
 // for the test and returns its key ("/name"); it is removed when the test
 // ends.
-func shmObject(t *testing.T, size int) string {
+func shmObject(t testing.TB, size int) string {
 	t.Helper()
 	name := fmt.Sprintf("sloserve-test-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()))
 	path := shmDir + "/" + name
@@ -83,7 +83,7 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 // newTestSharedMemory returns a registry closed when the test ends.
-func newTestSharedMemory(t *testing.T, opts SharedMemoryOptions) *SharedMemory {
+func newTestSharedMemory(t testing.TB, opts SharedMemoryOptions) *SharedMemory {
 	t.Helper()
 	shm, err := NewSharedMemory(opts)
 	if err != nil {
