@@ -393,7 +393,7 @@ func (s *restServer) infer(c *gin.Context) {
 	// written.
 	var shm *shmUse
 	if s.lim.SharedMemory != nil {
-		shm = &shmUse{s: s.lim.SharedMemory, authHeader: c.Request.Header.Get("Authorization")}
+		shm = &shmUse{s: s.lim.SharedMemory, authHeader: c.Request.Header.Get("Authorization"), httpReq: c.Request}
 		defer shm.release()
 	}
 	req, err := decodeRESTInferShm(body, headerLen, s.lim, shm)

@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -494,7 +495,12 @@ func (s *SharedMemory) Mapped() (regions int, bytes int64) {
 type shmUse struct {
 	s          *SharedMemory
 	authHeader string
-	held       []*shmRegion
+	// httpReq is the REST request, checked once for having been sent by a
+	// web page of another site (Auth.sharedMemoryBrowserCheck); nil for
+	// gRPC, which browsers cannot speak.
+	httpReq *http.Request
+	checked bool
+	held    []*shmRegion
 }
 
 // shmParams are a tensor's shared-memory parameters.
@@ -519,6 +525,12 @@ func (u *shmUse) acquire(name string) (*shmRegion, error) {
 		if r.name == name {
 			return r, nil
 		}
+	}
+	if u.httpReq != nil && !u.checked {
+		if ref := u.s.opts.Auth.sharedMemoryBrowserCheck(u.httpReq, false); ref != nil {
+			return nil, fmt.Errorf("%w: %s", errForbidden, ref.msg)
+		}
+		u.checked = true
 	}
 	who := u.s.opts.Auth.principal(u.authHeader)
 	u.s.mu.Lock()

@@ -113,9 +113,14 @@ func shmCall(t *testing.T, h http.Handler, method, path, body string, headers ..
 	t.Helper()
 	req := httptest.NewRequestWithContext(t.Context(), method, path, strings.NewReader(body))
 	req.RemoteAddr = "127.0.0.1:40000"
+	req.Host = "localhost:8000"
 	for i := 0; i+1 < len(headers); i += 2 {
-		if headers[i] == "RemoteAddr" {
+		switch headers[i] {
+		case "RemoteAddr":
 			req.RemoteAddr = headers[i+1]
+			continue
+		case "Host":
+			req.Host = headers[i+1]
 			continue
 		}
 		req.Header.Set(headers[i], headers[i+1])
@@ -417,7 +422,11 @@ func TestSharedMemoryUnregisterDuringRequest(t *testing.T) {
 		done <- shmCall(t, h, "POST", "/v2/models/sum/infer", sumShmRequest(1,
 			`"shared_memory_region":"in","shared_memory_byte_size":16`, `"shared_memory_region":"out","shared_memory_byte_size":16`))
 	}()
-	<-b.entered
+	select {
+	case <-b.entered:
+	case rec := <-done:
+		t.Fatalf("the request ended before reaching the backend: %d %s", rec.Code, rec.Body)
+	}
 	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/unregister", ""), 200, "")
 	if n, bytes := shm.Mapped(); n != 0 || bytes != 32 {
 		t.Fatalf("during the request: %d regions registered, %d bytes mapped; want 0 and 32 (still mapped)", n, bytes)
@@ -680,4 +689,45 @@ func TestSharedMemoryTruncatedUnderWrite(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "faulted") {
 		t.Fatalf("write into a truncated object: %v, want a fault turned into an error", err)
 	}
+}
+
+// TestSharedMemoryFromBrowsers: a web page on the server's host must not
+// make the server map, read or write the host's shared memory: the calls
+// get the admin calls' browser checks.
+func TestSharedMemoryFromBrowsers(t *testing.T) {
+	auth, err := NewAuth(AuthOptions{AdminToken: "admin-token-0123456789"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 4, MaxBytes: 1 << 20, Auth: auth})
+	lim := restLimits
+	lim.SharedMemory = shm
+	h := NewREST(newFakeBackend(), lim, slog.New(slog.DiscardHandler), auth.REST())
+	key := shmObject(t, 4096)
+	register := "/v2/systemsharedmemory/region/r/register"
+	json := []string{"Content-Type", "application/json"}
+	for _, tc := range []struct {
+		name    string
+		headers []string
+		status  int
+		msg     string
+	}{
+		{"cross-site fetch", append([]string{"Sec-Fetch-Site", "cross-site"}, json...), 403, "shared memory calls from a web page of another site"},
+		{"other origin", append([]string{"Origin", "http://evil.example"}, json...), 403, "another origin"},
+		{"rebound host name", append([]string{"Host", "evil.example:8000"}, json...), 403, "DNS-rebinding"},
+		{"form post", []string{"Content-Type", "text/plain"}, 415, "Content-Type: application/json"},
+		{"same origin", append([]string{"Origin", "http://localhost:8000"}, json...), 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantREST(t, shmCall(t, h, "POST", register, registerBody(key, 0, 64), tc.headers...), tc.status, tc.msg)
+		})
+	}
+	// The region registered above, named by a page's inference request.
+	body := sumShmRequest(1, `"shared_memory_region":"r","shared_memory_byte_size":16`, "")
+	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body, "Sec-Fetch-Site", "cross-site"), 403, "another site")
+	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body, "Host", "evil.example"), 403, "DNS-rebinding")
+	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body), 200, "")
+	// Inference without shared memory is not affected.
+	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}`,
+		"Sec-Fetch-Site", "cross-site"), 200, "")
 }
