@@ -57,6 +57,10 @@ type AuthOptions struct {
 //   - the dashboard page's static files (/dashboard, /dashboard/*): nothing;
 //     they hold no data, and the page asks for a token when its JSON calls
 //     are refused;
+//   - the system shared-memory calls (REST /v2/systemsharedmemory/...,
+//     gRPC SystemSharedMemory*): what inference needs, with the admin
+//     calls' browser checks over REST (see sharedMemoryBrowserCheck);
+//     registering also needs a loopback peer (SharedMemory.Register);
 //   - everything else, read-only views (/v2/control, /v2/dashboard) and
 //     unknown routes included: the inference token when one is
 //     configured. The admin token is accepted wherever the inference token
