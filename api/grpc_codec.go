@@ -121,6 +121,9 @@ func decodeGRPCInferShm(msg *inference.ModelInferRequest, lim Limits, arrival ti
 		}
 	}
 	if len(raw) > 0 && len(raw) != inline {
+		if inline != len(inputs) {
+			return nil, nil, fmt.Errorf("%w: raw_input_contents has %d entries for the %d inputs not in shared memory", errBadRequest, len(raw), inline)
+		}
 		return nil, nil, fmt.Errorf("%w: raw_input_contents has %d entries for %d inputs", errBadRequest, len(raw), inline)
 	}
 	rawNext := 0

@@ -572,7 +572,7 @@ func TestSharedMemoryGRPC(t *testing.T) {
 		{"raw entries counted without shared memory inputs", &inference.ModelInferRequest{ModelName: "sum",
 			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{2, 4}, Parameters: shmParam("in", 0, 32)}},
 			RawInputContents: [][]byte{fp32Bytes(1, 2, 3, 4, 5, 6, 7, 8)}},
-			codes.InvalidArgument, "raw_input_contents has 1 entries for 0 inputs"},
+			codes.InvalidArgument, "raw_input_contents has 1 entries for the 0 inputs not in shared memory"},
 		{"output region too small", &inference.ModelInferRequest{ModelName: "sum",
 			Inputs:  []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{2, 4}, Parameters: shmParam("in", 0, 32)}},
 			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "y", Parameters: shmParam("out", 0, 4)}}},
