@@ -57,6 +57,10 @@ type AuthOptions struct {
 //   - the dashboard page's static files (/dashboard, /dashboard/*): nothing;
 //     they hold no data, and the page asks for a token when its JSON calls
 //     are refused;
+//   - the system shared-memory calls (REST /v2/systemsharedmemory/...,
+//     gRPC SystemSharedMemory*): what inference needs, with the admin
+//     calls' browser checks over REST (see sharedMemoryBrowserCheck);
+//     registering also needs a loopback peer (SharedMemory.Register);
 //   - everything else, read-only views (/v2/control, /v2/dashboard) and
 //     unknown routes included: the inference token when one is
 //     configured. The admin token is accepted wherever the inference token
@@ -310,8 +314,12 @@ func (a *Auth) REST() gin.HandlerFunc {
 			header = "" // two Authorization headers: malformed
 		}
 		ref := a.check(need, header, present, isLoopback(r.RemoteAddr))
-		if ref == nil && need == accessAdmin {
+		switch {
+		case ref != nil:
+		case need == accessAdmin:
 			ref = a.state.Load().browserCheck(r)
+		case strings.HasPrefix(c.FullPath(), "/v2/systemsharedmemory/"):
+			ref = a.sharedMemoryBrowserCheck(r, true)
 		}
 		if ref == nil {
 			a.admitted("rest", need, r.Method+" "+r.URL.Path, r.RemoteAddr)
@@ -340,27 +348,58 @@ func (a *Auth) REST() gin.HandlerFunc {
 // application/json, which a page cannot send cross-origin without a CORS
 // preflight the server never grants.
 func (st *authState) browserCheck(r *http.Request) *authRefusal {
+	return st.browserRefusal(r, browserCalls{"admin calls", "an admin call", "an admin token"}, !st.hasAdmin, true)
+}
+
+// browserCalls names a kind of call in browserRefusal's messages.
+type browserCalls struct {
+	plural, singular string
+	token            string // the token that makes loopback trust moot
+}
+
+// browserRefusal is browserCheck for calls of kind what: the Host check
+// applies when loopbackTrusted, the Content-Type check when checkBody.
+func (st *authState) browserRefusal(r *http.Request, what browserCalls, loopbackTrusted, checkBody bool) *authRefusal {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "cross-site", "same-site":
-		return &authRefusal{authCrossSite, "admin calls from a web page of another site are refused (Sec-Fetch-Site: " +
+		return &authRefusal{authCrossSite, what.plural + " from a web page of another site are refused (Sec-Fetch-Site: " +
 			r.Header.Get("Sec-Fetch-Site") + "); call from curl or another tool"}
 	}
 	if origins, ok := r.Header["Origin"]; ok {
 		if len(origins) != 1 || !sameHost(origins[0], r.Host) {
-			return &authRefusal{authCrossSite, "admin calls from a web page of another origin are refused (its Origin is not the Host called); call from curl or another tool"}
+			return &authRefusal{authCrossSite, what.plural + " from a web page of another origin are refused (its Origin is not the Host called); call from curl or another tool"}
 		}
 	}
-	if !st.hasAdmin && !st.hostAllowed(r.Host) {
-		return &authRefusal{authHostNotAllowed, "admin calls trusted for coming from loopback must name localhost, an IP address or a host in auth.allowed_hosts in their Host header " +
-			"(this one names another host, as a DNS-rebinding web page would); add the name to auth.allowed_hosts or configure an admin token"}
+	if loopbackTrusted && !st.hostAllowed(r.Host) {
+		return &authRefusal{authHostNotAllowed, what.plural + " trusted for coming from loopback must name localhost, an IP address or a host in auth.allowed_hosts in their Host header " +
+			"(this one names another host, as a DNS-rebinding web page would); add the name to auth.allowed_hosts or configure " + what.token}
 	}
-	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+	if checkBody && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
 		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || mt != "application/json" {
-			return &authRefusal{authContentType, "an admin call with a body must send it as Content-Type: application/json"}
+			return &authRefusal{authContentType, what.singular + " with a body must send it as Content-Type: application/json"}
 		}
 	}
 	return nil
+}
+
+// sharedMemoryCalls names the shared-memory calls in refusals.
+var sharedMemoryCalls = browserCalls{"shared memory calls", "a shared memory call", "an inference token"}
+
+// sharedMemoryBrowserCheck refuses a REST call that registers,
+// unregisters or lists shared-memory regions, or an inference request
+// naming one (body false: its body is JSON or binary), when a web browser
+// may have sent it for another site, as browserCheck does for admin calls:
+// such calls are trusted for coming from the server's host, and a page
+// must not make the server map, read or write the host's shared memory.
+// The Host check applies when no inference token is configured (a page
+// cannot send one). A nil Auth is no tokens.
+func (a *Auth) sharedMemoryBrowserCheck(r *http.Request, body bool) *authRefusal {
+	st := &authState{}
+	if a != nil {
+		st = a.state.Load()
+	}
+	return st.browserRefusal(r, sharedMemoryCalls, !st.hasInference, body)
 }
 
 // sameHost reports whether the Origin value origin ("scheme://host[:port]")

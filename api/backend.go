@@ -4,8 +4,10 @@
 //
 // It owns the protocol surface: routing, decoding and encoding, the
 // server's own endpoints (control, shares, config reload, dashboard JSON and
-// page), access control (TLS, bearer tokens, loopback-only admin calls) and
-// connection limits. It must not hold model or scheduling state, queue or
+// page), access control (TLS, bearer tokens, loopback-only admin calls),
+// connection limits, and the clients' system shared-memory regions (the
+// registry and mappings of Triton's extension, shm.go), which are protocol
+// state: they say where a request's bytes are, not how it is served. It must not hold model or scheduling state, queue or
 // order requests, or validate tensors against a model's metadata: it reaches
 // the rest of the server only through Backend. No other package may turn an
 // error into an HTTP status or a gRPC code.
@@ -93,6 +95,10 @@ type Limits struct {
 	// BodyTimeout bounds reading a REST request's body once its headers
 	// are in; 0 means no bound.
 	BodyTimeout time.Duration
+	// SharedMemory is the registry of clients' system shared-memory
+	// regions, one for REST and gRPC together, bounded by its own limits;
+	// nil turns the extension off.
+	SharedMemory *SharedMemory
 }
 
 // ServerName is the name sloserve gives in server metadata.

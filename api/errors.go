@@ -55,6 +55,12 @@ func statusOf(err error) (int, codes.Code) {
 		errors.Is(err, runtime.ErrShape), errors.Is(err, runtime.ErrInvalidTensor),
 		errors.Is(err, qos.ErrInvalidRequest):
 		return http.StatusBadRequest, codes.InvalidArgument
+	case errors.Is(err, errForbidden):
+		return http.StatusForbidden, codes.PermissionDenied
+	case errors.Is(err, errSharedMemoryUnknown):
+		return http.StatusBadRequest, codes.NotFound
+	case errors.Is(err, errSharedMemoryLimit):
+		return http.StatusBadRequest, codes.ResourceExhausted
 	case errors.Is(err, models.ErrModelNotFound), errors.Is(err, models.ErrVersionNotFound):
 		return http.StatusNotFound, codes.NotFound
 	case errors.Is(err, models.ErrModelControl):

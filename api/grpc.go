@@ -120,7 +120,7 @@ func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataR
 	return &inference.ServerMetadataResponse{
 		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
-		Extensions: slices.Clone(Extensions),
+		Extensions: extensionsOf(s.lim.SharedMemory),
 	}, nil
 }
 
@@ -138,7 +138,14 @@ func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetad
 // call's headers arrived.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	arrival := grpcArrival(ctx)
-	in, err := decodeGRPCInfer(req, s.lim, arrival)
+	var shm *shmUse
+	if s.lim.SharedMemory != nil && grpcUsesSharedMemory(req) {
+		// The regions the request names stay mapped until its outputs
+		// are written.
+		shm = &shmUse{s: s.lim.SharedMemory, authHeader: grpcAuthHeader(ctx)}
+		defer shm.release()
+	}
+	in, targets, err := decodeGRPCInferShm(req, s.lim, arrival, shm)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
@@ -147,7 +154,11 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
-	return encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out), nil
+	msg := encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out)
+	if err := writeGRPCShmOutputs(msg, out.Outputs, targets); err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	return msg, nil
 }
 
 // ModelStatistics reports per model version statistics in Triton's shape.

@@ -24,6 +24,7 @@ var grpcRefusedRequestParams = []string{"sequence_id", "sequence_start", "sequen
 
 // Tensor-level parameters refused on inputs and requested outputs; all others
 // (such as "binary_data", which only means something over REST) are ignored.
+// The shared-memory parameters are refused only where the extension is off.
 var (
 	grpcRefusedInputParams  = []string{"shared_memory_region"}
 	grpcRefusedOutputParams = []string{"classification", "shared_memory_region"}
@@ -70,10 +71,19 @@ var grpcContentsField = map[runtime.DataType]string{
 //
 // Errors wrap errBadRequest, errTooLarge or runtime.ErrShape.
 func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits, arrival time.Time) (*runtime.InferRequest, error) {
+	req, _, err := decodeGRPCInferShm(msg, lim, arrival, nil)
+	return req, err
+}
+
+// decodeGRPCInferShm is decodeGRPCInfer with the shared memory regions of
+// shm (nil: the extension is off): inputs that name a region alias it and
+// take no entry of raw_input_contents (as Triton's clients send them), and
+// the requested outputs that name one are returned as targets.
+func decodeGRPCInferShm(msg *inference.ModelInferRequest, lim Limits, arrival time.Time, shm *shmUse) (*runtime.InferRequest, []shmTarget, error) {
 	params := msg.GetParameters()
 	for _, k := range grpcRefusedRequestParams {
 		if _, ok := params[k]; ok {
-			return nil, fmt.Errorf("%w: parameter %q is not supported: sequence batching is not available", errBadRequest, k)
+			return nil, nil, fmt.Errorf("%w: parameter %q is not supported: sequence batching is not available", errBadRequest, k)
 		}
 	}
 	var (
@@ -83,28 +93,40 @@ func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits, arrival time.
 	if p, ok := params[paramTimeout]; ok {
 		neg, us, err := grpcIntParam(paramTimeout, p)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		var problem string
 		if timeout, problem = timeoutFromMicros(neg, us); problem != "" {
-			return nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramTimeout, problem, grpcIntString(neg, us))
+			return nil, nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramTimeout, problem, grpcIntString(neg, us))
 		}
 	}
 	if p, ok := params[paramPriority]; ok {
 		neg, v, err := grpcIntParam(paramPriority, p)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		var problem string
 		if priority, problem = priorityFromUint(neg, v); problem != "" {
-			return nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramPriority, problem, grpcIntString(neg, v))
+			return nil, nil, fmt.Errorf("%w: parameter %q %s, not %s", errBadRequest, paramPriority, problem, grpcIntString(neg, v))
 		}
 	}
 	inputs := msg.GetInputs()
 	raw := msg.GetRawInputContents()
-	if len(raw) > 0 && len(raw) != len(inputs) {
-		return nil, fmt.Errorf("%w: raw_input_contents has %d entries for %d inputs", errBadRequest, len(raw), len(inputs))
+	inline := len(inputs) // inputs whose data is in the message
+	if shm != nil {
+		for _, in := range inputs {
+			if grpcSharedMemory(in.GetParameters()) {
+				inline--
+			}
+		}
 	}
+	if len(raw) > 0 && len(raw) != inline {
+		if inline != len(inputs) {
+			return nil, nil, fmt.Errorf("%w: raw_input_contents has %d entries for the %d inputs not in shared memory", errBadRequest, len(raw), inline)
+		}
+		return nil, nil, fmt.Errorf("%w: raw_input_contents has %d entries for %d inputs", errBadRequest, len(raw), inline)
+	}
+	rawNext := 0
 	req := &runtime.InferRequest{
 		Inputs:   make([]runtime.Tensor, len(inputs)),
 		Deadline: requestDeadline(arrival, timeout, 0),
@@ -115,21 +137,30 @@ func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits, arrival time.
 	seen := grpcNameSet(len(inputs))
 	for i, in := range inputs {
 		if in.GetName() == "" {
-			return nil, fmt.Errorf("%w: input %d has no name", errBadRequest, i)
+			return nil, nil, fmt.Errorf("%w: input %d has no name", errBadRequest, i)
 		}
 		if _, dup := seen[in.GetName()]; dup {
-			return nil, fmt.Errorf("%w: input %q appears more than once", errBadRequest, in.GetName())
+			return nil, nil, fmt.Errorf("%w: input %q appears more than once", errBadRequest, in.GetName())
 		}
 		if seen != nil {
 			seen[in.GetName()] = struct{}{}
 		}
+		if shm != nil && grpcSharedMemory(in.GetParameters()) {
+			t, err := grpcShmInput(shm, in, lim)
+			if err != nil {
+				return nil, nil, err
+			}
+			req.Inputs[i] = t
+			continue
+		}
 		var data []byte
 		if len(raw) > 0 {
-			data = raw[i]
+			data = raw[rawNext]
+			rawNext++
 		}
 		t, err := decodeGRPCInput(in, data, len(raw) > 0, lim)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		req.Inputs[i] = t
 	}
@@ -138,25 +169,33 @@ func decodeGRPCInfer(msg *inference.ModelInferRequest, lim Limits, arrival time.
 		req.Outputs = make([]string, len(outputs))
 	}
 	seen = grpcNameSet(len(outputs))
+	var targets []shmTarget
 	for i, out := range outputs {
 		name := out.GetName()
 		if name == "" {
-			return nil, fmt.Errorf("%w: requested output %d has no name", errBadRequest, i)
+			return nil, nil, fmt.Errorf("%w: requested output %d has no name", errBadRequest, i)
 		}
 		if _, dup := seen[name]; dup {
-			return nil, fmt.Errorf("%w: output %q is requested more than once", errBadRequest, name)
+			return nil, nil, fmt.Errorf("%w: output %q is requested more than once", errBadRequest, name)
 		}
 		if seen != nil {
 			seen[name] = struct{}{}
 		}
+		if shm != nil && grpcSharedMemory(out.GetParameters()) {
+			t, err := grpcShmOutput(shm, name, out.GetParameters())
+			if err != nil {
+				return nil, nil, err
+			}
+			targets = append(targets, t)
+		}
 		for _, k := range grpcRefusedOutputParams {
-			if _, ok := out.GetParameters()[k]; ok {
-				return nil, fmt.Errorf("%w: output %q: parameter %q is not supported", errBadRequest, name, k)
+			if _, ok := out.GetParameters()[k]; ok && (shm == nil || k != paramShmRegion) {
+				return nil, nil, fmt.Errorf("%w: output %q: parameter %q is not supported", errBadRequest, name, k)
 			}
 		}
 		req.Outputs[i] = name
 	}
-	return req, nil
+	return req, targets, nil
 }
 
 // grpcIntParam reads a request parameter that must be an integer, sent as an

@@ -30,8 +30,9 @@ type restServer struct {
 
 // NewREST returns the Open Inference Protocol v2 REST API over b: health,
 // server and model metadata, inference (JSON and the binary tensor data
-// extension), the model repository extension and the statistics extension,
-// all under /v2. Request bodies over lim.MaxRequestBytes are refused with 413
+// extension), the model repository extension, the statistics extension and,
+// when lim.SharedMemory is set, the system shared-memory extension, all
+// under /v2. Request bodies over lim.MaxRequestBytes are refused with 413
 // (no limit when it is 0 or less). Errors are JSON objects {"error": "..."}
 // with the status statusOf gives. Inference reads the request parameters
 // timeout (microseconds) and priority and the header Inference-Timeout-Ms
@@ -81,6 +82,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	e.DELETE("/v2/models/:model/share", s.unpinShare)
 	e.GET("/v2/dashboard", s.dashboardOverview)
 	e.GET("/v2/dashboard/models/:model", s.dashboardHistory)
+	s.routeSharedMemory(e)
 	e.GET("/dashboard", s.dashboardPage)
 	e.GET("/dashboard/*file", dashboardFiles())
 	return e
@@ -290,7 +292,7 @@ func (s *restServer) serverMetadata(c *gin.Context) {
 	s.writeValue(c, http.StatusOK, serverMetadataJSON{
 		Name:       ServerName,
 		Version:    s.b.ServerVersion(),
-		Extensions: Extensions,
+		Extensions: extensionsOf(s.lim.SharedMemory),
 		Limiters:   s.b.Limiters(),
 	})
 }
@@ -402,7 +404,14 @@ func (s *restServer) infer(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	req, err := decodeRESTInfer(body, headerLen, s.lim)
+	// The regions the request names stay mapped until its response is
+	// written.
+	var shm *shmUse
+	if s.lim.SharedMemory != nil {
+		shm = &shmUse{s: s.lim.SharedMemory, authHeader: c.Request.Header.Get("Authorization"), httpReq: c.Request}
+		defer shm.release()
+	}
+	req, err := decodeRESTInferShm(body, headerLen, s.lim, shm)
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -71,6 +71,8 @@ type restRequest struct {
 	// priority is the request parameter priority; 0 (the model's) when not
 	// given.
 	priority int
+	// shm are the requested outputs to be written into shared memory.
+	shm []shmTarget
 }
 
 // restOutput is one entry of the request's "outputs".
@@ -137,8 +139,16 @@ type restOutputJSON struct {
 // value of the Inference-Header-Content-Length header, or -1 when the request
 // has none; with it the body is headerLen bytes of JSON followed by the binary
 // data of the inputs that declare binary_data_size, in input order. Binary
-// input tensors share memory with body.
+// input tensors share memory with body. Tensors that name a shared memory
+// region are refused.
 func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, error) {
+	return decodeRESTInferShm(body, headerLen, lim, nil)
+}
+
+// decodeRESTInferShm is decodeRESTInfer with the shared memory regions of
+// shm: inputs that name a region alias it, and outputs that name one are
+// recorded in the request's shm targets.
+func decodeRESTInferShm(body []byte, headerLen int64, lim Limits, shm *shmUse) (*restRequest, error) {
 	jsonPart := body
 	var binPart []byte
 	if headerLen >= 0 {
@@ -186,7 +196,7 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 			return nil, err
 		}
 	}
-	in := restInputDecoder{lim: lim, hasBinary: headerLen >= 0, binary: binPart}
+	in := restInputDecoder{lim: lim, hasBinary: headerLen >= 0, binary: binPart, shm: shm}
 	var names map[string]struct{}
 	for i := range rj.Inputs {
 		t, err := in.decode(i, &rj.Inputs[i])
@@ -217,7 +227,14 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 			return nil, restBadRequest("output %q: the classification extension is not supported", o.name)
 		}
 		if sharedMemory(oj.Parameters) {
-			return nil, restBadRequest("output %q: the shared memory extension is not supported", o.name)
+			if shm == nil {
+				return nil, restBadRequest("output %q: the shared memory extension is not supported", o.name)
+			}
+			target, err := restShmOutput(shm, o.name, oj.Parameters)
+			if err != nil {
+				return nil, err
+			}
+			req.shm = append(req.shm, target)
 		}
 		if raw, ok := oj.Parameters["binary_data"]; ok {
 			if o.binary, ok = rawBool(raw); !ok {
@@ -321,9 +338,9 @@ func rawBool(raw json.RawMessage) (v, ok bool) {
 }
 
 // sharedMemory reports whether tensor parameters ask for the shared memory
-// extension, which sloserve does not support.
+// extension.
 func sharedMemory(params map[string]json.RawMessage) bool {
-	for _, k := range []string{"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"} {
+	for _, k := range []string{paramShmRegion, paramShmSize, paramShmOffset} {
 		if _, ok := params[k]; ok {
 			return true
 		}
@@ -349,6 +366,7 @@ type restInputDecoder struct {
 	lim       Limits
 	hasBinary bool   // the request has a binary part
 	binary    []byte // binary data not yet taken by an input
+	shm       *shmUse
 }
 
 // decode converts inputs[i] into a tensor.
@@ -382,7 +400,10 @@ func (d *restInputDecoder) decode(i int, ij *restInputJSON) (runtime.Tensor, err
 	}
 
 	if sharedMemory(ij.Parameters) {
-		return runtime.Tensor{}, restBadRequest("input %q: the shared memory extension is not supported", name)
+		if d.shm == nil {
+			return runtime.Tensor{}, restBadRequest("input %q: the shared memory extension is not supported", name)
+		}
+		return restShmInput(d.shm, ij, dt, n)
 	}
 	binarySize := int64(-1)
 	if raw, ok := ij.Parameters["binary_data_size"]; ok {
@@ -1003,6 +1024,14 @@ func appendRESTResponse(buf []byte, model, version string, req *restRequest, out
 			buf = strconv.AppendInt(buf, d, 10)
 		}
 		buf = append(buf, ']')
+		if target := req.shmTarget(t.Name); target != nil {
+			written, err := target.write(t)
+			if err != nil {
+				return buf, nil, err
+			}
+			buf = appendRESTShmParams(buf, target, written)
+			continue
+		}
 		if req.binaryOutput(t.Name) {
 			buf = append(buf, `,"parameters":{"binary_data_size":`...)
 			buf = strconv.AppendInt(buf, int64(len(t.Data)), 10)

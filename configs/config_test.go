@@ -78,6 +78,8 @@ var badServerConfigs = map[string][]string{
 		"limits.max_header_bytes: must be between 4KiB and 16MiB, got 1073741824 (line 4)"},
 	"tensor_limits": {"limits.max_tensor_elements: must be > 0 and at most 1152921504606846975 (its bytes must fit in int64), got 2305843009213693952 (line 2)",
 		"limits.max_batch_size: must be > 0, got 0 (line 3)", "limits.grpc_max_streams: must be > 0 and at most 2147483647, got 4294967296 (line 4)"},
+	"shared_memory": {"limits.max_shared_memory_regions: must be between 0 (off) and 4096, got -1 (line 2)",
+		"limits.max_shared_memory_bytes: must be > 0, got 0 (line 3)"},
 	"log_format":    {`log.format: must be one of text, json; got "xml"`},
 	"log_level":     {`log.level: must be one of debug, info, warn, error; got "verbose"`},
 	"duplicate_key": {"log.level: duplicate key (first at line 2) (line 3)"},

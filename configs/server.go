@@ -225,6 +225,11 @@ type Limits struct {
 	// GRPCKeepaliveMinTime is the shortest interval between keepalive pings
 	// a gRPC client may use; clients that ping more often are disconnected.
 	GRPCKeepaliveMinTime time.Duration `yaml:"grpc_keepalive_min_time"`
+	// MaxSharedMemoryRegions caps the system shared-memory regions clients
+	// may have registered at once; 0 turns the extension off.
+	MaxSharedMemoryRegions int `yaml:"max_shared_memory_regions"`
+	// MaxSharedMemoryBytes caps the bytes of those regions mapped at once.
+	MaxSharedMemoryBytes ByteSize `yaml:"max_shared_memory_bytes"`
 }
 
 // Bounds of the limits that have a hard ceiling.
@@ -233,7 +238,10 @@ const (
 	// widest element) within int64.
 	maxTensorElementsCeiling = math.MaxInt64 / 8
 	minHeaderBytes           = 4 * KiB
-	maxHeaderBytesCeiling    = 16 * MiB
+	// maxSharedMemoryRegionsCeiling keeps the mappings (and open files) of
+	// client regions well under the kernel's per-process map count.
+	maxSharedMemoryRegionsCeiling = 4096
+	maxHeaderBytesCeiling         = 16 * MiB
 )
 
 // Log configures logging.
@@ -283,6 +291,9 @@ func DefaultServer() *Server {
 			GRPCMaxStreams:        256,
 			GRPCConnectionTimeout: 10 * time.Second,
 			GRPCKeepaliveMinTime:  10 * time.Second,
+
+			MaxSharedMemoryRegions: 64,
+			MaxSharedMemoryBytes:   GiB,
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
 		Control: Control{
@@ -458,6 +469,12 @@ func (s *Server) validate() problems {
 		p.add("limits.shutdown_delay", "must be >= 0, got %v", l.ShutdownDelay)
 	}
 	l.validateConnections(&p)
+	if l.MaxSharedMemoryRegions < 0 || l.MaxSharedMemoryRegions > maxSharedMemoryRegionsCeiling {
+		p.add("limits.max_shared_memory_regions", "must be between 0 (off) and %d, got %d", maxSharedMemoryRegionsCeiling, l.MaxSharedMemoryRegions)
+	}
+	if l.MaxSharedMemoryBytes <= 0 {
+		p.add("limits.max_shared_memory_bytes", "must be > 0, got %d", l.MaxSharedMemoryBytes)
+	}
 
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
 	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")

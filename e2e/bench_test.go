@@ -6,10 +6,13 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -234,7 +237,11 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 
 // BenchmarkServerDetector640 compares the PP-OCRv4 detector on a 640x640
 // image through gRPC against the same model in process, interleaved, with
-// the server running it in a runner process and in itself.
+// the server running it in a runner process and in itself; and per
+// isolation with the tensors in the messages (grpc), and with the client's
+// system shared memory holding the input and receiving the output
+// (grpc-shm), the image already in the region as the direct call has it
+// already in memory.
 func BenchmarkServerDetector640(b *testing.B) {
 	for _, iso := range isolations {
 		b.Run("isolation="+iso, func(b *testing.B) { benchServerDetector640(b, iso) })
@@ -254,17 +261,74 @@ func benchServerDetector640(b *testing.B, isolation string) {
 		img[i] = rng.Float32()
 	}
 	shape := []int64{1, 3, 640, 640}
-	req := &inference.ModelInferRequest{
+	inline := &inference.ModelInferRequest{
 		ModelName:        "det",
 		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape}},
 		RawInputContents: [][]byte{f32bytes(img)},
 	}
+	b.Run("grpc", func(b *testing.B) { benchDetector(b, s, direct, shape, img, inline) })
+	b.Run("grpc-shm", func(b *testing.B) {
+		const inBytes, outBytes = 3 * 640 * 640 * 4, 640 * 640 * 4
+		key, f := benchShmObject(b, inBytes+outBytes)
+		if _, err := f.WriteAt(f32bytes(img), 0); err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range []*inference.SystemSharedMemoryRegisterRequest{
+			{Name: "det-in", Key: key, Offset: 0, ByteSize: inBytes},
+			{Name: "det-out", Key: key, Offset: inBytes, ByteSize: outBytes},
+		} {
+			if _, err := s.grpc.SystemSharedMemoryRegister(b.Context(), r); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Cleanup(func() {
+			_, _ = s.grpc.SystemSharedMemoryUnregister(context.Background(), &inference.SystemSharedMemoryUnregisterRequest{})
+		})
+		req := &inference.ModelInferRequest{
+			ModelName: "det",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape,
+				Parameters: shmInt64("det-in", 0, inBytes)}},
+			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "sigmoid_0.tmp_0",
+				Parameters: shmInt64("det-out", 0, outBytes)}},
+		}
+		benchDetector(b, s, direct, shape, img, req)
+	})
+}
+
+// benchShmObject creates a POSIX shared-memory object of size bytes.
+func benchShmObject(b *testing.B, size int) (string, *os.File) {
+	b.Helper()
+	name := fmt.Sprintf("sloserve-bench-%d-%d", os.Getpid(), shmSeq.Add(1))
+	f, err := os.OpenFile("/dev/shm/"+name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		b.Skipf("no POSIX shared memory here: %v", err)
+	}
+	b.Cleanup(func() { f.Close(); os.Remove("/dev/shm/" + name) })
+	if err := f.Truncate(int64(size)); err != nil {
+		b.Fatal(err)
+	}
+	return "/" + name, f
+}
+
+// benchDetector interleaves direct calls and server calls of req and
+// reports both p50s, their ratio and where the server's time went.
+func benchDetector(b *testing.B, s *testServer, direct *ort.DynamicAdvancedSession, shape []int64, img []float32, req *inference.ModelInferRequest) {
 	for range 3 {
 		runDirect(b, direct, shape, img)
 		if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
 			b.Fatal(err)
 		}
 	}
+	// The server's own statistics are cumulative: this run's share is the
+	// difference.
+	stats := func() *inference.InferStatistics {
+		st, err := s.grpc.ModelStatistics(b.Context(), &inference.ModelStatisticsRequest{Name: "det"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return st.ModelStats[0].InferenceStats
+	}
+	before := stats()
 	// A pause between calls lets the other path's ONNX Runtime threads go
 	// idle, so neither call runs while the other's threads still spin.
 	const settle = 50 * time.Millisecond
@@ -282,18 +346,19 @@ func benchServerDetector640(b *testing.B, isolation string) {
 		time.Sleep(settle)
 	}
 	b.StopTimer()
-	// Where the server's time went, from its own statistics: total inside
-	// the server, and the runner's input copy, session run and output copy.
-	st, err := s.grpc.ModelStatistics(b.Context(), &inference.ModelStatisticsRequest{Name: "det"})
-	if err != nil {
-		b.Fatal(err)
+	// Where the server's time went: total inside the server, and the
+	// runner's input copy, session run and output copy.
+	after := stats()
+	perCall := func(a, b0 *inference.StatisticDuration) float64 {
+		if a.Count == b0.Count {
+			return 0
+		}
+		return float64(a.Ns-b0.Ns) / float64(a.Count-b0.Count) / 1e6
 	}
-	is := st.ModelStats[0].InferenceStats
-	perCall := func(d *inference.StatisticDuration) float64 { return float64(d.Ns) / float64(d.Count) / 1e6 }
-	b.ReportMetric(perCall(is.Success), "server-mean-ms")
-	b.ReportMetric(perCall(is.ComputeInput), "runner-input-mean-ms")
-	b.ReportMetric(perCall(is.ComputeInfer), "runner-infer-mean-ms")
-	b.ReportMetric(perCall(is.ComputeOutput), "runner-output-mean-ms")
+	b.ReportMetric(perCall(after.Success, before.Success), "server-mean-ms")
+	b.ReportMetric(perCall(after.ComputeInput, before.ComputeInput), "runner-input-mean-ms")
+	b.ReportMetric(perCall(after.ComputeInfer, before.ComputeInfer), "runner-infer-mean-ms")
+	b.ReportMetric(perCall(after.ComputeOutput, before.ComputeOutput), "runner-output-mean-ms")
 	pd, ps := percentile(dDirect, 0.5), percentile(dServer, 0.5)
 	b.ReportMetric(float64(pd)/1e6, "direct-p50-ms")
 	b.ReportMetric(float64(ps)/1e6, "grpc-p50-ms")

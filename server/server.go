@@ -121,10 +121,23 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	reloadDone := make(chan struct{})
 	go func() { defer close(reloadDone); reloads.watch(reloadCtx) }()
 	defer func() { stopReloads(); <-reloadDone }()
+	// Client shared-memory regions outlive the listeners: they are unmapped
+	// once every request has ended.
+	shm, err := api.NewSharedMemory(api.SharedMemoryOptions{
+		MaxRegions: cfg.Limits.MaxSharedMemoryRegions,
+		MaxBytes:   int64(cfg.Limits.MaxSharedMemoryBytes),
+		Auth:       sec.auth,
+		Registerer: promReg,
+	})
+	if err != nil {
+		return err
+	}
+	defer shm.Close()
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		BodyTimeout:       cfg.Limits.BodyTimeout,
+		SharedMemory:      shm,
 	}
 
 	// Listen on every port before loading models, so a busy port fails the

@@ -1884,6 +1884,553 @@ func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
 	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
 }
 
+type SystemSharedMemoryStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region to describe; empty: every region.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryStatusRequest) Reset() {
+	*x = SystemSharedMemoryStatusRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryStatusRequest) ProtoMessage() {}
+
+func (x *SystemSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryStatusRequest.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryStatusRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SystemSharedMemoryStatusRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type SystemSharedMemoryStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By region name.
+	Regions       map[string]*SystemSharedMemoryStatusResponse_RegionStatus `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryStatusResponse) Reset() {
+	*x = SystemSharedMemoryStatusResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryStatusResponse) ProtoMessage() {}
+
+func (x *SystemSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryStatusResponse.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryStatusResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SystemSharedMemoryStatusResponse) GetRegions() map[string]*SystemSharedMemoryStatusResponse_RegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type SystemSharedMemoryRegisterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Offset        uint64                 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	ByteSize      uint64                 `protobuf:"varint,4,opt,name=byte_size,json=byteSize,proto3" json:"byte_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryRegisterRequest) Reset() {
+	*x = SystemSharedMemoryRegisterRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryRegisterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryRegisterRequest) ProtoMessage() {}
+
+func (x *SystemSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryRegisterRequest.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryRegisterRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SystemSharedMemoryRegisterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SystemSharedMemoryRegisterRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SystemSharedMemoryRegisterRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SystemSharedMemoryRegisterRequest) GetByteSize() uint64 {
+	if x != nil {
+		return x.ByteSize
+	}
+	return 0
+}
+
+type SystemSharedMemoryRegisterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryRegisterResponse) Reset() {
+	*x = SystemSharedMemoryRegisterResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryRegisterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryRegisterResponse) ProtoMessage() {}
+
+func (x *SystemSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryRegisterResponse.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryRegisterResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{31}
+}
+
+type SystemSharedMemoryUnregisterRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region to unregister; empty: every region.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryUnregisterRequest) Reset() {
+	*x = SystemSharedMemoryUnregisterRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryUnregisterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryUnregisterRequest) ProtoMessage() {}
+
+func (x *SystemSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryUnregisterRequest.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryUnregisterRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SystemSharedMemoryUnregisterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type SystemSharedMemoryUnregisterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryUnregisterResponse) Reset() {
+	*x = SystemSharedMemoryUnregisterResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryUnregisterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryUnregisterResponse) ProtoMessage() {}
+
+func (x *SystemSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryUnregisterResponse.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryUnregisterResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{33}
+}
+
+type CudaSharedMemoryStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryStatusRequest) Reset() {
+	*x = CudaSharedMemoryStatusRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryStatusRequest) ProtoMessage() {}
+
+func (x *CudaSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryStatusRequest.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryStatusRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CudaSharedMemoryStatusRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CudaSharedMemoryStatusResponse struct {
+	state         protoimpl.MessageState                                  `protogen:"open.v1"`
+	Regions       map[string]*CudaSharedMemoryStatusResponse_RegionStatus `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryStatusResponse) Reset() {
+	*x = CudaSharedMemoryStatusResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryStatusResponse) ProtoMessage() {}
+
+func (x *CudaSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryStatusResponse.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryStatusResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CudaSharedMemoryStatusResponse) GetRegions() map[string]*CudaSharedMemoryStatusResponse_RegionStatus {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type CudaSharedMemoryRegisterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	RawHandle     []byte                 `protobuf:"bytes,2,opt,name=raw_handle,json=rawHandle,proto3" json:"raw_handle,omitempty"`
+	DeviceId      int64                  `protobuf:"varint,3,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	ByteSize      uint64                 `protobuf:"varint,4,opt,name=byte_size,json=byteSize,proto3" json:"byte_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryRegisterRequest) Reset() {
+	*x = CudaSharedMemoryRegisterRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryRegisterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryRegisterRequest) ProtoMessage() {}
+
+func (x *CudaSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryRegisterRequest.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryRegisterRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CudaSharedMemoryRegisterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CudaSharedMemoryRegisterRequest) GetRawHandle() []byte {
+	if x != nil {
+		return x.RawHandle
+	}
+	return nil
+}
+
+func (x *CudaSharedMemoryRegisterRequest) GetDeviceId() int64 {
+	if x != nil {
+		return x.DeviceId
+	}
+	return 0
+}
+
+func (x *CudaSharedMemoryRegisterRequest) GetByteSize() uint64 {
+	if x != nil {
+		return x.ByteSize
+	}
+	return 0
+}
+
+type CudaSharedMemoryRegisterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryRegisterResponse) Reset() {
+	*x = CudaSharedMemoryRegisterResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryRegisterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryRegisterResponse) ProtoMessage() {}
+
+func (x *CudaSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryRegisterResponse.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryRegisterResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{37}
+}
+
+type CudaSharedMemoryUnregisterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryUnregisterRequest) Reset() {
+	*x = CudaSharedMemoryUnregisterRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryUnregisterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryUnregisterRequest) ProtoMessage() {}
+
+func (x *CudaSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryUnregisterRequest.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryUnregisterRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CudaSharedMemoryUnregisterRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CudaSharedMemoryUnregisterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryUnregisterResponse) Reset() {
+	*x = CudaSharedMemoryUnregisterResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryUnregisterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryUnregisterResponse) ProtoMessage() {}
+
+func (x *CudaSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryUnregisterResponse.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryUnregisterResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{39}
+}
+
 type ModelMetadataResponse_TensorMetadata struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1896,7 +2443,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2455,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2505,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2517,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2578,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2590,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2633,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2645,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2708,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2720,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,6 +2762,136 @@ func (x *RepositoryIndexResponse_ModelIndex) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+type SystemSharedMemoryStatusResponse_RegionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The POSIX shared-memory object (/dev/shm/<key>).
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Where the region starts in the object, and its size, in bytes.
+	Offset        uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	ByteSize      uint64 `protobuf:"varint,4,opt,name=byte_size,json=byteSize,proto3" json:"byte_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) Reset() {
+	*x = SystemSharedMemoryStatusResponse_RegionStatus{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SystemSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SystemSharedMemoryStatusResponse_RegionStatus.ProtoReflect.Descriptor instead.
+func (*SystemSharedMemoryStatusResponse_RegionStatus) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29, 0}
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SystemSharedMemoryStatusResponse_RegionStatus) GetByteSize() uint64 {
+	if x != nil {
+		return x.ByteSize
+	}
+	return 0
+}
+
+type CudaSharedMemoryStatusResponse_RegionStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	DeviceId      uint64                 `protobuf:"varint,2,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	ByteSize      uint64                 `protobuf:"varint,3,opt,name=byte_size,json=byteSize,proto3" json:"byte_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) Reset() {
+	*x = CudaSharedMemoryStatusResponse_RegionStatus{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaSharedMemoryStatusResponse_RegionStatus.ProtoReflect.Descriptor instead.
+func (*CudaSharedMemoryStatusResponse_RegionStatus) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{35, 0}
+}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) GetDeviceId() uint64 {
+	if x != nil {
+		return x.DeviceId
+	}
+	return 0
+}
+
+func (x *CudaSharedMemoryStatusResponse_RegionStatus) GetByteSize() uint64 {
+	if x != nil {
+		return x.ByteSize
+	}
+	return 0
 }
 
 var File_api_inference_grpc_service_proto protoreflect.FileDescriptor
@@ -2419,7 +3096,49 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05value\x18\x02 \x01(\v2#.inference.ModelRepositoryParameterR\x05value:\x028\x01\"\x1f\n" +
-	"\x1dRepositoryModelUnloadResponse2\x8a\a\n" +
+	"\x1dRepositoryModelUnloadResponse\"5\n" +
+	"\x1fSystemSharedMemoryStatusRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xd7\x02\n" +
+	" SystemSharedMemoryStatusResponse\x12R\n" +
+	"\aregions\x18\x01 \x03(\v28.inference.SystemSharedMemoryStatusResponse.RegionsEntryR\aregions\x1ai\n" +
+	"\fRegionStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x1b\n" +
+	"\tbyte_size\x18\x04 \x01(\x04R\bbyteSize\x1at\n" +
+	"\fRegionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12N\n" +
+	"\x05value\x18\x02 \x01(\v28.inference.SystemSharedMemoryStatusResponse.RegionStatusR\x05value:\x028\x01\"~\n" +
+	"!SystemSharedMemoryRegisterRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x1b\n" +
+	"\tbyte_size\x18\x04 \x01(\x04R\bbyteSize\"$\n" +
+	"\"SystemSharedMemoryRegisterResponse\"9\n" +
+	"#SystemSharedMemoryUnregisterRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"&\n" +
+	"$SystemSharedMemoryUnregisterResponse\"3\n" +
+	"\x1dCudaSharedMemoryStatusRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xc4\x02\n" +
+	"\x1eCudaSharedMemoryStatusResponse\x12P\n" +
+	"\aregions\x18\x01 \x03(\v26.inference.CudaSharedMemoryStatusResponse.RegionsEntryR\aregions\x1a\\\n" +
+	"\fRegionStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\tdevice_id\x18\x02 \x01(\x04R\bdeviceId\x12\x1b\n" +
+	"\tbyte_size\x18\x03 \x01(\x04R\bbyteSize\x1ar\n" +
+	"\fRegionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12L\n" +
+	"\x05value\x18\x02 \x01(\v26.inference.CudaSharedMemoryStatusResponse.RegionStatusR\x05value:\x028\x01\"\x8e\x01\n" +
+	"\x1fCudaSharedMemoryRegisterRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"raw_handle\x18\x02 \x01(\fR\trawHandle\x12\x1b\n" +
+	"\tdevice_id\x18\x03 \x01(\x03R\bdeviceId\x12\x1b\n" +
+	"\tbyte_size\x18\x04 \x01(\x04R\bbyteSize\"\"\n" +
+	" CudaSharedMemoryRegisterResponse\"7\n" +
+	"!CudaSharedMemoryUnregisterRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"$\n" +
+	"\"CudaSharedMemoryUnregisterResponse2\xe7\f\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -2433,7 +3152,13 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
-	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00B,Z*github.com/sloserve/sloserve/api/inferenceb\x06proto3"
+	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00\x12u\n" +
+	"\x18SystemSharedMemoryStatus\x12*.inference.SystemSharedMemoryStatusRequest\x1a+.inference.SystemSharedMemoryStatusResponse\"\x00\x12{\n" +
+	"\x1aSystemSharedMemoryRegister\x12,.inference.SystemSharedMemoryRegisterRequest\x1a-.inference.SystemSharedMemoryRegisterResponse\"\x00\x12\x81\x01\n" +
+	"\x1cSystemSharedMemoryUnregister\x12..inference.SystemSharedMemoryUnregisterRequest\x1a/.inference.SystemSharedMemoryUnregisterResponse\"\x00\x12o\n" +
+	"\x16CudaSharedMemoryStatus\x12(.inference.CudaSharedMemoryStatusRequest\x1a).inference.CudaSharedMemoryStatusResponse\"\x00\x12u\n" +
+	"\x18CudaSharedMemoryRegister\x12*.inference.CudaSharedMemoryRegisterRequest\x1a+.inference.CudaSharedMemoryRegisterResponse\"\x00\x12{\n" +
+	"\x1aCudaSharedMemoryUnregister\x12,.inference.CudaSharedMemoryUnregisterRequest\x1a-.inference.CudaSharedMemoryUnregisterResponse\"\x00B,Z*github.com/sloserve/sloserve/api/inferenceb\x06proto3"
 
 var (
 	file_api_inference_grpc_service_proto_rawDescOnce sync.Once
@@ -2447,7 +3172,7 @@ func file_api_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_api_inference_grpc_service_proto_rawDescData
 }
 
-var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -2477,27 +3202,43 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*RepositoryModelLoadResponse)(nil),                  // 25: inference.RepositoryModelLoadResponse
 	(*RepositoryModelUnloadRequest)(nil),                 // 26: inference.RepositoryModelUnloadRequest
 	(*RepositoryModelUnloadResponse)(nil),                // 27: inference.RepositoryModelUnloadResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 28: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 29: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 30: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 31: inference.ModelInferRequest.ParametersEntry
-	nil, // 32: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 33: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 34: inference.ModelInferResponse.InferOutputTensor
-	nil, // 35: inference.ModelInferResponse.ParametersEntry
-	nil, // 36: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 37: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 38: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 39: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*SystemSharedMemoryStatusRequest)(nil),              // 28: inference.SystemSharedMemoryStatusRequest
+	(*SystemSharedMemoryStatusResponse)(nil),             // 29: inference.SystemSharedMemoryStatusResponse
+	(*SystemSharedMemoryRegisterRequest)(nil),            // 30: inference.SystemSharedMemoryRegisterRequest
+	(*SystemSharedMemoryRegisterResponse)(nil),           // 31: inference.SystemSharedMemoryRegisterResponse
+	(*SystemSharedMemoryUnregisterRequest)(nil),          // 32: inference.SystemSharedMemoryUnregisterRequest
+	(*SystemSharedMemoryUnregisterResponse)(nil),         // 33: inference.SystemSharedMemoryUnregisterResponse
+	(*CudaSharedMemoryStatusRequest)(nil),                // 34: inference.CudaSharedMemoryStatusRequest
+	(*CudaSharedMemoryStatusResponse)(nil),               // 35: inference.CudaSharedMemoryStatusResponse
+	(*CudaSharedMemoryRegisterRequest)(nil),              // 36: inference.CudaSharedMemoryRegisterRequest
+	(*CudaSharedMemoryRegisterResponse)(nil),             // 37: inference.CudaSharedMemoryRegisterResponse
+	(*CudaSharedMemoryUnregisterRequest)(nil),            // 38: inference.CudaSharedMemoryUnregisterRequest
+	(*CudaSharedMemoryUnregisterResponse)(nil),           // 39: inference.CudaSharedMemoryUnregisterResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 40: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 41: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 42: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 43: inference.ModelInferRequest.ParametersEntry
+	nil, // 44: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 45: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 46: inference.ModelInferResponse.InferOutputTensor
+	nil, // 47: inference.ModelInferResponse.ParametersEntry
+	nil, // 48: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 49: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 50: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 51: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 52: inference.SystemSharedMemoryStatusResponse.RegionStatus
+	nil, // 53: inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 54: inference.CudaSharedMemoryStatusResponse.RegionStatus
+	nil, // 55: inference.CudaSharedMemoryStatusResponse.RegionsEntry
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
-	28, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	28, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	31, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	29, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	30, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	35, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	34, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	40, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	40, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	43, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	41, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	42, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	47, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	46, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	15, // 7: inference.InferStatistics.success:type_name -> inference.StatisticDuration
 	15, // 8: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
 	15, // 9: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
@@ -2511,46 +3252,62 @@ var file_api_inference_grpc_service_proto_depIdxs = []int32{
 	17, // 17: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
 	19, // 18: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
 	18, // 19: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	37, // 20: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	38, // 21: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	39, // 22: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	32, // 23: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 24: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	33, // 25: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 26: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 27: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 28: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	36, // 29: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 30: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 31: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 32: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	21, // 33: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	21, // 34: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	0,  // 35: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 36: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 37: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 38: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 39: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 40: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	14, // 41: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	22, // 42: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	24, // 43: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	26, // 44: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	1,  // 45: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 46: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 47: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 48: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 49: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 50: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	20, // 51: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	23, // 52: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	25, // 53: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	27, // 54: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	49, // 20: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	50, // 21: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	51, // 22: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	53, // 23: inference.SystemSharedMemoryStatusResponse.regions:type_name -> inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	55, // 24: inference.CudaSharedMemoryStatusResponse.regions:type_name -> inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	44, // 25: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 26: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	45, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 28: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 29: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 30: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	48, // 31: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 32: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 33: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 34: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	21, // 35: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	21, // 36: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	52, // 37: inference.SystemSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.SystemSharedMemoryStatusResponse.RegionStatus
+	54, // 38: inference.CudaSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.CudaSharedMemoryStatusResponse.RegionStatus
+	0,  // 39: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 40: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 41: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 42: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 43: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 44: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	14, // 45: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	22, // 46: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	24, // 47: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	26, // 48: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	28, // 49: inference.GRPCInferenceService.SystemSharedMemoryStatus:input_type -> inference.SystemSharedMemoryStatusRequest
+	30, // 50: inference.GRPCInferenceService.SystemSharedMemoryRegister:input_type -> inference.SystemSharedMemoryRegisterRequest
+	32, // 51: inference.GRPCInferenceService.SystemSharedMemoryUnregister:input_type -> inference.SystemSharedMemoryUnregisterRequest
+	34, // 52: inference.GRPCInferenceService.CudaSharedMemoryStatus:input_type -> inference.CudaSharedMemoryStatusRequest
+	36, // 53: inference.GRPCInferenceService.CudaSharedMemoryRegister:input_type -> inference.CudaSharedMemoryRegisterRequest
+	38, // 54: inference.GRPCInferenceService.CudaSharedMemoryUnregister:input_type -> inference.CudaSharedMemoryUnregisterRequest
+	1,  // 55: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 56: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 57: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 58: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 59: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 60: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	20, // 61: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	23, // 62: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	25, // 63: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	27, // 64: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	29, // 65: inference.GRPCInferenceService.SystemSharedMemoryStatus:output_type -> inference.SystemSharedMemoryStatusResponse
+	31, // 66: inference.GRPCInferenceService.SystemSharedMemoryRegister:output_type -> inference.SystemSharedMemoryRegisterResponse
+	33, // 67: inference.GRPCInferenceService.SystemSharedMemoryUnregister:output_type -> inference.SystemSharedMemoryUnregisterResponse
+	35, // 68: inference.GRPCInferenceService.CudaSharedMemoryStatus:output_type -> inference.CudaSharedMemoryStatusResponse
+	37, // 69: inference.GRPCInferenceService.CudaSharedMemoryRegister:output_type -> inference.CudaSharedMemoryRegisterResponse
+	39, // 70: inference.GRPCInferenceService.CudaSharedMemoryUnregister:output_type -> inference.CudaSharedMemoryUnregisterResponse
+	55, // [55:71] is the sub-list for method output_type
+	39, // [39:55] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_api_inference_grpc_service_proto_init() }
@@ -2577,7 +3334,7 @@ func file_api_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_grpc_service_proto_rawDesc), len(file_api_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,16 +32,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	GRPCInferenceService_ServerLive_FullMethodName            = "/inference.GRPCInferenceService/ServerLive"
-	GRPCInferenceService_ServerReady_FullMethodName           = "/inference.GRPCInferenceService/ServerReady"
-	GRPCInferenceService_ModelReady_FullMethodName            = "/inference.GRPCInferenceService/ModelReady"
-	GRPCInferenceService_ServerMetadata_FullMethodName        = "/inference.GRPCInferenceService/ServerMetadata"
-	GRPCInferenceService_ModelMetadata_FullMethodName         = "/inference.GRPCInferenceService/ModelMetadata"
-	GRPCInferenceService_ModelInfer_FullMethodName            = "/inference.GRPCInferenceService/ModelInfer"
-	GRPCInferenceService_ModelStatistics_FullMethodName       = "/inference.GRPCInferenceService/ModelStatistics"
-	GRPCInferenceService_RepositoryIndex_FullMethodName       = "/inference.GRPCInferenceService/RepositoryIndex"
-	GRPCInferenceService_RepositoryModelLoad_FullMethodName   = "/inference.GRPCInferenceService/RepositoryModelLoad"
-	GRPCInferenceService_RepositoryModelUnload_FullMethodName = "/inference.GRPCInferenceService/RepositoryModelUnload"
+	GRPCInferenceService_ServerLive_FullMethodName                   = "/inference.GRPCInferenceService/ServerLive"
+	GRPCInferenceService_ServerReady_FullMethodName                  = "/inference.GRPCInferenceService/ServerReady"
+	GRPCInferenceService_ModelReady_FullMethodName                   = "/inference.GRPCInferenceService/ModelReady"
+	GRPCInferenceService_ServerMetadata_FullMethodName               = "/inference.GRPCInferenceService/ServerMetadata"
+	GRPCInferenceService_ModelMetadata_FullMethodName                = "/inference.GRPCInferenceService/ModelMetadata"
+	GRPCInferenceService_ModelInfer_FullMethodName                   = "/inference.GRPCInferenceService/ModelInfer"
+	GRPCInferenceService_ModelStatistics_FullMethodName              = "/inference.GRPCInferenceService/ModelStatistics"
+	GRPCInferenceService_RepositoryIndex_FullMethodName              = "/inference.GRPCInferenceService/RepositoryIndex"
+	GRPCInferenceService_RepositoryModelLoad_FullMethodName          = "/inference.GRPCInferenceService/RepositoryModelLoad"
+	GRPCInferenceService_RepositoryModelUnload_FullMethodName        = "/inference.GRPCInferenceService/RepositoryModelUnload"
+	GRPCInferenceService_SystemSharedMemoryStatus_FullMethodName     = "/inference.GRPCInferenceService/SystemSharedMemoryStatus"
+	GRPCInferenceService_SystemSharedMemoryRegister_FullMethodName   = "/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+	GRPCInferenceService_SystemSharedMemoryUnregister_FullMethodName = "/inference.GRPCInferenceService/SystemSharedMemoryUnregister"
+	GRPCInferenceService_CudaSharedMemoryStatus_FullMethodName       = "/inference.GRPCInferenceService/CudaSharedMemoryStatus"
+	GRPCInferenceService_CudaSharedMemoryRegister_FullMethodName     = "/inference.GRPCInferenceService/CudaSharedMemoryRegister"
+	GRPCInferenceService_CudaSharedMemoryUnregister_FullMethodName   = "/inference.GRPCInferenceService/CudaSharedMemoryUnregister"
 )
 
 // GRPCInferenceServiceClient is the client API for GRPCInferenceService service.
@@ -68,6 +74,18 @@ type GRPCInferenceServiceClient interface {
 	RepositoryModelLoad(ctx context.Context, in *RepositoryModelLoadRequest, opts ...grpc.CallOption) (*RepositoryModelLoadResponse, error)
 	// Unload a model.
 	RepositoryModelUnload(ctx context.Context, in *RepositoryModelUnloadRequest, opts ...grpc.CallOption) (*RepositoryModelUnloadResponse, error)
+	// Triton's system shared-memory extension: the registered regions (all,
+	// or the one named), registering a POSIX shared-memory object as a
+	// region, unregistering one region or all.
+	SystemSharedMemoryStatus(ctx context.Context, in *SystemSharedMemoryStatusRequest, opts ...grpc.CallOption) (*SystemSharedMemoryStatusResponse, error)
+	SystemSharedMemoryRegister(ctx context.Context, in *SystemSharedMemoryRegisterRequest, opts ...grpc.CallOption) (*SystemSharedMemoryRegisterResponse, error)
+	SystemSharedMemoryUnregister(ctx context.Context, in *SystemSharedMemoryUnregisterRequest, opts ...grpc.CallOption) (*SystemSharedMemoryUnregisterResponse, error)
+	// Triton's CUDA shared-memory extension, declared so that its clients get
+	// a clear INVALID_ARGUMENT (sloserve has no GPU memory to share) rather
+	// than UNIMPLEMENTED.
+	CudaSharedMemoryStatus(ctx context.Context, in *CudaSharedMemoryStatusRequest, opts ...grpc.CallOption) (*CudaSharedMemoryStatusResponse, error)
+	CudaSharedMemoryRegister(ctx context.Context, in *CudaSharedMemoryRegisterRequest, opts ...grpc.CallOption) (*CudaSharedMemoryRegisterResponse, error)
+	CudaSharedMemoryUnregister(ctx context.Context, in *CudaSharedMemoryUnregisterRequest, opts ...grpc.CallOption) (*CudaSharedMemoryUnregisterResponse, error)
 }
 
 type gRPCInferenceServiceClient struct {
@@ -178,6 +196,66 @@ func (c *gRPCInferenceServiceClient) RepositoryModelUnload(ctx context.Context, 
 	return out, nil
 }
 
+func (c *gRPCInferenceServiceClient) SystemSharedMemoryStatus(ctx context.Context, in *SystemSharedMemoryStatusRequest, opts ...grpc.CallOption) (*SystemSharedMemoryStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SystemSharedMemoryStatusResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_SystemSharedMemoryStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) SystemSharedMemoryRegister(ctx context.Context, in *SystemSharedMemoryRegisterRequest, opts ...grpc.CallOption) (*SystemSharedMemoryRegisterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SystemSharedMemoryRegisterResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_SystemSharedMemoryRegister_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) SystemSharedMemoryUnregister(ctx context.Context, in *SystemSharedMemoryUnregisterRequest, opts ...grpc.CallOption) (*SystemSharedMemoryUnregisterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SystemSharedMemoryUnregisterResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_SystemSharedMemoryUnregister_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) CudaSharedMemoryStatus(ctx context.Context, in *CudaSharedMemoryStatusRequest, opts ...grpc.CallOption) (*CudaSharedMemoryStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CudaSharedMemoryStatusResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_CudaSharedMemoryStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) CudaSharedMemoryRegister(ctx context.Context, in *CudaSharedMemoryRegisterRequest, opts ...grpc.CallOption) (*CudaSharedMemoryRegisterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CudaSharedMemoryRegisterResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_CudaSharedMemoryRegister_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) CudaSharedMemoryUnregister(ctx context.Context, in *CudaSharedMemoryUnregisterRequest, opts ...grpc.CallOption) (*CudaSharedMemoryUnregisterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CudaSharedMemoryUnregisterResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_CudaSharedMemoryUnregister_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GRPCInferenceServiceServer is the server API for GRPCInferenceService service.
 // All implementations must embed UnimplementedGRPCInferenceServiceServer
 // for forward compatibility.
@@ -202,6 +280,18 @@ type GRPCInferenceServiceServer interface {
 	RepositoryModelLoad(context.Context, *RepositoryModelLoadRequest) (*RepositoryModelLoadResponse, error)
 	// Unload a model.
 	RepositoryModelUnload(context.Context, *RepositoryModelUnloadRequest) (*RepositoryModelUnloadResponse, error)
+	// Triton's system shared-memory extension: the registered regions (all,
+	// or the one named), registering a POSIX shared-memory object as a
+	// region, unregistering one region or all.
+	SystemSharedMemoryStatus(context.Context, *SystemSharedMemoryStatusRequest) (*SystemSharedMemoryStatusResponse, error)
+	SystemSharedMemoryRegister(context.Context, *SystemSharedMemoryRegisterRequest) (*SystemSharedMemoryRegisterResponse, error)
+	SystemSharedMemoryUnregister(context.Context, *SystemSharedMemoryUnregisterRequest) (*SystemSharedMemoryUnregisterResponse, error)
+	// Triton's CUDA shared-memory extension, declared so that its clients get
+	// a clear INVALID_ARGUMENT (sloserve has no GPU memory to share) rather
+	// than UNIMPLEMENTED.
+	CudaSharedMemoryStatus(context.Context, *CudaSharedMemoryStatusRequest) (*CudaSharedMemoryStatusResponse, error)
+	CudaSharedMemoryRegister(context.Context, *CudaSharedMemoryRegisterRequest) (*CudaSharedMemoryRegisterResponse, error)
+	CudaSharedMemoryUnregister(context.Context, *CudaSharedMemoryUnregisterRequest) (*CudaSharedMemoryUnregisterResponse, error)
 	mustEmbedUnimplementedGRPCInferenceServiceServer()
 }
 
@@ -241,6 +331,24 @@ func (UnimplementedGRPCInferenceServiceServer) RepositoryModelLoad(context.Conte
 }
 func (UnimplementedGRPCInferenceServiceServer) RepositoryModelUnload(context.Context, *RepositoryModelUnloadRequest) (*RepositoryModelUnloadResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RepositoryModelUnload not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) SystemSharedMemoryStatus(context.Context, *SystemSharedMemoryStatusRequest) (*SystemSharedMemoryStatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SystemSharedMemoryStatus not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) SystemSharedMemoryRegister(context.Context, *SystemSharedMemoryRegisterRequest) (*SystemSharedMemoryRegisterResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SystemSharedMemoryRegister not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) SystemSharedMemoryUnregister(context.Context, *SystemSharedMemoryUnregisterRequest) (*SystemSharedMemoryUnregisterResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SystemSharedMemoryUnregister not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) CudaSharedMemoryStatus(context.Context, *CudaSharedMemoryStatusRequest) (*CudaSharedMemoryStatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CudaSharedMemoryStatus not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) CudaSharedMemoryRegister(context.Context, *CudaSharedMemoryRegisterRequest) (*CudaSharedMemoryRegisterResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CudaSharedMemoryRegister not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) CudaSharedMemoryUnregister(context.Context, *CudaSharedMemoryUnregisterRequest) (*CudaSharedMemoryUnregisterResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CudaSharedMemoryUnregister not implemented")
 }
 func (UnimplementedGRPCInferenceServiceServer) mustEmbedUnimplementedGRPCInferenceServiceServer() {}
 func (UnimplementedGRPCInferenceServiceServer) testEmbeddedByValue()                              {}
@@ -443,6 +551,114 @@ func _GRPCInferenceService_RepositoryModelUnload_Handler(srv interface{}, ctx co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GRPCInferenceService_SystemSharedMemoryStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SystemSharedMemoryStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_SystemSharedMemoryStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryStatus(ctx, req.(*SystemSharedMemoryStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_SystemSharedMemoryRegister_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SystemSharedMemoryRegisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryRegister(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_SystemSharedMemoryRegister_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryRegister(ctx, req.(*SystemSharedMemoryRegisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_SystemSharedMemoryUnregister_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SystemSharedMemoryUnregisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryUnregister(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_SystemSharedMemoryUnregister_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).SystemSharedMemoryUnregister(ctx, req.(*SystemSharedMemoryUnregisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_CudaSharedMemoryStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CudaSharedMemoryStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_CudaSharedMemoryStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryStatus(ctx, req.(*CudaSharedMemoryStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_CudaSharedMemoryRegister_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CudaSharedMemoryRegisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryRegister(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_CudaSharedMemoryRegister_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryRegister(ctx, req.(*CudaSharedMemoryRegisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GRPCInferenceService_CudaSharedMemoryUnregister_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CudaSharedMemoryUnregisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryUnregister(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_CudaSharedMemoryUnregister_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).CudaSharedMemoryUnregister(ctx, req.(*CudaSharedMemoryUnregisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GRPCInferenceService_ServiceDesc is the grpc.ServiceDesc for GRPCInferenceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -489,6 +705,30 @@ var GRPCInferenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RepositoryModelUnload",
 			Handler:    _GRPCInferenceService_RepositoryModelUnload_Handler,
+		},
+		{
+			MethodName: "SystemSharedMemoryStatus",
+			Handler:    _GRPCInferenceService_SystemSharedMemoryStatus_Handler,
+		},
+		{
+			MethodName: "SystemSharedMemoryRegister",
+			Handler:    _GRPCInferenceService_SystemSharedMemoryRegister_Handler,
+		},
+		{
+			MethodName: "SystemSharedMemoryUnregister",
+			Handler:    _GRPCInferenceService_SystemSharedMemoryUnregister_Handler,
+		},
+		{
+			MethodName: "CudaSharedMemoryStatus",
+			Handler:    _GRPCInferenceService_CudaSharedMemoryStatus_Handler,
+		},
+		{
+			MethodName: "CudaSharedMemoryRegister",
+			Handler:    _GRPCInferenceService_CudaSharedMemoryRegister_Handler,
+		},
+		{
+			MethodName: "CudaSharedMemoryUnregister",
+			Handler:    _GRPCInferenceService_CudaSharedMemoryUnregister_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

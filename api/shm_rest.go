@@ -1,0 +1,180 @@
+package api
+
+// The shared-memory extensions over REST: the system shared-memory
+// endpoints, the CUDA ones (which answer 400), and the tensor parameters of
+// inference requests.
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// routeSharedMemory adds the shared-memory endpoints.
+func (s *restServer) routeSharedMemory(e *gin.Engine) {
+	e.GET("/v2/systemsharedmemory/status", s.shmStatus)
+	e.GET("/v2/systemsharedmemory/region/:region/status", s.shmStatus)
+	e.POST("/v2/systemsharedmemory/region/:region/register", s.shmRegister)
+	e.POST("/v2/systemsharedmemory/unregister", s.shmUnregister)
+	e.POST("/v2/systemsharedmemory/region/:region/unregister", s.shmUnregister)
+	e.GET("/v2/cudasharedmemory/status", s.cudaSharedMemory)
+	e.GET("/v2/cudasharedmemory/region/:region/status", s.cudaSharedMemory)
+	e.POST("/v2/cudasharedmemory/region/:region/register", s.cudaSharedMemory)
+	e.POST("/v2/cudasharedmemory/unregister", s.cudaSharedMemory)
+	e.POST("/v2/cudasharedmemory/region/:region/unregister", s.cudaSharedMemory)
+}
+
+// shmStatus serves GET /v2/systemsharedmemory[/region/{r}]/status: a JSON
+// array of {name, key, offset, byte_size}.
+func (s *restServer) shmStatus(c *gin.Context) {
+	st, err := s.lim.SharedMemory.Status(c.Request.Header.Get("Authorization"), c.Param("region"))
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	s.writeValue(c, http.StatusOK, st)
+}
+
+// shmRegister serves POST /v2/systemsharedmemory/region/{r}/register with
+// {"key": string, "offset": number, "byte_size": number}; offset may be
+// left out (0).
+func (s *restServer) shmRegister(c *gin.Context) {
+	body, err := s.readBody(c)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	var req struct {
+		Key      *string `json:"key"`
+		Offset   uint64  `json:"offset"`
+		ByteSize *uint64 `json:"byte_size"`
+	}
+	if err := decodeJSONBody(body, &req, true); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	switch {
+	case req.Key == nil:
+		s.writeError(c, restBadRequest("the register request needs a key"))
+		return
+	case req.ByteSize == nil:
+		s.writeError(c, restBadRequest("the register request needs a byte_size"))
+		return
+	}
+	err = s.lim.SharedMemory.Register(c.Request.Header.Get("Authorization"), isLoopback(c.Request.RemoteAddr),
+		c.Param("region"), *req.Key, req.Offset, *req.ByteSize)
+	if err != nil {
+		s.writeError(c, err)
+		return
+	}
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
+}
+
+// shmUnregister serves POST /v2/systemsharedmemory[/region/{r}]/unregister.
+func (s *restServer) shmUnregister(c *gin.Context) {
+	if err := s.lim.SharedMemory.Unregister(c.Request.Header.Get("Authorization"), c.Param("region")); err != nil {
+		s.writeError(c, err)
+		return
+	}
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
+}
+
+// cudaSharedMemory answers every CUDA shared-memory endpoint with 400.
+func (s *restServer) cudaSharedMemory(c *gin.Context) {
+	s.writeError(c, errCUDASharedMemory())
+}
+
+// restShmParams reads a tensor's shared-memory parameters: the region (a
+// string) and byte size are required, the offset defaults to 0.
+func restShmParams(kind, name string, params map[string]json.RawMessage) (shmParams, error) {
+	var p shmParams
+	raw, ok := params[paramShmRegion]
+	if !ok {
+		return p, restBadRequest("%s %q: %s and %s need %s", kind, name, paramShmOffset, paramShmSize, paramShmRegion)
+	}
+	if err := json.Unmarshal(raw, &p.region); err != nil {
+		return p, restBadRequest("%s %q: parameters.%s must be a string, not %s", kind, name, paramShmRegion, clipValue(raw))
+	}
+	u64 := func(key string, dst *uint64) error {
+		raw := bytes.TrimSpace(params[key])
+		neg, v, err := parseJSONInteger(raw)
+		if err != nil || neg && v != 0 {
+			return restBadRequest("%s %q: parameters.%s must be a non-negative integer, not %s", kind, name, key, clipValue(raw))
+		}
+		*dst = v
+		return nil
+	}
+	if _, ok := params[paramShmSize]; !ok {
+		return p, restBadRequest("%s %q: %s needs %s", kind, name, paramShmRegion, paramShmSize)
+	}
+	if err := u64(paramShmSize, &p.size); err != nil {
+		return p, err
+	}
+	if _, ok := params[paramShmOffset]; ok {
+		if err := u64(paramShmOffset, &p.offset); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// restShmInput reads an input's data from shared memory. The input must not
+// also carry data or binary data.
+func restShmInput(u *shmUse, ij *restInputJSON, dt runtime.DataType, n int64) (runtime.Tensor, error) {
+	name := *ij.Name
+	if ij.Data != nil && string(ij.Data) != "null" {
+		return runtime.Tensor{}, restBadRequest("input %q has both data and %s", name, paramShmRegion)
+	}
+	if _, ok := ij.Parameters["binary_data_size"]; ok {
+		return runtime.Tensor{}, restBadRequest("input %q has both binary_data_size and %s", name, paramShmRegion)
+	}
+	p, err := restShmParams("input", name, ij.Parameters)
+	if err != nil {
+		return runtime.Tensor{}, err
+	}
+	data, err := u.input(name, dt, ij.Shape, n, p)
+	if err != nil {
+		return runtime.Tensor{}, err
+	}
+	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data}, nil
+}
+
+// restShmOutput checks a requested output's shared-memory parameters.
+func restShmOutput(u *shmUse, name string, params map[string]json.RawMessage) (shmTarget, error) {
+	if _, ok := params["binary_data"]; ok {
+		return shmTarget{}, restBadRequest("output %q has both binary_data and %s", name, paramShmRegion)
+	}
+	p, err := restShmParams("output", name, params)
+	if err != nil {
+		return shmTarget{}, err
+	}
+	return u.output(name, p)
+}
+
+// shmTarget is the shared-memory target of the output called name, or nil.
+func (r *restRequest) shmTarget(name string) *shmTarget {
+	for i := range r.shm {
+		if r.shm[i].name == name {
+			return &r.shm[i]
+		}
+	}
+	return nil
+}
+
+// appendRESTShmParams closes an output written into shared memory: its
+// parameters name the region, offset and the bytes written, and it has no
+// data.
+func appendRESTShmParams(buf []byte, t *shmTarget, written int) []byte {
+	buf = append(buf, `,"parameters":{"shared_memory_region":`...)
+	buf = appendJSONString(buf, t.params.region)
+	buf = append(buf, `,"shared_memory_offset":`...)
+	buf = strconv.AppendUint(buf, t.params.offset, 10)
+	buf = append(buf, `,"shared_memory_byte_size":`...)
+	buf = strconv.AppendInt(buf, int64(written), 10)
+	return append(buf, "}}"...)
+}

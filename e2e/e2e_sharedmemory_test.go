@@ -1,0 +1,211 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+// shmSeq tells apart the shared-memory objects of repeated runs (-count).
+var shmSeq atomic.Int64
+
+// e2eShmObject creates a POSIX shared-memory object of size bytes, as a
+// client would with shm_open and ftruncate, and returns its key.
+func e2eShmObject(t *testing.T, size int) (key string, f *os.File) {
+	t.Helper()
+	name := fmt.Sprintf("sloserve-e2e-%d-%d", os.Getpid(), shmSeq.Add(1))
+	f, err := os.OpenFile("/dev/shm/"+name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Skipf("no POSIX shared memory here: %v", err)
+	}
+	t.Cleanup(func() { f.Close(); os.Remove("/dev/shm/" + name) })
+	if err := f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	return "/" + name, f
+}
+
+func shmInt64(region string, offset, size int64) map[string]*inference.InferParameter {
+	return map[string]*inference.InferParameter{
+		"shared_memory_region":    {ParameterChoice: &inference.InferParameter_StringParam{StringParam: region}},
+		"shared_memory_offset":    {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: offset}},
+		"shared_memory_byte_size": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: size}},
+	}
+}
+
+// TestE2ESharedMemory registers a client's shared memory over REST and gRPC,
+// runs the PP-OCR direction classifier with its input read from the region
+// and its output written into it, and checks the numbers against the same
+// request with the tensors in the messages.
+func TestE2ESharedMemory(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"cls", demoModel(t, "ocr-cls"), `max_batch_size: 8
+inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, 192]}]
+`})
+	s := startServer(t, repo, "")
+	ctx := t.Context()
+
+	const inBytes = 3 * 48 * 192 * 4
+	const outOffset = 128 << 10 // the output region starts past the input's
+	key, f := e2eShmObject(t, outOffset+4096)
+	rng := rand.New(rand.NewPCG(uint64(shmSeq.Load()), 17))
+	_, x := randomRows(rng, 1, 3*48*192)
+	if _, err := f.WriteAt(f32bytes(x), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reference: the tensors in the message.
+	ref, err := s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+		ModelName:        "cls",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 3, 48, 192}}},
+		RawInputContents: [][]byte{f32bytes(x)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytesF32(ref.GetRawOutputContents()[0])
+	if len(want) != 2 {
+		t.Fatalf("reference output has %d values", len(want))
+	}
+	readOut := func(off int64) []float64 {
+		b := make([]byte, 8)
+		if _, err := f.ReadAt(b, outOffset+off); err != nil {
+			t.Fatal(err)
+		}
+		return bytesF32(b)
+	}
+	clearOut := func() {
+		if _, err := f.WriteAt(make([]byte, 4096), outOffset); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Server metadata advertises the extension (and not the CUDA one).
+	var md struct {
+		Extensions []string `json:"extensions"`
+	}
+	if code := s.json(t, "GET", "/v2", nil, &md); code != 200 || !strings.Contains(strings.Join(md.Extensions, ","), "system_shared_memory") ||
+		strings.Contains(strings.Join(md.Extensions, ","), "cuda") {
+		t.Fatalf("server metadata: %d %v", code, md.Extensions)
+	}
+
+	t.Run("REST", func(t *testing.T) {
+		for _, r := range []struct {
+			name         string
+			offset, size int
+		}{{"in", 0, inBytes}, {"out", outOffset, 4096}} {
+			code, body, _ := s.do(t, "POST", "/v2/systemsharedmemory/region/"+r.name+"/register",
+				fmt.Appendf(nil, `{"key":%q,"offset":%d,"byte_size":%d}`, key, r.offset, r.size))
+			if code != 200 {
+				t.Fatalf("register %s: %d %s", r.name, code, body)
+			}
+		}
+		var regions []map[string]any
+		if code := s.json(t, "GET", "/v2/systemsharedmemory/status", nil, &regions); code != 200 || len(regions) != 2 {
+			t.Fatalf("status: %d %v", code, regions)
+		}
+		clearOut()
+		req := jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 3, 48, 192},
+				Parameters: map[string]any{"shared_memory_region": "in", "shared_memory_byte_size": inBytes}}},
+			Outputs: []jsonTensor{{Name: "softmax_0.tmp_0",
+				Parameters: map[string]any{"shared_memory_region": "out", "shared_memory_offset": 16, "shared_memory_byte_size": 64}}},
+		}
+		var resp jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/cls/infer", req, &resp); code != 200 {
+			t.Fatalf("infer: %d %s", code, resp.Error)
+		}
+		if len(resp.Outputs) != 1 || resp.Outputs[0].Data != nil || resp.Outputs[0].Parameters["shared_memory_byte_size"] != float64(8) {
+			t.Fatalf("the response should name the region and carry no data: %+v", resp.Outputs)
+		}
+		closeTo(t, "softmax from shared memory", readOut(16), want, 1e-6)
+
+		// An unknown region and a size beyond the region are refused.
+		req.Inputs[0].Parameters["shared_memory_region"] = "nope"
+		code, body, _ := s.do(t, "POST", "/v2/models/cls/infer", shmJSON(t, req))
+		if code != 400 || !strings.Contains(string(body), `no region named \"nope\"`) {
+			t.Fatalf("unknown region: %d %s", code, body)
+		}
+		req.Inputs[0].Parameters["shared_memory_region"] = "in"
+		req.Inputs[0].Parameters["shared_memory_offset"] = 4
+		code, body, _ = s.do(t, "POST", "/v2/models/cls/infer", shmJSON(t, req))
+		if code != 400 || !strings.Contains(string(body), "beyond region") {
+			t.Fatalf("beyond the region: %d %s", code, body)
+		}
+		code, body, _ = s.do(t, "POST", "/v2/cudasharedmemory/region/g/register", []byte(`{"raw_handle":{"b64":"AA=="},"device_id":0,"byte_size":8}`))
+		if code != 400 || !strings.Contains(string(body), "CUDA shared memory is not supported") {
+			t.Fatalf("CUDA register: %d %s", code, body)
+		}
+		if code, body, _ := s.do(t, "POST", "/v2/systemsharedmemory/unregister", nil); code != 200 {
+			t.Fatalf("unregister: %d %s", code, body)
+		}
+	})
+
+	t.Run("gRPC", func(t *testing.T) {
+		for _, r := range []*inference.SystemSharedMemoryRegisterRequest{
+			{Name: "gin", Key: key, Offset: 0, ByteSize: inBytes},
+			{Name: "gout", Key: key, Offset: outOffset, ByteSize: 4096},
+		} {
+			if _, err := s.grpc.SystemSharedMemoryRegister(ctx, r); err != nil {
+				t.Fatalf("register %s: %v", r.Name, err)
+			}
+		}
+		st, err := s.grpc.SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
+		if err != nil || len(st.GetRegions()) != 2 || st.GetRegions()["gout"].GetOffset() != outOffset {
+			t.Fatalf("status: %v %v", st, err)
+		}
+		clearOut()
+		resp, err := s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+			ModelName: "cls",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 3, 48, 192},
+				Parameters: shmInt64("gin", 0, inBytes)}},
+			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "softmax_0.tmp_0", Parameters: shmInt64("gout", 32, 8)}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw := resp.GetRawOutputContents(); len(raw) != 1 || len(raw[0]) != 0 {
+			t.Fatalf("the response should carry no data: %d entries", len(raw))
+		}
+		closeTo(t, "softmax from shared memory", readOut(32), want, 1e-6)
+
+		_, err = s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+			ModelName: "cls",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 3, 48, 192},
+				Parameters: shmInt64("gin", 0, inBytes)}},
+			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "softmax_0.tmp_0", Parameters: shmInt64("gout", 0, 4)}},
+		})
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), `region "gout" gives 4`) {
+			t.Fatalf("output region too small: %v", err)
+		}
+		_, err = s.grpc.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "g", RawHandle: []byte{0}, ByteSize: 8})
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument {
+			t.Fatalf("CUDA register: %v", err)
+		}
+		if _, err := s.grpc.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		st, err = s.grpc.SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
+		if err != nil || len(st.GetRegions()) != 0 {
+			t.Fatalf("status after unregistering: %v %v", st, err)
+		}
+	})
+}
+
+func shmJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
