@@ -15,6 +15,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
@@ -37,6 +38,9 @@ type Backend interface {
 	ModelReady(name, version string) (bool, error)
 	// ModelMetadata describes a model, or one version of it.
 	ModelMetadata(name, version string) (models.Metadata, error)
+	// ModelConfig is the config a model version ("" = the default
+	// version) serves with, inputs and outputs complete; read only.
+	ModelConfig(name, version string) (*configs.Model, error)
 	// Infer runs one request on a model version ("" = the default version)
 	// and returns the version that served it.
 	Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error)
@@ -88,6 +92,9 @@ type Limits struct {
 	// BodyTimeout bounds reading a REST request's body once its headers
 	// are in; 0 means no bound.
 	BodyTimeout time.Duration
+	// StreamInflight caps the requests of one ModelStreamInfer stream read
+	// and not yet answered; 0 means DefaultStreamInflight.
+	StreamInflight int
 }
 
 // ServerName is the name sloserve gives in server metadata.
@@ -97,6 +104,7 @@ const ServerName = "sloserve"
 // server metadata.
 var Extensions = []string{
 	"binary_tensor_data",
+	"model_configuration",
 	"model_repository",
 	"statistics",
 	"sloserve_control",

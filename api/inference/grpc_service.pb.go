@@ -928,6 +928,159 @@ func (x *ModelInferResponse) GetRawOutputContents() [][]byte {
 	return nil
 }
 
+// One answer on a ModelStreamInfer stream: the response, or the error that
+// ended its request (with the request's model, version and id in
+// infer_response so the client can tell which).
+type ModelStreamInferResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the request succeeded.
+	ErrorMessage  string              `protobuf:"bytes,1,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	InferResponse *ModelInferResponse `protobuf:"bytes,2,opt,name=infer_response,json=inferResponse,proto3" json:"infer_response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStreamInferResponse) Reset() {
+	*x = ModelStreamInferResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStreamInferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStreamInferResponse) ProtoMessage() {}
+
+func (x *ModelStreamInferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStreamInferResponse.ProtoReflect.Descriptor instead.
+func (*ModelStreamInferResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ModelStreamInferResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ModelStreamInferResponse) GetInferResponse() *ModelInferResponse {
+	if x != nil {
+		return x.InferResponse
+	}
+	return nil
+}
+
+type ModelConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Empty: the server chooses the version.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigRequest) Reset() {
+	*x = ModelConfigRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigRequest) ProtoMessage() {}
+
+func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigRequest.ProtoReflect.Descriptor instead.
+func (*ModelConfigRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ModelConfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelConfigRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+type ModelConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ModelConfig           `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigResponse) Reset() {
+	*x = ModelConfigResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigResponse) ProtoMessage() {}
+
+func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigResponse.ProtoReflect.Descriptor instead.
+func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ModelConfigResponse) GetConfig() *ModelConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
 type ModelStatisticsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all models.
@@ -940,7 +1093,7 @@ type ModelStatisticsRequest struct {
 
 func (x *ModelStatisticsRequest) Reset() {
 	*x = ModelStatisticsRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1105,7 @@ func (x *ModelStatisticsRequest) String() string {
 func (*ModelStatisticsRequest) ProtoMessage() {}
 
 func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1118,7 @@ func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsRequest.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{14}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ModelStatisticsRequest) GetName() string {
@@ -992,7 +1145,7 @@ type StatisticDuration struct {
 
 func (x *StatisticDuration) Reset() {
 	*x = StatisticDuration{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1157,7 @@ func (x *StatisticDuration) String() string {
 func (*StatisticDuration) ProtoMessage() {}
 
 func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1170,7 @@ func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatisticDuration.ProtoReflect.Descriptor instead.
 func (*StatisticDuration) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{15}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatisticDuration) GetCount() uint64 {
@@ -1048,7 +1201,7 @@ type InferStatistics struct {
 
 func (x *InferStatistics) Reset() {
 	*x = InferStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1213,7 @@ func (x *InferStatistics) String() string {
 func (*InferStatistics) ProtoMessage() {}
 
 func (x *InferStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1226,7 @@ func (x *InferStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferStatistics.ProtoReflect.Descriptor instead.
 func (*InferStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{16}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InferStatistics) GetSuccess() *StatisticDuration {
@@ -1130,7 +1283,7 @@ type InferBatchStatistics struct {
 
 func (x *InferBatchStatistics) Reset() {
 	*x = InferBatchStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1295,7 @@ func (x *InferBatchStatistics) String() string {
 func (*InferBatchStatistics) ProtoMessage() {}
 
 func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1308,7 @@ func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferBatchStatistics.ProtoReflect.Descriptor instead.
 func (*InferBatchStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{17}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InferBatchStatistics) GetBatchSize() uint64 {
@@ -1205,7 +1358,7 @@ type ModelStatistics struct {
 
 func (x *ModelStatistics) Reset() {
 	*x = ModelStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1370,7 @@ func (x *ModelStatistics) String() string {
 func (*ModelStatistics) ProtoMessage() {}
 
 func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1383,7 @@ func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatistics.ProtoReflect.Descriptor instead.
 func (*ModelStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{18}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ModelStatistics) GetName() string {
@@ -1318,7 +1471,7 @@ type SLOStatistics struct {
 
 func (x *SLOStatistics) Reset() {
 	*x = SLOStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1483,7 @@ func (x *SLOStatistics) String() string {
 func (*SLOStatistics) ProtoMessage() {}
 
 func (x *SLOStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1496,7 @@ func (x *SLOStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SLOStatistics.ProtoReflect.Descriptor instead.
 func (*SLOStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SLOStatistics) GetClass() string {
@@ -1446,7 +1599,7 @@ type ModelStatisticsResponse struct {
 
 func (x *ModelStatisticsResponse) Reset() {
 	*x = ModelStatisticsResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1611,7 @@ func (x *ModelStatisticsResponse) String() string {
 func (*ModelStatisticsResponse) ProtoMessage() {}
 
 func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1624,7 @@ func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsResponse.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
@@ -1496,7 +1649,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1661,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1674,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1606,7 +1759,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1771,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1784,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1657,7 +1810,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1822,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1835,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1703,7 +1856,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1868,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1881,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1760,7 +1913,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1925,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1938,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{28}
 }
 
 type RepositoryModelUnloadRequest struct {
@@ -1799,7 +1952,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1964,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1977,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1856,7 +2009,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +2021,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +2034,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{30}
 }
 
 type ModelMetadataResponse_TensorMetadata struct {
@@ -1896,7 +2049,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2061,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2111,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2123,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2184,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2196,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2239,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2251,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2314,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2326,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2339,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23, 0}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -2221,7 +2374,7 @@ var File_api_inference_grpc_service_proto protoreflect.FileDescriptor
 
 const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\n" +
-	" api/inference/grpc_service.proto\x12\tinference\"\x13\n" +
+	" api/inference/grpc_service.proto\x12\tinference\x1a api/inference/model_config.proto\"\x13\n" +
 	"\x11ServerLiveRequest\"(\n" +
 	"\x12ServerLiveResponse\x12\x12\n" +
 	"\x04live\x18\x01 \x01(\bR\x04live\"\x14\n" +
@@ -2327,7 +2480,15 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\x1aX\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"F\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x18ModelStreamInferResponse\x12#\n" +
+	"\rerror_message\x18\x01 \x01(\tR\ferrorMessage\x12D\n" +
+	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"B\n" +
+	"\x12ModelConfigRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"E\n" +
+	"\x13ModelConfigResponse\x12.\n" +
+	"\x06config\x18\x01 \x01(\v2\x16.inference.ModelConfigR\x06config\"F\n" +
 	"\x16ModelStatisticsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"9\n" +
@@ -2419,7 +2580,7 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05value\x18\x02 \x01(\v2#.inference.ModelRepositoryParameterR\x05value:\x028\x01\"\x1f\n" +
-	"\x1dRepositoryModelUnloadResponse2\x8a\a\n" +
+	"\x1dRepositoryModelUnloadResponse2\xb7\b\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -2429,7 +2590,9 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
 	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
 	"\n" +
-	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12Z\n" +
+	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12[\n" +
+	"\x10ModelStreamInfer\x12\x1c.inference.ModelInferRequest\x1a#.inference.ModelStreamInferResponse\"\x00(\x010\x01\x12N\n" +
+	"\vModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse\"\x00\x12Z\n" +
 	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
@@ -2447,7 +2610,7 @@ func file_api_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_api_inference_grpc_service_proto_rawDescData
 }
 
-var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -2463,94 +2626,104 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*InferTensorContents)(nil),                          // 11: inference.InferTensorContents
 	(*ModelInferRequest)(nil),                            // 12: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 13: inference.ModelInferResponse
-	(*ModelStatisticsRequest)(nil),                       // 14: inference.ModelStatisticsRequest
-	(*StatisticDuration)(nil),                            // 15: inference.StatisticDuration
-	(*InferStatistics)(nil),                              // 16: inference.InferStatistics
-	(*InferBatchStatistics)(nil),                         // 17: inference.InferBatchStatistics
-	(*ModelStatistics)(nil),                              // 18: inference.ModelStatistics
-	(*SLOStatistics)(nil),                                // 19: inference.SLOStatistics
-	(*ModelStatisticsResponse)(nil),                      // 20: inference.ModelStatisticsResponse
-	(*ModelRepositoryParameter)(nil),                     // 21: inference.ModelRepositoryParameter
-	(*RepositoryIndexRequest)(nil),                       // 22: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 23: inference.RepositoryIndexResponse
-	(*RepositoryModelLoadRequest)(nil),                   // 24: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 25: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 26: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 27: inference.RepositoryModelUnloadResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 28: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 29: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 30: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 31: inference.ModelInferRequest.ParametersEntry
-	nil, // 32: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 33: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 34: inference.ModelInferResponse.InferOutputTensor
-	nil, // 35: inference.ModelInferResponse.ParametersEntry
-	nil, // 36: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 37: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 38: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 39: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelStreamInferResponse)(nil),                     // 14: inference.ModelStreamInferResponse
+	(*ModelConfigRequest)(nil),                           // 15: inference.ModelConfigRequest
+	(*ModelConfigResponse)(nil),                          // 16: inference.ModelConfigResponse
+	(*ModelStatisticsRequest)(nil),                       // 17: inference.ModelStatisticsRequest
+	(*StatisticDuration)(nil),                            // 18: inference.StatisticDuration
+	(*InferStatistics)(nil),                              // 19: inference.InferStatistics
+	(*InferBatchStatistics)(nil),                         // 20: inference.InferBatchStatistics
+	(*ModelStatistics)(nil),                              // 21: inference.ModelStatistics
+	(*SLOStatistics)(nil),                                // 22: inference.SLOStatistics
+	(*ModelStatisticsResponse)(nil),                      // 23: inference.ModelStatisticsResponse
+	(*ModelRepositoryParameter)(nil),                     // 24: inference.ModelRepositoryParameter
+	(*RepositoryIndexRequest)(nil),                       // 25: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 26: inference.RepositoryIndexResponse
+	(*RepositoryModelLoadRequest)(nil),                   // 27: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 28: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 29: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 30: inference.RepositoryModelUnloadResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 31: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 32: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 33: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 34: inference.ModelInferRequest.ParametersEntry
+	nil, // 35: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 36: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 37: inference.ModelInferResponse.InferOutputTensor
+	nil, // 38: inference.ModelInferResponse.ParametersEntry
+	nil, // 39: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 40: inference.RepositoryIndexResponse.ModelIndex
+	nil,                 // 41: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil,                 // 42: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelConfig)(nil), // 43: inference.ModelConfig
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
-	28, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	28, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	31, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	29, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	30, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	35, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	34, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
-	15, // 7: inference.InferStatistics.success:type_name -> inference.StatisticDuration
-	15, // 8: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
-	15, // 9: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
-	15, // 10: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
-	15, // 11: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
-	15, // 12: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
-	15, // 13: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
-	15, // 14: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
-	15, // 15: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
-	16, // 16: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
-	17, // 17: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
-	19, // 18: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
-	18, // 19: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	37, // 20: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	38, // 21: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	39, // 22: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	32, // 23: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 24: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	33, // 25: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 26: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 27: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 28: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	36, // 29: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 30: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 31: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 32: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	21, // 33: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	21, // 34: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	0,  // 35: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 36: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 37: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 38: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 39: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 40: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	14, // 41: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	22, // 42: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	24, // 43: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	26, // 44: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	1,  // 45: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 46: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 47: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 48: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 49: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 50: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	20, // 51: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	23, // 52: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	25, // 53: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	27, // 54: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	31, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	31, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	34, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	32, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	33, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	38, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	37, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	13, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
+	43, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	18, // 9: inference.InferStatistics.success:type_name -> inference.StatisticDuration
+	18, // 10: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
+	18, // 11: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
+	18, // 12: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
+	18, // 13: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
+	18, // 14: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
+	18, // 15: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
+	18, // 16: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
+	18, // 17: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
+	19, // 18: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
+	20, // 19: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
+	22, // 20: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
+	21, // 21: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
+	40, // 22: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	41, // 23: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	42, // 24: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	35, // 25: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 26: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	36, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 28: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 29: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 30: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	39, // 31: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 32: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 33: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 34: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	24, // 35: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	24, // 36: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	0,  // 37: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 38: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 39: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 40: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 41: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 42: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	12, // 43: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	15, // 44: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	17, // 45: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	25, // 46: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	27, // 47: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	29, // 48: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	1,  // 49: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 50: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 51: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 52: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 53: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 54: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	14, // 55: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	16, // 56: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	23, // 57: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	26, // 58: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	28, // 59: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	30, // 60: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	49, // [49:61] is the sub-list for method output_type
+	37, // [37:49] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_api_inference_grpc_service_proto_init() }
@@ -2558,6 +2731,7 @@ func file_api_inference_grpc_service_proto_init() {
 	if File_api_inference_grpc_service_proto != nil {
 		return
 	}
+	file_api_inference_model_config_proto_init()
 	file_api_inference_grpc_service_proto_msgTypes[10].OneofWrappers = []any{
 		(*InferParameter_BoolParam)(nil),
 		(*InferParameter_Int64Param)(nil),
@@ -2565,7 +2739,7 @@ func file_api_inference_grpc_service_proto_init() {
 		(*InferParameter_DoubleParam)(nil),
 		(*InferParameter_Uint64Param)(nil),
 	}
-	file_api_inference_grpc_service_proto_msgTypes[21].OneofWrappers = []any{
+	file_api_inference_grpc_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
@@ -2577,7 +2751,7 @@ func file_api_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_grpc_service_proto_rawDesc), len(file_api_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
