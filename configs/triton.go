@@ -84,6 +84,9 @@ func parseTritonModel(file string, data []byte, dir string) (*Model, error) {
 	m.File, m.Dir = file, dir
 	t := tritonReader{file: file}
 	t.read(&tc, &m)
+	if m.Execution.Provider != ProviderCUDA {
+		m.Execution.CUDA = nil // CUDA options come with a GPU instance group
+	}
 	if m.Name == "" && dir != "" {
 		m.Name = folderName(dir) // Triton names a model after its folder
 	}
