@@ -163,7 +163,7 @@ func TestRegistryDefaultTimeout(t *testing.T) {
 // model's own, as Triton treats one.
 func TestRegistryPriorityLevels(t *testing.T) {
 	repo := t.TempDir()
-	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"slo: {priority: 2}\ndynamic_batching: {priority_levels: 3}\n", 1)
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"slo: {latency_ms: 1000, priority: 2}\ndynamic_batching: {priority_levels: 3}\n", 1)
 	r, _, _ := newTestRegistry(t, ControlPoll, repo)
 	if err := r.Start(t.Context()); err != nil {
 		t.Fatal(err)
