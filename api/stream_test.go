@@ -220,3 +220,47 @@ func TestGRPCModelStreamInferCancel(t *testing.T) {
 	}
 	// goleak (TestMain) checks that the handler's goroutines ended.
 }
+
+// BenchmarkGRPCStreamInfer compares requests over one ModelStreamInfer
+// stream (window requests in flight) with unary ModelInfer calls made one
+// after another, on the fake backend: the protocol's own cost.
+func BenchmarkGRPCStreamInfer(b *testing.B) {
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(b, newFakeBackend(), grpcTestLimits))
+	b.Run("unary", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.ModelInfer(b.Context(), grpcSumRequest(true)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, window := range []int{1, DefaultStreamInflight} {
+		b.Run(fmt.Sprintf("stream/window=%d", window), func(b *testing.B) {
+			b.ReportAllocs()
+			stream, err := c.ModelStreamInfer(b.Context())
+			if err != nil {
+				b.Fatal(err)
+			}
+			pending := 0
+			for b.Loop() {
+				if err := stream.Send(grpcSumRequest(true)); err != nil {
+					b.Fatal(err)
+				}
+				if pending++; pending == window {
+					if _, err := stream.Recv(); err != nil {
+						b.Fatal(err)
+					}
+					pending--
+				}
+			}
+			if err := stream.CloseSend(); err != nil {
+				b.Fatal(err)
+			}
+			for {
+				if _, err := stream.Recv(); err != nil {
+					break
+				}
+			}
+		})
+	}
+}
