@@ -154,12 +154,17 @@ func TestE2ETritonModelConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := wireFields(t, wireFields(t, wire)[1][0])                                                           // ModelConfigResponse.config = 1
-		input := wireFields(t, cfg[5][0])                                                                         // ModelConfig.input = 5
-		batching := wireFields(t, cfg[11][0])                                                                     // ModelConfig.dynamic_batching = 11
-		if string(cfg[1][0]) != "dyn" || string(cfg[2][0]) != "onnxruntime_onnx" || wireVarint(cfg[4][0]) != 8 || // name, platform, max_batch_size
-			string(input[1][0]) != "input_vectors" || wireVarint(input[2][0]) != 11 || // ModelInput.name, data_type TYPE_FP32 = 11
-			wireVarint(batching[2][0]) != 1000 || wireVarint(batching[4][0]) != 2 { // max_queue_delay_microseconds, priority_levels
+		// ModelConfigResponse.config = 1; ModelConfig.name = 1, platform = 2,
+		// max_batch_size = 4, input = 5, dynamic_batching = 11;
+		// ModelInput.name = 1, data_type = 2 (TYPE_FP32 = 11);
+		// ModelDynamicBatching.max_queue_delay_microseconds = 2,
+		// priority_levels = 4.
+		cfg := wireFields(t, wireFields(t, wire)[1][0])
+		input := wireFields(t, cfg[5][0])
+		batching := wireFields(t, cfg[11][0])
+		if string(cfg[1][0]) != "dyn" || string(cfg[2][0]) != "onnxruntime_onnx" || wireVarint(cfg[4][0]) != 8 ||
+			string(input[1][0]) != "input_vectors" || wireVarint(input[2][0]) != 11 ||
+			wireVarint(batching[2][0]) != 1000 || wireVarint(batching[4][0]) != 2 {
 			t.Errorf("config on the wire: %v", cfg)
 		}
 	})
