@@ -262,6 +262,8 @@ func (t *tritonReader) readInstanceGroups(groups []*inference.ModelInstanceGroup
 		switch gpus := g.GetGpus(); {
 		case g.GetKind() == inference.ModelInstanceGroup_KIND_CPU && len(gpus) > 0:
 			t.fail(path+".gpus", "not allowed with KIND_CPU")
+		case g.GetKind() == inference.ModelInstanceGroup_KIND_AUTO && len(gpus) > 0:
+			t.fail(path+".gpus", "with KIND_AUTO sloserve runs on the CPU; give kind KIND_GPU to run on a GPU")
 		case len(gpus) > 1:
 			t.fail(path+".gpus", "a model runs on one GPU, got %v", gpus)
 		case len(gpus) == 1:
