@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
@@ -39,6 +40,9 @@ type Backend interface {
 	ModelReady(name, version string) (bool, error)
 	// ModelMetadata describes a model, or one version of it.
 	ModelMetadata(name, version string) (models.Metadata, error)
+	// ModelConfig is the config a model version ("" = the default
+	// version) serves with, inputs and outputs complete; read only.
+	ModelConfig(name, version string) (*configs.Model, error)
 	// Infer runs one request on a model version ("" = the default version)
 	// and returns the version that served it.
 	Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error)
@@ -99,6 +103,9 @@ type Limits struct {
 	// regions, one for REST and gRPC together, bounded by its own limits;
 	// nil turns the extension off.
 	SharedMemory *SharedMemory
+	// StreamInflight caps the requests of one ModelStreamInfer stream read
+	// and not yet answered; 0 means DefaultStreamInflight.
+	StreamInflight int
 }
 
 // ServerName is the name sloserve gives in server metadata.
@@ -108,6 +115,7 @@ const ServerName = "sloserve"
 // server metadata.
 var Extensions = []string{
 	"binary_tensor_data",
+	"model_configuration",
 	"model_repository",
 	"statistics",
 	"sloserve_control",

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
@@ -96,6 +97,33 @@ func (f *fakeBackend) ModelMetadata(name, version string) (models.Metadata, erro
 		}
 	}
 	return md, nil
+}
+
+// ModelConfig answers sum's config (batching, an SLO) from its metadata.
+func (f *fakeBackend) ModelConfig(name, version string) (*configs.Model, error) {
+	md, err := f.ModelMetadata(name, version)
+	if err != nil {
+		return nil, err
+	}
+	m := &configs.Model{
+		Name: name, Platform: configs.PlatformONNX, Instances: 1,
+		VersionPolicy: configs.VersionPolicy{Latest: &configs.LatestPolicy{NumVersions: 1}},
+		Execution:     configs.Execution{Provider: configs.ProviderCPU, GraphOptimization: configs.GraphOptAll},
+		SLO:           configs.SLO{Class: configs.ClassBestEffort},
+		Resources:     configs.Resources{MaxComputeShare: 1},
+	}
+	if name == "sum" {
+		m.MaxBatchSize = 8
+		m.SLO = configs.SLO{LatencyMS: 50, Class: configs.ClassLatencyCritical}
+		m.DynamicBatching.PreferredBatchSizes = []int{4}
+	}
+	for _, t := range md.Inputs {
+		m.Inputs = append(m.Inputs, configs.TensorConfig{Name: t.Name, DataType: string(t.DataType), Shape: t.Shape})
+	}
+	for _, t := range md.Outputs {
+		m.Outputs = append(m.Outputs, configs.TensorConfig{Name: t.Name, DataType: string(t.DataType), Shape: t.Shape})
+	}
+	return m, nil
 }
 
 func (f *fakeBackend) Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {

@@ -106,9 +106,10 @@ func (s *grpcService) ServerReady(context.Context, *inference.ServerReadyRequest
 	return &inference.ServerReadyResponse{Ready: s.b.Ready()}, nil
 }
 
-// ModelReady reports whether a model version is ready.
+// ModelReady reports whether a model version is ready; an unknown model or
+// version is not ready (OK, ready false), as Triton answers.
 func (s *grpcService) ModelReady(_ context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
-	ready, err := s.b.ModelReady(req.GetName(), req.GetVersion())
+	ready, err := modelReady(s.b, req.GetName(), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelReady", err)
 	}
@@ -419,6 +420,14 @@ func grpcStatistics(stats []models.Statistics) *inference.ModelStatisticsRespons
 				ComputeInfer:  grpcDuration(st.ComputeInfer),
 				ComputeOutput: grpcDuration(st.ComputeOutput),
 			},
+		}
+		for _, b := range st.Batches {
+			resp.ModelStats[i].BatchStats = append(resp.ModelStats[i].BatchStats, &inference.InferBatchStatistics{
+				BatchSize:     uint64(max(b.BatchSize, 0)),
+				ComputeInput:  grpcDuration(b.ComputeInput),
+				ComputeInfer:  grpcDuration(b.ComputeInfer),
+				ComputeOutput: grpcDuration(b.ComputeOutput),
+			})
 		}
 		if q := st.SLO; q != nil {
 			resp.ModelStats[i].Slo = &inference.SLOStatistics{

@@ -69,6 +69,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	for _, p := range []string{"/v2/models/:model", "/v2/models/:model/versions/:version"} {
 		e.GET(p, s.modelMetadata)
 		e.GET(p+"/ready", s.modelReady)
+		e.GET(p+"/config", s.modelConfig)
 		e.POST(p+"/infer", s.infer)
 		e.GET(p+"/stats", s.statistics)
 	}
@@ -346,9 +347,12 @@ func shapeOrEmpty(shape []int64) []int64 {
 	return shape
 }
 
+// modelReady answers 200 when the model (version) is ready and, as Triton
+// does, 400 when it is not, unknown models and versions included; the body
+// of a 400 says which.
 func (s *restServer) modelReady(c *gin.Context) {
 	name, version := c.Param("model"), c.Param("version")
-	ok, err := s.b.ModelReady(name, version)
+	ok, err := modelReady(s.b, name, version)
 	switch {
 	case err != nil:
 		s.writeError(c, err)
@@ -357,7 +361,7 @@ func (s *restServer) modelReady(c *gin.Context) {
 		if version != "" {
 			msg = fmt.Sprintf("model %q version %q is not ready", name, version)
 		}
-		s.writeErrorStatus(c, http.StatusServiceUnavailable, msg)
+		s.writeErrorStatus(c, http.StatusBadRequest, msg)
 	default:
 		c.Status(http.StatusOK)
 	}
@@ -476,15 +480,23 @@ type inferStatsJSON struct {
 	ComputeOutput durationJSON `json:"compute_output"`
 }
 
+// batchStatsJSON is the executions of one batch size.
+type batchStatsJSON struct {
+	BatchSize     uint64       `json:"batch_size"`
+	ComputeInput  durationJSON `json:"compute_input"`
+	ComputeInfer  durationJSON `json:"compute_infer"`
+	ComputeOutput durationJSON `json:"compute_output"`
+}
+
 // modelStatsJSON is one model version's statistics.
 type modelStatsJSON struct {
-	Name           string         `json:"name"`
-	Version        string         `json:"version"`
-	LastInference  int64          `json:"last_inference"` // ms since the epoch, 0 if never
-	InferenceCount uint64         `json:"inference_count"`
-	ExecutionCount uint64         `json:"execution_count"`
-	InferenceStats inferStatsJSON `json:"inference_stats"`
-	BatchStats     []struct{}     `json:"batch_stats"`
+	Name           string           `json:"name"`
+	Version        string           `json:"version"`
+	LastInference  int64            `json:"last_inference"` // ms since the epoch, 0 if never
+	InferenceCount uint64           `json:"inference_count"`
+	ExecutionCount uint64           `json:"execution_count"`
+	InferenceStats inferStatsJSON   `json:"inference_stats"`
+	BatchStats     []batchStatsJSON `json:"batch_stats"`
 	// SLO is sloserve's extension: the version's SLO accounting.
 	SLO *sloStatsJSON `json:"slo,omitempty"`
 }
@@ -538,7 +550,15 @@ func (s *restServer) statistics(c *gin.Context) {
 				ComputeInfer:  newDurationJSON(st.ComputeInfer),
 				ComputeOutput: newDurationJSON(st.ComputeOutput),
 			},
-			BatchStats: []struct{}{},
+			BatchStats: make([]batchStatsJSON, len(st.Batches)),
+		}
+		for j, b := range st.Batches {
+			body.ModelStats[i].BatchStats[j] = batchStatsJSON{
+				BatchSize:     uint64(max(b.BatchSize, 0)),
+				ComputeInput:  newDurationJSON(b.ComputeInput),
+				ComputeInfer:  newDurationJSON(b.ComputeInfer),
+				ComputeOutput: newDurationJSON(b.ComputeOutput),
+			}
 		}
 		if q := st.SLO; q != nil {
 			body.ModelStats[i].SLO = &sloStatsJSON{

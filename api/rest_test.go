@@ -105,7 +105,7 @@ func TestRESTRoutes(t *testing.T) {
 		{"live", restCall{method: "GET", path: "/v2/health/live"}, 200, "", ""},
 		{"ready", restCall{method: "GET", path: "/v2/health/ready"}, 200, "", ""},
 		{"server metadata", restCall{method: "GET", path: "/v2"}, 200,
-			`{"name":"sloserve","version":"test","extensions":["binary_tensor_data","model_repository","statistics","sloserve_control"],"sloserve_limiters":{"cpu":"cgroup-v1"}}`, ""},
+			`{"name":"sloserve","version":"test","extensions":["binary_tensor_data","model_configuration","model_repository","statistics","sloserve_control"],"sloserve_limiters":{"cpu":"cgroup-v1"}}`, ""},
 		{"model metadata", restCall{method: "GET", path: "/v2/models/sum"}, 200, sumMetadata, ""},
 		{"model version metadata", restCall{method: "GET", path: "/v2/models/sum/versions/1"}, 200, sumMetadata, ""},
 		{"metadata without tensors", restCall{method: "GET", path: "/v2/models/echo"}, 200,
@@ -114,15 +114,16 @@ func TestRESTRoutes(t *testing.T) {
 		{"metadata unknown version", restCall{method: "GET", path: "/v2/models/sum/versions/2"}, 404, "", "version not found"},
 		{"model ready", restCall{method: "GET", path: "/v2/models/sum/ready"}, 200, "", ""},
 		{"model version ready", restCall{method: "GET", path: "/v2/models/sum/versions/1/ready"}, 200, "", ""},
-		{"model not ready", restCall{method: "GET", path: "/v2/models/unready/ready"}, 503, "", "not ready"},
-		{"ready unknown model", restCall{method: "GET", path: "/v2/models/nope/ready"}, 404, "", "model not found"},
-		{"ready unknown version", restCall{method: "GET", path: "/v2/models/sum/versions/9/ready"}, 404, "", "version not found"},
+		{"model not ready", restCall{method: "GET", path: "/v2/models/unready/ready"}, 400, "", `model "unready" is not ready`},
+		// As Triton: an unknown model or version is not ready (400), not 404.
+		{"ready unknown model", restCall{method: "GET", path: "/v2/models/nope/ready"}, 400, "", `model "nope" is not ready`},
+		{"ready unknown version", restCall{method: "GET", path: "/v2/models/sum/versions/9/ready"}, 400, "", `model "sum" version "9" is not ready`},
 		{"all stats", restCall{method: "GET", path: "/v2/models/stats"}, 200,
 			`{"model_stats":[` + statsEcho + `,` + statsSum + `]}`, ""},
 		{"model stats", restCall{method: "GET", path: "/v2/models/sum/stats"}, 200, `{"model_stats":[` + statsSum + `]}`, ""},
 		{"model version stats", restCall{method: "GET", path: "/v2/models/sum/versions/1/stats"}, 200,
 			`{"model_stats":[` + statsSum + `]}`, ""},
-		{"model named stats", restCall{method: "GET", path: "/v2/models/stats/ready"}, 404, "", `model not found: "stats"`},
+		{"model named stats", restCall{method: "GET", path: "/v2/models/stats/ready"}, 400, "", `model "stats" is not ready`},
 		{"stats unknown model", restCall{method: "GET", path: "/v2/models/nope/stats"}, 404, "", "model not found"},
 		{"index", restCall{path: "/v2/repository/index"}, 200,
 			`[{"name":"echo","version":"1","state":"READY"},{"name":"sum","version":"1","state":"READY"},
@@ -198,11 +199,11 @@ func TestRESTLoadUnloadChangesReadiness(t *testing.T) {
 		call restCall
 		want int
 	}{
-		{restCall{method: "GET", path: "/v2/models/unready/ready"}, 503},
+		{restCall{method: "GET", path: "/v2/models/unready/ready"}, 400},
 		{restCall{path: "/v2/repository/models/unready/load"}, 200},
 		{restCall{method: "GET", path: "/v2/models/unready/ready"}, 200},
 		{restCall{path: "/v2/repository/models/unready/unload"}, 200},
-		{restCall{method: "GET", path: "/v2/models/unready/ready"}, 503},
+		{restCall{method: "GET", path: "/v2/models/unready/ready"}, 400},
 	}
 	for i, s := range steps {
 		if rec := s.call.do(t, ctx, h); rec.Code != s.want {

@@ -1,10 +1,14 @@
 // Package configs holds the server and model configuration: the types, their
 // defaults, strict YAML decoding (unknown fields are errors) and validation.
+// A model's config may also come from a Triton config.pbtxt (triton.go),
+// mapped onto the same Model field by field, unsupported fields named.
 // Every problem is reported as a *FieldError that names the file and the
 // dotted YAML path of the field, and all problems in a file are reported
 // together (errors.Join), not just the first.
 //
-// It owns what a valid configuration is, and the files that ship with it:
+// It owns what a valid configuration is, the mapping between a Model and
+// Triton's ModelConfig message (whose wire format it takes from
+// api/inference, which holds no logic), and the files that ship with it:
 // the embedded default.yaml, the example model config, the Prometheus rules
 // and the Grafana dashboard. It must not act on a configuration: it reads
 // the files a config names (certificates, tokens) to validate them, but it

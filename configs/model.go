@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -53,11 +54,18 @@ const (
 	MaxLatencyMS = 3_600_000
 )
 
-// The file names LoadModel looks for in a model folder.
+// The file names LoadModel looks for in a model folder. A folder with a
+// config.yaml (or config.yml) is read from it; one with only a Triton
+// config.pbtxt is read from that.
 const (
 	ModelConfigFile    = "config.yaml"
 	ModelConfigFileAlt = "config.yml"
+	ModelConfigPbtxt   = "config.pbtxt"
 )
+
+// ModelConfigFiles are all the config file names of a model folder, in the
+// order LoadModel prefers them.
+var ModelConfigFiles = []string{ModelConfigFile, ModelConfigFileAlt, ModelConfigPbtxt}
 
 // Model is one model's config.yaml. See examples/model.yaml.
 type Model struct {
@@ -82,6 +90,11 @@ type Model struct {
 
 	Dir  string `yaml:"-"` // the model folder, when loaded by LoadModel
 	File string `yaml:"-"` // the config file, as named in error messages
+	// Warnings are what the loader accepted but could not honour in full
+	// (config.pbtxt fields sloserve ignores, a config.pbtxt shadowed by a
+	// config.yaml), one sentence each naming the file and field; the
+	// caller logs them.
+	Warnings []string `yaml:"-"`
 }
 
 // DynamicBatching tunes request merging.
@@ -91,6 +104,15 @@ type DynamicBatching struct {
 	MaxQueueDelay time.Duration `yaml:"max_queue_delay"`
 	// PreferredBatchSizes are sizes a batch is cut to and sent at once.
 	PreferredBatchSizes []int `yaml:"preferred_batch_sizes,omitempty"`
+	// PriorityLevels caps the priority a request may ask for (1 highest):
+	// a request asking for a level above it gets the model's priority
+	// (slo.priority), as Triton treats one. 0: no cap.
+	PriorityLevels int `yaml:"priority_levels"`
+	// DefaultTimeout bounds every request's time from arrival to answer,
+	// as Triton's default queue policy timeout does: the request is
+	// dropped when it cannot be answered in time. A request's own shorter
+	// timeout still applies. 0: none.
+	DefaultTimeout time.Duration `yaml:"default_timeout"`
 }
 
 // VersionPolicy chooses which of the versions on disk are served. Exactly
@@ -217,6 +239,9 @@ func defaultCUDA() *CUDA {
 
 // LoadModel reads dir/config.yaml (or config.yml), applies the defaults,
 // decodes strictly and validates, including that the name is the folder's.
+// A folder without either is read from a Triton config.pbtxt (see
+// ParseTritonModel); when both kinds are there, config.yaml wins and the
+// returned model carries a warning saying so.
 func LoadModel(dir string) (*Model, error) {
 	var file string
 	var data []byte
@@ -234,10 +259,25 @@ func LoadModel(dir string) (*Model, error) {
 		}
 		file, data = f, b
 	}
+	pbtxt := filepath.Join(dir, ModelConfigPbtxt)
 	if file == "" {
-		return nil, fmt.Errorf("%s: no %s: %w", dir, ModelConfigFile, fs.ErrNotExist)
+		b, err := ReadFile(pbtxt)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s: no %s or %s: %w", dir, ModelConfigFile, ModelConfigPbtxt, fs.ErrNotExist)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return parseTritonModel(pbtxt, b, dir)
 	}
-	return parseModel(file, data, dir)
+	m, err := parseModel(file, data, dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(pbtxt); err == nil {
+		m.Warnings = append(m.Warnings, fmt.Sprintf("%s: ignored: %s is read instead", pbtxt, filepath.Base(file)))
+	}
+	return m, nil
 }
 
 // ParseModel decodes and validates a model config; file is used only in
@@ -328,6 +368,15 @@ func (m *Model) validate() problems {
 	}
 	if len(m.DynamicBatching.PreferredBatchSizes) > 0 && m.MaxBatchSize == 0 {
 		p.add("dynamic_batching.preferred_batch_sizes", "needs max_batch_size > 0")
+	}
+	switch lv := m.DynamicBatching.PriorityLevels; {
+	case lv < 0:
+		p.add("dynamic_batching.priority_levels", "must be >= 0, got %d", lv)
+	case lv > 0 && m.SLO.Priority > lv:
+		p.add("slo.priority", "must be at most dynamic_batching.priority_levels (%d), got %d", lv, m.SLO.Priority)
+	}
+	if d := m.DynamicBatching.DefaultTimeout; d < 0 || d > time.Hour {
+		p.add("dynamic_batching.default_timeout", "must be between 0 and 1h, got %v", d)
 	}
 	if m.MaxQueueSize < 0 {
 		p.add("max_queue_size", "must be >= 0, got %d", m.MaxQueueSize)

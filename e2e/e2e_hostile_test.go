@@ -305,11 +305,11 @@ func TestE2EHostile(t *testing.T) {
 		// path-like name is simply not found.
 		{"dot-dot model: infer", post("/v2/models/../infer", dynBody), false, 404, `model not found: ".."`},
 		{"dot-dot model: metadata, escaped", get("/v2/models/%2e%2e"), false, 404, `model not found: ".."`},
-		{"dot-dot model: ready", get("/v2/models/%2E%2E/ready"), false, 404, `model not found: ".."`},
+		{"dot-dot model: ready", get("/v2/models/%2E%2E/ready"), false, 400, `model ".." is not ready`},
 		{"escaped slash out of the repository", post("/v2/models/%2e%2e%2foutside%2fsecret/infer", dynBody), false,
 			404, "no route for POST /v2/models/../outside/secret/infer"},
 		{"absolute path as a model", get("/v2/models/%2fetc%2fpasswd/ready"), false, 404, "no route for GET /v2/models//etc/passwd/ready"},
-		{"NUL in a model name", get("/v2/models/dyn%00x/ready"), false, 404, `model not found: "dyn\x00x"`},
+		{"NUL in a model name", get("/v2/models/dyn%00x/ready"), false, 400, `model "dyn\x00x" is not ready`},
 		{"very long model name", get("/v2/models/" + longName), false, 404, `model not found: "nnnnnnnn`},
 		{"load ..", post("/v2/repository/models/../load", nil), false, 400, `invalid model name ".."`},
 		{"unload ..", post("/v2/repository/models/%2e%2e/unload", nil), false, 400, `invalid model name ".."`},
@@ -441,8 +441,8 @@ func TestE2EHostile(t *testing.T) {
 			_, err := s.grpc.ModelMetadata(t.Context(), &inference.ModelMetadataRequest{Name: ".."})
 			return err
 		}, codes.NotFound, `model not found: ".."`},
-		{"NUL in a model name: ready", func(t *testing.T) error {
-			_, err := s.grpc.ModelReady(t.Context(), &inference.ModelReadyRequest{Name: "dyn\x00"})
+		{"NUL in a model name: config", func(t *testing.T) error {
+			_, err := s.grpc.ModelConfig(t.Context(), &inference.ModelConfigRequest{Name: "dyn\x00"})
 			return err
 		}, codes.NotFound, `model not found: "dyn\x00"`},
 		{"absolute path: load", func(t *testing.T) error {

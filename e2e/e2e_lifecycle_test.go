@@ -84,7 +84,7 @@ func TestE2EPollRepository(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "dyn to unload", 30*time.Second, func() bool {
-		code, _, _ := s.do(t, "GET", "/v2/models/dyn/ready", nil)
+		code, _, _ := s.do(t, "GET", "/v2/models/dyn", nil)
 		return code == 404
 	})
 	waitFor(t, "dyn's runner to exit", 10*time.Second, func() bool { return len(s.runnerPids(t, filepath.Join(repo, "dyn"))) == 0 })

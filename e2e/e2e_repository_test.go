@@ -675,7 +675,7 @@ func TestE2EConfigReload(t *testing.T) {
 		t.Errorf("POST /v2/config/reload: %d %+v, want repositories applied and qos.window needing a restart", code, res)
 	}
 	waitFor(t, "multi to unload with its repository", 30*time.Second, func() bool {
-		code, _, _ := s.do(t, "GET", "/v2/models/multi/ready", nil)
+		code, _, _ := s.do(t, "GET", "/v2/models/multi", nil)
 		return code == 404
 	})
 	waitFor(t, "multi's runner to exit", 30*time.Second, func() bool { return len(s.runnerPids(t, filepath.Join(repoB, "multi"))) == 0 })
@@ -704,7 +704,7 @@ func TestE2ENoneModeReloadsOnSIGHUP(t *testing.T) {
 	addModel(t, repo, repoModel{"multi", testModel(t, "example_multitype.onnx"), ""}, 1)
 	load := driveLoad(t, s, "dyn", dynBody, 2)
 	load.waitMore(t, 20)
-	if code, _, _ := s.do(t, "GET", "/v2/models/multi/ready", nil); code != 404 {
+	if code, _, _ := s.do(t, "GET", "/v2/models/multi", nil); code != 404 {
 		t.Errorf("none mode found a new folder before SIGHUP: %d", code)
 	}
 	s.hup(t)

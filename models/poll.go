@@ -189,7 +189,7 @@ func (r *Registry) pollOnce(ctx context.Context) {
 // as a hidden one a new version is staged in, do not count.
 func fingerprint(dir string) string {
 	h := sha256.New()
-	for _, name := range []string{configs.ModelConfigFile, configs.ModelConfigFileAlt} {
+	for _, name := range configs.ModelConfigFiles {
 		// configs.ReadFile refuses a FIFO or a device (it would hang or
 		// exhaust memory here, on every poll); the error is the print, and
 		// the load it triggers reports it.

@@ -446,6 +446,9 @@ func (r *Registry) load(ctx context.Context, name string) error {
 		r.setFailed(m, nil, err, fp)
 		return err
 	}
+	for _, w := range cfg.Warnings {
+		log.Warn("model config: " + w)
+	}
 	available, err := configs.ListVersions(m.dir)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -560,17 +563,36 @@ func (r *Registry) warmUp(ctx context.Context, v *version) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := qos.Warmup(wctx, v.key, v.executor(), r.opts.Estimator, sizes, 3, sample); err != nil {
+	// Warm-up runs go straight to the instances: they are not clients'
+	// executions, so the statistics do not count them.
+	warm := qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
+		resp, _, err := v.run(ctx, req)
+		return resp, err
+	})
+	if err := qos.Warmup(wctx, v.key, warm, r.opts.Estimator, sizes, 3, sample); err != nil {
 		r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
 	}
 }
 
-// executor runs batches on the version's instances, for the scheduler.
+// executor runs batches on the version's instances, for the scheduler,
+// and counts each execution by its batch size.
 func (v *version) executor() qos.Executor {
 	return qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
 		resp, _, err := v.run(ctx, req)
+		if err == nil {
+			v.stats.recordExecution(v.batchOf(req), resp.Timing)
+		}
 		return resp, err
 	})
+}
+
+// batchOf is the batch size of a request the version executes: the first
+// dimension of its inputs when the model batches, else 1.
+func (v *version) batchOf(req *runtime.InferRequest) int {
+	if v.maxBatch > 0 && len(req.Inputs) > 0 && len(req.Inputs[0].Shape) > 0 {
+		return int(max(req.Inputs[0].Shape[0], 1))
+	}
+	return 1
 }
 
 // schedule hands a started version to its device's QoS scheduler, or, when
@@ -1005,6 +1027,14 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		v.finish(outcomeInvalid, 1, start, 0, nil)
 		return nil, v.label, err
 	}
+	if lv := v.cfg.DynamicBatching.PriorityLevels; lv > 0 && req.Priority > lv {
+		req.Priority = 0 // beyond the model's levels: its default, as Triton does
+	}
+	if d := v.cfg.DynamicBatching.DefaultTimeout; d > 0 {
+		if dl := start.Add(d); req.Deadline.IsZero() || dl.Before(req.Deadline) {
+			req.Deadline = dl
+		}
+	}
 	var (
 		resp  *runtime.InferResponse
 		queue time.Duration
@@ -1017,6 +1047,9 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		}
 	} else {
 		resp, queue, err = v.run(ctx, req)
+		if err == nil {
+			v.stats.recordExecution(batch, resp.Timing)
+		}
 	}
 	if err != nil {
 		o := outcomeFailed
@@ -1291,6 +1324,37 @@ func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 		md.Versions = []string{v.label}
 	}
 	return md, nil
+}
+
+// ModelConfig is the config a version ("" = the highest ready one) serves
+// with, its inputs and outputs those of the loaded model. The copy shares
+// its lists and policies with the version's: read it, do not change it.
+func (r *Registry) ModelConfig(name, ver string) (*configs.Model, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	m, ok := r.models[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
+	v, err := m.resolve(ver)
+	if err != nil {
+		return nil, err
+	}
+	cfg := *v.cfg
+	cfg.Inputs, cfg.Outputs = tensorConfigs(v.inputs), tensorConfigs(v.outputs)
+	cfg.Warnings = nil
+	return &cfg, nil
+}
+
+func tensorConfigs(specs []runtime.TensorSpec) []configs.TensorConfig {
+	out := make([]configs.TensorConfig, len(specs))
+	for i, s := range specs {
+		out[i] = configs.TensorConfig{Name: s.Name, DataType: string(s.DataType), Shape: slices.Clone(s.Shape)}
+	}
+	return out
 }
 
 // Index lists every model in the repositories with the state of each of its

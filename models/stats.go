@@ -1,15 +1,21 @@
 package models
 
 import (
-	"github.com/sloserve/sloserve/runtime"
+	"cmp"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/sloserve/sloserve/runtime"
 )
 
-// versionStats accumulates one version's statistics since it was loaded.
+// versionStats accumulates one version's statistics since it was loaded:
+// per request (record) and per execution of a batch on an instance
+// (recordExecution), the one place both are counted.
 type versionStats struct {
-	mu sync.Mutex
-	s  Statistics
+	mu      sync.Mutex
+	s       Statistics
+	batches map[int]*BatchStatistics // by batch size
 }
 
 // outcome of one request, as counted in statistics and metrics.
@@ -35,7 +41,6 @@ func (vs *versionStats) record(o outcome, batch int, total, queue time.Duration,
 	}
 	vs.s.LastInference = time.Now()
 	vs.s.InferenceCount += uint64(batch)
-	vs.s.ExecutionCount++
 	vs.s.Success.Count++
 	vs.s.Success.Total += total
 	vs.s.Queue.Count++
@@ -50,8 +55,39 @@ func (vs *versionStats) record(o outcome, batch int, total, queue time.Duration,
 	}
 }
 
+// recordExecution counts one execution of a batch of size batch (the
+// merged requests' batch elements) and its times in the runner. Warm-up
+// runs are not counted: only executions of clients' requests.
+func (vs *versionStats) recordExecution(batch int, t runtime.Timing) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	vs.s.ExecutionCount++
+	if vs.batches == nil {
+		vs.batches = map[int]*BatchStatistics{}
+	}
+	b, ok := vs.batches[batch]
+	if !ok {
+		b = &BatchStatistics{BatchSize: batch}
+		vs.batches[batch] = b
+	}
+	b.ComputeInput.add(t.Input)
+	b.ComputeInfer.add(t.Infer)
+	b.ComputeOutput.add(t.Output)
+}
+
+func (d *Duration) add(t time.Duration) {
+	d.Count++
+	d.Total += t
+}
+
 func (vs *versionStats) snapshot() Statistics {
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
-	return vs.s
+	s := vs.s
+	s.Batches = make([]BatchStatistics, 0, len(vs.batches))
+	for _, b := range vs.batches {
+		s.Batches = append(s.Batches, *b)
+	}
+	slices.SortFunc(s.Batches, func(a, b BatchStatistics) int { return cmp.Compare(a.BatchSize, b.BatchSize) })
+	return s
 }

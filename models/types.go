@@ -60,16 +60,27 @@ type Statistics struct {
 	Version        string
 	LastInference  time.Time
 	InferenceCount uint64 // inferences, counting each batch element
-	ExecutionCount uint64 // runner executions
+	ExecutionCount uint64 // runner executions (a merged batch is one)
 	Success        Duration
 	Fail           Duration
 	Queue          Duration
 	ComputeInput   Duration
 	ComputeInfer   Duration
 	ComputeOutput  Duration
+	// Batches counts executions by batch size, ascending, with their times
+	// in the runner (Triton's batch_stats).
+	Batches []BatchStatistics
 	// SLO is the version's SLO accounting from its scheduler; nil when the
 	// version is not scheduled.
 	SLO *SLOStatistics
+}
+
+// BatchStatistics is the executions of one batch size and their times.
+type BatchStatistics struct {
+	BatchSize     int
+	ComputeInput  Duration
+	ComputeInfer  Duration
+	ComputeOutput Duration
 }
 
 // SLOStatistics is one version's SLO accounting: outcome counts since it

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
@@ -36,6 +37,10 @@ func (b *backend) ModelReady(name, version string) (bool, error) {
 
 func (b *backend) ModelMetadata(name, version string) (models.Metadata, error) {
 	return b.reg.Metadata(name, version)
+}
+
+func (b *backend) ModelConfig(name, version string) (*configs.Model, error) {
+	return b.reg.ModelConfig(name, version)
 }
 
 func (b *backend) Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {

@@ -1,6 +1,7 @@
 // Package inference is the Open Inference Protocol v2 gRPC service as
-// sloserve speaks it: grpc_service.proto and the Go code protoc generates
-// from it (grpc_service.pb.go, grpc_service_grpc.pb.go), checked in.
+// sloserve speaks it: grpc_service.proto, model_config.proto (Triton's model
+// config, also the format of a config.pbtxt) and the Go code protoc
+// generates from them, checked in.
 //
 // It owns the wire format only: message and field names and numbers follow
 // the public OIP v2 / KServe v2 specification and Triton's superset of it.

@@ -928,6 +928,159 @@ func (x *ModelInferResponse) GetRawOutputContents() [][]byte {
 	return nil
 }
 
+// One answer on a ModelStreamInfer stream: the response, or the error that
+// ended its request (with the request's model, version and id in
+// infer_response so the client can tell which).
+type ModelStreamInferResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the request succeeded.
+	ErrorMessage  string              `protobuf:"bytes,1,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	InferResponse *ModelInferResponse `protobuf:"bytes,2,opt,name=infer_response,json=inferResponse,proto3" json:"infer_response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStreamInferResponse) Reset() {
+	*x = ModelStreamInferResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStreamInferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStreamInferResponse) ProtoMessage() {}
+
+func (x *ModelStreamInferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStreamInferResponse.ProtoReflect.Descriptor instead.
+func (*ModelStreamInferResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ModelStreamInferResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ModelStreamInferResponse) GetInferResponse() *ModelInferResponse {
+	if x != nil {
+		return x.InferResponse
+	}
+	return nil
+}
+
+type ModelConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Empty: the server chooses the version.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigRequest) Reset() {
+	*x = ModelConfigRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigRequest) ProtoMessage() {}
+
+func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigRequest.ProtoReflect.Descriptor instead.
+func (*ModelConfigRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ModelConfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelConfigRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+type ModelConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ModelConfig           `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigResponse) Reset() {
+	*x = ModelConfigResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigResponse) ProtoMessage() {}
+
+func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigResponse.ProtoReflect.Descriptor instead.
+func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ModelConfigResponse) GetConfig() *ModelConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
 type ModelStatisticsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all models.
@@ -940,7 +1093,7 @@ type ModelStatisticsRequest struct {
 
 func (x *ModelStatisticsRequest) Reset() {
 	*x = ModelStatisticsRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1105,7 @@ func (x *ModelStatisticsRequest) String() string {
 func (*ModelStatisticsRequest) ProtoMessage() {}
 
 func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[14]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1118,7 @@ func (x *ModelStatisticsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsRequest.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{14}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ModelStatisticsRequest) GetName() string {
@@ -992,7 +1145,7 @@ type StatisticDuration struct {
 
 func (x *StatisticDuration) Reset() {
 	*x = StatisticDuration{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1157,7 @@ func (x *StatisticDuration) String() string {
 func (*StatisticDuration) ProtoMessage() {}
 
 func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[15]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1170,7 @@ func (x *StatisticDuration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatisticDuration.ProtoReflect.Descriptor instead.
 func (*StatisticDuration) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{15}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatisticDuration) GetCount() uint64 {
@@ -1048,7 +1201,7 @@ type InferStatistics struct {
 
 func (x *InferStatistics) Reset() {
 	*x = InferStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1213,7 @@ func (x *InferStatistics) String() string {
 func (*InferStatistics) ProtoMessage() {}
 
 func (x *InferStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[16]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1226,7 @@ func (x *InferStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferStatistics.ProtoReflect.Descriptor instead.
 func (*InferStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{16}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InferStatistics) GetSuccess() *StatisticDuration {
@@ -1130,7 +1283,7 @@ type InferBatchStatistics struct {
 
 func (x *InferBatchStatistics) Reset() {
 	*x = InferBatchStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1295,7 @@ func (x *InferBatchStatistics) String() string {
 func (*InferBatchStatistics) ProtoMessage() {}
 
 func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[17]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1308,7 @@ func (x *InferBatchStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferBatchStatistics.ProtoReflect.Descriptor instead.
 func (*InferBatchStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{17}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InferBatchStatistics) GetBatchSize() uint64 {
@@ -1205,7 +1358,7 @@ type ModelStatistics struct {
 
 func (x *ModelStatistics) Reset() {
 	*x = ModelStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1370,7 @@ func (x *ModelStatistics) String() string {
 func (*ModelStatistics) ProtoMessage() {}
 
 func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[18]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1383,7 @@ func (x *ModelStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatistics.ProtoReflect.Descriptor instead.
 func (*ModelStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{18}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ModelStatistics) GetName() string {
@@ -1318,7 +1471,7 @@ type SLOStatistics struct {
 
 func (x *SLOStatistics) Reset() {
 	*x = SLOStatistics{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1483,7 @@ func (x *SLOStatistics) String() string {
 func (*SLOStatistics) ProtoMessage() {}
 
 func (x *SLOStatistics) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[19]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1496,7 @@ func (x *SLOStatistics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SLOStatistics.ProtoReflect.Descriptor instead.
 func (*SLOStatistics) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{19}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SLOStatistics) GetClass() string {
@@ -1446,7 +1599,7 @@ type ModelStatisticsResponse struct {
 
 func (x *ModelStatisticsResponse) Reset() {
 	*x = ModelStatisticsResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1611,7 @@ func (x *ModelStatisticsResponse) String() string {
 func (*ModelStatisticsResponse) ProtoMessage() {}
 
 func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[20]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1624,7 @@ func (x *ModelStatisticsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatisticsResponse.ProtoReflect.Descriptor instead.
 func (*ModelStatisticsResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{20}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ModelStatisticsResponse) GetModelStats() []*ModelStatistics {
@@ -1496,7 +1649,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1661,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[21]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1674,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{21}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1606,7 +1759,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1771,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[22]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1784,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{22}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1657,7 +1810,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1822,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[23]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1835,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1703,7 +1856,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1868,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[24]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1881,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{24}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1760,7 +1913,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1925,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[25]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1938,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{25}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{28}
 }
 
 type RepositoryModelUnloadRequest struct {
@@ -1799,7 +1952,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1964,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[26]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1977,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1856,7 +2009,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +2021,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[27]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +2034,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{27}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{30}
 }
 
 type SystemSharedMemoryStatusRequest struct {
@@ -1894,7 +2047,7 @@ type SystemSharedMemoryStatusRequest struct {
 
 func (x *SystemSharedMemoryStatusRequest) Reset() {
 	*x = SystemSharedMemoryStatusRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2059,7 @@ func (x *SystemSharedMemoryStatusRequest) String() string {
 func (*SystemSharedMemoryStatusRequest) ProtoMessage() {}
 
 func (x *SystemSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[28]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2072,7 @@ func (x *SystemSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemSharedMemoryStatusRequest.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{28}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SystemSharedMemoryStatusRequest) GetName() string {
@@ -1939,7 +2092,7 @@ type SystemSharedMemoryStatusResponse struct {
 
 func (x *SystemSharedMemoryStatusResponse) Reset() {
 	*x = SystemSharedMemoryStatusResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2104,7 @@ func (x *SystemSharedMemoryStatusResponse) String() string {
 func (*SystemSharedMemoryStatusResponse) ProtoMessage() {}
 
 func (x *SystemSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[29]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2117,7 @@ func (x *SystemSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemSharedMemoryStatusResponse.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryStatusResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SystemSharedMemoryStatusResponse) GetRegions() map[string]*SystemSharedMemoryStatusResponse_RegionStatus {
@@ -1986,7 +2139,7 @@ type SystemSharedMemoryRegisterRequest struct {
 
 func (x *SystemSharedMemoryRegisterRequest) Reset() {
 	*x = SystemSharedMemoryRegisterRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2151,7 @@ func (x *SystemSharedMemoryRegisterRequest) String() string {
 func (*SystemSharedMemoryRegisterRequest) ProtoMessage() {}
 
 func (x *SystemSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[30]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2164,7 @@ func (x *SystemSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use SystemSharedMemoryRegisterRequest.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryRegisterRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{30}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SystemSharedMemoryRegisterRequest) GetName() string {
@@ -2050,7 +2203,7 @@ type SystemSharedMemoryRegisterResponse struct {
 
 func (x *SystemSharedMemoryRegisterResponse) Reset() {
 	*x = SystemSharedMemoryRegisterResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2215,7 @@ func (x *SystemSharedMemoryRegisterResponse) String() string {
 func (*SystemSharedMemoryRegisterResponse) ProtoMessage() {}
 
 func (x *SystemSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[31]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2228,7 @@ func (x *SystemSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use SystemSharedMemoryRegisterResponse.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryRegisterResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{31}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{34}
 }
 
 type SystemSharedMemoryUnregisterRequest struct {
@@ -2088,7 +2241,7 @@ type SystemSharedMemoryUnregisterRequest struct {
 
 func (x *SystemSharedMemoryUnregisterRequest) Reset() {
 	*x = SystemSharedMemoryUnregisterRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2253,7 @@ func (x *SystemSharedMemoryUnregisterRequest) String() string {
 func (*SystemSharedMemoryUnregisterRequest) ProtoMessage() {}
 
 func (x *SystemSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[32]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2266,7 @@ func (x *SystemSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Messag
 
 // Deprecated: Use SystemSharedMemoryUnregisterRequest.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryUnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{32}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SystemSharedMemoryUnregisterRequest) GetName() string {
@@ -2131,7 +2284,7 @@ type SystemSharedMemoryUnregisterResponse struct {
 
 func (x *SystemSharedMemoryUnregisterResponse) Reset() {
 	*x = SystemSharedMemoryUnregisterResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2296,7 @@ func (x *SystemSharedMemoryUnregisterResponse) String() string {
 func (*SystemSharedMemoryUnregisterResponse) ProtoMessage() {}
 
 func (x *SystemSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[33]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2309,7 @@ func (x *SystemSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Messa
 
 // Deprecated: Use SystemSharedMemoryUnregisterResponse.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryUnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{33}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{36}
 }
 
 type CudaSharedMemoryStatusRequest struct {
@@ -2168,7 +2321,7 @@ type CudaSharedMemoryStatusRequest struct {
 
 func (x *CudaSharedMemoryStatusRequest) Reset() {
 	*x = CudaSharedMemoryStatusRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2333,7 @@ func (x *CudaSharedMemoryStatusRequest) String() string {
 func (*CudaSharedMemoryStatusRequest) ProtoMessage() {}
 
 func (x *CudaSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[34]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2346,7 @@ func (x *CudaSharedMemoryStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaSharedMemoryStatusRequest.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{34}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CudaSharedMemoryStatusRequest) GetName() string {
@@ -2212,7 +2365,7 @@ type CudaSharedMemoryStatusResponse struct {
 
 func (x *CudaSharedMemoryStatusResponse) Reset() {
 	*x = CudaSharedMemoryStatusResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2377,7 @@ func (x *CudaSharedMemoryStatusResponse) String() string {
 func (*CudaSharedMemoryStatusResponse) ProtoMessage() {}
 
 func (x *CudaSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[35]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2390,7 @@ func (x *CudaSharedMemoryStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaSharedMemoryStatusResponse.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryStatusResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{35}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CudaSharedMemoryStatusResponse) GetRegions() map[string]*CudaSharedMemoryStatusResponse_RegionStatus {
@@ -2259,7 +2412,7 @@ type CudaSharedMemoryRegisterRequest struct {
 
 func (x *CudaSharedMemoryRegisterRequest) Reset() {
 	*x = CudaSharedMemoryRegisterRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2424,7 @@ func (x *CudaSharedMemoryRegisterRequest) String() string {
 func (*CudaSharedMemoryRegisterRequest) ProtoMessage() {}
 
 func (x *CudaSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[36]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2437,7 @@ func (x *CudaSharedMemoryRegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaSharedMemoryRegisterRequest.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryRegisterRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{36}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CudaSharedMemoryRegisterRequest) GetName() string {
@@ -2323,7 +2476,7 @@ type CudaSharedMemoryRegisterResponse struct {
 
 func (x *CudaSharedMemoryRegisterResponse) Reset() {
 	*x = CudaSharedMemoryRegisterResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2488,7 @@ func (x *CudaSharedMemoryRegisterResponse) String() string {
 func (*CudaSharedMemoryRegisterResponse) ProtoMessage() {}
 
 func (x *CudaSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[37]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2501,7 @@ func (x *CudaSharedMemoryRegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CudaSharedMemoryRegisterResponse.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryRegisterResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{37}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{40}
 }
 
 type CudaSharedMemoryUnregisterRequest struct {
@@ -2360,7 +2513,7 @@ type CudaSharedMemoryUnregisterRequest struct {
 
 func (x *CudaSharedMemoryUnregisterRequest) Reset() {
 	*x = CudaSharedMemoryUnregisterRequest{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2372,7 +2525,7 @@ func (x *CudaSharedMemoryUnregisterRequest) String() string {
 func (*CudaSharedMemoryUnregisterRequest) ProtoMessage() {}
 
 func (x *CudaSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[38]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2385,7 +2538,7 @@ func (x *CudaSharedMemoryUnregisterRequest) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CudaSharedMemoryUnregisterRequest.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryUnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{38}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CudaSharedMemoryUnregisterRequest) GetName() string {
@@ -2403,7 +2556,7 @@ type CudaSharedMemoryUnregisterResponse struct {
 
 func (x *CudaSharedMemoryUnregisterResponse) Reset() {
 	*x = CudaSharedMemoryUnregisterResponse{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2568,7 @@ func (x *CudaSharedMemoryUnregisterResponse) String() string {
 func (*CudaSharedMemoryUnregisterResponse) ProtoMessage() {}
 
 func (x *CudaSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[39]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2581,7 @@ func (x *CudaSharedMemoryUnregisterResponse) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use CudaSharedMemoryUnregisterResponse.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryUnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{39}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{42}
 }
 
 type ModelMetadataResponse_TensorMetadata struct {
@@ -2443,7 +2596,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2608,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[40]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2658,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +2670,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[41]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2731,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2590,7 +2743,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[42]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2786,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2798,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2861,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2873,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2886,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{23, 0}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{26, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -2778,7 +2931,7 @@ type SystemSharedMemoryStatusResponse_RegionStatus struct {
 
 func (x *SystemSharedMemoryStatusResponse_RegionStatus) Reset() {
 	*x = SystemSharedMemoryStatusResponse_RegionStatus{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2943,7 @@ func (x *SystemSharedMemoryStatusResponse_RegionStatus) String() string {
 func (*SystemSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
 
 func (x *SystemSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[52]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2956,7 @@ func (x *SystemSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protorefl
 
 // Deprecated: Use SystemSharedMemoryStatusResponse_RegionStatus.ProtoReflect.Descriptor instead.
 func (*SystemSharedMemoryStatusResponse_RegionStatus) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{29, 0}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{32, 0}
 }
 
 func (x *SystemSharedMemoryStatusResponse_RegionStatus) GetName() string {
@@ -2845,7 +2998,7 @@ type CudaSharedMemoryStatusResponse_RegionStatus struct {
 
 func (x *CudaSharedMemoryStatusResponse_RegionStatus) Reset() {
 	*x = CudaSharedMemoryStatusResponse_RegionStatus{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3010,7 @@ func (x *CudaSharedMemoryStatusResponse_RegionStatus) String() string {
 func (*CudaSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
 
 func (x *CudaSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3023,7 @@ func (x *CudaSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflec
 
 // Deprecated: Use CudaSharedMemoryStatusResponse_RegionStatus.ProtoReflect.Descriptor instead.
 func (*CudaSharedMemoryStatusResponse_RegionStatus) Descriptor() ([]byte, []int) {
-	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{35, 0}
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{38, 0}
 }
 
 func (x *CudaSharedMemoryStatusResponse_RegionStatus) GetName() string {
@@ -2898,7 +3051,7 @@ var File_api_inference_grpc_service_proto protoreflect.FileDescriptor
 
 const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\n" +
-	" api/inference/grpc_service.proto\x12\tinference\"\x13\n" +
+	" api/inference/grpc_service.proto\x12\tinference\x1a api/inference/model_config.proto\"\x13\n" +
 	"\x11ServerLiveRequest\"(\n" +
 	"\x12ServerLiveResponse\x12\x12\n" +
 	"\x04live\x18\x01 \x01(\bR\x04live\"\x14\n" +
@@ -3004,7 +3157,15 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\x1aX\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"F\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x18ModelStreamInferResponse\x12#\n" +
+	"\rerror_message\x18\x01 \x01(\tR\ferrorMessage\x12D\n" +
+	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"B\n" +
+	"\x12ModelConfigRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"E\n" +
+	"\x13ModelConfigResponse\x12.\n" +
+	"\x06config\x18\x01 \x01(\v2\x16.inference.ModelConfigR\x06config\"F\n" +
 	"\x16ModelStatisticsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"9\n" +
@@ -3138,7 +3299,7 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	" CudaSharedMemoryRegisterResponse\"7\n" +
 	"!CudaSharedMemoryUnregisterRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"$\n" +
-	"\"CudaSharedMemoryUnregisterResponse2\xe7\f\n" +
+	"\"CudaSharedMemoryUnregisterResponse2\x94\x0e\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -3148,7 +3309,9 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
 	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
 	"\n" +
-	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12Z\n" +
+	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12[\n" +
+	"\x10ModelStreamInfer\x12\x1c.inference.ModelInferRequest\x1a#.inference.ModelStreamInferResponse\"\x00(\x010\x01\x12N\n" +
+	"\vModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse\"\x00\x12Z\n" +
 	"\x0fModelStatistics\x12!.inference.ModelStatisticsRequest\x1a\".inference.ModelStatisticsResponse\"\x00\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
@@ -3172,7 +3335,7 @@ func file_api_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_api_inference_grpc_service_proto_rawDescData
 }
 
-var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -3188,126 +3351,136 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*InferTensorContents)(nil),                          // 11: inference.InferTensorContents
 	(*ModelInferRequest)(nil),                            // 12: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 13: inference.ModelInferResponse
-	(*ModelStatisticsRequest)(nil),                       // 14: inference.ModelStatisticsRequest
-	(*StatisticDuration)(nil),                            // 15: inference.StatisticDuration
-	(*InferStatistics)(nil),                              // 16: inference.InferStatistics
-	(*InferBatchStatistics)(nil),                         // 17: inference.InferBatchStatistics
-	(*ModelStatistics)(nil),                              // 18: inference.ModelStatistics
-	(*SLOStatistics)(nil),                                // 19: inference.SLOStatistics
-	(*ModelStatisticsResponse)(nil),                      // 20: inference.ModelStatisticsResponse
-	(*ModelRepositoryParameter)(nil),                     // 21: inference.ModelRepositoryParameter
-	(*RepositoryIndexRequest)(nil),                       // 22: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 23: inference.RepositoryIndexResponse
-	(*RepositoryModelLoadRequest)(nil),                   // 24: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 25: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 26: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 27: inference.RepositoryModelUnloadResponse
-	(*SystemSharedMemoryStatusRequest)(nil),              // 28: inference.SystemSharedMemoryStatusRequest
-	(*SystemSharedMemoryStatusResponse)(nil),             // 29: inference.SystemSharedMemoryStatusResponse
-	(*SystemSharedMemoryRegisterRequest)(nil),            // 30: inference.SystemSharedMemoryRegisterRequest
-	(*SystemSharedMemoryRegisterResponse)(nil),           // 31: inference.SystemSharedMemoryRegisterResponse
-	(*SystemSharedMemoryUnregisterRequest)(nil),          // 32: inference.SystemSharedMemoryUnregisterRequest
-	(*SystemSharedMemoryUnregisterResponse)(nil),         // 33: inference.SystemSharedMemoryUnregisterResponse
-	(*CudaSharedMemoryStatusRequest)(nil),                // 34: inference.CudaSharedMemoryStatusRequest
-	(*CudaSharedMemoryStatusResponse)(nil),               // 35: inference.CudaSharedMemoryStatusResponse
-	(*CudaSharedMemoryRegisterRequest)(nil),              // 36: inference.CudaSharedMemoryRegisterRequest
-	(*CudaSharedMemoryRegisterResponse)(nil),             // 37: inference.CudaSharedMemoryRegisterResponse
-	(*CudaSharedMemoryUnregisterRequest)(nil),            // 38: inference.CudaSharedMemoryUnregisterRequest
-	(*CudaSharedMemoryUnregisterResponse)(nil),           // 39: inference.CudaSharedMemoryUnregisterResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 40: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 41: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 42: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 43: inference.ModelInferRequest.ParametersEntry
-	nil, // 44: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 45: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 46: inference.ModelInferResponse.InferOutputTensor
-	nil, // 47: inference.ModelInferResponse.ParametersEntry
-	nil, // 48: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 49: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 50: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 51: inference.RepositoryModelUnloadRequest.ParametersEntry
-	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 52: inference.SystemSharedMemoryStatusResponse.RegionStatus
-	nil, // 53: inference.SystemSharedMemoryStatusResponse.RegionsEntry
-	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 54: inference.CudaSharedMemoryStatusResponse.RegionStatus
-	nil, // 55: inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	(*ModelStreamInferResponse)(nil),                     // 14: inference.ModelStreamInferResponse
+	(*ModelConfigRequest)(nil),                           // 15: inference.ModelConfigRequest
+	(*ModelConfigResponse)(nil),                          // 16: inference.ModelConfigResponse
+	(*ModelStatisticsRequest)(nil),                       // 17: inference.ModelStatisticsRequest
+	(*StatisticDuration)(nil),                            // 18: inference.StatisticDuration
+	(*InferStatistics)(nil),                              // 19: inference.InferStatistics
+	(*InferBatchStatistics)(nil),                         // 20: inference.InferBatchStatistics
+	(*ModelStatistics)(nil),                              // 21: inference.ModelStatistics
+	(*SLOStatistics)(nil),                                // 22: inference.SLOStatistics
+	(*ModelStatisticsResponse)(nil),                      // 23: inference.ModelStatisticsResponse
+	(*ModelRepositoryParameter)(nil),                     // 24: inference.ModelRepositoryParameter
+	(*RepositoryIndexRequest)(nil),                       // 25: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 26: inference.RepositoryIndexResponse
+	(*RepositoryModelLoadRequest)(nil),                   // 27: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 28: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 29: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 30: inference.RepositoryModelUnloadResponse
+	(*SystemSharedMemoryStatusRequest)(nil),              // 31: inference.SystemSharedMemoryStatusRequest
+	(*SystemSharedMemoryStatusResponse)(nil),             // 32: inference.SystemSharedMemoryStatusResponse
+	(*SystemSharedMemoryRegisterRequest)(nil),            // 33: inference.SystemSharedMemoryRegisterRequest
+	(*SystemSharedMemoryRegisterResponse)(nil),           // 34: inference.SystemSharedMemoryRegisterResponse
+	(*SystemSharedMemoryUnregisterRequest)(nil),          // 35: inference.SystemSharedMemoryUnregisterRequest
+	(*SystemSharedMemoryUnregisterResponse)(nil),         // 36: inference.SystemSharedMemoryUnregisterResponse
+	(*CudaSharedMemoryStatusRequest)(nil),                // 37: inference.CudaSharedMemoryStatusRequest
+	(*CudaSharedMemoryStatusResponse)(nil),               // 38: inference.CudaSharedMemoryStatusResponse
+	(*CudaSharedMemoryRegisterRequest)(nil),              // 39: inference.CudaSharedMemoryRegisterRequest
+	(*CudaSharedMemoryRegisterResponse)(nil),             // 40: inference.CudaSharedMemoryRegisterResponse
+	(*CudaSharedMemoryUnregisterRequest)(nil),            // 41: inference.CudaSharedMemoryUnregisterRequest
+	(*CudaSharedMemoryUnregisterResponse)(nil),           // 42: inference.CudaSharedMemoryUnregisterResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 43: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 44: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 45: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 46: inference.ModelInferRequest.ParametersEntry
+	nil, // 47: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 48: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 49: inference.ModelInferResponse.InferOutputTensor
+	nil, // 50: inference.ModelInferResponse.ParametersEntry
+	nil, // 51: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 52: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 53: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 54: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 55: inference.SystemSharedMemoryStatusResponse.RegionStatus
+	nil, // 56: inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 57: inference.CudaSharedMemoryStatusResponse.RegionStatus
+	nil,                 // 58: inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	(*ModelConfig)(nil), // 59: inference.ModelConfig
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
-	40, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	40, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	43, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	41, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	42, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	47, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	46, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
-	15, // 7: inference.InferStatistics.success:type_name -> inference.StatisticDuration
-	15, // 8: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
-	15, // 9: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
-	15, // 10: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
-	15, // 11: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
-	15, // 12: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
-	15, // 13: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
-	15, // 14: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
-	15, // 15: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
-	16, // 16: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
-	17, // 17: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
-	19, // 18: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
-	18, // 19: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	49, // 20: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	50, // 21: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	51, // 22: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	53, // 23: inference.SystemSharedMemoryStatusResponse.regions:type_name -> inference.SystemSharedMemoryStatusResponse.RegionsEntry
-	55, // 24: inference.CudaSharedMemoryStatusResponse.regions:type_name -> inference.CudaSharedMemoryStatusResponse.RegionsEntry
-	44, // 25: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 26: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	45, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 28: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 29: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 30: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	48, // 31: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 32: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 33: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 34: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	21, // 35: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	21, // 36: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	52, // 37: inference.SystemSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.SystemSharedMemoryStatusResponse.RegionStatus
-	54, // 38: inference.CudaSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.CudaSharedMemoryStatusResponse.RegionStatus
-	0,  // 39: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 40: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 41: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 42: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 43: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 44: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	14, // 45: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	22, // 46: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	24, // 47: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	26, // 48: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	28, // 49: inference.GRPCInferenceService.SystemSharedMemoryStatus:input_type -> inference.SystemSharedMemoryStatusRequest
-	30, // 50: inference.GRPCInferenceService.SystemSharedMemoryRegister:input_type -> inference.SystemSharedMemoryRegisterRequest
-	32, // 51: inference.GRPCInferenceService.SystemSharedMemoryUnregister:input_type -> inference.SystemSharedMemoryUnregisterRequest
-	34, // 52: inference.GRPCInferenceService.CudaSharedMemoryStatus:input_type -> inference.CudaSharedMemoryStatusRequest
-	36, // 53: inference.GRPCInferenceService.CudaSharedMemoryRegister:input_type -> inference.CudaSharedMemoryRegisterRequest
-	38, // 54: inference.GRPCInferenceService.CudaSharedMemoryUnregister:input_type -> inference.CudaSharedMemoryUnregisterRequest
-	1,  // 55: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 56: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 57: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 58: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 59: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 60: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	20, // 61: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	23, // 62: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	25, // 63: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	27, // 64: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	29, // 65: inference.GRPCInferenceService.SystemSharedMemoryStatus:output_type -> inference.SystemSharedMemoryStatusResponse
-	31, // 66: inference.GRPCInferenceService.SystemSharedMemoryRegister:output_type -> inference.SystemSharedMemoryRegisterResponse
-	33, // 67: inference.GRPCInferenceService.SystemSharedMemoryUnregister:output_type -> inference.SystemSharedMemoryUnregisterResponse
-	35, // 68: inference.GRPCInferenceService.CudaSharedMemoryStatus:output_type -> inference.CudaSharedMemoryStatusResponse
-	37, // 69: inference.GRPCInferenceService.CudaSharedMemoryRegister:output_type -> inference.CudaSharedMemoryRegisterResponse
-	39, // 70: inference.GRPCInferenceService.CudaSharedMemoryUnregister:output_type -> inference.CudaSharedMemoryUnregisterResponse
-	55, // [55:71] is the sub-list for method output_type
-	39, // [39:55] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	43, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	43, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	46, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	44, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	45, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	50, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	49, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	13, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
+	59, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	18, // 9: inference.InferStatistics.success:type_name -> inference.StatisticDuration
+	18, // 10: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
+	18, // 11: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
+	18, // 12: inference.InferStatistics.compute_input:type_name -> inference.StatisticDuration
+	18, // 13: inference.InferStatistics.compute_infer:type_name -> inference.StatisticDuration
+	18, // 14: inference.InferStatistics.compute_output:type_name -> inference.StatisticDuration
+	18, // 15: inference.InferBatchStatistics.compute_input:type_name -> inference.StatisticDuration
+	18, // 16: inference.InferBatchStatistics.compute_infer:type_name -> inference.StatisticDuration
+	18, // 17: inference.InferBatchStatistics.compute_output:type_name -> inference.StatisticDuration
+	19, // 18: inference.ModelStatistics.inference_stats:type_name -> inference.InferStatistics
+	20, // 19: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
+	22, // 20: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
+	21, // 21: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
+	52, // 22: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	53, // 23: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	54, // 24: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	56, // 25: inference.SystemSharedMemoryStatusResponse.regions:type_name -> inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	58, // 26: inference.CudaSharedMemoryStatusResponse.regions:type_name -> inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	47, // 27: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 28: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	48, // 29: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 30: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 31: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 32: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	51, // 33: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 34: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 35: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 36: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	24, // 37: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	24, // 38: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	55, // 39: inference.SystemSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.SystemSharedMemoryStatusResponse.RegionStatus
+	57, // 40: inference.CudaSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.CudaSharedMemoryStatusResponse.RegionStatus
+	0,  // 41: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 42: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 43: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 44: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 45: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 46: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	12, // 47: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	15, // 48: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	17, // 49: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	25, // 50: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	27, // 51: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	29, // 52: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	31, // 53: inference.GRPCInferenceService.SystemSharedMemoryStatus:input_type -> inference.SystemSharedMemoryStatusRequest
+	33, // 54: inference.GRPCInferenceService.SystemSharedMemoryRegister:input_type -> inference.SystemSharedMemoryRegisterRequest
+	35, // 55: inference.GRPCInferenceService.SystemSharedMemoryUnregister:input_type -> inference.SystemSharedMemoryUnregisterRequest
+	37, // 56: inference.GRPCInferenceService.CudaSharedMemoryStatus:input_type -> inference.CudaSharedMemoryStatusRequest
+	39, // 57: inference.GRPCInferenceService.CudaSharedMemoryRegister:input_type -> inference.CudaSharedMemoryRegisterRequest
+	41, // 58: inference.GRPCInferenceService.CudaSharedMemoryUnregister:input_type -> inference.CudaSharedMemoryUnregisterRequest
+	1,  // 59: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 60: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 61: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 62: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 63: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 64: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	14, // 65: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	16, // 66: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	23, // 67: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	26, // 68: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	28, // 69: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	30, // 70: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	32, // 71: inference.GRPCInferenceService.SystemSharedMemoryStatus:output_type -> inference.SystemSharedMemoryStatusResponse
+	34, // 72: inference.GRPCInferenceService.SystemSharedMemoryRegister:output_type -> inference.SystemSharedMemoryRegisterResponse
+	36, // 73: inference.GRPCInferenceService.SystemSharedMemoryUnregister:output_type -> inference.SystemSharedMemoryUnregisterResponse
+	38, // 74: inference.GRPCInferenceService.CudaSharedMemoryStatus:output_type -> inference.CudaSharedMemoryStatusResponse
+	40, // 75: inference.GRPCInferenceService.CudaSharedMemoryRegister:output_type -> inference.CudaSharedMemoryRegisterResponse
+	42, // 76: inference.GRPCInferenceService.CudaSharedMemoryUnregister:output_type -> inference.CudaSharedMemoryUnregisterResponse
+	59, // [59:77] is the sub-list for method output_type
+	41, // [41:59] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_api_inference_grpc_service_proto_init() }
@@ -3315,6 +3488,7 @@ func file_api_inference_grpc_service_proto_init() {
 	if File_api_inference_grpc_service_proto != nil {
 		return
 	}
+	file_api_inference_model_config_proto_init()
 	file_api_inference_grpc_service_proto_msgTypes[10].OneofWrappers = []any{
 		(*InferParameter_BoolParam)(nil),
 		(*InferParameter_Int64Param)(nil),
@@ -3322,7 +3496,7 @@ func file_api_inference_grpc_service_proto_init() {
 		(*InferParameter_DoubleParam)(nil),
 		(*InferParameter_Uint64Param)(nil),
 	}
-	file_api_inference_grpc_service_proto_msgTypes[21].OneofWrappers = []any{
+	file_api_inference_grpc_service_proto_msgTypes[24].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
@@ -3334,7 +3508,7 @@ func file_api_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_grpc_service_proto_rawDesc), len(file_api_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   56,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
