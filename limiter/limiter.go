@@ -122,8 +122,13 @@ type Options struct {
 	Root    string        // cgroup filesystem root; default DefaultRoot
 	Period  time.Duration // CFS period; default DefaultPeriod
 	Logger  *slog.Logger  // default slog.Default()
-	// Telemetry feeds the mps backend's Stats; default NewTelemetry.
+	// Telemetry feeds the mps backend's start-up check and Stats; default
+	// NewTelemetry.
 	Telemetry Telemetry
+	// MPSDaemon reports whether an MPS control daemon serves a GPU (nil
+	// when one does); default: its control pipe in
+	// CUDA_MPS_PIPE_DIRECTORY. The simulator answers for simulated GPUs.
+	MPSDaemon func(device int) error
 }
 
 // device is a parsed Options.Device.
@@ -156,7 +161,9 @@ func parseDevice(s string) (device, error) {
 // New picks and starts a backend. For "cpu" with "auto": cgroup v2 if the
 // root is a unified hierarchy whose cpu and memory controllers the server
 // can use, else cgroup v1 if the cpu and memory hierarchies are writable,
-// else none (Describe says why). For "cuda:N" with "auto": mps. Backend
+// else none (Describe says why). For "cuda:N" with "auto": mps, which
+// refuses (ErrMPSUnavailable) a GPU it cannot share: no driver, no MPS
+// control daemon, MIG mode, a compute mode that refuses clients. Backend
 // "cgroup" fails with an error that says why cgroups are not usable;
 // "none" never enforces anything. New first removes units left by servers
 // that died without Close (CleanupStale).
@@ -193,7 +200,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		if !dev.gpu {
 			return nil, fmt.Errorf("limiter: backend mps needs a cuda:N device, not %s", dev)
 		}
-		return newMPS(dev, opts.Telemetry, log), nil
+		return startMPS(dev, opts, log)
 	case BackendCgroup, BackendAuto:
 	default:
 		return nil, fmt.Errorf("limiter: unknown backend %q (want auto, cgroup, mps or none)", opts.Backend)
@@ -202,7 +209,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		if opts.Backend == BackendCgroup {
 			return nil, fmt.Errorf("limiter: backend cgroup limits CPU shares; device %s needs mps or none", dev)
 		}
-		return newMPS(dev, opts.Telemetry, log), nil
+		return startMPS(dev, opts, log)
 	}
 
 	if n, err := cleanupStale(opts.Root, env, log); err != nil {
@@ -221,6 +228,16 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 	none := newNone(dev, env.cpus(opts.Root, log), err.Error())
 	log.Warn("no cgroups; compute shares only set thread counts", "describe", none.Describe())
 	return none, nil
+}
+
+// startMPS is newMPS as a Limiter: nil, not a nil *mpsLimiter, on error.
+func startMPS(dev device, opts Options, log *slog.Logger) (Limiter, error) {
+	l, err := newMPS(dev, opts.Telemetry, opts.MPSDaemon, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
+	return l, nil
 }
 
 // unitName turns an instance id into a directory name: safe characters
