@@ -107,6 +107,14 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		r.release(v, u)
 		return nil, u, err
 	}
+	// Backends that account by process (MPS) learn the instance's.
+	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
+		if p, ok := inst.(interface{ Pid() int }); ok && p.Pid() > 0 {
+			if err := pt.Track(u.id, p.Pid()); err != nil {
+				r.log.Warn("tracking an instance's process", "model", v.model, "unit", u.id, "err", err)
+			}
+		}
+	}
 	return inst, u, nil
 }
 

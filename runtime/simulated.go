@@ -118,9 +118,9 @@ func (s *Simulated) Inputs() []TensorSpec { return slices.Clone(s.inputs) }
 // Outputs are the model's outputs, from its file.
 func (s *Simulated) Outputs() []TensorSpec { return slices.Clone(s.outputs) }
 
-// PID is the simulated client's process id, as the simulator's NVML
+// Pid is the simulated client's process id, as the simulator's NVML
 // readings report it.
-func (s *Simulated) PID() int { return s.client.PID() }
+func (s *Simulated) Pid() int { return s.client.PID() }
 
 // Status says whether the client serves, and if not why.
 func (s *Simulated) Status() (bool, string) {

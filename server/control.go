@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // devices holds what each execution device ("cpu", "cuda:0") has, created
@@ -38,6 +38,8 @@ type devices struct {
 	// registry is the adjusters' actuator; set once it exists, before any
 	// model loads.
 	registry *models.Registry
+	// sim, when set, is the simulated machine cuda devices are on.
+	sim *simgpu.Sim
 
 	mu    sync.Mutex
 	byDev map[string]*device
@@ -93,12 +95,19 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 
 // newLimiter starts a device's limiter as the control config says. The
 // shared policy sets no limits, so under auto it gets none.
-func newLimiter(ctl configs.Control, device string, log *slog.Logger) (limiter.Limiter, error) {
+// On a simulated GPU it reads the simulator's NVML and MPS daemon.
+func newLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
 	backend := ctl.Limiter
 	if ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
 		backend = configs.LimiterNone
 	}
-	return limiter.New(limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log})
+	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
+	if simulatedDevice(sim, device) != nil {
+		if err := simulatedLimiterOptions(sim, &opts); err != nil {
+			return nil, err
+		}
+	}
+	return limiter.New(opts)
 }
 
 // backgroundsBestEffort reports whether the device runs best-effort work
@@ -139,21 +148,15 @@ func (ds *devices) get(name string) (*device, error) {
 		return d, nil
 	}
 	log := ds.log.With("device", name)
-	slots := ds.qos.DeviceSlots
-	if slots == 0 {
-		slots = 1
-		if name == "cpu" {
-			slots = goruntime.NumCPU()
-		}
-	}
 	floor := ds.qos.BestEffortFloor
 	if floor == 0 {
 		floor = -1 // configs says 0 means none; qos reads 0 as its default
 	}
-	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
+	lim, err := newLimiter(ds.ctl, name, ds.sim, log.With("component", "limiter"))
 	if err != nil {
 		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
 	}
+	slots := deviceSlots(name, ds.qos.DeviceSlots, lim, ds.sim)
 	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
 		Policy:          ds.qos.Policy,

@@ -9,6 +9,7 @@ import (
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // newRunnerFactory finds the ONNX Runtime library and this executable and
@@ -44,12 +45,17 @@ type runnerFactory struct {
 	socketDir  string
 	rt         configs.Runtime
 	logger     *slog.Logger
+	// sim, when set, runs cuda models on simulated GPUs.
+	sim *simgpu.Sim
 }
 
 // start is the registry's NewInstance: one runner process per instance.
 func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (models.Instance, error) {
 	name := fmt.Sprintf("%s/%d#%d", spec.Model, spec.Version, spec.Index)
 	ex := spec.Config.Execution
+	if f.sim != nil && ex.Provider == configs.ProviderCUDA {
+		return f.startSimulated(ctx, spec, name)
+	}
 	cfg := runtime.RunnerConfig{
 		Name:       name,
 		ModelPath:  spec.Path,
