@@ -3,10 +3,10 @@ package limiter
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 

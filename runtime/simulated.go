@@ -214,4 +214,3 @@ func (s *Simulated) check(req *InferRequest) (int, error) {
 	}
 	return batch, nil
 }
-

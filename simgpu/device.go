@@ -157,10 +157,10 @@ type Device struct {
 
 // job is one execution's kernel work in flight.
 type job struct {
-	c    *Client
-	b    int
-	work float64 // seconds of kernel time at saturation left; +Inf when hung
-	rate float64
+	c     *Client
+	b     int
+	work  float64 // seconds of kernel time at saturation left; +Inf when hung
+	rate  float64
 	gen   int
 	timer *time.Timer
 	done  chan error // buffered; receives once
