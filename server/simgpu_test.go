@@ -17,13 +17,14 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/runtime"
 )
 
 // tinyONNX is a model file with one FP32 input x[1,16] and one output
-// y[1,4] and no nodes: enough for a simulated instance, which reads only
+// y[1,4] (the first dimension dynamic when batched) and no nodes: enough for a simulated instance, which reads only
 // the signature.
-func tinyONNX() []byte {
+func tinyONNX(batched bool) []byte {
 	msg := func(num protowire.Number, parts ...[]byte) []byte {
 		var body []byte
 		for _, p := range parts {
@@ -39,7 +40,11 @@ func tinyONNX() []byte {
 	}
 	tensor := func(field protowire.Number, name string, dims ...uint64) []byte {
 		var shape [][]byte
-		for _, d := range dims {
+		for i, d := range dims {
+			if i == 0 && batched {
+				shape = append(shape, msg(1, str(2, "batch")))
+				continue
+			}
 			shape = append(shape, msg(1, varint(1, d)))
 		}
 		return msg(field, str(1, name), msg(2, msg(1, varint(1, 1), msg(2, shape...))))
@@ -50,7 +55,7 @@ func tinyONNX() []byte {
 // simulatedServer loads the models of a repository on a simulated GPU
 // the way Run does (devices, runner factory, registry), without
 // listeners. It stops everything when the test ends.
-func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) *models.Registry {
+func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *devices) {
 	t.Helper()
 	repo := t.TempDir()
 	for name, c := range modelConfigs {
@@ -59,7 +64,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(repo, name, "config.yaml"), []byte("name: "+name+"\n"+c), 0o644)
-		os.WriteFile(filepath.Join(dir, "model.onnx"), tinyONNX(), 0o644)
+		os.WriteFile(filepath.Join(dir, "model.onnx"), tinyONNX(strings.Contains(c, "max_batch_size")), 0o644)
 	}
 	cfg.Repositories = []string{repo}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -76,7 +81,13 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 	}
 	devs.sim = sim
 	runners := &runnerFactory{sim: sim, logger: log}
+	var profile func(context.Context, models.ProfileRun) error
+	if cfg.Control.Profile.Enabled {
+		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log}
+		profile = prof.run
+	}
 	reg, err := models.New(models.Options{
+		Profile: profile,
 		Repositories: cfg.Repositories, Control: cfg.ModelControl,
 		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
 		MaxInflight: cfg.Limits.MaxInflightRequests, MaxInflightBytes: int64(cfg.Limits.MaxInflightBytes),
@@ -97,7 +108,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 	if err := reg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return reg
+	return reg, devs
 }
 
 func infer(t *testing.T, reg *models.Registry, model string) time.Duration {
@@ -124,7 +135,7 @@ func TestSimulatedGPURunsModelsConcurrently(t *testing.T) {
 		cfg.Control.Policy = configs.SharePolicyStatic
 		cfg.Control.Profile.Enabled = false
 		model := "execution: {provider: cuda, simulated: {preset: mobilenet, fixed: 20ms}}\nresources: {compute_share: 0.4}\n"
-		reg := simulatedServer(t, cfg, map[string]string{"a": model, "b": model})
+		reg, _ := simulatedServer(t, cfg, map[string]string{"a": model, "b": model})
 		infer(t, reg, "a") // warm-up
 		infer(t, reg, "b")
 		alone := infer(t, reg, "a")
@@ -163,7 +174,7 @@ func TestSimulatedGPUWithoutMPSIsRefused(t *testing.T) {
 				cfg.GPU.Simulator.Devices = 1
 				tc.set(&cfg.GPU.Simulator)
 				cfg.Control.Profile.Enabled = false
-				reg := simulatedServer(t, cfg, map[string]string{"a": "execution: {provider: cuda}\n"})
+				reg, _ := simulatedServer(t, cfg, map[string]string{"a": "execution: {provider: cuda}\n"})
 				var reason string
 				for _, e := range reg.Index(false) {
 					if e.Name == "a" {
