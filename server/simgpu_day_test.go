@@ -95,7 +95,7 @@ profile: {batch_sizes: [1, 8]}
 				if err != nil {
 					errs[err.Error()]++
 				} else {
-					errs[(time.Since(t0) / (5 * time.Millisecond) * 5 * time.Millisecond).String()]++
+					errs[(time.Since(t0)/(5*time.Millisecond)*5*time.Millisecond).String()]++
 				}
 				errMu.Unlock()
 			})

@@ -87,7 +87,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		profile = prof.run
 	}
 	reg, err := models.New(models.Options{
-		Profile: profile,
+		Profile:      profile,
 		Repositories: cfg.Repositories, Control: cfg.ModelControl,
 		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
 		MaxInflight: cfg.Limits.MaxInflightRequests, MaxInflightBytes: int64(cfg.Limits.MaxInflightBytes),
