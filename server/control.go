@@ -319,6 +319,9 @@ type profiler struct {
 	// command prints it).
 	report func(run models.ProfileRun, p predictor.Profile, cached bool)
 	fresh  bool // ignore cached profiles
+	// sim, when set, runs cuda models: their profiles are the
+	// simulator's, keyed by its spec and the model's curve.
+	sim *simgpu.Sim
 }
 
 // shares are the compute shares profiled: quarter, half and all of what
@@ -327,14 +330,27 @@ func profileShares(maxShare float64) []float64 {
 	return []float64{maxShare / 4, maxShare / 2, maxShare}
 }
 
+// simulated is the part of a profile's cache key that says it was measured
+// on the simulator: its spec and the model's curve; "" on real devices.
+func (p *profiler) simulated(run models.ProfileRun) string {
+	if simulatedDevice(p.sim, run.Device) == nil {
+		return ""
+	}
+	m, _ := run.Config.Execution.Simulated.Model()
+	return fmt.Sprintf("simgpu=%+v model=%+v", p.sim.Spec(), m)
+}
+
 // run is the registry's Options.Profile.
 func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
-	key, err := predictor.Key(run.Path, predictor.MachineID(),
-		"device="+run.Device, "threads="+strconv.Itoa(run.Threads),
+	parts := []string{"device=" + run.Device, "threads=" + strconv.Itoa(run.Threads),
 		fmt.Sprintf("shares=%v", profileShares(run.MaxShare)),
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
-		"onnxruntime="+filepath.Base(p.lib))
+		"onnxruntime=" + filepath.Base(p.lib)}
+	if sim := p.simulated(run); sim != "" {
+		parts = append(parts, sim)
+	}
+	key, err := predictor.Key(run.Path, predictor.MachineID(), parts...)
 	if err != nil {
 		return err
 	}

@@ -65,6 +65,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		lib:   runners.library,
 		log:   logger,
 		fresh: fresh,
+		sim:   runners.sim,
 		report: func(run models.ProfileRun, p predictor.Profile, cached bool) {
 			reported = true
 			writeProfile(out, run, p, cached, lims[run.Device])

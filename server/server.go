@@ -79,6 +79,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		pred:  devs.pred,
 		lib:   runners.library,
 		log:   logger.With("component", "predictor"),
+		sim:   sim,
 	}
 	opts := models.Options{
 		Repositories:      cfg.Repositories,

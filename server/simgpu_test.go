@@ -83,7 +83,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 	runners := &runnerFactory{sim: sim, logger: log}
 	var profile func(context.Context, models.ProfileRun) error
 	if cfg.Control.Profile.Enabled {
-		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log}
+		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
 		profile = prof.run
 	}
 	reg, err := models.New(models.Options{
@@ -189,5 +189,30 @@ func TestSimulatedGPUWithoutMPSIsRefused(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// A profile measured on the simulator is keyed by the simulator's spec and
+// the model's curve: changing either, or moving to a real GPU, profiles
+// again instead of reusing it.
+func TestSimulatedProfileKey(t *testing.T) {
+	cfg := configs.DefaultServer()
+	cfg.GPU.Simulator.Devices = 2
+	sim, err := newSimulator(cfg.GPU, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := configs.ParseModel("m.yaml", []byte("name: m\nexecution: {provider: cuda, simulated: {preset: bert-base}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &profiler{sim: sim}
+	run := models.ProfileRun{Device: "cuda:1", Config: m}
+	a := p.simulated(run)
+	m.Execution.Simulated.Fixed = time.Millisecond
+	b := p.simulated(run)
+	run.Device = "cpu"
+	if a == "" || a == b || p.simulated(run) != "" || (&profiler{}).simulated(models.ProfileRun{Device: "cuda:1", Config: m}) != "" {
+		t.Errorf("keys %q, %q; cpu %q", a, b, p.simulated(run))
 	}
 }
