@@ -4,7 +4,9 @@
 // Mode makes it a hard cap, a work-conserving floor, or a cap in an
 // idle-class parent for background work), MPS client limits and ONNX Runtime
 // arena settings on GPU, and nothing but a thread count where neither is
-// available. NVML telemetry (Telemetry) reports what GPUs are doing.
+// available. NVML telemetry (Telemetry) reports what GPUs are doing, from
+// the driver or from any nvml.Interface (the simulator's); the MPS backend
+// refuses at start a GPU whose shares MPS would not enforce.
 //
 // A backend makes one unit per runner start (Place), changes its share
 // while it runs where the mechanism allows (Resize), and removes it when
