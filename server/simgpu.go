@@ -92,7 +92,8 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 
 // mpsClients is how many executions a GPU under MPS runs at once: one per
 // client, up to the 48 clients an MPS server takes per device since Volta
-// (NVIDIA's MPS documentation, "Limitations"). Each model's own slots
+// (NVIDIA's MPS documentation, "Limitations", as we remember it; newer
+// drivers may take more: check before relying on it). Each model's own slots
 // (instances × concurrency) bound its share of them.
 const mpsClients = 48
 

@@ -32,8 +32,11 @@ const (
 	// coefficient 0.5 is an assumption that gives the 10-40% slowdowns
 	// such papers report for two co-located inference models.
 	Interference = 0.5
-	// DaemonRestart is the time to restart the MPS control daemon after
-	// a fatal fault: an assumption of 1 s.
+	// DaemonRestart is the time to bring a device's MPS clients back
+	// after a fatal fault: an assumption of 1 s, within the 73-1359 ms
+	// that "Characterization-Guided GPU Fault Resilience in NVIDIA MPS"
+	// (arXiv 2605.26461, 2026) reports for recovering from an SM fault by
+	// restarting the processes.
 	DaemonRestart = time.Second
 )
 
@@ -43,9 +46,10 @@ var (
 	// device or the client's pinned limit (cudaErrorMemoryAllocation).
 	ErrOutOfMemory = errors.New("simgpu: out of device memory")
 	// ErrDeviceFault means a fatal fault on the device took the client
-	// down; MPS reports one client's fatal fault to every client of the
-	// device (NVIDIA MPS documentation, "Error Containment"; MuxFlow,
-	// Zhao et al. 2023, section 3 on MPS's shared error handling).
+	// down: under MPS a fault in one client can terminate every client
+	// on the device (NVIDIA's MPS documentation on error containment;
+	// MuxFlow, Zhao et al. 2023, on MPS's shared error handling; arXiv
+	// 2605.26461 characterises it on L40 and H100).
 	ErrDeviceFault = errors.New("simgpu: fatal fault on the device (MPS clients of the device are gone)")
 	// ErrClientClosed is an execution on a closed client.
 	ErrClientClosed = errors.New("simgpu: client closed")
