@@ -189,6 +189,7 @@ func (ds *devices) get(name string) (*device, error) {
 		Predictor:      ds.pred,
 		Actuator:       ds.registry,
 		Usage:          d.usage.get,
+		CapsOnly:       lim.Kind() == limiter.KindMPS,
 		Logger:         log.With("component", "adjuster"),
 		Registerer:     ds.reg,
 		Device:         name,
