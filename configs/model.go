@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // Values of the enumerated model config fields.
@@ -167,6 +168,72 @@ type Execution struct {
 	// fault isolation, no cgroup limits). See docs/reliability.md. ""
 	// (a config built in code) means process.
 	Isolation string `yaml:"isolation"`
+	// Simulated is how the model behaves on a simulated GPU (the server's
+	// gpu.simulator): a preset curve with optional overrides. Only with
+	// provider cuda; ignored on real GPUs.
+	Simulated *SimulatedModel `yaml:"simulated,omitempty"`
+}
+
+// SimulatedModel picks and adjusts the simulator's curve for a model; a
+// zero field keeps the preset's value (see simgpu.Model).
+type SimulatedModel struct {
+	Preset            string        `yaml:"preset"` // "" = resnet50
+	Launch            time.Duration `yaml:"launch"`
+	Fixed             time.Duration `yaml:"fixed"`
+	PerItem           time.Duration `yaml:"per_item"`
+	Warmup            time.Duration `yaml:"warmup"`
+	Saturation        float64       `yaml:"saturation"`
+	SaturationGrowth  float64       `yaml:"saturation_growth"`
+	Bandwidth         float64       `yaml:"bandwidth"`
+	Weights           ByteSize      `yaml:"weights"`
+	ActivationPerItem ByteSize      `yaml:"activation_per_item"`
+}
+
+// DefaultSimulatedPreset is the curve of a cuda model without
+// execution.simulated.
+const DefaultSimulatedPreset = "resnet50"
+
+// Model is the simulator's curve for the model: the preset with the
+// overrides. A nil SimulatedModel is the default preset.
+func (s *SimulatedModel) Model() (simgpu.Model, error) {
+	if s == nil {
+		s = &SimulatedModel{}
+	}
+	name := s.Preset
+	if name == "" {
+		name = DefaultSimulatedPreset
+	}
+	m, ok := simgpu.Presets[name]
+	if !ok {
+		return simgpu.Model{}, fmt.Errorf("preset: must be one of %s, got %q", strings.Join(slices.Sorted(maps.Keys(simgpu.Presets)), ", "), s.Preset)
+	}
+	set := func(dst *time.Duration, v time.Duration) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setF := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	set(&m.Launch, s.Launch)
+	set(&m.Fixed, s.Fixed)
+	set(&m.PerItem, s.PerItem)
+	set(&m.Warmup, s.Warmup)
+	setF(&m.Saturation, s.Saturation)
+	setF(&m.SaturationGrowth, s.SaturationGrowth)
+	setF(&m.Bandwidth, s.Bandwidth)
+	if s.Weights != 0 {
+		m.Weights = int64(s.Weights)
+	}
+	if s.ActivationPerItem != 0 {
+		m.ActivationPerItem = int64(s.ActivationPerItem)
+	}
+	if err := m.Check(); err != nil {
+		return simgpu.Model{}, errors.New(strings.TrimPrefix(err.Error(), "simgpu: "))
+	}
+	return m, nil
 }
 
 // CUDA holds ONNX Runtime CUDA execution provider options.
@@ -509,6 +576,15 @@ func (e *Execution) validate(p *problems) {
 		}
 		p.oneOf("execution.cuda.arena_extend_strategy", c.ArenaExtendStrategy, ArenaNextPowerOfTwo, ArenaSameAsRequested)
 		p.oneOf("execution.cuda.cudnn_conv_algo_search", c.CuDNNConvAlgoSearch, ConvAlgoExhaustive, ConvAlgoHeuristic, ConvAlgoDefault)
+	}
+	if e.Simulated != nil {
+		if e.Provider != ProviderCUDA {
+			p.add("execution.simulated", "only allowed when execution.provider is cuda")
+			return
+		}
+		if _, err := e.Simulated.Model(); err != nil {
+			p.add("execution.simulated", "%s", err)
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ func TestKeys(t *testing.T) {
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
 		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",
+		"gpu.simulator.devices", "gpu.simulator.sms", "gpu.simulator.memory", "gpu.simulator.mps_daemon", "gpu.simulator.mig",
 		"dashboard.enabled", "dashboard.resolution", "dashboard.retention", "dashboard.window",
 		"dashboard.attainment_target",
 		"tls.cert_file", "tls.key_file", "tls.client_ca_file", "tls.client_auth", "tls.min_version", "tls.metrics",
@@ -153,6 +154,7 @@ func TestSetEveryKey(t *testing.T) {
 		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
 		"limits.max_header_bytes": "8KiB", "auth.allowed_hosts": "a.example,b.example",
 		"runtime.arena_size": "16MiB",
+		"gpu.simulator.mps_daemon": "false", "gpu.simulator.mig": "true",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

@@ -9,7 +9,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // Model control modes.
@@ -46,6 +49,7 @@ type Server struct {
 	Limits        Limits        `yaml:"limits"`
 	QoS           QoS           `yaml:"qos"`
 	Control       Control       `yaml:"control"`
+	GPU           GPU           `yaml:"gpu"`
 	Dashboard     Dashboard     `yaml:"dashboard"`
 	TLS           TLS           `yaml:"tls"`
 	Auth          Auth          `yaml:"auth"`
@@ -75,6 +79,35 @@ type QoS struct {
 	// best-effort batch, so that best-effort work yields at batch
 	// boundaries at least this often; 0 means no bound.
 	MaxBestEffortExecution time.Duration `yaml:"max_best_effort_execution"`
+}
+
+// GPU says what cuda models run on: the machine's GPUs, or simulated ones.
+type GPU struct {
+	// Simulator, with Devices > 0, runs every cuda model on simulated
+	// GPUs with MPS semantics (package simgpu) instead of the machine's:
+	// for tests, benchmarks and demos on machines without a GPU. The
+	// outputs are zeros of the right shapes and types, not the model's.
+	Simulator GPUSimulator `yaml:"simulator"`
+}
+
+// GPUSimulator is the simulated machine's spec.
+type GPUSimulator struct {
+	Devices int      `yaml:"devices"` // 0: off, the machine's GPUs
+	SMs     int      `yaml:"sms"`     // per device
+	Memory  ByteSize `yaml:"memory"`  // per device
+	// MPSDaemon starts the devices with an MPS control daemon running;
+	// false shows what the server does without one.
+	MPSDaemon bool `yaml:"mps_daemon"`
+	// MIG starts the devices in MIG mode (the server refuses them).
+	MIG bool `yaml:"mig"`
+}
+
+// Spec is the simulator's spec, nil when the simulator is off.
+func (g GPUSimulator) Spec() *simgpu.Spec {
+	if g.Devices == 0 {
+		return nil
+	}
+	return &simgpu.Spec{Devices: g.Devices, SMs: g.SMs, Memory: int64(g.Memory), NoDaemon: !g.MPSDaemon, MIG: g.MIG, Name: "simgpu"}
 }
 
 // Control configures the control loop: how each model's share of its
@@ -311,6 +344,7 @@ func DefaultServer() *Server {
 			CFSPeriod:      10 * time.Millisecond,
 			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
 		},
+		GPU: GPU{Simulator: GPUSimulator{SMs: 108, Memory: 40 << 30, MPSDaemon: true}},
 		Dashboard: Dashboard{
 			Enabled:          true,
 			Resolution:       time.Second,
@@ -402,6 +436,13 @@ func (s *Server) validate() problems {
 		p.add("qos.max_best_effort_execution", "must be >= 0 (0: no bound), got %v", s.QoS.MaxBestEffortExecution)
 	}
 	s.Control.validate(&p)
+	if g := s.GPU.Simulator; g.Devices < 0 {
+		p.add("gpu.simulator.devices", "must be >= 0 (0 = off), got %d", g.Devices)
+	} else if spec := g.Spec(); spec != nil {
+		if err := spec.Check(); err != nil {
+			p.add("gpu.simulator", "%s", strings.TrimPrefix(err.Error(), "simgpu: "))
+		}
+	}
 	s.Dashboard.validate(&p)
 	s.TLS.validate(&p)
 	s.Auth.validate(&p)

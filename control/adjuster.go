@@ -140,6 +140,11 @@ type AdjusterOptions struct {
 	// best-effort caps; nil means always unknown, and the prediction
 	// stands in.
 	Usage func(model string) (float64, bool)
+	// CapsOnly says the device's limiter enforces every share as a cap
+	// (MPS: an active-thread percentage is a ceiling, and nothing is
+	// work-conserving): latency-critical models get caps instead of
+	// floors, predicted and counted at their size.
+	CapsOnly bool
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
 	// Logger; nil discards.

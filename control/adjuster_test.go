@@ -1182,3 +1182,22 @@ sloserve_share_target_compute{device="cpu",model="lc"} 0.85
 		}
 	})
 }
+
+// Where the limiter has no floors (MPS: a percentage is a ceiling), a
+// latency-critical model gets a cap of the same size, and the predictor is
+// told that size, not the whole device (issue 18: a floor predicted at the
+// whole device but enforced as a cap starved the model on a simulated GPU).
+func TestAdjusterCapsOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		spec := qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 4}
+		ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true}, spec)
+		ah.pred.setRate("m", 50)
+		ah.start()
+		if got := ah.act.share("m"); got.Compute != 0.85 || got.Mode != limiter.ModeCap {
+			t.Errorf("share = %+v, want a cap of 0.85 (the floor it would get elsewhere)", got)
+		}
+		if got := ah.pred.share("m"); got != 0.85 {
+			t.Errorf("predictor told %v, want the cap 0.85", got)
+		}
+	})
+}

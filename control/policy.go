@@ -171,7 +171,7 @@ func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 	spec := st.Spec
 	lo, hi := a.bounds(spec)
 	rate := a.forecastAhead(spec.Name)
-	d = decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory, Mode: limiter.ModeFloor}}
+	d = decision{source: SharePolicyAdaptive, class: spec.Class, rate: rate, share: limiter.Share{Memory: spec.Memory, Mode: a.latencyCriticalMode()}}
 	if rate < rateEpsilon && st.QueueDepth == 0 && st.Running == 0 {
 		d.share.Compute, d.reserve = lo, lo
 		d.reason = fmt.Sprintf("no traffic: minimum share %.2f", lo)
@@ -214,6 +214,15 @@ func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 	}
 	a.overrule(st, &d, hi)
 	return d
+}
+
+// latencyCriticalMode is a floor, or a cap where the limiter has no floors
+// (CapsOnly).
+func (a *Adjuster) latencyCriticalMode() limiter.Mode {
+	if a.opts.CapsOnly {
+		return limiter.ModeCap
+	}
+	return limiter.ModeFloor
 }
 
 // reserveMargin is how many times its expected busy fraction a

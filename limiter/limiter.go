@@ -4,7 +4,9 @@
 // Mode makes it a hard cap, a work-conserving floor, or a cap in an
 // idle-class parent for background work), MPS client limits and ONNX Runtime
 // arena settings on GPU, and nothing but a thread count where neither is
-// available. NVML telemetry (Telemetry) reports what GPUs are doing.
+// available. NVML telemetry (Telemetry) reports what GPUs are doing, from
+// the driver or from any nvml.Interface (the simulator's); the MPS backend
+// refuses at start a GPU whose shares MPS would not enforce.
 //
 // A backend makes one unit per runner start (Place), changes its share
 // while it runs where the mechanism allows (Resize), and removes it when
@@ -122,8 +124,13 @@ type Options struct {
 	Root    string        // cgroup filesystem root; default DefaultRoot
 	Period  time.Duration // CFS period; default DefaultPeriod
 	Logger  *slog.Logger  // default slog.Default()
-	// Telemetry feeds the mps backend's Stats; default NewTelemetry.
+	// Telemetry feeds the mps backend's start-up check and Stats; default
+	// NewTelemetry.
 	Telemetry Telemetry
+	// MPSDaemon reports whether an MPS control daemon serves a GPU (nil
+	// when one does); default: its control pipe in
+	// CUDA_MPS_PIPE_DIRECTORY. The simulator answers for simulated GPUs.
+	MPSDaemon func(device int) error
 }
 
 // device is a parsed Options.Device.
@@ -156,7 +163,9 @@ func parseDevice(s string) (device, error) {
 // New picks and starts a backend. For "cpu" with "auto": cgroup v2 if the
 // root is a unified hierarchy whose cpu and memory controllers the server
 // can use, else cgroup v1 if the cpu and memory hierarchies are writable,
-// else none (Describe says why). For "cuda:N" with "auto": mps. Backend
+// else none (Describe says why). For "cuda:N" with "auto": mps, which
+// refuses (ErrMPSUnavailable) a GPU it cannot share: no driver, no MPS
+// control daemon, MIG mode, a compute mode that refuses clients. Backend
 // "cgroup" fails with an error that says why cgroups are not usable;
 // "none" never enforces anything. New first removes units left by servers
 // that died without Close (CleanupStale).
@@ -193,7 +202,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		if !dev.gpu {
 			return nil, fmt.Errorf("limiter: backend mps needs a cuda:N device, not %s", dev)
 		}
-		return newMPS(dev, opts.Telemetry, log), nil
+		return startMPS(dev, opts, log)
 	case BackendCgroup, BackendAuto:
 	default:
 		return nil, fmt.Errorf("limiter: unknown backend %q (want auto, cgroup, mps or none)", opts.Backend)
@@ -202,7 +211,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		if opts.Backend == BackendCgroup {
 			return nil, fmt.Errorf("limiter: backend cgroup limits CPU shares; device %s needs mps or none", dev)
 		}
-		return newMPS(dev, opts.Telemetry, log), nil
+		return startMPS(dev, opts, log)
 	}
 
 	if n, err := cleanupStale(opts.Root, env, log); err != nil {
@@ -221,6 +230,16 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 	none := newNone(dev, env.cpus(opts.Root, log), err.Error())
 	log.Warn("no cgroups; compute shares only set thread counts", "describe", none.Describe())
 	return none, nil
+}
+
+// startMPS is newMPS as a Limiter: nil, not a nil *mpsLimiter, on error.
+func startMPS(dev device, opts Options, log *slog.Logger) (Limiter, error) {
+	l, err := newMPS(dev, opts.Telemetry, opts.MPSDaemon, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
+	return l, nil
 }
 
 // unitName turns an instance id into a directory name: safe characters

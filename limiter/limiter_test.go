@@ -134,7 +134,7 @@ func TestMPS(t *testing.T) {
 	}
 	defer tel.Close()
 
-	l, err := New(Options{Device: "cuda:1", Telemetry: tel, Logger: testLogger(t)})
+	l, err := New(Options{Device: "cuda:1", Telemetry: tel, Logger: testLogger(t), MPSDaemon: func(int) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,19 +194,58 @@ func TestMPS(t *testing.T) {
 	}
 }
 
-// On a machine without a driver, the mps backend still places (the
-// runner fails later, on CUDA), and its Stats say there is no driver.
-func TestMPSWithoutDriver(t *testing.T) {
-	l, err := New(Options{Backend: BackendMPS, Device: "cuda:0", Telemetry: nullTelemetry{}, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
+// The mps backend refuses a GPU whose shares nothing would enforce, with
+// an error that says why and what to do (G5 of issue 18: before, it
+// placed runners whose percentages CUDA silently ignored).
+func TestMPSRefusesWhatItCannotEnforce(t *testing.T) {
+	running := func(int) error { return nil }
+	stopped := func(int) error { return errors.New("no control pipe") }
+	withMode := func(mig bool, mode nvml.ComputeMode) Telemetry {
+		server := dgxa100.New()
+		for _, d := range server.Devices {
+			d := d.(*dgxa100.Device)
+			if mig {
+				d.MigMode = nvml.DEVICE_MIG_ENABLE
+			}
+			d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return mode, nvml.SUCCESS }
+		}
+		tel, err := newNVMLTelemetry(server, testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tel.Close() })
+		return tel
 	}
-	defer l.Close()
-	if _, err := l.Place("x", Share{Compute: 0.5}); err != nil {
-		t.Fatal(err)
-	}
-	l.(ProcessTracker).Track("x", 1)
-	if _, err := l.Stats("x"); !errors.Is(err, ErrNoDriver) {
-		t.Errorf("Stats = %v, want ErrNoDriver", err)
+	for _, tc := range []struct {
+		name   string
+		device string
+		tel    Telemetry
+		daemon func(int) error
+		want   string // "" = accepted
+	}{
+		{"no driver", "cuda:0", nullTelemetry{}, running, "no GPU found"},
+		{"no daemon", "cuda:0", withMode(false, nvml.COMPUTEMODE_DEFAULT), stopped, "no MPS control daemon: no control pipe; start one (nvidia-cuda-mps-control -d)"},
+		{"MIG", "cuda:1", withMode(true, nvml.COMPUTEMODE_DEFAULT), running, "cuda:1 is in MIG mode"},
+		{"prohibited", "cuda:2", withMode(false, nvml.COMPUTEMODE_PROHIBITED), running, "compute mode prohibited"},
+		{"no such GPU", "cuda:8", withMode(false, nvml.COMPUTEMODE_DEFAULT), running, "the machine has 8 GPU(s)"},
+		{"exclusive process and a daemon", "cuda:3", withMode(false, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS), running, ""},
+		{"default mode and a daemon", "cuda:0", withMode(false, nvml.COMPUTEMODE_DEFAULT), running, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := New(Options{Device: tc.device, Telemetry: tc.tel, MPSDaemon: tc.daemon, Logger: testLogger(t)})
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.Close()
+				return
+			}
+			if !errors.Is(err, ErrMPSUnavailable) || !strings.Contains(err.Error(), tc.want) || l != nil {
+				t.Fatalf("New = %v, %v; want ErrMPSUnavailable saying %q", l, err, tc.want)
+			}
+			if !strings.Contains(err.Error(), "control.limiter: none") {
+				t.Errorf("%v does not say how to run without shares", err)
+			}
+		})
 	}
 }

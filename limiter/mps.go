@@ -1,9 +1,12 @@
 package limiter
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 
@@ -35,13 +38,81 @@ var (
 	_ ProcessTracker = (*mpsLimiter)(nil)
 )
 
-func newMPS(dev device, t Telemetry, log *slog.Logger) *mpsLimiter {
+// ErrMPSUnavailable is a GPU whose shares MPS cannot enforce: no driver,
+// no control daemon, MIG mode, or a compute mode that refuses clients.
+var ErrMPSUnavailable = errors.New("limiter: MPS cannot enforce shares on this device")
+
+// newMPS checks that MPS can enforce shares on the device before it
+// places anything: without a control daemon CUDA ignores
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and the clients time-slice the GPU, so
+// a limiter that started anyway would report shares nobody enforces.
+func newMPS(dev device, t Telemetry, daemon func(device int) error, log *slog.Logger) (*mpsLimiter, error) {
 	l := &mpsLimiter{dev: dev, telemetry: t, log: log, units: unitTable[*mpsUnit]{}}
 	if t == nil {
 		l.telemetry = NewTelemetry(log)
 		l.ownsTelem = true
 	}
-	return l
+	if daemon == nil {
+		daemon = mpsPipeDaemon
+	}
+	if err := l.check(daemon); err != nil {
+		if l.ownsTelem {
+			l.telemetry.Close()
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+// check refuses a device MPS cannot share: it must be there, out of MIG
+// mode (MPS would then run inside a MIG instance, which cuda:N does not
+// name), in a compute mode that admits the daemon's context, and served
+// by a running control daemon.
+func (l *mpsLimiter) check(daemon func(device int) error) error {
+	const without = "set control.limiter: none to run without GPU shares"
+	devs, err := l.telemetry.Devices()
+	if err != nil {
+		return fmt.Errorf("%w: %s: reading the device: %w; %s", ErrMPSUnavailable, l.dev, err, without)
+	}
+	var info *DeviceInfo
+	for i := range devs {
+		if devs[i].Index == l.dev.index {
+			info = &devs[i]
+		}
+	}
+	switch {
+	case len(devs) == 0:
+		return fmt.Errorf("%w: %s: no GPU found (%v); %s", ErrMPSUnavailable, l.dev, ErrNoDriver, without)
+	case info == nil:
+		return fmt.Errorf("%w: %s: the machine has %d GPU(s), cuda:0..cuda:%d; set execution.device_id to one of them or %s", ErrMPSUnavailable, l.dev, len(devs), len(devs)-1, without)
+	case info.MIGEnabled:
+		return fmt.Errorf("%w: %s is in MIG mode: sloserve shares whole GPUs through MPS and does not address MIG instances; "+
+			"disable MIG (nvidia-smi -i %d -mig 0) or %s", ErrMPSUnavailable, l.dev, l.dev.index, without)
+	case info.ComputeMode == ComputeProhibited || info.ComputeMode == ComputeExclusiveThread:
+		return fmt.Errorf("%w: %s is in compute mode %s, which refuses the MPS daemon's clients; "+
+			"set EXCLUSIVE_PROCESS (nvidia-smi -i %d -c EXCLUSIVE_PROCESS) or %s", ErrMPSUnavailable, l.dev, info.ComputeMode, l.dev.index, without)
+	}
+	if err := daemon(l.dev.index); err != nil {
+		return fmt.Errorf("%w: %s: no MPS control daemon: %w; start one (nvidia-cuda-mps-control -d) or %s", ErrMPSUnavailable, l.dev, err, without)
+	}
+	return nil
+}
+
+// mpsPipeDaemon finds a running control daemon by its control pipe in
+// CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps), as CUDA clients do.
+func mpsPipeDaemon(int) error {
+	dir := os.Getenv("CUDA_MPS_PIPE_DIRECTORY")
+	if dir == "" {
+		dir = "/tmp/nvidia-mps"
+	}
+	fi, err := os.Stat(filepath.Join(dir, "control"))
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeNamedPipe == 0 {
+		return fmt.Errorf("%s is not a named pipe", filepath.Join(dir, "control"))
+	}
+	return nil
 }
 
 func (l *mpsLimiter) Kind() string { return KindMPS }

@@ -98,9 +98,35 @@ func (t *nvmlTelemetry) Devices() ([]DeviceInfo, error) {
 		default:
 			return nil, nvmlError(fmt.Sprintf("device %d MIG mode", i), ret)
 		}
+		info.ComputeMode = computeMode(d)
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// computeMode reads a device's compute mode; "" when the driver (or a
+// mock without the call) cannot say.
+func computeMode(d nvml.Device) (mode string) {
+	defer func() {
+		if recover() != nil {
+			mode = ""
+		}
+	}()
+	m, ret := d.GetComputeMode()
+	if ret != nvml.SUCCESS {
+		return ""
+	}
+	switch m {
+	case nvml.COMPUTEMODE_DEFAULT:
+		return ComputeDefault
+	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return ComputeExclusiveProcess
+	case nvml.COMPUTEMODE_EXCLUSIVE_THREAD:
+		return ComputeExclusiveThread
+	case nvml.COMPUTEMODE_PROHIBITED:
+		return ComputeProhibited
+	}
+	return ""
 }
 
 func (t *nvmlTelemetry) Utilization(device int) (gpu, memory float64, err error) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // DeviceInfo describes one GPU.
@@ -13,7 +15,19 @@ type DeviceInfo struct {
 	UUID        string
 	MemoryTotal int64 // bytes
 	MIGEnabled  bool  // MIG mode is on (current, not pending)
+	// ComputeMode is NVML's compute mode: ComputeDefault,
+	// ComputeExclusiveProcess, ComputeProhibited, ComputeExclusiveThread,
+	// or "" when the driver does not say.
+	ComputeMode string
 }
+
+// Compute modes, as DeviceInfo.ComputeMode reports them.
+const (
+	ComputeDefault          = "default"
+	ComputeExclusiveProcess = "exclusive_process"
+	ComputeExclusiveThread  = "exclusive_thread"
+	ComputeProhibited       = "prohibited"
+)
 
 // Telemetry reports what the GPUs are doing. NewTelemetry returns NVML's
 // view when the driver is there and a null source otherwise.
@@ -45,6 +59,20 @@ func NewTelemetry(logger *slog.Logger) Telemetry {
 		return nullTelemetry{reason: err.Error()}
 	}
 	return t
+}
+
+// NewNVMLTelemetry reads telemetry through lib, any nvml.Interface: the
+// simulator's (simgpu.Sim.NVML) in tests and demos. Its error says why lib
+// is not usable (ErrNoDriver when there is no driver).
+func NewNVMLTelemetry(lib nvml.Interface, logger *slog.Logger) (Telemetry, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	t, err := newNVMLTelemetry(lib, logger)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // nullTelemetry is the source for machines without an NVIDIA driver.

@@ -106,6 +106,14 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		r.release(v, u)
 		return nil, u, err
 	}
+	// Backends that account by process (MPS) learn the instance's.
+	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
+		if p, ok := inst.(interface{ Pid() int }); ok && p.Pid() > 0 {
+			if err := pt.Track(u.id, p.Pid()); err != nil {
+				r.log.Warn("tracking an instance's process", "model", v.model, "unit", u.id, "err", err)
+			}
+		}
+	}
 	return inst, u, nil
 }
 
@@ -210,12 +218,30 @@ func (r *Registry) SetShare(ctx context.Context, key string, s limiter.Share) er
 	}
 	v.shareMu.Lock()
 	defer v.shareMu.Unlock()
-	return r.setShareLocked(ctx, v, s, true)
+	return r.setShareLocked(ctx, v, s, swapAlways)
 }
 
-// setShareLocked applies s to every instance; swaps are allowed only when
-// swap is set (profiling resizes without them). The caller holds shareMu.
-func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Share, swap bool) error {
+// swapPolicy says when setShareLocked may replace an instance by one
+// started at the new share.
+type swapPolicy uint8
+
+const (
+	// swapNever resizes live only; a share the limiter cannot apply to a
+	// running instance is an error (ErrRestartRequired) and not recorded.
+	swapNever swapPolicy = iota
+	// swapRequired swaps only when the limiter cannot resize a running
+	// instance (an MPS client's percentage is fixed at its start);
+	// profiling uses it, so that each profiled share really runs, while a
+	// CPU instance keeps its thread count across the sweep.
+	swapRequired
+	// swapAlways also swaps when the share calls for another thread count.
+	swapAlways
+)
+
+// setShareLocked applies s to every instance, swapping instances as the
+// policy allows. The share is recorded only when every instance runs at
+// it. The caller holds shareMu.
+func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Share, swap swapPolicy) error {
 	if v.retired {
 		return fmt.Errorf("%w: model %s version %s is being unloaded", ErrNotReady, v.model, v.label)
 	}
@@ -230,6 +256,9 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 		if v.lim != nil {
 			err := v.lim.Resize(u.id, per)
 			switch {
+			case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
+				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
+				continue
 			case errors.Is(err, limiter.ErrRestartRequired):
 				restart = true
 			case err != nil:
@@ -237,10 +266,10 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 				continue
 			}
 		}
-		if want := v.threadsFor(per); want > 0 && want != u.threads {
+		if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
 			restart = true
 		}
-		if restart && swap {
+		if restart {
 			if err := r.swapInstance(ctx, v, i, per); err != nil {
 				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
 			}
@@ -416,7 +445,9 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
 		Threads: v.units[0].threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
-			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, false); err != nil {
+			// An instance per share where the limiter cannot resize a
+			// running one (MPS): each point is measured at its share.
+			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
 				return 0, err
 			}
 			req := sample(batch)
@@ -440,7 +471,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	} else {
 		r.log.Info("profiled", "model", v.model, "version", v.label, "took", time.Since(start).Round(time.Millisecond))
 	}
-	if err := r.setShareLocked(context.WithoutCancel(ctx), v, initial, false); err != nil {
+	if err := r.setShareLocked(context.WithoutCancel(ctx), v, initial, swapRequired); err != nil {
 		r.log.Warn("restoring the share after profiling", "model", v.model, "version", v.label, "err", err)
 	}
 }

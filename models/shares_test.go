@@ -333,3 +333,76 @@ func TestProfileRunsBeforeTraffic(t *testing.T) {
 		t.Error("model not ready after profiling")
 	}
 }
+
+// On a limiter whose running instances cannot be resized (MPS), profiling
+// runs each share in an instance started at that share (G1 of issue 18:
+// before, the resize was skipped and every point ran at the initial
+// share, so the fitted curve was flat in the share).
+func TestProfileStartsAnInstancePerShareWhenResizeNeedsARestart(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
+		"execution: {intra_op_threads: 1}\nresources: {memory_limit: 1MiB}\nprofile: {batch_sizes: [1, 4]}\n", 1)
+	lim := newFakeLimiter(2)
+	lim.restart = true
+	var measured []string
+	r, f := newShareRegistry(t, repo, lim, func(ctx context.Context, run ProfileRun) error {
+		for _, s := range []float64{0.125, 0.25} {
+			for _, b := range run.BatchSizes {
+				if _, err := run.Measure(ctx, b, s, 2); err != nil {
+					return err
+				}
+				// One unit lives: the instance's that just ran.
+				units := lim.shares()
+				if len(units) != 1 {
+					return fmt.Errorf("%d units live while measuring", len(units))
+				}
+				measured = append(measured, fmt.Sprintf("%d@%v:%v", b, s, units[0].Compute))
+			}
+		}
+		return nil
+	})
+	want := []string{"1@0.125:0.125", "4@0.125:0.125", "1@0.25:0.25", "4@0.25:0.25"}
+	if !slices.Equal(measured, want) {
+		t.Errorf("measured %v, want %v (each share in an instance started at it)", measured, want)
+	}
+	// The first instance, one per profiled share, one back at the initial
+	// share; all but the last stopped.
+	insts := f.of("sum", 1)
+	if len(insts) != 4 {
+		t.Errorf("%d instances started, want 4", len(insts))
+	}
+	for i, fi := range insts {
+		if stopped := fi.stopped.Load(); stopped != (i < len(insts)-1) {
+			t.Errorf("instance %d stopped = %v", i, stopped)
+		}
+	}
+	if s := lim.shares(); len(s) != 1 || s[0] != (limiter.Share{Compute: 1, Memory: 1 << 20}) {
+		t.Errorf("unit after profiling = %+v, want the initial share back", s)
+	}
+	if got, _ := r.Share("sum/1"); got != (limiter.Share{Compute: 1, Memory: 1 << 20}) {
+		t.Errorf("recorded share %+v", got)
+	}
+}
+
+// A share a limiter cannot apply without a restart is not recorded as set
+// when no restart is allowed.
+func TestShareNotRecordedWhenItCouldNotBeApplied(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+"execution: {intra_op_threads: 1}\n", 1)
+	lim := newFakeLimiter(2)
+	lim.restart = true
+	r, _ := newShareRegistry(t, repo, lim, nil)
+	v, err := r.versionByKey("sum/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.shareMu.Lock()
+	err = r.setShareLocked(t.Context(), v, limiter.Share{Compute: 0.25}, swapNever)
+	v.shareMu.Unlock()
+	if !errors.Is(err, limiter.ErrRestartRequired) {
+		t.Errorf("setShareLocked without swaps = %v, want ErrRestartRequired", err)
+	}
+	if got, _ := r.Share("sum/1"); got.Compute == 0.25 {
+		t.Errorf("share recorded as %+v though no instance runs at it", got)
+	}
+}

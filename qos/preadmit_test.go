@@ -120,13 +120,17 @@ func TestAdmissionRoomForError(t *testing.T) {
 
 		first := h.submit(ctx, "a", RequestOptions{}) // starts at once although 30ms*2.5 is near the SLO
 		<-time.After(ms)
-		// 29ms ahead + 30ms own = 59ms fits the mean; 2.5x of it does not.
-		p := h.submit(ctx, "a", RequestOptions{}, 2)
+		// Behind a running one only, no backlog: the mean decides (29ms
+		// ahead + 30ms own = 59ms).
+		second := h.submit(ctx, "a", RequestOptions{}, 2)
+		// Behind a queued one too: 29 + 30 + 30 = 89ms fits the mean;
+		// 2.5x of it does not.
+		p := h.submit(ctx, "a", RequestOptions{}, 3)
 		<-p.done
 		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "2.50x error bound") {
-			t.Errorf("behind a running one: %v, want a refusal for room", p.err)
+			t.Errorf("behind a backlog: %v, want a refusal for room", p.err)
 		}
-		mustSucceed(t, first)
+		mustSucceed(t, first, second)
 		<-time.After(ms)
 		alone := h.submit(ctx, "a", RequestOptions{}, 3)
 		mustSucceed(t, alone)

@@ -124,7 +124,7 @@ type Options struct {
 	// DefaultBestEffortFloor, negative means no floor.
 	BestEffortFloor float64
 	// DeviceSlots is how many executions the device runs at once across
-	// all models (CPU cores, or GPU streams); 0 means 1.
+	// all models (CPU cores, or the clients of a GPU's MPS server); 0 means 1.
 	DeviceSlots int
 	// SeparateClasses gives latency-critical and best-effort executions
 	// DeviceSlots each instead of one pool: best-effort executions then

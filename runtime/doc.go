@@ -8,6 +8,12 @@
 // ONNX Runtime session inside the server; only those load ONNX Runtime in
 // the server process, once for all of them.
 //
+// On a simulated GPU (package simgpu) an instance is a Simulated instead:
+// an MPS client of the simulator, started with the limiter's placement,
+// that waits for the simulated execution time and answers zeros of the
+// model's output shapes (read from the model file by ReadSignature, without
+// ONNX Runtime). Its outputs are not the model's.
+//
 // Tensors travel as flat little-endian buffers (Tensor). The runner checks
 // them against the model before ONNX Runtime sees them and wraps fixed-size
 // data in place; errors come back as ErrInvalidTensor, ErrInference or

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // devices holds what each execution device ("cpu", "cuda:0") has, created
@@ -39,6 +39,8 @@ type devices struct {
 	// registry is the adjusters' actuator; set once it exists, before any
 	// model loads.
 	registry *models.Registry
+	// sim, when set, is the simulated machine cuda devices are on.
+	sim *simgpu.Sim
 
 	mu    sync.Mutex
 	byDev map[string]*device
@@ -94,12 +96,19 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 
 // newLimiter starts a device's limiter as the control config says. The
 // shared policy sets no limits, so under auto it gets none.
-func newLimiter(ctl configs.Control, device string, log *slog.Logger) (limiter.Limiter, error) {
+// On a simulated GPU it reads the simulator's NVML and MPS daemon.
+func newLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
 	backend := ctl.Limiter
 	if ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
 		backend = configs.LimiterNone
 	}
-	return limiter.New(limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log})
+	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
+	if simulatedDevice(sim, device) != nil {
+		if err := simulatedLimiterOptions(sim, &opts); err != nil {
+			return nil, err
+		}
+	}
+	return limiter.New(opts)
 }
 
 // backgroundsBestEffort reports whether the device runs best-effort work
@@ -140,13 +149,6 @@ func (ds *devices) get(name string) (*device, error) {
 		return d, nil
 	}
 	log := ds.log.With("device", name)
-	slots := ds.qos.DeviceSlots
-	if slots == 0 {
-		slots = 1
-		if name == "cpu" {
-			slots = goruntime.NumCPU()
-		}
-	}
 	floor := ds.qos.BestEffortFloor
 	if floor == 0 {
 		floor = -1 // configs says 0 means none; qos reads 0 as its default
@@ -155,10 +157,11 @@ func (ds *devices) get(name string) (*device, error) {
 	if beBound == 0 {
 		beBound = -1 // the same
 	}
-	lim, err := newLimiter(ds.ctl, name, log.With("component", "limiter"))
+	lim, err := newLimiter(ds.ctl, name, ds.sim, log.With("component", "limiter"))
 	if err != nil {
 		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
 	}
+	slots := deviceSlots(name, ds.qos.DeviceSlots, lim, ds.sim)
 	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
 		Policy:                 ds.qos.Policy,
@@ -192,6 +195,7 @@ func (ds *devices) get(name string) (*device, error) {
 		Predictor:      ds.pred,
 		Actuator:       ds.registry,
 		Usage:          d.usage.get,
+		CapsOnly:       lim.Kind() == limiter.KindMPS,
 		Logger:         log.With("component", "adjuster"),
 		Registerer:     ds.reg,
 		Device:         name,
@@ -322,6 +326,9 @@ type profiler struct {
 	// command prints it).
 	report func(run models.ProfileRun, p predictor.Profile, cached bool)
 	fresh  bool // ignore cached profiles
+	// sim, when set, runs cuda models: their profiles are the
+	// simulator's, keyed by its spec and the model's curve.
+	sim *simgpu.Sim
 }
 
 // shares are the compute shares profiled: quarter, half and all of what
@@ -330,14 +337,27 @@ func profileShares(maxShare float64) []float64 {
 	return []float64{maxShare / 4, maxShare / 2, maxShare}
 }
 
+// simulated is the part of a profile's cache key that says it was measured
+// on the simulator: its spec and the model's curve; "" on real devices.
+func (p *profiler) simulated(run models.ProfileRun) string {
+	if simulatedDevice(p.sim, run.Device) == nil {
+		return ""
+	}
+	m, _ := run.Config.Execution.Simulated.Model()
+	return fmt.Sprintf("simgpu=%+v model=%+v", p.sim.Spec(), m)
+}
+
 // run is the registry's Options.Profile.
 func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
-	key, err := predictor.Key(run.Path, predictor.MachineID(),
-		"device="+run.Device, "threads="+strconv.Itoa(run.Threads),
+	parts := []string{"device=" + run.Device, "threads=" + strconv.Itoa(run.Threads),
 		fmt.Sprintf("shares=%v", profileShares(run.MaxShare)),
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
-		"onnxruntime="+filepath.Base(p.lib))
+		"onnxruntime=" + filepath.Base(p.lib)}
+	if sim := p.simulated(run); sim != "" {
+		parts = append(parts, sim)
+	}
+	key, err := predictor.Key(run.Path, predictor.MachineID(), parts...)
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,9 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		return err
 	}
 	defer cleanup()
+	if runners.sim, err = newSimulator(cfg.GPU, logger); err != nil {
+		return err
+	}
 	pred, err := predictor.New(predictor.Options{})
 	if err != nil {
 		return err
@@ -46,7 +49,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		if l, ok := lims[device]; ok {
 			return l
 		}
-		l, err := newLimiter(cfg.Control, device, logger)
+		l, err := newLimiter(cfg.Control, device, runners.sim, logger)
 		if err != nil {
 			lerr = err
 			return nil
@@ -62,6 +65,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		lib:   runners.library,
 		log:   logger,
 		fresh: fresh,
+		sim:   runners.sim,
 		report: func(run models.ProfileRun, p predictor.Profile, cached bool) {
 			reported = true
 			writeProfile(out, run, p, cached, lims[run.Device])

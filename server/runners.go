@@ -9,6 +9,7 @@ import (
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // newRunnerFactory finds the ONNX Runtime library and this executable and
@@ -44,6 +45,8 @@ type runnerFactory struct {
 	socketDir  string
 	rt         configs.Runtime
 	logger     *slog.Logger
+	// sim, when set, runs cuda models on simulated GPUs.
+	sim *simgpu.Sim
 }
 
 // start is the registry's NewInstance: one runner process per instance,
@@ -54,6 +57,9 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 	ex := spec.Config.Execution
 	if ex.Isolation == configs.IsolationInProcess {
 		return f.startInProcess(ctx, name, spec)
+	}
+	if f.sim != nil && ex.Provider == configs.ProviderCUDA {
+		return f.startSimulated(ctx, spec, name)
 	}
 	cfg := runtime.RunnerConfig{
 		Name:       name,

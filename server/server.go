@@ -48,6 +48,11 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	defer cleanup()
+	sim, err := newSimulator(cfg.GPU, logger)
+	if err != nil {
+		return err
+	}
+	runners.sim = sim
 
 	promReg := prometheus.NewRegistry()
 	if err := promReg.Register(collectors.NewGoCollector()); err != nil {
@@ -65,6 +70,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		stopLoops()
 		return err
 	}
+	devs.sim = sim
 	defer devs.wait()
 	defer stopLoops()
 	prof := &profiler{
@@ -73,6 +79,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		pred:  devs.pred,
 		lib:   runners.library,
 		log:   logger.With("component", "predictor"),
+		sim:   sim,
 	}
 	opts := models.Options{
 		Repositories:      cfg.Repositories,

@@ -1,0 +1,116 @@
+package runtime
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sloserve/sloserve/simgpu"
+)
+
+// ReadSignature reads what ONNX Runtime reads.
+func TestReadSignatureMatchesONNXRuntime(t *testing.T) {
+	for _, name := range []string{"example_several_inputs_and_outputs.onnx", "example_dynamic_axes.onnx", "example_multitype.onnx"} {
+		t.Run(name, func(t *testing.T) {
+			path := testModel(t, name)
+			ins, outs, err := ReadSignature(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := startTestRunner(t, testRunnerConfig(t, path))
+			if !reflect.DeepEqual(ins, r.Inputs()) || !reflect.DeepEqual(outs, r.Outputs()) {
+				t.Errorf("ReadSignature: %+v -> %+v\nONNX Runtime: %+v -> %+v", ins, outs, r.Inputs(), r.Outputs())
+			}
+		})
+	}
+	bad := filepath.Join(t.TempDir(), "bad.onnx")
+	os.WriteFile(bad, []byte("not a model at all"), 0o600)
+	if _, _, err := ReadSignature(bad); !errors.Is(err, ErrModelLoad) {
+		t.Errorf("a text file: %v, want ErrModelLoad", err)
+	}
+}
+
+func TestSimulatedInstance(t *testing.T) {
+	path := testModel(t, "example_dynamic_axes.onnx")
+	synctest.Test(t, func(t *testing.T) {
+		sim, err := simgpu.New(simgpu.Spec{Devices: 1, SMs: 100, Memory: 8 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := simgpu.Presets["resnet50"]
+		var exits []Exit
+		s, err := StartSimulated(t.Context(), SimulatedConfig{
+			Name: "dyn", ModelPath: path, Device: sim.Devices()[0], Model: m, Batched: true,
+			Env:    []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"},
+			OnExit: func(e Exit) { exits = append(exits, e) }, Logger: testLogger(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Stop(t.Context())
+		in := s.Inputs()[0]
+		req := &InferRequest{Inputs: []Tensor{{Name: in.Name, DataType: in.DataType, Shape: []int64{4, 10}, Data: make([]byte, 4*10*in.DataType.Size())}}}
+		if _, err := s.Infer(t.Context(), req); err != nil { // warm-up
+			t.Fatal(err)
+		}
+		resp, err := s.Infer(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, d := m.Time(4, 0.2), resp.Timing.Infer; d < want-time.Microsecond || d > want+time.Microsecond {
+			t.Errorf("took %v, want the curve's %v at 20%%", resp.Timing.Infer, want)
+		}
+		out := resp.Outputs[0]
+		if len(resp.Outputs) != len(s.Outputs()) || out.Shape[0] != 4 || int64(len(out.Data)) != out.DataType.ByteSize(elements(out.Shape)) {
+			t.Errorf("outputs %+v", resp.Outputs)
+		}
+		if _, err := s.Infer(t.Context(), &InferRequest{Inputs: []Tensor{{Name: "nope", DataType: in.DataType, Shape: []int64{1, 10}}}}); !errors.Is(err, ErrInvalidTensor) {
+			t.Errorf("unknown input: %v", err)
+		}
+		// A batch whose arena passes the 1 GiB pinned limit.
+		big := &InferRequest{Inputs: []Tensor{{Name: in.Name, DataType: in.DataType, Shape: []int64{40, 10}, Data: make([]byte, 40*10*in.DataType.Size())}}}
+		if _, err := s.Infer(t.Context(), big); !errors.Is(err, ErrInference) || !errors.Is(err, simgpu.ErrOutOfMemory) {
+			t.Errorf("batch over the pinned limit: %v", err)
+		}
+		sim.Devices()[0].Fault(nil, "an uncorrectable ECC error")
+		if _, err := s.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) || !errors.Is(err, simgpu.ErrDeviceFault) {
+			t.Errorf("after a device fault: %v", err)
+		}
+		if ready, why := s.Status(); ready || !strings.Contains(why, "fatal fault") || len(exits) != 1 {
+			t.Errorf("status %v %q, exits %v", ready, why, exits)
+		}
+	})
+}
+
+func elements(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+func TestMPSLimits(t *testing.T) {
+	for _, tc := range []struct {
+		env    []string
+		pct    int
+		pinned int64
+		bad    bool
+	}{
+		{nil, 0, 0, false},
+		{[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=35", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=2G,0=512M"}, 35, 512 << 20, false},
+		{[]string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=2G"}, 0, 0, false},
+		{[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=0"}, 0, 0, true},
+		{[]string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=lots"}, 0, 0, true},
+	} {
+		pct, pinned, err := mpsLimits(tc.env, 0)
+		if (err != nil) != tc.bad || pct != tc.pct || pinned != tc.pinned {
+			t.Errorf("mpsLimits(%q) = %d, %d, %v", tc.env, pct, pinned, err)
+		}
+	}
+}

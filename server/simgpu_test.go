@@ -1,0 +1,218 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
+	"github.com/sloserve/sloserve/runtime"
+)
+
+// tinyONNX is a model file with one FP32 input x[1,16] and one output
+// y[1,4] (the first dimension dynamic when batched) and no nodes: enough for a simulated instance, which reads only
+// the signature.
+func tinyONNX(batched bool) []byte {
+	msg := func(num protowire.Number, parts ...[]byte) []byte {
+		var body []byte
+		for _, p := range parts {
+			body = append(body, p...)
+		}
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), body)
+	}
+	varint := func(num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+	}
+	str := func(num protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), s)
+	}
+	tensor := func(field protowire.Number, name string, dims ...uint64) []byte {
+		var shape [][]byte
+		for i, d := range dims {
+			if i == 0 && batched {
+				shape = append(shape, msg(1, str(2, "batch")))
+				continue
+			}
+			shape = append(shape, msg(1, varint(1, d)))
+		}
+		return msg(field, str(1, name), msg(2, msg(1, varint(1, 1), msg(2, shape...))))
+	}
+	return append(varint(1, 8), msg(7, tensor(11, "x", 1, 16), tensor(12, "y", 1, 4))...)
+}
+
+// simulatedServer loads the models of a repository on a simulated GPU
+// the way Run does (devices, runner factory, registry), without
+// listeners. It stops everything when the test ends.
+func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *devices) {
+	t.Helper()
+	repo := t.TempDir()
+	for name, c := range modelConfigs {
+		dir := filepath.Join(repo, name, "1")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(repo, name, "config.yaml"), []byte("name: "+name+"\n"+c), 0o644)
+		os.WriteFile(filepath.Join(dir, "model.onnx"), tinyONNX(strings.Contains(c, "max_batch_size")), 0o644)
+	}
+	cfg.Repositories = []string{repo}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sim, err := newSimulator(cfg.GPU, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	loopCtx, stopLoops := context.WithCancel(context.Background())
+	promReg := prometheus.NewRegistry()
+	devs, err := newDevices(loopCtx, cfg, promReg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs.sim = sim
+	runners := &runnerFactory{sim: sim, logger: log}
+	var profile func(context.Context, models.ProfileRun) error
+	if cfg.Control.Profile.Enabled {
+		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
+		profile = prof.run
+	}
+	reg, err := models.New(models.Options{
+		Profile:      profile,
+		Repositories: cfg.Repositories, Control: cfg.ModelControl,
+		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
+		MaxInflight: cfg.Limits.MaxInflightRequests, MaxInflightBytes: int64(cfg.Limits.MaxInflightBytes),
+		DrainTimeout: cfg.Limits.GracePeriod, CallTimeout: cfg.Runtime.CallTimeout,
+		NewInstance: runners.start, Logger: log, Registerer: promReg,
+		Scheduler: devs.scheduler, Estimator: devs.pred, Limiter: devs.limiter, Forget: devs.pred.Forget,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs.registry = reg
+	t.Cleanup(func() {
+		cancel()
+		reg.Stop(context.Background())
+		stopLoops()
+		devs.wait()
+	})
+	if err := reg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return reg, devs
+}
+
+func infer(t *testing.T, reg *models.Registry, model string) time.Duration {
+	t.Helper()
+	req := &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 16}, Data: make([]byte, 64)}}}
+	start := time.Now()
+	resp, _, err := reg.Infer(t.Context(), model, "", req)
+	if err != nil {
+		t.Fatalf("%s: %v", model, err)
+	}
+	if len(resp.Outputs) != 1 || resp.Outputs[0].Name != "y" || len(resp.Outputs[0].Data) != 16 {
+		t.Errorf("%s: outputs %+v", model, resp.Outputs)
+	}
+	return time.Since(start)
+}
+
+// Two models on one simulated GPU under MPS run their executions at the
+// same time, each within its share (G2 of issue 18: before, a GPU had one
+// execution slot across all its models, so MPS clients never ran at once).
+func TestSimulatedGPURunsModelsConcurrently(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := configs.DefaultServer()
+		cfg.GPU.Simulator.Devices = 1
+		cfg.Control.Policy = configs.SharePolicyStatic
+		cfg.Control.Profile.Enabled = false
+		model := "execution: {provider: cuda, simulated: {preset: mobilenet, fixed: 20ms}}\nresources: {compute_share: 0.4}\n"
+		reg, _ := simulatedServer(t, cfg, map[string]string{"a": model, "b": model})
+		infer(t, reg, "a") // warm-up
+		infer(t, reg, "b")
+		alone := infer(t, reg, "a")
+
+		var wg sync.WaitGroup
+		took := make([]time.Duration, 2)
+		for i, m := range []string{"a", "b"} {
+			wg.Go(func() { took[i] = infer(t, reg, m) })
+		}
+		wg.Wait()
+		// Side by side each is slowed by interference (x1.1 at these
+		// bandwidths), not by waiting for the other (x2).
+		for i, d := range took {
+			if d > alone*3/2 {
+				t.Errorf("model %d took %v beside the other, alone %v: the executions did not overlap", i, d, alone)
+			}
+		}
+	})
+}
+
+// A simulated GPU without an MPS daemon, or in MIG mode, is refused with
+// the reason, and its models do not load (G5 of issue 18: before, the
+// limiter reported MPS shares that nothing enforced).
+func TestSimulatedGPUWithoutMPSIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*configs.GPUSimulator)
+		want string
+	}{
+		{"no daemon", func(g *configs.GPUSimulator) { g.MPSDaemon = false }, "has no MPS control daemon"},
+		{"MIG", func(g *configs.GPUSimulator) { g.MIG = true }, "is in MIG mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := configs.DefaultServer()
+				cfg.GPU.Simulator.Devices = 1
+				tc.set(&cfg.GPU.Simulator)
+				cfg.Control.Profile.Enabled = false
+				reg, _ := simulatedServer(t, cfg, map[string]string{"a": "execution: {provider: cuda}\n"})
+				var reason string
+				for _, e := range reg.Index(false) {
+					if e.Name == "a" {
+						reason = e.Reason
+					}
+				}
+				if !strings.Contains(reason, tc.want) || !strings.Contains(reason, "control.limiter: none") {
+					t.Errorf("model a: %q, want the refusal (%q) and the way out", reason, tc.want)
+				}
+				if ready, _ := reg.ModelReady("a", ""); ready {
+					t.Error("model a is ready on a GPU whose shares nothing enforces")
+				}
+			})
+		})
+	}
+}
+
+// A profile measured on the simulator is keyed by the simulator's spec and
+// the model's curve: changing either, or moving to a real GPU, profiles
+// again instead of reusing it.
+func TestSimulatedProfileKey(t *testing.T) {
+	cfg := configs.DefaultServer()
+	cfg.GPU.Simulator.Devices = 2
+	sim, err := newSimulator(cfg.GPU, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := configs.ParseModel("m.yaml", []byte("name: m\nexecution: {provider: cuda, simulated: {preset: bert-base}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &profiler{sim: sim}
+	run := models.ProfileRun{Device: "cuda:1", Config: m}
+	a := p.simulated(run)
+	m.Execution.Simulated.Fixed = time.Millisecond
+	b := p.simulated(run)
+	run.Device = "cpu"
+	if a == "" || a == b || p.simulated(run) != "" || (&profiler{}).simulated(models.ProfileRun{Device: "cuda:1", Config: m}) != "" {
+		t.Errorf("keys %q, %q; cpu %q", a, b, p.simulated(run))
+	}
+}

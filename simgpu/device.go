@@ -1,0 +1,456 @@
+package simgpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Costs of the device's lifecycle. Each is a published figure or says it is
+// an assumption.
+const (
+	// ContextCreate is the time to create an MPS client's CUDA context.
+	// PipeSwitch (Bai et al., OSDI 2020, section 2) measured seconds for
+	// a cold process; a client of an MPS server that already holds the
+	// device skips driver initialisation, so we assume 500 ms.
+	ContextCreate = 500 * time.Millisecond
+	// ContextMemory is the device memory of one client's context:
+	// an assumption of 300 MiB (a CUDA context with cuDNN and cuBLAS
+	// handles takes a few hundred MiB on recent drivers; since Volta
+	// every MPS client has a context of its own).
+	ContextMemory = 300 * mib
+	// LoadBandwidth is host-to-device copy speed for weights: PCIe 3.0
+	// x16 is 15.75 GB/s by the specification; we assume 12 GB/s in
+	// practice.
+	LoadBandwidth = 12e9
+	// Interference is how much a kernel slows per unit of memory
+	// bandwidth its co-runners use: rate /= 1 + Interference*Σ bw of the
+	// others. Gpulet (ATC 2022, section 4.3) fits interference as a
+	// linear function of co-runners' memory bandwidth and L2 use; the
+	// coefficient 0.5 is an assumption that gives the 10-40% slowdowns
+	// such papers report for two co-located inference models.
+	Interference = 0.5
+	// DaemonRestart is the time to bring a device's MPS clients back
+	// after a fatal fault: an assumption of 1 s, within the 73-1359 ms
+	// that "Characterization-Guided GPU Fault Resilience in NVIDIA MPS"
+	// (arXiv 2605.26461, 2026) reports for recovering from an SM fault by
+	// restarting the processes.
+	DaemonRestart = time.Second
+)
+
+// Errors of the simulator.
+var (
+	// ErrOutOfMemory is a device memory allocation that does not fit the
+	// device or the client's pinned limit (cudaErrorMemoryAllocation).
+	ErrOutOfMemory = errors.New("simgpu: out of device memory")
+	// ErrDeviceFault means a fatal fault on the device took the client
+	// down: under MPS a fault in one client can terminate every client
+	// on the device (NVIDIA's MPS documentation on error containment;
+	// MuxFlow, Zhao et al. 2023, on MPS's shared error handling; arXiv
+	// 2605.26461 characterises it on L40 and H100).
+	ErrDeviceFault = errors.New("simgpu: fatal fault on the device (MPS clients of the device are gone)")
+	// ErrClientClosed is an execution on a closed client.
+	ErrClientClosed = errors.New("simgpu: client closed")
+	// ErrDaemonDown means the device is waiting for its MPS control
+	// daemon to restart after a fault.
+	ErrDaemonDown = errors.New("simgpu: the MPS control daemon is not running on the device")
+)
+
+// Spec is a simulated machine.
+type Spec struct {
+	Devices int   // number of devices, >= 1
+	SMs     int   // streaming multiprocessors per device, >= 1 (A100: 108)
+	Memory  int64 // device memory in bytes
+	// NoDaemon starts the devices without an MPS control daemon:
+	// percentages and pinned limits are ignored and clients time-slice.
+	NoDaemon bool
+	// MIG starts the devices in MIG mode.
+	MIG bool
+	// Name is the devices' product name; default "simgpu".
+	Name string
+}
+
+// Check reports a spec the simulator cannot run.
+func (s Spec) Check() error {
+	switch {
+	case s.Devices < 1 || s.Devices > 64:
+		return fmt.Errorf("simgpu: %d devices, want 1..64", s.Devices)
+	case s.SMs < 1 || s.SMs > 1024:
+		return fmt.Errorf("simgpu: %d SMs, want 1..1024", s.SMs)
+	case s.Memory < ContextMemory+mib:
+		return fmt.Errorf("simgpu: device memory %d bytes is below one context (%d)", s.Memory, ContextMemory)
+	}
+	return nil
+}
+
+// Sim is a simulated machine: its devices.
+type Sim struct {
+	spec    Spec
+	devices []*Device
+
+	mu      sync.Mutex
+	nextPID int
+}
+
+// New starts a simulated machine.
+func New(spec Spec) (*Sim, error) {
+	if err := spec.Check(); err != nil {
+		return nil, err
+	}
+	if spec.Name == "" {
+		spec.Name = "simgpu"
+	}
+	s := &Sim{spec: spec, nextPID: 40000}
+	for i := range spec.Devices {
+		s.devices = append(s.devices, &Device{
+			sim: s, index: i, sms: spec.SMs, memory: spec.Memory,
+			daemon: !spec.NoDaemon, mig: spec.MIG,
+			clients: map[*Client]bool{}, last: time.Now(), readAt: time.Now(),
+		})
+	}
+	return s, nil
+}
+
+// Spec is the machine's spec.
+func (s *Sim) Spec() Spec { return s.spec }
+
+// Devices are the machine's devices, by index.
+func (s *Sim) Devices() []*Device { return s.devices }
+
+// Device is device i, or an error naming the range.
+func (s *Sim) Device(i int) (*Device, error) {
+	if i < 0 || i >= len(s.devices) {
+		return nil, fmt.Errorf("simgpu: no device %d (the machine has %d)", i, len(s.devices))
+	}
+	return s.devices[i], nil
+}
+
+func (s *Sim) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextPID++
+	return s.nextPID
+}
+
+// Device is one simulated GPU. Its kernels share the SMs as processor
+// sharing: each running execution progresses at a rate its share, the
+// other running executions and interference set, recomputed whenever one
+// starts or ends.
+type Device struct {
+	sim    *Sim
+	index  int
+	sms    int
+	memory int64
+
+	mu       sync.Mutex
+	daemon   bool // an MPS control daemon runs
+	mig      bool
+	faulted  error // set by a fatal fault until the daemon restarts
+	clients  map[*Client]bool
+	external int64 // memory held outside sloserve (InjectMemory)
+	jobs     []*job
+	last     time.Time // when the jobs' work was last advanced
+	busy     time.Duration
+	bwBusy   float64 // seconds × bandwidth in use
+	readAt   time.Time
+	readBusy time.Duration
+	readBW   float64
+}
+
+// job is one execution's kernel work in flight.
+type job struct {
+	c     *Client
+	b     int
+	work  float64 // seconds of kernel time at saturation left; +Inf when hung
+	rate  float64
+	gen   int
+	timer *time.Timer
+	done  chan error // buffered; receives once
+}
+
+// Index is the device's index.
+func (d *Device) Index() int { return d.index }
+
+// SMs is the device's SM count.
+func (d *Device) SMs() int { return d.sms }
+
+// MemoryTotal is the device memory in bytes.
+func (d *Device) MemoryTotal() int64 { return d.memory }
+
+// DaemonRunning reports whether an MPS control daemon serves the device.
+func (d *Device) DaemonRunning() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.daemon && d.faulted == nil
+}
+
+// MIG reports whether the device is in MIG mode.
+func (d *Device) MIG() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mig
+}
+
+// SetDaemon starts or stops the device's MPS control daemon (as
+// nvidia-cuda-mps-control -d and quit do). Clients started while it is
+// stopped ignore their limits.
+func (d *Device) SetDaemon(running bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.daemon = running
+}
+
+// usedLocked is the device memory in use.
+func (d *Device) usedLocked() int64 {
+	n := d.external
+	for c := range d.clients {
+		n += c.mem
+	}
+	return n
+}
+
+// MemoryUsed is the device memory in use, by every client and outside
+// holders.
+func (d *Device) MemoryUsed() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.usedLocked()
+}
+
+// InjectMemory makes bytes of device memory used (negative frees them) by
+// something outside the simulated clients: another tenant, a leak.
+func (d *Device) InjectMemory(bytes int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if bytes > 0 && d.usedLocked()+bytes > d.memory {
+		return fmt.Errorf("%w: device %d: %d bytes asked, %d free", ErrOutOfMemory, d.index, bytes, d.memory-d.usedLocked())
+	}
+	d.external = max(0, d.external+bytes)
+	return nil
+}
+
+// allocLocked grows c's memory by n bytes, within its pinned limit and the
+// device.
+func (d *Device) allocLocked(c *Client, n int64, what string) error {
+	if c.limited() && c.spec.PinnedMemory > 0 && c.mem+n > c.spec.PinnedMemory {
+		return fmt.Errorf("%w: device %d, client %s: %s needs %d bytes, %d left of its pinned limit %d",
+			ErrOutOfMemory, d.index, c.spec.Name, what, n, c.spec.PinnedMemory-c.mem, c.spec.PinnedMemory)
+	}
+	if free := d.memory - d.usedLocked(); n > free {
+		return fmt.Errorf("%w: device %d, client %s: %s needs %d bytes, %d free of %d",
+			ErrOutOfMemory, d.index, c.spec.Name, what, n, free, d.memory)
+	}
+	c.mem += n
+	return nil
+}
+
+// advanceLocked moves every job's work on to now.
+func (d *Device) advanceLocked(now time.Time) {
+	dt := now.Sub(d.last)
+	d.last = now
+	if dt <= 0 || len(d.jobs) == 0 {
+		return
+	}
+	bw := 0.0
+	for _, j := range d.jobs {
+		j.work -= j.rate * dt.Seconds()
+		bw += j.c.spec.Model.Bandwidth
+	}
+	d.busy += dt
+	d.bwBusy += min(1, bw) * dt.Seconds()
+}
+
+// demand is the share of the device a job's kernels take when nothing
+// else runs: its client's percentage as whole SMs, up to what its batch
+// can use.
+func (d *Device) demand(j *job) float64 {
+	s := 1.0
+	if j.c.limited() {
+		// MPS hands out whole SMs: the percentage of the SM count,
+		// rounded up.
+		s = math.Ceil(float64(j.c.percentage())*float64(d.sms)/100) / float64(d.sms)
+	}
+	return min(s, j.c.spec.Model.sat(j.b))
+}
+
+// rescheduleLocked sets each job's rate and the timer of its end.
+func (d *Device) rescheduleLocked() {
+	if len(d.jobs) == 0 {
+		return
+	}
+	total, bw := 0.0, 0.0
+	clients := map[*Client]bool{}
+	for _, j := range d.jobs {
+		total += d.demand(j)
+		bw += j.c.spec.Model.Bandwidth
+		clients[j.c] = true
+	}
+	for _, j := range d.jobs {
+		sat := j.c.spec.Model.sat(j.b)
+		var rate float64
+		if d.daemon {
+			// Oversubscribed SMs are split in proportion to demand.
+			eff := d.demand(j) / max(1, total)
+			rate = eff / sat
+		} else {
+			// Without MPS the device time-slices between contexts:
+			// each runs alone, 1/n of the time.
+			rate = 1 / float64(len(clients))
+		}
+		rate /= 1 + Interference*(bw-j.c.spec.Model.Bandwidth)
+		j.rate = rate
+		j.gen++
+		if math.IsInf(j.work, 1) {
+			continue
+		}
+		wait := time.Duration(max(0, j.work/rate) * float64(time.Second))
+		if j.timer != nil {
+			j.timer.Stop()
+		}
+		gen := j.gen
+		j.timer = time.AfterFunc(wait, func() { d.finish(j, gen) })
+	}
+}
+
+// finish ends j if its timer is still the current one.
+func (d *Device) finish(j *job, gen int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if j.gen != gen || !d.removeLocked(j) {
+		return
+	}
+	j.done <- nil
+	d.rescheduleLocked()
+}
+
+// removeLocked takes j off the device, after advancing the others.
+func (d *Device) removeLocked(j *job) bool {
+	for i, o := range d.jobs {
+		if o == j {
+			d.advanceLocked(time.Now())
+			d.jobs = append(d.jobs[:i], d.jobs[i+1:]...)
+			j.gen++
+			if j.timer != nil {
+				j.timer.Stop()
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// run puts an execution's kernels on the device and waits for them.
+func (d *Device) run(c *Client, b int, done <-chan struct{}) error {
+	j := &job{c: c, b: b, work: c.spec.Model.kernel(b), done: make(chan error, 1)}
+	d.mu.Lock()
+	if err := c.usableLocked(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	if c.hung {
+		j.work = math.Inf(1)
+	}
+	d.advanceLocked(time.Now())
+	d.jobs = append(d.jobs, j)
+	d.rescheduleLocked()
+	d.mu.Unlock()
+	select {
+	case err := <-j.done:
+		return err
+	case <-done:
+		d.mu.Lock()
+		if d.removeLocked(j) {
+			d.rescheduleLocked()
+		}
+		d.mu.Unlock()
+		return errCanceled
+	}
+}
+
+var (
+	errCanceled = errors.New("simgpu: execution canceled")
+	inf         = math.Inf(1)
+)
+
+// Fault is a fatal fault raised by client c (an illegal address, an
+// uncorrectable ECC error): as under MPS, every client on the device is
+// gone, executions in flight fail, their memory is freed, and the device
+// takes no new client until RestartDaemon.
+func (d *Device) Fault(c *Client, cause string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	name := "device"
+	if c != nil {
+		name = "client " + c.spec.Name
+	}
+	err := fmt.Errorf("%w: device %d: %s raised %s", ErrDeviceFault, d.index, name, cause)
+	d.faulted = err
+	d.advanceLocked(time.Now())
+	for _, j := range d.jobs {
+		j.gen++
+		if j.timer != nil {
+			j.timer.Stop()
+		}
+		j.done <- err
+	}
+	d.jobs = nil
+	for cl := range d.clients {
+		cl.dead = err
+		cl.mem = 0
+	}
+	clear(d.clients)
+}
+
+// Faulted is the fault that stopped the device, nil while it serves.
+func (d *Device) Faulted() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.faulted
+}
+
+// RestartDaemon brings a faulted device back: it waits DaemonRestart and
+// then accepts clients again.
+func (d *Device) RestartDaemon() {
+	time.Sleep(DaemonRestart)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.faulted = nil
+	d.daemon = true
+}
+
+// Utilization is what NVML reports since the previous call: the fraction
+// of the time a kernel ran (gpu), and the memory bandwidth in use over it
+// (memory), each 0..1.
+func (d *Device) Utilization() (gpu, memory float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	d.advanceLocked(now)
+	span := now.Sub(d.readAt)
+	busy, bw := d.busy-d.readBusy, d.bwBusy-d.readBW
+	d.readAt, d.readBusy, d.readBW = now, d.busy, d.bwBusy
+	if span <= 0 {
+		return 0, 0
+	}
+	return min(1, busy.Seconds()/span.Seconds()), min(1, bw/span.Seconds())
+}
+
+// ProcessMemory is the device memory of each client, by its pid.
+func (d *Device) ProcessMemory() map[int]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := make(map[int]int64, len(d.clients))
+	for c := range d.clients {
+		m[c.pid] += c.mem
+	}
+	return m
+}
+
+// Clients is the number of live clients on the device.
+func (d *Device) Clients() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.clients)
+}
