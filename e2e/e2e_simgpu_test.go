@@ -36,7 +36,7 @@ profile: {shapes: {x: [1, 3, 48, 192]}, batch_sizes: [1, 8]}
 control:
   period: 200ms
   profile: {cache_dir: `+cache+`, budget: 60s, runs: 3}
-`)
+`, withSet("control.profile.cache_dir="+cache)) // over the test environment's shared cache: this test must profile
 	for _, m := range []string{"cls", "wake"} {
 		if code, body, _ := s.do(t, http.MethodGet, "/v2/models/"+m+"/ready", nil); code != http.StatusOK {
 			t.Fatalf("%s not ready: %d %s", m, code, body)
