@@ -42,14 +42,20 @@ type Server struct {
 	ModelControl  string        `yaml:"model_control"`
 	PollInterval  time.Duration `yaml:"poll_interval"`
 	StartupModels []string      `yaml:"startup_models"` // explicit mode only; "*" means all
-	Runtime       Runtime       `yaml:"runtime"`
-	Limits        Limits        `yaml:"limits"`
-	QoS           QoS           `yaml:"qos"`
-	Control       Control       `yaml:"control"`
-	Dashboard     Dashboard     `yaml:"dashboard"`
-	TLS           TLS           `yaml:"tls"`
-	Auth          Auth          `yaml:"auth"`
-	Log           Log           `yaml:"log"`
+	// ModelDir, when set, serves the one model in that folder, named
+	// ModelName, in place of the repositories: what KServe hands a serving
+	// runtime (the model mounted at /mnt/models). See server's single-model
+	// staging for the layouts it accepts.
+	ModelDir  string    `yaml:"model_dir"`
+	ModelName string    `yaml:"model_name"`
+	Runtime   Runtime   `yaml:"runtime"`
+	Limits    Limits    `yaml:"limits"`
+	QoS       QoS       `yaml:"qos"`
+	Control   Control   `yaml:"control"`
+	Dashboard Dashboard `yaml:"dashboard"`
+	TLS       TLS       `yaml:"tls"`
+	Auth      Auth      `yaml:"auth"`
+	Log       Log       `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
 
@@ -388,6 +394,17 @@ func (s *Server) validate() problems {
 	s.Auth.validate(&p)
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
+	}
+	switch {
+	case s.ModelDir == "" && s.ModelName != "":
+		p.add("model_name", "only allowed with model_dir")
+	case s.ModelDir != "" && s.ModelName == "":
+		p.add("model_name", "required with model_dir")
+	case s.ModelDir != "" && !modelNameRE.MatchString(s.ModelName):
+		p.add("model_name", "%q is not a model name (letters, digits, '.', '_', '-'; starting with a letter or digit)", s.ModelName)
+	}
+	if s.ModelDir != "" && s.ModelControl != ModelControlNone {
+		p.add("model_control", "must be %q with model_dir (the one model loads at start and stays), got %q", ModelControlNone, s.ModelControl)
 	}
 	if len(s.StartupModels) > 0 && s.ModelControl != ModelControlExplicit {
 		p.add("startup_models", "only allowed with model_control explicit (model_control is %q)", s.ModelControl)

@@ -43,6 +43,20 @@ var Version = "dev"
 // turns false, listeners stop accepting, admitted requests finish within the
 // grace period, and the runners stop. It rereads the config as rl says.
 func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloading) error {
+	cfg, keepStaged, unstage, err := singleModel(cfg)
+	if err != nil {
+		return err
+	}
+	defer unstage()
+	if load := rl.Load; load != nil {
+		rl.Load = func() (*configs.Server, error) {
+			next, err := load()
+			if err == nil {
+				keepStaged(next)
+			}
+			return next, err
+		}
+	}
 	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err
