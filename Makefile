@@ -37,6 +37,8 @@ test: export SLOSERVE_REQUIRE_CGROUPS := 1
 test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
 # Chromium too: the dashboard's browser test must run, not skip.
 test: export SLOSERVE_REQUIRE_CHROMIUM := 1
+# And helm: the deploy package renders the chart with it.
+test: export SLOSERVE_REQUIRE_HELM := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
@@ -54,7 +56,8 @@ models:
 testmodels:
 	scripts/fetch-testmodels.sh
 
-# Debian packages the tests run: prometheus (promtool), chromium, chromedriver.
+# Tools the tests run: prometheus (promtool), chromium, chromedriver from
+# Debian; helm, pinned, through the Go module proxy into .tools/bin.
 test-tools:
 	scripts/install-test-tools.sh
 

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 // KServe runs a serving runtime with the model mounted at /mnt/models and
@@ -12,6 +14,40 @@ import (
 // ({{.Name}}); no repository, no config file. These tests start the binary
 // the same way, from a folder with no demo-repository, as
 // deploy/kserve/servingruntime.yaml's args do.
+
+// kserveArgs returns the args of deploy/kserve/clusterservingruntime.yaml's
+// container as KServe would run them for an InferenceService named name
+// with its model at mnt, less "serve" and the listen addresses, which the
+// harness gives (free ports).
+func kserveArgs(t *testing.T, mnt, name string) []string {
+	t.Helper()
+	b, err := os.ReadFile("../deploy/kserve/clusterservingruntime.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rt struct {
+		Spec struct {
+			Containers []struct {
+				Args []string `yaml:"args"`
+			} `yaml:"containers"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &rt); err != nil {
+		t.Fatal(err)
+	}
+	if len(rt.Spec.Containers) != 1 || len(rt.Spec.Containers[0].Args) == 0 || rt.Spec.Containers[0].Args[0] != "serve" {
+		t.Fatalf("the serving runtime's container does not run serve: %+v", rt.Spec.Containers)
+	}
+	var args []string
+	for _, a := range rt.Spec.Containers[0].Args[1:] {
+		if strings.HasPrefix(a, "--http-addr=") || strings.HasPrefix(a, "--grpc-addr=") || strings.HasPrefix(a, "--metrics-addr=") {
+			continue
+		}
+		a = strings.ReplaceAll(a, "/mnt/models", mnt)
+		args = append(args, strings.ReplaceAll(a, "{{.Name}}", name))
+	}
+	return args
+}
 
 // TestE2EKServeModelDir serves a model folder in the layouts KServe's
 // storage initializer leaves: a model.onnx (or one *.onnx of another name)
@@ -37,11 +73,18 @@ func TestE2EKServeModelDir(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			s := startServer(t, "", "", withCommandLine(t.TempDir(), "--model-dir", mnt, "--model-name", "isvc-dyn"))
+			s := startServer(t, "", "", withCommandLine(t.TempDir(), kserveArgs(t, mnt, "isvc-dyn")...))
 
 			code, body, _ := s.do(t, "POST", "/v2/models/isvc-dyn/infer", dynBody)
 			if code != 200 || !strings.Contains(string(body), `"model_name":"isvc-dyn"`) {
 				t.Fatalf("infer: %d %s", code, body)
+			}
+			// grpc-v2: the same model over the gRPC port.
+			req := grpcDynRequest()
+			req.ModelName = "isvc-dyn"
+			resp, err := s.grpc.ModelInfer(t.Context(), req)
+			if err != nil || resp.ModelName != "isvc-dyn" || len(resp.RawOutputContents) != 1 {
+				t.Fatalf("gRPC infer: %v, %v", resp, err)
 			}
 			var index []struct{ Name, State string }
 			if code := s.json(t, "POST", "/v2/repository/index", map[string]any{}, &index); code != 200 {
