@@ -107,8 +107,8 @@ func (s *grpcService) ServerReady(context.Context, *inference.ServerReadyRequest
 }
 
 // ModelReady reports whether a model version is ready.
-func (s *grpcService) ModelReady(_ context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
-	ready, err := s.b.ModelReady(req.GetName(), req.GetVersion())
+func (s *grpcService) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	ready, err := s.b.ModelReady(meshModelName(ctx, req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelReady", err)
 	}
@@ -125,8 +125,8 @@ func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataR
 }
 
 // ModelMetadata describes a model or one of its versions.
-func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
-	md, err := s.b.ModelMetadata(req.GetName(), req.GetVersion())
+func (s *grpcService) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	md, err := s.b.ModelMetadata(meshModelName(ctx, req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelMetadata", err)
 	}
@@ -143,11 +143,12 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 		return nil, s.grpcError("ModelInfer", err)
 	}
 	in.Arrival = arrival
-	out, version, err := s.b.Infer(ctx, req.GetModelName(), req.GetModelVersion(), in)
+	name := meshModelName(ctx, req.GetModelName())
+	out, version, err := s.b.Infer(ctx, name, req.GetModelVersion(), in)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
-	return encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out), nil
+	return encodeGRPCInferResponse(name, version, req.GetId(), out), nil
 }
 
 // ModelStatistics reports per model version statistics in Triton's shape.

@@ -17,6 +17,12 @@ func TestModelDirValidation(t *testing.T) {
 		{"dir alone", map[string]string{"model_dir": "/mnt/models"}, "model_name: required with model_dir"},
 		{"bad name", map[string]string{"model_dir": "/mnt/models", "model_name": "../x"}, "is not a model name"},
 		{"explicit mode", map[string]string{"model_dir": "/m", "model_name": "m", "model_control": "explicit"}, `model_control: must be "none" with model_dir`},
+		{"modelmesh", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit", "control.memory_budget": "1GiB"}, ""},
+		{"modelmesh not explicit", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "control.memory_budget": "1GiB"}, `model_control: must be "explicit" with listen.modelmesh`},
+		{"modelmesh without a budget", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit"}, "control.memory_budget: must be > 0 with listen.modelmesh"},
+		{"modelmesh on every interface", map[string]string{"listen.modelmesh": ":8085", "model_control": "explicit", "control.memory_budget": "1GiB"}, "listen.modelmesh: must be a loopback address"},
+		{"modelmesh on the grpc port", map[string]string{"listen.modelmesh": "127.0.0.1:8001", "model_control": "explicit", "control.memory_budget": "1GiB"}, "listen.modelmesh: \"127.0.0.1:8001\" conflicts with listen.grpc"},
+		{"modelmesh and model_dir", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit", "control.memory_budget": "1GiB", "model_dir": "/m", "model_name": "m"}, "model_dir: cannot be set with listen.modelmesh"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 // writes the measured points, the fitted curve and its error to out. No
 // listener is opened and no request is served.
 func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool, out io.Writer, logger *slog.Logger) error {
-	cfg, _, unstage, err := singleModel(cfg)
+	cfg, _, unstage, _, err := singleModel(cfg)
 	if err != nil {
 		return err
 	}

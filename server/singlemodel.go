@@ -23,26 +23,29 @@ import (
 // folder, which may be read-only. The registry then loads it as any other
 // model, in model control mode none.
 
-// singleModel stages cfg.ModelDir as a repository when it is set and
-// returns the config with repositories replaced by the staged one, a
-// function that gives a reloaded config the same replacement (the staged
-// folder is made once per start), and the function that removes the
-// staging. Without model_dir it returns cfg unchanged.
-func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), func(), error) {
-	if cfg.ModelDir == "" {
-		return cfg, func(*configs.Server) {}, func() {}, nil
+// singleModel stages cfg.ModelDir as a repository when it is set, or makes
+// an empty staged repository for ModelMesh to fill when listen.modelmesh is
+// set. It returns the config with repositories replaced by the staged one,
+// a function that gives a reloaded config the same replacement (the staged
+// folder is made once per start), the function that removes the staging,
+// and the staged folder. With neither it returns cfg unchanged.
+func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), func(), string, error) {
+	if cfg.ModelDir == "" && cfg.Listen.ModelMesh == "" {
+		return cfg, func(*configs.Server) {}, func() {}, "", nil
 	}
 	// Named like the runners' socket folders (sloserve-<pid>-*), so a
 	// server killed before it could remove it has it removed by the next
 	// start or `sloserve cleanup`, as those are.
-	tmp, err := os.MkdirTemp("", fmt.Sprintf("%s%d-model-", socketDirPrefix, os.Getpid()))
+	tmp, err := os.MkdirTemp("", fmt.Sprintf("%s%d-models-", socketDirPrefix, os.Getpid()))
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("model_dir: a folder to stage the model in: %w", err)
+		return nil, nil, nil, "", fmt.Errorf("a folder to stage models in: %w", err)
 	}
 	remove := func() { os.RemoveAll(tmp) }
-	if err := stageModel(cfg.ModelDir, cfg.ModelName, tmp); err != nil {
-		remove()
-		return nil, nil, nil, fmt.Errorf("model_dir %s: %w", cfg.ModelDir, err)
+	if cfg.ModelDir != "" {
+		if err := stageModel(cfg.ModelDir, cfg.ModelName, tmp); err != nil {
+			remove()
+			return nil, nil, nil, "", fmt.Errorf("model_dir %s: %w", cfg.ModelDir, err)
+		}
 	}
 	staged := *cfg
 	staged.Repositories = []string{tmp}
@@ -50,7 +53,7 @@ func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), f
 	// again; the staged one stays (a changed model_dir needs a restart, as
 	// the reload reports).
 	keep := func(next *configs.Server) { next.Repositories = []string{tmp} }
-	return &staged, keep, remove, nil
+	return &staged, keep, remove, tmp, nil
 }
 
 // stageModel writes repo/<name>/ for the model in dir. dir holds, in the
