@@ -67,6 +67,8 @@ type servingRuntime struct {
 		} `json:"supportedModelFormats"`
 		ProtocolVersions []string           `json:"protocolVersions"`
 		MultiModel       *bool              `json:"multiModel"`
+		GRPCEndpoint     string             `json:"grpcEndpoint"`
+		GRPCDataEndpoint string             `json:"grpcDataEndpoint"`
 		Containers       []corev1.Container `json:"containers"`
 	} `json:"spec"`
 }
@@ -248,7 +250,7 @@ func decode(t *testing.T, docs [][]byte) *objects {
 		case "autoscaling/v2/HorizontalPodAutoscaler":
 			o.hpa = &autoscalingv2.HorizontalPodAutoscaler{}
 			into = o.hpa
-		case "serving.kserve.io/v1alpha1/ClusterServingRuntime":
+		case "serving.kserve.io/v1alpha1/ClusterServingRuntime", "serving.kserve.io/v1alpha1/ServingRuntime":
 			o.servingRuntime = &servingRuntime{}
 			into = o.servingRuntime
 		case "serving.kserve.io/v1beta1/InferenceService":
@@ -673,6 +675,49 @@ func TestKServe(t *testing.T) {
 			if len(m.Ports) != 1 || m.Ports[0].Name != "h2c" || m.Ports[0].ContainerPort != grpcPort {
 				t.Errorf("%s: ports %+v, want h2c on the runtime's gRPC port %d", isvc.Name, m.Ports, grpcPort)
 			}
+		}
+	}
+}
+
+func TestModelMeshRuntime(t *testing.T) {
+	rt := readManifest(t, "modelmesh/servingruntime.yaml").servingRuntime
+	if rt == nil || rt.Kind != "ServingRuntime" {
+		t.Fatal("no ServingRuntime")
+	}
+	s := rt.Spec
+	if s.MultiModel == nil || !*s.MultiModel || len(s.Containers) != 1 {
+		t.Fatalf("want a multi-model runtime with one container, got multiModel %v, %d containers", s.MultiModel, len(s.Containers))
+	}
+	// The container's arguments make a valid server config, and the
+	// endpoints ModelMesh is told are the ports it listens on.
+	cfg := configs.DefaultServer()
+	args := s.Containers[0].Args
+	if args[0] != "serve" {
+		t.Fatalf("args %v do not run serve", args)
+	}
+	shorthand := map[string]string{"model-control": "model_control", "grpc-addr": "listen.grpc", "http-addr": "listen.http", "metrics-addr": "listen.metrics", "log-format": "log.format"}
+	for _, a := range args[1:] {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok {
+			t.Fatalf("argument %q: want --flag=value", a)
+		}
+		key := shorthand[name]
+		if name == "set" {
+			key, value, _ = strings.Cut(value, "=")
+		}
+		if key == "" {
+			t.Fatalf("argument %q is no serve flag this test knows", a)
+		}
+		if err := cfg.Set(key, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the runtime's arguments make an invalid config: %v", err)
+	}
+	for _, e := range []struct{ endpoint, addr string }{{s.GRPCEndpoint, cfg.Listen.ModelMesh}, {s.GRPCDataEndpoint, cfg.Listen.GRPC}} {
+		if e.endpoint != fmt.Sprintf("port:%d", port(t, e.addr)) {
+			t.Errorf("endpoint %q, the server listens on %s", e.endpoint, e.addr)
 		}
 	}
 }
