@@ -29,6 +29,8 @@ const (
 	meshDefaultModelSize = 256 << 20
 )
 
+var _ api.ModelMesh = (*mesh)(nil)
+
 // mesh implements api.ModelMesh over the registry.
 type mesh struct {
 	reg  *models.Registry
