@@ -364,6 +364,18 @@ func checkPod(t *testing.T, spec *corev1.PodSpec) {
 	}
 }
 
+// TestChartLint runs helm's own checks, warnings failing too.
+func TestChartLint(t *testing.T) {
+	for _, values := range []string{"values.yaml", "values-gpu.yaml"} {
+		t.Run(values, func(t *testing.T) {
+			out, err := exec.Command(helm(t), "lint", "--strict", "--kube-version", kubeVersion, chartDir, "-f", filepath.Join(chartDir, values)).CombinedOutput()
+			if err != nil {
+				t.Errorf("helm lint: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
 func TestChartDefault(t *testing.T) {
 	docs, err := render(t)
 	if err != nil {
