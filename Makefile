@@ -15,7 +15,7 @@ ORT_LIB     := $(CURDIR)/deps/onnxruntime/libonnxruntime.so.$(ORT_VERSION)
 TOOLS_BIN   := $(CURDIR)/.tools/bin
 VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/sloserve/sloserve/server.Version=$(VERSION)
-PROTOS      := api/inference/model_config.proto api/inference/grpc_service.proto runtime/runnerpb/runner.proto
+PROTOS      := api/inference/model_config.proto api/inference/grpc_service.proto api/modelmesh/model_runtime.proto runtime/runnerpb/runner.proto
 
 # PKGS narrows `make test` and `make bench`; the end-to-end tests and
 # benchmarks, which build and drive the real binary, are PKGS=./e2e.
@@ -37,6 +37,8 @@ test: export SLOSERVE_REQUIRE_CGROUPS := 1
 test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
 # Chromium too: the dashboard's browser test must run, not skip.
 test: export SLOSERVE_REQUIRE_CHROMIUM := 1
+# And helm: the deploy package renders the chart with it.
+test: export SLOSERVE_REQUIRE_HELM := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
@@ -54,7 +56,8 @@ models:
 testmodels:
 	scripts/fetch-testmodels.sh
 
-# Debian packages the tests run: prometheus (promtool), chromium, chromedriver.
+# Tools the tests run: prometheus (promtool), chromium, chromedriver from
+# Debian; helm, pinned, through the Go module proxy into .tools/bin.
 test-tools:
 	scripts/install-test-tools.sh
 

@@ -1,5 +1,6 @@
 // Package api is the wire: the Open Inference Protocol v2 over REST (gin) and
-// gRPC. It decodes requests into runtime tensors, calls the Backend, and
+// gRPC, and ModelMesh's model-runtime SPI. It decodes requests into runtime
+// tensors, calls the Backend (the ModelMesh interface for the SPI), and
 // encodes results; protocol status codes are chosen here and nowhere else.
 //
 // It owns the protocol surface: routing, decoding and encoding, the
@@ -9,7 +10,7 @@
 // registry and mappings of Triton's extension, shm.go), which are protocol
 // state: they say where a request's bytes are, not how it is served. It must not hold model or scheduling state, queue or
 // order requests, or validate tensors against a model's metadata: it reaches
-// the rest of the server only through Backend. No other package may turn an
+// the rest of the server only through Backend and ModelMesh. No other package may turn an
 // error into an HTTP status or a gRPC code.
 package api
 

@@ -108,8 +108,8 @@ func (s *grpcService) ServerReady(context.Context, *inference.ServerReadyRequest
 
 // ModelReady reports whether a model version is ready; an unknown model or
 // version is not ready (OK, ready false), as Triton answers.
-func (s *grpcService) ModelReady(_ context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
-	ready, err := modelReady(s.b, req.GetName(), req.GetVersion())
+func (s *grpcService) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	ready, err := modelReady(s.b, meshModelName(ctx, req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelReady", err)
 	}
@@ -126,8 +126,8 @@ func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataR
 }
 
 // ModelMetadata describes a model or one of its versions.
-func (s *grpcService) ModelMetadata(_ context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
-	md, err := s.b.ModelMetadata(req.GetName(), req.GetVersion())
+func (s *grpcService) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	md, err := s.b.ModelMetadata(meshModelName(ctx, req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelMetadata", err)
 	}
@@ -151,11 +151,12 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 		return nil, s.grpcError("ModelInfer", err)
 	}
 	in.Arrival = arrival
-	out, version, err := s.b.Infer(ctx, req.GetModelName(), req.GetModelVersion(), in)
+	name := meshModelName(ctx, req.GetModelName())
+	out, version, err := s.b.Infer(ctx, name, req.GetModelVersion(), in)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
-	msg := encodeGRPCInferResponse(req.GetModelName(), version, req.GetId(), out)
+	msg := encodeGRPCInferResponse(name, version, req.GetId(), out)
 	if err := writeGRPCShmOutputs(msg, out.Outputs, targets); err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}

@@ -45,15 +45,21 @@ type Server struct {
 	ModelControl  string        `yaml:"model_control"`
 	PollInterval  time.Duration `yaml:"poll_interval"`
 	StartupModels []string      `yaml:"startup_models"` // explicit mode only; "*" means all
-	Runtime       Runtime       `yaml:"runtime"`
-	Limits        Limits        `yaml:"limits"`
-	QoS           QoS           `yaml:"qos"`
-	Control       Control       `yaml:"control"`
-	GPU           GPU           `yaml:"gpu"`
-	Dashboard     Dashboard     `yaml:"dashboard"`
-	TLS           TLS           `yaml:"tls"`
-	Auth          Auth          `yaml:"auth"`
-	Log           Log           `yaml:"log"`
+	// ModelDir, when set, serves the one model in that folder, named
+	// ModelName, in place of the repositories: what KServe hands a serving
+	// runtime (the model mounted at /mnt/models). See server's single-model
+	// staging for the layouts it accepts.
+	ModelDir  string    `yaml:"model_dir"`
+	ModelName string    `yaml:"model_name"`
+	Runtime   Runtime   `yaml:"runtime"`
+	Limits    Limits    `yaml:"limits"`
+	QoS       QoS       `yaml:"qos"`
+	Control   Control   `yaml:"control"`
+	GPU       GPU       `yaml:"gpu"`
+	Dashboard Dashboard `yaml:"dashboard"`
+	TLS       TLS       `yaml:"tls"`
+	Auth      Auth      `yaml:"auth"`
+	Log       Log       `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
 
@@ -202,6 +208,8 @@ type Listen struct {
 	HTTP    string `yaml:"http"`
 	GRPC    string `yaml:"grpc"`
 	Metrics string `yaml:"metrics"`
+	// ModelMesh is ModelMesh's model-runtime SPI; "" is off.
+	ModelMesh string `yaml:"modelmesh"`
 }
 
 // Runtime configures the runner processes.
@@ -449,6 +457,35 @@ func (s *Server) validate() problems {
 	if s.PollInterval <= 0 {
 		p.add("poll_interval", "must be > 0, got %v", s.PollInterval)
 	}
+	switch {
+	case s.ModelDir == "" && s.ModelName != "":
+		p.add("model_name", "only allowed with model_dir")
+	case s.ModelDir != "" && s.ModelName == "":
+		p.add("model_name", "required with model_dir")
+	case s.ModelDir != "" && !modelNameRE.MatchString(s.ModelName):
+		p.add("model_name", "%q is not a model name (letters, digits, '.', '_', '-'; starting with a letter or digit)", s.ModelName)
+	}
+	if s.Listen.ModelMesh != "" {
+		if s.ModelControl != ModelControlExplicit {
+			p.add("model_control", "must be %q with listen.modelmesh (ModelMesh loads and unloads the models), got %q", ModelControlExplicit, s.ModelControl)
+		}
+		if s.Control.MemoryBudget <= 0 {
+			p.add("control.memory_budget", "must be > 0 with listen.modelmesh: it is the capacity ModelMesh fills")
+		}
+		if s.ModelDir != "" {
+			p.add("model_dir", "cannot be set with listen.modelmesh")
+		}
+		// The SPI loads and unloads without a token: only the ModelMesh
+		// container of the same pod, on loopback, may reach it.
+		if host, _, err := net.SplitHostPort(s.Listen.ModelMesh); err == nil {
+			if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+				p.add("listen.modelmesh", "must be a loopback address such as \"127.0.0.1:8085\" (the SPI has no authentication), got %q", s.Listen.ModelMesh)
+			}
+		}
+	}
+	if s.ModelDir != "" && s.ModelControl != ModelControlNone {
+		p.add("model_control", "must be %q with model_dir (the one model loads at start and stays), got %q", ModelControlNone, s.ModelControl)
+	}
 	if len(s.StartupModels) > 0 && s.ModelControl != ModelControlExplicit {
 		p.add("startup_models", "only allowed with model_control explicit (model_control is %q)", s.ModelControl)
 	} else {
@@ -617,7 +654,7 @@ func (l *Listen) validate(p *problems) {
 		port             int
 	}
 	var ok []addr
-	for _, a := range []addr{{path: "listen.http", addr: l.HTTP}, {path: "listen.grpc", addr: l.GRPC}, {path: "listen.metrics", addr: l.Metrics}} {
+	for _, a := range []addr{{path: "listen.http", addr: l.HTTP}, {path: "listen.grpc", addr: l.GRPC}, {path: "listen.metrics", addr: l.Metrics}, {path: "listen.modelmesh", addr: l.ModelMesh}} {
 		if a.addr == "" {
 			continue
 		}

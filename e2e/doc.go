@@ -9,7 +9,8 @@
 // end-to-end benchmarks (bench_*_test.go). It has no code outside tests.
 //
 // It must not import package main or reach into the server's packages to
-// drive it (it uses only the generated gRPC client of api/inference):
+// drive it (it uses only the generated gRPC clients of api/inference and
+// api/modelmesh):
 // everything it checks goes through the binary's command line,
 // its sockets, its logs and what the operating system shows (/proc,
 // cgroup files). The benchmarks may call ONNX Runtime directly for their

@@ -1,14 +1,37 @@
 #!/usr/bin/env bash
-# Install the Debian packages the tests run, when any is missing:
+# Install the tools the tests run, when any is missing:
 #   prometheus       /usr/bin/prometheus and promtool (the Prometheus e2e test)
 #   chromium         /usr/bin/chromium     (the dashboard's browser test)
 #   chromium-driver  /usr/bin/chromedriver
-# One apt run for all of them; nothing happens when every binary is there.
+#   helm             .tools/bin/helm, pinned, built with `go install` through
+#                    the Go module proxy (the deploy package renders the chart)
+# One apt run for the Debian packages; nothing happens when every binary is
+# there at the right version.
 # The packages' daemons are not started: the tests run their own Prometheus
 # on a free port with a temporary data directory.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
+
+HELM_VERSION=v3.21.4
+BIN="$ROOT/.tools/bin"
+
+# helm first: it needs only Go, so it installs even where apt cannot run.
+# `helm version --template` prints the version the binary was built as.
+if [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
+  log "helm $HELM_VERSION already installed"
+else
+  need go
+  mkdir -p "$BIN"
+  log "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # The version string is stamped by helm's own Makefile; go install leaves
+  # it empty unless the linker sets it.
+  GOBIN="$BIN" go install \
+    -ldflags "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  got=$("$BIN/helm" version --template '{{.Version}}')
+  [ "$got" = "$HELM_VERSION" ] || die "helm version says '$got', want $HELM_VERSION"
+fi
 
 # binary -> the package that ships it.
 bins=(prometheus promtool chromium chromedriver)

@@ -21,6 +21,11 @@ import (
 // writes the measured points, the fitted curve and its error to out. No
 // listener is opened and no request is served.
 func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool, out io.Writer, logger *slog.Logger) error {
+	cfg, _, unstage, _, err := singleModel(cfg)
+	if err != nil {
+		return err
+	}
+	defer unstage()
 	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err

@@ -43,6 +43,20 @@ var Version = "dev"
 // turns false, listeners stop accepting, admitted requests finish within the
 // grace period, and the runners stop. It rereads the config as rl says.
 func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloading) error {
+	cfg, keepStaged, unstage, staged, err := singleModel(cfg)
+	if err != nil {
+		return err
+	}
+	defer unstage()
+	if load := rl.Load; load != nil {
+		rl.Load = func() (*configs.Server, error) {
+			next, err := load()
+			if err == nil {
+				keepStaged(next)
+			}
+			return next, err
+		}
+	}
 	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
 	if err != nil {
 		return err
@@ -152,7 +166,8 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	var (
 		httpSrv, metricsSrv *http.Server
 		grpcSrv             *grpc.Server
-		serveErr            = make(chan error, 3)
+		meshSrv             *grpc.Server
+		serveErr            = make(chan error, 4)
 	)
 	if addr := cfg.Listen.HTTP; addr != "" {
 		ln, err := listenLimited("rest", addr, cfg.Limits, restOverflowConnections, promReg)
@@ -191,6 +206,20 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- ignoreClosed(metricsSrv.Serve(sec.metricsListener(ln))) }()
 		logger.Info("metrics listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Metrics)
+	}
+
+	if addr := cfg.Listen.ModelMesh; addr != "" {
+		ln, err := listenLimited("modelmesh", addr, cfg.Limits, 0, promReg)
+		if err != nil {
+			closeAll(httpSrv, metricsSrv)
+			if grpcSrv != nil {
+				grpcSrv.Stop()
+			}
+			return fmt.Errorf("listen.modelmesh: %w", err)
+		}
+		meshSrv = api.NewModelMesh(newMesh(reg, staged, cfg), logger)
+		go func() { serveErr <- meshSrv.Serve(ln) }()
+		logger.Info("ModelMesh runtime SPI listening", "addr", ln.Addr().String(), "capacity", int64(cfg.Control.MemoryBudget))
 	}
 
 	loadCtx, stopLoads := context.WithCancel(ctx)
@@ -251,6 +280,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 				grpcSrv.Stop()
 			}
 		})
+	}
+	if meshSrv != nil {
+		// A load or unload in progress ends with the registry below.
+		drain.Go(meshSrv.Stop)
 	}
 	drain.Wait()
 	be.stopping.Store(true)

@@ -152,6 +152,8 @@ func loadConfig(fs *flag.FlagSet, args []string, nargs int) (*configs.Server, fu
 		"listen.metrics": fs.String("metrics-addr", "", "metrics listen address (listen.metrics)"),
 		"repositories":   fs.String("repository", "", "model repository paths, comma-separated (repositories)"),
 		"model_control":  fs.String("model-control", "", "none | explicit | poll (model_control)"),
+		"model_dir":      fs.String("model-dir", "", "serve the one model in this folder instead of the repositories, as KServe mounts it (model_dir)"),
+		"model_name":     fs.String("model-name", "", "the name the --model-dir model is served by (model_name)"),
 		"log.format":     fs.String("log-format", "", "text | json (log.format)"),
 		"log.level":      fs.String("log-level", "", "debug | info | warn | error (log.level)"),
 	}
