@@ -141,6 +141,93 @@ func (s *testServer) servingRound(t *testing.T) time.Duration {
 	return time.Since(start)
 }
 
+// slowLoris opens 50 connections that each send a header byte every
+// 100ms, until the server cuts them off, and meanwhile sends rounds of
+// servingRound. It reports whether the rounds while all slow connections
+// were open went at the pace of a baseline measured just before, and how
+// they went. That the connections are cut off at the header timeout (1s)
+// it checks itself.
+func (s *testServer) slowLoris(t *testing.T) (string, bool) {
+	t.Helper()
+	const n = 50
+	addr := strings.TrimPrefix(s.http, "http://")
+	var baseline []time.Duration
+	for t0 := time.Now(); time.Since(t0) < time.Second || len(baseline) < 5; {
+		baseline = append(baseline, s.servingRound(t))
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		closed []time.Duration
+	)
+	start := time.Now()
+	for range n {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			req := get("/v2/health/ready", "X-Slow: "+strings.Repeat("s", 200))
+			for _, b := range req {
+				if _, err := c.Write([]byte{b}); err != nil {
+					break // cut off
+				}
+				time.Sleep(100 * time.Millisecond)
+				if time.Since(start) > 20*time.Second {
+					t.Error("a slow-loris connection is still open after 20s")
+					return
+				}
+			}
+			mu.Lock()
+			closed = append(closed, time.Since(start))
+			mu.Unlock()
+		})
+	}
+	// Meanwhile, health and inference rounds, each with when it started
+	// and ended.
+	type round struct{ from, to time.Duration }
+	var rounds []round
+	for time.Since(start) < 2*time.Second {
+		from := time.Since(start)
+		s.servingRound(t)
+		rounds = append(rounds, round{from, time.Since(start)})
+	}
+	wg.Wait()
+	if len(closed) != n {
+		t.Fatalf("%d of %d slow connections were cut off", len(closed), n)
+	}
+	for _, d := range closed {
+		// A write fails only after the server's close is seen: the
+		// timeout, plus a write or two.
+		if d < 900*time.Millisecond || d > 10*time.Second {
+			t.Errorf("a slow connection was cut off after %v; the header timeout is 1s", d)
+		}
+	}
+	// The rounds while all slow connections were open: the server cuts
+	// them off at the header timeout (1s) after it accepted them, and they
+	// see it a write later, so the first 900ms after the dials surely
+	// precede the cut-off. A starved server holds the rounds that start
+	// then until the cut-off; a served one answers them at the baseline's
+	// pace.
+	const open = 900 * time.Millisecond
+	var during []time.Duration
+	var done int
+	for _, r := range rounds {
+		if r.from < open {
+			during = append(during, r.to-r.from)
+		}
+		if r.to < open {
+			done++
+		}
+	}
+	base, under := medianDuration(baseline), medianDuration(during)
+	verdict := fmt.Sprintf("a health check and inference took %v (median of %d) before, %v (median of %d) in the first %v of slow-loris; %d answered in that time; the first cut-off was seen after %v",
+		base, len(baseline), under, len(during), open, done, slices.Min(closed).Round(time.Millisecond))
+	return verdict, under <= 3*base+100*time.Millisecond && done > 0
+}
+
 // medianDuration is the median of ds (0 when empty).
 func medianDuration(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
@@ -216,8 +303,11 @@ func (s *testServer) grpcRaw(t *testing.T, method string, msg []byte) error {
 
 func TestE2EHostile(t *testing.T) {
 	repo := t.TempDir()
+	// dyn answers the checks that the server still serves, timed against
+	// a baseline: at a fixed share, the control loop does not swap its
+	// runner or starve it as idle in the middle of a measurement.
 	writeRepo(t, repo,
-		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"},
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)},
 		repoModel{"multi", testModel(t, "example_multitype.onnx"), "max_batch_size: 0\n"},
 	)
 	// A model folder beside the repository, which a name escaping the
@@ -483,88 +573,20 @@ func TestE2EHostile(t *testing.T) {
 		// header timeout cuts them off while other clients are served as
 		// fast as before. "As fast" is against a baseline measured just
 		// before, in this run: the machine may be busy, and slow-loris
-		// must not starve the others, whatever the machine's speed.
-		const n = 50
-		addr := strings.TrimPrefix(s.http, "http://")
-		var baseline []time.Duration
-		for t0 := time.Now(); time.Since(t0) < time.Second || len(baseline) < 5; {
-			baseline = append(baseline, s.servingRound(t))
-		}
-		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex
-			closed []time.Duration
-		)
-		start := time.Now()
-		for range n {
-			wg.Go(func() {
-				c, err := net.Dial("tcp", addr)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				defer c.Close()
-				req := get("/v2/health/ready", "X-Slow: "+strings.Repeat("s", 200))
-				for _, b := range req {
-					if _, err := c.Write([]byte{b}); err != nil {
-						break // cut off
-					}
-					time.Sleep(100 * time.Millisecond)
-					if time.Since(start) > 20*time.Second {
-						t.Error("a slow-loris connection is still open after 20s")
-						return
-					}
-				}
-				mu.Lock()
-				closed = append(closed, time.Since(start))
-				mu.Unlock()
-			})
-		}
-		// Meanwhile, health and inference rounds, each with when it
-		// started and ended.
-		type round struct{ from, to time.Duration }
-		var rounds []round
-		for time.Since(start) < 2*time.Second {
-			from := time.Since(start)
-			s.servingRound(t)
-			rounds = append(rounds, round{from, time.Since(start)})
-		}
-		wg.Wait()
-		if len(closed) != n {
-			t.Fatalf("%d of %d slow connections were cut off", len(closed), n)
-		}
-		for _, d := range closed {
-			// A write fails only after the server's close is seen: the
-			// timeout, plus a write or two.
-			if d < 900*time.Millisecond || d > 10*time.Second {
-				t.Errorf("a slow connection was cut off after %v; the header timeout is 1s", d)
+		// must not starve the others, whatever the machine's speed. A busy
+		// machine also stalls a process now and then for a second, as long
+		// as the attack lasts: an attempt that looks starved is repeated,
+		// up to 5 in all. Starvation by slow-loris fails every attempt.
+		var verdicts []string
+		for attempt := 1; attempt <= 5; attempt++ {
+			verdict, ok := s.slowLoris(t)
+			t.Logf("attempt %d: %s", attempt, verdict)
+			if ok || t.Failed() {
+				return
 			}
+			verdicts = append(verdicts, verdict)
 		}
-		// The rounds while all slow connections were open: they started
-		// before the first was cut off. A starved server would hold them
-		// until the cut-off; a served one answers them at the baseline's
-		// pace.
-		firstCut := slices.Min(closed)
-		var during []time.Duration
-		var done int
-		for _, r := range rounds {
-			if r.from < firstCut {
-				during = append(during, r.to-r.from)
-			}
-			if r.to < firstCut {
-				done++
-			}
-		}
-		base, under := medianDuration(baseline), medianDuration(during)
-		if bound := 3*base + 100*time.Millisecond; under > bound {
-			t.Errorf("a health check and inference took %v (median of %d) under slow-loris, %v (median of %d) before: over 3x + 100ms",
-				under, len(during), base, len(baseline))
-		}
-		if done == 0 {
-			t.Errorf("no health check and inference was answered in the %v all slow connections were open (%v each before)", firstCut, base)
-		}
-		t.Logf("health+inference round: %v before, %v under slow-loris (%d rounds in the first %v, %d answered); first cut-off after %v",
-			base, under, len(during), firstCut, done, firstCut)
+		t.Errorf("other clients were starved under slow-loris in every attempt:\n%s", strings.Join(verdicts, "\n"))
 	})
 
 	// Everything above declared up to 4 TB of tensor data and sent a few

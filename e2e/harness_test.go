@@ -468,7 +468,7 @@ func (s *testServer) stop() error {
 // have removed, and says what remains.
 func leftBehind(pid int, runners []int, cgroups []string) error {
 	var left []string
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		left = left[:0]
 		for _, r := range runners {
