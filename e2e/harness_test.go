@@ -238,12 +238,24 @@ func addModel(t testing.TB, repo string, m repoModel, version int) {
 // freePort asks the kernel for an unused loopback port.
 func freePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freePorts(t, 1)[0]
+}
+
+// freePorts returns n distinct free loopback addresses: the listeners stay
+// open until all n are taken, so the kernel cannot hand out one port twice
+// (a server's HTTP and metrics listeners once got the same port).
+func freePorts(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 // syncBuffer collects a process's output for failure messages.
@@ -320,7 +332,8 @@ func startServer(t testing.TB, repo string, extra string, opts ...serverOption) 
 	for _, o := range opts {
 		o(&s.setup)
 	}
-	httpAddr, grpcAddr, metricsAddr := freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 3)
+	httpAddr, grpcAddr, metricsAddr := ports[0], ports[1], ports[2]
 	listenAt := func(addr string) string {
 		if s.setup.listenHost == "" {
 			return addr
