@@ -15,7 +15,7 @@ ORT_LIB     := $(CURDIR)/deps/onnxruntime/libonnxruntime.so.$(ORT_VERSION)
 TOOLS_BIN   := $(CURDIR)/.tools/bin
 VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/sloserve/sloserve/server.Version=$(VERSION)
-PROTOS      := api/inference/model_config.proto api/inference/grpc_service.proto api/modelmesh/model_runtime.proto runtime/runnerpb/runner.proto
+PROTOS      := configs/tritonpb/model_config.proto api/inference/grpc_service.proto api/modelmesh/model_runtime.proto runtime/runnerpb/runner.proto
 
 # PKGS narrows `make test` and `make bench`; the end-to-end tests and
 # benchmarks, which build and drive the real binary, are PKGS=./e2e.

@@ -18,8 +18,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"

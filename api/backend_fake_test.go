@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"

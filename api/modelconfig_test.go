@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/configs/tritonpb"
 )
 
 func TestGRPCModelConfig(t *testing.T) {
@@ -21,14 +22,14 @@ func TestGRPCModelConfig(t *testing.T) {
 		cfg := resp.GetConfig()
 		in, out := cfg.GetInput(), cfg.GetOutput()
 		if cfg.GetName() != "sum" || cfg.GetPlatform() != "onnxruntime_onnx" || cfg.GetBackend() != "onnxruntime" || cfg.GetMaxBatchSize() != 8 ||
-			len(in) != 1 || in[0].GetName() != "x" || in[0].GetDataType() != inference.DataType_TYPE_FP32 || !reflect.DeepEqual(in[0].GetDims(), []int64{4}) ||
-			len(out) != 2 || out[1].GetName() != "count" || out[1].GetDataType() != inference.DataType_TYPE_INT64 || len(out[1].GetDims()) != 0 {
+			len(in) != 1 || in[0].GetName() != "x" || in[0].GetDataType() != tritonpb.DataType_TYPE_FP32 || !reflect.DeepEqual(in[0].GetDims(), []int64{4}) ||
+			len(out) != 2 || out[1].GetName() != "count" || out[1].GetDataType() != tritonpb.DataType_TYPE_INT64 || len(out[1].GetDims()) != 0 {
 			t.Errorf("version %q: config %v", version, cfg)
 		}
 		if db := cfg.GetDynamicBatching(); !reflect.DeepEqual(db.GetPreferredBatchSize(), []int32{4}) {
 			t.Errorf("dynamic_batching %v", db)
 		}
-		if g := cfg.GetInstanceGroup(); len(g) != 1 || g[0].GetCount() != 1 || g[0].GetKind() != inference.ModelInstanceGroup_KIND_CPU {
+		if g := cfg.GetInstanceGroup(); len(g) != 1 || g[0].GetCount() != 1 || g[0].GetKind() != tritonpb.ModelInstanceGroup_KIND_CPU {
 			t.Errorf("instance_group %v", g)
 		}
 		p := cfg.GetParameters()

@@ -153,7 +153,7 @@ func TestSetEveryKey(t *testing.T) {
 		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
 		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
 		"limits.max_header_bytes": "8KiB", "auth.allowed_hosts": "a.example,b.example",
-		"runtime.arena_size": "16MiB",
+		"runtime.arena_size":       "16MiB",
 		"gpu.simulator.mps_daemon": "false", "gpu.simulator.mig": "true",
 	}
 	for _, key := range Keys() {

@@ -12,11 +12,11 @@ import (
 
 	"google.golang.org/protobuf/encoding/prototext"
 
-	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/configs/tritonpb"
 )
 
 // Triton's model config (config.pbtxt, protobuf text of Triton's
-// ModelConfig message, declared in api/inference/model_config.proto) is a
+// ModelConfig message, declared in configs/tritonpb/model_config.proto) is a
 // second way to write a model's config. It maps onto Model as follows;
 // docs/model-management.md has the table of every field.
 //
@@ -72,7 +72,7 @@ func ParseTritonModel(file string, data []byte) (*Model, error) {
 var unknownPbtxtFieldRE = regexp.MustCompile(`\(line (\d+):\d+\): unknown field: (\S+)`)
 
 func parseTritonModel(file string, data []byte, dir string) (*Model, error) {
-	var tc inference.ModelConfig
+	var tc tritonpb.ModelConfig
 	if err := prototext.Unmarshal(data, &tc); err != nil {
 		fe := &FieldError{File: file, Msg: "not a valid Triton model config: " + err.Error()}
 		if m := unknownPbtxtFieldRE.FindStringSubmatch(err.Error()); m != nil {
@@ -124,7 +124,7 @@ func (t *tritonReader) warn(path, format string, args ...any) {
 	t.warnings = append(t.warnings, fmt.Sprintf("%s: %s: ", t.file, path)+fmt.Sprintf(format, args...))
 }
 
-func (t *tritonReader) read(tc *inference.ModelConfig, m *Model) {
+func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 	m.Name = tc.GetName()
 	switch p, b := tc.GetPlatform(), tc.GetBackend(); {
 	case p != "" && p != TritonPlatformONNX:
@@ -144,7 +144,7 @@ func (t *tritonReader) read(tc *inference.ModelConfig, m *Model) {
 	for i, in := range tc.GetInput() {
 		path := fmt.Sprintf("input[%d]", i)
 		m.Inputs = append(m.Inputs, t.tensor(path, in.GetName(), in.GetDataType(), in.GetDims(), m.MaxBatchSize))
-		if in.GetFormat() != inference.ModelInput_FORMAT_NONE {
+		if in.GetFormat() != tritonpb.ModelInput_FORMAT_NONE {
 			t.warn(path+".format", "ignored: %s is a hint for clients; the tensor is passed as it comes", in.GetFormat())
 		}
 		if in.GetReshape() != nil {
@@ -198,16 +198,16 @@ func (t *tritonReader) read(tc *inference.ModelConfig, m *Model) {
 	}
 }
 
-func (t *tritonReader) readVersionPolicy(vp *inference.ModelVersionPolicy, m *Model) {
+func (t *tritonReader) readVersionPolicy(vp *tritonpb.ModelVersionPolicy, m *Model) {
 	switch c := vp.GetPolicyChoice().(type) {
-	case *inference.ModelVersionPolicy_Latest_:
+	case *tritonpb.ModelVersionPolicy_Latest_:
 		m.VersionPolicy.Latest = &LatestPolicy{NumVersions: int(min(c.Latest.GetNumVersions(), math.MaxInt32))}
 		if m.VersionPolicy.Latest.NumVersions == 0 {
 			m.VersionPolicy.Latest.NumVersions = 1 // Triton's default
 		}
-	case *inference.ModelVersionPolicy_All_:
+	case *tritonpb.ModelVersionPolicy_All_:
 		m.VersionPolicy.All = &AllPolicy{}
-	case *inference.ModelVersionPolicy_Specific_:
+	case *tritonpb.ModelVersionPolicy_Specific_:
 		m.VersionPolicy.Specific = &SpecificPolicy{Versions: slices.Clone(c.Specific.GetVersions())}
 	default:
 		m.VersionPolicy.Latest = &LatestPolicy{NumVersions: 1}
@@ -216,12 +216,12 @@ func (t *tritonReader) readVersionPolicy(vp *inference.ModelVersionPolicy, m *Mo
 
 // tensor maps an input or output. Triton's dims leave out the batch
 // dimension of a batching model; sloserve's shape starts with it.
-func (t *tritonReader) tensor(path, name string, dt inference.DataType, dims []int64, maxBatch int) TensorConfig {
+func (t *tritonReader) tensor(path, name string, dt tritonpb.DataType, dims []int64, maxBatch int) TensorConfig {
 	tc := TensorConfig{Name: name}
 	switch dt {
-	case inference.DataType_TYPE_INVALID:
+	case tritonpb.DataType_TYPE_INVALID:
 		t.fail(path+".data_type", "required")
-	case inference.DataType_TYPE_STRING:
+	case tritonpb.DataType_TYPE_STRING:
 		tc.DataType = "BYTES"
 	default:
 		tc.DataType = strings.TrimPrefix(dt.String(), "TYPE_")
@@ -234,12 +234,12 @@ func (t *tritonReader) tensor(path, name string, dt inference.DataType, dims []i
 	return tc
 }
 
-func (t *tritonReader) readInstanceGroups(groups []*inference.ModelInstanceGroup, m *Model) {
+func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup, m *Model) {
 	if len(groups) == 0 {
 		return
 	}
 	total := 0
-	kind := inference.ModelInstanceGroup_KIND_AUTO
+	kind := tritonpb.ModelInstanceGroup_KIND_AUTO
 	gpu := int32(-1)
 	for i, g := range groups {
 		path := fmt.Sprintf("instance_group[%d]", i)
@@ -252,7 +252,7 @@ func (t *tritonReader) readInstanceGroups(groups []*inference.ModelInstanceGroup
 			continue
 		}
 		switch k := g.GetKind(); k {
-		case inference.ModelInstanceGroup_KIND_AUTO, inference.ModelInstanceGroup_KIND_CPU, inference.ModelInstanceGroup_KIND_GPU:
+		case tritonpb.ModelInstanceGroup_KIND_AUTO, tritonpb.ModelInstanceGroup_KIND_CPU, tritonpb.ModelInstanceGroup_KIND_GPU:
 			if i > 0 && groupDevice(k) != groupDevice(kind) {
 				t.fail(path+".kind", "all instance groups must run on the same kind of device, got %s and %s", kind, k)
 			}
@@ -261,9 +261,9 @@ func (t *tritonReader) readInstanceGroups(groups []*inference.ModelInstanceGroup
 			t.fail(path+".kind", "must be KIND_CPU, KIND_GPU or KIND_AUTO, got %s", k)
 		}
 		switch gpus := g.GetGpus(); {
-		case g.GetKind() == inference.ModelInstanceGroup_KIND_CPU && len(gpus) > 0:
+		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_CPU && len(gpus) > 0:
 			t.fail(path+".gpus", "not allowed with KIND_CPU")
-		case g.GetKind() == inference.ModelInstanceGroup_KIND_AUTO && len(gpus) > 0:
+		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_AUTO && len(gpus) > 0:
 			t.fail(path+".gpus", "with KIND_AUTO sloserve runs on the CPU; give kind KIND_GPU to run on a GPU")
 		case len(gpus) > 1:
 			t.fail(path+".gpus", "a model runs on one GPU, got %v", gpus)
@@ -297,8 +297,8 @@ func (t *tritonReader) readInstanceGroups(groups []*inference.ModelInstanceGroup
 
 // groupDevice is the provider an instance group kind runs on. KIND_AUTO
 // runs on the CPU here: sloserve uses a GPU only when told to.
-func groupDevice(k inference.ModelInstanceGroup_Kind) string {
-	if k == inference.ModelInstanceGroup_KIND_GPU {
+func groupDevice(k tritonpb.ModelInstanceGroup_Kind) string {
+	if k == tritonpb.ModelInstanceGroup_KIND_GPU {
 		return ProviderCUDA
 	}
 	return ProviderCPU
@@ -306,7 +306,7 @@ func groupDevice(k inference.ModelInstanceGroup_Kind) string {
 
 // readParameters reads sloserve's settings from parameters and returns
 // the keys it read, for the cross-checks of the other fields.
-func (t *tritonReader) readParameters(params map[string]*inference.ModelParameter, m *Model) map[string]bool {
+func (t *tritonReader) readParameters(params map[string]*tritonpb.ModelParameter, m *Model) map[string]bool {
 	seen := map[string]bool{}
 	for _, key := range slices.Sorted(maps.Keys(params)) {
 		v := strings.TrimSpace(params[key].GetStringValue())
@@ -384,7 +384,7 @@ func (t *tritonReader) readParameters(params map[string]*inference.ModelParamete
 	return seen
 }
 
-func (t *tritonReader) readDynamicBatching(tc *inference.ModelConfig, m *Model, params map[string]bool) {
+func (t *tritonReader) readDynamicBatching(tc *tritonpb.ModelConfig, m *Model, params map[string]bool) {
 	db := tc.GetDynamicBatching()
 	if db == nil {
 		if m.MaxBatchSize > 0 {
@@ -421,7 +421,7 @@ func (t *tritonReader) readDynamicBatching(tc *inference.ModelConfig, m *Model, 
 		t.fail("dynamic_batching.priority_queue_policy", "not supported: one queue policy (default_queue_policy) applies to all levels")
 	}
 	if qp := db.GetDefaultQueuePolicy(); qp != nil {
-		if qp.GetTimeoutAction() == inference.ModelQueuePolicy_DELAY {
+		if qp.GetTimeoutAction() == tritonpb.ModelQueuePolicy_DELAY {
 			t.fail("dynamic_batching.default_queue_policy.timeout_action", "DELAY is not supported: a request whose time is up is dropped (REJECT)")
 		}
 		if us := qp.GetDefaultTimeoutMicroseconds(); us > 0 {
@@ -443,7 +443,7 @@ func (t *tritonReader) readDynamicBatching(tc *inference.ModelConfig, m *Model, 
 	}
 }
 
-func (t *tritonReader) readOptimization(o *inference.ModelOptimizationPolicy, m *Model, params map[string]bool) {
+func (t *tritonReader) readOptimization(o *tritonpb.ModelOptimizationPolicy, m *Model, params map[string]bool) {
 	if o == nil {
 		return
 	}
@@ -460,7 +460,7 @@ func (t *tritonReader) readOptimization(o *inference.ModelOptimizationPolicy, m 
 			m.Execution.GraphOptimization = GraphOptAll
 		}
 	}
-	if o.GetPriority() != inference.ModelOptimizationPolicy_PRIORITY_DEFAULT {
+	if o.GetPriority() != tritonpb.ModelOptimizationPolicy_PRIORITY_DEFAULT {
 		t.warn("optimization.priority", "ignored (a TensorRT setting in Triton); sloserve ranks models by slo.priority")
 	}
 	if ea := o.GetExecutionAccelerators(); len(ea.GetGpuExecutionAccelerator())+len(ea.GetCpuExecutionAccelerator()) > 0 {
@@ -504,41 +504,41 @@ func tritonPath(p string) string {
 // endpoints answer it: what parseTritonModel maps back to an equal Model.
 // m's inputs and outputs should be complete (the loaded model's, when the
 // config leaves them out).
-func TritonConfig(m *Model) *inference.ModelConfig {
-	tc := &inference.ModelConfig{
+func TritonConfig(m *Model) *tritonpb.ModelConfig {
+	tc := &tritonpb.ModelConfig{
 		Name:         m.Name,
 		Platform:     TritonPlatformONNX,
 		Backend:      TritonBackendONNX,
 		MaxBatchSize: int32(min(m.MaxBatchSize, math.MaxInt32)),
-		Parameters:   map[string]*inference.ModelParameter{},
+		Parameters:   map[string]*tritonpb.ModelParameter{},
 	}
-	vp := &inference.ModelVersionPolicy{}
+	vp := &tritonpb.ModelVersionPolicy{}
 	switch p := m.VersionPolicy; {
 	case p.All != nil:
-		vp.PolicyChoice = &inference.ModelVersionPolicy_All_{All: &inference.ModelVersionPolicy_All{}}
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_All_{All: &tritonpb.ModelVersionPolicy_All{}}
 	case p.Specific != nil:
-		vp.PolicyChoice = &inference.ModelVersionPolicy_Specific_{Specific: &inference.ModelVersionPolicy_Specific{Versions: slices.Clone(p.Specific.Versions)}}
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Specific_{Specific: &tritonpb.ModelVersionPolicy_Specific{Versions: slices.Clone(p.Specific.Versions)}}
 	default:
 		n := 1
 		if p.Latest != nil {
 			n = p.Latest.NumVersions
 		}
-		vp.PolicyChoice = &inference.ModelVersionPolicy_Latest_{Latest: &inference.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Latest_{Latest: &tritonpb.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
 	}
 	tc.VersionPolicy = vp
 	for _, in := range m.Inputs {
-		tc.Input = append(tc.Input, &inference.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize)})
+		tc.Input = append(tc.Input, &tritonpb.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize)})
 	}
 	for _, out := range m.Outputs {
-		tc.Output = append(tc.Output, &inference.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize)})
+		tc.Output = append(tc.Output, &tritonpb.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize)})
 	}
-	g := &inference.ModelInstanceGroup{Name: m.Name, Count: int32(m.Instances), Kind: inference.ModelInstanceGroup_KIND_CPU}
+	g := &tritonpb.ModelInstanceGroup{Name: m.Name, Count: int32(m.Instances), Kind: tritonpb.ModelInstanceGroup_KIND_CPU}
 	if m.Execution.Provider == ProviderCUDA {
-		g.Kind, g.Gpus = inference.ModelInstanceGroup_KIND_GPU, []int32{int32(m.Execution.DeviceID)}
+		g.Kind, g.Gpus = tritonpb.ModelInstanceGroup_KIND_GPU, []int32{int32(m.Execution.DeviceID)}
 	}
-	tc.InstanceGroup = []*inference.ModelInstanceGroup{g}
+	tc.InstanceGroup = []*tritonpb.ModelInstanceGroup{g}
 	if m.MaxBatchSize > 0 || m.DynamicBatching.PriorityLevels > 0 || m.DynamicBatching.DefaultTimeout > 0 || m.MaxQueueSize > 0 {
-		db := &inference.ModelDynamicBatching{
+		db := &tritonpb.ModelDynamicBatching{
 			MaxQueueDelayMicroseconds: uint64(m.DynamicBatching.MaxQueueDelay / time.Microsecond),
 			PriorityLevels:            uint64(m.DynamicBatching.PriorityLevels),
 		}
@@ -549,19 +549,19 @@ func TritonConfig(m *Model) *inference.ModelConfig {
 			db.DefaultPriorityLevel = uint64(m.SLO.Priority)
 		}
 		if m.MaxQueueSize > 0 || m.DynamicBatching.DefaultTimeout > 0 {
-			db.DefaultQueuePolicy = &inference.ModelQueuePolicy{
+			db.DefaultQueuePolicy = &tritonpb.ModelQueuePolicy{
 				MaxQueueSize:               uint32(m.MaxQueueSize),
 				DefaultTimeoutMicroseconds: uint64(m.DynamicBatching.DefaultTimeout / time.Microsecond),
 				AllowTimeoutOverride:       m.DynamicBatching.DefaultTimeout > 0,
 			}
 		}
-		tc.SchedulingChoice = &inference.ModelConfig_DynamicBatching{DynamicBatching: db}
+		tc.SchedulingChoice = &tritonpb.ModelConfig_DynamicBatching{DynamicBatching: db}
 	}
 	switch m.Execution.GraphOptimization {
 	case GraphOptBasic:
-		tc.Optimization = &inference.ModelOptimizationPolicy{Graph: &inference.ModelOptimizationPolicy_Graph{Level: -1}}
+		tc.Optimization = &tritonpb.ModelOptimizationPolicy{Graph: &tritonpb.ModelOptimizationPolicy_Graph{Level: -1}}
 	case GraphOptExtended:
-		tc.Optimization = &inference.ModelOptimizationPolicy{Graph: &inference.ModelOptimizationPolicy_Graph{Level: 1}}
+		tc.Optimization = &tritonpb.ModelOptimizationPolicy{Graph: &tritonpb.ModelOptimizationPolicy_Graph{Level: 1}}
 	case GraphOptDisable:
 		tc.Parameters[paramGraphOptimization] = tritonParam(GraphOptDisable)
 	}
@@ -605,17 +605,17 @@ func TritonConfig(m *Model) *inference.ModelConfig {
 	return tc
 }
 
-func tritonParam(v string) *inference.ModelParameter {
-	return &inference.ModelParameter{StringValue: v}
+func tritonParam(v string) *tritonpb.ModelParameter {
+	return &tritonpb.ModelParameter{StringValue: v}
 }
 
 // tritonDataType is the Triton data type of an Open Inference Protocol
 // datatype name.
-func tritonDataType(dt string) inference.DataType {
+func tritonDataType(dt string) tritonpb.DataType {
 	if dt == "BYTES" {
-		return inference.DataType_TYPE_STRING
+		return tritonpb.DataType_TYPE_STRING
 	}
-	return inference.DataType(inference.DataType_value["TYPE_"+dt])
+	return tritonpb.DataType(tritonpb.DataType_value["TYPE_"+dt])
 }
 
 // tritonDims leaves the batch dimension out of a batching model's shape.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/configs/tritonpb"
 )
 
 // tritonDynYAML and tritonDynPbtxt are one model's config in both formats.
@@ -74,7 +75,7 @@ func tritonRepo(t *testing.T, pbtxt bool) string {
 // gRPC).
 type tritonView struct {
 	metadata, configJSON []byte
-	config               *inference.ModelConfig
+	config               *tritonpb.ModelConfig
 }
 
 func viewOf(t *testing.T, s *testServer) tritonView {
@@ -123,7 +124,7 @@ func TestE2ETritonModelConfig(t *testing.T) {
 	c := fromPbtxt.config
 	db := c.GetDynamicBatching()
 	if c.GetName() != "dyn" || c.GetPlatform() != "onnxruntime_onnx" || c.GetMaxBatchSize() != 8 ||
-		len(c.GetInput()) != 1 || c.GetInput()[0].GetName() != "input_vectors" || c.GetInput()[0].GetDataType() != inference.DataType_TYPE_FP32 ||
+		len(c.GetInput()) != 1 || c.GetInput()[0].GetName() != "input_vectors" || c.GetInput()[0].GetDataType() != tritonpb.DataType_TYPE_FP32 ||
 		!slices.Equal(c.GetInput()[0].GetDims(), []int64{10}) || len(c.GetOutput()[0].GetDims()) != 0 ||
 		!slices.Equal(db.GetPreferredBatchSize(), []int32{4, 8}) || db.GetMaxQueueDelayMicroseconds() != 1000 ||
 		db.GetPriorityLevels() != 2 || db.GetDefaultPriorityLevel() != 1 || db.GetDefaultQueuePolicy().GetMaxQueueSize() != 64 ||

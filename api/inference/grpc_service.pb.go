@@ -20,6 +20,7 @@
 package inference
 
 import (
+	tritonpb "github.com/sloserve/sloserve/configs/tritonpb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -1039,7 +1040,7 @@ func (x *ModelConfigRequest) GetVersion() string {
 
 type ModelConfigResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Config        *ModelConfig           `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	Config        *tritonpb.ModelConfig  `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1074,7 +1075,7 @@ func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
 	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{16}
 }
 
-func (x *ModelConfigResponse) GetConfig() *ModelConfig {
+func (x *ModelConfigResponse) GetConfig() *tritonpb.ModelConfig {
 	if x != nil {
 		return x.Config
 	}
@@ -3051,7 +3052,7 @@ var File_api_inference_grpc_service_proto protoreflect.FileDescriptor
 
 const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\n" +
-	" api/inference/grpc_service.proto\x12\tinference\x1a api/inference/model_config.proto\"\x13\n" +
+	" api/inference/grpc_service.proto\x12\tinference\x1a#configs/tritonpb/model_config.proto\"\x13\n" +
 	"\x11ServerLiveRequest\"(\n" +
 	"\x12ServerLiveResponse\x12\x12\n" +
 	"\x04live\x18\x01 \x01(\bR\x04live\"\x14\n" +
@@ -3395,8 +3396,8 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 55: inference.SystemSharedMemoryStatusResponse.RegionStatus
 	nil, // 56: inference.SystemSharedMemoryStatusResponse.RegionsEntry
 	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 57: inference.CudaSharedMemoryStatusResponse.RegionStatus
-	nil,                 // 58: inference.CudaSharedMemoryStatusResponse.RegionsEntry
-	(*ModelConfig)(nil), // 59: inference.ModelConfig
+	nil,                          // 58: inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	(*tritonpb.ModelConfig)(nil), // 59: inference.ModelConfig
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
 	43, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
@@ -3488,7 +3489,6 @@ func file_api_inference_grpc_service_proto_init() {
 	if File_api_inference_grpc_service_proto != nil {
 		return
 	}
-	file_api_inference_model_config_proto_init()
 	file_api_inference_grpc_service_proto_msgTypes[10].OneofWrappers = []any{
 		(*InferParameter_BoolParam)(nil),
 		(*InferParameter_Int64Param)(nil),

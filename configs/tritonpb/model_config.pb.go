@@ -14,9 +14,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: api/inference/model_config.proto
+// source: configs/tritonpb/model_config.proto
 
-package inference
+package tritonpb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -103,11 +103,11 @@ func (x DataType) String() string {
 }
 
 func (DataType) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_inference_model_config_proto_enumTypes[0].Descriptor()
+	return file_configs_tritonpb_model_config_proto_enumTypes[0].Descriptor()
 }
 
 func (DataType) Type() protoreflect.EnumType {
-	return &file_api_inference_model_config_proto_enumTypes[0]
+	return &file_configs_tritonpb_model_config_proto_enumTypes[0]
 }
 
 func (x DataType) Number() protoreflect.EnumNumber {
@@ -116,7 +116,7 @@ func (x DataType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DataType.Descriptor instead.
 func (DataType) EnumDescriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{0}
 }
 
 type ModelInstanceGroup_Kind int32
@@ -155,11 +155,11 @@ func (x ModelInstanceGroup_Kind) String() string {
 }
 
 func (ModelInstanceGroup_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_inference_model_config_proto_enumTypes[1].Descriptor()
+	return file_configs_tritonpb_model_config_proto_enumTypes[1].Descriptor()
 }
 
 func (ModelInstanceGroup_Kind) Type() protoreflect.EnumType {
-	return &file_api_inference_model_config_proto_enumTypes[1]
+	return &file_configs_tritonpb_model_config_proto_enumTypes[1]
 }
 
 func (x ModelInstanceGroup_Kind) Number() protoreflect.EnumNumber {
@@ -168,7 +168,7 @@ func (x ModelInstanceGroup_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelInstanceGroup_Kind.Descriptor instead.
 func (ModelInstanceGroup_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{0, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{0, 0}
 }
 
 type ModelInput_Format int32
@@ -204,11 +204,11 @@ func (x ModelInput_Format) String() string {
 }
 
 func (ModelInput_Format) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_inference_model_config_proto_enumTypes[2].Descriptor()
+	return file_configs_tritonpb_model_config_proto_enumTypes[2].Descriptor()
 }
 
 func (ModelInput_Format) Type() protoreflect.EnumType {
-	return &file_api_inference_model_config_proto_enumTypes[2]
+	return &file_configs_tritonpb_model_config_proto_enumTypes[2]
 }
 
 func (x ModelInput_Format) Number() protoreflect.EnumNumber {
@@ -217,7 +217,7 @@ func (x ModelInput_Format) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelInput_Format.Descriptor instead.
 func (ModelInput_Format) EnumDescriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{2, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{2, 0}
 }
 
 type ModelOptimizationPolicy_ModelPriority int32
@@ -253,11 +253,11 @@ func (x ModelOptimizationPolicy_ModelPriority) String() string {
 }
 
 func (ModelOptimizationPolicy_ModelPriority) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_inference_model_config_proto_enumTypes[3].Descriptor()
+	return file_configs_tritonpb_model_config_proto_enumTypes[3].Descriptor()
 }
 
 func (ModelOptimizationPolicy_ModelPriority) Type() protoreflect.EnumType {
-	return &file_api_inference_model_config_proto_enumTypes[3]
+	return &file_configs_tritonpb_model_config_proto_enumTypes[3]
 }
 
 func (x ModelOptimizationPolicy_ModelPriority) Number() protoreflect.EnumNumber {
@@ -266,7 +266,7 @@ func (x ModelOptimizationPolicy_ModelPriority) Number() protoreflect.EnumNumber 
 
 // Deprecated: Use ModelOptimizationPolicy_ModelPriority.Descriptor instead.
 func (ModelOptimizationPolicy_ModelPriority) EnumDescriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5, 0}
 }
 
 type ModelQueuePolicy_TimeoutAction int32
@@ -299,11 +299,11 @@ func (x ModelQueuePolicy_TimeoutAction) String() string {
 }
 
 func (ModelQueuePolicy_TimeoutAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_inference_model_config_proto_enumTypes[4].Descriptor()
+	return file_configs_tritonpb_model_config_proto_enumTypes[4].Descriptor()
 }
 
 func (ModelQueuePolicy_TimeoutAction) Type() protoreflect.EnumType {
-	return &file_api_inference_model_config_proto_enumTypes[4]
+	return &file_configs_tritonpb_model_config_proto_enumTypes[4]
 }
 
 func (x ModelQueuePolicy_TimeoutAction) Number() protoreflect.EnumNumber {
@@ -312,7 +312,7 @@ func (x ModelQueuePolicy_TimeoutAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ModelQueuePolicy_TimeoutAction.Descriptor instead.
 func (ModelQueuePolicy_TimeoutAction) EnumDescriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{6, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{6, 0}
 }
 
 // Instances of a model and where they run.
@@ -332,7 +332,7 @@ type ModelInstanceGroup struct {
 
 func (x *ModelInstanceGroup) Reset() {
 	*x = ModelInstanceGroup{}
-	mi := &file_api_inference_model_config_proto_msgTypes[0]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +344,7 @@ func (x *ModelInstanceGroup) String() string {
 func (*ModelInstanceGroup) ProtoMessage() {}
 
 func (x *ModelInstanceGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[0]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +357,7 @@ func (x *ModelInstanceGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInstanceGroup.ProtoReflect.Descriptor instead.
 func (*ModelInstanceGroup) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *ModelInstanceGroup) GetName() string {
@@ -418,7 +418,7 @@ type ModelTensorReshape struct {
 
 func (x *ModelTensorReshape) Reset() {
 	*x = ModelTensorReshape{}
-	mi := &file_api_inference_model_config_proto_msgTypes[1]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +430,7 @@ func (x *ModelTensorReshape) String() string {
 func (*ModelTensorReshape) ProtoMessage() {}
 
 func (x *ModelTensorReshape) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[1]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +443,7 @@ func (x *ModelTensorReshape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelTensorReshape.ProtoReflect.Descriptor instead.
 func (*ModelTensorReshape) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{1}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ModelTensorReshape) GetShape() []int64 {
@@ -470,7 +470,7 @@ type ModelInput struct {
 
 func (x *ModelInput) Reset() {
 	*x = ModelInput{}
-	mi := &file_api_inference_model_config_proto_msgTypes[2]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +482,7 @@ func (x *ModelInput) String() string {
 func (*ModelInput) ProtoMessage() {}
 
 func (x *ModelInput) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[2]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +495,7 @@ func (x *ModelInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInput.ProtoReflect.Descriptor instead.
 func (*ModelInput) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{2}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ModelInput) GetName() string {
@@ -569,7 +569,7 @@ type ModelOutput struct {
 
 func (x *ModelOutput) Reset() {
 	*x = ModelOutput{}
-	mi := &file_api_inference_model_config_proto_msgTypes[3]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +581,7 @@ func (x *ModelOutput) String() string {
 func (*ModelOutput) ProtoMessage() {}
 
 func (x *ModelOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[3]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +594,7 @@ func (x *ModelOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelOutput.ProtoReflect.Descriptor instead.
 func (*ModelOutput) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{3}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ModelOutput) GetName() string {
@@ -654,7 +654,7 @@ type ModelVersionPolicy struct {
 
 func (x *ModelVersionPolicy) Reset() {
 	*x = ModelVersionPolicy{}
-	mi := &file_api_inference_model_config_proto_msgTypes[4]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +666,7 @@ func (x *ModelVersionPolicy) String() string {
 func (*ModelVersionPolicy) ProtoMessage() {}
 
 func (x *ModelVersionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[4]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +679,7 @@ func (x *ModelVersionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{4}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ModelVersionPolicy) GetPolicyChoice() isModelVersionPolicy_PolicyChoice {
@@ -751,7 +751,7 @@ type ModelOptimizationPolicy struct {
 
 func (x *ModelOptimizationPolicy) Reset() {
 	*x = ModelOptimizationPolicy{}
-	mi := &file_api_inference_model_config_proto_msgTypes[5]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +763,7 @@ func (x *ModelOptimizationPolicy) String() string {
 func (*ModelOptimizationPolicy) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[5]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +776,7 @@ func (x *ModelOptimizationPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelOptimizationPolicy.ProtoReflect.Descriptor instead.
 func (*ModelOptimizationPolicy) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ModelOptimizationPolicy) GetGraph() *ModelOptimizationPolicy_Graph {
@@ -829,7 +829,7 @@ type ModelQueuePolicy struct {
 
 func (x *ModelQueuePolicy) Reset() {
 	*x = ModelQueuePolicy{}
-	mi := &file_api_inference_model_config_proto_msgTypes[6]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +841,7 @@ func (x *ModelQueuePolicy) String() string {
 func (*ModelQueuePolicy) ProtoMessage() {}
 
 func (x *ModelQueuePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[6]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +854,7 @@ func (x *ModelQueuePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelQueuePolicy.ProtoReflect.Descriptor instead.
 func (*ModelQueuePolicy) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{6}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ModelQueuePolicy) GetTimeoutAction() ModelQueuePolicy_TimeoutAction {
@@ -901,7 +901,7 @@ type ModelDynamicBatching struct {
 
 func (x *ModelDynamicBatching) Reset() {
 	*x = ModelDynamicBatching{}
-	mi := &file_api_inference_model_config_proto_msgTypes[7]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +913,7 @@ func (x *ModelDynamicBatching) String() string {
 func (*ModelDynamicBatching) ProtoMessage() {}
 
 func (x *ModelDynamicBatching) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[7]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +926,7 @@ func (x *ModelDynamicBatching) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDynamicBatching.ProtoReflect.Descriptor instead.
 func (*ModelDynamicBatching) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{7}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ModelDynamicBatching) GetPreferredBatchSize() []int32 {
@@ -989,7 +989,7 @@ type ModelParameter struct {
 
 func (x *ModelParameter) Reset() {
 	*x = ModelParameter{}
-	mi := &file_api_inference_model_config_proto_msgTypes[8]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1001,7 @@ func (x *ModelParameter) String() string {
 func (*ModelParameter) ProtoMessage() {}
 
 func (x *ModelParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[8]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1014,7 @@ func (x *ModelParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelParameter.ProtoReflect.Descriptor instead.
 func (*ModelParameter) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{8}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ModelParameter) GetStringValue() string {
@@ -1033,7 +1033,7 @@ type ModelOperations struct {
 
 func (x *ModelOperations) Reset() {
 	*x = ModelOperations{}
-	mi := &file_api_inference_model_config_proto_msgTypes[9]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1045,7 @@ func (x *ModelOperations) String() string {
 func (*ModelOperations) ProtoMessage() {}
 
 func (x *ModelOperations) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[9]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1058,7 @@ func (x *ModelOperations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelOperations.ProtoReflect.Descriptor instead.
 func (*ModelOperations) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{9}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ModelOperations) GetOpLibraryFilename() []string {
@@ -1077,7 +1077,7 @@ type ModelTransactionPolicy struct {
 
 func (x *ModelTransactionPolicy) Reset() {
 	*x = ModelTransactionPolicy{}
-	mi := &file_api_inference_model_config_proto_msgTypes[10]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1089,7 @@ func (x *ModelTransactionPolicy) String() string {
 func (*ModelTransactionPolicy) ProtoMessage() {}
 
 func (x *ModelTransactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[10]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1102,7 @@ func (x *ModelTransactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelTransactionPolicy.ProtoReflect.Descriptor instead.
 func (*ModelTransactionPolicy) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{10}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ModelTransactionPolicy) GetDecoupled() bool {
@@ -1121,7 +1121,7 @@ type ModelResponseCache struct {
 
 func (x *ModelResponseCache) Reset() {
 	*x = ModelResponseCache{}
-	mi := &file_api_inference_model_config_proto_msgTypes[11]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1133,7 @@ func (x *ModelResponseCache) String() string {
 func (*ModelResponseCache) ProtoMessage() {}
 
 func (x *ModelResponseCache) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[11]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1146,7 @@ func (x *ModelResponseCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelResponseCache.ProtoReflect.Descriptor instead.
 func (*ModelResponseCache) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{11}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ModelResponseCache) GetEnable() bool {
@@ -1185,7 +1185,7 @@ type ModelConfig struct {
 
 func (x *ModelConfig) Reset() {
 	*x = ModelConfig{}
-	mi := &file_api_inference_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1197,7 @@ func (x *ModelConfig) String() string {
 func (*ModelConfig) ProtoMessage() {}
 
 func (x *ModelConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1210,7 @@ func (x *ModelConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfig.ProtoReflect.Descriptor instead.
 func (*ModelConfig) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{12}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ModelConfig) GetName() string {
@@ -1367,7 +1367,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_api_inference_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1379,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1392,7 @@ func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_Latest.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_Latest) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{4, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{4, 0}
 }
 
 func (x *ModelVersionPolicy_Latest) GetNumVersions() uint32 {
@@ -1410,7 +1410,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_api_inference_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1422,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1435,7 @@ func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_All.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_All) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{4, 1}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{4, 1}
 }
 
 type ModelVersionPolicy_Specific struct {
@@ -1447,7 +1447,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_api_inference_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1459,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1472,7 @@ func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelVersionPolicy_Specific.ProtoReflect.Descriptor instead.
 func (*ModelVersionPolicy_Specific) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{4, 2}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{4, 2}
 }
 
 func (x *ModelVersionPolicy_Specific) GetVersions() []int64 {
@@ -1492,7 +1492,7 @@ type ModelOptimizationPolicy_Graph struct {
 
 func (x *ModelOptimizationPolicy_Graph) Reset() {
 	*x = ModelOptimizationPolicy_Graph{}
-	mi := &file_api_inference_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1504,7 @@ func (x *ModelOptimizationPolicy_Graph) String() string {
 func (*ModelOptimizationPolicy_Graph) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_Graph) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1517,7 @@ func (x *ModelOptimizationPolicy_Graph) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelOptimizationPolicy_Graph.ProtoReflect.Descriptor instead.
 func (*ModelOptimizationPolicy_Graph) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5, 0}
 }
 
 func (x *ModelOptimizationPolicy_Graph) GetLevel() int32 {
@@ -1537,7 +1537,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators{}
-	mi := &file_api_inference_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1549,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators) String() string {
 func (*ModelOptimizationPolicy_ExecutionAccelerators) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1562,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators) ProtoReflect() protorefl
 
 // Deprecated: Use ModelOptimizationPolicy_ExecutionAccelerators.ProtoReflect.Descriptor instead.
 func (*ModelOptimizationPolicy_ExecutionAccelerators) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5, 1}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5, 1}
 }
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) GetGpuExecutionAccelerator() []*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator {
@@ -1588,7 +1588,7 @@ type ModelOptimizationPolicy_PinnedMemoryBuffer struct {
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) Reset() {
 	*x = ModelOptimizationPolicy_PinnedMemoryBuffer{}
-	mi := &file_api_inference_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1600,7 @@ func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) String() string {
 func (*ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1613,7 @@ func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoReflect() protoreflect
 
 // Deprecated: Use ModelOptimizationPolicy_PinnedMemoryBuffer.ProtoReflect.Descriptor instead.
 func (*ModelOptimizationPolicy_PinnedMemoryBuffer) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5, 2}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5, 2}
 }
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) GetEnable() bool {
@@ -1633,7 +1633,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators_Accelerator struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators_Accelerator{}
-	mi := &file_api_inference_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1645,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) String() str
 func (*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1658,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoReflect
 
 // Deprecated: Use ModelOptimizationPolicy_ExecutionAccelerators_Accelerator.ProtoReflect.Descriptor instead.
 func (*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) Descriptor() ([]byte, []int) {
-	return file_api_inference_model_config_proto_rawDescGZIP(), []int{5, 1, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{5, 1, 0}
 }
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) GetName() string {
@@ -1675,11 +1675,11 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) GetParameter
 	return nil
 }
 
-var File_api_inference_model_config_proto protoreflect.FileDescriptor
+var File_configs_tritonpb_model_config_proto protoreflect.FileDescriptor
 
-const file_api_inference_model_config_proto_rawDesc = "" +
+const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	"\n" +
-	" api/inference/model_config.proto\x12\tinference\"\xa2\x02\n" +
+	"#configs/tritonpb/model_config.proto\x12\tinference\"\xa2\x02\n" +
 	"\x12ModelInstanceGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x12\n" +
@@ -1835,23 +1835,23 @@ const file_api_inference_model_config_proto_rawDesc = "" +
 	"\tTYPE_FP32\x10\v\x12\r\n" +
 	"\tTYPE_FP64\x10\f\x12\x0f\n" +
 	"\vTYPE_STRING\x10\r\x12\r\n" +
-	"\tTYPE_BF16\x10\x0eB,Z*github.com/sloserve/sloserve/api/inferenceb\x06proto3"
+	"\tTYPE_BF16\x10\x0eB/Z-github.com/sloserve/sloserve/configs/tritonpbb\x06proto3"
 
 var (
-	file_api_inference_model_config_proto_rawDescOnce sync.Once
-	file_api_inference_model_config_proto_rawDescData []byte
+	file_configs_tritonpb_model_config_proto_rawDescOnce sync.Once
+	file_configs_tritonpb_model_config_proto_rawDescData []byte
 )
 
-func file_api_inference_model_config_proto_rawDescGZIP() []byte {
-	file_api_inference_model_config_proto_rawDescOnce.Do(func() {
-		file_api_inference_model_config_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_api_inference_model_config_proto_rawDesc), len(file_api_inference_model_config_proto_rawDesc)))
+func file_configs_tritonpb_model_config_proto_rawDescGZIP() []byte {
+	file_configs_tritonpb_model_config_proto_rawDescOnce.Do(func() {
+		file_configs_tritonpb_model_config_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_configs_tritonpb_model_config_proto_rawDesc), len(file_configs_tritonpb_model_config_proto_rawDesc)))
 	})
-	return file_api_inference_model_config_proto_rawDescData
+	return file_configs_tritonpb_model_config_proto_rawDescData
 }
 
-var file_api_inference_model_config_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_api_inference_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
-var file_api_inference_model_config_proto_goTypes = []any{
+var file_configs_tritonpb_model_config_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_configs_tritonpb_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_configs_tritonpb_model_config_proto_goTypes = []any{
 	(DataType)(0),                                                     // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                                      // 1: inference.ModelInstanceGroup.Kind
 	(ModelInput_Format)(0),                                            // 2: inference.ModelInput.Format
@@ -1883,7 +1883,7 @@ var file_api_inference_model_config_proto_goTypes = []any{
 	nil, // 28: inference.ModelConfig.MetricTagsEntry
 	nil, // 29: inference.ModelConfig.ParametersEntry
 }
-var file_api_inference_model_config_proto_depIdxs = []int32{
+var file_configs_tritonpb_model_config_proto_depIdxs = []int32{
 	1,  // 0: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
 	0,  // 1: inference.ModelInput.data_type:type_name -> inference.DataType
 	2,  // 2: inference.ModelInput.format:type_name -> inference.ModelInput.Format
@@ -1925,35 +1925,35 @@ var file_api_inference_model_config_proto_depIdxs = []int32{
 	0,  // [0:34] is the sub-list for field type_name
 }
 
-func init() { file_api_inference_model_config_proto_init() }
-func file_api_inference_model_config_proto_init() {
-	if File_api_inference_model_config_proto != nil {
+func init() { file_configs_tritonpb_model_config_proto_init() }
+func file_configs_tritonpb_model_config_proto_init() {
+	if File_configs_tritonpb_model_config_proto != nil {
 		return
 	}
-	file_api_inference_model_config_proto_msgTypes[4].OneofWrappers = []any{
+	file_configs_tritonpb_model_config_proto_msgTypes[4].OneofWrappers = []any{
 		(*ModelVersionPolicy_Latest_)(nil),
 		(*ModelVersionPolicy_All_)(nil),
 		(*ModelVersionPolicy_Specific_)(nil),
 	}
-	file_api_inference_model_config_proto_msgTypes[12].OneofWrappers = []any{
+	file_configs_tritonpb_model_config_proto_msgTypes[12].OneofWrappers = []any{
 		(*ModelConfig_DynamicBatching)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_model_config_proto_rawDesc), len(file_api_inference_model_config_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_configs_tritonpb_model_config_proto_rawDesc), len(file_configs_tritonpb_model_config_proto_rawDesc)),
 			NumEnums:      5,
 			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_api_inference_model_config_proto_goTypes,
-		DependencyIndexes: file_api_inference_model_config_proto_depIdxs,
-		EnumInfos:         file_api_inference_model_config_proto_enumTypes,
-		MessageInfos:      file_api_inference_model_config_proto_msgTypes,
+		GoTypes:           file_configs_tritonpb_model_config_proto_goTypes,
+		DependencyIndexes: file_configs_tritonpb_model_config_proto_depIdxs,
+		EnumInfos:         file_configs_tritonpb_model_config_proto_enumTypes,
+		MessageInfos:      file_configs_tritonpb_model_config_proto_msgTypes,
 	}.Build()
-	File_api_inference_model_config_proto = out.File
-	file_api_inference_model_config_proto_goTypes = nil
-	file_api_inference_model_config_proto_depIdxs = nil
+	File_configs_tritonpb_model_config_proto = out.File
+	file_configs_tritonpb_model_config_proto_goTypes = nil
+	file_configs_tritonpb_model_config_proto_depIdxs = nil
 }
