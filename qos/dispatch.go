@@ -207,7 +207,7 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 	for _, m := range s.models {
 		dropped := false
 		for _, r := range m.q.items {
-			if r.deadline.IsZero() {
+			if r.deadline.IsZero() || r.probe {
 				continue
 			}
 			e, _ := s.est.Estimate(m.spec.Name, r.batch) // 0 when unknown
@@ -408,6 +408,7 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 		m.mm.queueDelay.Observe(delay.Seconds())
 	}
 	m.q.removeDispatched()
+	m.lastStart = now
 	if m.recentBatch == 0 {
 		m.recentBatch = float64(e.size)
 	} else {

@@ -177,3 +177,33 @@ func TestOverloadAdmittedOnTime(t *testing.T) {
 		}
 	})
 }
+
+// A model whose estimate rose past its SLO is not refused for ever: with
+// nothing running or queued for probeEvery, one request runs as a probe,
+// and its execution corrects the estimate.
+func TestProbeAfterRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 50 * ms}, constant(10*ms))
+		h.est.Observe("a", 1, 200*ms) // a stale estimate: 4x the SLO
+		h.run()
+		ctx := t.Context()
+		<-time.After(probeEvery / 2)
+		p := h.submit(ctx, "a", RequestOptions{}, 1)
+		<-p.done
+		if !errors.Is(p.err, ErrRejected) {
+			t.Fatalf("before probeEvery: %v, want a refusal", p.err)
+		}
+		<-time.After(probeEvery / 2)
+		if err := h.s.Preadmit(ctx, "a", RequestOptions{}); err != nil {
+			t.Errorf("Preadmit when a probe is due: %v, want nil", err)
+		}
+		probe := h.submit(ctx, "a", RequestOptions{}, 2)
+		mustSucceed(t, probe) // runs although predicted 200ms, and takes 10ms
+		after := h.submit(ctx, "a", RequestOptions{}, 3)
+		mustSucceed(t, after) // the estimate is 10ms now
+		if st, _ := h.s.Stats("a"); st.Good != 2 || st.Rejected != 1 {
+			t.Errorf("stats %+v, want 2 good and 1 rejected", st)
+		}
+	})
+}

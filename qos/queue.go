@@ -18,6 +18,9 @@ type request struct {
 	deadline time.Time // effective deadline; zero: none
 	rank     int       // priority rank; lower runs first
 	seq      uint64    // arrival order across the scheduler
+	// probe: admitted although predicted to miss, to measure the model
+	// again (see probeDueLocked); it is never dropped for its deadline.
+	probe bool
 
 	state requestState
 	exec  *execution  // while running

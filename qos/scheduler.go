@@ -191,6 +191,9 @@ type model struct {
 	drained  chan struct{} // closed when a removal completes
 
 	added time.Time
+	// lastStart is when the model's last execution started; zero before
+	// the first.
+	lastStart time.Time
 	// recentBatch is a moving average of the model's execution batch
 	// sizes. Admission assumes the work queued ahead runs in batches of
 	// this size: under pressure, deadline-aware batching forms batches well
@@ -590,12 +593,37 @@ func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
 	}
 	if !s.fifo {
 		if err := s.admitLocked(m, r, now); err != nil {
+			if s.probeDueLocked(m, now) {
+				m.log.Debug("admitted as a probe: nothing has run for a while", "would be", err)
+				r.probe = true
+				return nil
+			}
 			m.log.Debug("request rejected", "error", err)
 			s.finishLocked(r, outcomeRejected, now, result{err: err})
 			return err
 		}
 	}
 	return nil
+}
+
+// probeEvery is how long a model may go without an execution while
+// admission refuses all of its requests before one is admitted anyway.
+const probeEvery = time.Second
+
+// probeDueLocked reports whether a request admission would refuse should be
+// admitted as a probe. Admission refuses on predictions, and only
+// executions correct them: a model whose estimate rose past its SLO (a burst
+// of interference, a slow restart) would otherwise refuse every request for
+// ever, with nothing to bring the estimate back. So when the estimate of one
+// row alone is over the SLO, nothing of the model runs or waits and nothing
+// has started for probeEvery, one request runs and its execution measures
+// the model afresh.
+func (s *Scheduler) probeDueLocked(m *model, now time.Time) bool {
+	if m.spec.SLO <= 0 || m.running > 0 || m.q.len() > 0 || now.Sub(laterOf(m.lastStart, m.added)) < probeEvery {
+		return false
+	}
+	e, ok := s.est.Estimate(m.spec.Name, 1)
+	return ok && e >= m.spec.SLO
 }
 
 // Preadmit tells, before a request's body is read, whether a request of
@@ -623,7 +651,7 @@ func (s *Scheduler) Preadmit(ctx context.Context, name string, o RequestOptions)
 	if err != nil {
 		return err
 	}
-	if m.q.len() < m.spec.QueueCapacity && (s.fifo || s.admitLocked(m, r, now) == nil) {
+	if m.q.len() < m.spec.QueueCapacity && (s.fifo || s.admitLocked(m, r, now) == nil || s.probeDueLocked(m, now)) {
 		return nil
 	}
 	// Refused: arriveLocked counts it as Submit would, and says why.
