@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
-	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
