@@ -233,8 +233,8 @@ func (m *model) typicalBatch() int {
 }
 
 // tailZ is how many standard deviations of the executions' error over
-// their predictions admission leaves as room when work waits ahead of a
-// request: about the 98th percentile for normal errors.
+// their predictions admission leaves as room behind a backlog (see
+// admitLocked): about the 98th percentile for normal errors.
 const tailZ = 2
 
 // maxTailRatio bounds the room: past it, the predictions themselves are
@@ -575,9 +575,19 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 }
 
 // arriveLocked counts r's arrival and admits it, or settles it as
-// rejected and returns why: its model's queue is full, or (under qos) its
-// predicted completion misses its deadline.
+// rejected and returns why (refusalLocked).
 func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
+	s.countArrivalLocked(m, r, now)
+	if err := s.refusalLocked(m, r, now); err != nil {
+		s.rejectLocked(m, r, now, err)
+		return err
+	}
+	return nil
+}
+
+// countArrivalLocked counts r as arrived: its sequence number, and the
+// model's arrivals and their gaps.
+func (s *Scheduler) countArrivalLocked(m *model, r *request, now time.Time) {
 	s.seq++
 	r.seq = s.seq
 	m.arrived++
@@ -585,25 +595,34 @@ func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
 		m.gaps.observe(now.Sub(m.lastArrival).Seconds())
 	}
 	m.lastArrival = now
-	if m.q.len() >= m.spec.QueueCapacity {
-		err := fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, m.spec.Name, m.q.len())
+}
+
+// rejectLocked settles an arrived r as rejected for err.
+func (s *Scheduler) rejectLocked(m *model, r *request, now time.Time, err error) {
+	if errors.Is(err, ErrQueueFull) {
 		m.queueFull++
-		s.finishLocked(r, outcomeRejected, now, result{err: err})
-		return err
 	}
-	if !s.fifo {
-		if err := s.admitLocked(m, r, now); err != nil {
-			if s.probeDueLocked(m, now) {
-				m.log.Debug("admitted as a probe: nothing has run for a while", "would be", err)
-				r.probe = true
-				return nil
-			}
-			m.log.Debug("request rejected", "error", err)
-			s.finishLocked(r, outcomeRejected, now, result{err: err})
-			return err
-		}
+	m.log.Debug("request rejected", "error", err)
+	s.finishLocked(r, outcomeRejected, now, result{err: err})
+}
+
+// refusalLocked says why r would be refused now, or nil: its model's queue
+// is full, or (under qos) its predicted completion misses its deadline and
+// it is not due as a probe. It counts nothing; a probe is marked on r.
+func (s *Scheduler) refusalLocked(m *model, r *request, now time.Time) error {
+	if m.q.len() >= m.spec.QueueCapacity {
+		return fmt.Errorf("%w: %s holds %d requests", ErrQueueFull, m.spec.Name, m.q.len())
 	}
-	return nil
+	if s.fifo {
+		return nil
+	}
+	err := s.admitLocked(m, r, now)
+	if err != nil && s.probeDueLocked(m, now) {
+		m.log.Debug("admitted as a probe: nothing has run for a while", "would be", err)
+		r.probe = true
+		return nil
+	}
+	return err
 }
 
 // probeEvery is how long a model may go without an execution while
@@ -651,11 +670,14 @@ func (s *Scheduler) Preadmit(ctx context.Context, name string, o RequestOptions)
 	if err != nil {
 		return err
 	}
-	if m.q.len() < m.spec.QueueCapacity && (s.fifo || s.admitLocked(m, r, now) == nil || s.probeDueLocked(m, now)) {
+	err = s.refusalLocked(m, r, now)
+	if err == nil {
 		return nil
 	}
-	// Refused: arriveLocked counts it as Submit would, and says why.
-	return s.arriveLocked(m, r, now)
+	// Refused: counted as Submit counts a refusal.
+	s.countArrivalLocked(m, r, now)
+	s.rejectLocked(m, r, now, err)
+	return err
 }
 
 func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o RequestOptions, now time.Time) (*request, error) {
