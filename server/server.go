@@ -158,6 +158,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		BodyTimeout:       cfg.Limits.BodyTimeout,
+		StreamInflight:    cfg.Limits.GRPCStreamInflight,
 		SharedMemory:      shm,
 	}
 
