@@ -87,6 +87,7 @@ type model struct {
 	mu          sync.Mutex
 	curve       Curve
 	hasCurve    bool
+	knees       knees // where the profile stopped getting faster
 	profileMAPE float64
 	share       float64 // normalised, (0, 1]
 	othersUtil  float64
@@ -168,6 +169,7 @@ func (p *Predictor) SetProfile(name string, prof Profile) {
 	m := p.ensure(name)
 	m.mu.Lock()
 	m.curve, m.hasCurve, m.profileMAPE, m.correction = c, true, pm, 1
+	m.knees = findKnees(prof.Points)
 	m.mu.Unlock()
 }
 
@@ -228,7 +230,7 @@ func (p *Predictor) Latency(name string, batch int, share float64) (time.Duratio
 	s := normShare(share)
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, s) * m.correction * interference(s, m.othersUtil)
+		v := m.curve.seconds(batch, m.knees.clamp(batch, s)) * m.correction * interference(s, m.othersUtil)
 		m.mu.Unlock()
 		return seconds(v), true
 	}
@@ -250,7 +252,7 @@ func (p *Predictor) Estimate(name string, batch int) (time.Duration, bool) {
 	}
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, m.share) * m.correction * interference(m.share, m.othersUtil)
+		v := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * m.correction * interference(m.share, m.othersUtil)
 		m.mu.Unlock()
 		return seconds(v), true
 	}
@@ -273,7 +275,7 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 	m := p.ensure(name)
 	m.mu.Lock()
 	if m.hasCurve {
-		base := m.curve.seconds(batch, m.share) * interference(m.share, m.othersUtil)
+		base := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * interference(m.share, m.othersUtil)
 		m.record(seconds(base*m.correction).Seconds(), obs)
 		ratio := min(max(obs/base, m.correction/stepRatio), m.correction*stepRatio)
 		m.correction = min(max(p.alpha*ratio+(1-p.alpha)*m.correction, minCorrection), maxCorrection)

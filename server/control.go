@@ -329,6 +329,30 @@ type profiler struct {
 	// sim, when set, runs cuda models: their profiles are the
 	// simulator's, keyed by its spec and the model's curve.
 	sim *simgpu.Sim
+	// sweeping holds a chan struct{} (capacity 1) per device: one sweep runs on a GPU at
+	// a time, since a sweep timed while another model's sweep runs its
+	// kernels beside it measures both (models loading together at start
+	// profiled each other's interference, and hid where a model stops
+	// getting faster with more SMs). CPU sweeps are not serialised: their
+	// shares are cgroup quotas on cores the others do not use.
+	sweeping sync.Map
+}
+
+// lockDevice serialises the sweeps of one GPU: it waits for the device's
+// turn (a channel, so that a wait under testing/synctest is durable) and
+// returns the release, or ctx's error.
+func (p *profiler) lockDevice(ctx context.Context, device string) (func(), error) {
+	if !strings.HasPrefix(device, "cuda:") {
+		return func() {}, nil
+	}
+	v, _ := p.sweeping.LoadOrStore(device, make(chan struct{}, 1))
+	turn := v.(chan struct{})
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // shares are the compute shares profiled: quarter, half and all of what
@@ -379,6 +403,10 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		}
 		return nil
 	}
+	unlock, err := p.lockDevice(ctx, run.Device)
+	if err != nil {
+		return err
+	}
 	points, err := predictor.Sweep(ctx, predictor.SweepOptions{
 		Batches:  run.BatchSizes,
 		MaxBatch: max(1, run.Config.MaxBatchSize),
@@ -386,6 +414,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		Runs:     p.cfg.Runs,
 		Budget:   p.cfg.Budget,
 	}, run.Measure)
+	unlock()
 	if err != nil && !errors.Is(err, predictor.ErrBudget) {
 		return err
 	}

@@ -32,7 +32,7 @@ func simulatedDay(t *testing.T, policy string, span time.Duration) dayResult {
 		cfg.GPU.Simulator.Devices = 1
 		cfg.Control.Policy = policy
 		cfg.Control.Period = time.Second
-		cfg.Control.Profile.Runs = 2
+		cfg.Control.Profile.Runs = 3
 		reg, devs := simulatedServer(t, cfg, map[string]string{
 			"lc": `execution: {provider: cuda, simulated: {preset: resnet50, fixed: 8ms, saturation: 0.3}}
 slo: {latency_ms: 30, class: latency-critical}
@@ -43,6 +43,14 @@ execution: {provider: cuda, simulated: {preset: bert-base, fixed: 10ms, per_item
 profile: {batch_sizes: [1, 8]}
 `,
 		})
+		// The day starts once both models are loaded and profiled, as a
+		// deployment's does: a profile taken under the day's load would
+		// measure the other model's kernels too.
+		for _, m := range []string{"lc", "be"} {
+			for ok, _ := reg.ModelReady(m, ""); !ok; ok, _ = reg.ModelReady(m, "") {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
 		ctx, cancel := context.WithTimeout(t.Context(), span)
 		defer cancel()
 		var wg sync.WaitGroup
@@ -84,6 +92,22 @@ profile: {batch_sizes: [1, 8]}
 		lcShare, _ := reg.Share("lc/1")
 		beShare, _ := reg.Share("be/1")
 		t.Logf("%s: shares at the end: lc %+v, be %+v; lc correction %.2f", policy, lcShare, beShare, devs.pred.Accuracy("lc/1").Correction)
+		if testing.Verbose() {
+			for _, sh := range []float64{0.1, 0.2, 0.3, 0.5, 0.8, 1} {
+				l, _ := devs.pred.Latency("lc/1", 1, sh)
+				t.Logf("lc/1 predicted at share %.1f: %s; accuracy %+v", sh, l, devs.pred.Accuracy("lc/1"))
+			}
+			k, ok := devs.pred.Knee("lc/1", 1)
+			t.Logf("lc/1 knee at batch 1: %v %v", k, ok)
+			for _, st := range devs.all()[0].sched.Snapshot() {
+				t.Logf("%s: arrival SCV %.2f service SCV %.2f", st.Spec.Name, st.ArrivalSCV, st.ServiceSCV)
+			}
+			for _, d := range devs.all() {
+				for _, e := range d.adj.Events(time.Time{}, 0) {
+					t.Logf("%s %s %s %.2f->%.2f: %s", e.Time.Format("15:04:05"), e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
+				}
+			}
+		}
 		res = dayResult{lcSent: sent.Load(), lcMet: met.Load(), beDone: beDone.Load()}
 	})
 	return res
