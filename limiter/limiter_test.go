@@ -316,3 +316,34 @@ func TestMPSMemoryAndShadows(t *testing.T) {
 		t.Errorf("a runner with no other of its instance: %+v, %v", pl, err)
 	}
 }
+
+// A runner whose pid NVML does not list (another pid namespace, as in a
+// container) has unknown device memory, never another process's.
+func TestMPSStatsWhenPIDsDoNotMatch(t *testing.T) {
+	server := dgxa100.New()
+	dev := server.Devices[0].(*dgxa100.Device)
+	dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 90001, UsedGpuMemory: 5 << 30}}, nvml.SUCCESS
+	}
+	tel, err := newNVMLTelemetry(server, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Close()
+	l, err := New(Options{Device: "cuda:0", Telemetry: tel, Logger: testLogger(t), MPSDaemon: func(int) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Place("m-1-0-1", Share{Compute: 0.5, Memory: 8 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.(ProcessTracker).Track("m-1-0-1", 17); err != nil { // the pid in the runner's namespace
+		t.Fatal(err)
+	}
+	for range 2 {
+		if st, err := l.Stats("m-1-0-1"); err != nil || st.MemoryBytes != 0 || st.MemoryLimit != 8<<30 {
+			t.Errorf("Stats = %+v, %v; want memory unknown (0) of an 8 GiB limit", st, err)
+		}
+	}
+}

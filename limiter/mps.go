@@ -33,6 +33,8 @@ type mpsLimiter struct {
 type mpsUnit struct {
 	share Share
 	pid   int // 0 until Track
+	// unseen: NVML listed processes on the device but not pid, said once.
+	unseen bool
 }
 
 var (
@@ -275,7 +277,8 @@ func (l *mpsLimiter) Release(id string) error {
 }
 
 // Stats reports the memory limit, and the device memory of the tracked
-// process when telemetry has it. CPU time and throttling are not
+// process when telemetry has it (matched by pid; 0, unknown, when NVML
+// does not list the pid). CPU time and throttling are not
 // measured on a GPU.
 func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	l.mu.Lock()
@@ -297,7 +300,21 @@ func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	if err != nil {
 		return st, fmt.Errorf("limiter: stats of %s: %w", id, err)
 	}
-	st.MemoryBytes = mem[pid]
+	n, ok := mem[pid]
+	if !ok && len(mem) > 0 {
+		// NVML names processes by the host's pids: a runner in another
+		// pid namespace (a container) is not found under its own, and an
+		// MPS server may account its clients' memory to itself. Memory
+		// is then unknown (0), never another process's.
+		l.mu.Lock()
+		if u, err := l.units.get(id); err == nil && !u.unseen {
+			u.unseen = true
+			l.log.Warn("NVML lists no process with the runner's pid (pid namespaces differ, or the MPS server holds the memory): its device memory is unknown",
+				"unit", id, "pid", pid, "processes", len(mem))
+		}
+		l.mu.Unlock()
+	}
+	st.MemoryBytes = n
 	return st, nil
 }
 

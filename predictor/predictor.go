@@ -95,6 +95,7 @@ type model struct {
 	recent      [Window]pair
 	next, n     int
 	rate        *rateModel
+	busy        float64 // seconds of execution observed, cumulative
 }
 
 // pair is one execution: what was predicted for it and what it took, in
@@ -274,6 +275,7 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 	obs := took.Seconds()
 	m := p.ensure(name)
 	m.mu.Lock()
+	m.busy += obs
 	if m.hasCurve {
 		base := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * interference(m.share, m.othersUtil)
 		m.record(seconds(base*m.correction).Seconds(), obs)
@@ -289,6 +291,21 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 		}
 	}
 	p.fallback.Observe(name, batch, took)
+}
+
+// Busy is the execution time observed of a model since it was first seen,
+// in seconds, summed over its concurrent executions: over a period, its
+// increase divided by the period is how many executions of the model ran
+// at once on average. On a GPU under MPS, where no CPU time measures the
+// model's use of the device, it is the model's own utilisation signal.
+func (p *Predictor) Busy(name string) float64 {
+	m := p.get(name)
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.busy
 }
 
 func (m *model) record(predicted, observed float64) {
