@@ -141,9 +141,13 @@ type AdjusterOptions struct {
 	// stands in.
 	Usage func(model string) (float64, bool)
 	// CapsOnly says the device's limiter enforces every share as a cap
-	// (MPS: an active-thread percentage is a ceiling, and nothing is
-	// work-conserving): latency-critical models get caps instead of
-	// floors, predicted and counted at their size.
+	// (MPS: an active-thread percentage is a ceiling, nothing is
+	// work-conserving, and a resize starts a new client): latency-critical
+	// models get caps instead of floors, predicted and counted whole at
+	// their size, so that the caps add up to the capacity at most; they
+	// are sized for the rate forecast over ScaleDownAfter; no share goes
+	// past the model's knee; best-effort caps grow only by two Steps or
+	// more, once a Cooldown.
 	CapsOnly bool
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
