@@ -163,9 +163,14 @@ func runDay(t *testing.T, mix dayMix, span time.Duration) (shared, static, adapt
 		t.Logf("%-8s LC %d sent, attainment %.3f, goodput %.2f/s; BE %d batches; %d resizes", p, r.lcSent, r.attainment(), float64(r.lcMet)/span.Seconds(), r.beDone, r.resizes)
 	}
 	shared, static, adaptive = got[configs.SharePolicyShared], got[configs.SharePolicyStatic], got[configs.SharePolicyAdaptive]
-	t.Logf("LC goodput adaptive/static %.2fx, adaptive/shared %.2fx; BE adaptive/static %.2fx",
-		float64(adaptive.lcMet)/float64(max(1, static.lcMet)), float64(adaptive.lcMet)/float64(max(1, shared.lcMet)),
-		float64(adaptive.beDone)/float64(max(1, static.beDone)))
+	ratio := func(x, y int64) string {
+		if y == 0 {
+			return fmt.Sprintf("%d/0", x)
+		}
+		return fmt.Sprintf("%.2fx", float64(x)/float64(y))
+	}
+	t.Logf("LC goodput adaptive/static %s, adaptive/shared %s; BE adaptive/static %s",
+		ratio(adaptive.lcMet, static.lcMet), ratio(adaptive.lcMet, shared.lcMet), ratio(adaptive.beDone, static.beDone))
 	return shared, static, adaptive
 }
 
