@@ -141,9 +141,13 @@ type AdjusterOptions struct {
 	// stands in.
 	Usage func(model string) (float64, bool)
 	// CapsOnly says the device's limiter enforces every share as a cap
-	// (MPS: an active-thread percentage is a ceiling, and nothing is
-	// work-conserving): latency-critical models get caps instead of
-	// floors, predicted and counted at their size.
+	// (MPS: an active-thread percentage is a ceiling, nothing is
+	// work-conserving, and a resize starts a new client): latency-critical
+	// models get caps instead of floors, predicted and counted whole at
+	// their size, so that the caps add up to the capacity at most; they
+	// are sized for the rate forecast over ScaleDownAfter; no share goes
+	// past the model's knee; best-effort caps grow only by two Steps or
+	// more, once a Cooldown.
 	CapsOnly bool
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
@@ -597,6 +601,15 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 		return
 	}
 	cur, target := t.applied.Compute, d.share.Compute
+	if a.holdGrowth(now, t, d) {
+		// A best-effort cap on MPS grows only by a few steps at once and
+		// once a cooldown: each resize is a new client.
+		d.share.Compute = cur
+		d.reason = fmt.Sprintf("held at %.2f (resizing an MPS client costs a new client; growth to %.2f waits): %s", cur, target, d.reason)
+		p.next[name] = d.share
+		t.slackSince, t.slack = time.Time{}, nil
+		return
+	}
 	if target >= cur-a.opts.Step/2 {
 		// Growth, or a change within the dead band: at once.
 		p.next[name] = d.share
@@ -618,6 +631,27 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 		d.reason = fmt.Sprintf("slack for %s: %.2f -> %.2f; %s", shortDuration(now.Sub(t.slackSince)), cur, share.Compute, d.reason)
 	}
 	p.next[name] = share
+}
+
+// capsOnlyGrowBand is how many Steps a best-effort cap must be able to
+// grow by before it is resized where shares are caps (CapsOnly).
+const capsOnlyGrowBand = 2
+
+// holdGrowth reports whether a best-effort cap's growth waits, where every
+// resize starts a new client (CapsOnly): growth under capsOnlyGrowBand
+// steps, or within Cooldown of the model's last change, is held. A
+// latency-critical model's growth never waits, and neither does a shrink
+// forced by the capacity (release).
+func (a *Adjuster) holdGrowth(now time.Time, t *tracked, d decision) bool {
+	if !a.opts.CapsOnly || d.class != qos.ClassBestEffort || !t.hasApplied {
+		return false
+	}
+	cur := limitedOrWhole(t.applied.Compute)
+	grow := limitedOrWhole(d.share.Compute) - cur
+	if grow <= a.opts.Step/2 {
+		return false // a shrink, or within the dead band: the usual rules
+	}
+	return grow < capsOnlyGrowBand*a.opts.Step-shareEpsilon || t.lastChange.After(now.Add(-a.opts.Cooldown))
 }
 
 // release gives back at once what the hysteresis holds when the shares

@@ -9,7 +9,10 @@
 // (each latency-critical model gets the smallest share a G/G/c model of its
 // queue says meets its SLO quantile at the rate forecast one actuation
 // ahead, overruled upward by observed misses; best-effort models share the
-// rest), "static" (equal hard caps) and "shared" (no limits). Pins override
+// rest), "static" (equal hard caps) and "shared" (no limits). Where the
+// limiter has only caps (CapsOnly: MPS) the adaptive caps add up to the
+// device at most, no share goes past the model's knee, and best-effort
+// growth waits, since every resize there starts a new client. Pins override
 // the policy; idle models are evicted when memory is over budget. Every
 // decision is an Event.
 //

@@ -42,6 +42,9 @@ type Placement struct {
 	GPUMemLimit int64
 	// ArenaExtendStrategy is "" or runtime.ArenaSameAsRequested (MPS).
 	ArenaExtendStrategy string
+	// CudnnConvAlgoSearch is "" (the model's config decides) or
+	// runtime.ConvAlgoHeuristic (MPS: a shadow runner of a swap).
+	CudnnConvAlgoSearch string
 }
 
 // Stats is what a backend can read back about one instance.

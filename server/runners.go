@@ -102,6 +102,9 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 			cfg.Provider.ArenaExtendStrategy = pl.ArenaExtendStrategy
 		}
 	}
+	if pl := spec.Placement; pl.CudnnConvAlgoSearch != "" {
+		cfg.Provider.CudnnConvAlgoSearch = pl.CudnnConvAlgoSearch
+	}
 	r, err := runtime.StartRunner(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -100,9 +100,13 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 	}
 	devs.registry = reg
 	t.Cleanup(func() {
+		// The loops stop first: a swap the adjuster is making holds the
+		// registry's lock that Stop takes, and a goroutine blocked on a
+		// mutex is not durably blocked, so synctest's clock would not
+		// move the swap on.
 		cancel()
-		reg.Stop(context.Background())
 		stopLoops()
+		reg.Stop(context.Background())
 		devs.wait()
 	})
 	if err := reg.Start(ctx); err != nil {
