@@ -44,12 +44,9 @@ const (
 // Instance is one loaded copy of a model version, as the registry needs it.
 // The server adapts runtime runners to it; tests use fakes.
 type Instance interface {
-	runtime.Instance
+	runtime.Member
 	Inputs() []runtime.TensorSpec
 	Outputs() []runtime.TensorSpec
-	// Status tells whether the instance can serve now, and if not, why.
-	Status() (ready bool, reason string)
-	Stop(ctx context.Context) error
 }
 
 // InstanceSpec says which instance to start.
@@ -74,13 +71,6 @@ type InstanceSpec struct {
 	MemoryEvents func() (oomKills uint64, limit int64, err error)
 }
 
-// Suspecter is implemented by instances that can be told that a call on
-// them got no answer in time, so that they check themselves at once (see
-// runtime.Runner.Suspect).
-type Suspecter interface {
-	Suspect(why string)
-}
-
 // Options configure a Registry.
 type Options struct {
 	Repositories      []string
@@ -96,10 +86,8 @@ type Options struct {
 	// request within the request size limit always gets through.
 	MaxInflightBytes int64
 	DrainTimeout     time.Duration // how long unload waits for in-flight requests
-	// CallTimeout bounds one call to an instance (default 30s). A call
-	// without an answer by then is abandoned: the request is retried once
-	// on another instance or fails with runtime.ErrUnavailable, and the
-	// instance checks its health at once.
+	// CallTimeout bounds one call to an instance (0:
+	// runtime.DefaultCallTimeout); see runtime.PoolOptions.
 	CallTimeout time.Duration
 	// NewInstance starts one instance; it returns once the instance is ready
 	// or has failed to start.
@@ -126,9 +114,6 @@ type Options struct {
 	// repositories (not when evicted: it comes back on demand).
 	Forget func(key string)
 }
-
-// DefaultCallTimeout is Options.CallTimeout's default.
-const DefaultCallTimeout = 30 * time.Second
 
 // ErrOverloaded means the server has as many requests in flight as allowed.
 var ErrOverloaded = errors.New("too many requests in flight")
@@ -186,7 +171,8 @@ type model struct {
 	reviving atomic.Int32
 }
 
-// version is one loaded model version: its instances and their idle pool.
+// version is one loaded model version: its config, metadata and the pool
+// of its instances.
 type version struct {
 	model    string
 	number   int64
@@ -200,22 +186,15 @@ type version struct {
 	inputs   []runtime.TensorSpec
 	outputs  []runtime.TensorSpec
 	maxBatch int
-	idle     chan Instance // an instance per free execution slot
-	// callTimeout bounds one call to an instance (Options.CallTimeout).
-	callTimeout time.Duration
-	// stopped is closed when the version's instances are stopped; parked
-	// execution slots (see pick) are then dropped.
-	stopped  chan struct{}
-	stopOnce sync.Once
+	pool     *runtime.Pool // the instances; the scheduler executes on it
 
 	shareMu sync.Mutex // serialises share changes and swaps
 	retired bool       // guarded by shareMu: being stopped, no more swaps
 
-	instMu    sync.RWMutex // guards the fields below; swaps replace instances
-	instances []Instance
-	units     []unit        // the limiter unit of each instance
-	share     limiter.Share // the version's share of its device
-	inflight  sync.WaitGroup
+	instMu   sync.RWMutex            // guards the fields below; swaps replace instances
+	units    map[runtime.Member]unit // the limiter unit of each instance
+	share    limiter.Share           // the version's share of its device
+	inflight sync.WaitGroup
 	// fault is the last unexpected end of one of the version's instance
 	// processes, kept for the index once the instance serves again.
 	fault atomic.Pointer[string]
@@ -255,9 +234,6 @@ func New(opts Options) (*Registry, error) {
 	r.maxInflightBytes.Store(max(opts.MaxInflightBytes, 0))
 	r.drainTimeout.Store(int64(cmp.Or(opts.DrainTimeout, 30*time.Second)))
 	r.pollInterval.Store(int64(opts.PollInterval))
-	if opts.CallTimeout <= 0 {
-		r.opts.CallTimeout = DefaultCallTimeout
-	}
 	m, err := newMetrics(opts.Registerer, r)
 	if err != nil {
 		return nil, err
@@ -565,34 +541,9 @@ func (r *Registry) warmUp(ctx context.Context, v *version) {
 	defer cancel()
 	// Warm-up runs go straight to the instances: they are not clients'
 	// executions, so the statistics do not count them.
-	warm := qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
-		resp, _, err := v.run(ctx, req)
-		return resp, err
-	})
-	if err := qos.Warmup(wctx, v.key, warm, r.opts.Estimator, sizes, 3, sample); err != nil {
+	if err := qos.Warmup(wctx, v.key, v.pool, r.opts.Estimator, sizes, 3, sample); err != nil {
 		r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
 	}
-}
-
-// executor runs batches on the version's instances, for the scheduler,
-// and counts each execution by its batch size.
-func (v *version) executor() qos.Executor {
-	return qos.ExecutorFunc(func(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
-		resp, _, err := v.run(ctx, req)
-		if err == nil {
-			v.stats.recordExecution(v.batchOf(req), resp.Timing)
-		}
-		return resp, err
-	})
-}
-
-// batchOf is the batch size of a request the version executes: the first
-// dimension of its inputs when the model batches, else 1.
-func (v *version) batchOf(req *runtime.InferRequest) int {
-	if v.maxBatch > 0 && len(req.Inputs) > 0 && len(req.Inputs[0].Shape) > 0 {
-		return int(max(req.Inputs[0].Shape[0], 1))
-	}
-	return 1
 }
 
 // schedule hands a started version to its device's QoS scheduler, or, when
@@ -615,8 +566,8 @@ func (r *Registry) schedule(ctx context.Context, v *version) error {
 		MaxQueueDelay:       v.cfg.DynamicBatching.MaxQueueDelay,
 		PreferredBatchSizes: v.cfg.DynamicBatching.PreferredBatchSizes,
 		QueueCapacity:       v.cfg.MaxQueueSize,
-		Slots:               len(v.instances) * max(1, v.cfg.Execution.Concurrency),
-		Executor:            v.executor(),
+		Slots:               v.pool.Slots(),
+		Executor:            v.pool,
 		MinShare:            min(v.cfg.Resources.MinComputeShare, v.usefulShare()),
 		MaxShare:            v.usefulShare(),
 		Memory:              int64(v.cfg.Resources.MemoryLimit),
@@ -734,70 +685,74 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		path:     filepath.Join(dir, label, "model.onnx"),
 		device:   deviceOf(cfg),
 		maxBatch: cfg.MaxBatchSize,
-		// Room for every instance's slots, and one more instance's for
-		// the replacement during a swap.
-		idle:        make(chan Instance, (cfg.Instances+1)*slots),
-		obs:         r.metrics.forVersion(cfg.Name, label),
-		share:       initialShare(cfg),
-		callTimeout: r.opts.CallTimeout,
-		stopped:     make(chan struct{}),
+		units:    map[runtime.Member]unit{},
+		obs:      r.metrics.forVersion(cfg.Name, label),
+		share:    initialShare(cfg),
 	}
 	if r.opts.Limiter != nil {
 		v.lim = r.opts.Limiter(v.device)
 	}
-	type started struct {
-		inst Instance
-		unit unit
-		err  error
-	}
-	results := make([]started, cfg.Instances)
+	insts := make([]Instance, cfg.Instances)
+	errs := make([]error, cfg.Instances)
 	per := instanceShare(v.share, cfg.Instances)
 	var wg sync.WaitGroup
 	for i := range cfg.Instances {
-		wg.Go(func() {
-			inst, u, err := r.startInstance(ctx, v, i, per)
-			results[i] = started{inst, u, err}
-		})
+		wg.Go(func() { insts[i], errs[i] = r.startInstance(ctx, v, i, per) })
 	}
 	wg.Wait()
-	var errs []error
-	for _, s := range results {
-		if s.err != nil {
-			errs = append(errs, s.err)
-			continue
+	members := make([]runtime.Member, 0, len(insts))
+	for _, inst := range insts {
+		if inst != nil {
+			members = append(members, inst)
 		}
-		v.instances = append(v.instances, s.inst)
-		v.units = append(v.units, s.unit)
 	}
-	if len(errs) > 0 {
-		r.stopVersion(ctx, v)
-		return nil, errors.Join(errs...)
+	stopAll := func() {
+		for _, m := range members {
+			r.stopMember(context.WithoutCancel(ctx), v, m)
+		}
 	}
-	first := v.instances[0]
+	if err := errors.Join(errs...); err != nil {
+		stopAll()
+		return nil, err
+	}
+	if err := v.checkModelFile(insts[0]); err != nil {
+		stopAll()
+		return nil, err
+	}
+	pool, err := runtime.NewPool(members, runtime.PoolOptions{
+		Slots:       slots,
+		CallTimeout: r.opts.CallTimeout,
+		Stop:        func(ctx context.Context, m runtime.Member) { r.stopMember(ctx, v, m) },
+		OnRetry:     v.obs.retries.Inc,
+	})
+	if err != nil {
+		stopAll()
+		return nil, err
+	}
+	v.pool = pool
+	return v, nil
+}
+
+// checkModelFile checks the inputs and outputs of the model file, as the
+// version's first instance reports them, against its config, and records
+// them.
+func (v *version) checkModelFile(first Instance) error {
+	cfg := v.cfg
 	var err error
 	if v.inputs, err = checkDeclared("input", toSpecs(cfg.Inputs), first.Inputs()); err != nil {
-		r.stopVersion(ctx, v)
-		return nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
 	}
 	if v.outputs, err = checkDeclared("output", toSpecs(cfg.Outputs), first.Outputs()); err != nil {
-		r.stopVersion(ctx, v)
-		return nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
 	}
 	if v.maxBatch > 0 {
 		for _, s := range slices.Concat(first.Inputs(), first.Outputs()) {
 			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
-				r.stopVersion(ctx, v)
-				return nil, fmt.Errorf("%w: %s: max_batch_size is %d but %q has no dynamic first dimension in the model file (shape %v)", ErrBadConfig, cfg.File, v.maxBatch, s.Name, s.Shape)
+				return fmt.Errorf("%w: %s: max_batch_size is %d but %q has no dynamic first dimension in the model file (shape %v)", ErrBadConfig, cfg.File, v.maxBatch, s.Name, s.Shape)
 			}
 		}
 	}
-	// One token per request an instance may run at once.
-	for range slots {
-		for _, inst := range v.instances {
-			v.idle <- inst
-		}
-	}
-	return v, nil
+	return nil
 }
 
 func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
@@ -810,12 +765,7 @@ func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 
 // stopVersion stops the instances of a version no request can reach.
 func (r *Registry) stopVersion(ctx context.Context, v *version) {
-	v.stopOnce.Do(func() { close(v.stopped) })
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
-	for i, inst := range v.instances {
-		r.stopInstance(ctx, v, inst, v.units[i])
-	}
+	v.pool.Stop(ctx)
 }
 
 // drainAndStop waits for a version's in-flight requests (up to the drain
@@ -1046,8 +996,9 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 			queue = max(0, time.Since(start)-resp.Timing.Input-resp.Timing.Infer-resp.Timing.Output)
 		}
 	} else {
-		resp, queue, err = v.run(ctx, req)
+		resp, err = v.pool.Execute(ctx, req)
 		if err == nil {
+			queue = max(0, time.Since(start)-resp.Timing.Input-resp.Timing.Infer-resp.Timing.Output)
 			v.stats.recordExecution(batch, resp.Timing)
 		}
 	}
@@ -1070,169 +1021,6 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 	}
 	v.finish(outcomeSuccess, batch, start, queue, &resp.Timing)
 	return resp, v.label, nil
-}
-
-// run waits for an idle instance and executes the request on it. If the
-// instance turns out to be down (it died during the call, or gave no
-// answer within the call timeout) and the version has others, the request
-// is tried once more on another: inference is idempotent. A runner killed
-// for exceeding its memory limit is not retried: the request that did it
-// would most likely do it again.
-func (v *version) run(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, time.Duration, error) {
-	if !req.Deadline.IsZero() {
-		// The request's own deadline (a merged batch's latest) ends its
-		// execution as a gRPC deadline does: a runner that hangs holds no
-		// request past it.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
-		defer cancel()
-	}
-	var queue time.Duration
-	attempts := min(2, v.cfg.Instances) // swaps replace instances, never change their number
-	var (
-		err  error
-		last Instance
-	)
-	for attempt := range attempts {
-		if attempt > 0 {
-			v.obs.retries.Inc()
-		}
-		q := time.Now()
-		inst, perr := v.pick(ctx, last)
-		queue += time.Since(q)
-		if perr != nil {
-			return nil, queue, perr
-		}
-		var resp *runtime.InferResponse
-		resp, err = v.call(ctx, inst, req)
-		v.putBack(inst)
-		if err == nil {
-			return resp, queue, nil
-		}
-		if !errors.Is(err, runtime.ErrUnavailable) || errors.Is(err, runtime.ErrOutOfMemory) || ctx.Err() != nil {
-			break
-		}
-		last = inst
-	}
-	return nil, queue, err
-}
-
-// suspectAfter is how long a call must have gone unanswered before its
-// abandonment (by the caller's deadline or cancellation) makes the instance
-// check its health; the call timeout always does.
-const suspectAfter = time.Second
-
-// call runs one request on one instance under the call timeout. A call
-// that gets no answer in time makes the instance check its health at once,
-// so that a hung runner is found without waiting for the periodic checks.
-func (v *version) call(ctx context.Context, inst Instance, req *runtime.InferRequest) (*runtime.InferResponse, error) {
-	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, v.callTimeout)
-	defer cancel()
-	resp, err := inst.Infer(cctx, req)
-	if err == nil || cctx.Err() == nil {
-		return resp, err
-	}
-	took := time.Since(start)
-	timedOut := ctx.Err() == nil
-	if s, ok := inst.(Suspecter); ok && (timedOut || took >= min(suspectAfter, v.callTimeout)) {
-		why := fmt.Sprintf("a call was abandoned unanswered after %s (%v)", took.Round(time.Millisecond), context.Cause(ctx))
-		if timedOut {
-			why = fmt.Sprintf("a call got no answer within the call timeout of %s", v.callTimeout)
-		}
-		s.Suspect(why)
-	}
-	if timedOut {
-		return nil, fmt.Errorf("%w: no answer within the call timeout of %s", runtime.ErrUnavailable, v.callTimeout)
-	}
-	return nil, err
-}
-
-// parkPoll is how often a parked execution slot looks whether its instance
-// serves again.
-const parkPoll = 20 * time.Millisecond
-
-// pick takes an execution slot for a request, preferring instances that
-// can serve now and, for a retry, another than avoid. The slots of an
-// instance that cannot serve (restarting, being checked, failed) leave the
-// rotation while another instance of the version can serve, and come back
-// when it can. When no other instance can serve, the slot is used anyway:
-// the call then fails at once, with the instance's reason.
-func (v *version) pick(ctx context.Context, avoid Instance) (Instance, error) {
-	for skipped := 0; ; skipped++ {
-		var inst Instance
-		select {
-		case inst = <-v.idle:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		ready := instanceReady(inst)
-		if skipped >= cap(v.idle) || (ready && inst != avoid) || !v.otherReady(inst) {
-			return inst, nil
-		}
-		if ready {
-			v.idle <- inst // avoid: a last resort
-			continue
-		}
-		v.park(inst)
-	}
-}
-
-// putBack returns an execution slot after a call: to the pool, or parked
-// while its instance cannot serve and another can.
-func (v *version) putBack(inst Instance) {
-	if !instanceReady(inst) && v.otherReady(inst) {
-		v.park(inst)
-		return
-	}
-	v.idle <- inst
-}
-
-// park holds an execution slot out of the pool until its instance can
-// serve again, no other instance of the version can, or the instance has
-// been replaced; it drops the slot when the version stops.
-func (v *version) park(inst Instance) {
-	go func() {
-		t := time.NewTicker(parkPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-v.stopped:
-				return
-			case <-t.C:
-			}
-			if instanceReady(inst) || !v.otherReady(inst) || !v.current(inst) {
-				v.idle <- inst
-				return
-			}
-		}
-	}()
-}
-
-func instanceReady(inst Instance) bool {
-	ok, _ := inst.Status()
-	return ok
-}
-
-// otherReady reports whether an instance of the version other than inst
-// can serve now.
-func (v *version) otherReady(inst Instance) bool {
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
-	for _, o := range v.instances {
-		if o != inst && instanceReady(o) {
-			return true
-		}
-	}
-	return false
-}
-
-// current reports whether inst is still one of the version's instances
-// (a swap replaces them).
-func (v *version) current(inst Instance) bool {
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
-	return slices.Contains(v.instances, inst)
 }
 
 func (v *version) finish(o outcome, batch int, start time.Time, queue time.Duration, t *runtime.Timing) {
@@ -1265,12 +1053,11 @@ func (r *Registry) ModelReady(name, ver string) (bool, error) {
 // notes joins what the version's instances say about themselves (why one
 // cannot serve) or, when all serve, the last fault they recovered from.
 func (v *version) notes() string {
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
+	members := v.pool.Members()
 	var out []string
-	for i, inst := range v.instances {
+	for i, inst := range members {
 		if _, why := inst.Status(); why != "" {
-			if len(v.instances) > 1 {
+			if len(members) > 1 {
 				why = fmt.Sprintf("instance %d: %s", i, why)
 			}
 			out = append(out, why)
@@ -1291,14 +1078,7 @@ func (v *version) setFault(i int, cause string) {
 }
 
 // ready reports whether any instance of the version can serve now.
-func (v *version) ready() bool {
-	for _, inst := range v.instances {
-		if ok, _ := inst.Status(); ok {
-			return true
-		}
-	}
-	return false
-}
+func (v *version) ready() bool { return v.pool.Ready() }
 
 // Metadata describes a model; ver "" describes its highest ready version.
 func (r *Registry) Metadata(name, ver string) (Metadata, error) {
@@ -1456,6 +1236,16 @@ func (v *version) statistics() Statistics {
 		return s
 	}
 	if q, ok := v.sched.Stats(v.key); ok {
+		s.ExecutionCount = q.Executions
+		s.Batches = make([]BatchStatistics, len(q.Batches))
+		for i, b := range q.Batches {
+			s.Batches[i] = BatchStatistics{
+				BatchSize:     b.Size,
+				ComputeInput:  Duration{Count: b.Count, Total: b.Input},
+				ComputeInfer:  Duration{Count: b.Count, Total: b.Infer},
+				ComputeOutput: Duration{Count: b.Count, Total: b.Output},
+			}
+		}
 		s.SLO = &SLOStatistics{
 			Class: string(q.Class), LatencyTarget: v.cfg.LatencyTarget(),
 			Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
@@ -1474,11 +1264,11 @@ func (r *Registry) Instances(fn func(model, version string, index int, inst Inst
 	defer r.mu.RUnlock()
 	for _, m := range r.models {
 		for _, v := range m.serving {
-			v.instMu.RLock()
-			for i, inst := range v.instances {
-				fn(m.name, v.label, i, inst)
+			for i, inst := range v.pool.Members() {
+				if inst, ok := inst.(Instance); ok {
+					fn(m.name, v.label, i, inst)
+				}
 			}
-			v.instMu.RUnlock()
 		}
 	}
 }

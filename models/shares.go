@@ -79,14 +79,14 @@ func (v *version) usefulShare() float64 {
 }
 
 // startInstance places instance i in a limiter unit at the instance share s
-// and starts it there.
-func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, unit, error) {
+// and starts it there; the version remembers the unit until stopMember.
+func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, error) {
 	u := unit{id: fmt.Sprintf("%s-%s-%d-%d", v.model, v.label, i, r.unitSeq.Add(1))}
 	var pl limiter.Placement
 	if v.lim != nil {
 		var err error
 		if pl, err = v.lim.Place(u.id, s); err != nil {
-			return nil, u, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(s), err)
+			return nil, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(s), err)
 		}
 	}
 	u.threads = v.threadsFor(s)
@@ -104,7 +104,7 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	})
 	if err != nil {
 		r.release(v, u)
-		return nil, u, err
+		return nil, err
 	}
 	// Backends that account by process (MPS) learn the instance's.
 	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
@@ -114,7 +114,17 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 			}
 		}
 	}
-	return inst, u, nil
+	v.instMu.Lock()
+	v.units[inst] = u
+	v.instMu.Unlock()
+	return inst, nil
+}
+
+// unitOf is the limiter unit an instance of the version runs in.
+func (v *version) unitOf(m runtime.Member) unit {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	return v.units[m]
 }
 
 // memoryEvents reads the out-of-memory kills and the memory limit of an
@@ -245,13 +255,11 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	if v.retired {
 		return fmt.Errorf("%w: model %s version %s is being unloaded", ErrNotReady, v.model, v.label)
 	}
-	v.instMu.RLock()
-	n := len(v.instances)
-	units := slices.Clone(v.units)
-	v.instMu.RUnlock()
-	per := instanceShare(s, n)
+	members := v.pool.Members()
+	per := instanceShare(s, len(members))
 	var errs []error
-	for i, u := range units {
+	for i, m := range members {
+		u := v.unitOf(m)
 		restart := false
 		if v.lim != nil {
 			err := v.lim.Resize(u.id, per)
@@ -284,53 +292,47 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	return nil
 }
 
-// swapInstance replaces instance i by a new one at the instance share s.
-// The old instance serves until the new one is warm; then the new one takes
-// the old one's execution slots as they come free, and the old one stops
-// once it has none left, after its last request.
+// swapInstance replaces instance i by a new one at the instance share s,
+// warmed at every batch size before it takes requests (see
+// runtime.Pool.Replace).
 func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
-	fresh, u, err := r.startInstance(ctx, v, i, s)
-	if err != nil {
-		return fmt.Errorf("starting the replacement: %w", err)
-	}
-	if sample, sizes := warmupRequests(v); sample != nil {
-		for _, b := range sizes {
-			if _, err := fresh.Infer(ctx, sample(b)); err != nil {
-				r.stopInstance(context.WithoutCancel(ctx), v, fresh, u)
-				return fmt.Errorf("warming the replacement at batch %d: %w", b, err)
+	var threads int
+	err := v.pool.Replace(ctx, i, func(ctx context.Context) (runtime.Member, error) {
+		fresh, err := r.startInstance(ctx, v, i, s)
+		if err != nil {
+			return nil, fmt.Errorf("starting the replacement: %w", err)
+		}
+		if sample, sizes := warmupRequests(v); sample != nil {
+			for _, b := range sizes {
+				if _, err := fresh.Infer(ctx, sample(b)); err != nil {
+					r.stopMember(context.WithoutCancel(ctx), v, fresh)
+					return nil, fmt.Errorf("warming the replacement at batch %d: %w", b, err)
+				}
 			}
 		}
+		threads = v.unitOf(fresh).threads
+		return fresh, nil
+	})
+	if err != nil {
+		return err
 	}
-	v.instMu.Lock()
-	old, oldUnit := v.instances[i], v.units[i]
-	v.instances[i], v.units[i] = fresh, u
-	v.instMu.Unlock()
-
-	slots := max(1, v.cfg.Execution.Concurrency)
-	for range slots {
-		v.idle <- fresh // the pool has room for one swap's slots
-	}
-	for taken := 0; taken < slots; {
-		inst := <-v.idle // the old instance's slots come back as its requests end
-		if inst == old {
-			taken++
-			continue
-		}
-		v.idle <- inst
-		time.Sleep(time.Millisecond) // let a waiting request take it
-	}
-	r.stopInstance(context.WithoutCancel(ctx), v, old, oldUnit)
 	r.log.Info("instance replaced at a new share", "model", v.model, "version", v.label, "instance", i,
-		"share", formatShare(s), "threads", u.threads)
+		"share", formatShare(s), "threads", threads)
 	return nil
 }
 
-// stopInstance stops one instance and releases its unit.
-func (r *Registry) stopInstance(ctx context.Context, v *version, inst Instance, u unit) {
-	if err := inst.Stop(ctx); err != nil {
+// stopMember stops one instance of the version and releases its unit.
+func (r *Registry) stopMember(ctx context.Context, v *version, m runtime.Member) {
+	if err := m.Stop(ctx); err != nil {
 		r.log.Warn("instance stop failed", "model", v.model, "version", v.label, "err", err)
 	}
-	r.release(v, u)
+	v.instMu.Lock()
+	u, ok := v.units[m]
+	delete(v.units, m)
+	v.instMu.Unlock()
+	if ok {
+		r.release(v, u)
+	}
 }
 
 // Share returns a serving version's current share.
@@ -351,10 +353,8 @@ func (r *Registry) MemoryUsage(key string) int64 {
 	if err != nil {
 		return 0
 	}
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
 	var total int64
-	for _, inst := range v.instances {
+	for _, inst := range v.pool.Members() {
 		if u, ok := inst.(Usager); ok {
 			if _, rss, err := u.Usage(); err == nil {
 				total += rss
@@ -443,7 +443,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	initial := v.share
 	run := ProfileRun{
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
-		Threads: v.units[0].threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
+		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.
@@ -454,7 +454,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 			took := make([]time.Duration, 0, runs)
 			for i := range runs + 1 {
 				start := time.Now()
-				if _, _, err := v.run(ctx, req); err != nil {
+				if _, err := v.pool.Execute(ctx, req); err != nil {
 					return 0, err
 				}
 				if i > 0 {

@@ -214,6 +214,8 @@ type model struct {
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	latency       LatencyHistogram // arrival to answer, of the good and late requests
+	executions    uint64
+	batches       map[int]*BatchStats // successful executions by batch size
 	win           *window
 	mm            *modelMetrics
 }
@@ -860,6 +862,8 @@ func (m *model) stats(now time.Time) Stats {
 		Latency:    m.latency,
 		QueueDepth: m.q.len(),
 		Running:    m.running,
+		Executions: m.executions,
+		Batches:    m.batchStats(),
 	}
 	w := m.win.sum(now)
 	for _, c := range w.outcomes {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // outcome is how a request ended, as counted in Stats and metrics.
@@ -46,6 +48,11 @@ type Stats struct {
 	QueueDepth int // requests waiting
 	Running    int // executions in progress
 
+	// Executions counts the batches that ran and succeeded; Batches splits
+	// them by batch size, ascending, with their times in the instance.
+	Executions uint64
+	Batches    []BatchStats
+
 	// Over the window. A request counts in the window when its outcome is
 	// known, so WindowSettled is the window's arrivals as far as they ended.
 	WindowGood, WindowSettled uint64
@@ -57,6 +64,41 @@ type Stats struct {
 	// MeanQueueDelay is the mean time from arrival to execution of the
 	// requests dispatched in the window.
 	MeanQueueDelay time.Duration
+}
+
+// BatchStats is the successful executions of one batch size and their
+// times in the instance.
+type BatchStats struct {
+	Size                 int
+	Count                uint64
+	Input, Infer, Output time.Duration // summed
+}
+
+// recordExecution counts a successful execution of a batch of size rows.
+func (m *model) recordExecution(size int, t runtime.Timing) {
+	m.executions++
+	if m.batches == nil {
+		m.batches = map[int]*BatchStats{}
+	}
+	b, ok := m.batches[size]
+	if !ok {
+		b = &BatchStats{Size: size}
+		m.batches[size] = b
+	}
+	b.Count++
+	b.Input += t.Input
+	b.Infer += t.Infer
+	b.Output += t.Output
+}
+
+// batchStats lists the model's executions by batch size, ascending.
+func (m *model) batchStats() []BatchStats {
+	out := make([]BatchStats, 0, len(m.batches))
+	for _, b := range m.batches {
+		out = append(out, *b)
+	}
+	slices.SortFunc(out, func(a, b BatchStats) int { return cmp.Compare(a.Size, b.Size) })
+	return out
 }
 
 // ClassStats aggregates the models of one class.
