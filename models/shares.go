@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
@@ -15,7 +12,7 @@ import (
 
 // This file gives model versions their share of a device: the limiter unit
 // each instance runs in, live resizes, the shadow-instance swap when a
-// resize cannot happen live, eviction and load on demand, and profiling.
+// resize cannot happen live, and the readings of those units.
 
 // unit is the limiter's handle on one instance.
 type unit struct {
@@ -160,36 +157,6 @@ func formatShare(s limiter.Share) string {
 		m = configs.ByteSize(s.Memory).String()
 	}
 	return "compute " + c + ", memory " + m
-}
-
-// versionByKey finds a serving version by its scheduler name "model/N".
-func (r *Registry) versionByKey(key string) (*version, error) {
-	name, label, ok := strings.Cut(key, "/")
-	if !ok {
-		return nil, fmt.Errorf("%w: %q is not model/version", ErrModelNotFound, key)
-	}
-	return r.serving(name, label)
-}
-
-// serving finds a serving version of a model ("" = the default one).
-func (r *Registry) serving(name, ver string) (*version, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
-	}
-	return m.resolve(ver)
-}
-
-// VersionKey resolves a model and version ("" = the default version) to
-// the serving version's scheduler name "model/N" and its device.
-func (r *Registry) VersionKey(name, ver string) (key, device string, err error) {
-	v, err := r.serving(name, ver)
-	if err != nil {
-		return "", "", err
-	}
-	return v.key, v.device, nil
 }
 
 // UnitStats are the limiter readings of a serving version's instances,
@@ -362,151 +329,4 @@ func (r *Registry) MemoryUsage(key string) int64 {
 		}
 	}
 	return total
-}
-
-// Evict unloads an idle model to free memory. Unlike an unload it leaves the
-// model loadable on demand: the next request for it loads it again and
-// waits.
-func (r *Registry) Evict(ctx context.Context, key string) error {
-	name, _, _ := strings.Cut(key, "/")
-	m, err := r.lookup(name)
-	if err != nil {
-		return err
-	}
-	// Marked first, so that a request arriving while the model drains
-	// loads it again instead of failing.
-	r.mu.Lock()
-	m.evicted = true
-	r.mu.Unlock()
-	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request", false); err != nil {
-		return err
-	}
-	r.metrics.evictions.WithLabelValues(name).Inc()
-	return nil
-}
-
-// revive loads an evicted model for a request that asks for it. Concurrent
-// requests share one load.
-func (r *Registry) revive(ctx context.Context, name string) error {
-	m, err := r.lookup(name)
-	if err != nil {
-		return err
-	}
-	m.reviving.Add(1)
-	defer m.reviving.Add(-1)
-	m.demand.Lock()
-	defer m.demand.Unlock()
-	r.mu.RLock()
-	evicted := m.evicted
-	r.mu.RUnlock()
-	if !evicted {
-		return nil // loaded by the request before this one
-	}
-	r.log.Info("loading an evicted model on demand", "model", name)
-	return r.load(ctx, name)
-}
-
-// ProfileRun is one version's profiling sweep, as Options.Profile gets it.
-type ProfileRun struct {
-	Key     string // "model/N"
-	Device  string
-	Path    string // the model file
-	Config  *configs.Model
-	Threads int // intra-op threads of the instances (0: ONNX Runtime's default)
-	// MaxShare is the largest compute share the version can use (see
-	// usefulShare); profiling shares above it measures nothing new.
-	MaxShare   float64
-	BatchSizes []int
-	// Measure sets the version's compute share and returns the median
-	// execution time of runs executions of a batch, after one unmeasured
-	// run.
-	Measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)
-}
-
-// profile runs Options.Profile for a fresh version, before it takes
-// traffic, and puts its share back afterwards.
-func (r *Registry) profile(ctx context.Context, v *version) {
-	if r.opts.Profile == nil {
-		return
-	}
-	sample, sizes := profileRequests(v)
-	if sample == nil {
-		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry", "model", v.model, "version", v.label)
-		return
-	}
-	if v.lim == nil || v.lim.Kind() == limiter.KindNone {
-		r.log.Info("not profiled: shares are not enforced on this device (limiter none)", "model", v.model, "version", v.label)
-		return
-	}
-	v.shareMu.Lock()
-	defer v.shareMu.Unlock()
-	initial := v.share
-	run := ProfileRun{
-		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
-		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
-		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
-			// An instance per share where the limiter cannot resize a
-			// running one (MPS): each point is measured at its share.
-			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
-				return 0, err
-			}
-			req := sample(batch)
-			took := make([]time.Duration, 0, runs)
-			for i := range runs + 1 {
-				start := time.Now()
-				if _, err := v.pool.Execute(ctx, req); err != nil {
-					return 0, err
-				}
-				if i > 0 {
-					took = append(took, time.Since(start))
-				}
-			}
-			slices.Sort(took)
-			return took[len(took)/2], nil
-		},
-	}
-	start := time.Now()
-	if err := r.opts.Profile(ctx, run); err != nil {
-		r.log.Warn("profiling failed; estimates come from observed executions", "model", v.model, "version", v.label, "err", err)
-	} else {
-		r.log.Info("profiled", "model", v.model, "version", v.label, "took", time.Since(start).Round(time.Millisecond))
-	}
-	if err := r.setShareLocked(context.WithoutCancel(ctx), v, initial, swapRequired); err != nil {
-		r.log.Warn("restoring the share after profiling", "model", v.model, "version", v.label, "err", err)
-	}
-}
-
-// profileRequests is warmupRequests with the model's profile.shapes filled
-// in for dynamic dimensions and its profile.batch_sizes (default 1,
-// max/2, max).
-func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample := samplesFor(v, v.cfg.Profile.Shapes)
-	if sample == nil {
-		return nil, nil
-	}
-	sizes := slices.Clone(v.cfg.Profile.BatchSizes)
-	if len(sizes) == 0 {
-		sizes = []int{1}
-		if v.maxBatch > 1 {
-			sizes = append(sizes, max(1, v.maxBatch/2), v.maxBatch)
-		}
-	}
-	slices.Sort(sizes)
-	return sample, slices.Compact(sizes)
-}
-
-// sampleShape is a tensor's shape for a sample request: the config's
-// profile shape when given, else the declared one; false when a dynamic
-// dimension other than the batch remains.
-func sampleShape(in runtime.TensorSpec, given map[string][]int64, batched bool) ([]int64, bool) {
-	shape := slices.Clone(in.Shape)
-	if g, ok := given[in.Name]; ok && len(g) == len(shape) {
-		shape = slices.Clone(g)
-	}
-	for d, n := range shape {
-		if n < 0 && !(d == 0 && batched) {
-			return nil, false
-		}
-	}
-	return shape, true
 }

@@ -2,6 +2,7 @@ package models
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -89,5 +90,71 @@ func (vs *versionStats) snapshot() Statistics {
 		s.Batches = append(s.Batches, *b)
 	}
 	slices.SortFunc(s.Batches, func(a, b BatchStatistics) int { return cmp.Compare(a.BatchSize, b.BatchSize) })
+	return s
+}
+
+// Statistics returns per-version statistics of loaded versions: all models
+// when name is "", all versions of the model when ver is "".
+func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var ms []*model
+	if name == "" {
+		for _, m := range r.models {
+			ms = append(ms, m)
+		}
+	} else {
+		m, ok := r.models[name]
+		if !ok {
+			return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		}
+		ms = []*model{m}
+		if ver != "" {
+			v, err := m.resolve(ver)
+			if err != nil {
+				return nil, err
+			}
+			return []Statistics{v.statistics()}, nil
+		}
+	}
+	var out []Statistics
+	for _, m := range ms {
+		for _, v := range m.serving {
+			out = append(out, v.statistics())
+		}
+	}
+	slices.SortFunc(out, func(a, b Statistics) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(len(a.Version), len(b.Version)), cmp.Compare(a.Version, b.Version))
+	})
+	return out, nil
+}
+
+// statistics is the version's statistics, with its scheduler's SLO
+// accounting when it has one.
+func (v *version) statistics() Statistics {
+	s := v.stats.snapshot()
+	s.Name, s.Version = v.model, v.label
+	if v.sched == nil {
+		return s
+	}
+	if q, ok := v.sched.Stats(v.key); ok {
+		s.ExecutionCount = q.Executions
+		s.Batches = make([]BatchStatistics, len(q.Batches))
+		for i, b := range q.Batches {
+			s.Batches[i] = BatchStatistics{
+				BatchSize:     b.Size,
+				ComputeInput:  Duration{Count: b.Count, Total: b.Input},
+				ComputeInfer:  Duration{Count: b.Count, Total: b.Infer},
+				ComputeOutput: Duration{Count: b.Count, Total: b.Output},
+			}
+		}
+		s.SLO = &SLOStatistics{
+			Class: string(q.Class), LatencyTarget: v.cfg.LatencyTarget(),
+			Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
+			Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled,
+			QueueDepth: q.QueueDepth, Goodput: q.Goodput, Attainment: q.Attainment,
+			MeanQueueDelay: q.MeanQueueDelay,
+		}
+	}
 	return s
 }
