@@ -402,7 +402,7 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch)}
 	for _, r := range batch {
 		e.size += r.batch
-		r.state, r.exec = stateRunning, e
+		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
 		m.win.recordDelay(now, delay)
 		m.mm.queueDelay.Observe(delay.Seconds())

@@ -554,7 +554,12 @@ func TestStatsWindow(t *testing.T) {
 			}
 		}
 		want.Latency = lat
-		want.Executions, want.Batches = 6, st.Batches
+		// Triton's statistics: the six answered in 400ms in all, after
+		// 150ms queued; the rejected one failed at once.
+		want.Success, want.Queue, want.Fail = Duration{6, 400 * ms}, Duration{6, 150 * ms}, Duration{1, 0}
+		want.ComputeInput, want.ComputeInfer, want.ComputeOutput = Duration{Count: 6}, Duration{Count: 6}, Duration{Count: 6}
+		want.Inferences, want.LastInference = 6, h.rec.start.Add(250*ms)
+		want.Executions, want.Batches = 6, []BatchStats{{Size: 1, Count: 6}}
 		if !reflect.DeepEqual(st, want) || batchTotal(st.Batches) != st.Executions {
 			t.Errorf("at 1s: %+v\nwant %+v", st, want)
 		}
@@ -578,7 +583,10 @@ func TestStatsWindow(t *testing.T) {
 			t.Errorf("latency since 1s: count %d, max %s; want 2, the later in 20ms", d.Count(), d.Quantile(1))
 		}
 		want.Latency = st.Latency
-		want.Executions, want.Batches = 8, st.Batches
+		want.Success, want.Queue = Duration{8, 430 * ms}, Duration{8, 160 * ms}
+		want.ComputeInput, want.ComputeInfer, want.ComputeOutput = Duration{Count: 8}, Duration{Count: 8}, Duration{Count: 8}
+		want.Inferences, want.LastInference = 8, st.LastInference
+		want.Executions, want.Batches = 8, []BatchStats{{Size: 1, Count: 8}}
 		if !reflect.DeepEqual(st, want) || batchTotal(st.Batches) != st.Executions {
 			t.Errorf("at 13s: %+v\nwant %+v", st, want)
 		}
