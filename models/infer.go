@@ -1,13 +1,13 @@
 package models
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -90,55 +90,30 @@ func (r *Registry) acquire(name, ver string) (*version, error) {
 }
 
 // Preadmit tells, before a request's body is read, whether a request for
-// the model version would be refused now: the server has as many requests
-// in flight as allowed (ErrOverloaded), or the model's scheduler would
-// refuse even one row (qos.ErrQueueFull, qos.ErrRejected; counted as the
-// request's outcome, as Infer counts it). nil promises nothing: Infer
-// decides on the request itself, and reports unknown models and the like.
+// the model version would be refused now: the version's scheduler would
+// refuse even one row (qos.ErrOverloaded, qos.ErrQueueFull,
+// qos.ErrRejected; it counts the refusal as the request's outcome). nil
+// promises nothing: Infer decides on the request itself, and reports
+// unknown models and the like.
 func (r *Registry) Preadmit(ctx context.Context, name, ver string, deadline time.Time) error {
-	start := time.Now()
-	if limit := r.maxInflight.Load(); limit > 0 && r.inflight.Load() >= limit {
-		return fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
-	}
 	v, err := r.acquire(name, ver)
 	if err != nil {
 		return nil
 	}
 	defer v.inflight.Done()
-	if v.sched == nil {
-		return nil
-	}
 	err = v.sched.Preadmit(ctx, v.key, qos.RequestOptions{Deadline: deadline})
-	if errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrQueueFull) {
-		v.finish(outcomeRejected, 1, start, 0, nil)
+	if errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrQueueFull) || errors.Is(err, qos.ErrOverloaded) {
 		return err
 	}
 	return nil
 }
 
 // Infer runs one request on a version of a model ("" = the highest ready
-// version) and returns the version that served it.
+// version) and returns the version that served it. The version's scheduler
+// admits, runs and counts it; a request that does not match the model's
+// metadata is counted there as invalid.
 func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
 	start := time.Now()
-	if limit := r.maxInflight.Load(); limit > 0 {
-		if n := r.inflight.Add(1); n > limit {
-			r.inflight.Add(-1)
-			return nil, "", fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
-		}
-		defer r.inflight.Add(-1)
-	}
-	if limit := r.maxInflightBytes.Load(); limit > 0 {
-		var size int64
-		for _, t := range req.Inputs {
-			size += int64(len(t.Data))
-		}
-		if n := r.inflightBytes.Add(size); n > limit && n != size {
-			r.inflightBytes.Add(-size)
-			return nil, "", fmt.Errorf("%w: the requests in flight hold %s of inputs, over limits.max_inflight_bytes (%s)",
-				ErrOverloaded, configs.ByteSize(n-size), configs.ByteSize(limit))
-		}
-		defer r.inflightBytes.Add(-size)
-	}
 	v, err := r.acquire(name, ver)
 	if errors.As(err, new(evictedError)) {
 		if err := r.revive(ctx, name); err != nil {
@@ -150,12 +125,9 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		return nil, "", err
 	}
 	defer v.inflight.Done()
-	v.obs.inflight.Inc()
-	defer v.obs.inflight.Dec()
 
-	batch, err := v.validate(req, r.opts.MaxTensorElements)
-	if err != nil {
-		v.finish(outcomeInvalid, 1, start, 0, nil)
+	if _, err := v.validate(req, r.opts.MaxTensorElements); err != nil {
+		v.sched.CountInvalid(v.key, cmp.Or(req.Arrival, start))
 		return nil, v.label, err
 	}
 	if lv := v.cfg.DynamicBatching.PriorityLevels; lv > 0 && req.Priority > lv {
@@ -166,46 +138,9 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 			req.Deadline = dl
 		}
 	}
-	var (
-		resp  *runtime.InferResponse
-		queue time.Duration
-	)
-	if v.sched != nil {
-		resp, err = v.sched.Submit(ctx, v.key, req, qos.RequestOptions{Deadline: req.Deadline, Priority: req.Priority})
-		if err == nil {
-			// The scheduler's queue plus the transport to the runner.
-			queue = max(0, time.Since(start)-resp.Timing.Input-resp.Timing.Infer-resp.Timing.Output)
-		}
-	} else {
-		resp, err = v.pool.Execute(ctx, req)
-		if err == nil {
-			queue = max(0, time.Since(start)-resp.Timing.Input-resp.Timing.Infer-resp.Timing.Output)
-			v.stats.recordExecution(batch, resp.Timing)
-		}
-	}
+	resp, err := v.sched.Submit(ctx, v.key, req, qos.RequestOptions{Deadline: req.Deadline, Priority: req.Priority})
 	if err != nil {
-		o := outcomeFailed
-		switch {
-		case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull):
-			o = outcomeRejected
-		case errors.Is(err, qos.ErrDropped):
-			o = outcomeDropped
-		case errors.Is(err, runtime.ErrUnavailable):
-			o = outcomeUnavailable
-		case ctx.Err() != nil:
-			o = outcomeCanceled
-		case errors.Is(err, runtime.ErrInvalidTensor), errors.Is(err, qos.ErrInvalidRequest):
-			o = outcomeInvalid
-		}
-		v.finish(o, batch, start, queue, nil)
 		return nil, v.label, fmt.Errorf("model %s version %s: %w", v.model, v.label, err)
 	}
-	v.finish(outcomeSuccess, batch, start, queue, &resp.Timing)
 	return resp, v.label, nil
-}
-
-func (v *version) finish(o outcome, batch int, start time.Time, queue time.Duration, t *runtime.Timing) {
-	total := time.Since(start)
-	v.stats.record(o, batch, total, queue, t)
-	v.obs.observe(o, total, queue, t)
 }

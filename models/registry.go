@@ -76,14 +76,8 @@ type Options struct {
 	PollInterval      time.Duration
 	StartupModels     []string // explicit mode; "*" loads all
 	MaxTensorElements int64
-	MaxBatchSize      int // largest max_batch_size a model may have; 0 = no limit
-	MaxInflight       int // requests in flight across all models; 0 = no limit
-	// MaxInflightBytes bounds the input bytes of the requests in flight
-	// across all models (0 = no limit). A request that would pass it is
-	// refused with ErrOverloaded, unless nothing else is in flight: one
-	// request within the request size limit always gets through.
-	MaxInflightBytes int64
-	DrainTimeout     time.Duration // how long unload waits for in-flight requests
+	MaxBatchSize      int           // largest max_batch_size a model may have; 0 = no limit
+	DrainTimeout      time.Duration // how long unload waits for in-flight requests
 	// CallTimeout bounds one call to an instance (0:
 	// runtime.DefaultCallTimeout); see runtime.PoolOptions.
 	CallTimeout time.Duration
@@ -93,9 +87,10 @@ type Options struct {
 	Logger      *slog.Logger
 	Registerer  prometheus.Registerer
 	// Scheduler returns the QoS scheduler of an execution device ("cpu",
-	// "cuda:0", ...). Every request then goes through it: admission,
-	// queueing, batching, deadlines. Nil sends requests straight to an idle
-	// instance.
+	// "cuda:0", ...). Every request goes through its version's scheduler:
+	// admission, queueing, batching, deadlines, and the count of its
+	// outcome. Nil: the registry runs one scheduler of its own, with qos's
+	// defaults, for every device, from Start to Stop.
 	Scheduler func(device string) (*qos.Scheduler, error)
 	// Estimator receives the warm-up runs at load; it should be the one
 	// the schedulers predict with. Nil skips the warm-up.
@@ -113,9 +108,6 @@ type Options struct {
 	Forget func(key string)
 }
 
-// ErrOverloaded means the server has as many requests in flight as allowed.
-var ErrOverloaded = errors.New("too many requests in flight")
-
 // Registry holds every model the repositories contain and the versions of
 // them that are loaded.
 type Registry struct {
@@ -123,16 +115,16 @@ type Registry struct {
 	log     *slog.Logger
 	metrics *metrics
 
-	inflight atomic.Int64
+	// own is the scheduler the registry runs itself when
+	// Options.Scheduler is nil; ownStop ends its Run, which closes ownDone.
+	own     *qos.Scheduler
+	ownStop context.CancelFunc
+	ownDone chan struct{}
 
 	// Settings a config reload changes while the registry runs; they start
 	// as Options says.
-	maxInflight atomic.Int64 // 0 = no limit
-	// inflightBytes sums the input bytes of the requests in flight;
-	// maxInflightBytes bounds it (0 = no limit).
-	inflightBytes, maxInflightBytes atomic.Int64
-	drainTimeout                    atomic.Int64 // a time.Duration
-	pollInterval                    atomic.Int64 // a time.Duration
+	drainTimeout atomic.Int64 // a time.Duration
+	pollInterval atomic.Int64 // a time.Duration
 
 	mu     sync.RWMutex
 	models map[string]*model
@@ -176,7 +168,7 @@ type version struct {
 	number   int64
 	label    string
 	key      string         // model/version, the scheduler's name for it
-	sched    *qos.Scheduler // nil: no QoS scheduling
+	sched    *qos.Scheduler // set once it is scheduled; runs and counts its requests
 	cfg      *configs.Model
 	path     string // the model.onnx file
 	device   string // "cpu" or "cuda:N"
@@ -196,7 +188,6 @@ type version struct {
 	// fault is the last unexpected end of one of the version's instance
 	// processes, kept for the index once the instance serves again.
 	fault atomic.Pointer[string]
-	stats versionStats
 	obs   *versionMetrics
 }
 
@@ -228,8 +219,14 @@ func New(opts Options) (*Registry, error) {
 		repos:  slices.Clone(opts.Repositories),
 		rescan: make(chan struct{}, 1),
 	}
-	r.maxInflight.Store(int64(opts.MaxInflight))
-	r.maxInflightBytes.Store(max(opts.MaxInflightBytes, 0))
+	if opts.Scheduler == nil {
+		own, err := qos.NewScheduler(qos.Options{Logger: opts.Logger.With("component", "qos"), Registerer: opts.Registerer})
+		if err != nil {
+			return nil, err
+		}
+		r.own = own
+		r.opts.Scheduler = func(string) (*qos.Scheduler, error) { return own, nil }
+	}
 	r.drainTimeout.Store(int64(cmp.Or(opts.DrainTimeout, 30*time.Second)))
 	r.pollInterval.Store(int64(opts.PollInterval))
 	m, err := newMetrics(opts.Registerer, r)
@@ -248,6 +245,14 @@ func New(opts Options) (*Registry, error) {
 func (r *Registry) Start(ctx context.Context) error {
 	if err := checkRepositories(r.repositories()); err != nil {
 		return err
+	}
+	if r.own != nil {
+		runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		r.ownStop, r.ownDone = stop, make(chan struct{})
+		go func() {
+			defer close(r.ownDone)
+			_ = r.own.Run(runCtx)
+		}()
 	}
 	found := r.scan()
 	var names []string
@@ -281,9 +286,9 @@ func (r *Registry) Start(ctx context.Context) error {
 // Started reports whether Start has finished its initial loads.
 func (r *Registry) Started() bool { return r.started.Load() }
 
-// Stop unloads every model, draining in-flight requests first. In poll and
-// none modes it expects Start's ctx to be cancelled already and waits for
-// the watcher.
+// Stop unloads every model, draining in-flight requests first, then stops
+// the registry's own scheduler, if it runs one. In poll and none modes it
+// expects Start's ctx to be cancelled already and waits for the watcher.
 func (r *Registry) Stop(ctx context.Context) {
 	if r.watchDone != nil {
 		select {
@@ -302,6 +307,10 @@ func (r *Registry) Stop(ctx context.Context) {
 		wg.Go(func() { _ = r.unload(ctx, n, "server stopping", false) })
 	}
 	wg.Wait()
+	if r.ownStop != nil {
+		r.ownStop()
+		<-r.ownDone
+	}
 }
 
 // validName rejects model names that could escape a repository folder.

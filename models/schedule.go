@@ -15,7 +15,7 @@ import (
 // warmUp seeds the latency estimates of a started version, when its input
 // shapes are known, before it takes traffic.
 func (r *Registry) warmUp(ctx context.Context, v *version) {
-	if r.opts.Scheduler == nil || r.opts.Estimator == nil {
+	if r.opts.Estimator == nil {
 		return
 	}
 	sample, sizes := warmupRequests(v)
@@ -35,9 +35,6 @@ func (r *Registry) warmUp(ctx context.Context, v *version) {
 // the same version is already scheduled (a reload), gives the scheduler the
 // new instances: queued requests stay and run on them.
 func (r *Registry) schedule(ctx context.Context, v *version) error {
-	if r.opts.Scheduler == nil {
-		return nil
-	}
 	sched, err := r.opts.Scheduler(v.device)
 	if err != nil {
 		return err

@@ -31,6 +31,11 @@ func (g *Gate) SetLimits(maxRequests int, maxBytes int64) {
 	g.maxBytes.Store(max(maxBytes, 0))
 }
 
+// Limits are the limits in effect (0: none).
+func (g *Gate) Limits() (maxRequests int, maxBytes int64) {
+	return int(g.maxRequests.Load()), g.maxBytes.Load()
+}
+
 // InFlight is the number of requests in flight and their input bytes.
 func (g *Gate) InFlight() (requests int, bytes int64) {
 	return int(g.requests.Load()), g.bytes.Load()

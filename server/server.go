@@ -102,8 +102,6 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		StartupModels:     cfg.StartupModels,
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		MaxBatchSize:      cfg.Limits.MaxBatchSize,
-		MaxInflight:       cfg.Limits.MaxInflightRequests,
-		MaxInflightBytes:  int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout:      cfg.Limits.GracePeriod,
 		CallTimeout:       cfg.Runtime.CallTimeout,
 		NewInstance:       runners.start,
@@ -122,7 +120,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	devs.registry = reg
-	reloads, err := newReloader(rl, cfg, reg, promReg, logger.With("component", "config"))
+	reloads, err := newReloader(rl, cfg, reg, devs.gate, promReg, logger.With("component", "config"))
 	if err != nil {
 		return err
 	}
