@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	reloads.security = sec
-	be := &backend{reg: reg, devs: devs, reloads: reloads}
+	be := &backend{Registry: reg, devs: devs, reloads: reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		be.dash = dashboard.New(dashboard.Options{
 			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,
