@@ -1,13 +1,16 @@
-// Package models is the model repository and registry: it finds models in
-// repository folders, loads the versions a model's policy selects as sets of
-// instances, answers which versions are ready, routes each request to an idle
-// instance, and unloads or reloads models without dropping requests.
+// Package models is the catalogue of models: it finds models in repository
+// folders, loads the versions a model's policy selects, answers which
+// versions are ready, and unloads or reloads models without dropping
+// requests. A request's name and version resolve to a version: its
+// metadata, which the request is validated against, and the runtime.Pool of
+// its instances, which its device's qos scheduler executes on directly.
 //
-// It also validates each request against its model's metadata, applies the
-// shares the adjuster chooses to every instance (it is the qos Actuator),
-// evicts idle models and loads them again on demand, and counts per-version
-// statistics. It must not decide shares or the order requests run in (qos
-// does) and must not speak a wire protocol (api does).
+// It also starts each instance in a limiter unit and applies the shares the
+// adjuster chooses to them (it is the qos Actuator): a live resize, or a
+// replacement it starts and the pool swaps in; it evicts idle models and
+// loads them again on demand. It must not decide shares, admit, order or
+// count requests (qos does), pick instances or run calls (the pool does),
+// or speak a wire protocol (api does).
 package models
 
 import (
