@@ -223,7 +223,7 @@ func New(opts Options) (*Registry, error) {
 		rescan: make(chan struct{}, 1),
 	}
 	if opts.Scheduler == nil {
-		own, err := qos.NewScheduler(qos.Options{Logger: opts.Logger.With("component", "qos"), Registerer: opts.Registerer})
+		own, err := qos.NewScheduler(qos.Options{Logger: opts.Logger, Registerer: opts.Registerer})
 		if err != nil {
 			return nil, err
 		}

@@ -70,6 +70,10 @@ type Pool struct {
 	swap   sync.Mutex // one replacement at a time, and none after Stop
 	closed bool       // guarded by swap
 
+	// The asynchronous swaps (Swap), by member index.
+	asyncMu sync.Mutex
+	swaps   map[int]*asyncSwap
+
 	mu      sync.RWMutex // guards members; Replace changes them
 	members []Member
 }
@@ -298,6 +302,13 @@ func (p *Pool) current(m Member) bool {
 // device). It returns ErrPoolStopped after Stop, and start's error, with
 // the old member still serving.
 func (p *Pool) Replace(ctx context.Context, i int, start func(ctx context.Context) (Member, error)) error {
+	return p.replace(ctx, i, start, nil)
+}
+
+// replace is Replace, calling switching, when set, once the new member is
+// in and the old one drains. A member start returns after ctx ended is
+// stopped, not switched in.
+func (p *Pool) replace(ctx context.Context, i int, start func(ctx context.Context) (Member, error), switching func()) error {
 	p.swap.Lock()
 	defer p.swap.Unlock()
 	if p.closed {
@@ -306,9 +317,19 @@ func (p *Pool) Replace(ctx context.Context, i int, start func(ctx context.Contex
 	if i < 0 || i >= p.Len() {
 		return fmt.Errorf("runtime: no member %d in a pool of %d", i, p.Len())
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	fresh, err := start(ctx)
 	if err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		p.stopMember(context.WithoutCancel(ctx), fresh)
+		return err
+	}
+	if switching != nil {
+		switching()
 	}
 	p.mu.Lock()
 	old := p.members[i]
@@ -348,6 +369,11 @@ func (p *Pool) Drain(ctx context.Context) error {
 // fail with ErrPoolStopped. Drain first to let calls in progress end.
 // Stopping twice stops nothing more.
 func (p *Pool) Stop(ctx context.Context) {
+	p.asyncMu.Lock()
+	for _, s := range p.swaps {
+		s.cancel(ErrPoolStopped)
+	}
+	p.asyncMu.Unlock()
 	p.swap.Lock()
 	was := p.closed
 	p.closed = true
@@ -359,6 +385,94 @@ func (p *Pool) Stop(ctx context.Context) {
 	for _, m := range p.Members() {
 		p.stopMember(context.WithoutCancel(ctx), m)
 	}
+}
+
+// SwapState is where an asynchronous swap (Swap) of one member stands.
+type SwapState string
+
+// The states of a swap: starting the new member (and warming it), then
+// switching to it while the old one drains, then done; or failed (start's
+// error, the old member serving) or superseded by a later Swap of the same
+// member before it switched.
+const (
+	SwapStarting   SwapState = "starting"
+	SwapSwitching  SwapState = "switching"
+	SwapDone       SwapState = "done"
+	SwapFailed     SwapState = "failed"
+	SwapSuperseded SwapState = "superseded"
+)
+
+// SwapStatus is the last asynchronous swap of one member.
+type SwapStatus struct {
+	Index   int
+	State   SwapState
+	Err     error // why it failed or was superseded
+	Started time.Time
+}
+
+// ErrSuperseded is the outcome of a swap that a later Swap of the same
+// member replaced before it switched.
+var ErrSuperseded = errors.New("swap superseded by a later one")
+
+// asyncSwap is one Swap in progress.
+type asyncSwap struct {
+	status SwapStatus // guarded by Pool.asyncMu
+	cancel context.CancelCauseFunc
+}
+
+// Swap replaces member i as Replace does, in the background: it returns at
+// once, and done (when set) gets the outcome. A swap of member i that has
+// not switched yet is superseded: its start's context is canceled, a member
+// it starts anyway is stopped, and this one runs after it; a swap already
+// switching finishes first. SwapStatus reports where the last one stands.
+func (p *Pool) Swap(i int, start func(ctx context.Context) (Member, error), done func(error)) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s := &asyncSwap{status: SwapStatus{Index: i, State: SwapStarting, Started: time.Now()}, cancel: cancel}
+	p.asyncMu.Lock()
+	if p.swaps == nil {
+		p.swaps = map[int]*asyncSwap{}
+	}
+	if prev := p.swaps[i]; prev != nil && prev.status.State == SwapStarting {
+		prev.cancel(ErrSuperseded)
+	}
+	p.swaps[i] = s
+	p.asyncMu.Unlock()
+	go func() {
+		defer cancel(nil)
+		err := p.replace(ctx, i, start, func() { p.setSwapState(s, SwapSwitching, nil) })
+		if err != nil && ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		switch {
+		case errors.Is(err, ErrSuperseded):
+			p.setSwapState(s, SwapSuperseded, err)
+		case err != nil:
+			p.setSwapState(s, SwapFailed, err)
+		default:
+			p.setSwapState(s, SwapDone, nil)
+		}
+		if done != nil {
+			done(err)
+		}
+	}()
+}
+
+func (p *Pool) setSwapState(s *asyncSwap, st SwapState, err error) {
+	p.asyncMu.Lock()
+	defer p.asyncMu.Unlock()
+	s.status.State, s.status.Err = st, err
+}
+
+// SwapStatus is the last asynchronous swap of member i; false when it has
+// had none.
+func (p *Pool) SwapStatus(i int) (SwapStatus, bool) {
+	p.asyncMu.Lock()
+	defer p.asyncMu.Unlock()
+	s, ok := p.swaps[i]
+	if !ok {
+		return SwapStatus{}, false
+	}
+	return s.status, true
 }
 
 func (p *Pool) stopMember(ctx context.Context, m Member) {

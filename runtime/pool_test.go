@@ -353,3 +353,95 @@ func TestPoolStop(t *testing.T) {
 		t.Errorf("Replace after Stop: %v, want ErrPoolStopped", err)
 	}
 }
+
+// Swap returns at once; the swap starts the new member, switches to it and
+// reports each state; a second Swap of the same member before the first
+// switched supersedes it: the first start's context ends, a member it
+// started anyway is stopped, and the second one serves.
+func TestPoolSwapAsync(t *testing.T) {
+	p, fakes, _ := newTestPool(t, 2, PoolOptions{})
+	if _, ok := p.SwapStatus(0); ok {
+		t.Error("a status before any swap")
+	}
+
+	// One swap, held in its start until released.
+	release := make(chan struct{})
+	fresh := &fakeMember{id: 5}
+	outcome := make(chan error, 1)
+	p.Swap(0, func(ctx context.Context) (Member, error) {
+		<-release
+		return fresh, nil
+	}, func(err error) { outcome <- err })
+	if st, _ := p.SwapStatus(0); st.State != SwapStarting {
+		t.Errorf("state while starting = %q", st.State)
+	}
+	if _, err := p.Execute(t.Context(), oneRow()); err != nil {
+		t.Errorf("a call while the swap starts: %v", err)
+	}
+	close(release)
+	if err := <-outcome; err != nil {
+		t.Fatalf("swap: %v", err)
+	}
+	if st, _ := p.SwapStatus(0); st.State != SwapDone || st.Err != nil {
+		t.Errorf("status after the swap = %+v", st)
+	}
+	if p.Members()[0] != Member(fresh) || !fakes[0].stopped.Load() {
+		t.Error("member 0 not replaced, or the old one not stopped")
+	}
+
+	// A swap superseded while it starts: its start honours the context.
+	first := make(chan error, 1)
+	started := make(chan struct{})
+	p.Swap(1, func(ctx context.Context) (Member, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, func(err error) { first <- err })
+	<-started
+	second := make(chan error, 1)
+	latest := &fakeMember{id: 6}
+	p.Swap(1, func(context.Context) (Member, error) { return latest, nil }, func(err error) { second <- err })
+	if err := <-first; !errors.Is(err, ErrSuperseded) {
+		t.Errorf("the superseded swap: %v, want ErrSuperseded", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("the superseding swap: %v", err)
+	}
+	if p.Members()[1] != Member(latest) {
+		t.Error("the superseding swap's member does not serve")
+	}
+
+	// A superseded start that returns a member anyway: that member is
+	// stopped, never switched in.
+	stubborn := &fakeMember{id: 8}
+	third := make(chan error, 1)
+	hold, entered := make(chan struct{}), make(chan struct{})
+	p.Swap(1, func(context.Context) (Member, error) { close(entered); <-hold; return stubborn, nil }, func(err error) { third <- err })
+	<-entered
+	p.Swap(1, func(context.Context) (Member, error) { return &fakeMember{id: 9}, nil }, nil)
+	close(hold)
+	if err := <-third; !errors.Is(err, ErrSuperseded) {
+		t.Errorf("the stubborn swap: %v, want ErrSuperseded", err)
+	}
+	if !stubborn.stopped.Load() {
+		t.Error("a member started for a superseded swap was not stopped")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Members()[1].(*fakeMember).id != 9 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st, _ := p.SwapStatus(1); st.State != SwapDone || p.Members()[1].(*fakeMember).id != 9 {
+		t.Errorf("after the last swap: status %+v, member %d", st, p.Members()[1].(*fakeMember).id)
+	}
+
+	// Stop ends a swap still starting.
+	stopped := make(chan error, 1)
+	p.Swap(0, func(ctx context.Context) (Member, error) { <-ctx.Done(); return nil, ctx.Err() }, func(err error) { stopped <- err })
+	p.Stop(t.Context())
+	if err := <-stopped; !errors.Is(err, ErrPoolStopped) {
+		t.Errorf("a swap pending at Stop: %v, want ErrPoolStopped", err)
+	}
+	if st, _ := p.SwapStatus(0); st.State != SwapFailed {
+		t.Errorf("state of a swap ended by Stop = %q", st.State)
+	}
+}

@@ -174,7 +174,7 @@ func (ds *devices) get(name string) (*device, error) {
 		MaxBestEffortExecution: beBound,
 		SeparateClasses:        backgroundsBestEffort(ds.ctl.Policy, lim),
 		Estimator:              ds.pred,
-		Logger:                 log.With("component", "qos"),
+		Logger:                 log, // qos adds its component
 		Registerer:             ds.reg,
 		Device:                 name,
 		Window:                 ds.qos.Window,
