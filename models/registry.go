@@ -184,6 +184,10 @@ type version struct {
 	shareMu sync.Mutex // serialises share changes and swaps
 	retired bool       // guarded by shareMu: being stopped, no more swaps
 
+	resizeMu  sync.Mutex // guards the fields below (RequestShare)
+	resizing  *resize    // the latest request whose replacements run; nil: none
+	resizeErr error      // why the last finished request did not apply
+
 	instMu   sync.RWMutex            // guards the fields below; swaps replace instances
 	units    map[runtime.Member]unit // the limiter unit of each instance
 	share    limiter.Share           // the version's share of its device

@@ -226,23 +226,10 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	per := instanceShare(s, len(members))
 	var errs []error
 	for i, m := range members {
-		u := v.unitOf(m)
-		restart := false
-		if v.lim != nil {
-			err := v.lim.Resize(u.id, per)
-			switch {
-			case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
-				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
-				continue
-			case errors.Is(err, limiter.ErrRestartRequired):
-				restart = true
-			case err != nil:
-				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
-				continue
-			}
-		}
-		if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
-			restart = true
+		restart, err := v.resizeLive(m, per, swap)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
+			continue
 		}
 		if restart {
 			if err := r.swapInstance(ctx, v, i, per); err != nil {
@@ -259,12 +246,40 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	return nil
 }
 
+// resizeLive resizes member m's limiter unit to the instance share per,
+// and says whether m must be replaced instead (as the policy allows): the
+// limiter cannot resize it running, or its thread count should change.
+func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolicy) (restart bool, err error) {
+	u := v.unitOf(m)
+	if v.lim != nil {
+		err := v.lim.Resize(u.id, per)
+		switch {
+		case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
+			return false, err
+		case errors.Is(err, limiter.ErrRestartRequired):
+			restart = true
+		case err != nil:
+			return false, err
+		}
+	}
+	if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
+		restart = true
+	}
+	return restart, nil
+}
+
 // swapInstance replaces instance i by a new one at the instance share s,
 // warmed at every batch size before it takes requests (see
 // runtime.Pool.Replace).
 func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
-	var threads int
-	err := v.pool.Replace(ctx, i, func(ctx context.Context) (runtime.Member, error) {
+	return v.pool.Replace(ctx, i, r.replacement(v, i, s))
+}
+
+// replacement returns the start function of a replacement for instance i
+// at the instance share s: started in a limiter unit of its own and warmed
+// at every batch size, so that it takes requests at once.
+func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx context.Context) (runtime.Member, error) {
+	return func(ctx context.Context) (runtime.Member, error) {
 		fresh, err := r.startInstance(ctx, v, i, s)
 		if err != nil {
 			return nil, fmt.Errorf("starting the replacement: %w", err)
@@ -277,15 +292,10 @@ func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limite
 				}
 			}
 		}
-		threads = v.unitOf(fresh).threads
+		r.log.Info("replacement instance started at a new share", "model", v.model, "version", v.label, "instance", i,
+			"share", formatShare(s), "threads", v.unitOf(fresh).threads)
 		return fresh, nil
-	})
-	if err != nil {
-		return err
 	}
-	r.log.Info("instance replaced at a new share", "model", v.model, "version", v.label, "instance", i,
-		"share", formatShare(s), "threads", threads)
-	return nil
 }
 
 // stopMember stops one instance of the version and releases its unit.
