@@ -7,6 +7,7 @@ import (
 
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // This file hands versions to their device's scheduler and takes them out,
@@ -30,6 +31,9 @@ func (r *Registry) warmUp(ctx context.Context, v *version) {
 		r.log.Warn("warm-up failed; latency estimates start empty", "model", v.model, "version", v.label, "err", err)
 	}
 }
+
+// The scheduler executes on a version's pool directly.
+var _ qos.Executor = (*runtime.Pool)(nil)
 
 // schedule hands a started version to its device's QoS scheduler, or, when
 // the same version is already scheduled (a reload), gives the scheduler the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,7 +66,7 @@ type Pool struct {
 
 	// stopped is closed by Stop; parked slots (see park) are then dropped.
 	stopped chan struct{}
-	calls   sync.WaitGroup // Execute calls in progress
+	calls   atomic.Int64 // Execute calls in progress
 
 	swap   sync.Mutex // one replacement at a time, and none after Stop
 	closed bool       // guarded by swap
@@ -139,7 +140,7 @@ func (p *Pool) Ready() bool {
 // most likely do it again. The request's deadline, when set, ends the call.
 func (p *Pool) Execute(ctx context.Context, req *InferRequest) (*InferResponse, error) {
 	p.calls.Add(1)
-	defer p.calls.Done()
+	defer p.calls.Add(-1)
 	if !req.Deadline.IsZero() {
 		// The request's own deadline (a merged batch's latest) ends its
 		// execution as a gRPC deadline does: a runner that hangs holds no
@@ -352,16 +353,19 @@ func (p *Pool) replace(ctx context.Context, i int, start func(ctx context.Contex
 	return nil
 }
 
-// Drain waits for the calls in progress to end, or for ctx to.
+// Drain waits for the calls in progress to end, or for ctx to. Calls that
+// start meanwhile are waited for too.
 func (p *Pool) Drain(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { p.calls.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	t := time.NewTicker(parkPoll)
+	defer t.Stop()
+	for p.calls.Load() > 0 {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	return nil
 }
 
 // Stop stops every member, after a swap in progress has finished. The pool
