@@ -88,7 +88,12 @@ func (r *Registry) RequestShare(key string, s limiter.Share) error {
 		return nil
 	}
 	for _, i := range rz.members {
-		v.pool.Swap(i, r.replacement(v, i, per), func(err error) { v.replaced(rz, i, err) })
+		v.pool.Swap(i, r.replacement(v, i, per), func(err error) {
+			if err == nil {
+				r.logReplaced(v, i, per)
+			}
+			v.replaced(rz, i, err)
+		})
 	}
 	return nil
 }

@@ -272,7 +272,17 @@ func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolic
 // warmed at every batch size before it takes requests (see
 // runtime.Pool.Replace).
 func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
-	return v.pool.Replace(ctx, i, r.replacement(v, i, s))
+	if err := v.pool.Replace(ctx, i, r.replacement(v, i, s)); err != nil {
+		return err
+	}
+	r.logReplaced(v, i, s)
+	return nil
+}
+
+// logReplaced logs that instance i now runs at the instance share s.
+func (r *Registry) logReplaced(v *version, i int, s limiter.Share) {
+	r.log.Info("instance replaced at a new share", "model", v.model, "version", v.label, "instance", i,
+		"share", formatShare(s), "threads", v.unitOf(v.pool.Members()[i]).threads)
 }
 
 // replacement returns the start function of a replacement for instance i
@@ -292,8 +302,6 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 				}
 			}
 		}
-		r.log.Info("replacement instance started at a new share", "model", v.model, "version", v.label, "instance", i,
-			"share", formatShare(s), "threads", v.unitOf(fresh).threads)
 		return fresh, nil
 	}
 }
