@@ -2,6 +2,7 @@ package qos
 
 import (
 	"fmt"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/sloserve/sloserve/runtime"
@@ -61,8 +62,8 @@ func (g *Gate) enter(size int64) (leave func(), err error) {
 		if n := g.bytes.Add(size); n > limit && n != size {
 			g.bytes.Add(-size)
 			g.requests.Add(-1)
-			return nil, fmt.Errorf("%w: the requests in flight hold %d bytes of inputs, over limits.max_inflight_bytes (%d)",
-				ErrOverloaded, n-size, limit)
+			return nil, fmt.Errorf("%w: the requests in flight hold %s of inputs, over limits.max_inflight_bytes (%s)",
+				ErrOverloaded, formatBytes(n-size), formatBytes(limit))
 		}
 	} else {
 		g.bytes.Add(size)
@@ -83,6 +84,22 @@ func (g *Gate) full() error {
 		return fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
 	}
 	return nil
+}
+
+// formatBytes writes a byte count as the config does: in the largest
+// binary unit it is a whole multiple of (1GiB), else in bytes.
+func formatBytes(n int64) string {
+	if n > 0 {
+		for _, u := range []struct {
+			shift uint
+			name  string
+		}{{50, "PiB"}, {40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+			if n%(1<<u.shift) == 0 {
+				return strconv.FormatInt(n>>u.shift, 10) + u.name
+			}
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // inputBytes is the size of a request's input tensors.

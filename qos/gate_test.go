@@ -59,7 +59,7 @@ func TestGateBytes(t *testing.T) {
 		gate.SetLimits(0, 15) // room for one 8-byte request, not two
 		first := h.submit(ctx, "m", RequestOptions{}, 2)
 		err := h.submit(ctx, "m", RequestOptions{}, 3).wait(t)
-		if !errors.Is(err, ErrOverloaded) || !strings.Contains(err.Error(), "limits.max_inflight_bytes") {
+		if !errors.Is(err, ErrOverloaded) || !strings.Contains(err.Error(), "hold 8 of inputs, over limits.max_inflight_bytes (15)") {
 			t.Errorf("second request past 15 bytes: %v, want ErrOverloaded naming limits.max_inflight_bytes", err)
 		}
 		gate.SetLimits(0, 16) // room for both
@@ -92,4 +92,12 @@ func TestInvalidCounted(t *testing.T) {
 			t.Errorf("stats = invalid %d, arrived %d, fail %+v, settled %d; want 2, 0, {2 5ms}, 0", st.Invalid, st.Arrived, st.Fail, st.WindowSettled)
 		}
 	})
+}
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 15: "15", 1024: "1KiB", 1536: "1536", 1 << 30: "1GiB", 3 << 20: "3MiB"} {
+		if got := formatBytes(n); got != want {
+			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
 }

@@ -445,3 +445,31 @@ func TestPoolSwapAsync(t *testing.T) {
 		t.Errorf("state of a swap ended by Stop = %q", st.State)
 	}
 }
+
+// BenchmarkPoolExecute is the pool's own cost per call on members that
+// answer at once: picking a slot, the call timeout, putting it back.
+func BenchmarkPoolExecute(b *testing.B) {
+	for _, members := range []int{1, 4} {
+		b.Run(fmt.Sprintf("members=%d", members), func(b *testing.B) {
+			ms := make([]Member, members)
+			for i := range ms {
+				ms[i] = &fakeMember{id: int32(i)}
+			}
+			p, err := NewPool(ms, PoolOptions{Slots: 2})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Stop(context.Background())
+			req := oneRow()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := p.Execute(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
