@@ -409,6 +409,7 @@ type FaultError struct {
 	Device int
 	Client string // the name of the client that raised it
 	Cause  string
+	At     time.Time // when it happened
 }
 
 func (e *FaultError) Error() string {
@@ -430,7 +431,7 @@ func (e *FaultError) Is(target error) bool { return target == ErrDeviceFault }
 func (d *Device) Fault(c *Client, cause string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	fe := &FaultError{Device: d.index, Cause: cause}
+	fe := &FaultError{Device: d.index, Cause: cause, At: time.Now()}
 	if c != nil {
 		fe.Client = c.spec.Name
 	}
