@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ type mpsLimiter struct {
 	telemetry Telemetry
 	ownsTelem bool
 	log       *slog.Logger
+	restart   func(ctx context.Context, device int) error // Options.RestartMPSDaemon
 
 	mu    sync.Mutex
 	units unitTable[*mpsUnit]
@@ -34,9 +36,30 @@ type mpsUnit struct {
 }
 
 var (
-	_ Limiter        = (*mpsLimiter)(nil)
-	_ ProcessTracker = (*mpsLimiter)(nil)
+	_ Limiter         = (*mpsLimiter)(nil)
+	_ ProcessTracker  = (*mpsLimiter)(nil)
+	_ DaemonRestarter = (*mpsLimiter)(nil)
 )
+
+// DaemonRestarter is a limiter whose device has a control daemon a fatal
+// fault can take down with every client (MPS): RestartDaemon brings it
+// back, so that new clients can start, and returns once it serves.
+type DaemonRestarter interface {
+	RestartDaemon(ctx context.Context) error
+}
+
+// ErrNoDaemonRestart is a daemon the limiter cannot restart itself.
+var ErrNoDaemonRestart = errors.New("limiter: restarting the MPS control daemon is not automated here")
+
+// RestartDaemon restarts the device's MPS control daemon through
+// Options.RestartMPSDaemon; without one it fails with ErrNoDaemonRestart
+// (on a real GPU: quit and start nvidia-cuda-mps-control by hand).
+func (l *mpsLimiter) RestartDaemon(ctx context.Context) error {
+	if l.restart == nil {
+		return fmt.Errorf("%w (%s): run nvidia-cuda-mps-control -d", ErrNoDaemonRestart, l.dev)
+	}
+	return l.restart(ctx, l.dev.index)
+}
 
 // ErrMPSUnavailable is a GPU whose shares MPS cannot enforce: no driver,
 // no control daemon, MIG mode, or a compute mode that refuses clients.
