@@ -11,7 +11,9 @@
 // ahead, overruled upward by observed misses; best-effort models share the
 // rest), "static" (equal hard caps) and "shared" (no limits). Pins override
 // the policy; idle models are evicted when memory is over budget. Every
-// decision is an Event.
+// decision is an Event. Isolation holds the models placement must keep
+// apart from latency-critical ones (best-effort models that faulted their
+// GPU repeatedly), which the server's device recovery marks.
 //
 // It must not run requests, order them or touch processes and cgroups: it
 // reads the scheduler, predicts through the Predictor and acts through the
