@@ -1292,6 +1292,8 @@ func (v *version) setFault(i int, cause string) {
 
 // ready reports whether any instance of the version can serve now.
 func (v *version) ready() bool {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
 	for _, inst := range v.instances {
 		if ok, _ := inst.Status(); ok {
 			return true
