@@ -60,7 +60,8 @@ type Simulated struct {
 	outputs []TensorSpec
 
 	client atomic.Pointer[simgpu.Client]
-	failed atomic.Int64 // calls answered ErrUnavailable
+	failed atomic.Int64  // calls answered ErrUnavailable
+	warm   atomic.Uint64 // bit b-1: batch size b (up to 64) has run
 
 	restartMu sync.Mutex // serialises replacing the client
 
@@ -179,6 +180,10 @@ func (s *Simulated) Outputs() []TensorSpec { return slices.Clone(s.outputs) }
 // readings report it.
 func (s *Simulated) Pid() int { return s.client.Load().PID() }
 
+// Client is the instance's current simulated client (for tests that
+// raise faults or hangs in it).
+func (s *Simulated) Client() *simgpu.Client { return s.client.Load() }
+
 // Device is the simulated device the instance's client is on.
 func (s *Simulated) Device() *simgpu.Device {
 	s.mu.Lock()
@@ -253,21 +258,43 @@ func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason stri
 	s.mu.Unlock()
 	old.Close()
 	c, err := s.startClient(ctx, dev)
+	if err == nil {
+		err = s.warmUp(ctx, c)
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch {
 	case err != nil:
 		s.state = "restarting its simulated client failed: " + err.Error()
+		s.mu.Unlock()
 		return err
 	case s.stopped:
+		s.mu.Unlock()
 		c.Close()
 		return errStopped
 	}
 	s.client.Store(c)
 	s.device, s.state = dev, ""
+	s.mu.Unlock()
 	s.watch(c)
 	if s.cfg.OnRestart != nil {
 		s.cfg.OnRestart(reason)
+	}
+	return nil
+}
+
+// warmUp runs one execution on a new client at each batch size the
+// instance has run, as a runner warms its session up before it serves: the
+// first execution at a size pays cuDNN's search, which a request would
+// otherwise pay (and the latency estimate learn). It closes c on failure.
+func (s *Simulated) warmUp(ctx context.Context, c *simgpu.Client) error {
+	for bits, b := s.warm.Load(), 1; bits != 0; bits, b = bits>>1, b+1 {
+		if bits&1 == 0 {
+			continue
+		}
+		if _, err := c.Execute(ctx, b); err != nil {
+			c.Close()
+			return fmt.Errorf("%w: warming the simulated client %s up at batch %d: %w", ErrUnavailable, s.cfg.Name, b, err)
+		}
 	}
 	return nil
 }
@@ -329,6 +356,11 @@ func (s *Simulated) Infer(ctx context.Context, req *InferRequest) (*InferRespons
 	default:
 		s.failed.Add(1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if batch <= 64 {
+		if bit := uint64(1) << (batch - 1); s.warm.Load()&bit == 0 {
+			s.warm.Or(bit)
+		}
 	}
 	resp := &InferResponse{Timing: Timing{Infer: took}}
 	for _, o := range s.outputs {

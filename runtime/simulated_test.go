@@ -3,9 +3,11 @@ package runtime
 import (
 	"context"
 	"errors"
+	"sync"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -118,10 +120,16 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		dev := sim.Devices()[0]
+		var mu sync.Mutex // the restarts are appended by the instances' goroutines
 		start := func(name string, restarts *[]string) *Simulated {
 			s, err := StartSimulated(t.Context(), SimulatedConfig{
 				Name: name, ModelPath: path, Device: dev, Model: simgpu.Presets["mobilenet"], Batched: true,
-				OnRestart: func(r string) { *restarts = append(*restarts, r) }, Logger: testLogger(t),
+				OnRestart: func(r string) {
+					mu.Lock()
+					defer mu.Unlock()
+					*restarts = append(*restarts, r)
+				},
+				Logger: testLogger(t),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -131,14 +139,19 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 		}
 		var restarts, others []string
 		s, other := start("hangs", &restarts), start("other", &others)
+		read := func(l *[]string) []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(*l)
+		}
 		in := s.Inputs()[0]
 		req := &InferRequest{Inputs: []Tensor{{Name: in.Name, DataType: in.DataType, Shape: []int64{1, 10}, Data: make([]byte, 10*in.DataType.Size())}}}
 		old := s.Pid()
 		// A slow answer is no hang: the probe answers, the client stays.
 		s.Suspect("a test")
 		time.Sleep(time.Second) // the probe: a warm-up and one execution
-		if ready, _ := s.Status(); !ready || s.Pid() != old || len(restarts) != 0 {
-			t.Fatalf("after a probe that answered: ready %v, pid %d (was %d), restarts %v", ready, s.Pid(), old, restarts)
+		if ready, _ := s.Status(); !ready || s.Pid() != old || len(read(&restarts)) != 0 {
+			t.Fatalf("after a probe that answered: ready %v, pid %d (was %d), restarts %v", ready, s.Pid(), old, read(&restarts))
 		}
 		s.client.Load().Hang()
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
@@ -155,14 +168,14 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 			t.Errorf("a call while checked: %v, want ErrUnavailable at once", err)
 		}
 		time.Sleep(DefaultProbeTimeout + simgpu.ContextCreate + time.Second)
-		if ready, why := s.Status(); !ready || s.Pid() == old || len(restarts) != 1 || !strings.Contains(restarts[0], "hung") {
-			t.Fatalf("after the probe: %v %q, pid %d (was %d), restarts %v", ready, why, s.Pid(), old, restarts)
+		if ready, why := s.Status(); !ready || s.Pid() == old || len(read(&restarts)) != 1 || !strings.Contains(read(&restarts)[0], "hung") {
+			t.Fatalf("after the probe: %v %q, pid %d (was %d), restarts %v", ready, why, s.Pid(), old, read(&restarts))
 		}
 		if _, err := s.Infer(t.Context(), req); err != nil {
 			t.Errorf("the new client: %v", err)
 		}
-		if _, err := other.Infer(t.Context(), req); err != nil || len(others) != 0 || dev.Faulted() != nil {
-			t.Errorf("the other client: %v, restarts %v, device fault %v", err, others, dev.Faulted())
+		if _, err := other.Infer(t.Context(), req); err != nil || len(read(&others)) != 0 || dev.Faulted() != nil {
+			t.Errorf("the other client: %v, restarts %v, device fault %v", err, read(&others), dev.Faulted())
 		}
 	})
 }
