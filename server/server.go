@@ -85,6 +85,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	devs.sim = sim
+	if sim != nil {
+		devs.rec = newRecovery(loopCtx, sim, &devs.loops, devs.daemonOf, logger.With("component", "recovery"))
+		runners.rec = devs.rec
+	}
 	defer devs.wait()
 	defer stopLoops()
 	prof := &profiler{
