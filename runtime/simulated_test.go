@@ -3,12 +3,12 @@ package runtime
 import (
 	"context"
 	"errors"
-	"sync"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
