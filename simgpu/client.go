@@ -166,10 +166,7 @@ func (c *Client) Execute(ctx context.Context, b int) (time.Duration, error) {
 	if first {
 		pause += m.Warmup
 	}
-	if err := sleep(ctx, pause); err != nil {
-		return 0, err
-	}
-	if err := d.run(c, b, ctx.Done()); err != nil {
+	if err := d.run(c, b, pause, ctx.Done()); err != nil {
 		if err == errCanceled {
 			return 0, ctx.Err()
 		}

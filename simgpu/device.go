@@ -165,6 +165,11 @@ type Device struct {
 type job struct {
 	c    *Client
 	b    int
+	// host is the seconds of host time (launch, warm-up) left before
+	// the kernels start: it passes at rate 1 whatever else runs, and the
+	// job takes no SMs meanwhile. One timer per device covers it too, so
+	// an execution costs no timer of its own.
+	host float64
 	work float64 // seconds of kernel time at saturation left; +Inf when hung
 	rate float64
 	done chan error // buffered; receives once
@@ -246,20 +251,29 @@ func (d *Device) allocLocked(c *Client, n int64, what string) error {
 	return nil
 }
 
-// advanceLocked moves every job's work on to now.
+// advanceLocked moves every job's work on to now. A job's host phase ends
+// at an event (the timer is armed for it), so no interval spans both
+// phases beyond the timer's nanosecond.
 func (d *Device) advanceLocked(now time.Time) {
 	dt := now.Sub(d.last)
 	d.last = now
 	if dt <= 0 || len(d.jobs) == 0 {
 		return
 	}
-	bw := 0.0
+	bw, kernels := 0.0, false
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			j.host = max(0, j.host-dt.Seconds())
+			continue
+		}
 		j.work -= j.rate * dt.Seconds()
 		bw += j.c.spec.Model.Bandwidth
+		kernels = true
 	}
-	d.busy += dt
-	d.bwBusy += min(1, bw) * dt.Seconds()
+	if kernels {
+		d.busy += dt
+		d.bwBusy += min(1, bw) * dt.Seconds()
+	}
 }
 
 // demand is the share of the device a job's kernels take when nothing
@@ -288,6 +302,9 @@ func (d *Device) rescheduleLocked() {
 	}
 	total, bw := 0.0, 0.0
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			continue
+		}
 		total += d.demand(j)
 		bw += j.c.spec.Model.Bandwidth
 	}
@@ -297,6 +314,10 @@ func (d *Device) rescheduleLocked() {
 	}
 	next := inf
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			next = min(next, j.host)
+			continue
+		}
 		sat := j.c.spec.Model.sat(j.b)
 		var rate float64
 		if d.daemon {
@@ -330,7 +351,10 @@ func (d *Device) rescheduleLocked() {
 func (d *Device) contextsLocked() int {
 	n := 0
 	for i, j := range d.jobs {
-		if !slices.ContainsFunc(d.jobs[:i], func(o *job) bool { return o.c == j.c }) {
+		if j.host > 0 {
+			continue
+		}
+		if !slices.ContainsFunc(d.jobs[:i], func(o *job) bool { return o.c == j.c && o.host <= 0 }) {
 			n++
 		}
 	}
@@ -348,6 +372,13 @@ func (d *Device) tick() {
 	d.advanceLocked(time.Now())
 	kept := d.jobs[:0]
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			if j.host <= doneWork {
+				j.host = 0 // the kernels start
+			}
+			kept = append(kept, j)
+			continue
+		}
 		if j.work <= doneWork*max(1, j.rate) {
 			j.done <- nil
 			continue
@@ -370,9 +401,10 @@ func (d *Device) removeLocked(j *job) bool {
 	return true
 }
 
-// run puts an execution's kernels on the device and waits for them.
-func (d *Device) run(c *Client, b int, done <-chan struct{}) error {
-	j := &job{c: c, b: b, work: c.spec.Model.kernel(b), done: make(chan error, 1)}
+// run puts an execution on the device, host time first, then its kernels,
+// and waits for them.
+func (d *Device) run(c *Client, b int, host time.Duration, done <-chan struct{}) error {
+	j := &job{c: c, b: b, host: host.Seconds(), work: c.spec.Model.kernel(b), done: make(chan error, 1)}
 	d.mu.Lock()
 	if err := c.usableLocked(); err != nil {
 		d.mu.Unlock()
