@@ -163,8 +163,8 @@ type Device struct {
 
 // job is one execution's kernel work in flight.
 type job struct {
-	c    *Client
-	b    int
+	c *Client
+	b int
 	// host is the seconds of host time (launch, warm-up) left before
 	// the kernels start: it passes at rate 1 whatever else runs, and the
 	// job takes no SMs meanwhile. One timer per device covers it too, so
