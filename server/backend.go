@@ -90,6 +90,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
+				Risky: b.devs.risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)

@@ -66,6 +66,7 @@ type recovery struct {
 // simInstance is what the recovery knows of a live simulated instance.
 type simInstance struct {
 	model    string
+	key      string // "model/version", as events name it
 	lc       bool
 	priority int // 1 highest; 0 (the default) after every explicit one
 }
@@ -91,12 +92,14 @@ type deviceRecovery struct {
 	At      time.Time     // of the fault
 	Daemon  time.Duration // from the fault to the daemon serving again
 	Culprit string        // the model whose client raised the fault ("" unknown)
+	culprit string        // its version's key, as events name it
 	Models  []modelRecovery
 }
 
 // modelRecovery is one model's part of a device's recovery.
 type modelRecovery struct {
 	Model  string
+	key    string
 	Device int           // where its instances run again
 	Ready  time.Duration // from the fault to its first instance serving again
 	Failed int64         // calls its instances failed from the fault to then
@@ -134,6 +137,16 @@ func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
 	return simDaemon{dev}
 }
 
+// risky is why a model version ("model/version") is kept apart from
+// latency-critical models, "" when it is not.
+func (ds *devices) risky(key string) string {
+	if ds.rec == nil {
+		return ""
+	}
+	why, _ := ds.rec.isolation.Risky(modelOf(key))
+	return why
+}
+
 // simulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
 func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
 	return func(ctx context.Context, i int) error {
@@ -150,7 +163,7 @@ func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
 func (r *recovery) track(inst *runtime.Simulated, cfg *configs.Model) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.instances[inst] = simInstance{model: cfg.Name, lc: cfg.SLO.Class == configs.ClassLatencyCritical, priority: cfg.SLO.Priority}
+	r.instances[inst] = simInstance{model: cfg.Name, key: keyOf(inst.Name()), lc: cfg.SLO.Class == configs.ClassLatencyCritical, priority: cfg.SLO.Priority}
 }
 
 // untrack forgets a stopped instance.
@@ -230,7 +243,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 	var fe *simgpu.FaultError
 	if errors.As(fault, &fe) {
 		rec.At = fe.At
-		rec.Culprit, _, _ = strings.Cut(fe.Client, "/")
+		rec.Culprit, rec.culprit = modelOf(fe.Client), keyOf(fe.Client)
 	}
 
 	// The instances the fault took down, in the order they restart, and
@@ -257,9 +270,9 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 	for i, g := range gone {
 		names[i] = g.inst.Name()
 	}
-	r.record(control.Event{Time: rec.At, Device: name, Model: rec.Culprit, Kind: control.EventFault,
+	r.record(control.Event{Time: rec.At, Device: name, Model: rec.culprit, Kind: control.EventFault,
 		Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
-	r.noteFault(rec.Culprit, rec.At, name)
+	r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
 
 	handle := r.daemon(dev.Index())
 	if handle == nil {
@@ -276,7 +289,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 	for _, g := range gone {
 		mr := byModel[g.info.model]
 		if mr == nil {
-			mr = &modelRecovery{Model: g.info.model}
+			mr = &modelRecovery{Model: g.info.model, key: g.info.key}
 			byModel[g.info.model] = mr
 			order = append(order, g.info.model)
 		}
@@ -297,7 +310,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 		mr := byModel[m]
 		rec.Models = append(rec.Models, *mr)
 		if mr.Err != nil {
-			r.record(control.Event{Device: name, Model: m, Kind: control.EventError,
+			r.record(control.Event{Device: name, Model: mr.key, Kind: control.EventError,
 				Reason: fmt.Sprintf("not serving again after the fault: %v (%d requests failed since)", mr.Err, mr.Failed)})
 			continue
 		}
@@ -305,7 +318,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 		if mr.Device != dev.Index() {
 			where = fmt.Sprintf(" on cuda:%d, apart from latency-critical models", mr.Device)
 		}
-		r.record(control.Event{Device: name, Model: m, Kind: control.EventRecovered,
+		r.record(control.Event{Device: name, Model: mr.key, Kind: control.EventRecovered,
 			Reason: fmt.Sprintf("serving again%s %s after the fault (daemon back after %s); %d requests failed meanwhile",
 				where, mr.Ready.Round(time.Millisecond), rec.Daemon.Round(time.Millisecond), mr.Failed)})
 	}
@@ -316,7 +329,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 
 // noteFault counts a fault against the model whose client raised it, and
 // marks a best-effort model risky at riskyFaults within riskyWindow.
-func (r *recovery) noteFault(model string, at time.Time, device string) {
+func (r *recovery) noteFault(model, key string, at time.Time, device string) {
 	if model == "" {
 		return
 	}
@@ -333,7 +346,7 @@ func (r *recovery) noteFault(model string, at time.Time, device string) {
 	}
 	why := fmt.Sprintf("its client faulted its GPU %d times within %s", len(recent), riskyWindow)
 	if r.isolation.Mark(model, why) {
-		r.record(control.Event{Device: device, Model: model, Kind: control.EventRisky,
+		r.record(control.Event{Device: device, Model: key, Kind: control.EventRisky,
 			Reason: why + ": kept on a device without latency-critical models when there is one"})
 	}
 }
@@ -343,22 +356,28 @@ func (r *recovery) restarted(inst *runtime.Simulated, reason string) {
 	if !strings.HasPrefix(reason, "hung") {
 		return // a recovery's restart: recoverDevice records it
 	}
-	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", inst.Device().Index()), Model: modelOf(inst.Name()), Kind: control.EventHung,
+	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", inst.Device().Index()), Model: keyOf(inst.Name()), Kind: control.EventHung,
 		Reason: fmt.Sprintf("%s; the device's other clients were left alone", reason)})
 }
 
 // startFailed records an instance that could not start for want of device
 // memory.
-func (r *recovery) startFailed(model string, dev *simgpu.Device, err error) {
+func (r *recovery) startFailed(instance string, dev *simgpu.Device, err error) {
 	if errors.Is(err, simgpu.ErrOutOfMemory) {
-		r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev.Index()), Model: model, Kind: control.EventError,
+		r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev.Index()), Model: keyOf(instance), Kind: control.EventError,
 			Reason: "not started: " + err.Error()})
 	}
 }
 
+// modelOf and keyOf read an instance's name ("model/version#index").
 func modelOf(instance string) string {
 	m, _, _ := strings.Cut(instance, "/")
 	return m
+}
+
+func keyOf(instance string) string {
+	k, _, _ := strings.Cut(instance, "#")
+	return k
 }
 
 // record keeps an event and logs it.

@@ -118,7 +118,7 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 	}
 	s, err := runtime.StartSimulated(ctx, cfg)
 	if err != nil {
-		rec.startFailed(spec.Model, cfg.Device, err)
+		rec.startFailed(name, cfg.Device, err)
 		return nil, err
 	}
 	self.Store(s)

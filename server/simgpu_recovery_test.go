@@ -198,8 +198,13 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		if tr.lcOK.Load() <= okBefore {
 			t.Error("LC served nothing after the recovery")
 		}
-		if len(eventsOf(devs, control.EventFault)) != 1 || len(eventsOf(devs, control.EventRecovered)) != 2 {
-			t.Errorf("events %+v: want a fault and two recoveries", devs.rec.Events(time.Time{}, 0))
+		// The events reach the control API's list beside the adjuster's.
+		kinds := map[string][]string{}
+		for _, e := range (&backend{reg: reg, devs: devs}).ControlEvents(time.Time{}, 1000) {
+			kinds[e.Kind] = append(kinds[e.Kind], e.Model)
+		}
+		if f, r := kinds[control.EventFault], kinds[control.EventRecovered]; len(f) != 1 || f[0] != "be/1" || len(r) != 2 || r[0] != "lc/1" || r[1] != "be/1" {
+			t.Errorf("control events: faults %v, recoveries %v; want be/1's fault, lc/1 then be/1 recovered", f, r)
 		}
 		if _, risky := devs.rec.isolation.Risky("be"); risky {
 			t.Error("one fault made be risky")
@@ -242,7 +247,7 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 			t.Error("the best-effort model serves nothing after its client was replaced")
 		}
 		hung := eventsOf(devs, control.EventHung)
-		if len(hung) != 1 || hung[0].Model != "be" {
+		if len(hung) != 1 || hung[0].Model != "be/1" {
 			t.Errorf("hung events %+v, want one for be", hung)
 		}
 	})
@@ -336,6 +341,14 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 		}
 		if n := len(eventsOf(devs, control.EventRisky)); n != 1 {
 			t.Errorf("%d risky events, want 1", n)
+		}
+		// The control status says so.
+		for _, d := range (&backend{reg: reg, devs: devs}).Control().Devices {
+			for _, m := range d.Models {
+				if (m.Risky != "") != (m.Model == "be/1") {
+					t.Errorf("control status of %s: risky %q", m.Model, m.Risky)
+				}
+			}
 		}
 	})
 }
