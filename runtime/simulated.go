@@ -233,12 +233,12 @@ var errStopped = errors.New("runtime: the simulated instance is stopped")
 // (simgpu.ErrOutOfMemory, simgpu.ErrDaemonDown: the instance then reports
 // why it is not ready). A client that still serves on dev is kept.
 func (s *Simulated) Recover(ctx context.Context, dev *simgpu.Device, reason string) error {
-	return s.replace(ctx, dev, reason, false)
+	return s.replace(ctx, dev, reason, false, nil)
 }
 
 // replace starts a new client on dev (nil: the current device) and closes
 // the old one; unless force, a client that serves on dev is kept.
-func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason string, force bool) error {
+func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason string, force bool, cost func() string) error {
 	s.restartMu.Lock()
 	defer s.restartMu.Unlock()
 	s.mu.Lock()
@@ -277,6 +277,9 @@ func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason stri
 	s.mu.Unlock()
 	s.watch(c)
 	if s.cfg.OnRestart != nil {
+		if cost != nil {
+			reason += "; " + cost()
+		}
 		s.cfg.OnRestart(reason)
 	}
 	return nil
@@ -313,6 +316,7 @@ func (s *Simulated) Suspect(why string) {
 	s.checking = true
 	s.state = "checking its simulated client: " + why
 	s.mu.Unlock()
+	since, failed := time.Now(), s.failed.Load()
 	go func() {
 		c := s.client.Load()
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ProbeTimeout)
@@ -326,7 +330,11 @@ func (s *Simulated) Suspect(why string) {
 			return // it answers, or a fault took it down: Recover's
 		}
 		s.cfg.Logger.Warn("simulated client hung: replacing it", "why", why, "probe", err)
-		if err := s.replace(context.Background(), nil, "hung: "+why, true); err != nil {
+		cost := func() string {
+			return fmt.Sprintf("serving again %s after the suspicion, %d calls failed meanwhile",
+				time.Since(since).Round(time.Millisecond), s.failed.Load()-failed)
+		}
+		if err := s.replace(context.Background(), nil, "hung: "+why, true, cost); err != nil {
 			s.cfg.Logger.Warn("replacing a hung simulated client", "err", err)
 		}
 	}()

@@ -176,6 +176,7 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 			t.Fatalf("recovery %+v: want culprit be, lc restarted before be", rec)
 		}
 		lc, be := rec.Models[0], rec.Models[1]
+		t.Logf("daemon back after %v; lc ready after %v (%d failed), be after %v (%d failed)", rec.Daemon, lc.Ready, lc.Failed, be.Ready, be.Failed)
 		if lc.Err != nil || be.Err != nil || lc.Ready <= rec.Daemon || be.Ready <= lc.Ready {
 			t.Errorf("daemon back after %v, lc ready after %v (%v), be after %v (%v): want lc ready first", rec.Daemon, lc.Ready, lc.Err, be.Ready, be.Err)
 		}
@@ -247,7 +248,10 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 			t.Error("the best-effort model serves nothing after its client was replaced")
 		}
 		hung := eventsOf(devs, control.EventHung)
-		if len(hung) != 1 || hung[0].Model != "be/1" {
+		if len(hung) == 1 {
+			t.Logf("hung event: %s", hung[0].Reason)
+		}
+		if len(hung) != 1 || hung[0].Model != "be/1" || !strings.Contains(hung[0].Reason, "serving again") {
 			t.Errorf("hung events %+v, want one for be", hung)
 		}
 	})
