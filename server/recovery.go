@@ -48,14 +48,16 @@ const (
 type recovery struct {
 	sim       *simgpu.Sim
 	log       *slog.Logger
-	ctx       context.Context
-	loops     *sync.WaitGroup
+	ctx       context.Context // ends the recoveries under way
 	isolation *control.Isolation
 	// daemon is the MPS daemon handle of a device: the limiter's when it
 	// has one. A seam for tests.
 	daemon func(device int) limiter.DaemonRestarter
 
+	wg sync.WaitGroup // the recoveries under way
+
 	mu         sync.Mutex
+	stopped    bool                               // stop was called: no new recovery
 	instances  map[*runtime.Simulated]simInstance // live ones
 	recovering map[int]bool                       // devices being recovered
 	faults     map[string][]time.Time             // model -> faults its client raised
@@ -106,11 +108,25 @@ type modelRecovery struct {
 	Err    error         // why it is not serving again
 }
 
-func newRecovery(ctx context.Context, sim *simgpu.Sim, loops *sync.WaitGroup, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
+// newRecovery makes the recovery of sim's devices; ctx ends the recoveries
+// under way, and stop waits for them.
+func newRecovery(ctx context.Context, sim *simgpu.Sim, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
 	return &recovery{
-		sim: sim, log: log, ctx: ctx, loops: loops, isolation: &control.Isolation{}, daemon: daemon,
+		sim: sim, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
 		instances: map[*runtime.Simulated]simInstance{}, recovering: map[int]bool{}, faults: map[string][]time.Time{},
 	}
+}
+
+// stop starts no more recoveries and waits for those under way (cancel
+// their ctx first). Safe on a nil recovery.
+func (r *recovery) stop() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.wg.Wait()
 }
 
 // simDaemon restarts a simulated device's daemon directly: the handle of a
@@ -218,11 +234,11 @@ func (r *recovery) exited(dev *simgpu.Device) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.recovering[dev.Index()] || r.ctx.Err() != nil {
+	if r.recovering[dev.Index()] || r.stopped || r.ctx.Err() != nil {
 		return
 	}
 	r.recovering[dev.Index()] = true
-	r.loops.Go(func() {
+	r.wg.Go(func() {
 		// A fault during the recovery (a restarted client faulting
 		// again) is recovered from in turn.
 		for fault != nil && r.ctx.Err() == nil {

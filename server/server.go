@@ -89,10 +89,11 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	}
 	devs.sim = sim
 	if sim != nil {
-		devs.rec = newRecovery(loopCtx, sim, &devs.loops, devs.daemonOf, logger.With("component", "recovery"))
+		devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, logger.With("component", "recovery"))
 		runners.rec = devs.rec
 	}
 	defer devs.wait()
+	defer devs.rec.stop() // after stopLoops has ended loopCtx
 	defer stopLoops()
 	prof := &profiler{
 		cfg:   cfg.Control.Profile,

@@ -80,7 +80,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		t.Fatal(err)
 	}
 	devs.sim = sim
-	devs.rec = newRecovery(loopCtx, sim, &devs.loops, devs.daemonOf, log)
+	devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, log)
 	runners := &runnerFactory{sim: sim, rec: devs.rec, logger: log}
 	var profile func(context.Context, models.ProfileRun) error
 	if cfg.Control.Profile.Enabled {
@@ -104,6 +104,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		cancel()
 		reg.Stop(context.Background())
 		stopLoops()
+		devs.rec.stop()
 		devs.wait()
 	})
 	if err := reg.Start(ctx); err != nil {
