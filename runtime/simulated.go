@@ -350,7 +350,11 @@ func (s *Simulated) Infer(ctx context.Context, req *InferRequest) (*InferRespons
 	if err != nil {
 		return nil, err
 	}
-	if _, why := s.Status(); why != "" {
+	// Being checked or restarted; a client that is gone fails in Execute.
+	s.mu.Lock()
+	why := s.state
+	s.mu.Unlock()
+	if why != "" {
 		s.failed.Add(1)
 		return nil, fmt.Errorf("%w: %s", ErrUnavailable, why)
 	}

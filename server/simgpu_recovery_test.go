@@ -356,3 +356,30 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 		}
 	})
 }
+
+// The device's instances restart latency-critical first, then by
+// priority (1 highest, unset last), whatever their names.
+func TestSimulatedRecoveryOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lc := func(priority string) string {
+			return "execution: {provider: cuda, device_id: 0, simulated: {preset: mobilenet}}\nslo: {latency_ms: 50, class: latency-critical" + priority + "}\n"
+		}
+		_, devs := recoveryServer(t, 1, nil, map[string]string{
+			"a-be": "execution: {provider: cuda, device_id: 0, simulated: {preset: mobilenet}}\n",
+			"b-lc": lc(""), "c-lc": lc(", priority: 2"), "d-lc": lc(", priority: 1"),
+		})
+		simInstanceOf(t, devs, "a-be").Client().Fault("an illegal memory access")
+		time.Sleep(10 * time.Second)
+		recs := devs.rec.recoveries()
+		if len(recs) != 1 {
+			t.Fatalf("recoveries %+v", recs)
+		}
+		var order []string
+		for _, m := range recs[0].Models {
+			order = append(order, m.Model)
+		}
+		if strings.Join(order, " ") != "d-lc c-lc b-lc a-be" {
+			t.Errorf("restart order %v, want d-lc c-lc b-lc a-be", order)
+		}
+	})
+}
