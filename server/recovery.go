@@ -60,6 +60,7 @@ type recovery struct {
 	stopped    bool                               // stop was called: no new recovery
 	instances  map[*runtime.Simulated]simInstance // live ones
 	recovering map[int]bool                       // devices being recovered
+	again      map[int]bool                       // devices whose recovery must make another pass
 	faults     map[string][]time.Time             // model -> faults its client raised
 	events     []control.Event
 	done       []deviceRecovery
@@ -113,7 +114,7 @@ type modelRecovery struct {
 func newRecovery(ctx context.Context, sim *simgpu.Sim, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
 	return &recovery{
 		sim: sim, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
-		instances: map[*runtime.Simulated]simInstance{}, recovering: map[int]bool{}, faults: map[string][]time.Time{},
+		instances: map[*runtime.Simulated]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
 	}
 }
 
@@ -225,36 +226,46 @@ func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
 	return best
 }
 
-// exited is an instance's OnExit: its client is gone by a fault. The
-// first report of a device's fault starts its recovery.
+// exited is an instance's OnExit: its client is gone by a fault. It starts
+// the device's recovery, or, when one is under way, asks it for another
+// pass (a fault during the recovery; an instance that started just before
+// the fault and was not yet known to the pass).
 func (r *recovery) exited(dev *simgpu.Device) {
-	fault := dev.Faulted()
-	if fault == nil {
-		return // already recovered
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.recovering[dev.Index()] || r.stopped || r.ctx.Err() != nil {
+	i := dev.Index()
+	if r.stopped || r.ctx.Err() != nil {
 		return
 	}
-	r.recovering[dev.Index()] = true
+	if r.recovering[i] {
+		r.again[i] = true
+		return
+	}
+	r.recovering[i] = true
 	r.wg.Go(func() {
-		// A fault during the recovery (a restarted client faulting
-		// again) is recovered from in turn.
-		for fault != nil && r.ctx.Err() == nil {
-			r.recoverDevice(dev, fault)
-			fault = dev.Faulted()
+		for {
+			r.recoverDevice(dev)
+			r.mu.Lock()
+			again := r.again[i] && !r.stopped && r.ctx.Err() == nil
+			r.again[i] = false
+			if !again {
+				r.recovering[i] = false
+			}
+			r.mu.Unlock()
+			if !again {
+				return
+			}
 		}
-		r.mu.Lock()
-		r.recovering[dev.Index()] = false
-		r.mu.Unlock()
 	})
 }
 
-// recoverDevice restarts a faulted device's daemon and then its instances,
-// latency-critical models first, and records what it cost.
-func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
+// recoverDevice is one pass of a device's recovery: when the device is
+// down, it records the fault and restarts the daemon; then it restarts the
+// instances a fault took down, latency-critical models first, and records
+// what it cost.
+func (r *recovery) recoverDevice(dev *simgpu.Device) {
 	name := fmt.Sprintf("cuda:%d", dev.Index())
+	fault := dev.Faulted()
 	rec := deviceRecovery{Device: dev.Index(), Fault: fault, At: time.Now()}
 	var fe *simgpu.FaultError
 	if errors.As(fault, &fe) {
@@ -262,8 +273,8 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 		rec.Culprit, rec.culprit = modelOf(fe.Client), keyOf(fe.Client)
 	}
 
-	// The instances the fault took down, in the order they restart, and
-	// what they had failed before it.
+	// The instances a fault took down, in the order they restart, and
+	// what they had failed before.
 	type down struct {
 		inst   *runtime.Simulated
 		info   simInstance
@@ -277,28 +288,35 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 		}
 	}
 	r.mu.Unlock()
+	if fault == nil && len(gone) == 0 {
+		return // nothing left to do
+	}
 	slices.SortFunc(gone, func(a, b down) int {
 		ac, ap := a.info.rank()
 		bc, bp := b.info.rank()
 		return cmp.Or(cmp.Compare(ac, bc), cmp.Compare(ap, bp), strings.Compare(a.inst.Name(), b.inst.Name()))
 	})
-	names := make([]string, len(gone))
-	for i, g := range gone {
-		names[i] = g.inst.Name()
-	}
-	r.record(control.Event{Time: rec.At, Device: name, Model: rec.culprit, Kind: control.EventFault,
-		Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
-	r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
+	if fault != nil {
+		names := make([]string, len(gone))
+		for i, g := range gone {
+			names[i] = g.inst.Name()
+		}
+		r.record(control.Event{Time: rec.At, Device: name, Model: rec.culprit, Kind: control.EventFault,
+			Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
+		r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
 
-	handle := r.daemon(dev.Index())
-	if handle == nil {
-		handle = simDaemon{dev}
+		handle := r.daemon(dev.Index())
+		if handle == nil {
+			handle = simDaemon{dev}
+		}
+		if err := handle.RestartDaemon(r.ctx); err != nil {
+			r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: " + err.Error()})
+			return
+		}
+		rec.Daemon = time.Since(rec.At)
+	} else {
+		fault = errors.New("a fault on the device")
 	}
-	if err := handle.RestartDaemon(r.ctx); err != nil {
-		r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: " + err.Error()})
-		return
-	}
-	rec.Daemon = time.Since(rec.At)
 
 	byModel := map[string]*modelRecovery{}
 	var order []string
@@ -334,13 +352,19 @@ func (r *recovery) recoverDevice(dev *simgpu.Device, fault error) {
 		if mr.Device != dev.Index() {
 			where = fmt.Sprintf(" on cuda:%d, apart from latency-critical models", mr.Device)
 		}
+		since := fmt.Sprintf("after the fault (daemon back after %s)", rec.Daemon.Round(time.Millisecond))
+		if rec.Fault == nil {
+			since = "after its recovery began (a later pass: the daemon was back)"
+		}
 		r.record(control.Event{Device: name, Model: mr.key, Kind: control.EventRecovered,
-			Reason: fmt.Sprintf("serving again%s %s after the fault (daemon back after %s); %d requests failed meanwhile",
-				where, mr.Ready.Round(time.Millisecond), rec.Daemon.Round(time.Millisecond), mr.Failed)})
+			Reason: fmt.Sprintf("serving again%s %s %s; %d requests failed meanwhile",
+				where, mr.Ready.Round(time.Millisecond), since, mr.Failed)})
 	}
-	r.mu.Lock()
-	r.done = append(r.done, rec)
-	r.mu.Unlock()
+	if rec.Fault != nil {
+		r.mu.Lock()
+		r.done = append(r.done, rec)
+		r.mu.Unlock()
+	}
 }
 
 // noteFault counts a fault against the model whose client raised it, and
