@@ -383,3 +383,32 @@ func TestSimulatedRecoveryOrder(t *testing.T) {
 		}
 	})
 }
+
+// A second fault while the device recovers from the first (the
+// latency-critical client restarting) is recovered from in turn.
+func TestSimulatedFaultDuringRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg, devs := recoveryServer(t, 1, nil, map[string]string{"lc": recoveryLC, "be": recoveryBE})
+		dev := devs.sim.Devices()[0]
+		simInstanceOf(t, devs, "be").Client().Fault("an illegal memory access")
+		// The daemon is back after a second; the latency-critical client
+		// then takes half a second to start.
+		time.Sleep(simgpu.DaemonRestart + simgpu.ContextCreate/2)
+		dev.Fault(nil, "an uncorrectable ECC error")
+		time.Sleep(15 * time.Second)
+		if err := dev.Faulted(); err != nil {
+			t.Fatalf("device down after two faults: %v", err)
+		}
+		for _, m := range []string{"lc", "be"} {
+			if ready, _ := reg.ModelReady(m, ""); !ready {
+				t.Errorf("%s not ready after the second recovery", m)
+			}
+		}
+		if recs := devs.rec.recoveries(); len(recs) != 2 {
+			t.Errorf("%d recoveries, want 2: %+v", len(recs), recs)
+		}
+		if n := len(eventsOf(devs, control.EventFault)); n != 2 {
+			t.Errorf("%d fault events, want 2", n)
+		}
+	})
+}
