@@ -140,10 +140,13 @@ func (s simDaemon) RestartDaemon(ctx context.Context) error {
 }
 
 // daemonOf is the daemon handle of device i: the limiter's when the
-// device's limiter has one, else the simulator's.
+// device has been started and its limiter has one, else the simulator's.
 func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
-	if d, err := ds.get(fmt.Sprintf("cuda:%d", i)); err == nil {
-		if r, ok := d.lim.(limiter.DaemonRestarter); ok {
+	// Only a device already started has a limiter: a risky model's
+	// client may run on a device no model names.
+	name := fmt.Sprintf("cuda:%d", i)
+	for _, d := range ds.all() {
+		if r, ok := d.lim.(limiter.DaemonRestarter); ok && d.name == name {
 			return r
 		}
 	}

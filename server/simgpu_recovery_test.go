@@ -12,6 +12,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
 	"github.com/sloserve/sloserve/simgpu"
@@ -152,9 +153,23 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		okBefore := tr.lcOK.Load()
 		lcPid := simInstanceOf(t, devs, "lc").Pid()
+		// The daemon restarts through the MPS limiter's handle.
+		var handles []limiter.DaemonRestarter
+		daemon := devs.rec.daemon
+		devs.rec.daemon = func(i int) limiter.DaemonRestarter {
+			h := daemon(i)
+			handles = append(handles, h)
+			return h
+		}
 		simInstanceOf(t, devs, "be").Client().Fault("an illegal memory access")
 		time.Sleep(5 * time.Second)
 		tr.finish()
+		if len(handles) != 1 {
+			t.Fatalf("%d daemon restarts, want 1", len(handles))
+		}
+		if _, sim := handles[0].(simDaemon); sim {
+			t.Error("the daemon restarted through the simulator, not the MPS limiter")
+		}
 
 		if err := dev.Faulted(); err != nil {
 			t.Fatalf("device still down 5s after the fault: %v", err)
