@@ -26,6 +26,11 @@ type SimulatedConfig struct {
 	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT are read from it, as a CUDA client
 	// reads them at context creation.
 	Env []string
+	// PlacedFor is the device the limiter placed the client for, whose
+	// entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT applies (default Device):
+	// a client started elsewhere (a risky model kept apart) keeps its
+	// limit.
+	PlacedFor *simgpu.Device
 	// Batched says the first dimension of every input and output is the
 	// batch (the model's max_batch_size > 0).
 	Batched bool
@@ -96,7 +101,11 @@ func StartSimulated(ctx context.Context, cfg SimulatedConfig) (*Simulated, error
 		return nil, err
 	}
 	spec := simgpu.ClientSpec{Name: cfg.Name, Model: cfg.Model}
-	if spec.Percentage, spec.PinnedMemory, err = mpsLimits(cfg.Env, cfg.Device.Index()); err != nil {
+	placed := cfg.PlacedFor
+	if placed == nil {
+		placed = cfg.Device
+	}
+	if spec.Percentage, spec.PinnedMemory, err = mpsLimits(cfg.Env, placed.Index()); err != nil {
 		return nil, err
 	}
 	s := &Simulated{cfg: cfg, spec: spec, inputs: ins, outputs: outs, device: cfg.Device}

@@ -96,7 +96,7 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 	if rec == nil {
 		return runtime.StartSimulated(ctx, cfg)
 	}
-	cfg.Device = rec.deviceFor(spec.Model, dev)
+	cfg.Device, cfg.PlacedFor = rec.deviceFor(spec.Model, dev), dev
 	var self atomic.Pointer[runtime.Simulated]
 	cfg.OnExit = func(e runtime.Exit) {
 		if spec.OnExit != nil {

@@ -329,6 +329,7 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 		d0, d1 := devs.sim.Devices()[0], devs.sim.Devices()[1]
 		tr := startTraffic(t, reg, true)
 		time.Sleep(2 * time.Second)
+		limits := simInstanceOf(t, devs, "be").Client().Spec()
 		for i := range 2 {
 			simInstanceOf(t, devs, "be").Client().Fault("an illegal memory access")
 			time.Sleep(5 * time.Second)
@@ -341,6 +342,10 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 		}
 		if got := simInstanceOf(t, devs, "be").Device(); got != d1 {
 			t.Fatalf("risky be on device %d, want 1 (apart from lc)", got.Index())
+		}
+		// It keeps the limits its limiter placed it with on device 0.
+		if got := simInstanceOf(t, devs, "be").Client().Spec(); got.Percentage != limits.Percentage || got.PinnedMemory != limits.PinnedMemory {
+			t.Errorf("moved be's client: %d%%, pinned %d; was %d%%, pinned %d", got.Percentage, got.PinnedMemory, limits.Percentage, limits.PinnedMemory)
 		}
 		if got := simInstanceOf(t, devs, "lc").Device(); got != d0 {
 			t.Fatalf("lc on device %d, want 0", got.Index())
