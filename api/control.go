@@ -63,6 +63,10 @@ type ModelControl struct {
 	MemoryUsedBytes   int64   `json:"memory_used_bytes"`
 	ThrottledSeconds  float64 `json:"throttled_seconds"`
 	CPUSeconds        float64 `json:"cpu_seconds"`
+	// Risky says why the model must be kept apart from latency-critical
+	// models (control.Isolation: its client faulted its GPU repeatedly);
+	// empty when it need not.
+	Risky string `json:"risky,omitempty"`
 }
 
 // eventJSON is one adjuster decision.

@@ -14,7 +14,9 @@
 // device at most, no share goes past the model's knee, and best-effort
 // growth waits, since every resize there starts a new client. Pins override
 // the policy; idle models are evicted when memory is over budget. Every
-// decision is an Event.
+// decision is an Event. Isolation holds the models placement must keep
+// apart from latency-critical ones (best-effort models that faulted their
+// GPU repeatedly), which the server's device recovery marks.
 //
 // It must not run requests, order them or touch processes and cgroups: it
 // reads the scheduler, predicts through the Predictor and acts through the

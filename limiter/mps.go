@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +25,8 @@ type mpsLimiter struct {
 	telemetry Telemetry
 	ownsTelem bool
 	log       *slog.Logger
-	memory    int64 // the device's memory, from the start-up check
+	memory    int64                                       // the device's memory, from the start-up check
+	restart   func(ctx context.Context, device int) error // Options.RestartMPSDaemon
 
 	mu    sync.Mutex
 	units unitTable[*mpsUnit]
@@ -38,8 +40,9 @@ type mpsUnit struct {
 }
 
 var (
-	_ Limiter        = (*mpsLimiter)(nil)
-	_ ProcessTracker = (*mpsLimiter)(nil)
+	_ Limiter         = (*mpsLimiter)(nil)
+	_ ProcessTracker  = (*mpsLimiter)(nil)
+	_ DaemonRestarter = (*mpsLimiter)(nil)
 )
 
 // Device memory outside ONNX Runtime's arena, which a runner's pinned limit
@@ -71,6 +74,26 @@ var ErrMemoryShareTooSmall = errors.New("limiter: memory share too small for a C
 // that would not fit is refused (the old runner keeps serving) instead of
 // running the device out of memory.
 var ErrDeviceMemoryFull = errors.New("limiter: the device's memory is pinned by its runners")
+
+// DaemonRestarter is a limiter whose device has a control daemon a fatal
+// fault can take down with every client (MPS): RestartDaemon brings it
+// back, so that new clients can start, and returns once it serves.
+type DaemonRestarter interface {
+	RestartDaemon(ctx context.Context) error
+}
+
+// ErrNoDaemonRestart is a daemon the limiter cannot restart itself.
+var ErrNoDaemonRestart = errors.New("limiter: restarting the MPS control daemon is not automated here")
+
+// RestartDaemon restarts the device's MPS control daemon through
+// Options.RestartMPSDaemon; without one it fails with ErrNoDaemonRestart
+// (on a real GPU: quit and start nvidia-cuda-mps-control by hand).
+func (l *mpsLimiter) RestartDaemon(ctx context.Context) error {
+	if l.restart == nil {
+		return fmt.Errorf("%w (%s): run nvidia-cuda-mps-control -d", ErrNoDaemonRestart, l.dev)
+	}
+	return l.restart(ctx, l.dev.index)
+}
 
 // ErrMPSUnavailable is a GPU whose shares MPS cannot enforce: no driver,
 // no control daemon, MIG mode, or a compute mode that refuses clients.

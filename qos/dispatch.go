@@ -38,8 +38,9 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		return nil
 	}
 
-	device := newSlots(s.opts.DeviceSlots, now)
-	mine := newSlots(m.spec.Slots, now)
+	device := s.scratch[0].reset(s.opts.DeviceSlots, now)
+	mine := s.scratch[1].reset(m.spec.Slots, now)
+	s.scratch[0], s.scratch[1] = device, mine
 	// With separate classes a latency-critical request's slots are held
 	// by latency-critical executions only.
 	lcOnly := s.separate && m.spec.Class == ClassLatencyCritical
@@ -106,6 +107,15 @@ type slots []time.Time
 
 func newSlots(n int, now time.Time) slots {
 	s := make(slots, max(n, 1))
+	for i := range s {
+		s[i] = now
+	}
+	return s
+}
+
+// reset makes s n slots free at now, reusing its array.
+func (s slots) reset(n int, now time.Time) slots {
+	s = slices.Grow(s[:0], max(n, 1))[:max(n, 1)]
 	for i := range s {
 		s[i] = now
 	}

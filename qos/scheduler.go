@@ -181,6 +181,10 @@ type Scheduler struct {
 	stopped   bool
 	runCtx    context.Context
 	execs     sync.WaitGroup
+	// scratch holds admitLocked's slot tables between calls (guarded by
+	// mu): 48 device slots on an MPS GPU made them most of the bytes a
+	// request allocated.
+	scratch [2]slots
 }
 
 // model is one model's queue and accounting.

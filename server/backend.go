@@ -66,6 +66,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
+				Risky: b.devs.risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)
@@ -85,6 +86,9 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	var all []control.Event
 	for _, d := range b.devs.all() {
 		all = append(all, d.adj.Events(since, limit)...)
+	}
+	if b.devs.rec != nil {
+		all = append(all, b.devs.rec.Events(since, limit)...)
 	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {

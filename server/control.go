@@ -42,8 +42,10 @@ type devices struct {
 	// registry is the adjusters' actuator; set once it exists, before any
 	// model loads.
 	registry *models.Registry
-	// sim, when set, is the simulated machine cuda devices are on.
+	// sim, when set, is the simulated machine cuda devices are on; rec
+	// recovers its devices from faults.
 	sim *simgpu.Sim
+	rec *recovery
 
 	mu    sync.Mutex
 	byDev map[string]*device

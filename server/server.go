@@ -5,8 +5,11 @@
 //
 // It owns the lifecycle: components start in order and stop in reverse,
 // the config is reloaded on SIGHUP or request, and shutdown drains in
-// stages. It must not implement serving, scheduling or control itself: those
-// belong to the packages it wires, and only cmd/sloserve may import server.
+// stages; on simulated GPUs it brings a device back after a fault (its
+// daemon, then its instances, latency-critical first: recovery.go), which is
+// lifecycle too. It must not implement serving, scheduling or control
+// itself: those belong to the packages it wires, and only cmd/sloserve may
+// import server.
 package server
 
 import (
@@ -85,7 +88,12 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	devs.sim = sim
+	if sim != nil {
+		devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, logger.With("component", "recovery"))
+		runners.rec = devs.rec
+	}
 	defer devs.wait()
+	defer devs.rec.stop() // after stopLoops has ended loopCtx
 	defer stopLoops()
 	prof := &profiler{
 		cfg:   cfg.Control.Profile,

@@ -80,7 +80,8 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		t.Fatal(err)
 	}
 	devs.sim = sim
-	runners := &runnerFactory{sim: sim, logger: log}
+	devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, log)
+	runners := &runnerFactory{sim: sim, rec: devs.rec, logger: log}
 	var profile func(context.Context, models.ProfileRun) error
 	if cfg.Control.Profile.Enabled {
 		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
@@ -105,6 +106,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		// move the swap on.
 		cancel()
 		stopLoops()
+		devs.rec.stop()
 		reg.Stop(context.Background())
 		devs.wait()
 	})
