@@ -90,6 +90,24 @@ type Actuator interface {
 	MemoryUsage(model string) int64
 }
 
+// AsyncActuator is an Actuator that can resize without waiting for a
+// model's replacement instances to start (on MPS every resize is a new
+// client: a context, the weights, a warm-up). When the Actuator is one,
+// the adjuster requests a share and goes on with the other models; the
+// predictor is told the share, and the resize event recorded, once the
+// share is in effect.
+type AsyncActuator interface {
+	Actuator
+	// RequestShare starts resizing the model and returns; a later request
+	// supersedes one still in progress. The error is one the resize
+	// failed with at once.
+	RequestShare(model string, s limiter.Share) error
+	// ShareInEffect is the share the model's instances run at, whether a
+	// requested one is still in progress, and why the last one that
+	// finished did not apply (nil when it did).
+	ShareInEffect(model string) (s limiter.Share, pending bool, err error)
+}
+
 // AdjusterOptions configure an Adjuster. Zero values mean the defaults.
 type AdjusterOptions struct {
 	// Policy is SharePolicyAdaptive (default), SharePolicyStatic or
@@ -165,6 +183,9 @@ type ModelShare struct {
 	Class qos.Class
 	// Share is what was last applied successfully (zero before that).
 	Share limiter.Share
+	// Pending is a share asked for and not in effect yet: its replacement
+	// instances are starting (AsyncActuator); nil when none.
+	Pending *limiter.Share
 	// Target is the compute share the last pass wanted; it differs from
 	// Share while a shrink waits out the hysteresis, or a change failed.
 	Target float64
@@ -245,6 +266,13 @@ type tracked struct {
 	// again before retryAt.
 	failures int
 	retryAt  time.Time
+	// pending is the share requested of an AsyncActuator and not in
+	// effect yet (nil: none), with the decision that asked for it, the
+	// share it replaces and when it was asked for.
+	pending     *limiter.Share
+	pendingD    decision
+	pendingOld  limiter.Share
+	pendingFrom time.Time
 	// boost is the floor observed misses have raised a latency-critical
 	// model to (0: none), boostAt when it last rose.
 	boost   float64
@@ -497,6 +525,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 	pins := maps.Clone(a.pins)
 	a.mu.Unlock()
 	maps.DeleteFunc(a.models, func(name string, _ *tracked) bool { return !live[name] })
+	a.settlePending(now)
 	for _, st := range states {
 		if a.models[st.Spec.Name] == nil {
 			a.models[st.Spec.Name] = &tracked{}
@@ -741,16 +770,18 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if t.failures > 0 && now.Before(t.retryAt) {
 		return
 	}
-	if err := a.opts.Actuator.SetShare(ctx, name, want); err != nil {
+	async, isAsync := a.opts.Actuator.(AsyncActuator)
+	var err error
+	if isAsync {
+		err = async.RequestShare(name, want)
+	} else {
+		err = a.opts.Actuator.SetShare(ctx, name, want)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return // stopping
 		}
-		t.failures++
-		backoff := a.opts.Period << min(t.failures-1, 5)
-		t.retryAt = now.Add(backoff)
-		a.record(Event{Model: name, Kind: EventError, Old: t.applied, New: want,
-			Reason:    fmt.Sprintf("setting the share failed (attempt %d, next in %s): %v", t.failures, shortDuration(backoff), err),
-			Predicted: d.predicted, ForecastRate: d.rate})
+		a.failed(now, name, t.applied, want, d, err)
 		return
 	}
 	old := t.applied
@@ -758,8 +789,68 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		t.lastChange = now
 	}
 	t.applied, t.hasApplied, t.fresh = want, true, false
-	t.failures, t.retryAt = 0, time.Time{}
 	t.slackSince, t.slack = time.Time{}, nil
+	if isAsync {
+		if _, pending, _ := async.ShareInEffect(name); pending {
+			if t.pending == nil {
+				t.pendingOld = old
+			}
+			t.pending, t.pendingD, t.pendingFrom = &want, d, now
+			return // settlePending tells the predictor once it is in effect
+		}
+		t.pending = nil
+	}
+	a.applied(name, old, want, d, "")
+}
+
+// failed counts a share that did not apply and schedules the next try.
+func (a *Adjuster) failed(now time.Time, name string, old, want limiter.Share, d decision, err error) {
+	t := a.models[name]
+	t.failures++
+	backoff := a.opts.Period << min(t.failures-1, 5)
+	t.retryAt = now.Add(backoff)
+	a.record(Event{Model: name, Kind: EventError, Old: old, New: want,
+		Reason:    fmt.Sprintf("setting the share failed (attempt %d, next in %s): %v", t.failures, shortDuration(backoff), err),
+		Predicted: d.predicted, ForecastRate: d.rate})
+}
+
+// settlePending looks at the shares requested of an AsyncActuator in earlier
+// passes: one now in effect is applied (the predictor told, the resize
+// recorded); one that failed is an error, retried with backoff from the
+// share in effect.
+func (a *Adjuster) settlePending(now time.Time) {
+	async, ok := a.opts.Actuator.(AsyncActuator)
+	if !ok {
+		return
+	}
+	for name, t := range a.models {
+		if t.pending == nil {
+			continue
+		}
+		in, pending, err := async.ShareInEffect(name)
+		if pending {
+			continue
+		}
+		want := *t.pending
+		t.pending = nil
+		if err != nil || in != want {
+			if err == nil {
+				err = fmt.Errorf("compute %.4g, memory %d is in effect, not the share asked for", in.Compute, in.Memory)
+			}
+			t.applied = in
+			a.failed(now, name, in, want, t.pendingD, err)
+			continue
+		}
+		a.applied(name, t.pendingOld, want, t.pendingD,
+			fmt.Sprintf(" (in effect %s after it was asked for: replacement instances started)", shortDuration(now.Sub(t.pendingFrom))))
+	}
+}
+
+// applied tells the predictor a share now in effect and records the
+// resize.
+func (a *Adjuster) applied(name string, old, want limiter.Share, d decision, note string) {
+	t := a.models[name]
+	t.failures, t.retryAt = 0, time.Time{}
 	if a.opts.Predictor != nil {
 		c := want.Compute
 		if c <= 0 || c > 1 || want.Mode == limiter.ModeFloor {
@@ -767,7 +858,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}
-	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason, Predicted: d.predicted, ForecastRate: d.rate})
+	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason + note, Predicted: d.predicted, ForecastRate: d.rate})
 }
 
 // evictIdle unloads idle models, least recently used first, while the
@@ -823,10 +914,16 @@ func (a *Adjuster) publish(states []qos.ModelState, ds map[string]decision) {
 	for _, st := range states {
 		name := st.Spec.Name
 		d, t := ds[name], a.models[name]
+		share := t.applied
+		var pending *limiter.Share
+		if t.pending != nil {
+			share, pending = t.pendingOld, new(*t.pending)
+		}
 		view = append(view, ModelShare{
 			Model:            name,
 			Class:            st.Spec.Class,
-			Share:            t.applied,
+			Share:            share,
+			Pending:          pending,
 			Target:           d.share.Compute,
 			Pinned:           t.pin != nil,
 			Source:           d.source,

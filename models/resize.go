@@ -153,3 +153,14 @@ func (r *Registry) ShareStatus(key string) (ShareStatus, error) {
 	}
 	return st, nil
 }
+
+// ShareInEffect is ShareStatus as the control loop's AsyncActuator reads
+// it: the share in effect, whether a requested one is still starting, and
+// why the last one that finished did not apply.
+func (r *Registry) ShareInEffect(key string) (limiter.Share, bool, error) {
+	st, err := r.ShareStatus(key)
+	if err != nil {
+		return limiter.Share{}, false, err
+	}
+	return st.Share, st.Pending != nil, st.Err
+}

@@ -57,8 +57,13 @@ func (b *backend) Control() api.ControlStatus {
 		for _, ms := range d.adj.Shares() {
 			acc := b.devs.pred.Accuracy(ms.Model)
 			us := b.Registry.UnitStats(ms.Model)
+			var pending *float64
+			if ms.Pending != nil {
+				pending = new(ms.Pending.Compute)
+			}
 			dc.Models = append(dc.Models, api.ModelControl{
-				Model: ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
+				PendingShare: pending,
+				Model:        ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
 				ComputeShare: ms.Share.Compute, MemoryShare: ms.Share.Memory, TargetShare: ms.Target,
 				Source: ms.Source, Pinned: ms.Pinned,
 				ForecastRate: ms.ForecastRate, ObservedRate: acc.ObservedRate, Attainment: ms.Attainment,

@@ -477,4 +477,4 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 }
 
 // The registry applies the control loop's shares to the models' instances.
-var _ control.Actuator = (*models.Registry)(nil)
+var _ control.AsyncActuator = (*models.Registry)(nil)
