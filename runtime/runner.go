@@ -820,6 +820,9 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 	return msg, call, region
 }
 
+// errDynamicShape marks an output whose size is not known in advance.
+var errDynamicShape = errors.New("not a fixed shape")
+
 // outputReserve is the room a call of in input bytes reserves for its
 // outputs: the exact size when every requested output has a fixed shape,
 // else in times the largest output-to-input ratio seen.
@@ -829,8 +832,14 @@ func (r *Runner) outputReserve(req *InferRequest, in uint64) uint64 {
 		if len(req.Outputs) > 0 && !slices.Contains(req.Outputs, spec.Name) {
 			continue
 		}
-		n, err := ElementCount(spec.Shape, 1<<40)
-		if len(spec.Shape) == 0 || !isStatic(spec.Shape) || spec.DataType == Bytes || err != nil {
+		var n int64
+		err := errDynamicShape
+		if len(spec.Shape) > 0 && isStatic(spec.Shape) && spec.DataType != Bytes {
+			// Only a fixed shape is counted: counting a dynamic one
+			// builds an error on every call.
+			n, err = ElementCount(spec.Shape, 1<<40)
+		}
+		if err != nil {
 			ratio := math.Float64frombits(r.outRatio.Load())
 			return uint64(min(ratio*float64(in), float64(DefaultArenaSize<<4))) + arenaAlign*uint64(len(r.outputs))
 		}
