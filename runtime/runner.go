@@ -43,6 +43,11 @@ type RunnerConfig struct {
 	// they fit in what is free, inline on the socket otherwise. 0 means
 	// DefaultArenaSize; negative, no arena (everything inline).
 	ArenaSize int64
+	// Calls is how many calls the server runs on the process at once
+	// (execution.concurrency); 0 means 1. The runner's Go scheduler gets
+	// as many processors (GOMAXPROCS), at most the machine's CPUs: a call
+	// then runs where its frame was read, with no other thread to wake.
+	Calls int
 
 	ReadyTimeout   time.Duration // how long a start may take; default 2m
 	HealthInterval time.Duration // between health checks; default 5s

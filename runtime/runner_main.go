@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,9 @@ type runnerFlags struct {
 	// callsFD is the inherited end of the calls' socket pair
 	// (runner_stream.go); -1: none, the runner then only describes itself.
 	callsFD int
+	// calls is how many calls the server runs at once (RunnerConfig.Calls);
+	// 0: Go's default processors.
+	calls int
 }
 
 // pathList is a repeatable string flag.
@@ -90,6 +94,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
+	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -102,6 +107,9 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s is required", name))
 		}
+	}
+	if f.calls < 0 {
+		errs = append(errs, fmt.Errorf("--calls %d is negative", f.calls))
 	}
 	if f.arenaFD >= 0 && f.arenaSize <= 0 {
 		errs = append(errs, errors.New("--arena-fd needs a positive --arena-size"))
@@ -125,6 +133,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	f, err := parseRunnerFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.calls > 0 {
+		// A call's goroutine starts where its frame was read; more
+		// processors than calls only add threads to wake and to steal
+		// work between (futex wake-ups on every call). A call in ONNX
+		// Runtime releases its processor to the next within a sysmon
+		// tick, so a late call is not stuck behind it.
+		goruntime.GOMAXPROCS(min(f.calls, goruntime.NumCPU()))
 	}
 	log := logger.With("model", f.model)
 	// Join the instance's cgroups first: ONNX Runtime's threads and the
@@ -227,6 +243,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		"provider", f.provider.withDefaults().Kind,
 		"inputs", sess.io.inputs,
 		"outputs", sess.io.outputs,
+		"procs", goruntime.GOMAXPROCS(0),
 		"load", time.Since(loadStart))
 
 	select {

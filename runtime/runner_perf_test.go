@@ -1,8 +1,12 @@
 package runtime
 
 import (
+	"fmt"
 	"math"
+	goruntime "runtime"
+	"strings"
 	"testing"
+	"time"
 )
 
 // The per-call work of the server's side of a runner call allocates
@@ -24,5 +28,31 @@ func TestOutputReserveDynamicAllocatesNothing(t *testing.T) {
 	r.outputs = []TensorSpec{{Name: "y", DataType: FP32, Shape: []int64{2, 3}}}
 	if got, want := r.outputReserve(req, 64), uint64(24+arenaAlign); got != want {
 		t.Fatalf("fixed reserve %d, want %d", got, want)
+	}
+}
+
+// A runner's Go scheduler gets one processor per call it runs at once, at
+// most the CPUs; a runner of one call at a time has no second thread to
+// wake for each call.
+func TestRunnerProcessorsFollowCalls(t *testing.T) {
+	if goruntime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs to tell 1 processor from the default")
+	}
+	for _, calls := range []int{0, 1, 2, 64} {
+		t.Run(fmt.Sprintf("calls=%d", calls), func(t *testing.T) {
+			cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+			cfg.Calls = calls
+			r := startTestRunner(t, cfg)
+			want := fmt.Sprintf("procs=%d", min(max(1, calls), goruntime.NumCPU()))
+			// The line may reach the server's copy of the output after
+			// the runner answers.
+			p := r.serving.Load()
+			waitFor(t, 10*time.Second, "the runner's ready line with "+want, func() bool {
+				return strings.Contains(p.output.Tail(outputTailLines), want)
+			})
+		})
+	}
+	if _, err := parseRunnerFlags([]string{"--socket", "s", "--model", "m", "--library", "l", "--calls", "-1"}); err == nil {
+		t.Error("--calls -1 accepted")
 	}
 }

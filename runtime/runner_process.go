@@ -101,7 +101,7 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 		}
 		return nil, err
 	}
-	args = append(args, "--calls-fd", strconv.Itoa(3+len(extra)))
+	args = append(args, "--calls-fd", strconv.Itoa(3+len(extra)), "--calls", strconv.Itoa(max(1, cfg.Calls)))
 	extra = append(extra, theirs)
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.ExtraFiles = extra
