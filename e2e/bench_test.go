@@ -193,6 +193,32 @@ func benchServerOverhead(b *testing.B, isolation string) {
 	b.ReportMetric(us(percentile(dREST, 0.5)-percentile(dDirect, 0.5)), "rest-added-p50-µs")
 	b.ReportMetric(us(percentile(dGRPC, 0.99)-percentile(dDirect, 0.99)), "grpc-added-p99-µs")
 	b.ReportMetric(us(percentile(dREST, 0.99)-percentile(dDirect, 0.99)), "rest-added-p99-µs")
+	// Allocations in the server per call of each path, from its Go
+	// runtime's count: independent of the machine's load.
+	const calls = 500
+	for _, p := range []struct {
+		name string
+		call func()
+	}{{"grpc", func() {
+		if _, err := s.grpc.ModelInfer(b.Context(), grpcReq); err != nil {
+			b.Fatal(err)
+		}
+	}}, {"rest", rest}, {"grpc-live", live}} {
+		before := serverMallocs(b, s)
+		for range calls {
+			p.call()
+		}
+		b.ReportMetric((serverMallocs(b, s)-before)/calls, p.name+"-server-allocs/call")
+	}
+}
+
+// serverMallocs is the server's count of heap allocations so far.
+func serverMallocs(b *testing.B, s *testServer) float64 {
+	v, ok := s.metricValue(b, "go_memstats_mallocs_total")
+	if !ok {
+		b.Fatal("no go_memstats_mallocs_total")
+	}
+	return v
 }
 
 // BenchmarkServerThroughput16 drives the tiny network through gRPC from 16
@@ -260,6 +286,7 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 		b.ReportMetric(per(use.server), "server-cpu-µs/infer")
 		b.ReportMetric(per(use.runners), "runner-cpu-µs/infer")
 		b.ReportMetric(per(use.client), "client-cpu-µs/infer")
+		b.ReportMetric(use.mallocs/use.infers, "server-allocs/infer")
 		if total := use.server + use.runners + use.client; total > 0 {
 			b.ReportMetric(float64(goruntime.NumCPU())*use.infers/total, "cpu-bound-infer/s")
 		}
@@ -271,11 +298,13 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 
 // throughputUse is what a throughput window used: CPU seconds of the
 // server, its runners and this process (the clients), the inferences the
-// scheduler counted, and its executed batches and their rows.
-type throughputUse struct{ server, runners, client, infers, batches, rows float64 }
+// scheduler counted, its executed batches and their rows, and the server's
+// heap allocations.
+type throughputUse struct{ server, runners, client, infers, batches, rows, mallocs float64 }
 
 func readThroughputUse(b *testing.B, s *testServer) throughputUse {
 	u := throughputUse{server: cpuSeconds(s.cmd.Process.Pid), client: cpuSeconds(os.Getpid())}
+	u.mallocs = serverMallocs(b, s)
 	for _, pid := range s.children() {
 		u.runners += cpuSeconds(pid)
 	}
@@ -293,11 +322,11 @@ func readThroughputUse(b *testing.B, s *testServer) throughputUse {
 }
 
 func (u throughputUse) sub(o throughputUse) throughputUse {
-	return throughputUse{u.server - o.server, u.runners - o.runners, u.client - o.client, u.infers - o.infers, u.batches - o.batches, u.rows - o.rows}
+	return throughputUse{u.server - o.server, u.runners - o.runners, u.client - o.client, u.infers - o.infers, u.batches - o.batches, u.rows - o.rows, u.mallocs - o.mallocs}
 }
 
 func (u throughputUse) add(o throughputUse) throughputUse {
-	return throughputUse{u.server + o.server, u.runners + o.runners, u.client + o.client, u.infers + o.infers, u.batches + o.batches, u.rows + o.rows}
+	return throughputUse{u.server + o.server, u.runners + o.runners, u.client + o.client, u.infers + o.infers, u.batches + o.batches, u.rows + o.rows, u.mallocs + o.mallocs}
 }
 
 // BenchmarkServerDetector640 compares the PP-OCRv4 detector on a 640x640
