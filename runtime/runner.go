@@ -787,10 +787,26 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 // slot for the inputs, copied in, followed by room for the outputs; what
 // does not fit in the free part of the arena travels inline.
 func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice) {
-	call := &pendingCall{}
-	msg := &runnerpb.InferRequest{Outputs: req.Outputs, Inputs: make([]*runnerpb.Tensor, len(req.Inputs))}
+	var (
+		call    *pendingCall
+		msg     *runnerpb.InferRequest
+		tensors []runnerpb.Tensor
+		slices  []runnerpb.ArenaSlice // one per input, then the output region
+	)
+	if len(req.Inputs) == 1 {
+		// The common case in one allocation.
+		one := new(oneInputCall)
+		call, msg, tensors, slices = &one.call, &one.msg, one.tensor[:], one.slices[:]
+		msg.Inputs = one.ptr[:]
+	} else {
+		call, msg = &pendingCall{}, &runnerpb.InferRequest{Inputs: make([]*runnerpb.Tensor, len(req.Inputs))}
+		tensors = make([]runnerpb.Tensor, len(req.Inputs))
+		slices = make([]runnerpb.ArenaSlice, len(req.Inputs)+1)
+	}
+	msg.Outputs = req.Outputs
 	for i, t := range req.Inputs {
-		msg.Inputs[i] = &runnerpb.Tensor{Name: t.Name, Datatype: string(t.DataType), Shape: t.Shape, Data: t.Data}
+		tensors[i].Name, tensors[i].Datatype, tensors[i].Shape, tensors[i].Data = t.Name, string(t.DataType), t.Shape, t.Data
+		msg.Inputs[i] = &tensors[i]
 	}
 	if mem == nil {
 		return msg, call, nil
@@ -814,15 +830,26 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 		n := uint64(len(t.Data))
 		copy(mem[at:at+n], t.Data)
 		msg.Inputs[i].Data = nil
-		msg.Inputs[i].Arena = &runnerpb.ArenaSlice{Offset: at, Length: n}
+		slices[i].Offset, slices[i].Length = at, n
+		msg.Inputs[i].Arena = &slices[i]
 		at, _ = alignUp(at + n)
 	}
 	var region *runnerpb.ArenaSlice
 	if reserve > 0 {
-		region = &runnerpb.ArenaSlice{Offset: off + in, Length: reserve}
+		region = &slices[len(req.Inputs)]
+		region.Offset, region.Length = off+in, reserve
 		msg.Output = region
 	}
 	return msg, call, region
+}
+
+// oneInputCall is what a call of one input needs, allocated at once.
+type oneInputCall struct {
+	call   pendingCall
+	msg    runnerpb.InferRequest
+	ptr    [1]*runnerpb.Tensor
+	tensor [1]runnerpb.Tensor
+	slices [2]runnerpb.ArenaSlice
 }
 
 // errDynamicShape marks an output whose size is not known in advance.

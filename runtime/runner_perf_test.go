@@ -56,3 +56,17 @@ func TestRunnerProcessorsFollowCalls(t *testing.T) {
 		t.Error("--calls -1 accepted")
 	}
 }
+
+// A call of one input is built in one allocation: message, tensor,
+// descriptors and the pending call together.
+func TestNewCallOneAllocation(t *testing.T) {
+	r := &Runner{outputs: []TensorSpec{{Name: "y", DataType: FP32, Shape: []int64{-1}}}}
+	req := &InferRequest{Inputs: []Tensor{{Name: "x", DataType: FP32, Shape: []int64{1, 2}, Data: make([]byte, 8)}}}
+	if n := testing.AllocsPerRun(100, func() { r.newCall(nil, req, nil) }); n > 1 {
+		t.Errorf("newCall allocates %v times, want 1", n)
+	}
+	msg, call, _ := r.newCall(nil, req, nil)
+	if call == nil || len(msg.GetInputs()) != 1 || msg.GetInputs()[0].GetName() != "x" || len(msg.GetInputs()[0].GetData()) != 8 {
+		t.Errorf("message %v, call %v", msg, call)
+	}
+}
