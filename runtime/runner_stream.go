@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -69,8 +70,18 @@ type frameWriter struct {
 
 // write marshals m into one frame and writes it in one call.
 func (w *frameWriter) write(m proto.Message) error {
+	return w.writeBy(m, time.Time{})
+}
+
+// writeBy is write that gives up at deadline (zero: never) when conn has
+// write deadlines: a peer that stops reading leaves the frame half
+// written, and the connection must then be closed.
+func (w *frameWriter) writeBy(m proto.Message, deadline time.Time) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if d, ok := w.conn.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		_ = d.SetWriteDeadline(deadline)
+	}
 	b, err := proto.MarshalOptions{}.MarshalAppend(append(w.buf[:0], 0, 0, 0, 0), m)
 	if err != nil {
 		return err
@@ -265,9 +276,12 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 	c.pending[req.Id] = call
 	c.mu.Unlock()
 
-	if err := c.w.write(req); err != nil {
-		// A failed write ends the stream; the receiver then fails the
-		// pending calls, this one with them unless its answer came.
+	deadline, _ := ctx.Deadline()
+	if err := c.w.writeBy(req, deadline); err != nil {
+		// A failed write ends the stream (a runner that has not taken a
+		// call by its deadline is not reading: it is hung); the receiver
+		// then fails the pending calls, this one with them unless its
+		// answer came.
 		c.conn.Close()
 		<-c.done
 		if resp := <-call.reply; resp != nil {

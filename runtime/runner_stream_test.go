@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -191,4 +192,30 @@ func fcntl(fd uintptr) (int, error) {
 		return 0, errno
 	}
 	return int(r), nil
+}
+
+// A runner that stops reading its calls (hung, stopped) cannot hold a
+// caller past its deadline in the write: the half-written frame ends the
+// stream, and the call fails as unavailable.
+func TestCallStreamWriteGivesUpAtDeadline(t *testing.T) {
+	c, _, brokenWith := streamPair(t) // the runner's end is never read
+	big := &runnerpb.InferRequest{Inputs: []*runnerpb.Tensor{{Name: "x", Data: make([]byte, 16<<20)}}}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.call(ctx, big, &pendingCall{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("call: %v, want Unavailable", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call is stuck writing to a runner that does not read")
+	}
+	if err := <-brokenWith; errors.Is(err, io.EOF) {
+		t.Fatalf("onBroken(%v): a stream cut by the server is not the runner's goodbye", err)
+	}
 }
