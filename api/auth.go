@@ -266,6 +266,27 @@ func (a *Auth) admitted(protocol string, need access, method, peerAddr string) {
 	}
 }
 
+// addrLoopback is isLoopback for a peer's address, without formatting a
+// TCP address first.
+func addrLoopback(addr net.Addr) bool {
+	switch a := addr.(type) {
+	case nil:
+		return false
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
+	default:
+		return isLoopback(a.String())
+	}
+}
+
+// addrString is a peer's address as logs show it; "" when unknown.
+func addrString(addr net.Addr) string {
+	if addr == nil {
+		return ""
+	}
+	return addr.String()
+}
+
 // isLoopback reports whether addr ("host:port" or a bare IP) is a loopback
 // address; anything it cannot read is not.
 func isLoopback(addr string) bool {
@@ -510,22 +531,24 @@ func grpcAccess(fullMethod string) access {
 // grpcCheck decides a gRPC call from its metadata and peer.
 func (a *Auth) grpcCheck(ctx context.Context, fullMethod string) error {
 	need := grpcAccess(fullMethod)
-	md, _ := metadata.FromIncomingContext(ctx)
-	values := md.Get("authorization")
+	// One key, not a copy of all the call's metadata.
+	values := metadata.ValueFromIncomingContext(ctx, "authorization")
 	header := ""
 	if len(values) == 1 {
 		header = values[0]
 	}
-	peerAddr := ""
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		peerAddr = p.Addr.String()
+	var addr net.Addr
+	if p, ok := peer.FromContext(ctx); ok {
+		addr = p.Addr
 	}
-	ref := a.check(need, header, len(values) > 0, isLoopback(peerAddr))
+	ref := a.check(need, header, len(values) > 0, addrLoopback(addr))
 	if ref == nil {
-		a.admitted("grpc", need, fullMethod, peerAddr)
+		if need == accessAdmin {
+			a.admitted("grpc", need, fullMethod, addrString(addr))
+		}
 		return nil
 	}
-	a.refused("grpc", need, ref, fullMethod, peerAddr)
+	a.refused("grpc", need, ref, fullMethod, addrString(addr))
 	if ref.unauthenticated() {
 		return status.Error(codes.Unauthenticated, ref.msg)
 	}

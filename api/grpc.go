@@ -44,6 +44,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	base := []grpc.ServerOption{
 		grpc.InTapHandle(grpcStampArrival),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
+		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
 		grpc.ChainStreamInterceptor(grpcRecoverStream(logger)),
 	}
@@ -56,6 +57,13 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	reflection.Register(srv)
 	return srv
 }
+
+// grpcStreamWorkers is how many goroutines serve calls, reused from call to
+// call: a fresh goroutine per call starts with a small stack and grows it,
+// by copying, through the whole request path (decode, scheduler, runner
+// call) on every call. Calls beyond this many at once get a goroutine of
+// their own, as without workers.
+const grpcStreamWorkers = 64
 
 // grpcArrivalKey keys the time a call's headers arrived in its context.
 type grpcArrivalKey struct{}

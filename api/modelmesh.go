@@ -155,10 +155,8 @@ func (s *meshService) PredictModelSize(_ context.Context, req *modelmesh.Predict
 // meshModelName is the model a v2 gRPC call is for: the one ModelMesh names
 // in its header, else the request's own.
 func meshModelName(ctx context.Context, name string) string {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if ids := md.Get(ModelMeshModelIDHeader); len(ids) > 0 && ids[0] != "" {
-			return ids[0]
-		}
+	if ids := metadata.ValueFromIncomingContext(ctx, ModelMeshModelIDHeader); len(ids) > 0 && ids[0] != "" {
+		return ids[0]
 	}
 	return name
 }

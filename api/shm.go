@@ -213,8 +213,7 @@ func (a *Auth) principal(header string) string {
 
 // grpcAuthHeader is the authorization metadata of a gRPC call.
 func grpcAuthHeader(ctx context.Context) string {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get("authorization"); len(v) == 1 {
+	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) == 1 {
 		return v[0]
 	}
 	return ""

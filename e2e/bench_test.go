@@ -13,7 +13,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	goruntime "runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -77,6 +79,18 @@ func runDirect(b testing.TB, s *ort.DynamicAdvancedSession, shape []int64, data 
 // those parts alone, as before the control loop existed.
 const benchShared = "control: {policy: shared}\n"
 
+// benchProfiling lets the server benchmarks be profiled: with
+// SLOSERVE_BENCH_PPROF_ADDR set, the server serves /debug/pprof/ there
+// (`go tool pprof http://ADDR/debug/pprof/profile?seconds=10` while the
+// benchmark runs); with SLOSERVE_RUNNER_PROFILE_DIR set, the runners
+// write their profiles into that folder when they stop.
+func benchProfiling() []serverOption {
+	if addr := os.Getenv("SLOSERVE_BENCH_PPROF_ADDR"); addr != "" {
+		return []serverOption{withFlags("--pprof-addr", addr)}
+	}
+	return nil
+}
+
 func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -104,7 +118,7 @@ func benchServerOverhead(b *testing.B, isolation string) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
 	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1, isolation: " + isolation + "}\n"})
-	s := startServer(b, repo, benchShared)
+	s := startServer(b, repo, benchShared, benchProfiling()...)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 
 	data := make([]float32, 10)
@@ -179,6 +193,32 @@ func benchServerOverhead(b *testing.B, isolation string) {
 	b.ReportMetric(us(percentile(dREST, 0.5)-percentile(dDirect, 0.5)), "rest-added-p50-µs")
 	b.ReportMetric(us(percentile(dGRPC, 0.99)-percentile(dDirect, 0.99)), "grpc-added-p99-µs")
 	b.ReportMetric(us(percentile(dREST, 0.99)-percentile(dDirect, 0.99)), "rest-added-p99-µs")
+	// Allocations in the server per call of each path, from its Go
+	// runtime's count: independent of the machine's load.
+	const calls = 500
+	for _, p := range []struct {
+		name string
+		call func()
+	}{{"grpc", func() {
+		if _, err := s.grpc.ModelInfer(b.Context(), grpcReq); err != nil {
+			b.Fatal(err)
+		}
+	}}, {"rest", rest}, {"grpc-live", live}} {
+		before := serverMallocs(b, s)
+		for range calls {
+			p.call()
+		}
+		b.ReportMetric((serverMallocs(b, s)-before)/calls, p.name+"-server-allocs/call")
+	}
+}
+
+// serverMallocs is the server's count of heap allocations so far.
+func serverMallocs(b *testing.B, s *testServer) float64 {
+	v, ok := s.metricValue(b, "go_memstats_mallocs_total")
+	if !ok {
+		b.Fatal("no go_memstats_mallocs_total")
+	}
+	return v
 }
 
 // BenchmarkServerThroughput16 drives the tiny network through gRPC from 16
@@ -194,7 +234,7 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
 	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\ninstances: 2\nexecution: {intra_op_threads: 1, concurrency: 4, isolation: " + isolation + "}\n"})
-	s := startServer(b, repo, benchShared)
+	s := startServer(b, repo, benchShared, benchProfiling()...)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 	data := make([]float32, 10)
 	req := &inference.ModelInferRequest{
@@ -220,12 +260,16 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 		return float64(n.Load()) / window.Seconds()
 	}
 	var server, local []float64
+	var use throughputUse
 	for b.Loop() {
-		server = append(server, measure(func() {
+		before := readThroughputUse(b, s)
+		rate := measure(func() {
 			if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {
 				b.Error(err)
 			}
-		}))
+		})
+		use = use.add(readThroughputUse(b, s).sub(before))
+		server = append(server, rate)
 		local = append(local, measure(func() { runDirect(b, direct, []int64{1, 10}, data) }))
 	}
 	slices.Sort(server)
@@ -233,6 +277,56 @@ func benchServerThroughput16(b *testing.B, isolation string) {
 	b.ReportMetric(server[len(server)/2], "grpc-infer/s")
 	b.ReportMetric(local[len(local)/2], "direct-infer/s")
 	b.ReportMetric(server[len(server)/2]/local[len(local)/2], "grpc/direct")
+	// Where the cores go: CPU time per inference of each process over the
+	// gRPC windows (robust on a busy machine, unlike the rate), the mean
+	// executed batch, and the rate the machine's cores would allow if
+	// server, runners and client had them to themselves.
+	if use.infers > 0 {
+		per := func(sec float64) float64 { return sec / use.infers * 1e6 }
+		b.ReportMetric(per(use.server), "server-cpu-µs/infer")
+		b.ReportMetric(per(use.runners), "runner-cpu-µs/infer")
+		b.ReportMetric(per(use.client), "client-cpu-µs/infer")
+		b.ReportMetric(use.mallocs/use.infers, "server-allocs/infer")
+		if total := use.server + use.runners + use.client; total > 0 {
+			b.ReportMetric(float64(goruntime.NumCPU())*use.infers/total, "cpu-bound-infer/s")
+		}
+	}
+	if use.batches > 0 {
+		b.ReportMetric(use.rows/use.batches, "mean-batch")
+	}
+}
+
+// throughputUse is what a throughput window used: CPU seconds of the
+// server, its runners and this process (the clients), the inferences the
+// scheduler counted, its executed batches and their rows, and the server's
+// heap allocations.
+type throughputUse struct{ server, runners, client, infers, batches, rows, mallocs float64 }
+
+func readThroughputUse(b *testing.B, s *testServer) throughputUse {
+	u := throughputUse{server: cpuSeconds(s.cmd.Process.Pid), client: cpuSeconds(os.Getpid())}
+	u.mallocs = serverMallocs(b, s)
+	for _, pid := range s.children() {
+		u.runners += cpuSeconds(pid)
+	}
+	for k, v := range s.scrape(b) {
+		switch {
+		case strings.HasPrefix(k, "sloserve_qos_batch_size_count{"):
+			u.batches += v
+		case strings.HasPrefix(k, "sloserve_qos_batch_size_sum{"):
+			u.rows += v
+		case strings.HasPrefix(k, "sloserve_qos_requests_total{") && (strings.Contains(k, `outcome="good"`) || strings.Contains(k, `outcome="late"`)):
+			u.infers += v
+		}
+	}
+	return u
+}
+
+func (u throughputUse) sub(o throughputUse) throughputUse {
+	return throughputUse{u.server - o.server, u.runners - o.runners, u.client - o.client, u.infers - o.infers, u.batches - o.batches, u.rows - o.rows, u.mallocs - o.mallocs}
+}
+
+func (u throughputUse) add(o throughputUse) throughputUse {
+	return throughputUse{u.server + o.server, u.runners + o.runners, u.client + o.client, u.infers + o.infers, u.batches + o.batches, u.rows + o.rows, u.mallocs + o.mallocs}
 }
 
 // BenchmarkServerDetector640 compares the PP-OCRv4 detector on a 640x640
@@ -253,7 +347,7 @@ func benchServerDetector640(b *testing.B, isolation string) {
 	det := demoModel(b, "ocr-det")
 	// Spinning allowed, as in the direct session's default options.
 	writeRepo(b, repo, repoModel{"det", det, "max_batch_size: 1\nexecution: {intra_op_threads: 2, allow_spinning: true, isolation: " + isolation + "}\n"})
-	s := startServer(b, repo, benchShared)
+	s := startServer(b, repo, benchShared, benchProfiling()...)
 	direct := directSession(b, det, "x", "sigmoid_0.tmp_0", 2)
 	rng := rand.New(rand.NewPCG(3, 4))
 	img := make([]float32, 3*640*640)

@@ -369,11 +369,12 @@ func TestE2ERunnerOutOfMemory(t *testing.T) {
 	// starts in about 15 MiB of its cgroup. A request that fits the
 	// runner's shared-memory arena costs the runner nothing: it reads the
 	// tensor in place. With a 16 MiB arena a request of 1.2M rows (48 MB)
-	// does not fit, so it travels inline on the socket, and the runner
-	// needs several copies of it.
+	// does not fit, so it travels inline on the call socket, and the
+	// runner holds two copies of it (the frame it read and the message
+	// decoded from it) besides its 4.8 MB output: over 96 MiB.
 	writeRepo(t, repo,
 		repoModel{"big", testModel(t, "example_dynamic_axes.onnx"),
-			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
+			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 96MiB, compute_share: 0.5}\n"},
 		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
 	)
 	s := startServer(t, repo, "", withSet("runtime.arena_size=16MiB"))
@@ -394,13 +395,13 @@ func TestE2ERunnerOutOfMemory(t *testing.T) {
 	start := time.Now()
 	code, b, _ := s.do(t, "POST", "/v2/models/big/infer", body, "Inference-Header-Content-Length", hlen, "Content-Type", "application/octet-stream")
 	took := time.Since(start)
-	if code != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("out of memory")) || !bytes.Contains(b, []byte("memory limit of 128MiB")) {
+	if code != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("out of memory")) || !bytes.Contains(b, []byte("memory limit of 96MiB")) {
 		t.Fatalf("request over the memory limit: %d %s, want 503 naming the memory limit", code, b)
 	}
 	if v := s.metricAtLeast(t, oom, 1, 10*time.Second); v != 1 {
 		t.Errorf("%s = %v, want 1", oom, v)
 	}
-	if !s.logHas("level=ERROR", "runner killed for exceeding its memory limit", "runner=big/1#0", "limit_bytes=134217728") {
+	if !s.logHas("level=ERROR", "runner killed for exceeding its memory limit", "runner=big/1#0", "limit_bytes=100663296") {
 		t.Error("no error in the log naming the runner and its limit")
 	}
 	waitFor(t, "big to serve again", 30*time.Second, func() bool {
@@ -444,7 +445,7 @@ func TestE2ERepeatedOutOfMemory(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"big", testModel(t, "example_dynamic_axes.onnx"),
-			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 128MiB, compute_share: 0.5}\n"},
+			"max_batch_size: 0\nexecution: {intra_op_threads: 1}\nresources: {memory_limit: 96MiB, compute_share: 0.5}\n"},
 	)
 	const maxRestarts = 1
 	s := startServer(t, repo, "", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts), "runtime.arena_size=16MiB"))
@@ -461,7 +462,7 @@ func TestE2ERepeatedOutOfMemory(t *testing.T) {
 			return code == 200
 		})
 		code, b, _ := s.do(t, "POST", "/v2/models/big/infer", body, "Inference-Header-Content-Length", hlen, "Content-Type", "application/octet-stream")
-		if code != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("memory limit of 128MiB")) {
+		if code != http.StatusServiceUnavailable || !bytes.Contains(b, []byte("memory limit of 96MiB")) {
 			t.Fatalf("request %d over the memory limit: %d %s, want 503 naming the memory limit", i+1, code, b)
 		}
 		if v := s.metricAtLeast(t, oom, float64(i+1), 10*time.Second); v != float64(i+1) {

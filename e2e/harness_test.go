@@ -303,6 +303,7 @@ type serverSetup struct {
 	sets        []string    // "key=value" overrides passed with --set
 	commandLine bool        // no config file: flags only (withCommandLine)
 	args        []string    // flags after the listen addresses (withCommandLine)
+	flags       []string    // more flags of serve, after the config file (withFlags)
 	dir         string      // the server's working folder; "": the test's
 }
 
@@ -312,6 +313,11 @@ type serverOption func(*serverSetup)
 // the config already has (runtime, limits).
 func withSet(kv ...string) serverOption {
 	return func(s *serverSetup) { s.sets = append(s.sets, kv...) }
+}
+
+// withFlags passes more flags to `sloserve serve`, after the config file.
+func withFlags(args ...string) serverOption {
+	return func(s *serverSetup) { s.flags = append(s.flags, args...) }
 }
 
 // withCommandLine starts the server without a config file, as a user
@@ -383,6 +389,7 @@ func (s *testServer) launch(t testing.TB) {
 		args = append(args, s.setup.args...)
 	} else {
 		args = append(args, "--config", s.configPath, "--log-level", "debug")
+		args = append(args, s.setup.flags...)
 	}
 	for _, kv := range s.setup.sets {
 		args = append(args, "--set", kv)

@@ -408,6 +408,64 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 
 // startLocked takes a batch out of its queue and starts executing it.
 func (s *Scheduler) startLocked(batch []*request, now time.Time) {
+	e, ctx := s.beginLocked(batch, now)
+	go s.execute(ctx, e)
+}
+
+// startInlineLocked starts r, just queued for m, as an execution the
+// caller runs on its own goroutine (executeInline), when the dispatcher
+// would start it at once as a batch of its own: Run is dispatching,
+// nothing else waits in any queue, a slot is free and the batch is not
+// held to fill. Otherwise, or when r is already hopeless (dropLocked's
+// business), it returns nil and r waits for the dispatcher. Waking the
+// dispatcher and a goroutine for the execution costs two goroutine
+// handoffs on the request's path.
+func (s *Scheduler) startInlineLocked(m *model, r *request, now time.Time) (*execution, context.Context) {
+	if !s.started || s.stopped || m.q.len() != 1 {
+		return nil, nil
+	}
+	for _, o := range s.models {
+		if o != m && o.q.len() > 0 {
+			return nil, nil
+		}
+	}
+	if !s.fifo && !r.deadline.IsZero() && !r.probe {
+		if e, _ := s.est.Estimate(m.spec.Name, r.batch); now.After(r.deadline.Add(-e)) {
+			return nil, nil
+		}
+	}
+	batch, _ := s.pickLocked(now)
+	if len(batch) != 1 || batch[0] != r {
+		return nil, nil
+	}
+	return s.beginLocked(batch, now)
+}
+
+// executeInline runs an execution of r alone (startInlineLocked) on the
+// caller's goroutine and returns r's result. Ending ctx while it runs
+// settles r as canceled and cancels the execution, as Submit does for a
+// request whose execution runs elsewhere.
+func (s *Scheduler) executeInline(ctx, ectx context.Context, e *execution, r *request) (*runtime.InferResponse, error) {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if r.state != stateRunning {
+			return
+		}
+		s.finishLocked(r, outcomeCanceled, time.Now(), result{err: ctx.Err()})
+		if e.live--; e.live == 0 {
+			e.cancel()
+		}
+	})
+	s.execute(ectx, e)
+	stop()
+	res := <-r.done
+	return res.resp, res.err
+}
+
+// beginLocked takes a batch out of its queue and returns its execution
+// and the execution's context, for execute.
+func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, context.Context) {
 	m := batch[0].m
 	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch)}
 	for _, r := range batch {
@@ -436,7 +494,7 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	ctx, cancel := context.WithCancel(s.runCtx)
 	e.cancel = cancel
 	s.execs.Add(1)
-	go s.execute(ctx, e)
+	return e, ctx
 }
 
 // chargeLocked advances a best-effort model's virtual time by the
@@ -506,8 +564,23 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		}
 	}
 	s.finalizeLocked(m)
+	queued := s.anyQueuedLocked()
 	s.mu.Unlock()
-	s.kick()
+	if queued {
+		// The slot is free for what waits; with nothing queued the
+		// dispatcher would find nothing to do.
+		s.kick()
+	}
+}
+
+// anyQueuedLocked reports whether a request of any model waits.
+func (s *Scheduler) anyQueuedLocked() bool {
+	for _, m := range s.models {
+		if m.q.len() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // run merges the batch's requests, executes them and splits the response;

@@ -5,7 +5,10 @@
 // model added to it has a queue, an SLO (latency target, class, priority)
 // and an Executor that runs one possibly batched request on the model's
 // instances. One goroutine, Run, owns dispatch: whenever a device slot and a
-// model slot are free it picks the next batch.
+// model slot are free it picks the next batch. The one exception is a
+// request that finds every queue empty and a slot free: Submit starts it at
+// once and runs it on the caller's goroutine, as the dispatcher would have
+// started it, without the two goroutine hand-offs.
 //
 // Under the default "qos" policy latency-critical requests go
 // earliest-deadline-first; best-effort requests use the capacity

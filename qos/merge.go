@@ -39,31 +39,51 @@ func requestBatch(req *runtime.InferRequest) (int, error) {
 // input names, data types and non-batch dimensions, and the set of requested
 // outputs. Requests with equal keys can be merged.
 func mergeKey(req *runtime.InferRequest) string {
-	ins := slices.Clone(req.Inputs)
-	slices.SortFunc(ins, func(a, b runtime.Tensor) int { return strings.Compare(a.Name, b.Name) })
-	var sb strings.Builder
+	ins := req.Inputs
+	if !slices.IsSortedFunc(ins, byTensorName) {
+		ins = slices.Clone(ins)
+		slices.SortFunc(ins, byTensorName)
+	}
+	outs := req.Outputs
+	if !sortedUnique(outs) {
+		outs = slices.Clone(outs)
+		slices.Sort(outs)
+		outs = slices.Compact(outs)
+	}
+	// Built on the stack; the key itself is the one allocation.
+	var buf [256]byte
+	b := buf[:0]
 	for _, in := range ins {
-		sb.WriteString(strconv.Quote(in.Name))
-		sb.WriteByte(':')
-		sb.WriteString(string(in.DataType))
+		b = strconv.AppendQuote(b, in.Name)
+		b = append(b, ':')
+		b = append(b, in.DataType...)
 		for i, d := range in.Shape {
 			if i == 0 {
 				continue // the batch dimension may differ
 			}
-			sb.WriteByte(',')
-			sb.WriteString(strconv.FormatInt(d, 10))
+			b = append(b, ',')
+			b = strconv.AppendInt(b, d, 10)
 		}
-		sb.WriteByte(';')
+		b = append(b, ';')
 	}
-	outs := slices.Clone(req.Outputs)
-	slices.Sort(outs)
-	outs = slices.Compact(outs)
-	sb.WriteString("->")
+	b = append(b, "->"...)
 	for _, o := range outs {
-		sb.WriteString(strconv.Quote(o))
-		sb.WriteByte(',')
+		b = strconv.AppendQuote(b, o)
+		b = append(b, ',')
 	}
-	return sb.String()
+	return string(b)
+}
+
+func byTensorName(a, b runtime.Tensor) int { return strings.Compare(a.Name, b.Name) }
+
+// sortedUnique reports whether names are in strictly increasing order.
+func sortedUnique(names []string) bool {
+	for i := 1; i < len(names); i++ {
+		if names[i-1] >= names[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // mergeRequests concatenates requests along the batch dimension into one

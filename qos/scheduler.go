@@ -551,6 +551,10 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	}
 	s.wakeLocked(m)
 	m.q.push(r)
+	if e, ectx := s.startInlineLocked(m, r, now); e != nil {
+		s.mu.Unlock()
+		return s.executeInline(ctx, ectx, e, r)
+	}
 	s.mu.Unlock()
 	s.kick()
 

@@ -43,6 +43,11 @@ type RunnerConfig struct {
 	// they fit in what is free, inline on the socket otherwise. 0 means
 	// DefaultArenaSize; negative, no arena (everything inline).
 	ArenaSize int64
+	// Calls is how many calls the server runs on the process at once
+	// (execution.concurrency); 0 means 1. The runner's Go scheduler gets
+	// as many processors (GOMAXPROCS), at most the machine's CPUs: a call
+	// then runs where its frame was read, with no other thread to wake.
+	Calls int
 
 	ReadyTimeout   time.Duration // how long a start may take; default 2m
 	HealthInterval time.Duration // between health checks; default 5s
@@ -782,10 +787,26 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 // slot for the inputs, copied in, followed by room for the outputs; what
 // does not fit in the free part of the arena travels inline.
 func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice) {
-	call := &pendingCall{}
-	msg := &runnerpb.InferRequest{Outputs: req.Outputs, Inputs: make([]*runnerpb.Tensor, len(req.Inputs))}
+	var (
+		call    *pendingCall
+		msg     *runnerpb.InferRequest
+		tensors []runnerpb.Tensor
+		slices  []runnerpb.ArenaSlice // one per input, then the output region
+	)
+	if len(req.Inputs) == 1 {
+		// The common case in one allocation.
+		one := new(oneInputCall)
+		call, msg, tensors, slices = &one.call, &one.msg, one.tensor[:], one.slices[:]
+		msg.Inputs = one.ptr[:]
+	} else {
+		call, msg = &pendingCall{}, &runnerpb.InferRequest{Inputs: make([]*runnerpb.Tensor, len(req.Inputs))}
+		tensors = make([]runnerpb.Tensor, len(req.Inputs))
+		slices = make([]runnerpb.ArenaSlice, len(req.Inputs)+1)
+	}
+	msg.Outputs = req.Outputs
 	for i, t := range req.Inputs {
-		msg.Inputs[i] = &runnerpb.Tensor{Name: t.Name, Datatype: string(t.DataType), Shape: t.Shape, Data: t.Data}
+		tensors[i].Name, tensors[i].Datatype, tensors[i].Shape, tensors[i].Data = t.Name, string(t.DataType), t.Shape, t.Data
+		msg.Inputs[i] = &tensors[i]
 	}
 	if mem == nil {
 		return msg, call, nil
@@ -809,16 +830,30 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 		n := uint64(len(t.Data))
 		copy(mem[at:at+n], t.Data)
 		msg.Inputs[i].Data = nil
-		msg.Inputs[i].Arena = &runnerpb.ArenaSlice{Offset: at, Length: n}
+		slices[i].Offset, slices[i].Length = at, n
+		msg.Inputs[i].Arena = &slices[i]
 		at, _ = alignUp(at + n)
 	}
 	var region *runnerpb.ArenaSlice
 	if reserve > 0 {
-		region = &runnerpb.ArenaSlice{Offset: off + in, Length: reserve}
+		region = &slices[len(req.Inputs)]
+		region.Offset, region.Length = off+in, reserve
 		msg.Output = region
 	}
 	return msg, call, region
 }
+
+// oneInputCall is what a call of one input needs, allocated at once.
+type oneInputCall struct {
+	call   pendingCall
+	msg    runnerpb.InferRequest
+	ptr    [1]*runnerpb.Tensor
+	tensor [1]runnerpb.Tensor
+	slices [2]runnerpb.ArenaSlice
+}
+
+// errDynamicShape marks an output whose size is not known in advance.
+var errDynamicShape = errors.New("not a fixed shape")
 
 // outputReserve is the room a call of in input bytes reserves for its
 // outputs: the exact size when every requested output has a fixed shape,
@@ -829,8 +864,14 @@ func (r *Runner) outputReserve(req *InferRequest, in uint64) uint64 {
 		if len(req.Outputs) > 0 && !slices.Contains(req.Outputs, spec.Name) {
 			continue
 		}
-		n, err := ElementCount(spec.Shape, 1<<40)
-		if len(spec.Shape) == 0 || !isStatic(spec.Shape) || spec.DataType == Bytes || err != nil {
+		var n int64
+		err := errDynamicShape
+		if len(spec.Shape) > 0 && isStatic(spec.Shape) && spec.DataType != Bytes {
+			// Only a fixed shape is counted: counting a dynamic one
+			// builds an error on every call.
+			n, err = ElementCount(spec.Shape, 1<<40)
+		}
+		if err != nil {
 			ratio := math.Float64frombits(r.outRatio.Load())
 			return uint64(min(ratio*float64(in), float64(DefaultArenaSize<<4))) + arenaAlign*uint64(len(r.outputs))
 		}

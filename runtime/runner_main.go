@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +26,9 @@ import (
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
-// maxMessageSize bounds one gRPC message between server and runner. The
-// server enforces request limits before a request gets here.
+// maxMessageSize bounds one message between server and runner (a gRPC
+// message or a call's frame). The server enforces request limits before a
+// request gets here.
 const maxMessageSize = 1 << 30
 
 // flowWindow is the HTTP/2 flow-control window of the runner connection,
@@ -53,6 +55,12 @@ type runnerFlags struct {
 	// down; arenaFD -1: none.
 	arenaFD   int
 	arenaSize int64
+	// callsFD is the inherited end of the calls' socket pair
+	// (runner_stream.go); -1: none, the runner then only describes itself.
+	callsFD int
+	// calls is how many calls the server runs at once (RunnerConfig.Calls);
+	// 0: Go's default processors.
+	calls int
 }
 
 // pathList is a repeatable string flag.
@@ -85,6 +93,8 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.Var(&f.cgroups, "join-cgroup", "cgroup.procs file to write the runner's pid to before loading the model (repeatable)")
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
+	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
+	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -97,6 +107,9 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s is required", name))
 		}
+	}
+	if f.calls < 0 {
+		errs = append(errs, fmt.Errorf("--calls %d is negative", f.calls))
 	}
 	if f.arenaFD >= 0 && f.arenaSize <= 0 {
 		errs = append(errs, errors.New("--arena-fd needs a positive --arena-size"))
@@ -120,6 +133,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	f, err := parseRunnerFlags(args)
 	if err != nil {
 		return err
+	}
+	if f.calls > 0 {
+		// A call's goroutine starts where its frame was read; more
+		// processors than calls only add threads to wake and to steal
+		// work between (futex wake-ups on every call). A call in ONNX
+		// Runtime releases its processor to the next within a sysmon
+		// tick, so a late call is not stuck behind it.
+		goruntime.GOMAXPROCS(min(f.calls, goruntime.NumCPU()))
 	}
 	log := logger.With("model", f.model)
 	// Join the instance's cgroups first: ONNX Runtime's threads and the
@@ -193,6 +214,27 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(runnerpb.Runner_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
+	var calls net.Conn
+	if f.callsFD >= 0 {
+		file := os.NewFile(uintptr(f.callsFD), "calls")
+		calls, err = net.FileConn(file)
+		file.Close()
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("calls descriptor: %w", err)
+		}
+		defer calls.Close()
+	}
+	callsDone := make(chan struct{})
+	if calls != nil {
+		go func() {
+			defer close(callsDone)
+			svc.serveCalls(calls)
+		}()
+	} else {
+		close(callsDone)
+	}
+
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	log.Info("runner ready",
@@ -201,6 +243,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		"provider", f.provider.withDefaults().Kind,
 		"inputs", sess.io.inputs,
 		"outputs", sess.io.outputs,
+		"procs", goruntime.GOMAXPROCS(0),
 		"load", time.Since(loadStart))
 
 	select {
@@ -210,10 +253,11 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	}
 	log.Info("runner stopping")
 	hs.Shutdown()
-	// Streams end once their calls in flight are answered.
+	// The calls end once those in flight are answered.
 	close(svc.stopping)
 	stopped := make(chan struct{})
 	go func() {
+		<-callsDone
 		srv.GracefulStop()
 		close(stopped)
 	}()
@@ -221,6 +265,9 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	case <-stopped:
 	case <-time.After(runnerStopGrace):
 		log.Warn("calls still running after grace period; cutting them off", "grace", runnerStopGrace)
+		if calls != nil {
+			calls.Close()
+		}
 		srv.Stop()
 		<-stopped
 	}
@@ -245,49 +292,51 @@ func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*r
 	return s.describe, nil
 }
 
-// Stream runs each call it receives in a goroutine of its own and sends
-// the answers as they come.
-func (s *runnerService) Stream(st runnerpb.Runner_StreamServer) error {
-	calls := make(chan *runnerpb.InferRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := st.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case calls <- req:
-			case <-st.Context().Done():
-				return
-			}
-		}
-	}()
-	var sendMu sync.Mutex
+// serveCalls answers the calls that come on conn, each in a goroutine of
+// its own that writes its answer itself, until the server closes conn or
+// the runner stops; stopping, it takes no more calls, answers those it
+// took and says goodbye (an empty frame).
+func (s *runnerService) serveCalls(conn net.Conn) {
+	w := &frameWriter{conn: conn}
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		select {
-		case req := <-calls:
+	received := make(chan struct{})
+	go func() {
+		defer close(received)
+		fr := newFrameReader(conn)
+		for {
+			req := &runnerpb.InferRequest{}
+			if err := fr.next(req); err != nil {
+				select {
+				case <-s.stopping: // the read deadline below
+				default:
+					if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+						s.log.Warn("reading calls", "err", err)
+					}
+				}
+				return
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp := s.infer(req)
-				sendMu.Lock()
-				defer sendMu.Unlock()
-				if err := st.Send(resp); err != nil {
+				if err := w.write(s.infer(req)); err != nil {
 					s.log.Debug("send answer", "id", req.GetId(), "err", err)
 				}
 			}()
-		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		case <-s.stopping:
-			return nil
 		}
+	}()
+	select {
+	case <-received: // the server closed the connection
+	case <-s.stopping:
+		_ = conn.SetReadDeadline(time.Now())
+		<-received
+	}
+	wg.Wait()
+	select {
+	case <-s.stopping:
+		if err := w.writeGoodbye(); err != nil {
+			s.log.Debug("send goodbye", "err", err)
+		}
+	default:
 	}
 }
 

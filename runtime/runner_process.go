@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,7 @@ type process struct {
 	// runner has none (ArenaSize < 0). stream carries the calls once the
 	// process is ready.
 	arena  *arena
+	calls  net.Conn // the server's end of the calls' socket pair
 	stream *callStream
 
 	// exited is closed once the process has been reaped; exitErr is
@@ -80,17 +82,29 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	// every process gets a fresh one. The server's own descriptor is
 	// close-on-exec, so no other runner inherits it.
 	var ar *arena
+	var extra []*os.File
 	if cfg.ArenaSize > 0 {
 		var err error
 		if ar, err = newArena(filepath.Base(socket), cfg.ArenaSize); err != nil {
 			return nil, err
 		}
 		args = append(args, "--arena-fd", strconv.Itoa(arenaFD), "--arena-size", strconv.FormatInt(cfg.ArenaSize, 10))
+		extra = append(extra, ar.file)
 	}
+	// So do the calls: one end of a socket pair, made fresh for each
+	// process (runner_stream.go).
+	calls, theirs, err := newCallPair()
+	if err != nil {
+		if ar != nil {
+			ar.file.Close()
+			ar.close()
+		}
+		return nil, err
+	}
+	args = append(args, "--calls-fd", strconv.Itoa(3+len(extra)), "--calls", strconv.Itoa(max(1, cfg.Calls)))
+	extra = append(extra, theirs)
 	cmd := exec.Command(cfg.Executable, args...)
-	if ar != nil {
-		cmd.ExtraFiles = []*os.File{ar.file}
-	}
+	cmd.ExtraFiles = extra
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:
 	// the server stops runners itself, in order. Pdeathsig kills the runner
@@ -101,16 +115,18 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	cmd.Stderr = out.writer("stderr")
 	cmd.WaitDelay = time.Second
 
-	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{}), arena: ar}
+	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{}), arena: ar, calls: calls}
 	p.exitCtx, p.exitCancel = context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go p.run(started)
-	err := <-started
+	err = <-started
+	// The child has its copies; the mapping keeps the memory.
+	theirs.Close()
 	if ar != nil {
-		// The child has its copy; the mapping keeps the memory.
 		ar.file.Close()
 	}
 	if err != nil {
+		calls.Close()
 		if ar != nil {
 			ar.close()
 		}
@@ -135,6 +151,7 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	if err != nil {
 		p.kill()
 		<-p.exited
+		calls.Close()
 		if ar != nil {
 			ar.close()
 		}
@@ -217,7 +234,7 @@ func (p *process) exitStatus() string {
 // that ends, or a runner that breaks its protocol, takes the process out
 // of service: it is killed, and the supervisor replaces it.
 func (p *process) openStream() error {
-	st, err := openStream(p.exitCtx, p.runner,
+	p.stream = openStream(p.calls,
 		func(c *pendingCall) {
 			if c.hasSlot {
 				p.arena.free(c.slot)
@@ -239,10 +256,6 @@ func (p *process) openStream() error {
 			}
 			p.kill()
 		})
-	if err != nil {
-		return fmt.Errorf("open call stream: %w", err)
-	}
-	p.stream = st
 	return nil
 }
 
@@ -252,6 +265,8 @@ func (p *process) openStream() error {
 func (p *process) close() {
 	if p.stream != nil {
 		p.stream.close()
+	} else {
+		p.calls.Close()
 	}
 	if p.conn != nil {
 		p.conn.Close()

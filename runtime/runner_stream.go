@@ -1,27 +1,160 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"sync"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
-// This file carries calls to a runner over one long-lived gRPC stream per
-// process instead of a unary call each: requests carry ids, run
+// This file carries calls to a runner over one long-lived connection per
+// process: a Unix socket pair made when the process starts, the runner's
+// end inherited as a descriptor (as the arena is). Requests carry ids, run
 // concurrently in the runner and are answered in any order.
+//
+// The wire is framed protobuf: each message is a 4-byte little-endian
+// length followed by a runnerpb.InferRequest (server to runner) or
+// runnerpb.InferResponse (runner to server). A frame of length 0 from the
+// runner says it is stopping and has answered every call it took; a
+// connection that ends without one ended because the runner died. A
+// caller writes its own frame, in one write, and the runner's answering
+// goroutine its answer: no goroutine stands between a call and the socket
+// (gRPC's stream hands each message to a writer goroutine and each received
+// one to the stream's reader, at both ends).
 
-// callStream is the server's end of a runner process's stream. One
+// frameHeader is the size of a frame's length prefix.
+const frameHeader = 4
+
+// errGoodbye is why a stream ended when the runner said it is stopping;
+// it wraps io.EOF, as a stream the runner ended cleanly did.
+var errGoodbye = fmt.Errorf("the runner is stopping: %w", io.EOF)
+
+// newCallPair makes the socket pair of a runner's calls: the server's end
+// as a connection, the runner's as a file for it to inherit. Both are
+// close-on-exec in the server, so no other child inherits either.
+func newCallPair() (net.Conn, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("call socket pair: %w", err)
+	}
+	mine := os.NewFile(uintptr(fds[0]), "runner-calls")
+	defer mine.Close() // FileConn holds a duplicate
+	conn, err := net.FileConn(mine)
+	if err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, fmt.Errorf("call socket pair: %w", err)
+	}
+	return conn, os.NewFile(uintptr(fds[1]), "runner-calls"), nil
+}
+
+// frameWriter writes frames to a connection from any goroutine, one at a
+// time, reusing one buffer.
+type frameWriter struct {
+	mu   sync.Mutex
+	conn io.Writer
+	buf  []byte
+}
+
+// write marshals m into one frame and writes it in one call.
+func (w *frameWriter) write(m proto.Message) error {
+	return w.writeBy(m, time.Time{})
+}
+
+// writeBy is write that gives up at deadline (zero: never) when conn has
+// write deadlines: a peer that stops reading leaves the frame half
+// written, and the connection must then be closed.
+func (w *frameWriter) writeBy(m proto.Message, deadline time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d, ok := w.conn.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		_ = d.SetWriteDeadline(deadline)
+	}
+	b, err := proto.MarshalOptions{}.MarshalAppend(append(w.buf[:0], 0, 0, 0, 0), m)
+	if err != nil {
+		return err
+	}
+	if n := len(b) - frameHeader; n > maxMessageSize {
+		return fmt.Errorf("message of %d bytes is over the limit of %d", n, maxMessageSize)
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	_, err = w.conn.Write(b)
+	if cap(b) <= frameBufferKeep {
+		w.buf = b
+	}
+	return err
+}
+
+// writeGoodbye writes the empty frame that ends a runner's answers.
+func (w *frameWriter) writeGoodbye() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, err := w.conn.Write(make([]byte, frameHeader))
+	return err
+}
+
+// frameBufferKeep is the largest frame buffer kept for the next message:
+// a message with its tensors inline (no room in the arena) may be
+// megabytes, and is not worth holding on to.
+const frameBufferKeep = 64 << 10
+
+// frameReader reads frames from one goroutine.
+type frameReader struct {
+	r   *bufio.Reader
+	buf []byte
+}
+
+func newFrameReader(r io.Reader) *frameReader {
+	return &frameReader{r: bufio.NewReaderSize(r, 64<<10)}
+}
+
+// next reads the next frame into m; it returns errGoodbye for an empty
+// frame. The frame's buffer is reused: proto.Unmarshal copies what it keeps.
+func (f *frameReader) next(m proto.Message) error {
+	var h [frameHeader]byte
+	if _, err := io.ReadFull(f.r, h[:]); err != nil {
+		return err
+	}
+	n := binary.LittleEndian.Uint32(h[:])
+	if n == 0 {
+		return errGoodbye
+	}
+	if n > maxMessageSize {
+		return fmt.Errorf("a frame of %d bytes is over the limit of %d", n, maxMessageSize)
+	}
+	if uint32(cap(f.buf)) < n {
+		f.buf = make([]byte, n)
+	}
+	b := f.buf[:n]
+	if _, err := io.ReadFull(f.r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	if n > frameBufferKeep {
+		f.buf = nil
+	}
+	return proto.Unmarshal(b, m)
+}
+
+// callStream is the server's end of a runner process's calls. One
 // goroutine receives the answers and hands each to its caller.
 type callStream struct {
-	stream runnerpb.Runner_StreamClient
-	cancel context.CancelFunc
+	conn net.Conn
+	w    frameWriter
 	// onAbandoned is called from the receiving goroutine for an answer
 	// whose caller has gone (its context ended), to free what the call
 	// held.
@@ -30,8 +163,6 @@ type callStream struct {
 	// callers waiting on it are failed. io.EOF means the runner ended it
 	// (it is stopping).
 	onBroken func(error)
-
-	sendMu sync.Mutex // grpc streams allow one sender at a time
 
 	mu      sync.Mutex
 	next    uint64
@@ -51,33 +182,32 @@ type pendingCall struct {
 	hasSlot bool
 }
 
-// openStream opens the stream on a ready runner connection. ctx bounds
-// the stream's whole life.
-func openStream(ctx context.Context, client runnerpb.RunnerClient, onAbandoned func(*pendingCall), onBroken func(error)) (*callStream, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	st, err := client.Stream(ctx)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
+// openStream starts receiving answers on conn, the server's end of a ready
+// runner's call pair. close ends it.
+func openStream(conn net.Conn, onAbandoned func(*pendingCall), onBroken func(error)) *callStream {
 	c := &callStream{
-		stream:      st,
-		cancel:      cancel,
+		conn:        conn,
+		w:           frameWriter{conn: conn},
 		onAbandoned: onAbandoned,
 		onBroken:    onBroken,
 		pending:     make(map[uint64]*pendingCall),
 		done:        make(chan struct{}),
 	}
 	go c.receive()
-	return c, nil
+	return c
 }
 
 func (c *callStream) receive() {
 	defer close(c.done)
+	fr := newFrameReader(c.conn)
 	for {
-		resp, err := c.stream.Recv()
-		if err != nil {
+		resp := &runnerpb.InferResponse{}
+		if err := fr.next(resp); err != nil {
+			if err == io.EOF {
+				err = errors.New("the runner's connection closed without its goodbye")
+			}
 			c.broken(err)
+			c.conn.Close()
 			return
 		}
 		c.mu.Lock()
@@ -89,7 +219,7 @@ func (c *callStream) receive() {
 			// An id the server never sent or already answered: a runner
 			// that breaks the protocol is not trusted with more calls.
 			c.broken(fmt.Errorf("runner answered unknown call %d", resp.GetId()))
-			c.cancel()
+			c.conn.Close()
 			return
 		case call.abandoned:
 			if c.onAbandoned != nil {
@@ -128,9 +258,6 @@ func (c *callStream) broken(err error) {
 func (c *callStream) brokenError() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s, ok := status.FromError(c.err); ok && s.Code() != codes.Unknown {
-		return status.Error(codes.Unavailable, s.Message())
-	}
 	return status.Error(codes.Unavailable, fmt.Sprint(c.err))
 }
 
@@ -149,12 +276,13 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 	c.pending[req.Id] = call
 	c.mu.Unlock()
 
-	c.sendMu.Lock()
-	err := c.stream.Send(req)
-	c.sendMu.Unlock()
-	if err != nil {
-		// A failed Send has ended the stream; Recv then reports why.
-		c.cancel()
+	deadline, _ := ctx.Deadline()
+	if err := c.w.writeBy(req, deadline); err != nil {
+		// A failed write ends the stream (a runner that has not taken a
+		// call by its deadline is not reading: it is hung); the receiver
+		// then fails the pending calls, this one with them unless its
+		// answer came.
+		c.conn.Close()
 		<-c.done
 		if resp := <-call.reply; resp != nil {
 			return resp, nil
@@ -188,7 +316,7 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 
 // close ends the stream; calls in flight fail with codes.Unavailable.
 func (c *callStream) close() {
-	c.cancel()
+	c.conn.Close()
 	<-c.done
 }
 

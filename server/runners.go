@@ -83,6 +83,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		BackoffMax:     f.rt.RestartBackoffMax,
 		MaxRestarts:    f.rt.MaxRestarts,
 		ArenaSize:      arenaSize(f.rt.ArenaSize),
+		Calls:          max(1, ex.Concurrency),
 		Logger:         f.logger.With("runner", name),
 		OnRestart:      spec.OnRestart,
 		OnExit:         spec.OnExit,

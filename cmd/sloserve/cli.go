@@ -56,7 +56,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = loadtestCmd(ctx, args[1:], stdout, stderr)
 	case "runner":
 		// Hidden: the child process that hosts one ONNX Runtime session.
-		err = runtime.RunnerMain(ctx, args[1:], newLogger(stderr, "text", slog.LevelInfo).With("pid", os.Getpid()))
+		logger := newLogger(stderr, "text", slog.LevelInfo).With("pid", os.Getpid())
+		stopProfiles := profileRunner(logger)
+		err = runtime.RunnerMain(ctx, args[1:], logger)
+		stopProfiles()
 	case "cleanup":
 		err = cleanup(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
@@ -112,6 +115,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	defer signal.Stop(hup)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	pprofAddr := fs.String("pprof-addr", "", "serve Go's /debug/pprof/ profiles on this address (off when empty; for diagnosis, not production)")
 	cfg, reload, err := loadConfig(fs, args, 0)
 	if err != nil {
 		return err
@@ -119,6 +123,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	level := new(slog.LevelVar)
 	level.Set(cfg.Log.SlogLevel())
 	logger := newLogger(stderr, cfg.Log.Format, level)
+	if *pprofAddr != "" {
+		stop, err := servePprof(*pprofAddr, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	return server.Run(ctx, cfg, logger, server.Reloading{Load: reload, Signals: hup, LogLevel: level})
 }
 
