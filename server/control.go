@@ -35,6 +35,9 @@ type devices struct {
 	reg  prometheus.Registerer
 	log  *slog.Logger
 	pred *predictor.Predictor
+	// gate is the one admission limit on requests in flight, shared by
+	// every device's scheduler; a config reload changes its limits.
+	gate *qos.Gate
 
 	// registry is the adjusters' actuator; set once it exists, before any
 	// model loads.
@@ -91,7 +94,8 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 	if err != nil {
 		return nil, err
 	}
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, byDev: map[string]*device{}}, nil
+	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, byDev: map[string]*device{}}, nil
 }
 
 // newLimiter starts a device's limiter as the control config says. The
@@ -170,10 +174,11 @@ func (ds *devices) get(name string) (*device, error) {
 		MaxBestEffortExecution: beBound,
 		SeparateClasses:        backgroundsBestEffort(ds.ctl.Policy, lim),
 		Estimator:              ds.pred,
-		Logger:                 log.With("component", "qos"),
+		Logger:                 log, // qos adds its component
 		Registerer:             ds.reg,
 		Device:                 name,
 		Window:                 ds.qos.Window,
+		Gate:                   ds.gate,
 	})
 	if err != nil {
 		lim.Close()

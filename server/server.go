@@ -102,8 +102,6 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		StartupModels:     cfg.StartupModels,
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		MaxBatchSize:      cfg.Limits.MaxBatchSize,
-		MaxInflight:       cfg.Limits.MaxInflightRequests,
-		MaxInflightBytes:  int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout:      cfg.Limits.GracePeriod,
 		CallTimeout:       cfg.Runtime.CallTimeout,
 		NewInstance:       runners.start,
@@ -122,7 +120,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	devs.registry = reg
-	reloads, err := newReloader(rl, cfg, reg, promReg, logger.With("component", "config"))
+	reloads, err := newReloader(rl, cfg, reg, devs.gate, promReg, logger.With("component", "config"))
 	if err != nil {
 		return err
 	}
@@ -131,7 +129,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	reloads.security = sec
-	be := &backend{reg: reg, devs: devs, reloads: reloads}
+	be := &backend{Registry: reg, devs: devs, reloads: reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		be.dash = dashboard.New(dashboard.Options{
 			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,

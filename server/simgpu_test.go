@@ -90,7 +90,6 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		Profile:      profile,
 		Repositories: cfg.Repositories, Control: cfg.ModelControl,
 		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
-		MaxInflight: cfg.Limits.MaxInflightRequests, MaxInflightBytes: int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout: cfg.Limits.GracePeriod, CallTimeout: cfg.Runtime.CallTimeout,
 		NewInstance: runners.start, Logger: log, Registerer: promReg,
 		Scheduler: devs.scheduler, Estimator: devs.pred, Limiter: devs.limiter, Forget: devs.pred.Forget,
