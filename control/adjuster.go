@@ -126,6 +126,13 @@ type AdjusterOptions struct {
 	// MemoryBudget is the bytes all the models of the device may use; 0
 	// means no budget. Over it, the adaptive policy evicts idle models.
 	MemoryBudget int64
+	// MemoryHeadroom is the fraction the adaptive policy adds to a
+	// model's working set for its memory share; default
+	// DefaultMemoryHeadroom, negative means none.
+	MemoryHeadroom float64
+	// MemoryFloor is the least memory share the adaptive policy sets;
+	// default DefaultMemoryFloor.
+	MemoryFloor int64
 	// KeepAlive is how long a model must have been idle (no arrivals,
 	// nothing queued or running) before it may be evicted.
 	KeepAlive time.Duration
@@ -168,6 +175,11 @@ type ModelShare struct {
 	// Target is the compute share the last pass wanted; it differs from
 	// Share while a shrink waits out the hysteresis, or a change failed.
 	Target float64
+	// MemoryTarget is the memory share the last pass wanted (adaptive
+	// policy, from the model's working set; 0 when memory is not sized),
+	// and MemoryReason why the memory share last moved.
+	MemoryTarget int64
+	MemoryReason string
 	// Pinned: the share is fixed by Pin or the model's config.
 	Pinned bool
 	// Source is the policy that chose the share (SharePolicy*), or
@@ -249,6 +261,12 @@ type tracked struct {
 	// model to (0: none), boostAt when it last rose.
 	boost   float64
 	boostAt time.Time
+	// memSlackSince, memSlack and memChange are the memory share's
+	// hysteresis (see settleMemory); memReason says why it last moved.
+	memSlackSince time.Time
+	memSlack      []memorySample
+	memChange     time.Time
+	memReason     string
 }
 
 type slackSample struct {
@@ -325,8 +343,16 @@ func (o *AdjusterOptions) setDefaults() error {
 	if o.Period < 0 || o.ScaleDownAfter < 0 || o.Cooldown < 0 || o.KeepAlive < 0 {
 		bad("negative period (%s), scale-down delay (%s), cooldown (%s) or keep-alive (%s)", o.Period, o.ScaleDownAfter, o.Cooldown, o.KeepAlive)
 	}
-	if o.MemoryBudget < 0 || o.EventCapacity < 0 {
-		bad("negative memory budget (%d) or event capacity (%d)", o.MemoryBudget, o.EventCapacity)
+	if o.MemoryBudget < 0 || o.EventCapacity < 0 || o.MemoryFloor < 0 {
+		bad("negative memory budget (%d), memory floor (%d) or event capacity (%d)", o.MemoryBudget, o.MemoryFloor, o.EventCapacity)
+	}
+	switch {
+	case o.MemoryHeadroom == 0:
+		o.MemoryHeadroom = DefaultMemoryHeadroom
+	case o.MemoryHeadroom < 0:
+		o.MemoryHeadroom = 0
+	case !(o.MemoryHeadroom <= 10): // also NaN
+		bad("memory headroom %v is not a fraction of the working set", o.MemoryHeadroom)
 	}
 	if o.Actuator == nil {
 		bad("no actuator")
@@ -342,6 +368,7 @@ func (o *AdjusterOptions) setDefaults() error {
 	o.Cooldown = cmp.Or(o.Cooldown, DefaultCooldown)
 	o.KeepAlive = cmp.Or(o.KeepAlive, DefaultKeepAlive)
 	o.EventCapacity = cmp.Or(o.EventCapacity, DefaultEventCapacity)
+	o.MemoryFloor = cmp.Or(o.MemoryFloor, DefaultMemoryFloor)
 	return nil
 }
 
@@ -478,6 +505,10 @@ type decision struct {
 	// reserve is the part of a latency-critical floor the best-effort
 	// caps leave free (see Adjuster.reserve).
 	reserve float64
+	// memTarget is the memory share wanted (0: not sized); memReason says
+	// why the share's memory changes, "" when it does not.
+	memTarget int64
+	memReason string
 }
 
 // pass is one round of decisions: read the models, decide, apply what
@@ -517,6 +548,9 @@ func (a *Adjuster) pass(ctx context.Context) {
 		a.decideShared(now, states, p)
 	}
 	a.release(p)
+	if a.opts.Policy == SharePolicyAdaptive {
+		a.sizeMemory(now, states, p)
+	}
 	// Shrink before growing, so that the device is not oversubscribed
 	// in between.
 	order := make([]string, 0, len(states))
@@ -534,7 +568,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 		a.apply(ctx, now, name, p.next[name], p.ds[name])
 	}
 	if a.opts.Policy == SharePolicyAdaptive && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
-		a.evictIdle(ctx, now, states)
+		a.evictIdle(ctx, now, states, p)
 	}
 	a.publish(states, p.ds)
 }
@@ -741,6 +775,9 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if t.failures > 0 && now.Before(t.retryAt) {
 		return
 	}
+	if t.hasApplied && want.Mode == t.applied.Mode && sameCompute(want.Compute, t.applied.Compute, tolerance) {
+		want.Compute = t.applied.Compute // only the memory moves
+	}
 	if err := a.opts.Actuator.SetShare(ctx, name, want); err != nil {
 		if ctx.Err() != nil {
 			return // stopping
@@ -757,6 +794,18 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) {
 		t.lastChange = now
 	}
+	reason := d.reason
+	if want.Memory != old.Memory {
+		t.memChange = now
+		if d.memReason != "" {
+			t.memReason = d.memReason
+			if t.hasApplied && sameCompute(want.Compute, old.Compute, tolerance) && want.Mode == old.Mode {
+				reason = d.memReason // only the memory moved
+			} else {
+				reason += "; " + d.memReason
+			}
+		}
+	}
 	t.applied, t.hasApplied, t.fresh = want, true, false
 	t.failures, t.retryAt = 0, time.Time{}
 	t.slackSince, t.slack = time.Time{}, nil
@@ -767,19 +816,27 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}
-	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason, Predicted: d.predicted, ForecastRate: d.rate})
+	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: reason, Predicted: d.predicted, ForecastRate: d.rate})
 }
 
 // evictIdle unloads idle models, least recently used first, while the
-// models' memory is over the budget. A model with requests queued or
-// running, or with arrivals within KeepAlive, is never evicted.
-func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.ModelState) {
+// models' memory is over the budget: what they use, or what their memory
+// shares would let them use where that is more (the shares of busy models
+// grow before their batches need it, and an idle model's share shrinks to
+// its smallest batch first). A model with requests queued or running, or
+// with arrivals within KeepAlive, is never evicted.
+func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.ModelState, p *plan) {
 	usage := make(map[string]int64, len(states))
 	var total int64
 	for _, st := range states {
-		u := a.opts.Actuator.MemoryUsage(st.Spec.Name)
-		usage[st.Spec.Name] = u
-		total += u
+		name := st.Spec.Name
+		u := a.opts.Actuator.MemoryUsage(name)
+		if a.opts.CapsOnly {
+			usage[name] = u
+		} else {
+			usage[name] = memoryShareSum(p, name, u)
+		}
+		total += usage[name]
 	}
 	if total <= a.opts.MemoryBudget {
 		return
@@ -828,6 +885,8 @@ func (a *Adjuster) publish(states []qos.ModelState, ds map[string]decision) {
 			Class:            st.Spec.Class,
 			Share:            t.applied,
 			Target:           d.share.Compute,
+			MemoryTarget:     d.memTarget,
+			MemoryReason:     t.memReason,
 			Pinned:           t.pin != nil,
 			Source:           d.source,
 			PredictedLatency: d.predicted,
