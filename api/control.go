@@ -41,12 +41,16 @@ type DeviceControl struct {
 // ModelControl is one model version's share and what the predictor
 // believes about it. Durations are in milliseconds.
 type ModelControl struct {
-	Model             string  `json:"model"` // model/version
-	Class             string  `json:"class"`
-	SLOms             float64 `json:"slo_ms"`
-	ComputeShare      float64 `json:"compute_share"` // 0 = no limit
-	MemoryShare       int64   `json:"memory_share_bytes"`
-	TargetShare       float64 `json:"target_compute_share"`
+	Model        string  `json:"model"` // model/version
+	Class        string  `json:"class"`
+	SLOms        float64 `json:"slo_ms"`
+	ComputeShare float64 `json:"compute_share"` // 0 = no limit
+	MemoryShare  int64   `json:"memory_share_bytes"`
+	TargetShare  float64 `json:"target_compute_share"`
+	// TargetMemory is the memory share the adjuster wanted, from the
+	// model's working set (0: not sized); MemoryReason why it last moved.
+	TargetMemory      int64   `json:"target_memory_bytes"`
+	MemoryReason      string  `json:"memory_reason,omitempty"`
 	Source            string  `json:"source"` // adaptive, static, shared, pinned, config
 	Pinned            bool    `json:"pinned"`
 	ForecastRate      float64 `json:"forecast_rate"` // requests/s

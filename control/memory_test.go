@@ -177,7 +177,7 @@ func TestMemorySumOverBudgetEvictsIdle(t *testing.T) {
 		}
 		time.Sleep(3 * time.Second)
 		mustSucceed(t, ah.submit(t.Context(), "busy", qos.RequestOptions{}, 1)) // busy is active
-		ah.pred.setRate("busy", 10) // 438MiB + 188MiB = 626MiB: still within
+		ah.pred.setRate("busy", 10)                                             // 438MiB + 188MiB = 626MiB: still within
 		ah.tick()
 		if got := ah.act.evictions(); len(got) != 0 {
 			t.Fatalf("evicted %v at 626MiB of 700MiB", got)

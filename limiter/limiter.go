@@ -55,9 +55,9 @@ type Stats struct {
 	// MemoryPeak is the most memory the instance's unit has used since it
 	// was placed (cgroup v2 memory.peak, v1 memory.max_usage_in_bytes);
 	// 0 unknown.
-	MemoryPeak int64
-	MemoryLimit      int64   // enforced limit, 0 = none
-	OOMKills         uint64  // processes killed for exceeding the memory limit
+	MemoryPeak  int64
+	MemoryLimit int64  // enforced limit, 0 = none
+	OOMKills    uint64 // processes killed for exceeding the memory limit
 }
 
 var (

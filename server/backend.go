@@ -60,6 +60,7 @@ func (b *backend) Control() api.ControlStatus {
 			dc.Models = append(dc.Models, api.ModelControl{
 				Model: ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
 				ComputeShare: ms.Share.Compute, MemoryShare: ms.Share.Memory, TargetShare: ms.Target,
+				TargetMemory: ms.MemoryTarget, MemoryReason: ms.MemoryReason,
 				Source: ms.Source, Pinned: ms.Pinned,
 				ForecastRate: ms.ForecastRate, ObservedRate: acc.ObservedRate, Attainment: ms.Attainment,
 				PredictedMs: api.Milliseconds(acc.Predicted), ObservedMs: api.Milliseconds(acc.Observed),
