@@ -46,7 +46,7 @@ const (
 	// residentMargin is the part (1/residentMargin) added to what an
 	// instance holds now before a share may go below it: its next
 	// allocation must not be its last.
-	residentMargin = 10
+	residentMargin = 16
 	// memoryAlign rounds memory shares up, so that a few pages more or
 	// less do not make a new share.
 	memoryAlign = 1 << 20

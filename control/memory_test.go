@@ -136,9 +136,9 @@ func TestMemoryNeverBelowWhatTheInstanceHolds(t *testing.T) {
 			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 8, Memory: 2 << 30})
 		act.hold("m", 400*mib) // its arena grew at a batch of 6 earlier
 		ah.start()
-		// 400MiB × 1.1 = 440MiB, over the idle target of 188MiB.
-		if got := ah.act.share("m").Memory; got != 440*mib {
-			t.Fatalf("memory share %dMiB, want 440MiB", got/mib)
+		// 400MiB + 1/16 = 425MiB, over the idle target of 188MiB.
+		if got := ah.act.share("m").Memory; got != 425*mib {
+			t.Fatalf("memory share %dMiB, want 425MiB", got/mib)
 		}
 		if e := lastEvent(t, ah.a, "m"); !strings.Contains(e.Reason, "the instance holds 400MiB") {
 			t.Errorf("reason %q", e.Reason)
@@ -157,8 +157,8 @@ func TestMemoryNeverBelowWhatTheInstanceHolds(t *testing.T) {
 		for range 4 {
 			ah.tick()
 		}
-		if got := ah.act.share("m").Memory; got != 220*mib {
-			t.Errorf("memory share %dMiB, want 220MiB (200MiB held + 10%%)", got/mib)
+		if got := ah.act.share("m").Memory; got != 213*mib {
+			t.Errorf("memory share %dMiB, want 213MiB (200MiB held + 1/16, rounded up)", got/mib)
 		}
 	})
 }

@@ -7,6 +7,20 @@ import "github.com/sloserve/sloserve/runtime"
 // sweep records per batch size) and what the largest instance holds now
 // (below which no memory share may go).
 
+// workingSetReader is the profile run's memory reading (ProfileRun.Memory):
+// the instance's peak, or nil for a version with an input whose shape is
+// dynamic in more than the batch. Such a version is profiled at the
+// config's profile.shapes, and a request at a larger shape needs more
+// memory than any profiled batch: a memory share sized from the profile
+// would have the kernel kill the runner for it, so the version records no
+// working set and its memory share stays at its memory_limit.
+func (v *version) workingSetReader() func() int64 {
+	if samplesFor(v, nil) == nil {
+		return nil
+	}
+	return v.peakMemory
+}
+
 // peakMemory is the most memory one instance of the version has used, as
 // its limiter unit reads it (the unit's peak, or its current use where the
 // kernel keeps no peak); 0 unknown.

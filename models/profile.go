@@ -99,7 +99,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	run := ProfileRun{
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
 		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
-		Memory: v.peakMemory,
+		Memory: v.workingSetReader(),
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.
