@@ -14,7 +14,7 @@ type adjusterMetrics struct {
 	pass   prometheus.Histogram
 
 	computeDesc, memoryDesc, targetDesc, targetMemoryDesc *prometheus.Desc
-	a                                   *Adjuster
+	a                                                     *Adjuster
 }
 
 func newAdjusterMetrics(reg prometheus.Registerer, device string, a *Adjuster) (*adjusterMetrics, error) {
