@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // peakLimiter is the fake limiter whose units read a peak and a current
@@ -56,5 +57,19 @@ func TestProfileReadsPeakMemory(t *testing.T) {
 	}
 	if got := r.InstanceMemory("nobody/1"); got != 0 {
 		t.Errorf("InstanceMemory of an unknown model = %d, want 0", got)
+	}
+}
+
+// A version with an input dynamic in more than the batch records no
+// working set: a request larger than its profile.shapes would need more
+// than any profiled batch.
+func TestWorkingSetOnlyForFixedShapes(t *testing.T) {
+	fixed := &version{inputs: []runtime.TensorSpec{{Name: "x", DataType: runtime.FP32, Shape: []int64{-1, 4}}}, maxBatch: 4}
+	if fixed.workingSetReader() == nil {
+		t.Error("a version fixed apart from the batch has no memory reading")
+	}
+	dynamic := &version{inputs: []runtime.TensorSpec{{Name: "x", DataType: runtime.FP32, Shape: []int64{-1, 3, -1, -1}}}, maxBatch: 4}
+	if dynamic.workingSetReader() != nil {
+		t.Error("a version with dynamic image sides reads working sets")
 	}
 }
