@@ -1,11 +1,14 @@
 package server
 
 import (
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 )
 
 // On a simulated GPU the profiling sweep records each batch size's device
@@ -52,4 +55,24 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 			t.Errorf("%d shares seen, want m/1's", seen)
 		}
 	})
+}
+
+// The profile command prints each point's peak memory when the profile
+// has it.
+func TestWriteProfileShowsPeakMemory(t *testing.T) {
+	pts := []predictor.Point{
+		{Batch: 1, Share: 1, Latency: 10 * time.Millisecond, Memory: 100 << 20},
+		{Batch: 8, Share: 1, Latency: 40 * time.Millisecond, Memory: 156 << 20},
+		{Batch: 1, Share: 0.5, Latency: 20 * time.Millisecond, Memory: 156 << 20},
+		{Batch: 8, Share: 0.5, Latency: 80 * time.Millisecond, Memory: 156 << 20},
+	}
+	prof, err := predictor.NewProfile("k", pts, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	writeProfile(&out, models.ProfileRun{Key: "m/1", Device: "cpu"}, prof, false, nil)
+	if !strings.Contains(out.String(), "peak MiB") || !strings.Contains(out.String(), "156.0") {
+		t.Errorf("profile printed without its memory:\n%s", out.String())
+	}
 }
