@@ -806,9 +806,12 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 			}
 		}
 	}
+	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) || want.Mode != old.Mode {
+		// A move of the memory alone leaves the compute's slack running.
+		t.slackSince, t.slack = time.Time{}, nil
+	}
 	t.applied, t.hasApplied, t.fresh = want, true, false
 	t.failures, t.retryAt = 0, time.Time{}
-	t.slackSince, t.slack = time.Time{}, nil
 	if a.opts.Predictor != nil {
 		c := want.Compute
 		if c <= 0 || c > 1 || want.Mode == limiter.ModeFloor {
