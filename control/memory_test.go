@@ -220,3 +220,25 @@ func TestMemoryUnlimitedStaysUnlimited(t *testing.T) {
 		}
 	})
 }
+
+// A move of the memory alone does not restart the compute's scale-down:
+// the compute share shrinks when its own slack has lasted.
+func TestMemoryMoveKeepsComputeSlack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah, act := newMemHarness(t, AdjusterOptions{ScaleDownAfter: 2 * time.Second, Cooldown: time.Second},
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 8, Memory: 2 << 30})
+		ah.pred.setRate("m", 40) // 0.75 (TestAdjusterScaleDownHysteresis)
+		ah.start()
+		ah.pred.setRate("m", 10) // 0.45 wanted from 1s: slack
+		ah.tick()
+		act.hold("m", 1<<30) // 2s: the instance holds more, the memory grows
+		ah.tick()
+		if got := ah.act.share("m"); got.Compute != 0.75 || got.Memory != 1088*mib {
+			t.Fatalf("t=2s: share %+v, want compute 0.75 held and memory 1088MiB (1GiB + 1/16)", got)
+		}
+		ah.tick() // 3s: the slack began at 1s and has lasted 2s
+		if got := ah.act.share("m").Compute; got != 0.45 {
+			t.Errorf("t=3s: compute %v, want 0.45 (the memory's move at 2s did not restart the slack)", got)
+		}
+	})
+}
