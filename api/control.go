@@ -48,6 +48,10 @@ type ModelControl struct {
 	MemoryShare  int64   `json:"memory_share_bytes"`
 	TargetShare  float64 `json:"target_compute_share"`
 	// PendingShare is a compute share asked for whose replacement
+	// TargetMemory is the memory share the adjuster wanted, from the
+	// model's working set (0: not sized); MemoryReason why it last moved.
+	TargetMemory int64  `json:"target_memory_bytes"`
+	MemoryReason string `json:"memory_reason,omitempty"`
 	// instances are still starting; absent when none.
 	PendingShare      *float64 `json:"pending_compute_share,omitempty"`
 	Source            string   `json:"source"` // adaptive, static, shared, pinned, config

@@ -144,6 +144,13 @@ type AdjusterOptions struct {
 	// MemoryBudget is the bytes all the models of the device may use; 0
 	// means no budget. Over it, the adaptive policy evicts idle models.
 	MemoryBudget int64
+	// MemoryHeadroom is the fraction the adaptive policy adds to a
+	// model's working set for its memory share; default
+	// DefaultMemoryHeadroom, negative means none.
+	MemoryHeadroom float64
+	// MemoryFloor is the least memory share the adaptive policy sets;
+	// default DefaultMemoryFloor.
+	MemoryFloor int64
 	// KeepAlive is how long a model must have been idle (no arrivals,
 	// nothing queued or running) before it may be evicted.
 	KeepAlive time.Duration
@@ -189,6 +196,11 @@ type ModelShare struct {
 	// Target is the compute share the last pass wanted; it differs from
 	// Share while a shrink waits out the hysteresis, or a change failed.
 	Target float64
+	// MemoryTarget is the memory share the last pass wanted (adaptive
+	// policy, from the model's working set; 0 when memory is not sized),
+	// and MemoryReason why the memory share last moved.
+	MemoryTarget int64
+	MemoryReason string
 	// Pinned: the share is fixed by Pin or the model's config.
 	Pinned bool
 	// Source is the policy that chose the share (SharePolicy*), or
@@ -269,14 +281,21 @@ type tracked struct {
 	// pending is the share requested of an AsyncActuator and not in
 	// effect yet (nil: none), with the decision that asked for it, the
 	// share it replaces and when it was asked for.
-	pending     *limiter.Share
-	pendingD    decision
-	pendingOld  limiter.Share
-	pendingFrom time.Time
+	pending       *limiter.Share
+	pendingD      decision
+	pendingReason string
+	pendingOld    limiter.Share
+	pendingFrom   time.Time
 	// boost is the floor observed misses have raised a latency-critical
 	// model to (0: none), boostAt when it last rose.
 	boost   float64
 	boostAt time.Time
+	// memSlackSince, memSlack and memChange are the memory share's
+	// hysteresis (see settleMemory); memReason says why it last moved.
+	memSlackSince time.Time
+	memSlack      []memorySample
+	memChange     time.Time
+	memReason     string
 }
 
 type slackSample struct {
@@ -353,8 +372,16 @@ func (o *AdjusterOptions) setDefaults() error {
 	if o.Period < 0 || o.ScaleDownAfter < 0 || o.Cooldown < 0 || o.KeepAlive < 0 {
 		bad("negative period (%s), scale-down delay (%s), cooldown (%s) or keep-alive (%s)", o.Period, o.ScaleDownAfter, o.Cooldown, o.KeepAlive)
 	}
-	if o.MemoryBudget < 0 || o.EventCapacity < 0 {
-		bad("negative memory budget (%d) or event capacity (%d)", o.MemoryBudget, o.EventCapacity)
+	if o.MemoryBudget < 0 || o.EventCapacity < 0 || o.MemoryFloor < 0 {
+		bad("negative memory budget (%d), memory floor (%d) or event capacity (%d)", o.MemoryBudget, o.MemoryFloor, o.EventCapacity)
+	}
+	switch {
+	case o.MemoryHeadroom == 0:
+		o.MemoryHeadroom = DefaultMemoryHeadroom
+	case o.MemoryHeadroom < 0:
+		o.MemoryHeadroom = 0
+	case !(o.MemoryHeadroom <= 10): // also NaN
+		bad("memory headroom %v is not a fraction of the working set", o.MemoryHeadroom)
 	}
 	if o.Actuator == nil {
 		bad("no actuator")
@@ -370,6 +397,7 @@ func (o *AdjusterOptions) setDefaults() error {
 	o.Cooldown = cmp.Or(o.Cooldown, DefaultCooldown)
 	o.KeepAlive = cmp.Or(o.KeepAlive, DefaultKeepAlive)
 	o.EventCapacity = cmp.Or(o.EventCapacity, DefaultEventCapacity)
+	o.MemoryFloor = cmp.Or(o.MemoryFloor, DefaultMemoryFloor)
 	return nil
 }
 
@@ -506,6 +534,10 @@ type decision struct {
 	// reserve is the part of a latency-critical floor the best-effort
 	// caps leave free (see Adjuster.reserve).
 	reserve float64
+	// memTarget is the memory share wanted (0: not sized); memReason says
+	// why the share's memory changes, "" when it does not.
+	memTarget int64
+	memReason string
 }
 
 // pass is one round of decisions: read the models, decide, apply what
@@ -546,6 +578,9 @@ func (a *Adjuster) pass(ctx context.Context) {
 		a.decideShared(now, states, p)
 	}
 	a.release(p)
+	if a.opts.Policy == SharePolicyAdaptive {
+		a.sizeMemory(now, states, p)
+	}
 	// Shrink before growing, so that the device is not oversubscribed
 	// in between.
 	order := make([]string, 0, len(states))
@@ -563,7 +598,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 		a.apply(ctx, now, name, p.next[name], p.ds[name])
 	}
 	if a.opts.Policy == SharePolicyAdaptive && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
-		a.evictIdle(ctx, now, states)
+		a.evictIdle(ctx, now, states, p)
 	}
 	a.publish(states, p.ds)
 }
@@ -770,6 +805,9 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if t.failures > 0 && now.Before(t.retryAt) {
 		return
 	}
+	if t.hasApplied && want.Mode == t.applied.Mode && sameCompute(want.Compute, t.applied.Compute, tolerance) {
+		want.Compute = t.applied.Compute // only the memory moves
+	}
 	async, isAsync := a.opts.Actuator.(AsyncActuator)
 	var err error
 	if isAsync {
@@ -788,19 +826,34 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) {
 		t.lastChange = now
 	}
+	reason := d.reason
+	if want.Memory != old.Memory {
+		t.memChange = now
+		if d.memReason != "" {
+			t.memReason = d.memReason
+			if t.hasApplied && sameCompute(want.Compute, old.Compute, tolerance) && want.Mode == old.Mode {
+				reason = d.memReason // only the memory moved
+			} else {
+				reason += "; " + d.memReason
+			}
+		}
+	}
+	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) || want.Mode != old.Mode {
+		// A move of the memory alone leaves the compute's slack running.
+		t.slackSince, t.slack = time.Time{}, nil
+	}
 	t.applied, t.hasApplied, t.fresh = want, true, false
-	t.slackSince, t.slack = time.Time{}, nil
 	if isAsync {
 		if _, pending, _ := async.ShareInEffect(name); pending {
 			if t.pending == nil {
 				t.pendingOld = old
 			}
-			t.pending, t.pendingD, t.pendingFrom = &want, d, now
+			t.pending, t.pendingD, t.pendingReason, t.pendingFrom = &want, d, reason, now
 			return // settlePending tells the predictor once it is in effect
 		}
 		t.pending = nil
 	}
-	a.applied(name, old, want, d, "")
+	a.applied(name, old, want, d, reason)
 }
 
 // failed counts a share that did not apply and schedules the next try.
@@ -841,14 +894,14 @@ func (a *Adjuster) settlePending(now time.Time) {
 			a.failed(now, name, in, want, t.pendingD, err)
 			continue
 		}
-		a.applied(name, t.pendingOld, want, t.pendingD,
+		a.applied(name, t.pendingOld, want, t.pendingD, t.pendingReason+
 			fmt.Sprintf(" (in effect %s after it was asked for: replacement instances started)", shortDuration(now.Sub(t.pendingFrom))))
 	}
 }
 
 // applied tells the predictor a share now in effect and records the
-// resize.
-func (a *Adjuster) applied(name string, old, want limiter.Share, d decision, note string) {
+// resize for the reason given.
+func (a *Adjuster) applied(name string, old, want limiter.Share, d decision, reason string) {
 	t := a.models[name]
 	t.failures, t.retryAt = 0, time.Time{}
 	if a.opts.Predictor != nil {
@@ -858,19 +911,27 @@ func (a *Adjuster) applied(name string, old, want limiter.Share, d decision, not
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}
-	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason + note, Predicted: d.predicted, ForecastRate: d.rate})
+	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: reason, Predicted: d.predicted, ForecastRate: d.rate})
 }
 
 // evictIdle unloads idle models, least recently used first, while the
-// models' memory is over the budget. A model with requests queued or
-// running, or with arrivals within KeepAlive, is never evicted.
-func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.ModelState) {
+// models' memory is over the budget: what they use, or what their memory
+// shares would let them use where that is more (the shares of busy models
+// grow before their batches need it, and an idle model's share shrinks to
+// its smallest batch first). A model with requests queued or running, or
+// with arrivals within KeepAlive, is never evicted.
+func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.ModelState, p *plan) {
 	usage := make(map[string]int64, len(states))
 	var total int64
 	for _, st := range states {
-		u := a.opts.Actuator.MemoryUsage(st.Spec.Name)
-		usage[st.Spec.Name] = u
-		total += u
+		name := st.Spec.Name
+		u := a.opts.Actuator.MemoryUsage(name)
+		if a.opts.CapsOnly {
+			usage[name] = u
+		} else {
+			usage[name] = memoryShareSum(p, name, u)
+		}
+		total += usage[name]
 	}
 	if total <= a.opts.MemoryBudget {
 		return
@@ -925,6 +986,8 @@ func (a *Adjuster) publish(states []qos.ModelState, ds map[string]decision) {
 			Share:            share,
 			Pending:          pending,
 			Target:           d.share.Compute,
+			MemoryTarget:     d.memTarget,
+			MemoryReason:     t.memReason,
 			Pinned:           t.pin != nil,
 			Source:           d.source,
 			PredictedLatency: d.predicted,

@@ -12,11 +12,16 @@
 // rest), "static" (equal hard caps) and "shared" (no limits). Where the
 // limiter has only caps (CapsOnly: MPS) the adaptive caps add up to the
 // device at most, no share goes past the model's knee, and best-effort
-// growth waits, since every resize there starts a new client. Pins override
-// the policy; idle models are evicted when memory is over budget. Every
-// decision is an Event. Isolation holds the models placement must keep
-// apart from latency-critical ones (best-effort models that faulted their
-// GPU repeatedly), which the server's device recovery marks.
+// growth waits, since every resize there starts a new client. The adaptive
+// policy also sizes each model's memory share from the working set of the
+// largest batch it is expected to run next (WorkingSetPredictor), never
+// below what its instance holds (InstanceMemoryReader), growing at once and
+// shrinking late; where shares are caps memory stays at the model's limit.
+// Pins override the policy; idle models are evicted when memory (use or
+// memory shares) is over budget. Every decision is an Event. Isolation
+// holds the models placement must keep apart from latency-critical ones
+// (best-effort models that faulted their GPU repeatedly), which the
+// server's device recovery marks.
 //
 // It must not run requests, order them or touch processes and cgroups: it
 // reads the scheduler, predicts through the Predictor and acts through the

@@ -13,8 +13,8 @@ type adjusterMetrics struct {
 	events *prometheus.CounterVec
 	pass   prometheus.Histogram
 
-	computeDesc, memoryDesc, targetDesc *prometheus.Desc
-	a                                   *Adjuster
+	computeDesc, memoryDesc, targetDesc, targetMemoryDesc *prometheus.Desc
+	a                                                     *Adjuster
 }
 
 func newAdjusterMetrics(reg prometheus.Registerer, device string, a *Adjuster) (*adjusterMetrics, error) {
@@ -40,6 +40,8 @@ func newAdjusterMetrics(reg prometheus.Registerer, device string, a *Adjuster) (
 			"Memory share applied to the model; 0 means no limit.", []string{"model"}, constLabels),
 		targetDesc: prometheus.NewDesc("sloserve_share_target_compute",
 			"Compute share the adjuster's last pass wanted for the model.", []string{"model"}, constLabels),
+		targetMemoryDesc: prometheus.NewDesc("sloserve_share_target_memory_bytes",
+			"Memory share the adjuster's last pass wanted for the model, from its working set; 0 means not sized.", []string{"model"}, constLabels),
 		a: a,
 	}
 	for _, k := range eventKinds {
@@ -61,6 +63,7 @@ func (m *adjusterMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.computeDesc
 	ch <- m.memoryDesc
 	ch <- m.targetDesc
+	ch <- m.targetMemoryDesc
 }
 
 // Collect implements prometheus.Collector for the share gauges.
@@ -69,5 +72,6 @@ func (m *adjusterMetrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.computeDesc, prometheus.GaugeValue, s.Share.Compute, s.Model)
 		ch <- prometheus.MustNewConstMetric(m.memoryDesc, prometheus.GaugeValue, float64(s.Share.Memory), s.Model)
 		ch <- prometheus.MustNewConstMetric(m.targetDesc, prometheus.GaugeValue, s.Target, s.Model)
+		ch <- prometheus.MustNewConstMetric(m.targetMemoryDesc, prometheus.GaugeValue, float64(s.MemoryTarget), s.Model)
 	}
 }

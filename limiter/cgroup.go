@@ -576,6 +576,9 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 		cur, err := readInt(filepath.Join(d, "memory.current"))
 		errs = append(errs, err)
 		st.MemoryBytes = cur
+		if peak, err := readInt(filepath.Join(d, "memory.peak")); err == nil {
+			st.MemoryPeak = peak // kernels before 5.19 have none
+		}
 		if b, err := os.ReadFile(filepath.Join(d, "memory.max")); err == nil {
 			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
 				st.MemoryLimit = v
@@ -614,6 +617,9 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 			cur, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
 			errs = append(errs, err)
 			st.MemoryBytes = cur
+			if peak, err := readInt(filepath.Join(d, "memory.max_usage_in_bytes")); err == nil {
+				st.MemoryPeak = peak
+			}
 			lim, err := readInt(filepath.Join(d, "memory.limit_in_bytes"))
 			errs = append(errs, err)
 			// "No limit" reads back as the largest page-aligned int64.

@@ -234,6 +234,9 @@ func TestCgroupThrottlesRunner(t *testing.T) {
 	if st.CPUSeconds <= 0 || st.ThrottledSeconds <= 0 || st.MemoryBytes < 1<<20 {
 		t.Errorf("stats %+v: want CPU time, throttled time and memory", st)
 	}
+	if st.MemoryPeak < st.MemoryBytes {
+		t.Errorf("stats %+v: peak memory under the current", st)
+	}
 	// The runner's time is the instance's: 19 calls of at least the
 	// fastest session's worth of CPU.
 	if least := 19 * fast.Seconds() * 0.8; st.CPUSeconds < least {

@@ -70,13 +70,14 @@ func TestCgroupV1Files(t *testing.T) {
 	mustWrite(t, filepath.Join(acct, "cpuacct.usage"), "1500000000\n")
 	mustWrite(t, filepath.Join(cpu, "cpu.stat"), "nr_periods 40\nnr_throttled 30\nthrottled_time 250000000\nnr_bursts 0\nburst_time 0\n")
 	mustWrite(t, filepath.Join(mem, "memory.usage_in_bytes"), "1048576\n")
+	mustWrite(t, filepath.Join(mem, "memory.max_usage_in_bytes"), "3145728\n")
 	mustWrite(t, filepath.Join(mem, "memory.limit_in_bytes"), "67108864\n")
 	mustWrite(t, filepath.Join(mem, "memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
 	st, err := l.Stats(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Stats{CPUSeconds: 1.5, ThrottledSeconds: 0.25, MemoryBytes: 1 << 20, MemoryLimit: 64 << 20, OOMKills: 2}); st != want {
+	if want := (Stats{CPUSeconds: 1.5, ThrottledSeconds: 0.25, MemoryBytes: 1 << 20, MemoryPeak: 3 << 20, MemoryLimit: 64 << 20, OOMKills: 2}); st != want {
 		t.Errorf("Stats = %+v, want %+v", st, want)
 	}
 	mustWrite(t, filepath.Join(mem, "memory.limit_in_bytes"), "9223372036854771712\n")
@@ -195,12 +196,13 @@ func TestCgroupV2Files(t *testing.T) {
 
 	mustWrite(t, filepath.Join(unit, "cpu.stat"), "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 9\nnr_throttled 4\nthrottled_usec 500000\n")
 	mustWrite(t, filepath.Join(unit, "memory.current"), "4096\n")
+	mustWrite(t, filepath.Join(unit, "memory.peak"), "8192\n")
 	mustWrite(t, filepath.Join(unit, "memory.events"), "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
 	st, err := l.Stats("m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Stats{CPUSeconds: 2.5, ThrottledSeconds: 0.5, MemoryBytes: 4096, MemoryLimit: 1 << 30, OOMKills: 1}); st != want {
+	if want := (Stats{CPUSeconds: 2.5, ThrottledSeconds: 0.5, MemoryBytes: 4096, MemoryPeak: 8192, MemoryLimit: 1 << 30, OOMKills: 1}); st != want {
 		t.Errorf("Stats = %+v, want %+v", st, want)
 	}
 	if err := l.Close(); err != nil {

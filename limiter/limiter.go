@@ -53,8 +53,12 @@ type Stats struct {
 	CPUSeconds       float64 // CPU time used by the instance's cgroup
 	ThrottledSeconds float64 // time throttled by the quota
 	MemoryBytes      int64   // current memory usage
-	MemoryLimit      int64   // enforced limit, 0 = none
-	OOMKills         uint64  // processes killed for exceeding the memory limit
+	// MemoryPeak is the most memory the instance's unit has used since it
+	// was placed (cgroup v2 memory.peak, v1 memory.max_usage_in_bytes);
+	// 0 unknown.
+	MemoryPeak  int64
+	MemoryLimit int64  // enforced limit, 0 = none
+	OOMKills    uint64 // processes killed for exceeding the memory limit
 }
 
 var (

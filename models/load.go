@@ -108,8 +108,8 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	}
 	if len(errs) == 0 {
 		for _, v := range fresh {
+			r.profile(ctx, v) // first: it measures each batch size's memory
 			r.warmUp(ctx, v)
-			r.profile(ctx, v)
 			if err := r.schedule(ctx, v); err != nil {
 				errs = append(errs, fmt.Errorf("version %d: %w", v.number, err))
 			}

@@ -69,10 +69,17 @@ type ProfileRun struct {
 	// execution time of runs executions of a batch, after one unmeasured
 	// run.
 	Measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)
+	// Memory is the peak memory of one instance so far, in bytes (0
+	// unknown): read after each point, it gives each batch size's
+	// working set (predictor.SweepOptions.Memory).
+	Memory func() int64
 }
 
 // profile runs Options.Profile for a fresh version, before it takes
-// traffic, and puts its share back afterwards.
+// traffic and before its warm-up, and puts its share back afterwards: an
+// instance that has run no batch yet grows its memory batch size by batch
+// size through the sweep, so that the peak read after each point is that
+// batch size's working set.
 func (r *Registry) profile(ctx context.Context, v *version) {
 	if r.opts.Profile == nil {
 		return
@@ -92,6 +99,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	run := ProfileRun{
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
 		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
+		Memory: v.workingSetReader(),
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.

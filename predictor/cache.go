@@ -152,7 +152,9 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 		return "", fmt.Errorf("predictor: profile key: hashing %s: %w", modelFile, err)
 	}
 	h := sha256.New()
-	h.Write([]byte("sloserve-profile-v1\x00"))
+	// v2: profiles hold each point's peak memory; a v1 profile, without
+	// it, is measured again rather than leave memory shares unsized.
+	h.Write([]byte("sloserve-profile-v2\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

@@ -15,6 +15,9 @@ type Point struct {
 	Batch   int
 	Share   float64       // compute share of the device, (0,1]
 	Latency time.Duration // execution time of one batch (median of the runs)
+	// Memory is the instance's peak memory in bytes by the end of this
+	// point's runs (SweepOptions.Memory); 0 unknown. See WorkingSet.
+	Memory int64 `json:",omitempty"`
 }
 
 // usable reports whether a point can take part in a fit.

@@ -103,9 +103,9 @@ func checkShape(t *testing.T, c Curve) {
 func TestFitShape(t *testing.T) {
 	// A curve decreasing in the batch, which Fit must not reproduce.
 	weird := []Point{
-		{1, 1, 10 * time.Millisecond}, {2, 1, 8 * time.Millisecond}, {4, 1, 12 * time.Millisecond},
-		{1, 0.5, 15 * time.Millisecond}, {2, 0.5, 30 * time.Millisecond}, {4, 0.5, 14 * time.Millisecond},
-		{1, 0.25, 9 * time.Millisecond}, {2, 0.25, 50 * time.Millisecond}, {4, 0.25, 20 * time.Millisecond},
+		{Batch: 1, Share: 1, Latency: 10 * time.Millisecond}, {Batch: 2, Share: 1, Latency: 8 * time.Millisecond}, {Batch: 4, Share: 1, Latency: 12 * time.Millisecond},
+		{Batch: 1, Share: 0.5, Latency: 15 * time.Millisecond}, {Batch: 2, Share: 0.5, Latency: 30 * time.Millisecond}, {Batch: 4, Share: 0.5, Latency: 14 * time.Millisecond},
+		{Batch: 1, Share: 0.25, Latency: 9 * time.Millisecond}, {Batch: 2, Share: 0.25, Latency: 50 * time.Millisecond}, {Batch: 4, Share: 0.25, Latency: 20 * time.Millisecond},
 	}
 	for name, pts := range map[string][]Point{
 		"truth": synth(truth, []int{1, 4, 8}, []float64{0.25, 0.5, 1}, 0, 0),
@@ -131,10 +131,10 @@ func TestFitDegenerate(t *testing.T) {
 		check   func(t *testing.T, c Curve)
 	}{
 		{name: "empty", wantErr: ErrNoPoints},
-		{name: "all unusable", pts: []Point{{0, 1, ms}, {1, 0, ms}, {1, 1.5, ms}, {1, 1, 0}, {1, math.NaN(), ms}, {1, 1, -ms}}, wantErr: ErrNoPoints},
+		{name: "all unusable", pts: []Point{{Batch: 0, Share: 1, Latency: ms}, {Batch: 1, Share: 0, Latency: ms}, {Batch: 1, Share: 1.5, Latency: ms}, {Batch: 1, Share: 1, Latency: 0}, {Batch: 1, Share: math.NaN(), Latency: ms}, {Batch: 1, Share: 1, Latency: -ms}}, wantErr: ErrNoPoints},
 		{
 			name: "one point",
-			pts:  []Point{{4, 0.5, 8 * ms}},
+			pts:  []Point{{Batch: 4, Share: 0.5, Latency: 8 * ms}},
 			check: func(t *testing.T, c Curve) {
 				// t = K2*b/s: the point itself, double at twice the batch, half at twice the share.
 				expect(t, c, 4, 0.5, 8*ms)
@@ -144,7 +144,7 @@ func TestFitDegenerate(t *testing.T) {
 		},
 		{
 			name: "one share",
-			pts:  []Point{{1, 0.5, 3 * ms}, {4, 0.5, 6 * ms}, {8, 0.5, 10 * ms}},
+			pts:  []Point{{Batch: 1, Share: 0.5, Latency: 3 * ms}, {Batch: 4, Share: 0.5, Latency: 6 * ms}, {Batch: 8, Share: 0.5, Latency: 10 * ms}},
 			check: func(t *testing.T, c Curve) {
 				if c.K4 != 0 || c.K5 != 0 {
 					t.Errorf("one share: K4, K5 = %g, %g, want 0 (time ∝ 1/share)", c.K4, c.K5)
@@ -156,7 +156,7 @@ func TestFitDegenerate(t *testing.T) {
 		},
 		{
 			name: "one batch",
-			pts:  []Point{{4, 0.25, 20 * ms}, {4, 0.5, 11 * ms}, {4, 1, 6 * ms}},
+			pts:  []Point{{Batch: 4, Share: 0.25, Latency: 20 * ms}, {Batch: 4, Share: 0.5, Latency: 11 * ms}, {Batch: 4, Share: 1, Latency: 6 * ms}},
 			check: func(t *testing.T, c Curve) {
 				if c.K1 != 0 || c.K3 != 0 || c.K5 != 0 {
 					t.Errorf("one batch: %+v, want only K2 and K4", c)
@@ -164,7 +164,7 @@ func TestFitDegenerate(t *testing.T) {
 				if r := c.Predict(8, 0.5).Seconds() / c.Predict(4, 0.5).Seconds(); relErr(r, 2) > 1e-6 {
 					t.Errorf("doubling the batch multiplies time by %g, want 2", r)
 				}
-				if m := MAPE(c, []Point{{4, 0.25, 20 * ms}, {4, 0.5, 11 * ms}, {4, 1, 6 * ms}}); m > 0.05 {
+				if m := MAPE(c, []Point{{Batch: 4, Share: 0.25, Latency: 20 * ms}, {Batch: 4, Share: 0.5, Latency: 11 * ms}, {Batch: 4, Share: 1, Latency: 6 * ms}}); m > 0.05 {
 					t.Errorf("MAPE %g", m)
 				}
 			},
@@ -180,7 +180,7 @@ func TestFitDegenerate(t *testing.T) {
 		},
 		{
 			name: "duplicates and outliers",
-			pts:  append(synth(truth, []int{1, 8}, []float64{0.5, 1}, 0, 0), Point{1, 1, time.Hour}, Point{1, 1, time.Nanosecond}),
+			pts:  append(synth(truth, []int{1, 8}, []float64{0.5, 1}, 0, 0), Point{Batch: 1, Share: 1, Latency: time.Hour}, Point{Batch: 1, Share: 1, Latency: time.Nanosecond}),
 		},
 	}
 	for _, tt := range tests {
@@ -239,7 +239,7 @@ func TestPredictClamps(t *testing.T) {
 
 func TestMAPE(t *testing.T) {
 	c := Curve{K2: 0.001}
-	pts := []Point{{1, 1, 2 * time.Millisecond}, {2, 1, 2 * time.Millisecond}, {0, 1, time.Second}}
+	pts := []Point{{Batch: 1, Share: 1, Latency: 2 * time.Millisecond}, {Batch: 2, Share: 1, Latency: 2 * time.Millisecond}, {Batch: 0, Share: 1, Latency: time.Second}}
 	if got := MAPE(c, pts); relErr(got, 0.25) > 1e-9 {
 		t.Errorf("MAPE = %g, want 0.25 (0.5 and 0; the unusable point skipped)", got)
 	}

@@ -9,7 +9,10 @@
 // batch at a smaller share (it was disturbed). Where the profile shows a
 // knee, a share past which a batch ran no faster (a GPU model whose kernels
 // cannot fill the device), predictions clamp the share at it: the smooth
-// curve would otherwise promise speed-ups no share gives.
+// curve would otherwise promise speed-ups no share gives. Where the sweep
+// reads the instance's peak memory after each point, the profile also holds
+// each batch size's working set (Predictor.WorkingSet), from which the
+// control loop sizes memory shares.
 //
 // A Predictor holds each loaded model's curve and scales it by an online
 // correction (an EWMA of observed/predicted execution time) and an

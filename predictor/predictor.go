@@ -88,6 +88,7 @@ type model struct {
 	curve       Curve
 	hasCurve    bool
 	knees       knees // where the profile stopped getting faster
+	memory      workingSets
 	profileMAPE float64
 	share       float64 // normalised, (0, 1]
 	othersUtil  float64
@@ -171,6 +172,7 @@ func (p *Predictor) SetProfile(name string, prof Profile) {
 	m.mu.Lock()
 	m.curve, m.hasCurve, m.profileMAPE, m.correction = c, true, pm, 1
 	m.knees = findKnees(prof.Points)
+	m.memory = findWorkingSets(prof.Points)
 	m.mu.Unlock()
 }
 

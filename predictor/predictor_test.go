@@ -215,7 +215,7 @@ func TestAccuracy(t *testing.T) {
 	if a := p.Accuracy("none"); a != (Accuracy{Correction: 1, Interference: 1}) {
 		t.Errorf("unknown model: %+v", a)
 	}
-	pts := []Point{{1, 1, 10 * ms}, {2, 1, 25 * ms}}
+	pts := []Point{{Batch: 1, Share: 1, Latency: 10 * ms}, {Batch: 2, Share: 1, Latency: 25 * ms}}
 	p.SetProfile("m", Profile{Curve: flat, Points: pts, MAPE: MAPE(flat, pts)})
 	// Predicted 10, 15, 12.5 ms (correction 1, 1.5, 1.25); observed 20, 10, 10 ms.
 	p.Observe("m", 1, 20*ms)
@@ -261,7 +261,7 @@ func TestAccuracyFallback(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	p := newPredictor(t, Options{Registerer: reg, Device: "cpu"})
-	pts := []Point{{1, 1, 10 * ms}, {2, 1, 25 * ms}}
+	pts := []Point{{Batch: 1, Share: 1, Latency: 10 * ms}, {Batch: 2, Share: 1, Latency: 25 * ms}}
 	p.SetProfile("det/1", Profile{Curve: flat, Points: pts, MAPE: MAPE(flat, pts)})
 	p.Observe("det/1", 1, 20*ms)
 	base := time.Unix(1_700_000_000, 0)

@@ -31,6 +31,9 @@ type SweepOptions struct {
 	Shares   []float64     // default DefaultShares; each in (0, 1]
 	Runs     int           // timed runs per point, default DefaultRuns
 	Budget   time.Duration // for the whole sweep, default DefaultBudget
+	// Memory, when set, is read after each point's runs: the peak memory
+	// of the instance in bytes (0 unknown), kept as the point's Memory.
+	Memory func() int64
 }
 
 // withDefaults returns the options with defaults filled in, batches sorted
@@ -109,7 +112,11 @@ func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Cont
 			if t <= 0 {
 				return points, fmt.Errorf("predictor: measuring batch %d at share %g: non-positive time %v", b, s, t)
 			}
-			points = append(points, Point{Batch: b, Share: s, Latency: t})
+			pt := Point{Batch: b, Share: s, Latency: t}
+			if opts.Memory != nil {
+				pt.Memory = max(opts.Memory(), 0)
+			}
+			points = append(points, pt)
 		}
 	}
 	remeasureDisturbed(bctx, points, opts.Runs, measure)

@@ -65,6 +65,7 @@ func (b *backend) Control() api.ControlStatus {
 				PendingShare: pending,
 				Model:        ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
 				ComputeShare: ms.Share.Compute, MemoryShare: ms.Share.Memory, TargetShare: ms.Target,
+				TargetMemory: ms.MemoryTarget, MemoryReason: ms.MemoryReason,
 				Source: ms.Source, Pinned: ms.Pinned,
 				ForecastRate: ms.ForecastRate, ObservedRate: acc.ObservedRate, Attainment: ms.Attainment,
 				PredictedMs: api.Milliseconds(acc.Predicted), ObservedMs: api.Milliseconds(acc.Observed),

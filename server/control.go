@@ -453,6 +453,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		Shares:   profileShares(run.MaxShare),
 		Runs:     p.cfg.Runs,
 		Budget:   p.cfg.Budget,
+		Memory:   run.Memory,
 	}, run.Measure)
 	unlock()
 	if err != nil && !errors.Is(err, predictor.ErrBudget) {

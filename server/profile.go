@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -125,12 +126,21 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 		fmt.Fprintf(w, "limiter %s (%d CPUs): %s\n", lim.Kind(), lim.CPUs(), lim.Describe())
 	}
 	fmt.Fprintf(w, "profile %s\n\n", src)
+	memory := slices.ContainsFunc(p.Points, func(pt predictor.Point) bool { return pt.Memory > 0 })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "batch\tshare\tmeasured ms\tcurve ms\terror\t")
+	header := "batch\tshare\tmeasured ms\tcurve ms\terror\t"
+	if memory {
+		header += "peak MiB\t" // the instance's peak memory so far: the working sets
+	}
+	fmt.Fprintln(tw, header)
 	for _, pt := range p.Points {
 		pred := p.Curve.Predict(pt.Batch, pt.Share)
 		errPct := 100 * (float64(pred) - float64(pt.Latency)) / float64(pt.Latency)
-		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t\n", pt.Batch, pt.Share, ms(pt.Latency), ms(pred), errPct)
+		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, ms(pt.Latency), ms(pred), errPct)
+		if memory {
+			fmt.Fprintf(tw, "%.1f\t", float64(pt.Memory)/(1<<20))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 	c := p.Curve

@@ -1,0 +1,223 @@
+package control
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/sloserve/sloserve/qos"
+)
+
+// This file sizes the adaptive policy's memory shares: each model's memory
+// share follows the working set of the largest batch it is expected to run
+// over the next period, with headroom, within [MemoryFloor, its memory
+// limit]; it grows at once, before the batch comes, and shrinks only after
+// ScaleDownAfter of smaller targets, never below what the instance holds.
+
+// WorkingSetPredictor is the part of a Predictor that knows each model's
+// memory: the bytes one instance needs to run batches up to a size, false
+// when its profile measured none. The adaptive policy moves memory shares
+// only when the Predictor implements it (predictor.Predictor does).
+type WorkingSetPredictor interface {
+	WorkingSet(model string, batch int) (int64, bool)
+}
+
+// InstanceMemoryReader is the part of an Actuator that reads what the
+// largest instance of a model holds now, in bytes, as its memory limit
+// counts it (0 unknown). Without it the adaptive policy shrinks no memory
+// share below the one applied: a share under what an instance holds would
+// have the kernel kill it.
+type InstanceMemoryReader interface {
+	InstanceMemory(model string) int64
+}
+
+// Defaults of the memory sizing.
+const (
+	// DefaultMemoryHeadroom is the fraction added to the working set:
+	// measured peaks vary between runs and inputs, and a batch a little
+	// larger than expected must not find the limit.
+	DefaultMemoryHeadroom = 0.25
+	// DefaultMemoryFloor is the least memory share the adaptive policy
+	// sets: a runner process and its ONNX Runtime session hold this much
+	// before any model. An assumption, above the smallest runner measured
+	// on the demo models.
+	DefaultMemoryFloor = 64 << 20
+	// residentMargin is the part (1/residentMargin) added to what an
+	// instance holds now before a share may go below it: its next
+	// allocation must not be its last.
+	residentMargin = 16
+	// memoryAlign rounds memory shares up, so that a few pages more or
+	// less do not make a new share.
+	memoryAlign = 1 << 20
+)
+
+// memorySample is one pass's memory target, kept for the hysteresis.
+type memorySample struct {
+	at     time.Time
+	target int64
+}
+
+// sizeMemory sets the memory of the adaptive policy's shares in p (not
+// pinned ones). Where every share is a cap (CapsOnly: MPS) memory is left
+// at the model's limit: an MPS client's pinned memory is fixed at its
+// start, so each change would be a swap, and a swap needs room for its
+// shadow beside the old client on the device. Without working sets
+// (WorkingSetPredictor) memory stays at the limit too, as before.
+func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
+	ws, ok := a.opts.Predictor.(WorkingSetPredictor)
+	if !ok || a.opts.CapsOnly {
+		return
+	}
+	reader, _ := a.opts.Actuator.(InstanceMemoryReader)
+	for _, st := range states {
+		name := st.Spec.Name
+		t := a.models[name]
+		if t.pin != nil {
+			continue
+		}
+		d, next := p.ds[name], p.next[name]
+		target, why, ok := a.memoryTarget(st, next.Compute, d, ws, reader)
+		if !ok {
+			continue
+		}
+		mem, reason := a.settleMemory(now, t, target, why)
+		next.Memory, d.share.Memory = mem, mem
+		d.memTarget, d.memReason = target, reason
+		p.next[name], p.ds[name] = next, d
+	}
+}
+
+// memoryTarget is the memory share a model should have for the next
+// period, and why; false when its working set is not known or it has no
+// memory limit to move within (no memory_limit and no MemoryBudget: it
+// stays unlimited).
+func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, ws WorkingSetPredictor, reader InstanceMemoryReader) (int64, string, bool) {
+	spec := st.Spec
+	hi := spec.Memory
+	if hi == 0 {
+		hi = a.opts.MemoryBudget
+	}
+	if hi <= 0 {
+		return 0, "", false
+	}
+	batch, because := a.nextBatch(st, compute, d.rate)
+	set, ok := ws.WorkingSet(spec.Name, batch)
+	if !ok || set <= 0 {
+		return 0, "", false
+	}
+	target := int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
+	why := fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
+	if reader != nil {
+		if held := reader.InstanceMemory(spec.Name); held > 0 {
+			if floor := held + (held+residentMargin-1)/residentMargin; floor > target {
+				target = floor
+				why = fmt.Sprintf("%s; the instance holds %s", why, formatBytes(held))
+			}
+		}
+	}
+	lo := min(a.opts.MemoryFloor, hi)
+	target = min(max(alignUp(target), lo), hi)
+	if target == hi {
+		why += fmt.Sprintf("; at most the limit %s", formatBytes(hi))
+	}
+	return target, why, true
+}
+
+// nextBatch is the largest batch the model is expected to run over the
+// next period, and why: what is queued now (one dispatch takes it as one
+// batch) or, from the forecast, the batch the queue holds at the Quantile
+// when an instance frees up, whichever is larger; 1 for an idle model.
+//
+// Arrivals over one execution of a batch b at the forecast rate are
+// taken as Poisson with mean n = rate·t(b)/slots; b is enough when their
+// quantile, about n + z·√n + 1, is within it.
+func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, string) {
+	top := max(st.Spec.MaxBatchSize, 1)
+	queued := min(st.QueueDepth, top)
+	if rate < rateEpsilon {
+		if queued > 1 {
+			return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+		}
+		return 1, "idle"
+	}
+	share := limitedOrWhole(compute)
+	z := math.Sqrt2 * math.Erfinv(2*a.opts.Quantile-1)
+	slots := float64(max(st.Spec.Slots, 1))
+	fromRate := top
+	for b := 1; b <= top; b++ {
+		t, ok := a.opts.Predictor.Latency(st.Spec.Name, b, share)
+		if !ok {
+			break // unknown: the largest
+		}
+		n := rate * t.Seconds() / slots
+		if n+z*math.Sqrt(n)+1 <= float64(b) {
+			fromRate = b
+			break
+		}
+	}
+	if queued > fromRate {
+		return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+	}
+	return fromRate, fmt.Sprintf("forecast %.1f req/s", rate)
+}
+
+// settleMemory turns a memory target into the share to apply: growth at
+// once, a shrink only once every target of the last ScaleDownAfter has
+// been below the applied share and Cooldown has passed since its last
+// change, to the largest of those targets. Changes within memoryBand are
+// not made. The first share applies at once.
+func (a *Adjuster) settleMemory(now time.Time, t *tracked, target int64, why string) (int64, string) {
+	cur := t.applied.Memory
+	if !t.hasApplied || cur == 0 || t.fresh {
+		t.memSlackSince, t.memSlack = time.Time{}, nil
+		return target, fmt.Sprintf("memory %s: %s", formatBytes(target), why)
+	}
+	band := memoryBand(cur)
+	if target > cur {
+		t.memSlackSince, t.memSlack = time.Time{}, nil
+		if target-cur <= band {
+			return cur, ""
+		}
+		return target, fmt.Sprintf("memory %s -> %s: %s", formatBytes(cur), formatBytes(target), why)
+	}
+	if t.memSlackSince.IsZero() {
+		t.memSlackSince = now
+	}
+	from := now.Add(-a.opts.ScaleDownAfter)
+	t.memSlack = append(t.memSlack, memorySample{now, target})
+	t.memSlack = slices.DeleteFunc(t.memSlack, func(s memorySample) bool { return s.at.Before(from) })
+	if cur-target <= band || t.memSlackSince.After(from) || t.memChange.After(now.Add(-a.opts.Cooldown)) {
+		return cur, ""
+	}
+	to := target
+	for _, s := range t.memSlack {
+		to = max(to, s.target)
+	}
+	if cur-to <= band {
+		return cur, ""
+	}
+	return to, fmt.Sprintf("memory %s -> %s after %s under it: %s", formatBytes(cur), formatBytes(to), shortDuration(a.opts.ScaleDownAfter), why)
+}
+
+// memoryBand is the least change of a memory share worth making: 1/32 of
+// it, at least memoryAlign.
+func memoryBand(cur int64) int64 { return max(cur/32, memoryAlign) }
+
+// alignUp rounds bytes up to memoryAlign.
+func alignUp(n int64) int64 {
+	if r := n % memoryAlign; r != 0 {
+		return n + memoryAlign - r
+	}
+	return n
+}
+
+// memoryShareSum is what a model counts against the memory budget: what
+// it uses, or its planned memory share where the policy sized one from
+// its working set and that is more.
+func memoryShareSum(p *plan, name string, usage int64) int64 {
+	if m := p.next[name].Memory; m > 0 && p.ds[name].memTarget > 0 {
+		return max(m, usage)
+	}
+	return usage
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
+)
+
+// On a simulated GPU the profiling sweep records each batch size's device
+// memory (the client's context, weights and arena, read through NVML's
+// per-process memory), so the predictor knows the model's working set per
+// batch; the adaptive policy still leaves memory shares on MPS at the
+// model's limit, since each change would be a new client.
+func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := configs.DefaultServer()
+		cfg.GPU.Simulator.Devices = 1
+		cfg.Control.Policy = configs.SharePolicyAdaptive
+		model := "max_batch_size: 8\nexecution: {provider: cuda, simulated: {preset: resnet50}}\nresources: {memory_limit: 4GiB}\n"
+		_, devs := simulatedServer(t, cfg, map[string]string{"m": model})
+		const mib = 1 << 20
+		ws1, ok1 := devs.pred.WorkingSet("m/1", 1)
+		ws8, ok8 := devs.pred.WorkingSet("m/1", 8)
+		if !ok1 || !ok8 {
+			t.Fatalf("no working set after profiling: batch 1 %d %v, batch 8 %d %v", ws1, ok1, ws8, ok8)
+		}
+		// resnet50's arena is 25MiB an item: 7 items between batch 1 and 8.
+		if got := ws8 - ws1; got != 7*25*mib {
+			t.Errorf("working set at batch 8 - batch 1 = %dMiB, want 175MiB (ws1 %dMiB, ws8 %dMiB)", got/mib, ws1/mib, ws8/mib)
+		}
+		if ws1 < 100*mib+25*mib {
+			t.Errorf("working set at batch 1 %dMiB: under the weights and one item's arena", ws1/mib)
+		}
+		t.Logf("working sets: batch 1 %dMiB, batch 8 %dMiB", ws1/mib, ws8/mib)
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		seen := 0
+		for _, d := range devs.all() {
+			if d.adj == nil {
+				continue
+			}
+			for _, s := range d.adj.Shares() {
+				seen++
+				if s.Share.Memory != 4<<30 || s.MemoryTarget != 0 {
+					t.Errorf("%s on %s: memory share %d, target %d; want the 4GiB limit and no target under MPS", s.Model, d.name, s.Share.Memory, s.MemoryTarget)
+				}
+			}
+		}
+		if seen != 1 {
+			t.Errorf("%d shares seen, want m/1's", seen)
+		}
+	})
+}
+
+// The profile command prints each point's peak memory when the profile
+// has it.
+func TestWriteProfileShowsPeakMemory(t *testing.T) {
+	pts := []predictor.Point{
+		{Batch: 1, Share: 1, Latency: 10 * time.Millisecond, Memory: 100 << 20},
+		{Batch: 8, Share: 1, Latency: 40 * time.Millisecond, Memory: 156 << 20},
+		{Batch: 1, Share: 0.5, Latency: 20 * time.Millisecond, Memory: 156 << 20},
+		{Batch: 8, Share: 0.5, Latency: 80 * time.Millisecond, Memory: 156 << 20},
+	}
+	prof, err := predictor.NewProfile("k", pts, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	writeProfile(&out, models.ProfileRun{Key: "m/1", Device: "cpu"}, prof, false, nil)
+	if !strings.Contains(out.String(), "peak MiB") || !strings.Contains(out.String(), "156.0") {
+		t.Errorf("profile printed without its memory:\n%s", out.String())
+	}
+}
