@@ -120,6 +120,9 @@ type Options struct {
 	// Profile, when set, runs the predictor's sweep for each freshly
 	// loaded version before it takes traffic (see ProfileRun).
 	Profile func(ctx context.Context, run ProfileRun) error
+	// Place, when set, chooses the cuda device (its index) of a model
+	// whose config names none (see place.go); nil loads it on device 0.
+	Place func(model string, cfg *configs.Model) (int, error)
 	// Forget, when set, is called with a version's scheduler name
 	// ("model/N") once the version is gone for good: replaced by other
 	// versions, unloaded through the API, or its model removed from the
@@ -208,8 +211,9 @@ type version struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 
-	shareMu sync.Mutex // serialises share changes and swaps
-	retired bool       // guarded by shareMu: being stopped, no more swaps
+	shareMu sync.Mutex  // serialises share changes and swaps
+	retired bool        // guarded by shareMu: being stopped, no more swaps
+	moving  atomic.Bool // moving to another device (place.go): no more swaps
 
 	instMu    sync.RWMutex // guards the fields below; swaps replace instances
 	instances []Instance
@@ -440,6 +444,9 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	cfg, err := configs.LoadModel(m.dir)
 	if err == nil {
 		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
+	}
+	if err == nil {
+		cfg, err = r.placed(name, cfg)
 	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -723,6 +730,12 @@ func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 // startVersion starts every instance of one version and checks the model
 // file's inputs and outputs against the config.
 func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
+	return r.startVersionAt(ctx, cfg, dir, n, initialShare(cfg))
+}
+
+// startVersionAt is startVersion at a given share (a move keeps the
+// version's share).
+func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir string, n int64, share limiter.Share) (*version, error) {
 	label := strconv.FormatInt(n, 10)
 	slots := max(1, cfg.Execution.Concurrency)
 	v := &version{
@@ -738,7 +751,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		// the replacement during a swap.
 		idle:        make(chan Instance, (cfg.Instances+1)*slots),
 		obs:         r.metrics.forVersion(cfg.Name, label),
-		share:       initialShare(cfg),
+		share:       share,
 		callTimeout: r.opts.CallTimeout,
 		stopped:     make(chan struct{}),
 	}

@@ -110,6 +110,9 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	for _, d := range b.devs.all() {
 		all = append(all, d.adj.Events(since, limit)...)
 	}
+	if b.devs.place != nil {
+		all = append(all, b.devs.place.events(since, limit)...)
+	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {
 		all = all[len(all)-limit:]

@@ -41,6 +41,9 @@ type devices struct {
 	registry *models.Registry
 	// sim, when set, is the simulated machine cuda devices are on.
 	sim *simgpu.Sim
+	// place, when set, places cuda models across the devices
+	// (placement.go).
+	place *placement
 
 	mu    sync.Mutex
 	byDev map[string]*device
@@ -193,7 +196,7 @@ func (ds *devices) get(name string) (*device, error) {
 		MemoryBudget:   int64(ds.ctl.MemoryBudget),
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
-		Actuator:       ds.registry,
+		Actuator:       deviceActuator{reg: ds.registry, device: name},
 		Usage:          d.usage.get,
 		CapsOnly:       lim.Kind() == limiter.KindMPS,
 		Logger:         log.With("component", "adjuster"),
@@ -276,6 +279,13 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 		}
 	}
+}
+
+// lookup returns a device that has started, nil if none has.
+func (ds *devices) lookup(name string) *device {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	return ds.byDev[name]
 }
 
 // all returns the devices in name order.
