@@ -14,7 +14,6 @@ import (
 	"github.com/sloserve/sloserve/qos"
 )
 
-
 func gpus(n int, mem int64) []PlacementDevice {
 	out := make([]PlacementDevice, n)
 	for i := range out {
