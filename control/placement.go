@@ -371,13 +371,18 @@ func NewPlacer(opts PlacerOptions) (*Placer, error) {
 		pending: map[string]PlacementModel{}, since: map[string]time.Time{}}, nil
 }
 
-// Place chooses the device of a model about to load (m.Device empty),
-// beside the models placed already and those placed but still loading. A
-// model that runs already keeps its device.
+// Place chooses the device of a model about to load, beside the models
+// placed already and those placed but still loading. A model that runs
+// already keeps its device; one pinned (m.Pinned, with m.Device) is
+// counted on its device while it loads.
 func (p *Placer) Place(m PlacementModel) (string, error) {
 	devs, models := p.opts.Snapshot()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if m.Pinned && m.Device != "" {
+		p.pending[m.Name] = m
+		return m.Device, nil
+	}
 	for _, o := range models {
 		if o.Name == m.Name && o.Device != "" {
 			return o.Device, nil

@@ -310,10 +310,19 @@ func TestPlacerPlaceSeesPending(t *testing.T) {
 	if a == b {
 		t.Errorf("a and b both on %s, want them apart", a)
 	}
+	pinned := lcModel("p", 0.5, a)
+	pinned.Pinned = true
+	if got, _ := p.Place(pinned); got != a {
+		t.Errorf("pinned model placed on %s, want its own %s", got, a)
+	}
+	// c goes beside b rather than beside a and the pinned model.
+	if c, _ := p.Place(lcModel("c", 0.5, "")); c != b {
+		t.Errorf("c placed on %s, want %s (a and the pinned p are on %s)", c, b, a)
+	}
 	if again, _ := p.Place(lcModel("a", 0.5, "")); again != a {
 		t.Errorf("a placed again on %s, want %s (its first placement)", again, a)
 	}
-	if ev := p.Events(time.Time{}, 0); len(ev) != 2 || ev[0].Kind != EventPlace {
-		t.Errorf("events %+v, want two placements", ev)
+	if ev := p.Events(time.Time{}, 0); len(ev) != 3 || ev[0].Kind != EventPlace {
+		t.Errorf("events %+v, want three placements (none for the pinned model)", ev)
 	}
 }

@@ -27,14 +27,19 @@ var ErrNotMovable = errors.New("model cannot move")
 
 // placed returns the config a model loads with: as it is, unless the
 // model is on cuda without a device_id and Options.Place is set, which
-// then names the device.
+// then names the device. Options.Place hears of the cuda models that name
+// their device too (it must return that device), so that it counts them
+// while they load.
 func (r *Registry) placed(name string, cfg *configs.Model) (*configs.Model, error) {
-	if r.opts.Place == nil || cfg.Execution.Provider != configs.ProviderCUDA || cfg.Execution.DeviceGiven {
+	if r.opts.Place == nil || cfg.Execution.Provider != configs.ProviderCUDA {
 		return cfg, nil
 	}
 	id, err := r.opts.Place(name, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("placing the model on a GPU: %w", err)
+	}
+	if cfg.Execution.DeviceGiven {
+		return cfg, nil
 	}
 	return onDevice(cfg, id), nil
 }

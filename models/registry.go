@@ -122,6 +122,8 @@ type Options struct {
 	Profile func(ctx context.Context, run ProfileRun) error
 	// Place, when set, chooses the cuda device (its index) of a model
 	// whose config names none (see place.go); nil loads it on device 0.
+	// It is called for the cuda models that name one too, and must
+	// return that one.
 	Place func(model string, cfg *configs.Model) (int, error)
 	// Forget, when set, is called with a version's scheduler name
 	// ("model/N") once the version is gone for good: replaced by other

@@ -109,7 +109,8 @@ func (p *placement) devices() []control.PlacementDevice {
 
 // place is the registry's Options.Place: the device of a cuda model
 // loading without a device_id, from its class and memory_limit and a prior
-// demand (nothing has forecast it yet).
+// demand (nothing has forecast it yet). A model that names its device is
+// counted there.
 func (p *placement) place(model string, cfg *configs.Model) (int, error) {
 	m := control.PlacementModel{
 		Name: model, Class: qos.Class(cfg.SLO.Class),
@@ -119,6 +120,9 @@ func (p *placement) place(model string, cfg *configs.Model) (int, error) {
 	m.Demand = priorDemandBE
 	if m.Class == qos.ClassLatencyCritical {
 		m.Demand = priorDemandLC
+	}
+	if cfg.Execution.DeviceGiven {
+		m.Device, m.Pinned = fmt.Sprintf("cuda:%d", cfg.Execution.DeviceID), true
 	}
 	dev, err := p.placer.Place(m)
 	if err != nil {
