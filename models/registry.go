@@ -5,9 +5,11 @@
 //
 // It also validates each request against its model's metadata, applies the
 // shares the adjuster chooses to every instance (it is the qos Actuator),
-// evicts idle models and loads them again on demand, and counts per-version
-// statistics. It must not decide shares or the order requests run in (qos
-// does) and must not speak a wire protocol (api does).
+// evicts idle models and loads them again on demand, moves a version to
+// another GPU by a warm shadow when placement asks (place.go), and counts
+// per-version statistics. It must not decide shares, placements (control
+// does) or the order requests run in (qos does) and must not speak a wire
+// protocol (api does).
 package models
 
 import (
