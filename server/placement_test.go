@@ -110,12 +110,14 @@ func TestPlacementMovesADriftingModelWithoutFailures(t *testing.T) {
 		cfg.Control.Profile.Runs = 2
 		cfg.Control.Policy = configs.SharePolicyStatic
 		model := `execution: {provider: cuda, simulated: {preset: resnet50, fixed: 8ms, saturation: 0.5}}
-slo: {latency_ms: 200, class: latency-critical}
+slo: {latency_ms: 1000, class: latency-critical}
 resources: {memory_limit: 2GiB}
 profile: {batch_sizes: [1]}
 `
-		// The static policy: the adaptive one's admission refuses requests
-		// while it sizes models, which would hide what the moves do.
+		// The static policy and an SLO of a second: admission refuses no
+		// request (the adaptive policy refuses some while it sizes models,
+		// and a full queue would miss a tighter SLO), so that a failure is
+		// the move's.
 		reg, devs, place := placedServer(t, cfg, map[string]string{"a": model, "b": model, "c": model})
 
 		at := map[string][]string{}
