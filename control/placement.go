@@ -381,6 +381,7 @@ func (p *Placer) Place(m PlacementModel) (string, error) {
 	defer p.mu.Unlock()
 	if m.Pinned && m.Device != "" {
 		p.pending[m.Name] = m
+		p.since[m.Name] = time.Now()
 		return m.Device, nil
 	}
 	for _, o := range models {
@@ -396,8 +397,8 @@ func (p *Placer) Place(m PlacementModel) (string, error) {
 		seen[o.Name] = true
 	}
 	for name, o := range p.pending {
-		if seen[name] {
-			delete(p.pending, name) // loaded: the snapshot has it
+		if seen[name] || time.Since(p.since[name]) > pendingFor {
+			delete(p.pending, name) // loaded (the snapshot has it), or its load failed
 			continue
 		}
 		models = append(models, o)
@@ -415,13 +416,10 @@ func (p *Placer) Place(m PlacementModel) (string, error) {
 	return placed.Device, nil
 }
 
-// Forget drops a model's pending placement (its load failed or it was
-// unloaded), so that it is placed afresh next time.
-func (p *Placer) Forget(model string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.pending, model)
-}
+// pendingFor is how long a placement made at load counts before the model
+// shows in the snapshot: a load that takes longer (or failed) stops
+// counting.
+const pendingFor = 10 * time.Minute
 
 // Run re-places once every Period until ctx ends: it reads the snapshot,
 // plans the moves and applies them, at once and in parallel (they touch
