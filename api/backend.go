@@ -27,7 +27,9 @@ import (
 )
 
 // Backend is what the protocol handlers serve. The server package implements
-// it over the model registry.
+// it; the request path's part (ModelReady to Statistics) is the model
+// registry's own methods, so that a request goes from here to the registry
+// with no layer between.
 type Backend interface {
 	// Live reports whether the server can answer requests at all.
 	Live() bool
@@ -39,8 +41,8 @@ type Backend interface {
 	// ModelReady reports whether the model version ("" = the default
 	// version) is ready; an unknown model or version is an error.
 	ModelReady(name, version string) (bool, error)
-	// ModelMetadata describes a model, or one version of it.
-	ModelMetadata(name, version string) (models.Metadata, error)
+	// Metadata describes a model, or one version of it.
+	Metadata(name, version string) (models.Metadata, error)
 	// ModelConfig is the config a model version ("" = the default
 	// version) serves with, inputs and outputs complete; read only.
 	ModelConfig(name, version string) (*configs.Model, error)

@@ -84,7 +84,7 @@ func (f *fakeBackend) ModelReady(name, version string) (bool, error) {
 	return f.loaded[name], nil
 }
 
-func (f *fakeBackend) ModelMetadata(name, version string) (models.Metadata, error) {
+func (f *fakeBackend) Metadata(name, version string) (models.Metadata, error) {
 	if err := f.check(name, version); err != nil {
 		return models.Metadata{}, err
 	}
@@ -101,7 +101,7 @@ func (f *fakeBackend) ModelMetadata(name, version string) (models.Metadata, erro
 
 // ModelConfig answers sum's config (batching, an SLO) from its metadata.
 func (f *fakeBackend) ModelConfig(name, version string) (*configs.Model, error) {
-	md, err := f.ModelMetadata(name, version)
+	md, err := f.Metadata(name, version)
 	if err != nil {
 		return nil, err
 	}

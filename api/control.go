@@ -41,28 +41,35 @@ type DeviceControl struct {
 // ModelControl is one model version's share and what the predictor
 // believes about it. Durations are in milliseconds.
 type ModelControl struct {
-	Model             string  `json:"model"` // model/version
-	Class             string  `json:"class"`
-	SLOms             float64 `json:"slo_ms"`
-	ComputeShare      float64 `json:"compute_share"` // 0 = no limit
-	MemoryShare       int64   `json:"memory_share_bytes"`
-	TargetShare       float64 `json:"target_compute_share"`
-	Source            string  `json:"source"` // adaptive, static, shared, pinned, config
-	Pinned            bool    `json:"pinned"`
-	ForecastRate      float64 `json:"forecast_rate"` // requests/s
-	ObservedRate      float64 `json:"observed_rate"`
-	Attainment        float64 `json:"attainment"`
-	PredictedMs       float64 `json:"predicted_latency_ms"` // mean prediction of recent executions
-	ObservedMs        float64 `json:"observed_latency_ms"`  // mean observed execution time
-	MAPE              float64 `json:"mape"`                 // of recent executions
-	ProfileMAPE       float64 `json:"profile_mape"`         // of the fitted curve on its profile
-	Correction        float64 `json:"correction"`           // online correction factor
-	Interference      float64 `json:"interference"`
-	PlannedLatencyMs  float64 `json:"planned_latency_ms"` // what the adjuster predicted at the chosen share
-	PredictionSamples int     `json:"prediction_samples"`
-	MemoryUsedBytes   int64   `json:"memory_used_bytes"`
-	ThrottledSeconds  float64 `json:"throttled_seconds"`
-	CPUSeconds        float64 `json:"cpu_seconds"`
+	Model        string  `json:"model"` // model/version
+	Class        string  `json:"class"`
+	SLOms        float64 `json:"slo_ms"`
+	ComputeShare float64 `json:"compute_share"` // 0 = no limit
+	MemoryShare  int64   `json:"memory_share_bytes"`
+	TargetShare  float64 `json:"target_compute_share"`
+	// PendingShare is a compute share asked for whose replacement
+	// instances are still starting; absent when none.
+	PendingShare      *float64 `json:"pending_compute_share,omitempty"`
+	Source            string   `json:"source"` // adaptive, static, shared, pinned, config
+	Pinned            bool     `json:"pinned"`
+	ForecastRate      float64  `json:"forecast_rate"` // requests/s
+	ObservedRate      float64  `json:"observed_rate"`
+	Attainment        float64  `json:"attainment"`
+	PredictedMs       float64  `json:"predicted_latency_ms"` // mean prediction of recent executions
+	ObservedMs        float64  `json:"observed_latency_ms"`  // mean observed execution time
+	MAPE              float64  `json:"mape"`                 // of recent executions
+	ProfileMAPE       float64  `json:"profile_mape"`         // of the fitted curve on its profile
+	Correction        float64  `json:"correction"`           // online correction factor
+	Interference      float64  `json:"interference"`
+	PlannedLatencyMs  float64  `json:"planned_latency_ms"` // what the adjuster predicted at the chosen share
+	PredictionSamples int      `json:"prediction_samples"`
+	MemoryUsedBytes   int64    `json:"memory_used_bytes"`
+	ThrottledSeconds  float64  `json:"throttled_seconds"`
+	CPUSeconds        float64  `json:"cpu_seconds"`
+	// Risky says why the model must be kept apart from latency-critical
+	// models (control.Isolation: its client faulted its GPU repeatedly);
+	// empty when it need not.
+	Risky string `json:"risky,omitempty"`
 }
 
 // eventJSON is one adjuster decision.

@@ -32,7 +32,7 @@ func TestStatusOf(t *testing.T) {
 		{models.ErrTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
 		{errBadRequest, http.StatusBadRequest, codes.InvalidArgument},
 		{models.ErrModelNotFound, http.StatusNotFound, codes.NotFound},
-		{models.ErrOverloaded, http.StatusTooManyRequests, codes.ResourceExhausted},
+		{qos.ErrOverloaded, http.StatusTooManyRequests, codes.ResourceExhausted},
 		{context.DeadlineExceeded, http.StatusGatewayTimeout, codes.DeadlineExceeded},
 		{context.Canceled, 499, codes.Canceled},
 		// Faults of a model, not of the server.

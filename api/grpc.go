@@ -127,7 +127,7 @@ func (s *grpcService) ServerMetadata(context.Context, *inference.ServerMetadataR
 
 // ModelMetadata describes a model or one of its versions.
 func (s *grpcService) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
-	md, err := s.b.ModelMetadata(meshModelName(ctx, req.GetName()), req.GetVersion())
+	md, err := s.b.Metadata(meshModelName(ctx, req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, s.grpcError("ModelMetadata", err)
 	}

@@ -315,7 +315,7 @@ type modelMetadataJSON struct {
 }
 
 func (s *restServer) modelMetadata(c *gin.Context) {
-	md, err := s.b.ModelMetadata(c.Param("model"), c.Param("version"))
+	md, err := s.b.Metadata(c.Param("model"), c.Param("version"))
 	if err != nil {
 		s.writeError(c, err)
 		return

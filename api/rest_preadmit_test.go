@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
 )
 
@@ -45,7 +44,7 @@ func TestRESTRefusedBeforeBody(t *testing.T) {
 	}{
 		{"queue full", fmt.Errorf("%w: m holds 8 requests", qos.ErrQueueFull), http.StatusTooManyRequests},
 		{"predicted miss", fmt.Errorf("%w: predicted completion misses the deadline by 3.0ms", qos.ErrRejected), http.StatusTooManyRequests},
-		{"server overloaded", fmt.Errorf("%w: limit 4", models.ErrOverloaded), http.StatusTooManyRequests},
+		{"server overloaded", fmt.Errorf("%w: limit 4", qos.ErrOverloaded), http.StatusTooManyRequests},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

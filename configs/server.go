@@ -280,6 +280,10 @@ type Limits struct {
 	// GRPCMaxStreams caps the calls one gRPC connection may have open at
 	// once.
 	GRPCMaxStreams int `yaml:"grpc_max_streams"`
+	// GRPCStreamInflight caps the requests of one ModelStreamInfer stream
+	// that are read and not yet answered; the stream reads no more until
+	// one is answered.
+	GRPCStreamInflight int `yaml:"grpc_stream_inflight"`
 	// GRPCConnectionTimeout bounds a new gRPC connection's handshake.
 	GRPCConnectionTimeout time.Duration `yaml:"grpc_connection_timeout"`
 	// GRPCKeepaliveMinTime is the shortest interval between keepalive pings
@@ -302,6 +306,8 @@ const (
 	// client regions well under the kernel's per-process map count.
 	maxSharedMemoryRegionsCeiling = 4096
 	maxHeaderBytesCeiling         = 16 * MiB
+	// maxStreamInflight bounds the responses one stream may hold unsent.
+	maxStreamInflight = 4096
 )
 
 // Log configures logging.
@@ -349,6 +355,7 @@ func DefaultServer() *Server {
 			IdleTimeout:           2 * time.Minute,
 			MaxHeaderBytes:        64 * KiB,
 			GRPCMaxStreams:        256,
+			GRPCStreamInflight:    16,
 			GRPCConnectionTimeout: 10 * time.Second,
 			GRPCKeepaliveMinTime:  10 * time.Second,
 
@@ -605,6 +612,9 @@ func (l *Limits) validateConnections(p *problems) {
 	}
 	if l.GRPCMaxStreams <= 0 || l.GRPCMaxStreams > math.MaxInt32 {
 		p.add("limits.grpc_max_streams", "must be > 0 and at most %d, got %d", math.MaxInt32, l.GRPCMaxStreams)
+	}
+	if l.GRPCStreamInflight <= 0 || l.GRPCStreamInflight > maxStreamInflight {
+		p.add("limits.grpc_stream_inflight", "must be > 0 and at most %d, got %d", maxStreamInflight, l.GRPCStreamInflight)
 	}
 	positive("limits.grpc_keepalive_min_time", l.GRPCKeepaliveMinTime)
 }

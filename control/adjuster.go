@@ -90,6 +90,24 @@ type Actuator interface {
 	MemoryUsage(model string) int64
 }
 
+// AsyncActuator is an Actuator that can resize without waiting for a
+// model's replacement instances to start (on MPS every resize is a new
+// client: a context, the weights, a warm-up). When the Actuator is one,
+// the adjuster requests a share and goes on with the other models; the
+// predictor is told the share, and the resize event recorded, once the
+// share is in effect.
+type AsyncActuator interface {
+	Actuator
+	// RequestShare starts resizing the model and returns; a later request
+	// supersedes one still in progress. The error is one the resize
+	// failed with at once.
+	RequestShare(model string, s limiter.Share) error
+	// ShareInEffect is the share the model's instances run at, whether a
+	// requested one is still in progress, and why the last one that
+	// finished did not apply (nil when it did).
+	ShareInEffect(model string) (s limiter.Share, pending bool, err error)
+}
+
 // AdjusterOptions configure an Adjuster. Zero values mean the defaults.
 type AdjusterOptions struct {
 	// Policy is SharePolicyAdaptive (default), SharePolicyStatic or
@@ -141,9 +159,13 @@ type AdjusterOptions struct {
 	// stands in.
 	Usage func(model string) (float64, bool)
 	// CapsOnly says the device's limiter enforces every share as a cap
-	// (MPS: an active-thread percentage is a ceiling, and nothing is
-	// work-conserving): latency-critical models get caps instead of
-	// floors, predicted and counted at their size.
+	// (MPS: an active-thread percentage is a ceiling, nothing is
+	// work-conserving, and a resize starts a new client): latency-critical
+	// models get caps instead of floors, predicted and counted whole at
+	// their size, so that the caps add up to the capacity at most; they
+	// are sized for the rate forecast over ScaleDownAfter; no share goes
+	// past the model's knee; best-effort caps grow only by two Steps or
+	// more, once a Cooldown.
 	CapsOnly bool
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
@@ -161,6 +183,9 @@ type ModelShare struct {
 	Class qos.Class
 	// Share is what was last applied successfully (zero before that).
 	Share limiter.Share
+	// Pending is a share asked for and not in effect yet: its replacement
+	// instances are starting (AsyncActuator); nil when none.
+	Pending *limiter.Share
 	// Target is the compute share the last pass wanted; it differs from
 	// Share while a shrink waits out the hysteresis, or a change failed.
 	Target float64
@@ -241,6 +266,13 @@ type tracked struct {
 	// again before retryAt.
 	failures int
 	retryAt  time.Time
+	// pending is the share requested of an AsyncActuator and not in
+	// effect yet (nil: none), with the decision that asked for it, the
+	// share it replaces and when it was asked for.
+	pending     *limiter.Share
+	pendingD    decision
+	pendingOld  limiter.Share
+	pendingFrom time.Time
 	// boost is the floor observed misses have raised a latency-critical
 	// model to (0: none), boostAt when it last rose.
 	boost   float64
@@ -493,6 +525,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 	pins := maps.Clone(a.pins)
 	a.mu.Unlock()
 	maps.DeleteFunc(a.models, func(name string, _ *tracked) bool { return !live[name] })
+	a.settlePending(now)
 	for _, st := range states {
 		if a.models[st.Spec.Name] == nil {
 			a.models[st.Spec.Name] = &tracked{}
@@ -597,6 +630,15 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 		return
 	}
 	cur, target := t.applied.Compute, d.share.Compute
+	if a.holdGrowth(now, t, d) {
+		// A best-effort cap on MPS grows only by a few steps at once and
+		// once a cooldown: each resize is a new client.
+		d.share.Compute = cur
+		d.reason = fmt.Sprintf("held at %.2f (resizing an MPS client costs a new client; growth to %.2f waits): %s", cur, target, d.reason)
+		p.next[name] = d.share
+		t.slackSince, t.slack = time.Time{}, nil
+		return
+	}
 	if target >= cur-a.opts.Step/2 {
 		// Growth, or a change within the dead band: at once.
 		p.next[name] = d.share
@@ -618,6 +660,27 @@ func (a *Adjuster) settle(now time.Time, name string, d decision, p *plan) {
 		d.reason = fmt.Sprintf("slack for %s: %.2f -> %.2f; %s", shortDuration(now.Sub(t.slackSince)), cur, share.Compute, d.reason)
 	}
 	p.next[name] = share
+}
+
+// capsOnlyGrowBand is how many Steps a best-effort cap must be able to
+// grow by before it is resized where shares are caps (CapsOnly).
+const capsOnlyGrowBand = 2
+
+// holdGrowth reports whether a best-effort cap's growth waits, where every
+// resize starts a new client (CapsOnly): growth under capsOnlyGrowBand
+// steps, or within Cooldown of the model's last change, is held. A
+// latency-critical model's growth never waits, and neither does a shrink
+// forced by the capacity (release).
+func (a *Adjuster) holdGrowth(now time.Time, t *tracked, d decision) bool {
+	if !a.opts.CapsOnly || d.class != qos.ClassBestEffort || !t.hasApplied {
+		return false
+	}
+	cur := limitedOrWhole(t.applied.Compute)
+	grow := limitedOrWhole(d.share.Compute) - cur
+	if grow <= a.opts.Step/2 {
+		return false // a shrink, or within the dead band: the usual rules
+	}
+	return grow < capsOnlyGrowBand*a.opts.Step-shareEpsilon || t.lastChange.After(now.Add(-a.opts.Cooldown))
 }
 
 // release gives back at once what the hysteresis holds when the shares
@@ -707,19 +770,21 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if t.failures > 0 && now.Before(t.retryAt) {
 		return
 	}
-	if err := a.opts.Actuator.SetShare(ctx, name, want); err != nil {
+	async, isAsync := a.opts.Actuator.(AsyncActuator)
+	var err error
+	if isAsync {
+		err = async.RequestShare(name, want)
+	} else {
+		err = a.opts.Actuator.SetShare(ctx, name, want)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return // stopping
 		}
 		if errors.Is(err, ErrElsewhere) {
 			return // moved: the target device's adjuster sizes it now
 		}
-		t.failures++
-		backoff := a.opts.Period << min(t.failures-1, 5)
-		t.retryAt = now.Add(backoff)
-		a.record(Event{Model: name, Kind: EventError, Old: t.applied, New: want,
-			Reason:    fmt.Sprintf("setting the share failed (attempt %d, next in %s): %v", t.failures, shortDuration(backoff), err),
-			Predicted: d.predicted, ForecastRate: d.rate})
+		a.failed(now, name, t.applied, want, d, err)
 		return
 	}
 	old := t.applied
@@ -727,8 +792,68 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		t.lastChange = now
 	}
 	t.applied, t.hasApplied, t.fresh = want, true, false
-	t.failures, t.retryAt = 0, time.Time{}
 	t.slackSince, t.slack = time.Time{}, nil
+	if isAsync {
+		if _, pending, _ := async.ShareInEffect(name); pending {
+			if t.pending == nil {
+				t.pendingOld = old
+			}
+			t.pending, t.pendingD, t.pendingFrom = &want, d, now
+			return // settlePending tells the predictor once it is in effect
+		}
+		t.pending = nil
+	}
+	a.applied(name, old, want, d, "")
+}
+
+// failed counts a share that did not apply and schedules the next try.
+func (a *Adjuster) failed(now time.Time, name string, old, want limiter.Share, d decision, err error) {
+	t := a.models[name]
+	t.failures++
+	backoff := a.opts.Period << min(t.failures-1, 5)
+	t.retryAt = now.Add(backoff)
+	a.record(Event{Model: name, Kind: EventError, Old: old, New: want,
+		Reason:    fmt.Sprintf("setting the share failed (attempt %d, next in %s): %v", t.failures, shortDuration(backoff), err),
+		Predicted: d.predicted, ForecastRate: d.rate})
+}
+
+// settlePending looks at the shares requested of an AsyncActuator in earlier
+// passes: one now in effect is applied (the predictor told, the resize
+// recorded); one that failed is an error, retried with backoff from the
+// share in effect.
+func (a *Adjuster) settlePending(now time.Time) {
+	async, ok := a.opts.Actuator.(AsyncActuator)
+	if !ok {
+		return
+	}
+	for name, t := range a.models {
+		if t.pending == nil {
+			continue
+		}
+		in, pending, err := async.ShareInEffect(name)
+		if pending {
+			continue
+		}
+		want := *t.pending
+		t.pending = nil
+		if err != nil || in != want {
+			if err == nil {
+				err = fmt.Errorf("compute %.4g, memory %d is in effect, not the share asked for", in.Compute, in.Memory)
+			}
+			t.applied = in
+			a.failed(now, name, in, want, t.pendingD, err)
+			continue
+		}
+		a.applied(name, t.pendingOld, want, t.pendingD,
+			fmt.Sprintf(" (in effect %s after it was asked for: replacement instances started)", shortDuration(now.Sub(t.pendingFrom))))
+	}
+}
+
+// applied tells the predictor a share now in effect and records the
+// resize.
+func (a *Adjuster) applied(name string, old, want limiter.Share, d decision, note string) {
+	t := a.models[name]
+	t.failures, t.retryAt = 0, time.Time{}
 	if a.opts.Predictor != nil {
 		c := want.Compute
 		if c <= 0 || c > 1 || want.Mode == limiter.ModeFloor {
@@ -736,7 +861,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		}
 		a.opts.Predictor.SetShare(name, c)
 	}
-	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason, Predicted: d.predicted, ForecastRate: d.rate})
+	a.record(Event{Model: name, Kind: EventResize, Old: old, New: want, Reason: d.reason + note, Predicted: d.predicted, ForecastRate: d.rate})
 }
 
 // evictIdle unloads idle models, least recently used first, while the
@@ -794,10 +919,16 @@ func (a *Adjuster) publish(states []qos.ModelState, ds map[string]decision) {
 	for _, st := range states {
 		name := st.Spec.Name
 		d, t := ds[name], a.models[name]
+		share := t.applied
+		var pending *limiter.Share
+		if t.pending != nil {
+			share, pending = t.pendingOld, new(*t.pending)
+		}
 		view = append(view, ModelShare{
 			Model:            name,
 			Class:            st.Spec.Class,
-			Share:            t.applied,
+			Share:            share,
+			Pending:          pending,
 			Target:           d.share.Compute,
 			Pinned:           t.pin != nil,
 			Source:           d.source,

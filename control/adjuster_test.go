@@ -1201,3 +1201,104 @@ func TestAdjusterCapsOnly(t *testing.T) {
 		}
 	})
 }
+
+// On MPS (CapsOnly) the caps add up to the capacity: the best-effort cap is
+// what the latency-critical cap leaves, also while the hysteresis holds the
+// latency-critical cap above its target; a best-effort cap grows only by
+// two steps or more and once a cooldown.
+func TestAdjusterCapsOnlySumsWithinDevice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "be", Class: be},
+		)
+		ah.pred.setRate("lc", 30) // 0.65, see TestAdjusterScaleDownHysteresis
+		ah.pred.setRate("be", 5)
+		ah.start()
+		sum := func() float64 {
+			s := 0.0
+			for _, c := range ah.act.computes() {
+				s += c
+			}
+			return s
+		}
+		want := map[string]float64{"lc": 0.65, "be": 0.35}
+		if got := ah.act.computes(); !maps.Equal(got, want) {
+			t.Errorf("shares = %v, want %v (the whole cap kept from the best-effort cap)", got, want)
+		}
+		ah.pred.setRate("lc", 45) // 0.80
+		ah.tick()
+		want = map[string]float64{"lc": 0.8, "be": 0.2}
+		if got := ah.act.computes(); !maps.Equal(got, want) {
+			t.Errorf("after lc grew: shares = %v, want %v", got, want)
+		}
+		// Back down: lc is held at 0.80 through the hysteresis and be
+		// stays at 0.20, however many passes.
+		ah.pred.setRate("lc", 30)
+		for range 5 {
+			ah.tick()
+			if s := sum(); s > 1+shareEpsilon {
+				t.Fatalf("caps add up to %v over the device: %v", s, ah.act.computes())
+			}
+		}
+		if got := ah.act.computes(); !maps.Equal(got, want) {
+			t.Errorf("within the hysteresis: shares = %v, want %v", got, want)
+		}
+		for range 10 {
+			ah.tick()
+			if s := sum(); s > 1+shareEpsilon {
+				t.Fatalf("caps add up to %v over the device: %v", s, ah.act.computes())
+			}
+		}
+		want = map[string]float64{"lc": 0.65, "be": 0.35}
+		if got := ah.act.computes(); !maps.Equal(got, want) {
+			t.Errorf("after the hysteresis: shares = %v, want %v", got, want)
+		}
+		// A step of growth is not worth a new client.
+		before := len(ah.act.callLog())
+		ah.pred.setRate("lc", 25) // 0.60: a step less for lc
+		for range 15 {
+			ah.tick()
+		}
+		if got := ah.act.callLog()[before:]; !slices.Equal(got, []string{"lc=0.6/0@27"}) {
+			t.Errorf("calls %v, want lc=0.6/0@27 alone (be's growth by one step is not worth a new client)", got)
+		}
+		// Two steps are.
+		ah.pred.setRate("lc", 15)
+		for range 15 {
+			ah.tick()
+		}
+		if lcNow, beNow := ah.act.share("lc").Compute, ah.act.share("be").Compute; beNow < 1-lcNow-shareEpsilon-0.05 || lcNow+beNow > 1+shareEpsilon {
+			t.Errorf("lc %v, be %v: want be within a step of what lc leaves", lcNow, beNow)
+		}
+	})
+}
+
+// On MPS a latency-critical cap stops at the share past which the model is
+// predicted no faster, also when no share meets the SLO and while misses
+// overrule the prediction.
+func TestAdjusterCapsOnlyStopsAtTheKnee(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 20 * ms, MaxBatchSize: 1},
+			qos.ModelSpec{Name: "be", Class: be},
+		)
+		// 15 ms at any share from 0.4 up, slower below: 20 ms cannot be
+		// met at p99 at 30 req/s.
+		ah.pred.latency = func(_ string, b int, s float64) (time.Duration, bool) {
+			return time.Duration(float64(15*ms) * max(1, 0.4/s)), true
+		}
+		ah.pred.setRate("lc", 30)
+		ah.pred.setRate("be", 5)
+		ah.start()
+		if got := ah.act.share("lc").Compute; got != 0.4 {
+			t.Errorf("lc cap %v, want 0.4 (as fast as the maximum)", got)
+		}
+		if got := ah.act.share("be").Compute; got != 0.6 {
+			t.Errorf("be cap %v, want 0.6", got)
+		}
+		if e := lastEvent(t, ah.a, "lc"); !strings.Contains(e.Reason, "0.40 is as fast as the maximum") {
+			t.Errorf("lc reason %q", e.Reason)
+		}
+	})
+}

@@ -9,9 +9,14 @@
 // (each latency-critical model gets the smallest share a G/G/c model of its
 // queue says meets its SLO quantile at the rate forecast one actuation
 // ahead, overruled upward by observed misses; best-effort models share the
-// rest), "static" (equal hard caps) and "shared" (no limits). Pins override
+// rest), "static" (equal hard caps) and "shared" (no limits). Where the
+// limiter has only caps (CapsOnly: MPS) the adaptive caps add up to the
+// device at most, no share goes past the model's knee, and best-effort
+// growth waits, since every resize there starts a new client. Pins override
 // the policy; idle models are evicted when memory is over budget. Every
-// decision is an Event.
+// decision is an Event. Isolation holds the models placement must keep
+// apart from latency-critical ones (best-effort models that faulted their
+// GPU repeatedly), which the server's device recovery marks.
 //
 // A Placer chooses which device (GPU) each model runs on: at load for a
 // model whose config names none, and again when the mix drifts, weighing

@@ -69,13 +69,15 @@ type PlacementModel struct {
 	Risky bool
 }
 
-// RiskyModels says which models placement keeps apart from
-// latency-critical ones. Device-fault recovery implements it: a
-// best-effort model that faulted its device more than once lately is
-// risky. A nil RiskyModels marks none.
+// RiskyModels says which models (by name) placement keeps apart from
+// latency-critical ones, and why. *Isolation implements it: device-fault
+// recovery marks a best-effort model whose client faulted its device more
+// than once lately. A nil RiskyModels marks none.
 type RiskyModels interface {
-	Risky(model string) bool
+	Risky(model string) (why string, ok bool)
 }
+
+var _ RiskyModels = (*Isolation)(nil)
 
 // Move is one model's move from one device to another.
 type Move struct {

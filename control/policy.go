@@ -66,6 +66,12 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []qos.ModelState, p *pla
 	for _, st := range lcs {
 		name := st.Spec.Name
 		a.settle(now, name, ds[name], p)
+		if a.opts.CapsOnly {
+			// A cap the hysteresis holds is still a cap: what the
+			// model may use until it shrinks.
+			held -= limitedOrWhole(p.next[name].Compute)
+			continue
+		}
 		held -= min(p.next[name].Compute, p.ds[name].reserve)
 	}
 	for name, d := range a.bestEffort(bes, max(held, 0), rank) {
@@ -144,8 +150,19 @@ func (a *Adjuster) bounds(spec qos.ModelSpec) (lo, hi float64) {
 // share decided now is in force from the next pass until the one after,
 // so a latency-critical model is sized for the rate two periods out and
 // grows ahead of a rise instead of after it.
+//
+// Where every share is a cap (CapsOnly) a resize is a new MPS client, which
+// costs a context, a weight copy and a warm-up: the share is sized for the
+// peak of the rate over the time a share is kept at least (ScaleDownAfter:
+// no shrink comes sooner), so that a rising rate is met by one resize
+// instead of one a pass.
 func (a *Adjuster) forecastAhead(name string) float64 {
 	r := a.opts.Predictor.ForecastRate(name, 2*a.opts.Period)
+	if a.opts.CapsOnly {
+		if far := a.opts.Predictor.ForecastRate(name, max(a.opts.ScaleDownAfter, 2*a.opts.Period)); far > r {
+			r = far
+		}
+	}
 	if !(r > 0) || math.IsInf(r, 0) {
 		return 0
 	}
@@ -208,12 +225,38 @@ func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 		d.share.Compute, d.predicted = hi, p.latency
 		if p.batch > 0 {
 			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (predicted %s at batch %d)", rate, goal, hi, millis(p.latency), p.batch)
+			if s, q := a.saturating(st, rate, lo, hi, p); s < hi-shareEpsilon {
+				d.share.Compute, d.predicted = s, q.latency
+				d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s at any share; %.2f is as fast as the maximum %.2f (predicted %s at batch %d)", rate, goal, s, hi, millis(q.latency), q.batch)
+			}
 		} else {
 			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (utilisation over %.2f at every batch size)", rate, goal, hi, a.opts.MaxUtilization)
 		}
 	}
-	a.overrule(st, &d, hi)
+	a.overrule(st, &d, rate, hi)
 	return d
+}
+
+// saturationTolerance: a share predicted within this fraction of the
+// latency at the maximum share is as good as the maximum.
+const saturationTolerance = 0.01
+
+// saturating is the smallest share on the Step grid predicted to be as
+// fast as the maximum (within saturationTolerance), and its prediction:
+// where no share meets the SLO, a share past the model's knee (the
+// predictor clamps there) would only take compute from the others.
+func (a *Adjuster) saturating(st qos.ModelState, rate, lo, hi float64, atHi prediction) (float64, prediction) {
+	step := a.opts.Step
+	for k := math.Ceil(lo/step - shareEpsilon); ; k++ {
+		share := roundShare(k * step)
+		if share > hi-shareEpsilon {
+			break
+		}
+		if p, ok := a.predict(st, rate, share); ok && p.batch > 0 && float64(p.latency) <= float64(atHi.latency)*(1+saturationTolerance) {
+			return share, p
+		}
+	}
+	return hi, atHi
 }
 
 // latencyCriticalMode is a floor, or a cap where the limiter has no floors
@@ -236,9 +279,15 @@ const reserveMargin = 2
 // while the background yields); at least its minimum, at most the floor;
 // the whole floor while observed misses overrule the prediction or
 // nothing is known.
+//
+// Where every share is a cap (CapsOnly, MPS) the whole cap is kept: MPS
+// splits oversubscribed SMs among the clients that run at once, so a
+// best-effort cap that reaches into a latency-critical cap slows the
+// latency-critical kernels whenever both run, and nothing takes the SMs
+// back for a burst. The caps then add up to the capacity at most.
 func (a *Adjuster) reserve(st qos.ModelState, d decision, rate, lo float64) float64 {
 	t := a.models[st.Spec.Name]
-	if t != nil && t.boost > 0 {
+	if a.opts.CapsOnly || t != nil && t.boost > 0 {
 		return d.share.Compute
 	}
 	busy, known := 0.0, false
@@ -279,7 +328,11 @@ func significantMiss(n uint64, att, q float64) bool {
 // largest of the applied floor, the prediction and the boost of the last
 // pass, at most one step a cooldown. The boost stays until attainment is back, and then
 // leaves through the usual hysteresis.
-func (a *Adjuster) overrule(st qos.ModelState, d *decision, hi float64) {
+//
+// Where every share is a cap (CapsOnly) the boost stops where the model
+// stops getting faster (the predictor's knee): SMs past it would sit idle
+// in the model's cap while the best-effort models lose them.
+func (a *Adjuster) overrule(st qos.ModelState, d *decision, rate, hi float64) {
 	t := a.models[st.Spec.Name]
 	if t == nil {
 		return
@@ -293,7 +346,7 @@ func (a *Adjuster) overrule(st qos.ModelState, d *decision, hi float64) {
 		base = max(base, limitedOrWhole(t.applied.Compute))
 	}
 	if t.boost == 0 || !t.boostAt.After(st.Read.Add(-a.opts.Cooldown)) {
-		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost {
+		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost && a.faster(st, rate, next, base) {
 			t.boost, t.boostAt = next, st.Read
 		}
 	}
@@ -302,6 +355,21 @@ func (a *Adjuster) overrule(st qos.ModelState, d *decision, hi float64) {
 			100*st.Attainment, quantileName(a.opts.Quantile), t.boost, d.share.Compute, d.reason)
 		d.share.Compute = t.boost
 	}
+}
+
+// faster reports whether a share is predicted to run the model faster
+// than a smaller one; always true unless every share is a cap (CapsOnly),
+// where a share past the model's knee is predicted no faster.
+func (a *Adjuster) faster(st qos.ModelState, rate, share, than float64) bool {
+	if !a.opts.CapsOnly {
+		return true
+	}
+	p, ok1 := a.predict(st, rate, share)
+	q, ok2 := a.predict(st, rate, than)
+	if !ok1 || !ok2 || p.batch == 0 || q.batch == 0 {
+		return true // over the utilisation bound, or unknown: let observation decide
+	}
+	return float64(p.latency) < float64(q.latency)*(1-saturationTolerance)
 }
 
 // quantileName is 0.99 as "99".

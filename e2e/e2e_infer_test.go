@@ -431,8 +431,13 @@ func TestE2EInference(t *testing.T) {
 		if code := s.json(t, "GET", "/v2/models/multi/stats", nil, &before); code != 200 || len(before.ModelStats) != 1 {
 			t.Fatalf("stats: %d %+v", code, before)
 		}
-		metric := `sloserve_inference_requests_total{model="multi",outcome="success",version="1"}`
-		m0, _ := s.metricValue(t, metric)
+		const metric = "sloserve_qos_requests_total"
+		answered := func() float64 {
+			good, _ := s.modelMetric(t, metric, "multi/1", `outcome="good"`)
+			late, _ := s.modelMetric(t, metric, "multi/1", `outcome="late"`)
+			return good + late
+		}
+		m0 := answered()
 		const n = 5
 		for range n {
 			var resp jsonInferResponse
@@ -453,17 +458,16 @@ func TestE2EInference(t *testing.T) {
 			st.InferenceStats.Success.Count < n || st.InferenceStats.ComputeInfer.Ns == 0 || st.LastInference == 0 {
 			t.Errorf("gRPC statistics after %d more requests = %v (before %+v)", n, st, before.ModelStats[0])
 		}
-		m1, ok := s.metricValue(t, metric)
-		if !ok || m1-m0 != n {
-			t.Errorf("%s went from %v to %v, want +%d", metric, m0, m1, n)
+		if m1 := answered(); m1-m0 != n {
+			t.Errorf("%s of multi/1 answered went from %v to %v, want +%d", metric, m0, m1, n)
 		}
 		for _, series := range []string{
-			`sloserve_inference_request_duration_seconds_count{model="multi",version="1"}`,
-			`sloserve_inference_compute_duration_seconds_count{model="multi",version="1"}`,
-			`sloserve_inference_queue_duration_seconds_count{model="multi",version="1"}`,
+			"sloserve_qos_request_duration_seconds_count",
+			"sloserve_qos_compute_duration_seconds_count",
+			"sloserve_qos_queue_delay_seconds_count",
 		} {
-			if v, ok := s.metricValue(t, series); !ok || v < n {
-				t.Errorf("%s = %v (present %v), want >= %d", series, v, ok, n)
+			if v, ok := s.modelMetric(t, series, "multi/1"); !ok || v < n {
+				t.Errorf("%s of multi/1 = %v (present %v), want >= %d", series, v, ok, n)
 			}
 		}
 		if v, ok := s.metricValue(t, `sloserve_runner_resident_memory_bytes{instance="0",model="det",version="1"}`); !ok || v < 1<<20 {

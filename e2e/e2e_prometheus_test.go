@@ -654,7 +654,7 @@ profile: {batch_sizes: [1]}
 				}
 			}
 			last = strings.Join(diffs, "; ")
-			return len(res) == 12 && len(diffs) == 0
+			return len(res) == 14 && len(diffs) == 0 // 2 models x 7 outcomes
 		})
 		if last != "" {
 			t.Fatal(last)

@@ -48,6 +48,27 @@ func (s *testServer) executions(t *testing.T, model string) uint64 {
 	return st.ModelStats[0].ExecutionCount
 }
 
+// modelMetric sums the series of a metric that carry model="key" ("name/1":
+// the schedulers label a version by its key) and every label of want
+// (`outcome="good"`), whatever their class and device; false when none.
+func (s *testServer) modelMetric(t *testing.T, metric, key string, want ...string) (float64, bool) {
+	t.Helper()
+	var (
+		sum   float64
+		found bool
+	)
+	for series, v := range s.scrape(t) {
+		name, labels, ok := strings.Cut(series, "{")
+		if !ok || name != metric || !strings.Contains(labels, `model="`+key+`"`) {
+			continue
+		}
+		if !slices.ContainsFunc(want, func(l string) bool { return !strings.Contains(labels, l) }) {
+			sum, found = sum+v, true
+		}
+	}
+	return sum, found
+}
+
 // A request whose deadline cannot be met is refused at once with 429 and
 // the amount it would miss by; one that expires while queued is dropped
 // with 504 and never executed.
@@ -104,7 +125,7 @@ func TestE2EDeadlines(t *testing.T) {
 			bigCode, _, _ = s.do(t, "POST", "/v2/models/det/infer", big, "Inference-Header-Content-Length", bigLen)
 		})
 		waitFor(t, "the big request to reach the model", 10*time.Second, func() bool {
-			v, _ := s.metricValue(t, `sloserve_inference_inflight_requests{model="det",version="1"}`)
+			v, _ := s.modelMetric(t, "sloserve_qos_inflight_requests", "det/1")
 			return v >= 1
 		})
 		code, b, _ := s.do(t, "POST", "/v2/models/det/infer", small, "Inference-Header-Content-Length", smallLen)
@@ -131,7 +152,7 @@ func TestE2EDeadlines(t *testing.T) {
 			bigCode, _, _ = s.do(t, "POST", "/v2/models/det/infer", big, "Inference-Header-Content-Length", bigLen)
 		})
 		waitFor(t, "the big request to reach the model", 10*time.Second, func() bool {
-			v, _ := s.metricValue(t, `sloserve_inference_inflight_requests{model="det",version="1"}`)
+			v, _ := s.modelMetric(t, "sloserve_qos_inflight_requests", "det/1")
 			return v >= 1
 		})
 		// A client that gives up after 20 ms, while its request waits.

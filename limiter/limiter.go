@@ -19,6 +19,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -42,6 +43,9 @@ type Placement struct {
 	GPUMemLimit int64
 	// ArenaExtendStrategy is "" or runtime.ArenaSameAsRequested (MPS).
 	ArenaExtendStrategy string
+	// CudnnConvAlgoSearch is "" (the model's config decides) or
+	// runtime.ConvAlgoHeuristic (MPS: a shadow runner of a swap).
+	CudnnConvAlgoSearch string
 }
 
 // Stats is what a backend can read back about one instance.
@@ -131,6 +135,11 @@ type Options struct {
 	// when one does); default: its control pipe in
 	// CUDA_MPS_PIPE_DIRECTORY. The simulator answers for simulated GPUs.
 	MPSDaemon func(device int) error
+	// RestartMPSDaemon restarts the MPS control daemon of a GPU after a
+	// fatal fault took its clients down (see DaemonRestarter); nil: the
+	// limiter cannot, and says so. The simulator does it for simulated
+	// GPUs.
+	RestartMPSDaemon func(ctx context.Context, device int) error
 }
 
 // device is a parsed Options.Device.
@@ -238,6 +247,7 @@ func startMPS(dev device, opts Options, log *slog.Logger) (Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
+	l.restart = opts.RestartMPSDaemon
 	log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
 	return l, nil
 }

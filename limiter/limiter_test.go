@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"errors"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -142,25 +144,29 @@ func TestMPS(t *testing.T) {
 	if l.Kind() != KindMPS || l.CPUs() != 1 || !strings.Contains(l.Describe(), "cuda:1") {
 		t.Errorf("kind %s, %d CPUs, %q", l.Kind(), l.CPUs(), l.Describe())
 	}
+	// The arena (gpu_mem_limit) is the pinned limit less the context and
+	// the workspaces (G4 of issue 18: it used to be the whole limit).
+	overhead := int64(MPSContextReserve + MPSWorkspaceReserve)
 	for _, tc := range []struct {
 		name  string
 		share Share
 		env   []string
+		arena int64
 	}{
-		{"share and memory", Share{Compute: 0.3, Memory: 1536 << 20}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M"}},
-		{"rounds up to a MiB", Share{Compute: 0.666, Memory: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=67", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1M"}},
-		{"at least one percent", Share{Compute: 0.001}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1"}},
-		{"no limit", Share{}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}},
-		{"whole GPU", Share{Compute: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}},
+		{"share and memory", Share{Compute: 0.3, Memory: 1536 << 20}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M"}, 1536<<20 - overhead},
+		{"rounds up to a MiB", Share{Compute: 0.666, Memory: 1<<30 + 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=67", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1025M"}, 1<<30 + 1 - overhead},
+		{"at least one percent", Share{Compute: 0.001}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1"}, 0},
+		{"no limit", Share{}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}, 0},
+		{"whole GPU", Share{Compute: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, err := l.Place(tc.name, tc.share)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(pl.Env, tc.env) || pl.GPUMemLimit != tc.share.Memory ||
+			if !slices.Equal(pl.Env, tc.env) || pl.GPUMemLimit != tc.arena || pl.CudnnConvAlgoSearch != "" ||
 				pl.ArenaExtendStrategy != runtime.ArenaSameAsRequested || pl.IntraOpThreads != 0 || pl.JoinCgroups != nil {
-				t.Errorf("placement %+v, want env %q and gpu_mem_limit %d", pl, tc.env, tc.share.Memory)
+				t.Errorf("placement %+v, want env %q and gpu_mem_limit %d", pl, tc.env, tc.arena)
 			}
 			// The arena strategy is one the runner's provider options accept.
 			if err := (runtime.ProviderOptions{Kind: runtime.ProviderCUDA, GPUMemLimit: pl.GPUMemLimit, ArenaExtendStrategy: pl.ArenaExtendStrategy}).Validate(); err != nil {
@@ -247,5 +253,97 @@ func TestMPSRefusesWhatItCannotEnforce(t *testing.T) {
 				t.Errorf("%v does not say how to run without shares", err)
 			}
 		})
+	}
+}
+
+// G4 of issue 18: a memory share too small for a context is refused; a
+// shadow (a second unit of one instance, during a swap) searches cuDNN's
+// algorithms by heuristic and its memory must fit beside the runner it
+// replaces, or the swap is refused; the provider options it produces are
+// what ONNX Runtime's CUDA provider parses.
+func TestMPSMemoryAndShadows(t *testing.T) {
+	server := dgxa100.New() // 40 GiB devices
+	tel, err := newNVMLTelemetry(server, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Close()
+	l, err := New(Options{Device: "cuda:0", Telemetry: tel, Logger: testLogger(t), MPSDaemon: func(int) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Place("tiny-1-0-1", Share{Compute: 0.5, Memory: 256 << 20}); !errors.Is(err, ErrMemoryShareTooSmall) {
+		t.Errorf("a 256 MiB share: %v, want ErrMemoryShareTooSmall", err)
+	}
+	first, err := l.Place("bert-1-0-1", Share{Compute: 0.5, Memory: 16 << 30})
+	if err != nil || first.CudnnConvAlgoSearch != "" {
+		t.Fatalf("first runner %+v, %v: want the configured cuDNN search", first, err)
+	}
+	if _, err := l.Place("other-1-0-2", Share{Compute: 0.25, Memory: 8 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	// A swap of bert to 20 GiB would pin 44 GiB of 40 while the old
+	// runner serves: refused.
+	if _, err := l.Place("bert-1-0-3", Share{Compute: 0.75, Memory: 20 << 30}); !errors.Is(err, ErrDeviceMemoryFull) || !strings.Contains(err.Error(), "24576 MiB pinned") {
+		t.Errorf("an oversized shadow: %v, want ErrDeviceMemoryFull naming 24576 MiB pinned", err)
+	}
+	shadow, err := l.Place("bert-1-0-3", Share{Compute: 0.75, Memory: 12 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shadow.CudnnConvAlgoSearch != runtime.ConvAlgoHeuristic || shadow.GPUMemLimit != 12<<30-MPSContextReserve-MPSWorkspaceReserve {
+		t.Errorf("shadow placement %+v: want heuristic search and the arena below the pinned limit", shadow)
+	}
+	opts, err := runtime.ProviderOptions{Kind: runtime.ProviderCUDA, GPUMemLimit: shadow.GPUMemLimit,
+		ArenaExtendStrategy: shadow.ArenaExtendStrategy, CudnnConvAlgoSearch: shadow.CudnnConvAlgoSearch}.CUDAOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"device_id": "0", "arena_extend_strategy": "kSameAsRequested", "cudnn_conv_algo_search": "HEURISTIC",
+		"gpu_mem_limit": strconv.FormatInt(12<<30-MPSContextReserve-MPSWorkspaceReserve, 10)}
+	if !maps.Equal(opts, want) {
+		t.Errorf("CUDA options %v, want %v", opts, want)
+	}
+	// Once the old runner is gone the next swap is not a shadow of it.
+	if err := l.Release("bert-1-0-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release("bert-1-0-3"); err != nil {
+		t.Fatal(err)
+	}
+	if pl, err := l.Place("bert-1-0-4", Share{Compute: 0.75, Memory: 20 << 30}); err != nil || pl.CudnnConvAlgoSearch != "" {
+		t.Errorf("a runner with no other of its instance: %+v, %v", pl, err)
+	}
+}
+
+// A runner whose pid NVML does not list (another pid namespace, as in a
+// container) has unknown device memory, never another process's.
+func TestMPSStatsWhenPIDsDoNotMatch(t *testing.T) {
+	server := dgxa100.New()
+	dev := server.Devices[0].(*dgxa100.Device)
+	dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 90001, UsedGpuMemory: 5 << 30}}, nvml.SUCCESS
+	}
+	tel, err := newNVMLTelemetry(server, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Close()
+	l, err := New(Options{Device: "cuda:0", Telemetry: tel, Logger: testLogger(t), MPSDaemon: func(int) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Place("m-1-0-1", Share{Compute: 0.5, Memory: 8 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.(ProcessTracker).Track("m-1-0-1", 17); err != nil { // the pid in the runner's namespace
+		t.Fatal(err)
+	}
+	for range 2 {
+		if st, err := l.Stats("m-1-0-1"); err != nil || st.MemoryBytes != 0 || st.MemoryLimit != 8<<30 {
+			t.Errorf("Stats = %+v, %v; want memory unknown (0) of an 8 GiB limit", st, err)
+		}
 	}
 }

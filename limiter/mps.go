@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/sloserve/sloserve/runtime"
@@ -23,6 +25,8 @@ type mpsLimiter struct {
 	telemetry Telemetry
 	ownsTelem bool
 	log       *slog.Logger
+	memory    int64                                       // the device's memory, from the start-up check
+	restart   func(ctx context.Context, device int) error // Options.RestartMPSDaemon
 
 	mu    sync.Mutex
 	units unitTable[*mpsUnit]
@@ -31,12 +35,65 @@ type mpsLimiter struct {
 type mpsUnit struct {
 	share Share
 	pid   int // 0 until Track
+	// unseen: NVML listed processes on the device but not pid, said once.
+	unseen bool
 }
 
 var (
-	_ Limiter        = (*mpsLimiter)(nil)
-	_ ProcessTracker = (*mpsLimiter)(nil)
+	_ Limiter         = (*mpsLimiter)(nil)
+	_ ProcessTracker  = (*mpsLimiter)(nil)
+	_ DaemonRestarter = (*mpsLimiter)(nil)
 )
+
+// Device memory outside ONNX Runtime's arena, which a runner's pinned limit
+// (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the whole process) must hold beside
+// the arena (gpu_mem_limit). Assumptions, not measurements: no GPU has run
+// sloserve.
+const (
+	// MPSContextReserve is the CUDA context of one MPS client with cuDNN
+	// and cuBLAS handles loaded: an assumption of 300 MiB (a few hundred
+	// MiB on recent drivers; since Volta each MPS client has a context of
+	// its own). The simulator's simgpu.ContextMemory makes the same one.
+	MPSContextReserve = 300 << 20
+	// MPSWorkspaceReserve is what cuDNN and cuBLAS allocate outside the
+	// arena (their handles' workspaces; cuBLAS keeps a workspace per
+	// handle and stream): an assumption of 128 MiB.
+	MPSWorkspaceReserve = 128 << 20
+	// mpsMinArena is the least arena a memory share must leave: an
+	// assumption of 64 MiB, below which no model of ours would run.
+	mpsMinArena = 64 << 20
+)
+
+// ErrMemoryShareTooSmall is a memory share that cannot hold a CUDA context,
+// its workspaces and an arena.
+var ErrMemoryShareTooSmall = errors.New("limiter: memory share too small for a CUDA context, its workspaces and an arena")
+
+// ErrDeviceMemoryFull is a placement whose pinned memory would not fit
+// beside the pinned limits of the runners already on the device: during a
+// swap, the shadow's memory must fit beside the old runner's, so a swap
+// that would not fit is refused (the old runner keeps serving) instead of
+// running the device out of memory.
+var ErrDeviceMemoryFull = errors.New("limiter: the device's memory is pinned by its runners")
+
+// DaemonRestarter is a limiter whose device has a control daemon a fatal
+// fault can take down with every client (MPS): RestartDaemon brings it
+// back, so that new clients can start, and returns once it serves.
+type DaemonRestarter interface {
+	RestartDaemon(ctx context.Context) error
+}
+
+// ErrNoDaemonRestart is a daemon the limiter cannot restart itself.
+var ErrNoDaemonRestart = errors.New("limiter: restarting the MPS control daemon is not automated here")
+
+// RestartDaemon restarts the device's MPS control daemon through
+// Options.RestartMPSDaemon; without one it fails with ErrNoDaemonRestart
+// (on a real GPU: quit and start nvidia-cuda-mps-control by hand).
+func (l *mpsLimiter) RestartDaemon(ctx context.Context) error {
+	if l.restart == nil {
+		return fmt.Errorf("%w (%s): run nvidia-cuda-mps-control -d", ErrNoDaemonRestart, l.dev)
+	}
+	return l.restart(ctx, l.dev.index)
+}
 
 // ErrMPSUnavailable is a GPU whose shares MPS cannot enforce: no driver,
 // no control daemon, MIG mode, or a compute mode that refuses clients.
@@ -95,6 +152,7 @@ func (l *mpsLimiter) check(daemon func(device int) error) error {
 	if err := daemon(l.dev.index); err != nil {
 		return fmt.Errorf("%w: %s: no MPS control daemon: %w; start one (nvidia-cuda-mps-control -d) or %s", ErrMPSUnavailable, l.dev, err, without)
 	}
+	l.memory = info.MemoryTotal
 	return nil
 }
 
@@ -118,7 +176,7 @@ func mpsPipeDaemon(int) error {
 func (l *mpsLimiter) Kind() string { return KindMPS }
 
 func (l *mpsLimiter) Describe() string {
-	return fmt.Sprintf("mps on %s: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per runner, ONNX Runtime gpu_mem_limit with arena %s; a resize restarts the runner", l.dev, runtime.ArenaSameAsRequested)
+	return fmt.Sprintf("mps on %s: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per runner, ONNX Runtime gpu_mem_limit that limit less %d MiB (context and workspaces) with arena %s; a resize restarts the runner, the new one with heuristic cuDNN search", l.dev, (MPSContextReserve+MPSWorkspaceReserve)>>20, runtime.ArenaSameAsRequested)
 }
 
 func (l *mpsLimiter) CPUs() int { return 1 }
@@ -134,29 +192,71 @@ func mpsPercentage(s Share) int {
 }
 
 // Placement for a share: the MPS client environment and the matching
-// ONNX Runtime CUDA options.
-func (l *mpsLimiter) placement(s Share) Placement {
+// ONNX Runtime CUDA options. The pinned limit is the whole process's, so
+// the arena gets what the context and the workspaces leave of it
+// (MPSContextReserve, MPSWorkspaceReserve). A shadow (a new runner of an
+// instance whose runner still serves: a swap) searches cuDNN's algorithms
+// by heuristic: an exhaustive search times every algorithm at every batch
+// size while the other clients run beside it, which makes the swap slow
+// and its timings noisy.
+func (l *mpsLimiter) placement(s Share, shadow bool) Placement {
 	p := Placement{Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(mpsPercentage(s))}}
 	if s.Memory > 0 {
 		mib := (s.Memory + 1<<20 - 1) >> 20 // never below what was asked
 		p.Env = append(p.Env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", l.dev.index, mib))
-		p.GPUMemLimit = s.Memory
+		p.GPUMemLimit = s.Memory - MPSContextReserve - MPSWorkspaceReserve
 	}
 	p.ArenaExtendStrategy = runtime.ArenaSameAsRequested
+	if shadow {
+		p.CudnnConvAlgoSearch = runtime.ConvAlgoHeuristic
+	}
 	return p
 }
 
+// instanceOf is the instance a unit id belongs to: the id without its
+// last "-" part. The registry names the units of one instance
+// "model-version-instance-sequence", so the units of a swap (the serving
+// runner and its shadow) share it.
+func instanceOf(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// Place refuses a memory share too small for a context, its workspaces
+// and an arena (ErrMemoryShareTooSmall), and one whose pinned memory does
+// not fit beside the pinned limits of the device's other runners
+// (ErrDeviceMemoryFull): a swap's shadow is placed while the runner it
+// replaces still holds its memory, so this keeps room for it or refuses
+// the swap. Runners without a memory share pin nothing and are not
+// counted; their memory is whatever the device has.
 func (l *mpsLimiter) Place(id string, s Share) (Placement, error) {
 	if err := validShare(s); err != nil {
 		return Placement{}, err
+	}
+	if s.Memory > 0 && s.Memory < MPSContextReserve+MPSWorkspaceReserve+mpsMinArena {
+		return Placement{}, fmt.Errorf("%w: %s: %d MiB asked, at least %d MiB needed (context %d MiB, workspaces %d MiB, arena %d MiB)",
+			ErrMemoryShareTooSmall, id, s.Memory>>20, (MPSContextReserve+MPSWorkspaceReserve+mpsMinArena)>>20,
+			MPSContextReserve>>20, MPSWorkspaceReserve>>20, mpsMinArena>>20)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.units.free(id); err != nil {
 		return Placement{}, err
 	}
+	var pinned int64
+	shadow := false
+	for other, u := range l.units {
+		pinned += u.share.Memory
+		shadow = shadow || instanceOf(other) == instanceOf(id)
+	}
+	if s.Memory > 0 && l.memory > 0 && pinned+s.Memory > l.memory {
+		return Placement{}, fmt.Errorf("%w: %s: %d MiB would join %d MiB pinned on %s of %d MiB; refused (a runner it would replace keeps serving)",
+			ErrDeviceMemoryFull, id, s.Memory>>20, pinned>>20, l.dev, l.memory>>20)
+	}
 	l.units[id] = &mpsUnit{share: s}
-	return l.placement(s), nil
+	return l.placement(s, shadow), nil
 }
 
 // Resize accepts only the share the instance has: an MPS client's limits
@@ -200,7 +300,8 @@ func (l *mpsLimiter) Release(id string) error {
 }
 
 // Stats reports the memory limit, and the device memory of the tracked
-// process when telemetry has it. CPU time and throttling are not
+// process when telemetry has it (matched by pid; 0, unknown, when NVML
+// does not list the pid). CPU time and throttling are not
 // measured on a GPU.
 func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	l.mu.Lock()
@@ -222,7 +323,21 @@ func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	if err != nil {
 		return st, fmt.Errorf("limiter: stats of %s: %w", id, err)
 	}
-	st.MemoryBytes = mem[pid]
+	n, ok := mem[pid]
+	if !ok && len(mem) > 0 {
+		// NVML names processes by the host's pids: a runner in another
+		// pid namespace (a container) is not found under its own, and an
+		// MPS server may account its clients' memory to itself. Memory
+		// is then unknown (0), never another process's.
+		l.mu.Lock()
+		if u, err := l.units.get(id); err == nil && !u.unseen {
+			u.unseen = true
+			l.log.Warn("NVML lists no process with the runner's pid (pid namespaces differ, or the MPS server holds the memory): its device memory is unknown",
+				"unit", id, "pid", pid, "processes", len(mem))
+		}
+		l.mu.Unlock()
+	}
+	st.MemoryBytes = n
 	return st, nil
 }
 

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -95,4 +96,51 @@ func TestSimulatedMIGRefused(t *testing.T) {
 	if !errors.Is(err, ErrMPSUnavailable) || !strings.Contains(err.Error(), "MIG mode") {
 		t.Errorf("MIG device: %v", err)
 	}
+}
+
+// The MPS limiter restarts its device's daemon after a fault through
+// Options.RestartMPSDaemon, and without one says it cannot.
+func TestMPSDaemonRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sim, err := simgpu.New(simgpu.Spec{Devices: 2, SMs: 108, Memory: 40 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tel, err := NewNVMLTelemetry(sim.NVML(), testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tel.Close()
+		var restarted []int
+		opts := Options{Backend: BackendMPS, Device: "cuda:1", Telemetry: tel, MPSDaemon: func(int) error { return nil }, Logger: testLogger(t),
+			RestartMPSDaemon: func(ctx context.Context, i int) error {
+				restarted = append(restarted, i)
+				d, _ := sim.Device(i)
+				d.RestartDaemon()
+				return nil
+			}}
+		l, err := New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		r, ok := l.(DaemonRestarter)
+		if !ok {
+			t.Fatalf("%T is no DaemonRestarter", l)
+		}
+		dev := sim.Devices()[1]
+		dev.Fault(nil, "an uncorrectable ECC error")
+		if err := r.RestartDaemon(t.Context()); err != nil || len(restarted) != 1 || restarted[0] != 1 || dev.Faulted() != nil {
+			t.Errorf("restart: %v, restarted %v, fault %v", err, restarted, dev.Faulted())
+		}
+		opts.RestartMPSDaemon = nil
+		l2, err := New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l2.Close()
+		if err := l2.(DaemonRestarter).RestartDaemon(t.Context()); !errors.Is(err, ErrNoDaemonRestart) {
+			t.Errorf("without a restart handle: %v, want ErrNoDaemonRestart", err)
+		}
+	})
 }

@@ -942,7 +942,7 @@ type clientTestBackend struct {
 
 func (b *clientTestBackend) Preadmit(context.Context, string, string, time.Time) error { return nil }
 
-func (b *clientTestBackend) ModelMetadata(name, _ string) (models.Metadata, error) {
+func (b *clientTestBackend) Metadata(name, _ string) (models.Metadata, error) {
 	md, ok := b.models[name]
 	if !ok {
 		return models.Metadata{}, fmt.Errorf("%w: %q", models.ErrModelNotFound, name)

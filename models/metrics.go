@@ -4,26 +4,14 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sloserve/sloserve/runtime"
 )
 
-// latencyBuckets span 100 µs to about 13 s, doubling, so that a tiny model's
-// server overhead and a large detector both resolve.
-var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 18)
-
 // metrics are the registry's Prometheus series, labelled by model and
-// version. Histograms (not summaries) so that they aggregate across
-// instances and servers.
+// version: loads, instances and their processes. Requests are counted by
+// the schedulers (package qos), once.
 type metrics struct {
-	requests     *prometheus.CounterVec
-	e2e          *prometheus.HistogramVec
-	queue        *prometheus.HistogramVec
-	compute      *prometheus.HistogramVec
-	inflight     *prometheus.GaugeVec
 	loadDuration *prometheus.HistogramVec
 	restarts     *prometheus.CounterVec
 	oomKills     *prometheus.CounterVec
@@ -39,11 +27,6 @@ type metrics struct {
 // versionMetrics are the series of one version, resolved once at load so
 // the request path does no label lookups.
 type versionMetrics struct {
-	outcomes map[outcome]prometheus.Counter
-	e2e      prometheus.Observer
-	queue    prometheus.Observer
-	compute  prometheus.Observer
-	inflight prometheus.Gauge
 	restarts prometheus.Counter
 	oomKills prometheus.Counter
 	retries  prometheus.Counter
@@ -52,29 +35,6 @@ type versionMetrics struct {
 func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 	labels := []string{"model", "version"}
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sloserve_inference_requests_total",
-			Help: "Inference requests by outcome: success, invalid, rejected, dropped, unavailable, canceled, failed.",
-		}, append(labels, "outcome")),
-		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sloserve_inference_request_duration_seconds",
-			Help:    "Time from a request reaching the model registry to its answer.",
-			Buckets: latencyBuckets,
-		}, labels),
-		queue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sloserve_inference_queue_duration_seconds",
-			Help:    "Time a request waited for an idle instance.",
-			Buckets: latencyBuckets,
-		}, labels),
-		compute: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sloserve_inference_compute_duration_seconds",
-			Help:    "Time a runner spent on a request: input copy, session run and output copy.",
-			Buckets: latencyBuckets,
-		}, labels),
-		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sloserve_inference_inflight_requests",
-			Help: "Requests being queued or executed.",
-		}, labels),
 		loadDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sloserve_model_load_duration_seconds",
 			Help:    "Time to start a model version's instances and check them.",
@@ -106,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		}, []string{"model"}),
 		versions: map[[2]string]*versionMetrics{},
 	}
-	cs := []prometheus.Collector{m.requests, m.e2e, m.queue, m.compute, m.inflight, m.loadDuration, m.restarts, m.oomKills, m.retries, m.evictions,
+	cs := []prometheus.Collector{m.loadDuration, m.restarts, m.oomKills, m.retries, m.evictions,
 		m.loads, m.loadFailures, &usageCollector{r: r}, &stateCollector{r: r}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -124,17 +84,9 @@ func (m *metrics) forVersion(model, version string) *versionMetrics {
 		return vm
 	}
 	vm := &versionMetrics{
-		outcomes: map[outcome]prometheus.Counter{},
-		e2e:      m.e2e.WithLabelValues(model, version),
-		queue:    m.queue.WithLabelValues(model, version),
-		compute:  m.compute.WithLabelValues(model, version),
-		inflight: m.inflight.WithLabelValues(model, version),
 		restarts: m.restarts.WithLabelValues(model, version),
 		oomKills: m.oomKills.WithLabelValues(model, version),
 		retries:  m.retries.WithLabelValues(model, version),
-	}
-	for _, o := range []outcome{outcomeSuccess, outcomeInvalid, outcomeUnavailable, outcomeCanceled, outcomeFailed, outcomeRejected, outcomeDropped} {
-		vm.outcomes[o] = m.requests.WithLabelValues(model, version, string(o))
 	}
 	m.versions[key] = vm
 	return vm
@@ -147,11 +99,6 @@ func (m *metrics) forget(model, version string) {
 	defer m.mu.Unlock()
 	delete(m.versions, [2]string{model, version})
 	l := prometheus.Labels{"model": model, "version": version}
-	m.requests.DeletePartialMatch(l)
-	m.e2e.DeletePartialMatch(l)
-	m.queue.DeletePartialMatch(l)
-	m.compute.DeletePartialMatch(l)
-	m.inflight.DeletePartialMatch(l)
 	m.loadDuration.DeletePartialMatch(l)
 	m.restarts.DeletePartialMatch(l)
 	m.oomKills.DeletePartialMatch(l)
@@ -165,18 +112,6 @@ func (m *metrics) forgetModel(model string) {
 	m.loads.DeletePartialMatch(l)
 	m.loadFailures.DeletePartialMatch(l)
 	m.evictions.DeletePartialMatch(l)
-}
-
-func (vm *versionMetrics) observe(o outcome, total, queue time.Duration, t *runtime.Timing) {
-	vm.outcomes[o].Inc()
-	if o != outcomeSuccess {
-		return
-	}
-	vm.e2e.Observe(total.Seconds())
-	vm.queue.Observe(queue.Seconds())
-	if t != nil {
-		vm.compute.Observe((t.Input + t.Infer + t.Output).Seconds())
-	}
 }
 
 // usageCollector reports each runner process's CPU time and resident memory

@@ -81,7 +81,7 @@ func (r *Registry) Placements() []PlacedVersion {
 	out := make([]PlacedVersion, 0, len(vs))
 	for _, v := range vs {
 		v.instMu.RLock()
-		share, n := v.share, len(v.instances)
+		share, n := v.share, v.cfg.Instances
 		v.instMu.RUnlock()
 		out = append(out, PlacedVersion{
 			Key: v.key, Model: v.model, Device: v.device, Config: v.cfg,

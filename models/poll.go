@@ -71,15 +71,6 @@ func (r *Registry) SetPollInterval(d time.Duration) {
 	}
 }
 
-// SetMaxInflight changes the limit on requests in flight across all models
-// (0 = no limit) for requests that arrive from now on.
-func (r *Registry) SetMaxInflight(n int) { r.maxInflight.Store(int64(max(n, 0))) }
-
-// SetMaxInflightBytes changes the limit on the input bytes of the requests
-// in flight across all models (0 = no limit) for requests that arrive from
-// now on.
-func (r *Registry) SetMaxInflightBytes(n int64) { r.maxInflightBytes.Store(max(n, 0)) }
-
 // SetDrainTimeout changes how long an unload or reload waits for in-flight
 // requests.
 func (r *Registry) SetDrainTimeout(d time.Duration) {

@@ -242,10 +242,11 @@ func TestRegistryLoadsAndServes(t *testing.T) {
 	if st[0].InferenceCount != 2 || st[0].ExecutionCount != 1 || st[0].Success.Count != 1 || st[0].ComputeInfer.Total != time.Millisecond {
 		t.Errorf("stats = %+v, want 2 inferences in 1 execution with 1ms compute", st[0])
 	}
-	if got := testutil.ToFloat64(r.metrics.requests.WithLabelValues("sum", "3", "success")); got != 1 {
-		t.Errorf("success counter = %v, want 1", got)
+	if st[0].SLO == nil || st[0].SLO.Good != 1 || st[0].SLO.Arrived != 1 {
+		t.Errorf("SLO statistics = %+v, want the one request good", st[0].SLO)
 	}
-	if n, err := testutil.GatherAndCount(preg, "sloserve_inference_request_duration_seconds"); err != nil || n != 2 {
+	// The registry's own scheduler counts the requests, once.
+	if n, err := testutil.GatherAndCount(preg, "sloserve_qos_request_duration_seconds"); err != nil || n != 2 {
 		t.Errorf("duration histograms = %d (%v), want one per version used", n, err)
 	}
 
@@ -379,6 +380,7 @@ func TestUnloadDrainsInflightRequests(t *testing.T) {
 	if err := r.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
 	if err := r.Load(t.Context(), "sum"); err != nil {
 		t.Fatal(err)
 	}
@@ -444,11 +446,11 @@ func TestReloadKeepsServingWhenNewVersionFails(t *testing.T) {
 	if !f.of("sum", 1)[0].stopped.Load() {
 		t.Error("version 1 still running after version 2 replaced it")
 	}
-	if r.metrics.requests.DeleteLabelValues("sum", "1", "success") {
-		t.Error("version 1's request counters outlived it")
+	if r.metrics.retries.DeleteLabelValues("sum", "1") {
+		t.Error("version 1's series outlived it")
 	}
-	if !r.metrics.requests.DeleteLabelValues("sum", "2", "success") {
-		t.Error("version 2 has no request counters")
+	if !r.metrics.retries.DeleteLabelValues("sum", "2") {
+		t.Error("version 2 has no series")
 	}
 
 	// A new model folder is loaded; a removed one is unloaded.
@@ -524,49 +526,6 @@ inputs: [{name: x, datatype: FP64, shape: [-1, 4]}]
 	}
 	if !f.of("sum", 1)[0].stopped.Load() {
 		t.Error("instance of a rejected version left running")
-	}
-}
-
-func TestInstanceConcurrency(t *testing.T) {
-	for _, tc := range []struct {
-		concurrency int
-		want        int64
-	}{{1, 1}, {3, 3}} {
-		t.Run(fmt.Sprint(tc.concurrency), func(t *testing.T) {
-			repo := t.TempDir()
-			writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+fmt.Sprintf("execution: {concurrency: %d}\n", tc.concurrency), 1)
-			r, f, _ := newTestRegistry(t, ControlNone, repo)
-			if err := r.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { r.Stop(context.Background()) })
-			gate := make(chan struct{})
-			f.mu.Lock()
-			f.g = gate
-			f.mu.Unlock()
-			var wg sync.WaitGroup
-			for range 5 {
-				wg.Go(func() {
-					if _, _, err := r.Infer(context.Background(), "sum", "", sumRequest([4]float32{1, 1, 1, 1})); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			inst := f.of("sum", 1)[0]
-			waitUntil := time.Now().Add(2 * time.Second)
-			for inst.calls.Load() < tc.want && time.Now().Before(waitUntil) {
-				time.Sleep(time.Millisecond)
-			}
-			time.Sleep(20 * time.Millisecond)
-			if got := inst.calls.Load(); got != tc.want {
-				t.Errorf("%d requests running at once on one instance, want %d", got, tc.want)
-			}
-			close(gate)
-			wg.Wait()
-			if got := inst.calls.Load(); got != 5 {
-				t.Errorf("%d calls in all, want 5", got)
-			}
-		})
 	}
 }
 

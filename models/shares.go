@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
@@ -15,7 +12,7 @@ import (
 
 // This file gives model versions their share of a device: the limiter unit
 // each instance runs in, live resizes, the shadow-instance swap when a
-// resize cannot happen live, eviction and load on demand, and profiling.
+// resize cannot happen live, and the readings of those units.
 
 // unit is the limiter's handle on one instance.
 type unit struct {
@@ -79,14 +76,14 @@ func (v *version) usefulShare() float64 {
 }
 
 // startInstance places instance i in a limiter unit at the instance share s
-// and starts it there.
-func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, unit, error) {
+// and starts it there; the version remembers the unit until stopMember.
+func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, error) {
 	u := unit{id: fmt.Sprintf("%s-%s-%d-%d", v.model, v.label, i, r.unitSeq.Add(1))}
 	var pl limiter.Placement
 	if v.lim != nil {
 		var err error
 		if pl, err = v.lim.Place(u.id, s); err != nil {
-			return nil, u, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(s), err)
+			return nil, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(s), err)
 		}
 	}
 	u.threads = v.threadsFor(s)
@@ -104,7 +101,7 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	})
 	if err != nil {
 		r.release(v, u)
-		return nil, u, err
+		return nil, err
 	}
 	// Backends that account by process (MPS) learn the instance's.
 	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
@@ -114,7 +111,17 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 			}
 		}
 	}
-	return inst, u, nil
+	v.instMu.Lock()
+	v.units[inst] = u
+	v.instMu.Unlock()
+	return inst, nil
+}
+
+// unitOf is the limiter unit an instance of the version runs in.
+func (v *version) unitOf(m runtime.Member) unit {
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	return v.units[m]
 }
 
 // memoryEvents reads the out-of-memory kills and the memory limit of an
@@ -150,36 +157,6 @@ func formatShare(s limiter.Share) string {
 		m = configs.ByteSize(s.Memory).String()
 	}
 	return "compute " + c + ", memory " + m
-}
-
-// versionByKey finds a serving version by its scheduler name "model/N".
-func (r *Registry) versionByKey(key string) (*version, error) {
-	name, label, ok := strings.Cut(key, "/")
-	if !ok {
-		return nil, fmt.Errorf("%w: %q is not model/version", ErrModelNotFound, key)
-	}
-	return r.serving(name, label)
-}
-
-// serving finds a serving version of a model ("" = the default one).
-func (r *Registry) serving(name, ver string) (*version, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
-	}
-	return m.resolve(ver)
-}
-
-// VersionKey resolves a model and version ("" = the default version) to
-// the serving version's scheduler name "model/N" and its device.
-func (r *Registry) VersionKey(name, ver string) (key, device string, err error) {
-	v, err := r.serving(name, ver)
-	if err != nil {
-		return "", "", err
-	}
-	return v.key, v.device, nil
 }
 
 // UnitStats are the limiter readings of a serving version's instances,
@@ -248,29 +225,14 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	if v.retired {
 		return fmt.Errorf("%w: model %s version %s is being unloaded", ErrNotReady, v.model, v.label)
 	}
-	v.instMu.RLock()
-	n := len(v.instances)
-	units := slices.Clone(v.units)
-	v.instMu.RUnlock()
-	per := instanceShare(s, n)
+	members := v.pool.Members()
+	per := instanceShare(s, len(members))
 	var errs []error
-	for i, u := range units {
-		restart := false
-		if v.lim != nil {
-			err := v.lim.Resize(u.id, per)
-			switch {
-			case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
-				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
-				continue
-			case errors.Is(err, limiter.ErrRestartRequired):
-				restart = true
-			case err != nil:
-				errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
-				continue
-			}
-		}
-		if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
-			restart = true
+	for i, m := range members {
+		restart, err := v.resizeLive(m, per, swap)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("instance %d: %w", i, err))
+			continue
 		}
 		if restart {
 			if err := r.swapInstance(ctx, v, i, per); err != nil {
@@ -287,53 +249,78 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 	return nil
 }
 
-// swapInstance replaces instance i by a new one at the instance share s.
-// The old instance serves until the new one is warm; then the new one takes
-// the old one's execution slots as they come free, and the old one stops
-// once it has none left, after its last request.
-func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
-	fresh, u, err := r.startInstance(ctx, v, i, s)
-	if err != nil {
-		return fmt.Errorf("starting the replacement: %w", err)
-	}
-	if sample, sizes := warmupRequests(v); sample != nil {
-		for _, b := range sizes {
-			if _, err := fresh.Infer(ctx, sample(b)); err != nil {
-				r.stopInstance(context.WithoutCancel(ctx), v, fresh, u)
-				return fmt.Errorf("warming the replacement at batch %d: %w", b, err)
-			}
+// resizeLive resizes member m's limiter unit to the instance share per,
+// and says whether m must be replaced instead (as the policy allows): the
+// limiter cannot resize it running, or its thread count should change.
+func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolicy) (restart bool, err error) {
+	u := v.unitOf(m)
+	if v.lim != nil {
+		err := v.lim.Resize(u.id, per)
+		switch {
+		case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
+			return false, err
+		case errors.Is(err, limiter.ErrRestartRequired):
+			restart = true
+		case err != nil:
+			return false, err
 		}
 	}
-	v.instMu.Lock()
-	old, oldUnit := v.instances[i], v.units[i]
-	v.instances[i], v.units[i] = fresh, u
-	v.instMu.Unlock()
+	if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
+		restart = true
+	}
+	return restart, nil
+}
 
-	slots := max(1, v.cfg.Execution.Concurrency)
-	for range slots {
-		v.idle <- fresh // the pool has room for one swap's slots
+// swapInstance replaces instance i by a new one at the instance share s,
+// warmed at every batch size before it takes requests (see
+// runtime.Pool.Replace).
+func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
+	if err := v.pool.Replace(ctx, i, r.replacement(v, i, s)); err != nil {
+		return err
 	}
-	for taken := 0; taken < slots; {
-		inst := <-v.idle // the old instance's slots come back as its requests end
-		if inst == old {
-			taken++
-			continue
-		}
-		v.idle <- inst
-		time.Sleep(time.Millisecond) // let a waiting request take it
-	}
-	r.stopInstance(context.WithoutCancel(ctx), v, old, oldUnit)
-	r.log.Info("instance replaced at a new share", "model", v.model, "version", v.label, "instance", i,
-		"share", formatShare(s), "threads", u.threads)
+	r.logReplaced(v, i, s)
 	return nil
 }
 
-// stopInstance stops one instance and releases its unit.
-func (r *Registry) stopInstance(ctx context.Context, v *version, inst Instance, u unit) {
-	if err := inst.Stop(ctx); err != nil {
+// logReplaced logs that instance i now runs at the instance share s.
+func (r *Registry) logReplaced(v *version, i int, s limiter.Share) {
+	r.log.Info("instance replaced at a new share", "model", v.model, "version", v.label, "instance", i,
+		"share", formatShare(s), "threads", v.unitOf(v.pool.Members()[i]).threads)
+}
+
+// replacement returns the start function of a replacement for instance i
+// at the instance share s: started in a limiter unit of its own and warmed
+// at every batch size, so that it takes requests at once.
+func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx context.Context) (runtime.Member, error) {
+	return func(ctx context.Context) (runtime.Member, error) {
+		fresh, err := r.startInstance(ctx, v, i, s)
+		if err != nil {
+			return nil, fmt.Errorf("starting the replacement: %w", err)
+		}
+		if sample, sizes := warmupRequests(v); sample != nil {
+			for _, b := range sizes {
+				if _, err := fresh.Infer(ctx, sample(b)); err != nil {
+					r.stopMember(context.WithoutCancel(ctx), v, fresh)
+					return nil, fmt.Errorf("warming the replacement at batch %d: %w", b, err)
+				}
+			}
+		}
+		return fresh, nil
+	}
+}
+
+// stopMember stops one instance of the version and releases its unit.
+func (r *Registry) stopMember(ctx context.Context, v *version, m runtime.Member) {
+	if err := m.Stop(ctx); err != nil {
 		r.log.Warn("instance stop failed", "model", v.model, "version", v.label, "err", err)
 	}
-	r.release(v, u)
+	v.instMu.Lock()
+	u, ok := v.units[m]
+	delete(v.units, m)
+	v.instMu.Unlock()
+	if ok {
+		r.release(v, u)
+	}
 }
 
 // Share returns a serving version's current share.
@@ -354,10 +341,8 @@ func (r *Registry) MemoryUsage(key string) int64 {
 	if err != nil {
 		return 0
 	}
-	v.instMu.RLock()
-	defer v.instMu.RUnlock()
 	var total int64
-	for _, inst := range v.instances {
+	for _, inst := range v.pool.Members() {
 		if u, ok := inst.(Usager); ok {
 			if _, rss, err := u.Usage(); err == nil {
 				total += rss
@@ -365,151 +350,4 @@ func (r *Registry) MemoryUsage(key string) int64 {
 		}
 	}
 	return total
-}
-
-// Evict unloads an idle model to free memory. Unlike an unload it leaves the
-// model loadable on demand: the next request for it loads it again and
-// waits.
-func (r *Registry) Evict(ctx context.Context, key string) error {
-	name, _, _ := strings.Cut(key, "/")
-	m, err := r.lookup(name)
-	if err != nil {
-		return err
-	}
-	// Marked first, so that a request arriving while the model drains
-	// loads it again instead of failing.
-	r.mu.Lock()
-	m.evicted = true
-	r.mu.Unlock()
-	if err := r.unload(ctx, name, "evicted to free memory; loads again on the next request", false); err != nil {
-		return err
-	}
-	r.metrics.evictions.WithLabelValues(name).Inc()
-	return nil
-}
-
-// revive loads an evicted model for a request that asks for it. Concurrent
-// requests share one load.
-func (r *Registry) revive(ctx context.Context, name string) error {
-	m, err := r.lookup(name)
-	if err != nil {
-		return err
-	}
-	m.reviving.Add(1)
-	defer m.reviving.Add(-1)
-	m.demand.Lock()
-	defer m.demand.Unlock()
-	r.mu.RLock()
-	evicted := m.evicted
-	r.mu.RUnlock()
-	if !evicted {
-		return nil // loaded by the request before this one
-	}
-	r.log.Info("loading an evicted model on demand", "model", name)
-	return r.load(ctx, name)
-}
-
-// ProfileRun is one version's profiling sweep, as Options.Profile gets it.
-type ProfileRun struct {
-	Key     string // "model/N"
-	Device  string
-	Path    string // the model file
-	Config  *configs.Model
-	Threads int // intra-op threads of the instances (0: ONNX Runtime's default)
-	// MaxShare is the largest compute share the version can use (see
-	// usefulShare); profiling shares above it measures nothing new.
-	MaxShare   float64
-	BatchSizes []int
-	// Measure sets the version's compute share and returns the median
-	// execution time of runs executions of a batch, after one unmeasured
-	// run.
-	Measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)
-}
-
-// profile runs Options.Profile for a fresh version, before it takes
-// traffic, and puts its share back afterwards.
-func (r *Registry) profile(ctx context.Context, v *version) {
-	if r.opts.Profile == nil {
-		return
-	}
-	sample, sizes := profileRequests(v)
-	if sample == nil {
-		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry", "model", v.model, "version", v.label)
-		return
-	}
-	if v.lim == nil || v.lim.Kind() == limiter.KindNone {
-		r.log.Info("not profiled: shares are not enforced on this device (limiter none)", "model", v.model, "version", v.label)
-		return
-	}
-	v.shareMu.Lock()
-	defer v.shareMu.Unlock()
-	initial := v.share
-	run := ProfileRun{
-		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
-		Threads: v.units[0].threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
-		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
-			// An instance per share where the limiter cannot resize a
-			// running one (MPS): each point is measured at its share.
-			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
-				return 0, err
-			}
-			req := sample(batch)
-			took := make([]time.Duration, 0, runs)
-			for i := range runs + 1 {
-				start := time.Now()
-				if _, _, err := v.run(ctx, req); err != nil {
-					return 0, err
-				}
-				if i > 0 {
-					took = append(took, time.Since(start))
-				}
-			}
-			slices.Sort(took)
-			return took[len(took)/2], nil
-		},
-	}
-	start := time.Now()
-	if err := r.opts.Profile(ctx, run); err != nil {
-		r.log.Warn("profiling failed; estimates come from observed executions", "model", v.model, "version", v.label, "err", err)
-	} else {
-		r.log.Info("profiled", "model", v.model, "version", v.label, "took", time.Since(start).Round(time.Millisecond))
-	}
-	if err := r.setShareLocked(context.WithoutCancel(ctx), v, initial, swapRequired); err != nil {
-		r.log.Warn("restoring the share after profiling", "model", v.model, "version", v.label, "err", err)
-	}
-}
-
-// profileRequests is warmupRequests with the model's profile.shapes filled
-// in for dynamic dimensions and its profile.batch_sizes (default 1,
-// max/2, max).
-func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample := samplesFor(v, v.cfg.Profile.Shapes)
-	if sample == nil {
-		return nil, nil
-	}
-	sizes := slices.Clone(v.cfg.Profile.BatchSizes)
-	if len(sizes) == 0 {
-		sizes = []int{1}
-		if v.maxBatch > 1 {
-			sizes = append(sizes, max(1, v.maxBatch/2), v.maxBatch)
-		}
-	}
-	slices.Sort(sizes)
-	return sample, slices.Compact(sizes)
-}
-
-// sampleShape is a tensor's shape for a sample request: the config's
-// profile shape when given, else the declared one; false when a dynamic
-// dimension other than the batch remains.
-func sampleShape(in runtime.TensorSpec, given map[string][]int64, batched bool) ([]int64, bool) {
-	shape := slices.Clone(in.Shape)
-	if g, ok := given[in.Name]; ok && len(g) == len(shape) {
-		shape = slices.Clone(g)
-	}
-	for d, n := range shape {
-		if n < 0 && !(d == 0 && batched) {
-			return nil, false
-		}
-	}
-	return shape, true
 }

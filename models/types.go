@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -47,11 +48,9 @@ type IndexEntry struct {
 	Reason  string
 }
 
-// Duration is a count of events and their total time.
-type Duration struct {
-	Count uint64
-	Total time.Duration
-}
+// Duration is a count of events and their total time, as the scheduler
+// counts them.
+type Duration = qos.Duration
 
 // Statistics is one model version's inference statistics, in the shape of
 // Triton's statistics extension.
@@ -70,8 +69,8 @@ type Statistics struct {
 	// Batches counts executions by batch size, ascending, with their times
 	// in the runner (Triton's batch_stats).
 	Batches []BatchStatistics
-	// SLO is the version's SLO accounting from its scheduler; nil when the
-	// version is not scheduled.
+	// SLO is the version's SLO accounting from its scheduler; nil while
+	// the version is not scheduled yet.
 	SLO *SLOStatistics
 }
 

@@ -5,7 +5,11 @@
 // fits the curve t(b, s) = (K1*b^2 + K2*b + K3)/(s + K4) + K5 to the points,
 // and Cache keeps the resulting Profile on disk under a Key made of the model
 // file's hash, the machine and the runtime settings, so that a restart does
-// not profile again.
+// not profile again. Sweep measures again a point slower than the same
+// batch at a smaller share (it was disturbed). Where the profile shows a
+// knee, a share past which a batch ran no faster (a GPU model whose kernels
+// cannot fill the device), predictions clamp the share at it: the smooth
+// curve would otherwise promise speed-ups no share gives.
 //
 // A Predictor holds each loaded model's curve and scales it by an online
 // correction (an EWMA of observed/predicted execution time) and an

@@ -87,6 +87,7 @@ type model struct {
 	mu          sync.Mutex
 	curve       Curve
 	hasCurve    bool
+	knees       knees // where the profile stopped getting faster
 	profileMAPE float64
 	share       float64 // normalised, (0, 1]
 	othersUtil  float64
@@ -94,6 +95,7 @@ type model struct {
 	recent      [Window]pair
 	next, n     int
 	rate        *rateModel
+	busy        float64 // seconds of execution observed, cumulative
 }
 
 // pair is one execution: what was predicted for it and what it took, in
@@ -168,6 +170,7 @@ func (p *Predictor) SetProfile(name string, prof Profile) {
 	m := p.ensure(name)
 	m.mu.Lock()
 	m.curve, m.hasCurve, m.profileMAPE, m.correction = c, true, pm, 1
+	m.knees = findKnees(prof.Points)
 	m.mu.Unlock()
 }
 
@@ -228,7 +231,7 @@ func (p *Predictor) Latency(name string, batch int, share float64) (time.Duratio
 	s := normShare(share)
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, s) * m.correction * interference(s, m.othersUtil)
+		v := m.curve.seconds(batch, m.knees.clamp(batch, s)) * m.correction * interference(s, m.othersUtil)
 		m.mu.Unlock()
 		return seconds(v), true
 	}
@@ -250,7 +253,7 @@ func (p *Predictor) Estimate(name string, batch int) (time.Duration, bool) {
 	}
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, m.share) * m.correction * interference(m.share, m.othersUtil)
+		v := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * m.correction * interference(m.share, m.othersUtil)
 		m.mu.Unlock()
 		return seconds(v), true
 	}
@@ -272,8 +275,9 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 	obs := took.Seconds()
 	m := p.ensure(name)
 	m.mu.Lock()
+	m.busy += obs
 	if m.hasCurve {
-		base := m.curve.seconds(batch, m.share) * interference(m.share, m.othersUtil)
+		base := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * interference(m.share, m.othersUtil)
 		m.record(seconds(base*m.correction).Seconds(), obs)
 		ratio := min(max(obs/base, m.correction/stepRatio), m.correction*stepRatio)
 		m.correction = min(max(p.alpha*ratio+(1-p.alpha)*m.correction, minCorrection), maxCorrection)
@@ -287,6 +291,21 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 		}
 	}
 	p.fallback.Observe(name, batch, took)
+}
+
+// Busy is the execution time observed of a model since it was first seen,
+// in seconds, summed over its concurrent executions: over a period, its
+// increase divided by the period is how many executions of the model ran
+// at once on average. On a GPU under MPS, where no CPU time measures the
+// model's use of the device, it is the model's own utilisation signal.
+func (p *Predictor) Busy(name string) float64 {
+	m := p.get(name)
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.busy
 }
 
 func (m *model) record(predicted, observed float64) {

@@ -386,3 +386,17 @@ func BenchmarkEstimate(b *testing.B) {
 		})
 	})
 }
+
+// Busy sums the observed execution time of a model, with or without a curve.
+func TestPredictorBusy(t *testing.T) {
+	p, _ := New(Options{})
+	if p.Busy("m") != 0 {
+		t.Errorf("unknown model busy %v", p.Busy("m"))
+	}
+	p.Observe("m", 1, 10*time.Millisecond)
+	p.Observe("m", 4, 30*time.Millisecond)
+	p.Observe("m", 0, time.Second) // not an execution
+	if got := p.Busy("m"); math.Abs(got-0.04) > 1e-12 {
+		t.Errorf("busy %v, want 0.04 s", got)
+	}
+}

@@ -112,7 +112,40 @@ func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Cont
 			points = append(points, Point{Batch: b, Share: s, Latency: t})
 		}
 	}
+	remeasureDisturbed(bctx, points, opts.Runs, measure)
 	return points, nil
+}
+
+// remeasureDisturbed measures again, once, each point that ran slower than
+// the same batch at a smaller share: more compute never slows a batch, so
+// such a point was disturbed (another model's load or warm-up ran beside
+// it), and a disturbed point hides where the model stops getting faster
+// (its knee). The faster of the two measurements is kept. It stops, keeping
+// what it has, when the budget runs out or a measurement fails: the first
+// pass's points stand.
+func remeasureDisturbed(ctx context.Context, points []Point, runs int, measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)) {
+	for i := range points {
+		pt := &points[i]
+		disturbed := false
+		for _, o := range points {
+			if o.Batch == pt.Batch && o.Share < pt.Share && float64(pt.Latency) > float64(o.Latency)*(1+KneeTolerance) {
+				disturbed = true
+			}
+		}
+		if !disturbed {
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		t, err := measure(ctx, pt.Batch, pt.Share, runs)
+		if err != nil {
+			return
+		}
+		if t > 0 && t < pt.Latency {
+			pt.Latency = t
+		}
+	}
 }
 
 // enough reports whether points hold two shares with two batch sizes each.

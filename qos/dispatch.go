@@ -38,8 +38,9 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		return nil
 	}
 
-	device := newSlots(s.opts.DeviceSlots, now)
-	mine := newSlots(m.spec.Slots, now)
+	device := s.scratch[0].reset(s.opts.DeviceSlots, now)
+	mine := s.scratch[1].reset(m.spec.Slots, now)
+	s.scratch[0], s.scratch[1] = device, mine
 	// With separate classes a latency-critical request's slots are held
 	// by latency-critical executions only.
 	lcOnly := s.separate && m.spec.Class == ClassLatencyCritical
@@ -106,6 +107,15 @@ type slots []time.Time
 
 func newSlots(n int, now time.Time) slots {
 	s := make(slots, max(n, 1))
+	for i := range s {
+		s[i] = now
+	}
+	return s
+}
+
+// reset makes s n slots free at now, reusing its array.
+func (s slots) reset(n int, now time.Time) slots {
+	s = slices.Grow(s[:0], max(n, 1))[:max(n, 1)]
 	for i := range s {
 		s[i] = now
 	}
@@ -402,7 +412,7 @@ func (s *Scheduler) startLocked(batch []*request, now time.Time) {
 	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch)}
 	for _, r := range batch {
 		e.size += r.batch
-		r.state, r.exec = stateRunning, e
+		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
 		m.win.recordDelay(now, delay)
 		m.mm.queueDelay.Observe(delay.Seconds())
@@ -465,15 +475,18 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	defer s.execs.Done()
 	defer e.cancel()
 	m := e.m
-	parts, err := s.run(ctx, e)
+	parts, timing, err := s.run(ctx, e)
 	if err != nil {
 		m.log.Debug("execution failed", "batch", e.size, "requests", len(e.reqs), "error", err)
 	}
 
 	s.mu.Lock()
 	now := time.Now()
-	if err == nil && e.predicted > 0 {
-		m.service.observe(now.Sub(e.start).Seconds() / e.predicted.Seconds())
+	if err == nil {
+		m.recordExecution(e.size, timing)
+		if e.predicted > 0 {
+			m.service.observe(now.Sub(e.start).Seconds() / e.predicted.Seconds())
+		}
 	}
 	m.running--
 	s.running--
@@ -497,16 +510,17 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	s.kick()
 }
 
-// run merges the batch's requests, executes them and splits the response.
-func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResponse, error) {
+// run merges the batch's requests, executes them and splits the response;
+// it returns the execution's timing in the instance.
+func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResponse, runtime.Timing, error) {
 	if len(e.reqs) == 1 {
 		start := time.Now()
 		resp, err := e.exec.Execute(ctx, e.reqs[0].req)
 		if err != nil {
-			return nil, err
+			return nil, runtime.Timing{}, err
 		}
 		s.est.Observe(e.name, e.size, time.Since(start))
-		return []*runtime.InferResponse{resp}, nil
+		return []*runtime.InferResponse{resp}, resp.Timing, nil
 	}
 	reqs := make([]*runtime.InferRequest, len(e.reqs))
 	for i, r := range e.reqs {
@@ -514,17 +528,17 @@ func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResp
 	}
 	merged, sizes, err := mergeRequests(reqs)
 	if err != nil {
-		return nil, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
+		return nil, runtime.Timing{}, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
 	}
 	start := time.Now()
 	resp, err := e.exec.Execute(ctx, merged)
 	if err != nil {
-		return nil, err
+		return nil, runtime.Timing{}, err
 	}
 	s.est.Observe(e.name, e.size, time.Since(start))
 	parts, err := splitResponse(resp, sizes)
 	if err != nil {
-		return nil, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)
+		return nil, runtime.Timing{}, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)
 	}
-	return parts, nil
+	return parts, resp.Timing, nil
 }

@@ -17,10 +17,18 @@
 // longer finish in time (ErrDropped): a request known to be late is never
 // executed. The "fifo" policy is the plain baseline for benchmarks.
 //
+// Admission happens in one place, at a request's arrival: a Gate shared by
+// the schedulers of every device bounds the requests and input bytes in
+// flight (ErrOverloaded), then the queue's capacity (ErrQueueFull) and the
+// deadline (ErrRejected); Preadmit asks the same questions before a
+// request's body is read.
+//
 // Execution times come from an Estimator (EWMAEstimator by default, seeded
-// with Warmup); every execution feeds it. Outcomes (good, late, rejected,
-// dropped, failed, canceled) are counted per model, with goodput and SLO
-// attainment over a sliding window (Stats) and as Prometheus metrics.
+// with Warmup); every execution feeds it. Every request's outcome (good,
+// late, rejected, dropped, failed, canceled, and invalid for requests the
+// caller refused before submitting them, CountInvalid) is counted here once,
+// per model, with goodput and SLO attainment over a sliding window, Triton's
+// statistics (Stats) and as Prometheus metrics.
 //
 // Scheduler.Snapshot and Scheduler.ModelState give the control loop
 // (package control) what it reads of each model: arrivals, queue, window

@@ -15,6 +15,9 @@ var (
 	// ErrQueueFull: the model's queue is at capacity (HTTP 429,
 	// RESOURCE_EXHAUSTED).
 	ErrQueueFull = errors.New("model queue is full")
+	// ErrOverloaded: the server has as many requests, or input bytes, in
+	// flight as its Gate allows (HTTP 429, RESOURCE_EXHAUSTED).
+	ErrOverloaded = errors.New("too many requests in flight")
 	// ErrUnknownModel: no model of that name was added.
 	ErrUnknownModel = errors.New("unknown model")
 	// ErrModelRemoved: the model is being removed; it takes no new requests

@@ -14,10 +14,11 @@ type metrics struct {
 	requests   *prometheus.CounterVec
 	queueDelay *prometheus.HistogramVec
 	latency    *prometheus.HistogramVec
+	compute    *prometheus.HistogramVec
 	batchSize  *prometheus.HistogramVec
 
-	goodputDesc, attainmentDesc, depthDesc, sloDesc, rejectedDesc *prometheus.Desc
-	s                                                             *Scheduler
+	goodputDesc, attainmentDesc, depthDesc, inflightDesc, sloDesc, rejectedDesc *prometheus.Desc
+	s                                                                           *Scheduler
 }
 
 // modelMetrics are one model's series, resolved once.
@@ -25,6 +26,7 @@ type modelMetrics struct {
 	outcomes   [numOutcomes]prometheus.Counter
 	queueDelay prometheus.Observer
 	latency    prometheus.Observer
+	compute    prometheus.Observer
 	batchSize  prometheus.Observer
 }
 
@@ -41,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "sloserve_qos_requests_total",
-			Help:        "Requests by outcome: good (within SLO), late, rejected, dropped, failed, canceled.",
+			Help:        "Requests by outcome: good (within SLO), late, rejected, dropped, failed, canceled, invalid. Every request is counted here once.",
 			ConstLabels: constLabels,
 		}, append(labels, "outcome")),
 		queueDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -56,6 +58,12 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 			Buckets:     latencySecondsBuckets,
 			ConstLabels: constLabels,
 		}, labels),
+		compute: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:        "sloserve_qos_compute_duration_seconds",
+			Help:        "Time the execution of an answered request (good or late) took in its instance: input copy, session run and output copy.",
+			Buckets:     prometheus.ExponentialBuckets(0.0001, 2, 18),
+			ConstLabels: constLabels,
+		}, labels),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:        "sloserve_qos_batch_size",
 			Help:        "Batch size of each execution.",
@@ -68,17 +76,19 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 			"Good requests over requests that ended, over the sliding window.", labels, constLabels),
 		depthDesc: prometheus.NewDesc("sloserve_qos_queue_depth",
 			"Requests waiting in the model's queue.", labels, constLabels),
+		inflightDesc: prometheus.NewDesc("sloserve_qos_inflight_requests",
+			"Requests waiting in the model's queue or in an execution.", labels, constLabels),
 		sloDesc: prometheus.NewDesc("sloserve_qos_slo_seconds",
 			"The model's latency SLO (absent when it has none).", labels, constLabels),
 		rejectedDesc: prometheus.NewDesc("sloserve_qos_rejected_total",
-			"Requests rejected at admission, by reason: deadline (predicted to miss it) or queue_full.",
+			"Requests rejected at admission, by reason: deadline (predicted to miss it), queue_full, or overloaded (the server's limits on requests in flight).",
 			append(labels, "reason"), constLabels),
 		s: s,
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.latency, m.batchSize, m} {
+	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.latency, m.compute, m.batchSize, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("qos: registering metrics"), err)
 		}
@@ -90,6 +100,7 @@ func (m *metrics) forModel(name string, class Class) *modelMetrics {
 	mm := &modelMetrics{
 		queueDelay: m.queueDelay.WithLabelValues(name, string(class)),
 		latency:    m.latency.WithLabelValues(name, string(class)),
+		compute:    m.compute.WithLabelValues(name, string(class)),
 		batchSize:  m.batchSize.WithLabelValues(name),
 	}
 	for o := range numOutcomes {
@@ -103,6 +114,7 @@ func (m *metrics) forget(name string) {
 	m.requests.DeletePartialMatch(l)
 	m.queueDelay.DeletePartialMatch(l)
 	m.latency.DeletePartialMatch(l)
+	m.compute.DeletePartialMatch(l)
 	m.batchSize.DeletePartialMatch(l)
 }
 
@@ -111,6 +123,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.goodputDesc
 	ch <- m.attainmentDesc
 	ch <- m.depthDesc
+	ch <- m.inflightDesc
 	ch <- m.sloDesc
 	ch <- m.rejectedDesc
 }
@@ -122,10 +135,12 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.goodputDesc, prometheus.GaugeValue, st.Goodput, st.Model, class)
 		ch <- prometheus.MustNewConstMetric(m.attainmentDesc, prometheus.GaugeValue, st.Attainment, st.Model, class)
 		ch <- prometheus.MustNewConstMetric(m.depthDesc, prometheus.GaugeValue, float64(st.QueueDepth), st.Model, class)
+		ch <- prometheus.MustNewConstMetric(m.inflightDesc, prometheus.GaugeValue, float64(st.InFlight), st.Model, class)
 		if st.SLO > 0 {
 			ch <- prometheus.MustNewConstMetric(m.sloDesc, prometheus.GaugeValue, st.SLO.Seconds(), st.Model, class)
 		}
-		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.Rejected-st.QueueFull), st.Model, class, "deadline")
+		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.Rejected-st.QueueFull-st.Overloaded), st.Model, class, "deadline")
 		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.QueueFull), st.Model, class, "queue_full")
+		ch <- prometheus.MustNewConstMetric(m.rejectedDesc, prometheus.CounterValue, float64(st.Overloaded), st.Model, class, "overloaded")
 	}
 }

@@ -15,6 +15,7 @@ type request struct {
 	batch    int    // rows it adds to a batch; 1 for models that do not batch
 	key      string // requests with equal keys can be merged
 	arrival  time.Time
+	started  time.Time // when its execution started; zero: not yet
 	deadline time.Time // effective deadline; zero: none
 	rank     int       // priority rank; lower runs first
 	seq      uint64    // arrival order across the scheduler
@@ -24,6 +25,7 @@ type request struct {
 
 	state requestState
 	exec  *execution  // while running
+	leave func()      // takes it out of the Gate; nil: not in it
 	done  chan result // capacity 1; receives exactly one result
 }
 

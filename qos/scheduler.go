@@ -152,6 +152,9 @@ type Options struct {
 	// Window is the sliding window of goodput and attainment; 0 means
 	// DefaultWindow.
 	Window time.Duration
+	// Gate bounds the requests in flight across the schedulers that share
+	// it; nil bounds nothing.
+	Gate *Gate
 }
 
 // Scheduler queues, batches and dispatches the requests of the models on
@@ -178,6 +181,10 @@ type Scheduler struct {
 	stopped   bool
 	runCtx    context.Context
 	execs     sync.WaitGroup
+	// scratch holds admitLocked's slot tables between calls (guarded by
+	// mu): 48 device slots on an MPS GPU made them most of the bytes a
+	// request allocated.
+	scratch [2]slots
 }
 
 // model is one model's queue and accounting.
@@ -213,7 +220,11 @@ type model struct {
 	gaps, service moments
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
+	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
 	latency       LatencyHistogram // arrival to answer, of the good and late requests
+	requests      requestStats
+	executions    uint64
+	batches       map[int]*BatchStats // successful executions by batch size
 	win           *window
 	mm            *modelMetrics
 }
@@ -530,6 +541,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	}
 	r, err := newRequest(ctx, m, req, o, now)
 	if err != nil {
+		s.countInvalidLocked(m, r.arrival, now)
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -574,15 +586,43 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	return nil, ctx.Err()
 }
 
-// arriveLocked counts r's arrival and admits it, or settles it as
-// rejected and returns why (refusalLocked).
+// arriveLocked counts r's arrival and admits it: into the Gate, then past
+// refusalLocked; or settles it as rejected and returns why. This is the
+// one place a request is admitted.
 func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
 	s.countArrivalLocked(m, r, now)
-	if err := s.refusalLocked(m, r, now); err != nil {
+	leave, err := s.opts.Gate.enter(inputBytes(r.req.Inputs))
+	if err == nil {
+		r.leave = leave
+		err = s.refusalLocked(m, r, now)
+	}
+	if err != nil {
 		s.rejectLocked(m, r, now, err)
 		return err
 	}
 	return nil
+}
+
+// CountInvalid counts a request for a model that was refused as invalid
+// before it was submitted (its tensors do not match the model's metadata),
+// so that every request is counted once, here. arrival is when the
+// request reached the server.
+func (s *Scheduler) CountInvalid(name string, arrival time.Time) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.models[name]; ok {
+		s.countInvalidLocked(m, arrival, now)
+	}
+}
+
+func (s *Scheduler) countInvalidLocked(m *model, arrival, now time.Time) {
+	if arrival.IsZero() || arrival.After(now) {
+		arrival = now
+	}
+	m.counts[outcomeInvalid]++
+	m.requests.fail.add(now.Sub(arrival))
+	m.mm.outcomes[outcomeInvalid].Inc()
 }
 
 // countArrivalLocked counts r as arrived: its sequence number, and the
@@ -599,8 +639,11 @@ func (s *Scheduler) countArrivalLocked(m *model, r *request, now time.Time) {
 
 // rejectLocked settles an arrived r as rejected for err.
 func (s *Scheduler) rejectLocked(m *model, r *request, now time.Time, err error) {
-	if errors.Is(err, ErrQueueFull) {
+	switch {
+	case errors.Is(err, ErrQueueFull):
 		m.queueFull++
+	case errors.Is(err, ErrOverloaded):
+		m.overloaded++
 	}
 	m.log.Debug("request rejected", "error", err)
 	s.finishLocked(r, outcomeRejected, now, result{err: err})
@@ -646,8 +689,8 @@ func (s *Scheduler) probeDueLocked(m *model, now time.Time) bool {
 }
 
 // Preadmit tells, before a request's body is read, whether a request of
-// one row for the model would be refused now: its queue is full, or
-// admission predicts that even one row queued now misses its deadline
+// one row for the model would be refused now: the Gate is full
+// (ErrOverloaded), its queue is full, or admission predicts that even one row queued now misses its deadline
 // (o.Deadline, the model's SLO, ctx's deadline). A refusal counts as the
 // request's arrival and outcome, as in Submit, and is returned; nil
 // promises nothing, and the request is counted when it is submitted. A
@@ -670,7 +713,10 @@ func (s *Scheduler) Preadmit(ctx context.Context, name string, o RequestOptions)
 	if err != nil {
 		return err
 	}
-	err = s.refusalLocked(m, r, now)
+	err = s.opts.Gate.full()
+	if err == nil {
+		err = s.refusalLocked(m, r, now)
+	}
 	if err == nil {
 		return nil
 	}
@@ -690,12 +736,12 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 		rank:     priorityRank(cmp.Or(o.Priority, m.spec.Priority)),
 		done:     make(chan result, 1),
 	}
-	if o.Priority < 0 {
-		return nil, fmt.Errorf("%w: priority %d is negative", ErrInvalidRequest, o.Priority)
-	}
 	if req != nil && !req.Arrival.IsZero() && req.Arrival.Before(now) {
 		// The SLO counts from when the request reached the server.
 		r.arrival = req.Arrival
+	}
+	if o.Priority < 0 {
+		return r, fmt.Errorf("%w: priority %d is negative", ErrInvalidRequest, o.Priority)
 	}
 	if m.spec.SLO > 0 {
 		r.deadline = earliest(r.deadline, r.arrival.Add(m.spec.SLO))
@@ -706,10 +752,10 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 	if m.spec.MaxBatchSize > 0 && req != nil { // nil: one row (Preadmit)
 		b, err := requestBatch(req)
 		if err != nil {
-			return nil, err
+			return r, err
 		}
 		if b > m.spec.MaxBatchSize {
-			return nil, fmt.Errorf("%w: batch of %d is over the maximum %d of %s", ErrInvalidRequest, b, m.spec.MaxBatchSize, m.spec.Name)
+			return r, fmt.Errorf("%w: batch of %d is over the maximum %d of %s", ErrInvalidRequest, b, m.spec.MaxBatchSize, m.spec.Name)
 		}
 		r.batch, r.key = b, mergeKey(req)
 	}
@@ -728,18 +774,28 @@ func earliest(a, b time.Time) time.Time {
 	}
 }
 
-// finishLocked settles a request's outcome once and hands it its result.
+// finishLocked settles a request's outcome once, counts it (the one count
+// of every request) and hands it its result.
 func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res result) {
 	if r.state == stateDone {
 		return
 	}
 	r.state, r.exec = stateDone, nil
+	if r.leave != nil {
+		r.leave()
+		r.leave = nil
+	}
 	m := r.m
 	m.counts[o]++
+	m.requests.record(r, o, now, res)
 	if o == outcomeGood || o == outcomeLate {
 		d := now.Sub(r.arrival)
 		m.latency.Observe(d)
 		m.mm.latency.Observe(d.Seconds())
+		if res.resp != nil {
+			t := res.resp.Timing
+			m.mm.compute.Observe((t.Input + t.Infer + t.Output).Seconds())
+		}
 	}
 	m.win.record(now, o)
 	m.mm.outcomes[o].Inc()
@@ -855,11 +911,27 @@ func (m *model) stats(now time.Time) Stats {
 		Dropped:    m.counts[outcomeDropped],
 		Failed:     m.counts[outcomeFailed],
 		Canceled:   m.counts[outcomeCanceled],
+		Invalid:    m.counts[outcomeInvalid],
 		QueueFull:  m.queueFull,
+		Overloaded: m.overloaded,
 		SLO:        m.spec.SLO,
 		Latency:    m.latency,
 		QueueDepth: m.q.len(),
 		Running:    m.running,
+		InFlight:   m.q.len(),
+		Executions: m.executions,
+		Batches:    m.batchStats(),
+
+		Success: m.requests.success, Fail: m.requests.fail, Queue: m.requests.queue,
+		ComputeInput: m.requests.computeInput, ComputeInfer: m.requests.computeInfer, ComputeOutput: m.requests.computeOutput,
+		Inferences: m.requests.inferences, LastInference: m.requests.last,
+	}
+	for e := range m.execs {
+		for _, r := range e.reqs {
+			if r.state == stateRunning {
+				st.InFlight++
+			}
+		}
 	}
 	w := m.win.sum(now)
 	for _, c := range w.outcomes {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // outcome is how a request ended, as counted in Stats and metrics.
@@ -17,10 +19,15 @@ const (
 	outcomeDropped                 // deadline passed or became unreachable while queued
 	outcomeFailed                  // the execution failed, or the model or scheduler went away
 	outcomeCanceled                // the client gave up
+	// outcomeInvalid: the request could not be scheduled as it was, or
+	// was refused as invalid before it was submitted (CountInvalid). The
+	// client is at fault: it is not an arrival and does not count against
+	// the SLO.
+	outcomeInvalid
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"good", "late", "rejected", "dropped", "failed", "canceled"}
+var outcomeNames = [numOutcomes]string{"good", "late", "rejected", "dropped", "failed", "canceled", "invalid"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
@@ -32,11 +39,15 @@ type Stats struct {
 
 	// Counters since AddModel. Every arrived request ends in exactly one
 	// of the outcomes, so Arrived = Good + Late + Rejected + Dropped +
-	// Failed + Canceled + the requests still queued or running.
+	// Failed + Canceled + the requests still queued or running. Invalid
+	// requests are counted apart: they never arrived as far as the SLO is
+	// concerned.
 	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
-	// QueueFull counts the rejections for a full queue; the rest of
-	// Rejected were predicted to miss their deadline at admission.
-	QueueFull uint64
+	Invalid                                                  uint64
+	// QueueFull counts the rejections for a full queue and Overloaded
+	// those for the server's limits on requests in flight (Gate); the rest
+	// of Rejected were predicted to miss their deadline at admission.
+	QueueFull, Overloaded uint64
 	// SLO is the model's latency target (0: none).
 	SLO time.Duration
 	// Latency counts the time from arrival to answer of the good and late
@@ -45,6 +56,22 @@ type Stats struct {
 
 	QueueDepth int // requests waiting
 	Running    int // executions in progress
+	InFlight   int // requests waiting or in an execution
+
+	// The Triton statistics of the requests that ended, in the shape of
+	// its statistics extension. Success: arrival to answer of the good
+	// and late requests, Queue their arrival to execution, Compute* their
+	// execution's times in the instance, Inferences their rows;
+	// Fail: arrival to outcome of all the others.
+	Success, Fail, Queue                      Duration
+	ComputeInput, ComputeInfer, ComputeOutput Duration
+	Inferences                                uint64
+	LastInference                             time.Time // zero: none yet
+
+	// Executions counts the batches that ran and succeeded; Batches splits
+	// them by batch size, ascending, with their times in the instance.
+	Executions uint64
+	Batches    []BatchStats
 
 	// Over the window. A request counts in the window when its outcome is
 	// known, so WindowSettled is the window's arrivals as far as they ended.
@@ -57,6 +84,80 @@ type Stats struct {
 	// MeanQueueDelay is the mean time from arrival to execution of the
 	// requests dispatched in the window.
 	MeanQueueDelay time.Duration
+}
+
+// Duration is a count of events and their total time.
+type Duration struct {
+	Count uint64
+	Total time.Duration
+}
+
+func (d *Duration) add(t time.Duration) {
+	d.Count++
+	d.Total += t
+}
+
+// requestStats are a model's Triton statistics (see Stats).
+type requestStats struct {
+	success, fail, queue                      Duration
+	computeInput, computeInfer, computeOutput Duration
+	inferences                                uint64
+	last                                      time.Time
+}
+
+// record counts a request that ended at now with outcome o; res is its
+// result.
+func (rs *requestStats) record(r *request, o outcome, now time.Time, res result) {
+	took := now.Sub(r.arrival)
+	if o != outcomeGood && o != outcomeLate {
+		rs.fail.add(took)
+		return
+	}
+	rs.success.add(took)
+	rs.queue.add(r.started.Sub(r.arrival))
+	if res.resp != nil {
+		t := res.resp.Timing
+		rs.computeInput.add(t.Input)
+		rs.computeInfer.add(t.Infer)
+		rs.computeOutput.add(t.Output)
+	}
+	rs.inferences += uint64(r.batch)
+	rs.last = now
+}
+
+// BatchStats is the successful executions of one batch size and their
+// times in the instance.
+type BatchStats struct {
+	Size                 int
+	Count                uint64
+	Input, Infer, Output time.Duration // summed
+}
+
+// recordExecution counts a successful execution of a batch of size rows.
+func (m *model) recordExecution(size int, t runtime.Timing) {
+	m.executions++
+	if m.batches == nil {
+		m.batches = map[int]*BatchStats{}
+	}
+	b, ok := m.batches[size]
+	if !ok {
+		b = &BatchStats{Size: size}
+		m.batches[size] = b
+	}
+	b.Count++
+	b.Input += t.Input
+	b.Infer += t.Infer
+	b.Output += t.Output
+}
+
+// batchStats lists the model's executions by batch size, ascending.
+func (m *model) batchStats() []BatchStats {
+	out := make([]BatchStats, 0, len(m.batches))
+	for _, b := range m.batches {
+		out = append(out, *b)
+	}
+	slices.SortFunc(out, func(a, b BatchStats) int { return cmp.Compare(a.Size, b.Size) })
+	return out
 }
 
 // ClassStats aggregates the models of one class.

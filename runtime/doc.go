@@ -20,7 +20,16 @@
 // ErrUnavailable. The server trusts no descriptor a runner sends back: each
 // is checked against the call's part of the arena.
 //
+// A Pool holds the instances of one model version and their execution
+// slots: a scheduler executes on it directly (Pool.Execute picks an instance
+// that can serve, calls it under the call timeout and retries once on
+// another when it died or hung), and Pool.Replace swaps an instance for one
+// the caller started elsewhere (another share, another device) without
+// failing a request. The caller starts and stops instances; the pool only
+// chooses among them.
+//
 // It must not schedule requests or know about SLOs and shares beyond the
-// limiter settings a runner is started with: admission, ordering and
-// batching belong to qos, and which instance serves a request to models.
+// limiter settings a runner is started with: admission, ordering, batching
+// and counting belong to qos, and starting instances in limiter units to
+// models.
 package runtime

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/sloserve/sloserve/simgpu"
 )
@@ -24,29 +26,61 @@ type SimulatedConfig struct {
 	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT are read from it, as a CUDA client
 	// reads them at context creation.
 	Env []string
+	// PlacedFor is the device the limiter placed the client for, whose
+	// entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT applies (default Device):
+	// a client started elsewhere (a risky model kept apart) keeps its
+	// limit.
+	PlacedFor *simgpu.Device
 	// Batched says the first dimension of every input and output is the
 	// batch (the model's max_batch_size > 0).
 	Batched bool
-	// OnExit is called once when the instance's client is gone without
-	// Stop: a fault on its device.
+	// OnExit is called once per client that is gone without Stop or a
+	// restart: a fault on its device took it down.
 	OnExit func(Exit)
-	Logger *slog.Logger
+	// OnRestart is called when the instance has replaced its client, with
+	// the reason (a hung client found by Suspect, a recovery).
+	OnRestart func(reason string)
+	// ProbeTimeout bounds the probe execution Suspect runs (default
+	// DefaultProbeTimeout).
+	ProbeTimeout time.Duration
+	Logger       *slog.Logger
 }
+
+// DefaultProbeTimeout is SimulatedConfig.ProbeTimeout's default.
+const DefaultProbeTimeout = 5 * time.Second
 
 // Simulated is a model instance that runs on a simulated GPU as an MPS
 // client: Infer waits for the simulated execution time and answers zeros
 // of the model's output shapes and types. The outputs are not the model's:
 // it is for exercising the GPU control path, not for answers.
+//
+// Like a runner, it replaces a client that hangs (Suspect probes it, and
+// a probe without an answer restarts it); a client a device fault took
+// down is replaced by Recover, which the server calls once the device's
+// daemon is back.
 type Simulated struct {
 	cfg     SimulatedConfig
-	client  *simgpu.Client
+	spec    simgpu.ClientSpec
 	inputs  []TensorSpec
 	outputs []TensorSpec
 
-	exitOnce sync.Once
+	client atomic.Pointer[simgpu.Client]
+	failed atomic.Int64  // calls answered ErrUnavailable
+	warm   atomic.Uint64 // bit b-1: batch size b (up to 64) has run
+
+	restartMu sync.Mutex // serialises replacing the client
+
+	mu       sync.Mutex
+	device   *simgpu.Device
+	state    string // why the instance does not serve though its client may; "" when it does
+	checking bool
+	stopped  bool
 }
 
-var _ Instance = (*Simulated)(nil)
+var (
+	_ Instance                     = (*Simulated)(nil)
+	_ interface{ Suspect(string) } = (*Simulated)(nil)
+)
 
 // StartSimulated reads the model file's signature and starts an MPS client
 // for it on the device: context creation and weight loading take their
@@ -59,21 +93,54 @@ func StartSimulated(ctx context.Context, cfg SimulatedConfig) (*Simulated, error
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
 	ins, outs, err := ReadSignature(cfg.ModelPath)
 	if err != nil {
 		return nil, err
 	}
 	spec := simgpu.ClientSpec{Name: cfg.Name, Model: cfg.Model}
-	if spec.Percentage, spec.PinnedMemory, err = mpsLimits(cfg.Env, cfg.Device.Index()); err != nil {
+	placed := cfg.PlacedFor
+	if placed == nil {
+		placed = cfg.Device
+	}
+	if spec.Percentage, spec.PinnedMemory, err = mpsLimits(cfg.Env, placed.Index()); err != nil {
 		return nil, err
 	}
-	c, err := cfg.Device.StartClient(ctx, spec)
+	s := &Simulated{cfg: cfg, spec: spec, inputs: ins, outputs: outs, device: cfg.Device}
+	c, err := s.startClient(ctx, cfg.Device)
 	if err != nil {
-		return nil, fmt.Errorf("%w: starting the simulated client %s on device %d: %w", ErrUnavailable, cfg.Name, cfg.Device.Index(), err)
+		return nil, err
 	}
-	cfg.Logger.Info("simulated instance started", "device", cfg.Device.Index(), "percentage", spec.Percentage,
-		"pinned_memory", spec.PinnedMemory, "pid", c.PID(), "memory", c.Memory())
-	return &Simulated{cfg: cfg, client: c, inputs: ins, outputs: outs}, nil
+	s.client.Store(c)
+	s.watch(c)
+	return s, nil
+}
+
+// startClient starts a client of the instance's spec on dev.
+func (s *Simulated) startClient(ctx context.Context, dev *simgpu.Device) (*simgpu.Client, error) {
+	c, err := dev.StartClient(ctx, s.spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: starting the simulated client %s on device %d: %w", ErrUnavailable, s.cfg.Name, dev.Index(), err)
+	}
+	s.cfg.Logger.Info("simulated instance started", "device", dev.Index(), "percentage", s.spec.Percentage,
+		"pinned_memory", s.spec.PinnedMemory, "pid", c.PID(), "memory", c.Memory())
+	return c, nil
+}
+
+// watch reports c's end to OnExit when a fault took it down while it was
+// the instance's client, as a runner's supervisor sees its process exit.
+func (s *Simulated) watch(c *simgpu.Client) {
+	go func() {
+		<-c.Done()
+		s.mu.Lock()
+		current := !s.stopped && s.client.Load() == c
+		s.mu.Unlock()
+		if err := c.Err(); current && errors.Is(err, simgpu.ErrDeviceFault) && s.cfg.OnExit != nil {
+			s.cfg.OnExit(Exit{Cause: err.Error()})
+		}
+	}()
 }
 
 // mpsLimits reads an MPS client's limits from its environment: the
@@ -120,21 +187,166 @@ func (s *Simulated) Outputs() []TensorSpec { return slices.Clone(s.outputs) }
 
 // Pid is the simulated client's process id, as the simulator's NVML
 // readings report it.
-func (s *Simulated) Pid() int { return s.client.PID() }
+func (s *Simulated) Pid() int { return s.client.Load().PID() }
+
+// Client is the instance's current simulated client (for tests that
+// raise faults or hangs in it).
+func (s *Simulated) Client() *simgpu.Client { return s.client.Load() }
+
+// Device is the simulated device the instance's client is on.
+func (s *Simulated) Device() *simgpu.Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.device
+}
+
+// Name is the instance's name (its client's).
+func (s *Simulated) Name() string { return s.cfg.Name }
+
+// Failed is how many calls the instance answered with ErrUnavailable: its
+// client gone, hung or being replaced.
+func (s *Simulated) Failed() int64 { return s.failed.Load() }
 
 // Status says whether the client serves, and if not why.
 func (s *Simulated) Status() (bool, string) {
-	if err := s.client.Err(); err != nil {
+	s.mu.Lock()
+	state := s.state
+	s.mu.Unlock()
+	if state != "" {
+		return false, state
+	}
+	if err := s.client.Load().Err(); err != nil {
 		return false, "simulated client: " + err.Error()
 	}
 	return true, ""
 }
 
+// Gone reports whether the instance's client is gone (a fault took it
+// down) and has not been replaced.
+func (s *Simulated) Gone() bool { return s.client.Load().Err() != nil }
+
 // Stop ends the client and frees its device memory.
 func (s *Simulated) Stop(context.Context) error {
-	s.exitOnce.Do(func() {}) // a stop is no unexpected exit
-	s.client.Close()
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.client.Load().Close()
 	return nil
+}
+
+// errStopped is a restart of a stopped instance.
+var errStopped = errors.New("runtime: the simulated instance is stopped")
+
+// Recover replaces a client that is gone, on dev (nil: the device it was
+// on), and returns once the new client serves or has failed to start
+// (simgpu.ErrOutOfMemory, simgpu.ErrDaemonDown: the instance then reports
+// why it is not ready). A client that still serves on dev is kept.
+func (s *Simulated) Recover(ctx context.Context, dev *simgpu.Device, reason string) error {
+	return s.replace(ctx, dev, reason, false, nil)
+}
+
+// replace starts a new client on dev (nil: the current device) and closes
+// the old one; unless force, a client that serves on dev is kept.
+func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason string, force bool, cost func() string) error {
+	s.restartMu.Lock()
+	defer s.restartMu.Unlock()
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return errStopped
+	}
+	if dev == nil {
+		dev = s.device
+	}
+	old := s.client.Load()
+	if !force && old.Err() == nil && dev == s.device && s.state == "" {
+		s.mu.Unlock()
+		return nil
+	}
+	s.state = "restarting its simulated client: " + reason
+	s.mu.Unlock()
+	old.Close()
+	c, err := s.startClient(ctx, dev)
+	if err == nil {
+		err = s.warmUp(ctx, c)
+	}
+	s.mu.Lock()
+	switch {
+	case err != nil:
+		s.state = "restarting its simulated client failed: " + err.Error()
+		s.mu.Unlock()
+		return err
+	case s.stopped:
+		s.mu.Unlock()
+		c.Close()
+		return errStopped
+	}
+	s.client.Store(c)
+	s.device, s.state = dev, ""
+	s.mu.Unlock()
+	s.watch(c)
+	if s.cfg.OnRestart != nil {
+		if cost != nil {
+			reason += "; " + cost()
+		}
+		s.cfg.OnRestart(reason)
+	}
+	return nil
+}
+
+// warmUp runs one execution on a new client at each batch size the
+// instance has run, as a runner warms its session up before it serves: the
+// first execution at a size pays cuDNN's search, which a request would
+// otherwise pay (and the latency estimate learn). It closes c on failure.
+func (s *Simulated) warmUp(ctx context.Context, c *simgpu.Client) error {
+	for bits, b := s.warm.Load(), 1; bits != 0; bits, b = bits>>1, b+1 {
+		if bits&1 == 0 {
+			continue
+		}
+		if _, err := c.Execute(ctx, b); err != nil {
+			c.Close()
+			return fmt.Errorf("%w: warming the simulated client %s up at batch %d: %w", ErrUnavailable, s.cfg.Name, b, err)
+		}
+	}
+	return nil
+}
+
+// Suspect tells the instance that a call on it got no answer in time (why
+// says which). It stops serving, probes its client with one execution
+// under ProbeTimeout, and serves again when the probe answers; a probe
+// without an answer means a hung client, which is replaced on the same
+// device. The rest of the device is left alone: a hang is not a fault.
+func (s *Simulated) Suspect(why string) {
+	s.mu.Lock()
+	if s.stopped || s.checking || s.state != "" {
+		s.mu.Unlock()
+		return
+	}
+	s.checking = true
+	s.state = "checking its simulated client: " + why
+	s.mu.Unlock()
+	since, failed := time.Now(), s.failed.Load()
+	go func() {
+		c := s.client.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ProbeTimeout)
+		_, err := c.Execute(ctx, 1)
+		cancel()
+		s.mu.Lock()
+		s.checking = false
+		s.state = ""
+		s.mu.Unlock()
+		if err == nil || c.Err() != nil {
+			return // it answers, or a fault took it down: Recover's
+		}
+		s.cfg.Logger.Warn("simulated client hung: replacing it", "why", why, "probe", err)
+		cost := func() string {
+			return fmt.Sprintf("serving again %s after the suspicion, %d calls failed meanwhile",
+				time.Since(since).Round(time.Millisecond), s.failed.Load()-failed)
+		}
+		if err := s.replace(context.Background(), nil, "hung: "+why, true, cost); err != nil {
+			s.cfg.Logger.Warn("replacing a hung simulated client", "err", err)
+		}
+	}()
 }
 
 // Infer checks the request against the model's inputs, waits for the
@@ -147,7 +359,15 @@ func (s *Simulated) Infer(ctx context.Context, req *InferRequest) (*InferRespons
 	if err != nil {
 		return nil, err
 	}
-	took, err := s.client.Execute(ctx, batch)
+	// Being checked or restarted; a client that is gone fails in Execute.
+	s.mu.Lock()
+	why := s.state
+	s.mu.Unlock()
+	if why != "" {
+		s.failed.Add(1)
+		return nil, fmt.Errorf("%w: %s", ErrUnavailable, why)
+	}
+	took, err := s.client.Load().Execute(ctx, batch)
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -155,10 +375,13 @@ func (s *Simulated) Infer(ctx context.Context, req *InferRequest) (*InferRespons
 	case errors.Is(err, simgpu.ErrOutOfMemory):
 		return nil, fmt.Errorf("%w: %w", ErrInference, err)
 	default:
-		if errors.Is(err, simgpu.ErrDeviceFault) && s.cfg.OnExit != nil {
-			s.exitOnce.Do(func() { s.cfg.OnExit(Exit{Cause: err.Error()}) })
-		}
+		s.failed.Add(1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if batch <= 64 {
+		if bit := uint64(1) << (batch - 1); s.warm.Load()&bit == 0 {
+			s.warm.Or(bit)
+		}
 	}
 	resp := &InferResponse{Timing: Timing{Infer: took}}
 	for _, o := range s.outputs {

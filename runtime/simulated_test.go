@@ -1,11 +1,14 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -77,12 +80,102 @@ func TestSimulatedInstance(t *testing.T) {
 		if _, err := s.Infer(t.Context(), big); !errors.Is(err, ErrInference) || !errors.Is(err, simgpu.ErrOutOfMemory) {
 			t.Errorf("batch over the pinned limit: %v", err)
 		}
-		sim.Devices()[0].Fault(nil, "an uncorrectable ECC error")
-		if _, err := s.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) || !errors.Is(err, simgpu.ErrDeviceFault) {
+		dev := sim.Devices()[0]
+		dev.Fault(nil, "an uncorrectable ECC error")
+		if _, err := s.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "fatal fault") {
 			t.Errorf("after a device fault: %v", err)
 		}
-		if ready, why := s.Status(); ready || !strings.Contains(why, "fatal fault") || len(exits) != 1 {
-			t.Errorf("status %v %q, exits %v", ready, why, exits)
+		synctest.Wait() // the client's end reaches OnExit
+		if ready, why := s.Status(); ready || !strings.Contains(why, "fatal fault") || len(exits) != 1 || !s.Gone() || s.Failed() != 1 {
+			t.Errorf("status %v %q, exits %v, gone %v, failed %d", ready, why, exits, s.Gone(), s.Failed())
+		}
+		// Before the daemon is back a new client cannot start; after, it
+		// does and serves.
+		if err := s.Recover(t.Context(), nil, "test"); !errors.Is(err, simgpu.ErrDaemonDown) {
+			t.Errorf("recover before the daemon restarts: %v", err)
+		}
+		if ready, why := s.Status(); ready || !strings.Contains(why, "restarting its simulated client failed") {
+			t.Errorf("status after a failed recovery: %v %q", ready, why)
+		}
+		dev.RestartDaemon()
+		if err := s.Recover(t.Context(), nil, "test"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Infer(t.Context(), req); err != nil {
+			t.Errorf("after recovery: %v", err)
+		}
+		if len(exits) != 1 {
+			t.Errorf("exits %v: a recovery is no exit", exits)
+		}
+	})
+}
+
+// A hung client is found by Suspect's probe and replaced, and the other
+// client on the device keeps serving.
+func TestSimulatedHungClientIsReplaced(t *testing.T) {
+	path := testModel(t, "example_dynamic_axes.onnx")
+	synctest.Test(t, func(t *testing.T) {
+		sim, err := simgpu.New(simgpu.Spec{Devices: 1, SMs: 100, Memory: 8 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev := sim.Devices()[0]
+		var mu sync.Mutex // the restarts are appended by the instances' goroutines
+		start := func(name string, restarts *[]string) *Simulated {
+			s, err := StartSimulated(t.Context(), SimulatedConfig{
+				Name: name, ModelPath: path, Device: dev, Model: simgpu.Presets["mobilenet"], Batched: true,
+				OnRestart: func(r string) {
+					mu.Lock()
+					defer mu.Unlock()
+					*restarts = append(*restarts, r)
+				},
+				Logger: testLogger(t),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Stop(context.Background()) })
+			return s
+		}
+		var restarts, others []string
+		s, other := start("hangs", &restarts), start("other", &others)
+		read := func(l *[]string) []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(*l)
+		}
+		in := s.Inputs()[0]
+		req := &InferRequest{Inputs: []Tensor{{Name: in.Name, DataType: in.DataType, Shape: []int64{1, 10}, Data: make([]byte, 10*in.DataType.Size())}}}
+		old := s.Pid()
+		// A slow answer is no hang: the probe answers, the client stays.
+		s.Suspect("a test")
+		time.Sleep(time.Second) // the probe: a warm-up and one execution
+		if ready, _ := s.Status(); !ready || s.Pid() != old || len(read(&restarts)) != 0 {
+			t.Fatalf("after a probe that answered: ready %v, pid %d (was %d), restarts %v", ready, s.Pid(), old, read(&restarts))
+		}
+		s.client.Load().Hang()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err = s.Infer(ctx, req)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a call on the hung client: %v, want its deadline", err)
+		}
+		s.Suspect("a call got no answer")
+		if ready, why := s.Status(); ready || !strings.Contains(why, "checking") {
+			t.Errorf("while checked: %v %q", ready, why)
+		}
+		if _, err := s.Infer(t.Context(), req); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("a call while checked: %v, want ErrUnavailable at once", err)
+		}
+		time.Sleep(DefaultProbeTimeout + simgpu.ContextCreate + time.Second)
+		if ready, why := s.Status(); !ready || s.Pid() == old || len(read(&restarts)) != 1 || !strings.Contains(read(&restarts)[0], "hung") {
+			t.Fatalf("after the probe: %v %q, pid %d (was %d), restarts %v", ready, why, s.Pid(), old, read(&restarts))
+		}
+		if _, err := s.Infer(t.Context(), req); err != nil {
+			t.Errorf("the new client: %v", err)
+		}
+		if _, err := other.Infer(t.Context(), req); err != nil || len(read(&others)) != 0 || dev.Faulted() != nil {
+			t.Errorf("the other client: %v, restarts %v, device fault %v", err, read(&others), dev.Faulted())
 		}
 	})
 }

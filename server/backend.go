@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
-	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/runtime"
 )
 
-// backend serves the protocol handlers from the model registry.
+// backend serves the protocol handlers. The request path's methods
+// (ModelReady, Metadata, ModelConfig, Infer, Preadmit, Statistics) are the
+// registry's own, promoted: api calls the registry directly.
 type backend struct {
-	reg      *models.Registry
+	*models.Registry
 	devs     *devices
 	dash     *dashboard.Recorder // nil: disabled
 	reloads  *reloader
@@ -31,40 +31,16 @@ func (b *backend) Live() bool            { return !b.stopping.Load() }
 func (b *backend) Ready() bool           { return b.ready.Load() && !b.stopping.Load() }
 func (b *backend) ServerVersion() string { return Version }
 
-func (b *backend) ModelReady(name, version string) (bool, error) {
-	return b.reg.ModelReady(name, version)
-}
-
-func (b *backend) ModelMetadata(name, version string) (models.Metadata, error) {
-	return b.reg.Metadata(name, version)
-}
-
-func (b *backend) ModelConfig(name, version string) (*configs.Model, error) {
-	return b.reg.ModelConfig(name, version)
-}
-
-func (b *backend) Infer(ctx context.Context, name, version string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
-	return b.reg.Infer(ctx, name, version, req)
-}
-
-func (b *backend) Preadmit(ctx context.Context, name, version string, deadline time.Time) error {
-	return b.reg.Preadmit(ctx, name, version, deadline)
-}
-
-func (b *backend) Statistics(name, version string) ([]models.Statistics, error) {
-	return b.reg.Statistics(name, version)
-}
-
 func (b *backend) RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error) {
-	return b.reg.Index(readyOnly), nil
+	return b.Registry.Index(readyOnly), nil
 }
 
 func (b *backend) LoadModel(ctx context.Context, name string) error {
-	return b.reg.Load(ctx, name)
+	return b.Registry.Load(ctx, name)
 }
 
 func (b *backend) UnloadModel(ctx context.Context, name string) error {
-	return b.reg.Unload(ctx, name)
+	return b.Registry.Unload(ctx, name)
 }
 
 func (b *backend) ReloadConfig(ctx context.Context) (api.ReloadResult, error) {
@@ -80,9 +56,14 @@ func (b *backend) Control() api.ControlStatus {
 		}
 		for _, ms := range d.adj.Shares() {
 			acc := b.devs.pred.Accuracy(ms.Model)
-			us := b.reg.UnitStats(ms.Model)
+			us := b.Registry.UnitStats(ms.Model)
+			var pending *float64
+			if ms.Pending != nil {
+				pending = new(ms.Pending.Compute)
+			}
 			dc.Models = append(dc.Models, api.ModelControl{
-				Model: ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
+				PendingShare: pending,
+				Model:        ms.Model, Class: string(ms.Class), SLOms: api.Milliseconds(ms.SLO),
 				ComputeShare: ms.Share.Compute, MemoryShare: ms.Share.Memory, TargetShare: ms.Target,
 				Source: ms.Source, Pinned: ms.Pinned,
 				ForecastRate: ms.ForecastRate, ObservedRate: acc.ObservedRate, Attainment: ms.Attainment,
@@ -90,6 +71,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
+				Risky: b.devs.risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)
@@ -110,6 +92,9 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	for _, d := range b.devs.all() {
 		all = append(all, d.adj.Events(since, limit)...)
 	}
+	if b.devs.rec != nil {
+		all = append(all, b.devs.rec.Events(since, limit)...)
+	}
 	if b.devs.place != nil {
 		all = append(all, b.devs.place.events(since, limit)...)
 	}
@@ -121,7 +106,7 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 }
 
 func (b *backend) PinShare(ctx context.Context, name string, pin *limiter.Share) error {
-	key, device, err := b.reg.VersionKey(name, "")
+	key, device, err := b.Registry.VersionKey(name, "")
 	if err != nil {
 		return err
 	}

@@ -35,12 +35,17 @@ type devices struct {
 	reg  prometheus.Registerer
 	log  *slog.Logger
 	pred *predictor.Predictor
+	// gate is the one admission limit on requests in flight, shared by
+	// every device's scheduler; a config reload changes its limits.
+	gate *qos.Gate
 
 	// registry is the adjusters' actuator; set once it exists, before any
 	// model loads.
 	registry *models.Registry
-	// sim, when set, is the simulated machine cuda devices are on.
+	// sim, when set, is the simulated machine cuda devices are on; rec
+	// recovers its devices from faults.
 	sim *simgpu.Sim
+	rec *recovery
 	// place, when set, places cuda models across the devices
 	// (placement.go).
 	place *placement
@@ -94,7 +99,8 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 	if err != nil {
 		return nil, err
 	}
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, byDev: map[string]*device{}}, nil
+	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, byDev: map[string]*device{}}, nil
 }
 
 // newLimiter starts a device's limiter as the control config says. The
@@ -173,10 +179,11 @@ func (ds *devices) get(name string) (*device, error) {
 		MaxBestEffortExecution: beBound,
 		SeparateClasses:        backgroundsBestEffort(ds.ctl.Policy, lim),
 		Estimator:              ds.pred,
-		Logger:                 log.With("component", "qos"),
+		Logger:                 log, // qos adds its component
 		Registerer:             ds.reg,
 		Device:                 name,
 		Window:                 ds.qos.Window,
+		Gate:                   ds.gate,
 	})
 	if err != nil {
 		lim.Close()
@@ -226,12 +233,18 @@ func (ds *devices) get(name string) (*device, error) {
 
 // sampleInterference tells the predictor, once a control period, how much
 // of the device each model's co-located models used (CPU seconds of their
-// limiter units over the period, as a fraction of the device), so that its
+// limiter units over the period, as a fraction of the device; on a GPU
+// under MPS, their execution time times their caps), so that its
 // predictions scale when the device is oversubscribed.
 func (ds *devices) sampleInterference(d *device) {
 	if d.lim.Kind() == limiter.KindNone || ds.registry == nil {
 		return // no unit to read usage from
 	}
+	// On a GPU under MPS no CPU time measures a model's use of the device:
+	// its executions do (seconds of them, from the predictor, per second),
+	// each holding up to its cap of the SMs while it runs. No model runs
+	// in the background there: a best-effort cap does not yield.
+	gpu := d.lim.Kind() == limiter.KindMPS
 	tick := time.NewTicker(ds.ctl.Period)
 	defer tick.Stop()
 	last := map[string]float64{}
@@ -256,11 +269,20 @@ func (ds *devices) sampleInterference(d *device) {
 				if _, err := ds.registry.Share(ms.Model); err != nil {
 					continue
 				}
-				cpu := ds.registry.UnitStats(ms.Model).CPUSeconds
+				var cpu float64
+				if gpu {
+					cpu = ds.pred.Busy(ms.Model)
+				} else {
+					cpu = ds.registry.UnitStats(ms.Model).CPUSeconds
+				}
 				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
-					used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
+					if gpu {
+						used[ms.Model] = (cpu - prev) / dt * limitedOrWhole(ms.Share.Compute)
+					} else {
+						used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
+					}
 					total += used[ms.Model]
-					if ms.Share.Mode == limiter.ModeBackground {
+					if !gpu && ms.Share.Mode == limiter.ModeBackground {
 						background[ms.Model] = true
 					} else {
 						foreground += used[ms.Model]
@@ -270,6 +292,15 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 			last = next
 			d.usage.record(used)
+			if gpu {
+				// MPS caps add up to the device at most (the adjuster
+				// keeps them so): nothing is oversubscribed, and the
+				// predictor's factor, which reads a share as that much
+				// of the device in use, would make a larger cap look
+				// slower. What co-running kernels cost (memory
+				// bandwidth) is in the online correction.
+				continue
+			}
 			for name, u := range used {
 				if background[name] {
 					ds.pred.SetInterference(name, total-u)
@@ -286,6 +317,15 @@ func (ds *devices) lookup(name string) *device {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	return ds.byDev[name]
+}
+
+// limitedOrWhole is a compute share with no limit counted as the whole
+// device.
+func limitedOrWhole(c float64) float64 {
+	if c <= 0 || c >= 1 {
+		return 1
+	}
+	return c
 }
 
 // all returns the devices in name order.
@@ -339,6 +379,30 @@ type profiler struct {
 	// sim, when set, runs cuda models: their profiles are the
 	// simulator's, keyed by its spec and the model's curve.
 	sim *simgpu.Sim
+	// sweeping holds a chan struct{} (capacity 1) per device: one sweep runs on a GPU at
+	// a time, since a sweep timed while another model's sweep runs its
+	// kernels beside it measures both (models loading together at start
+	// profiled each other's interference, and hid where a model stops
+	// getting faster with more SMs). CPU sweeps are not serialised: their
+	// shares are cgroup quotas on cores the others do not use.
+	sweeping sync.Map
+}
+
+// lockDevice serialises the sweeps of one GPU: it waits for the device's
+// turn (a channel, so that a wait under testing/synctest is durable) and
+// returns the release, or ctx's error.
+func (p *profiler) lockDevice(ctx context.Context, device string) (func(), error) {
+	if !strings.HasPrefix(device, "cuda:") {
+		return func() {}, nil
+	}
+	v, _ := p.sweeping.LoadOrStore(device, make(chan struct{}, 1))
+	turn := v.(chan struct{})
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // shares are the compute shares profiled: quarter, half and all of what
@@ -389,6 +453,10 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		}
 		return nil
 	}
+	unlock, err := p.lockDevice(ctx, run.Device)
+	if err != nil {
+		return err
+	}
 	points, err := predictor.Sweep(ctx, predictor.SweepOptions{
 		Batches:  run.BatchSizes,
 		MaxBatch: max(1, run.Config.MaxBatchSize),
@@ -396,6 +464,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		Runs:     p.cfg.Runs,
 		Budget:   p.cfg.Budget,
 	}, run.Measure)
+	unlock()
 	if err != nil && !errors.Is(err, predictor.ErrBudget) {
 		return err
 	}
@@ -418,4 +487,4 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 }
 
 // The registry applies the control loop's shares to the models' instances.
-var _ control.Actuator = (*models.Registry)(nil)
+var _ control.AsyncActuator = (*models.Registry)(nil)

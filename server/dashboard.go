@@ -24,7 +24,7 @@ func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 		for _, st := range d.sched.AllStats() {
 			ms := shares[st.Model]
 			acc := b.devs.pred.Accuracy(st.Model)
-			us := b.reg.UnitStats(st.Model)
+			us := b.Registry.UnitStats(st.Model)
 			name, version, _ := strings.Cut(st.Model, "/")
 			snap.Models = append(snap.Models, dashboard.ModelSample{
 				Key: st.Model, Name: name, Version: version, Device: d.name, Stats: st,
@@ -36,7 +36,7 @@ func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 			})
 		}
 	}
-	for _, e := range b.reg.IndexKnown(false) {
+	for _, e := range b.Registry.IndexKnown(false) {
 		snap.States = append(snap.States, dashboard.ModelState{Name: e.Name, Version: e.Version, State: string(e.State), Reason: e.Reason})
 	}
 	return snap

@@ -87,7 +87,11 @@ func (p *placement) isRisky(model string) bool {
 	p.mu.Lock()
 	r := p.risky
 	p.mu.Unlock()
-	return r != nil && r.Risky(model)
+	if r == nil {
+		return false
+	}
+	_, ok := r.Risky(model)
+	return ok
 }
 
 // run re-places until ctx ends.
@@ -250,8 +254,8 @@ func (p *placement) events(since time.Time, limit int) []control.Event {
 	return p.placer.Events(since, limit)
 }
 
-// deviceActuator is a device's adjuster's actuator: the registry, for the
-// versions that run on the device. A version that moved away answers
+// deviceActuator is a device's adjuster's actuator (an asynchronous one, as
+// the registry is): the registry, for the versions that run on the device. A version that moved away answers
 // control.ErrElsewhere, so that the old device's adjuster, which may see
 // it until its queue there has drained, does not resize or evict it on
 // its new device.
@@ -281,6 +285,22 @@ func (a deviceActuator) SetShare(ctx context.Context, key string, s limiter.Shar
 	return nil
 }
 
+func (a deviceActuator) RequestShare(key string, s limiter.Share) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	if err := a.reg.RequestShare(key, s); errors.Is(err, models.ErrMoving) {
+		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a deviceActuator) ShareInEffect(key string) (limiter.Share, bool, error) {
+	return a.reg.ShareInEffect(key)
+}
+
 func (a deviceActuator) Evict(ctx context.Context, key string) error {
 	if err := a.here(key); err != nil {
 		return err
@@ -296,6 +316,6 @@ func (a deviceActuator) MemoryUsage(key string) int64 {
 }
 
 var (
-	_ control.Actuator = deviceActuator{}
+	_ control.AsyncActuator = deviceActuator{}
 	_ control.Mover    = (*placement)(nil)
 )

@@ -16,6 +16,7 @@ import (
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // Reloading says how a running server rereads its config: on every value
@@ -56,6 +57,7 @@ var liveKeys = []string{
 type reloader struct {
 	opts    Reloading
 	reg     *models.Registry
+	gate    *qos.Gate // the schedulers' limits on requests in flight
 	log     *slog.Logger
 	metrics *reloadMetrics
 	// security, when set, rereads the tokens on every reload (their files
@@ -66,13 +68,13 @@ type reloader struct {
 	running *configs.Server
 }
 
-func newReloader(opts Reloading, cfg *configs.Server, reg *models.Registry, promReg prometheus.Registerer, log *slog.Logger) (*reloader, error) {
+func newReloader(opts Reloading, cfg *configs.Server, reg *models.Registry, gate *qos.Gate, promReg prometheus.Registerer, log *slog.Logger) (*reloader, error) {
 	m, err := newReloadMetrics(promReg)
 	if err != nil {
 		return nil, err
 	}
 	running := *cfg
-	return &reloader{opts: opts, reg: reg, log: log, metrics: m, running: &running}, nil
+	return &reloader{opts: opts, reg: reg, gate: gate, log: log, metrics: m, running: &running}, nil
 }
 
 // current returns the settings in effect.
@@ -178,10 +180,10 @@ func (rl *reloader) apply() (api.ReloadResult, error) {
 			rl.reg.SetPollInterval(next.PollInterval)
 		case "limits.max_inflight_requests":
 			r.Limits.MaxInflightRequests = next.Limits.MaxInflightRequests
-			rl.reg.SetMaxInflight(next.Limits.MaxInflightRequests)
+			rl.gate.SetLimits(r.Limits.MaxInflightRequests, int64(r.Limits.MaxInflightBytes))
 		case "limits.max_inflight_bytes":
 			r.Limits.MaxInflightBytes = next.Limits.MaxInflightBytes
-			rl.reg.SetMaxInflightBytes(int64(next.Limits.MaxInflightBytes))
+			rl.gate.SetLimits(r.Limits.MaxInflightRequests, int64(r.Limits.MaxInflightBytes))
 		case "limits.grace_period":
 			r.Limits.GracePeriod = next.Limits.GracePeriod
 			rl.reg.SetDrainTimeout(next.Limits.GracePeriod)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
 )
 
 func TestReloader(t *testing.T) {
@@ -42,7 +43,8 @@ func TestReloader(t *testing.T) {
 		t.Fatal(err)
 	}
 	level := new(slog.LevelVar)
-	rl, err := newReloader(Reloading{Load: load, LogLevel: level}, start, reg, promReg, slog.New(slog.DiscardHandler))
+	gate := qos.NewGate(start.Limits.MaxInflightRequests, int64(start.Limits.MaxInflightBytes))
+	rl, err := newReloader(Reloading{Load: load, LogLevel: level}, start, reg, gate, promReg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +70,9 @@ func TestReloader(t *testing.T) {
 	if level.Level() != slog.LevelDebug || cur.PollInterval != 250*time.Millisecond ||
 		cur.Limits.MaxInflightRequests != 7 || cur.Listen.HTTP != start.Listen.HTTP {
 		t.Errorf("after reload: level %v, running %+v", level.Level(), cur)
+	}
+	if n, b := gate.Limits(); n != 7 || b != int64(start.Limits.MaxInflightBytes) {
+		t.Errorf("after reload the gate's limits are %d requests, %d bytes; want 7, %d", n, b, start.Limits.MaxInflightBytes)
 	}
 	if s, f, ok, r := counts(); s != 1 || f != 0 || ok != 1 || r != 1 {
 		t.Errorf("metrics: success %v failure %v last ok %v restart required %v", s, f, ok, r)
@@ -114,7 +119,7 @@ func TestReloader(t *testing.T) {
 	}
 
 	// Without a source, a reload fails clearly.
-	bare, err := newReloader(Reloading{}, start, reg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	bare, err := newReloader(Reloading{}, start, reg, gate, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,8 +45,10 @@ type runnerFactory struct {
 	socketDir  string
 	rt         configs.Runtime
 	logger     *slog.Logger
-	// sim, when set, runs cuda models on simulated GPUs.
+	// sim, when set, runs cuda models on simulated GPUs; rec recovers
+	// them from faults.
 	sim *simgpu.Sim
+	rec *recovery
 }
 
 // start is the registry's NewInstance: one runner process per instance,
@@ -101,6 +103,9 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		if pl.ArenaExtendStrategy != "" {
 			cfg.Provider.ArenaExtendStrategy = pl.ArenaExtendStrategy
 		}
+	}
+	if pl := spec.Placement; pl.CudnnConvAlgoSearch != "" {
+		cfg.Provider.CudnnConvAlgoSearch = pl.CudnnConvAlgoSearch
 	}
 	r, err := runtime.StartRunner(ctx, cfg)
 	if err != nil {

@@ -5,8 +5,11 @@
 //
 // It owns the lifecycle: components start in order and stop in reverse,
 // the config is reloaded on SIGHUP or request, and shutdown drains in
-// stages. It must not implement serving, scheduling or control itself: those
-// belong to the packages it wires, and only cmd/sloserve may import server.
+// stages; on simulated GPUs it brings a device back after a fault (its
+// daemon, then its instances, latency-critical first: recovery.go), which is
+// lifecycle too. It must not implement serving, scheduling or control
+// itself: those belong to the packages it wires, and only cmd/sloserve may
+// import server.
 package server
 
 import (
@@ -85,7 +88,12 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	devs.sim = sim
+	if sim != nil {
+		devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, logger.With("component", "recovery"))
+		runners.rec = devs.rec
+	}
 	defer devs.wait()
+	defer devs.rec.stop() // after stopLoops has ended loopCtx
 	defer stopLoops()
 	prof := &profiler{
 		cfg:   cfg.Control.Profile,
@@ -102,8 +110,6 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		StartupModels:     cfg.StartupModels,
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		MaxBatchSize:      cfg.Limits.MaxBatchSize,
-		MaxInflight:       cfg.Limits.MaxInflightRequests,
-		MaxInflightBytes:  int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout:      cfg.Limits.GracePeriod,
 		CallTimeout:       cfg.Runtime.CallTimeout,
 		NewInstance:       runners.start,
@@ -123,6 +129,9 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	}
 	if place != nil {
 		opts.Place = place.place
+		if devs.rec != nil {
+			place.setRisky(devs.rec.isolation) // risky best-effort models kept apart
+		}
 	}
 	reg, err := models.New(opts)
 	if err != nil {
@@ -136,7 +145,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		stopOnDone := context.AfterFunc(ctx, stopPlace)
 		devs.loops.Go(func() { defer stopOnDone(); defer stopPlace(); place.run(placeCtx) })
 	}
-	reloads, err := newReloader(rl, cfg, reg, promReg, logger.With("component", "config"))
+	reloads, err := newReloader(rl, cfg, reg, devs.gate, promReg, logger.With("component", "config"))
 	if err != nil {
 		return err
 	}
@@ -145,7 +154,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	reloads.security = sec
-	be := &backend{reg: reg, devs: devs, reloads: reloads}
+	be := &backend{Registry: reg, devs: devs, reloads: reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		be.dash = dashboard.New(dashboard.Options{
 			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,
@@ -172,6 +181,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		BodyTimeout:       cfg.Limits.BodyTimeout,
+		StreamInflight:    cfg.Limits.GRPCStreamInflight,
 		SharedMemory:      shm,
 	}
 

@@ -7,6 +7,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
@@ -58,6 +59,7 @@ func simulatedLimiterOptions(sim *simgpu.Sim, opts *limiter.Options) error {
 		return err
 	}
 	opts.Telemetry = tel
+	opts.RestartMPSDaemon = simulatedRestart(sim)
 	opts.MPSDaemon = func(i int) error {
 		d, err := sim.Device(i)
 		if err != nil {
@@ -71,7 +73,9 @@ func simulatedLimiterOptions(sim *simgpu.Sim, opts *limiter.Options) error {
 	return nil
 }
 
-// startSimulated starts an instance of a cuda model on its simulated GPU.
+// startSimulated starts an instance of a cuda model on its simulated GPU
+// (another one when the model is risky: recovery.deviceFor), known to the
+// device recovery while it runs.
 func (f *runnerFactory) startSimulated(ctx context.Context, spec models.InstanceSpec, name string) (models.Instance, error) {
 	ex := spec.Config.Execution
 	dev, err := f.sim.Device(ex.DeviceID)
@@ -83,11 +87,63 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 		return nil, fmt.Errorf("execution.simulated: %w", err)
 	}
 	m.Name = spec.Model
-	return runtime.StartSimulated(ctx, runtime.SimulatedConfig{
+	cfg := runtime.SimulatedConfig{
 		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
 		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
-		OnExit: spec.OnExit, Logger: f.logger.With("instance", name),
-	})
+		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Logger: f.logger.With("instance", name),
+	}
+	rec := f.rec
+	if rec == nil {
+		return runtime.StartSimulated(ctx, cfg)
+	}
+	cfg.Device, cfg.PlacedFor = rec.deviceFor(spec.Model, dev), dev
+	var self atomic.Pointer[runtime.Simulated]
+	cfg.OnExit = func(e runtime.Exit) {
+		if spec.OnExit != nil {
+			spec.OnExit(e)
+		}
+		if s := self.Load(); s != nil {
+			rec.exited(s.Device())
+		} else {
+			rec.exited(cfg.Device)
+		}
+	}
+	cfg.OnRestart = func(reason string) {
+		if spec.OnRestart != nil {
+			spec.OnRestart(reason)
+		}
+		if s := self.Load(); s != nil {
+			rec.restarted(s, reason)
+		}
+	}
+	s, err := runtime.StartSimulated(ctx, cfg)
+	if err != nil {
+		rec.startFailed(name, cfg.Device, err)
+		return nil, err
+	}
+	self.Store(s)
+	rec.track(s, spec.Config)
+	if s.Gone() { // a fault before it was tracked
+		rec.exited(s.Device())
+	}
+	return recoveredInstance{s, rec}, nil
+}
+
+// recoveredInstance is a simulated instance the device recovery tracks
+// until it stops.
+type recoveredInstance struct {
+	*runtime.Simulated
+	rec *recovery
+}
+
+var (
+	_ models.Instance   = recoveredInstance{}
+	_ runtime.Suspecter = recoveredInstance{}
+)
+
+func (ri recoveredInstance) Stop(ctx context.Context) error {
+	ri.rec.untrack(ri.Simulated)
+	return ri.Simulated.Stop(ctx)
 }
 
 // mpsClients is how many executions a GPU under MPS runs at once: one per

@@ -80,7 +80,8 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		t.Fatal(err)
 	}
 	devs.sim = sim
-	runners := &runnerFactory{sim: sim, logger: log}
+	devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, log)
+	runners := &runnerFactory{sim: sim, rec: devs.rec, logger: log}
 	var profile func(context.Context, models.ProfileRun) error
 	if cfg.Control.Profile.Enabled {
 		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
@@ -90,7 +91,6 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		Profile:      profile,
 		Repositories: cfg.Repositories, Control: cfg.ModelControl,
 		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
-		MaxInflight: cfg.Limits.MaxInflightRequests, MaxInflightBytes: int64(cfg.Limits.MaxInflightBytes),
 		DrainTimeout: cfg.Limits.GracePeriod, CallTimeout: cfg.Runtime.CallTimeout,
 		NewInstance: runners.start, Logger: log, Registerer: promReg,
 		Scheduler: devs.scheduler, Estimator: devs.pred, Limiter: devs.limiter, Forget: devs.pred.Forget,
@@ -100,9 +100,14 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 	}
 	devs.registry = reg
 	t.Cleanup(func() {
+		// The loops stop first: a swap the adjuster is making holds the
+		// registry's lock that Stop takes, and a goroutine blocked on a
+		// mutex is not durably blocked, so synctest's clock would not
+		// move the swap on.
 		cancel()
-		reg.Stop(context.Background())
 		stopLoops()
+		devs.rec.stop()
+		reg.Stop(context.Background())
 		devs.wait()
 	})
 	if err := reg.Start(ctx); err != nil {

@@ -23,7 +23,7 @@ func BenchmarkExecute(b *testing.B) {
 			cs := make([]*Client, clients)
 			for i := range cs {
 				// Starting a client waits its context creation: do it once.
-				c := &Client{d: d, spec: ClientSpec{Name: fmt.Sprint(i), Percentage: 10, Model: m}, pid: sim.pid(), mps: true, warm: map[int]bool{1: true}}
+				c := &Client{d: d, spec: ClientSpec{Name: fmt.Sprint(i), Percentage: 10, Model: m}, pid: sim.pid(), mps: true, warm: map[int]bool{1: true}, gone: make(chan struct{})}
 				d.mu.Lock()
 				d.clients[c] = true
 				d.mu.Unlock()

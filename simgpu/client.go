@@ -33,6 +33,7 @@ type Client struct {
 	hung   bool
 	dead   error // set when the client is gone
 	closed bool
+	gone   chan struct{} // closed when the client is gone (closed or faulted)
 }
 
 // StartClient creates a client on the device: its context (ContextCreate,
@@ -53,7 +54,7 @@ func (d *Device) StartClient(ctx context.Context, spec ClientSpec) (*Client, err
 		d.mu.Unlock()
 		return nil, err
 	}
-	c := &Client{d: d, spec: spec, pid: d.sim.pid(), mps: d.daemon, warm: map[int]bool{}}
+	c := &Client{d: d, spec: spec, pid: d.sim.pid(), mps: d.daemon, warm: map[int]bool{}, gone: make(chan struct{})}
 	d.clients[c] = true
 	err := d.allocLocked(c, ContextMemory, "its CUDA context")
 	d.mu.Unlock()
@@ -165,10 +166,7 @@ func (c *Client) Execute(ctx context.Context, b int) (time.Duration, error) {
 	if first {
 		pause += m.Warmup
 	}
-	if err := sleep(ctx, pause); err != nil {
-		return 0, err
-	}
-	if err := d.run(c, b, ctx.Done()); err != nil {
+	if err := d.run(c, b, pause, ctx.Done()); err != nil {
 		if err == errCanceled {
 			return 0, ctx.Err()
 		}
@@ -213,14 +211,30 @@ func (c *Client) Close() {
 			kept = append(kept, j)
 			continue
 		}
-		j.gen++
-		if j.timer != nil {
-			j.timer.Stop()
-		}
 		j.done <- ErrClientClosed
 	}
+	clear(d.jobs[len(kept):])
 	d.jobs = kept
 	delete(d.clients, c)
-	c.mem = 0
+	c.endLocked(nil)
 	d.rescheduleLocked()
 }
+
+// endLocked frees the client's memory and tells Done's readers, once; err
+// is why it is gone when that is not Close.
+func (c *Client) endLocked(err error) {
+	if err != nil && c.dead == nil {
+		c.dead = err
+	}
+	c.mem = 0
+	select {
+	case <-c.gone:
+	default:
+		close(c.gone)
+	}
+}
+
+// Done is closed when the client is gone: closed, or taken down by a fault
+// on its device (Err says which), as a process's exit is seen by its
+// parent.
+func (c *Client) Done() <-chan struct{} { return c.gone }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -151,7 +152,8 @@ type Device struct {
 	clients  map[*Client]bool
 	external int64 // memory held outside sloserve (InjectMemory)
 	jobs     []*job
-	last     time.Time // when the jobs' work was last advanced
+	timer    *time.Timer // fires at the earliest end of a job (tick)
+	last     time.Time   // when the jobs' work was last advanced
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
 	readAt   time.Time
@@ -161,13 +163,16 @@ type Device struct {
 
 // job is one execution's kernel work in flight.
 type job struct {
-	c     *Client
-	b     int
-	work  float64 // seconds of kernel time at saturation left; +Inf when hung
-	rate  float64
-	gen   int
-	timer *time.Timer
-	done  chan error // buffered; receives once
+	c *Client
+	b int
+	// host is the seconds of host time (launch, warm-up) left before
+	// the kernels start: it passes at rate 1 whatever else runs, and the
+	// job takes no SMs meanwhile. One timer per device covers it too, so
+	// an execution costs no timer of its own.
+	host float64
+	work float64 // seconds of kernel time at saturation left; +Inf when hung
+	rate float64
+	done chan error // buffered; receives once
 }
 
 // Index is the device's index.
@@ -246,20 +251,29 @@ func (d *Device) allocLocked(c *Client, n int64, what string) error {
 	return nil
 }
 
-// advanceLocked moves every job's work on to now.
+// advanceLocked moves every job's work on to now. A job's host phase ends
+// at an event (the timer is armed for it), so no interval spans both
+// phases beyond the timer's nanosecond.
 func (d *Device) advanceLocked(now time.Time) {
 	dt := now.Sub(d.last)
 	d.last = now
 	if dt <= 0 || len(d.jobs) == 0 {
 		return
 	}
-	bw := 0.0
+	bw, kernels := 0.0, false
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			j.host = max(0, j.host-dt.Seconds())
+			continue
+		}
 		j.work -= j.rate * dt.Seconds()
 		bw += j.c.spec.Model.Bandwidth
+		kernels = true
 	}
-	d.busy += dt
-	d.bwBusy += min(1, bw) * dt.Seconds()
+	if kernels {
+		d.busy += dt
+		d.bwBusy += min(1, bw) * dt.Seconds()
+	}
 }
 
 // demand is the share of the device a job's kernels take when nothing
@@ -275,19 +289,35 @@ func (d *Device) demand(j *job) float64 {
 	return min(s, j.c.spec.Model.sat(j.b))
 }
 
-// rescheduleLocked sets each job's rate and the timer of its end.
+// rescheduleLocked sets each job's rate and arms the device's one timer
+// for the earliest end. One timer per device, reset, rather than one per
+// job made afresh at every start and end: that cost most of a simulated
+// request (timer heap churn).
 func (d *Device) rescheduleLocked() {
 	if len(d.jobs) == 0 {
+		if d.timer != nil {
+			d.timer.Stop()
+		}
 		return
 	}
 	total, bw := 0.0, 0.0
-	clients := map[*Client]bool{}
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			continue
+		}
 		total += d.demand(j)
 		bw += j.c.spec.Model.Bandwidth
-		clients[j.c] = true
 	}
+	contexts := 0
+	if !d.daemon {
+		contexts = d.contextsLocked()
+	}
+	next := inf
 	for _, j := range d.jobs {
+		if j.host > 0 {
+			next = min(next, j.host)
+			continue
+		}
 		sat := j.c.spec.Model.sat(j.b)
 		var rate float64
 		if d.daemon {
@@ -297,53 +327,84 @@ func (d *Device) rescheduleLocked() {
 		} else {
 			// Without MPS the device time-slices between contexts:
 			// each runs alone, 1/n of the time.
-			rate = 1 / float64(len(clients))
+			rate = 1 / float64(contexts)
 		}
 		rate /= 1 + Interference*(bw-j.c.spec.Model.Bandwidth)
 		j.rate = rate
-		j.gen++
-		if math.IsInf(j.work, 1) {
-			continue
+		next = min(next, j.work/rate)
+	}
+	if math.IsInf(next, 1) {
+		if d.timer != nil {
+			d.timer.Stop() // only hung jobs: nothing ends
 		}
-		wait := time.Duration(max(0, j.work/rate) * float64(time.Second))
-		if j.timer != nil {
-			j.timer.Stop()
-		}
-		gen := j.gen
-		j.timer = time.AfterFunc(wait, func() { d.finish(j, gen) })
+		return
+	}
+	wait := time.Duration(math.Ceil(max(0, next) * float64(time.Second))) // never early
+	if d.timer == nil {
+		d.timer = time.AfterFunc(wait, d.tick)
+	} else {
+		d.timer.Reset(wait)
 	}
 }
 
-// finish ends j if its timer is still the current one.
-func (d *Device) finish(j *job, gen int) {
+// contextsLocked is how many clients have kernels on the device.
+func (d *Device) contextsLocked() int {
+	n := 0
+	for i, j := range d.jobs {
+		if j.host > 0 {
+			continue
+		}
+		if !slices.ContainsFunc(d.jobs[:i], func(o *job) bool { return o.c == j.c && o.host <= 0 }) {
+			n++
+		}
+	}
+	return n
+}
+
+// doneWork is how little work left counts as done: a nanosecond of the
+// timer's rounding at any rate.
+const doneWork = 1e-9
+
+// tick ends the jobs whose work is done and sets the others' rates again.
+func (d *Device) tick() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if j.gen != gen || !d.removeLocked(j) {
-		return
+	d.advanceLocked(time.Now())
+	kept := d.jobs[:0]
+	for _, j := range d.jobs {
+		if j.host > 0 {
+			if j.host <= doneWork {
+				j.host = 0 // the kernels start
+			}
+			kept = append(kept, j)
+			continue
+		}
+		if j.work <= doneWork*max(1, j.rate) {
+			j.done <- nil
+			continue
+		}
+		kept = append(kept, j)
 	}
-	j.done <- nil
+	clear(d.jobs[len(kept):])
+	d.jobs = kept
 	d.rescheduleLocked()
 }
 
 // removeLocked takes j off the device, after advancing the others.
 func (d *Device) removeLocked(j *job) bool {
-	for i, o := range d.jobs {
-		if o == j {
-			d.advanceLocked(time.Now())
-			d.jobs = append(d.jobs[:i], d.jobs[i+1:]...)
-			j.gen++
-			if j.timer != nil {
-				j.timer.Stop()
-			}
-			return true
-		}
+	i := slices.Index(d.jobs, j)
+	if i < 0 {
+		return false
 	}
-	return false
+	d.advanceLocked(time.Now())
+	d.jobs = slices.Delete(d.jobs, i, i+1)
+	return true
 }
 
-// run puts an execution's kernels on the device and waits for them.
-func (d *Device) run(c *Client, b int, done <-chan struct{}) error {
-	j := &job{c: c, b: b, work: c.spec.Model.kernel(b), done: make(chan error, 1)}
+// run puts an execution on the device, host time first, then its kernels,
+// and waits for them.
+func (d *Device) run(c *Client, b int, host time.Duration, done <-chan struct{}) error {
+	j := &job{c: c, b: b, host: host.Seconds(), work: c.spec.Model.kernel(b), done: make(chan error, 1)}
 	d.mu.Lock()
 	if err := c.usableLocked(); err != nil {
 		d.mu.Unlock()
@@ -374,31 +435,47 @@ var (
 	inf         = math.Inf(1)
 )
 
+// FaultError is a fatal fault on a device: it is ErrDeviceFault, and
+// says which client raised it ("" for the device itself).
+type FaultError struct {
+	Device int
+	Client string // the name of the client that raised it
+	Cause  string
+	At     time.Time // when it happened
+}
+
+func (e *FaultError) Error() string {
+	name := "the device"
+	if e.Client != "" {
+		name = "client " + e.Client
+	}
+	return fmt.Sprintf("%v: device %d: %s raised %s", ErrDeviceFault, e.Device, name, e.Cause)
+}
+
+// Is makes a FaultError ErrDeviceFault.
+func (e *FaultError) Is(target error) bool { return target == ErrDeviceFault }
+
 // Fault is a fatal fault raised by client c (an illegal address, an
-// uncorrectable ECC error): as under MPS, every client on the device is
-// gone, executions in flight fail, their memory is freed, and the device
-// takes no new client until RestartDaemon.
+// uncorrectable ECC error), nil for the device itself: as under MPS,
+// every client on the device is gone, executions in flight fail, their
+// memory is freed, and the device takes no new client until
+// RestartDaemon. The error is a *FaultError.
 func (d *Device) Fault(c *Client, cause string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	name := "device"
+	fe := &FaultError{Device: d.index, Cause: cause, At: time.Now()}
 	if c != nil {
-		name = "client " + c.spec.Name
+		fe.Client = c.spec.Name
 	}
-	err := fmt.Errorf("%w: device %d: %s raised %s", ErrDeviceFault, d.index, name, cause)
-	d.faulted = err
+	d.faulted = fe
 	d.advanceLocked(time.Now())
 	for _, j := range d.jobs {
-		j.gen++
-		if j.timer != nil {
-			j.timer.Stop()
-		}
-		j.done <- err
+		j.done <- fe
 	}
 	d.jobs = nil
+	d.rescheduleLocked()
 	for cl := range d.clients {
-		cl.dead = err
-		cl.mem = 0
+		cl.endLocked(fe)
 	}
 	clear(d.clients)
 }

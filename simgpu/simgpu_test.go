@@ -212,6 +212,22 @@ func TestFaultTakesDownTheDevice(t *testing.T) {
 			if _, err := c.Execute(t.Context(), 1); !errors.Is(err, ErrDeviceFault) {
 				t.Errorf("client %s after the fault: %v, want ErrDeviceFault", c.Spec().Name, err)
 			}
+			// Each client's end is seen, as a process's exit, with the
+			// client that raised the fault.
+			select {
+			case <-c.Done():
+			default:
+				t.Errorf("client %s: Done not closed after the fault", c.Spec().Name)
+			}
+			var fe *FaultError
+			if !errors.As(c.Err(), &fe) || fe.Client != "be" || fe.Device != 0 {
+				t.Errorf("client %s: %v, want a FaultError raised by be on device 0", c.Spec().Name, c.Err())
+			}
+		}
+		select {
+		case <-safe.Done():
+			t.Error("a client on the other device is gone")
+		default:
 		}
 		if n, used := d.Clients(), d.MemoryUsed(); n != 0 || used != 0 {
 			t.Errorf("after the fault: %d clients, %d bytes used; want none", n, used)

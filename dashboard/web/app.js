@@ -212,6 +212,9 @@
     return Math.round(sec / 3600) + ' h';
   }
 
+  // DEVICE_EVENTS are the kinds of a GPU's fault recovery: no share changes.
+  const DEVICE_EVENTS = new Set(['fault', 'recovered', 'hung', 'risky']);
+
   // fmtChange describes an event's old -> new share.
   function fmtChange(e) {
     // Placement events say where the model went; the reason says why
@@ -737,7 +740,7 @@
           h('td', { class: 'time', title: e.time }, fmtClock(e.time)),
           opts.showModel ? h('td', { class: 'model' }, e.model ? h('a', { href: modelHref(names.get(e.model) || e.model.split('/')[0]) }, keyLabel(e.model)) : DASH) : null,
           h('td', { class: 'what' },
-            h('div', { class: 'change' }, h('span', { class: 'kind k-' + e.kind }, e.kind), ' ', fmtChange(e)),
+            h('div', { class: 'change' }, h('span', { class: 'kind k-' + e.kind }, e.kind), ' ', DEVICE_EVENTS.has(e.kind) ? e.device : fmtChange(e)),
             e.reason ? h('div', { class: 'reason' }, e.reason) : null,
             extra.length ? h('div', { class: 'sub' }, extra.join(' · ')) : null));
       }))));

@@ -1,0 +1,465 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/simgpu"
+)
+
+// Defaults of a recovery.
+const (
+	// riskyWindow and riskyFaults: a best-effort model whose client
+	// raised riskyFaults faults within riskyWindow is risky.
+	riskyWindow = 10 * time.Minute
+	riskyFaults = 2
+	// recoveryEvents is how many events a recovery keeps.
+	recoveryEvents = 1024
+)
+
+// recovery brings simulated GPUs back after faults, the way MuxFlow
+// handles MPS errors: a fatal fault in one MPS client takes every client of
+// its device down, so when an instance reports its client gone by a fault
+// (its OnExit) the recovery restarts the device's control daemon, through
+// the limiter's handle (limiter.DaemonRestarter) or, when no MPS limiter
+// runs on the device, the simulator's, and then the device's instances one
+// by one, latency-critical models first (then by priority, 1 highest). In
+// the meantime the instances answer runtime.ErrUnavailable at once. A
+// best-effort model whose client faulted its device riskyFaults times
+// within riskyWindow is marked in the Isolation, and its instances restart
+// on a device without latency-critical models when there is one. Each
+// fault, recovery, hung client and risky model is a control.Event with its
+// measured cost; the backend lists them with the adjusters'.
+//
+// It acts on simulated instances only: a real runner restarts its own
+// process, and a real GPU's daemon has no automated restart yet.
+type recovery struct {
+	sim       *simgpu.Sim
+	log       *slog.Logger
+	ctx       context.Context // ends the recoveries under way
+	isolation *control.Isolation
+	// daemon is the MPS daemon handle of a device: the limiter's when it
+	// has one. A seam for tests.
+	daemon func(device int) limiter.DaemonRestarter
+
+	wg sync.WaitGroup // the recoveries under way
+
+	mu         sync.Mutex
+	stopped    bool                               // stop was called: no new recovery
+	instances  map[*runtime.Simulated]simInstance // live ones
+	recovering map[int]bool                       // devices being recovered
+	again      map[int]bool                       // devices whose recovery must make another pass
+	faults     map[string][]time.Time             // model -> faults its client raised
+	events     []control.Event
+	done       []deviceRecovery
+}
+
+// simInstance is what the recovery knows of a live simulated instance.
+type simInstance struct {
+	model    string
+	key      string // "model/version", as events name it
+	lc       bool
+	priority int // 1 highest; 0 (the default) after every explicit one
+}
+
+// rank orders instances for restarting: latency-critical first, then by
+// priority, then by name.
+func (a simInstance) rank() (int, int) {
+	class := 1
+	if a.lc {
+		class = 0
+	}
+	p := a.priority
+	if p == 0 {
+		p = math.MaxInt
+	}
+	return class, p
+}
+
+// deviceRecovery is what one device's recovery cost.
+type deviceRecovery struct {
+	Device  int
+	Fault   error
+	At      time.Time     // of the fault
+	Daemon  time.Duration // from the fault to the daemon serving again
+	Culprit string        // the model whose client raised the fault ("" unknown)
+	culprit string        // its version's key, as events name it
+	Models  []modelRecovery
+}
+
+// modelRecovery is one model's part of a device's recovery.
+type modelRecovery struct {
+	Model  string
+	key    string
+	Device int           // where its instances run again
+	Ready  time.Duration // from the fault to its first instance serving again
+	Failed int64         // calls its instances failed from the fault to then
+	Err    error         // why it is not serving again
+}
+
+// newRecovery makes the recovery of sim's devices; ctx ends the recoveries
+// under way, and stop waits for them.
+func newRecovery(ctx context.Context, sim *simgpu.Sim, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
+	return &recovery{
+		sim: sim, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
+		instances: map[*runtime.Simulated]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
+	}
+}
+
+// stop starts no more recoveries and waits for those under way (cancel
+// their ctx first). Safe on a nil recovery.
+func (r *recovery) stop() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// simDaemon restarts a simulated device's daemon directly: the handle of a
+// device whose limiter is not MPS (the shared policy runs none).
+type simDaemon struct{ d *simgpu.Device }
+
+func (s simDaemon) RestartDaemon(ctx context.Context) error {
+	s.d.RestartDaemon()
+	return ctx.Err()
+}
+
+// daemonOf is the daemon handle of device i: the limiter's when the
+// device has been started and its limiter has one, else the simulator's.
+func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
+	// Only a device already started has a limiter: a risky model's
+	// client may run on a device no model names.
+	name := fmt.Sprintf("cuda:%d", i)
+	for _, d := range ds.all() {
+		if r, ok := d.lim.(limiter.DaemonRestarter); ok && d.name == name {
+			return r
+		}
+	}
+	dev, err := ds.sim.Device(i)
+	if err != nil {
+		return nil
+	}
+	return simDaemon{dev}
+}
+
+// risky is why a model version ("model/version") is kept apart from
+// latency-critical models, "" when it is not.
+func (ds *devices) risky(key string) string {
+	if ds.rec == nil {
+		return ""
+	}
+	why, _ := ds.rec.isolation.Risky(modelOf(key))
+	return why
+}
+
+// simulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
+func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		d, err := sim.Device(i)
+		if err != nil {
+			return err
+		}
+		d.RestartDaemon()
+		return ctx.Err()
+	}
+}
+
+// track makes inst known to the recovery until it stops.
+func (r *recovery) track(inst *runtime.Simulated, cfg *configs.Model) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.instances[inst] = simInstance{model: cfg.Name, key: keyOf(inst.Name()), lc: cfg.SLO.Class == configs.ClassLatencyCritical, priority: cfg.SLO.Priority}
+}
+
+// untrack forgets a stopped instance.
+func (r *recovery) untrack(inst *runtime.Simulated) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.instances, inst)
+}
+
+// deviceFor is the device a model's instance starts on: dev, unless the
+// model is risky and another device has no latency-critical instance (the
+// one with the fewest instances). While placement across devices does not
+// exist, this is where Isolation acts.
+func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
+	if _, risky := r.isolation.Risky(model); !risky {
+		return dev
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lc := map[*simgpu.Device]bool{}
+	count := map[*simgpu.Device]int{}
+	for inst, in := range r.instances {
+		if in.model == model {
+			continue
+		}
+		d := inst.Device()
+		count[d]++
+		lc[d] = lc[d] || in.lc
+	}
+	if !lc[dev] {
+		return dev
+	}
+	var best *simgpu.Device
+	for _, d := range r.sim.Devices() {
+		if !lc[d] && (best == nil || count[d] < count[best]) {
+			best = d
+		}
+	}
+	if best == nil {
+		r.log.Warn("a risky best-effort model shares a device with latency-critical models: no device is free of them", "model", model, "device", dev.Index())
+		return dev
+	}
+	return best
+}
+
+// exited is an instance's OnExit: its client is gone by a fault. It starts
+// the device's recovery, or, when one is under way, asks it for another
+// pass (a fault during the recovery; an instance that started just before
+// the fault and was not yet known to the pass).
+func (r *recovery) exited(dev *simgpu.Device) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := dev.Index()
+	if r.stopped || r.ctx.Err() != nil {
+		return
+	}
+	if r.recovering[i] {
+		r.again[i] = true
+		return
+	}
+	r.recovering[i] = true
+	r.wg.Go(func() {
+		for {
+			r.recoverDevice(dev)
+			r.mu.Lock()
+			again := r.again[i] && !r.stopped && r.ctx.Err() == nil
+			r.again[i] = false
+			if !again {
+				r.recovering[i] = false
+			}
+			r.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	})
+}
+
+// recoverDevice is one pass of a device's recovery: when the device is
+// down, it records the fault and restarts the daemon; then it restarts the
+// instances a fault took down, latency-critical models first, and records
+// what it cost.
+func (r *recovery) recoverDevice(dev *simgpu.Device) {
+	name := fmt.Sprintf("cuda:%d", dev.Index())
+	fault := dev.Faulted()
+	rec := deviceRecovery{Device: dev.Index(), Fault: fault, At: time.Now()}
+	var fe *simgpu.FaultError
+	if errors.As(fault, &fe) {
+		rec.At = fe.At
+		rec.Culprit, rec.culprit = modelOf(fe.Client), keyOf(fe.Client)
+	}
+
+	// The instances a fault took down, in the order they restart, and
+	// what they had failed before.
+	type down struct {
+		inst   *runtime.Simulated
+		info   simInstance
+		failed int64
+	}
+	var gone []down
+	r.mu.Lock()
+	for inst, in := range r.instances {
+		if inst.Device() == dev && inst.Gone() {
+			gone = append(gone, down{inst, in, inst.Failed()})
+		}
+	}
+	r.mu.Unlock()
+	if fault == nil && len(gone) == 0 {
+		return // nothing left to do
+	}
+	slices.SortFunc(gone, func(a, b down) int {
+		ac, ap := a.info.rank()
+		bc, bp := b.info.rank()
+		return cmp.Or(cmp.Compare(ac, bc), cmp.Compare(ap, bp), strings.Compare(a.inst.Name(), b.inst.Name()))
+	})
+	if fault != nil {
+		names := make([]string, len(gone))
+		for i, g := range gone {
+			names[i] = g.inst.Name()
+		}
+		r.record(control.Event{Time: rec.At, Device: name, Model: rec.culprit, Kind: control.EventFault,
+			Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
+		r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
+
+		handle := r.daemon(dev.Index())
+		if handle == nil {
+			handle = simDaemon{dev}
+		}
+		if err := handle.RestartDaemon(r.ctx); err != nil {
+			r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: " + err.Error()})
+			return
+		}
+		rec.Daemon = time.Since(rec.At)
+	} else {
+		fault = errors.New("a fault on the device")
+	}
+
+	byModel := map[string]*modelRecovery{}
+	var order []string
+	for _, g := range gone {
+		mr := byModel[g.info.model]
+		if mr == nil {
+			mr = &modelRecovery{Model: g.info.model, key: g.info.key}
+			byModel[g.info.model] = mr
+			order = append(order, g.info.model)
+		}
+		target := r.deviceFor(g.info.model, dev)
+		err := g.inst.Recover(r.ctx, target, fmt.Sprintf("the device's MPS clients were taken down by a fault (%v)", fault))
+		mr.Failed += g.inst.Failed() - g.failed
+		switch {
+		case err == nil && mr.Ready == 0:
+			mr.Ready, mr.Device, mr.Err = time.Since(rec.At), target.Index(), nil
+		case err != nil && mr.Ready == 0:
+			mr.Err = err
+		}
+		if r.ctx.Err() != nil {
+			return
+		}
+	}
+	for _, m := range order {
+		mr := byModel[m]
+		rec.Models = append(rec.Models, *mr)
+		if mr.Err != nil {
+			r.record(control.Event{Device: name, Model: mr.key, Kind: control.EventError,
+				Reason: fmt.Sprintf("not serving again after the fault: %v (%d requests failed since)", mr.Err, mr.Failed)})
+			continue
+		}
+		where := ""
+		if mr.Device != dev.Index() {
+			where = fmt.Sprintf(" on cuda:%d, apart from latency-critical models", mr.Device)
+		}
+		since := fmt.Sprintf("after the fault (daemon back after %s)", rec.Daemon.Round(time.Millisecond))
+		if rec.Fault == nil {
+			since = "after its recovery began (a later pass: the daemon was back)"
+		}
+		r.record(control.Event{Device: name, Model: mr.key, Kind: control.EventRecovered,
+			Reason: fmt.Sprintf("serving again%s %s %s; %d requests failed meanwhile",
+				where, mr.Ready.Round(time.Millisecond), since, mr.Failed)})
+	}
+	if rec.Fault != nil {
+		r.mu.Lock()
+		r.done = append(r.done, rec)
+		r.mu.Unlock()
+	}
+}
+
+// noteFault counts a fault against the model whose client raised it, and
+// marks a best-effort model risky at riskyFaults within riskyWindow.
+func (r *recovery) noteFault(model, key string, at time.Time, device string) {
+	if model == "" {
+		return
+	}
+	r.mu.Lock()
+	lc := false
+	for _, in := range r.instances {
+		lc = lc || (in.model == model && in.lc)
+	}
+	recent := slices.DeleteFunc(append(r.faults[model], at), func(t time.Time) bool { return at.Sub(t) > riskyWindow })
+	r.faults[model] = recent
+	r.mu.Unlock()
+	if lc || len(recent) < riskyFaults {
+		return
+	}
+	why := fmt.Sprintf("its client faulted its GPU %d times within %s", len(recent), riskyWindow)
+	if r.isolation.Mark(model, why) {
+		r.record(control.Event{Device: device, Model: key, Kind: control.EventRisky,
+			Reason: why + ": kept on a device without latency-critical models when there is one"})
+	}
+}
+
+// restarted is an instance's OnRestart: a hung client replaced is an event.
+func (r *recovery) restarted(inst *runtime.Simulated, reason string) {
+	if !strings.HasPrefix(reason, "hung") {
+		return // a recovery's restart: recoverDevice records it
+	}
+	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", inst.Device().Index()), Model: keyOf(inst.Name()), Kind: control.EventHung,
+		Reason: fmt.Sprintf("%s; the device's other clients were left alone", reason)})
+}
+
+// startFailed records an instance that could not start for want of device
+// memory.
+func (r *recovery) startFailed(instance string, dev *simgpu.Device, err error) {
+	if errors.Is(err, simgpu.ErrOutOfMemory) {
+		r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev.Index()), Model: keyOf(instance), Kind: control.EventError,
+			Reason: "not started: " + err.Error()})
+	}
+}
+
+// modelOf and keyOf read an instance's name ("model/version#index").
+func modelOf(instance string) string {
+	m, _, _ := strings.Cut(instance, "/")
+	return m
+}
+
+func keyOf(instance string) string {
+	k, _, _ := strings.Cut(instance, "#")
+	return k
+}
+
+// record keeps an event and logs it.
+func (r *recovery) record(e control.Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	r.mu.Lock()
+	if n := len(r.events); n > 0 && e.Time.Before(r.events[n-1].Time) {
+		e.Time = r.events[n-1].Time
+	}
+	r.events = append(r.events, e)
+	if over := len(r.events) - recoveryEvents; over > 0 {
+		r.events = slices.Delete(r.events, 0, over)
+	}
+	r.mu.Unlock()
+	level := slog.LevelInfo
+	if e.Kind != control.EventRecovered {
+		level = slog.LevelWarn
+	}
+	r.log.Log(context.Background(), level, "device "+e.Kind, "device", e.Device, "model", e.Model, "reason", e.Reason)
+}
+
+// Events returns the kept events at or after since, oldest first; with
+// limit > 0 only the newest limit.
+func (r *recovery) Events(since time.Time, limit int) []control.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(r.events, since, func(e control.Event, t time.Time) int { return e.Time.Compare(t) })
+	out := r.events[i:]
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return slices.Clone(out)
+}
+
+// recoveries are the finished device recoveries, oldest first.
+func (r *recovery) recoveries() []deviceRecovery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.done)
+}
