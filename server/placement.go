@@ -317,5 +317,5 @@ func (a deviceActuator) MemoryUsage(key string) int64 {
 
 var (
 	_ control.AsyncActuator = deviceActuator{}
-	_ control.Mover    = (*placement)(nil)
+	_ control.Mover         = (*placement)(nil)
 )
