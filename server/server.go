@@ -130,7 +130,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	if place != nil {
 		opts.Place = place.place
 		if devs.rec != nil {
-			place.setRisky(devs.rec.isolation) // risky best-effort models kept apart
+			// Placement keeps risky best-effort models apart, in place of
+			// the recovery.
+			place.setRisky(devs.rec.isolation)
+			devs.rec.placed = true
 		}
 	}
 	reg, err := models.New(opts)
