@@ -26,7 +26,7 @@ PKGS       ?= ./...
 SERVE_FLAGS ?=
 
 # Environment the server, the tests and the benchmarks read.
-test bench bench-diurnal bench-colocation run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
+test bench bench-diurnal bench-colocation bench-gpu-day run: export SLOSERVE_ONNXRUNTIME_LIBRARY := $(ORT_LIB)
 test bench: export SLOSERVE_TESTMODELS := $(CURDIR)/deps/testmodels
 test bench: export SLOSERVE_DEMO_REPOSITORY := $(CURDIR)/demo-repository
 test bench: export SLOSERVE_REQUIRE_ORT := 1
@@ -43,7 +43,7 @@ test: export SLOSERVE_REQUIRE_HELM := 1
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
-.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal bench-colocation clean distclean
+.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal bench-colocation bench-gpu-day clean distclean
 
 setup: onnxruntime models testmodels
 
@@ -91,7 +91,7 @@ bench: setup
 # the medians (scripts/policy-medians.py); BENCHMARKS.md reports 3.
 DIURNAL_OUT ?= loadtest-results/diurnal
 POLICY_RUNS ?= 1
-bench-diurnal bench-colocation: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
+bench-diurnal bench-colocation bench-gpu-day: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 bench-diurnal: setup build
 	for i in $$(seq 1 $(POLICY_RUNS)); do \
 	  ./bin/sloserve loadtest --compare --out $(DIURNAL_OUT)-$$i loadtest/scenarios/diurnal.yaml; done
@@ -105,6 +105,15 @@ bench-colocation: setup build
 	for i in $$(seq 1 $(POLICY_RUNS)); do \
 	  ./bin/sloserve loadtest --compare --out $(COLOCATION_OUT)-$$i loadtest/scenarios/colocation.yaml; done
 	scripts/policy-medians.py $$(seq -f '$(COLOCATION_OUT)-%g' 1 $(POLICY_RUNS))
+
+# A GPU-scale day: twelve models on four simulated GPUs with placement
+# (loadtest/scenarios/gpu-day.yaml); a 6-minute day per policy after a
+# minute's warm-up, about 25 minutes a run. Simulated GPUs: no GPU needed.
+GPU_DAY_OUT ?= loadtest-results/gpu-day
+bench-gpu-day: setup build
+	for i in $$(seq 1 $(POLICY_RUNS)); do \
+	  ./bin/sloserve loadtest --compare --out $(GPU_DAY_OUT)-$$i loadtest/scenarios/gpu-day.yaml; done
+	scripts/policy-medians.py $$(seq -f '$(GPU_DAY_OUT)-%g' 1 $(POLICY_RUNS))
 
 # Build outputs only; `distclean` also drops fetched files and tools.
 clean:

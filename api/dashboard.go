@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -108,8 +109,11 @@ func (s *restServer) dashboardHistory(c *gin.Context) {
 		from = time.UnixMilli(int64(h.Series.T[0] * 1000))
 	}
 	if !from.IsZero() {
+		// Share events name the version ("model/N"); placement events
+		// name the model.
+		name, _, _ := strings.Cut(h.Key, "/")
 		for _, e := range toEventsJSON(s.b.ControlEvents(from, maxEvents)) {
-			if e.Model == h.Key {
+			if e.Model == h.Key || e.Model == name {
 				out.Events = append(out.Events, e)
 			}
 		}

@@ -147,8 +147,13 @@ type TensorConfig struct {
 
 // Execution configures the ONNX Runtime session.
 type Execution struct {
-	Provider          string `yaml:"provider"`
-	DeviceID          int    `yaml:"device_id"`
+	Provider string `yaml:"provider"`
+	DeviceID int    `yaml:"device_id"`
+	// DeviceGiven says the config names the device (device_id in
+	// config.yaml, instance_group.gpus in config.pbtxt): with
+	// gpu.placement on, such a model is pinned there; one without is
+	// placed by the server.
+	DeviceGiven       bool   `yaml:"-"`
 	IntraOpThreads    int    `yaml:"intra_op_threads"` // 0: ONNX Runtime's default
 	InterOpThreads    int    `yaml:"inter_op_threads"` // 0: ONNX Runtime's default
 	GraphOptimization string `yaml:"graph_optimization"`
@@ -376,6 +381,7 @@ func parseModel(file string, data []byte, dir string) (*Model, error) {
 		vp.Latest = &LatestPolicy{NumVersions: 1}
 	}
 	ex := &m.Execution
+	ex.DeviceGiven = ex.Provider == ProviderCUDA && idx.given("execution.device_id")
 	switch {
 	case ex.Provider == ProviderCUDA && ex.CUDA == nil:
 		ex.CUDA = defaultCUDA()

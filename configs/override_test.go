@@ -25,6 +25,7 @@ func TestKeys(t *testing.T) {
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
 		"control.profile.enabled", "control.profile.cache_dir", "control.profile.budget", "control.profile.runs",
 		"gpu.simulator.devices", "gpu.simulator.sms", "gpu.simulator.memory", "gpu.simulator.mps_daemon", "gpu.simulator.mig",
+		"gpu.placement.enabled", "gpu.placement.period", "gpu.placement.min_gain", "gpu.placement.min_residence",
 		"dashboard.enabled", "dashboard.resolution", "dashboard.retention", "dashboard.window",
 		"dashboard.attainment_target",
 		"tls.cert_file", "tls.key_file", "tls.client_ca_file", "tls.client_auth", "tls.min_version", "tls.metrics",
@@ -155,6 +156,7 @@ func TestSetEveryKey(t *testing.T) {
 		"limits.max_header_bytes": "8KiB", "auth.allowed_hosts": "a.example,b.example",
 		"runtime.arena_size":       "16MiB",
 		"gpu.simulator.mps_daemon": "false", "gpu.simulator.mig": "true",
+		"gpu.placement.enabled": "false", "gpu.placement.period": "3s", "gpu.placement.min_residence": "3s",
 	}
 	for _, key := range Keys() {
 		s := DefaultServer()

@@ -94,6 +94,25 @@ type GPU struct {
 	// for tests, benchmarks and demos on machines without a GPU. The
 	// outputs are zeros of the right shapes and types, not the model's.
 	Simulator GPUSimulator `yaml:"simulator"`
+	// Placement places cuda models across the devices and moves them
+	// when the mix drifts.
+	Placement GPUPlacement `yaml:"placement"`
+}
+
+// GPUPlacement configures placement across GPUs: a cuda model whose
+// config names no device_id is placed by the server at load, and models
+// are moved between devices (by a warm shadow on the target) when their
+// predicted demand drifts. Models that name a device stay there.
+type GPUPlacement struct {
+	Enabled bool `yaml:"enabled"`
+	// Period is the time between two re-placement passes.
+	Period time.Duration `yaml:"period"`
+	// MinGain is the least improvement of the placement's cost a move
+	// must bring (hysteresis); see docs/gpu.md.
+	MinGain float64 `yaml:"min_gain"`
+	// MinResidence is the least time a model stays on a device before it
+	// may move again.
+	MinResidence time.Duration `yaml:"min_residence"`
 }
 
 // GPUSimulator is the simulated machine's spec.
@@ -359,7 +378,10 @@ func DefaultServer() *Server {
 			CFSPeriod:      10 * time.Millisecond,
 			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
 		},
-		GPU: GPU{Simulator: GPUSimulator{SMs: 108, Memory: 40 << 30, MPSDaemon: true}},
+		GPU: GPU{
+			Simulator: GPUSimulator{SMs: 108, Memory: 40 << 30, MPSDaemon: true},
+			Placement: GPUPlacement{Period: 10 * time.Second, MinGain: 0.1, MinResidence: 2 * time.Minute},
+		},
 		Dashboard: Dashboard{
 			Enabled:          true,
 			Resolution:       time.Second,
@@ -457,6 +479,11 @@ func (s *Server) validate() problems {
 		if err := spec.Check(); err != nil {
 			p.add("gpu.simulator", "%s", strings.TrimPrefix(err.Error(), "simgpu: "))
 		}
+	}
+	if pl := s.GPU.Placement; pl.Period <= 0 || pl.MinResidence < 0 || !(pl.MinGain >= 0) {
+		p.add("gpu.placement", "period must be > 0, min_residence >= 0 and min_gain >= 0, got %v, %v and %v", pl.Period, pl.MinResidence, pl.MinGain)
+	} else if pl.Enabled && s.GPU.Simulator.Devices == 0 {
+		p.add("gpu.placement.enabled", "placement runs on simulated GPUs only for now (set gpu.simulator.devices); on real GPUs give each model its device_id")
 	}
 	s.Dashboard.validate(&p)
 	s.TLS.validate(&p)

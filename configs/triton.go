@@ -292,6 +292,7 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 		m.Execution.Provider = ProviderCUDA
 		m.Execution.CUDA = defaultCUDA()
 		m.Execution.DeviceID = int(max(gpu, 0))
+		m.Execution.DeviceGiven = gpu >= 0
 	}
 }
 
@@ -534,7 +535,11 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 	}
 	g := &tritonpb.ModelInstanceGroup{Name: m.Name, Count: int32(m.Instances), Kind: tritonpb.ModelInstanceGroup_KIND_CPU}
 	if m.Execution.Provider == ProviderCUDA {
-		g.Kind, g.Gpus = tritonpb.ModelInstanceGroup_KIND_GPU, []int32{int32(m.Execution.DeviceID)}
+		g.Kind = tritonpb.ModelInstanceGroup_KIND_GPU
+		if m.Execution.DeviceGiven || m.Execution.DeviceID != 0 {
+			// A model placed by the server names no GPU.
+			g.Gpus = []int32{int32(m.Execution.DeviceID)}
+		}
 	}
 	tc.InstanceGroup = []*tritonpb.ModelInstanceGroup{g}
 	if m.MaxBatchSize > 0 || m.DynamicBatching.PriorityLevels > 0 || m.DynamicBatching.DefaultTimeout > 0 || m.MaxQueueSize > 0 {

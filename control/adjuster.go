@@ -819,6 +819,9 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		if ctx.Err() != nil {
 			return // stopping
 		}
+		if errors.Is(err, ErrElsewhere) {
+			return // moved: the target device's adjuster sizes it now
+		}
 		a.failed(now, name, t.applied, want, d, err)
 		return
 	}
@@ -957,7 +960,9 @@ func (a *Adjuster) evictIdle(ctx context.Context, now time.Time, states []qos.Mo
 		}
 		t := a.models[name]
 		reason := fmt.Sprintf("memory %s over budget %s: evicted idle %s", formatBytes(total), formatBytes(a.opts.MemoryBudget), shortDuration(now.Sub(c.LastActive)))
-		if err := a.opts.Actuator.Evict(ctx, name); err != nil {
+		if err := a.opts.Actuator.Evict(ctx, name); errors.Is(err, ErrElsewhere) {
+			continue
+		} else if err != nil {
 			a.record(Event{Model: name, Kind: EventError, Old: t.applied, New: t.applied, Reason: fmt.Sprintf("evicting failed (%s): %v", reason, err)})
 			continue
 		}

@@ -23,7 +23,15 @@
 // (best-effort models that faulted their GPU repeatedly), which the
 // server's device recovery marks.
 //
+// A Placer chooses which device (GPU) each model runs on: at load for a
+// model whose config names none, and again when the mix drifts, weighing
+// moves by how much they lower a placement cost (demand over capacity,
+// memory with a shadow's headroom, risky best-effort models beside
+// latency-critical ones, balance) and matching them so that a device takes
+// part in one move per period; a Mover (the model registry) applies each
+// move by a warm shadow.
+//
 // It must not run requests, order them or touch processes and cgroups: it
 // reads the scheduler, predicts through the Predictor and acts through the
-// Actuator only.
+// Actuator and the Mover only.
 package control

@@ -25,8 +25,8 @@ const (
 // takes every client of its device down). The server's recovery marks
 // them; placement across devices reads it (Risky) and keeps such a model
 // on a device without latency-critical models when another device exists.
-// Until placement does, the recovery itself restarts a risky model on such
-// a device. Safe for concurrent use; the zero value is empty.
+// Without gpu.placement, the recovery itself restarts a risky model's
+// instances on such a device. Safe for concurrent use; the zero value is empty.
 type Isolation struct {
 	mu    sync.Mutex
 	risky map[string]string // model name -> why

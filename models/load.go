@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -63,6 +64,9 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	cfg, err := configs.LoadModel(m.dir)
 	if err == nil {
 		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
+	}
+	if err == nil {
+		cfg, err = r.placed(name, cfg)
 	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -205,6 +209,12 @@ func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 // startVersion starts every instance of one version and checks the model
 // file's inputs and outputs against the config.
 func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
+	return r.startVersionAt(ctx, cfg, dir, n, initialShare(cfg))
+}
+
+// startVersionAt is startVersion at a given share (a move keeps the
+// version's share).
+func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir string, n int64, share limiter.Share) (*version, error) {
 	label := strconv.FormatInt(n, 10)
 	slots := max(1, cfg.Execution.Concurrency)
 	v := &version{
@@ -218,7 +228,7 @@ func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir str
 		maxBatch: cfg.MaxBatchSize,
 		units:    map[runtime.Member]unit{},
 		obs:      r.metrics.forVersion(cfg.Name, label),
-		share:    initialShare(cfg),
+		share:    share,
 	}
 	if r.opts.Limiter != nil {
 		v.lim = r.opts.Limiter(v.device)

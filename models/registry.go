@@ -8,9 +8,11 @@
 // It also starts each instance in a limiter unit and applies the shares the
 // adjuster chooses to them (it is the qos Actuator): a live resize, or a
 // replacement it starts and the pool swaps in; it evicts idle models and
-// loads them again on demand. It must not decide shares, admit, order or
-// count requests (qos does), pick instances or run calls (the pool does),
-// or speak a wire protocol (api does).
+// loads them again on demand; it moves a version to another GPU by a warm
+// shadow when placement asks (place.go). It must not decide shares or
+// placements (control does), admit, order or count requests (qos does),
+// pick instances or run calls (the pool does), or speak a wire protocol
+// (api does).
 package models
 
 import (
@@ -104,6 +106,11 @@ type Options struct {
 	// Profile, when set, runs the predictor's sweep for each freshly
 	// loaded version before it takes traffic (see ProfileRun).
 	Profile func(ctx context.Context, run ProfileRun) error
+	// Place, when set, chooses the cuda device (its index) of a model
+	// whose config names none (see place.go); nil loads it on device 0.
+	// It is called for the cuda models that name one too, and must
+	// return that one.
+	Place func(model string, cfg *configs.Model) (int, error)
 	// Forget, when set, is called with a version's scheduler name
 	// ("model/N") once the version is gone for good: replaced by other
 	// versions, unloaded through the API, or its model removed from the
@@ -181,8 +188,9 @@ type version struct {
 	maxBatch int
 	pool     *runtime.Pool // the instances; the scheduler executes on it
 
-	shareMu sync.Mutex // serialises share changes and swaps
-	retired bool       // guarded by shareMu: being stopped, no more swaps
+	shareMu sync.Mutex  // serialises share changes and swaps
+	retired bool        // guarded by shareMu: being stopped, no more swaps
+	moving  atomic.Bool // moving to another device (place.go): no more swaps
 
 	resizeMu  sync.Mutex // guards the fields below (RequestShare)
 	resizing  *resize    // the latest request whose replacements run; nil: none

@@ -55,6 +55,9 @@ func (r *Registry) RequestShare(key string, s limiter.Share) error {
 	if v.retired {
 		return fmt.Errorf("%w: model %s version %s is being unloaded", ErrNotReady, v.model, v.label)
 	}
+	if v.moving.Load() {
+		return fmt.Errorf("%w: %s", ErrMoving, key)
+	}
 	members := v.pool.Members()
 	per := instanceShare(s, len(members))
 	rz := &resize{want: s}

@@ -195,6 +195,9 @@ func (r *Registry) SetShare(ctx context.Context, key string, s limiter.Share) er
 	}
 	v.shareMu.Lock()
 	defer v.shareMu.Unlock()
+	if v.moving.Load() {
+		return fmt.Errorf("%w: %s", ErrMoving, key)
+	}
 	return r.setShareLocked(ctx, v, s, swapAlways)
 }
 

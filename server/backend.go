@@ -96,6 +96,9 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	if b.devs.rec != nil {
 		all = append(all, b.devs.rec.Events(since, limit)...)
 	}
+	if b.devs.place != nil {
+		all = append(all, b.devs.place.events(since, limit)...)
+	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {
 		all = all[len(all)-limit:]

@@ -46,6 +46,9 @@ type devices struct {
 	// recovers its devices from faults.
 	sim *simgpu.Sim
 	rec *recovery
+	// place, when set, places cuda models across the devices
+	// (placement.go).
+	place *placement
 
 	mu    sync.Mutex
 	byDev map[string]*device
@@ -200,7 +203,7 @@ func (ds *devices) get(name string) (*device, error) {
 		MemoryBudget:   int64(ds.ctl.MemoryBudget),
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
-		Actuator:       ds.registry,
+		Actuator:       deviceActuator{reg: ds.registry, device: name},
 		Usage:          d.usage.get,
 		CapsOnly:       lim.Kind() == limiter.KindMPS,
 		Logger:         log.With("component", "adjuster"),
@@ -307,6 +310,13 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 		}
 	}
+}
+
+// lookup returns a device that has started, nil if none has.
+func (ds *devices) lookup(name string) *device {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	return ds.byDev[name]
 }
 
 // limitedOrWhole is a compute share with no limit counted as the whole

@@ -53,6 +53,10 @@ type recovery struct {
 	// daemon is the MPS daemon handle of a device: the limiter's when it
 	// has one. A seam for tests.
 	daemon func(device int) limiter.DaemonRestarter
+	// placed: gpu.placement keeps risky models apart (it moves them, and
+	// the registry knows where they run); instances start where the
+	// registry says. Set before any instance starts.
+	placed bool
 
 	wg sync.WaitGroup // the recoveries under way
 
@@ -195,10 +199,10 @@ func (r *recovery) untrack(inst *runtime.Simulated) {
 
 // deviceFor is the device a model's instance starts on: dev, unless the
 // model is risky and another device has no latency-critical instance (the
-// one with the fewest instances). While placement across devices does not
-// exist, this is where Isolation acts.
+// one with the fewest instances). Without gpu.placement this is where
+// Isolation acts; with it, placement does (recovery.placed).
 func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
-	if _, risky := r.isolation.Risky(model); !risky {
+	if _, risky := r.isolation.Risky(model); !risky || r.placed {
 		return dev
 	}
 	r.mu.Lock()

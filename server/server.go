@@ -123,11 +123,31 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	if cfg.Control.Profile.Enabled {
 		opts.Profile = prof.run
 	}
+	place, err := newPlacement(cfg.GPU.Placement, devs, logger)
+	if err != nil {
+		return err
+	}
+	if place != nil {
+		opts.Place = place.place
+		if devs.rec != nil {
+			// Placement keeps risky best-effort models apart, in place of
+			// the recovery.
+			place.setRisky(devs.rec.isolation)
+			devs.rec.placed = true
+		}
+	}
 	reg, err := models.New(opts)
 	if err != nil {
 		return err
 	}
 	devs.registry = reg
+	if place != nil {
+		// Placement stops with the server's ctx (no move starts while
+		// models unload) or with the loops, whichever ends first.
+		placeCtx, stopPlace := context.WithCancel(loopCtx)
+		stopOnDone := context.AfterFunc(ctx, stopPlace)
+		devs.loops.Go(func() { defer stopOnDone(); defer stopPlace(); place.run(placeCtx) })
+	}
 	reloads, err := newReloader(rl, cfg, reg, devs.gate, promReg, logger.With("component", "config"))
 	if err != nil {
 		return err

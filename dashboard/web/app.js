@@ -39,7 +39,7 @@
     predicted: '#ef6c00', observed: '#1565c0', planned: '#8a9aa9', queue: '#6d4c41',
     deadline: '#e53935', queueFull: '#fb8c00', dropped: '#8e24aa', failed: '#37474f',
   };
-  const EVENT_COLOURS = { resize: '#5e35b1', evict: '#8d6e63', pin: '#00838f', unpin: '#00838f', error: '#c62828' };
+  const EVENT_COLOURS = { resize: '#5e35b1', evict: '#8d6e63', pin: '#00838f', unpin: '#00838f', error: '#c62828', place: '#2e7d32', move: '#ef6c00' };
 
   // ---------------------------------------------------------------- DOM
 
@@ -217,6 +217,9 @@
 
   // fmtChange describes an event's old -> new share.
   function fmtChange(e) {
+    // Placement events say where the model went; the reason says why
+    // (and, for a move, from where).
+    if ((e.kind === 'place' || e.kind === 'move') && e.device) return '→ ' + e.device;
     const o = e.old || {};
     const n = e.new || {};
     const parts = [];

@@ -1,0 +1,321 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/qos"
+)
+
+// placement wires control.Placer to the server (gpu.placement): it reads
+// the devices and the cuda models on them (the snapshot), places a model
+// that names no device at load (the registry's Options.Place) and moves
+// models through the registry (control.Mover).
+type placement struct {
+	cfg    configs.GPUPlacement
+	devs   *devices
+	placer *control.Placer
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// arrivals are each version's arrival count when the snapshot last
+	// read it, for the rate under the policies whose adjusters forecast
+	// none (static, shared).
+	arrivals map[string]arrivalMark
+	// risky, when set, marks the best-effort models placement keeps apart
+	// from latency-critical ones (device-fault recovery sets it).
+	risky control.RiskyModels
+}
+
+// arrivalMark is a version's arrival count at a time, and the rate seen
+// since the mark before.
+type arrivalMark struct {
+	at      time.Time
+	arrived uint64
+	rate    float64
+}
+
+// Prior demands of a model whose rate and latency nothing has measured
+// yet (at load): assumptions, corrected by re-placement once forecasts
+// exist.
+const (
+	priorDemandLC = 0.25
+	priorDemandBE = 0.1
+)
+
+// newPlacement returns the server's placement, nil when gpu.placement is
+// off. It needs the devices' registry before it places or moves.
+func newPlacement(cfg configs.GPUPlacement, ds *devices, log *slog.Logger) (*placement, error) {
+	if !cfg.Enabled {
+		return nil, nil
+	}
+	if ds.sim == nil {
+		return nil, errors.New("gpu.placement: needs simulated GPUs (gpu.simulator.devices)")
+	}
+	p := &placement{cfg: cfg, devs: ds, log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
+	placer, err := control.NewPlacer(control.PlacerOptions{
+		Period: cfg.Period, MinGain: cfg.MinGain, MinResidence: cfg.MinResidence,
+		Snapshot: p.snapshot, Mover: p, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.placer = placer
+	ds.place = p
+	return p, nil
+}
+
+// setRisky gives placement the models to keep apart from latency-critical
+// ones.
+func (p *placement) setRisky(r control.RiskyModels) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.risky = r
+}
+
+func (p *placement) isRisky(model string) bool {
+	p.mu.Lock()
+	r := p.risky
+	p.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	_, ok := r.Risky(model)
+	return ok
+}
+
+// run re-places until ctx ends.
+func (p *placement) run(ctx context.Context) {
+	if err := p.placer.Run(ctx); err != nil {
+		p.log.Error("placement stopped", "err", err)
+	}
+}
+
+// devices are the simulated GPUs.
+func (p *placement) devices() []control.PlacementDevice {
+	spec := p.devs.sim.Spec()
+	out := make([]control.PlacementDevice, spec.Devices)
+	for i := range out {
+		out[i] = control.PlacementDevice{Name: fmt.Sprintf("cuda:%d", i), Memory: spec.Memory}
+	}
+	return out
+}
+
+// place is the registry's Options.Place: the device of a cuda model
+// loading without a device_id, from its class and memory_limit and a prior
+// demand (nothing has forecast it yet). A model that names its device is
+// counted there.
+func (p *placement) place(model string, cfg *configs.Model) (int, error) {
+	m := control.PlacementModel{
+		Name: model, Class: qos.Class(cfg.SLO.Class),
+		Memory: int64(cfg.Resources.MemoryLimit) * int64(max(1, cfg.Instances)),
+		Risky:  p.isRisky(model),
+	}
+	m.Demand = priorDemandBE
+	if m.Class == qos.ClassLatencyCritical {
+		m.Demand = priorDemandLC
+	}
+	if cfg.Execution.DeviceGiven {
+		m.Device, m.Pinned = fmt.Sprintf("cuda:%d", cfg.Execution.DeviceID), true
+	}
+	dev, err := p.placer.Place(m)
+	if err != nil {
+		return 0, err
+	}
+	var id int
+	if _, err := fmt.Sscanf(dev, "cuda:%d", &id); err != nil {
+		return 0, fmt.Errorf("placement chose %q: %w", dev, err)
+	}
+	return id, nil
+}
+
+// snapshot is the Placer's view: the devices, and each cuda model on one
+// with its demand and memory. A model's versions count together, on the
+// device of its first.
+func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
+	reg := p.devs.registry
+	if reg == nil {
+		return p.devices(), nil
+	}
+	byModel := map[string]*control.PlacementModel{}
+	var order []string
+	for _, v := range reg.Placements() {
+		m, ok := byModel[v.Model]
+		if !ok {
+			m = &control.PlacementModel{Name: v.Model, Class: qos.Class(v.Config.SLO.Class), Device: v.Device,
+				Pinned: v.Pinned, Risky: p.isRisky(v.Model)}
+			byModel[v.Model] = m
+			order = append(order, v.Model)
+		}
+		m.Demand += p.demand(v)
+		m.Memory += max(v.MemoryLimit, v.MemoryUsed)
+	}
+	slices.Sort(order)
+	out := make([]control.PlacementModel, 0, len(order))
+	for _, name := range order {
+		out = append(out, *byModel[name])
+	}
+	return p.devices(), out
+}
+
+// demand is the compute share a version needs at its forecast rate: under
+// the adaptive policy, a latency-critical version's target share (the
+// smallest its adjuster predicts meets its SLO at the forecast rate);
+// otherwise its busy fraction at the whole device, the forecast rate times
+// the predicted execution at share 1 (a best-effort request counted as a
+// batch of max_batch_size), over the utilisation bound for a
+// latency-critical one. Before any forecast, the prior.
+func (p *placement) demand(v models.PlacedVersion) float64 {
+	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
+	if d := p.devs.lookup(v.Device); d != nil && lc && d.adj.Policy() == control.SharePolicyAdaptive {
+		for _, ms := range d.adj.Shares() {
+			if ms.Model == v.Key && ms.Target > 0 {
+				return min(ms.Target, 1)
+			}
+		}
+	}
+	pred := p.devs.pred
+	rate := p.rate(v)
+	batch := 1
+	if !lc {
+		batch = max(1, v.Config.MaxBatchSize)
+	}
+	lat, ok := pred.Latency(v.Key, batch, 1)
+	if !ok {
+		if lc {
+			return priorDemandLC
+		}
+		return priorDemandBE
+	}
+	busy := rate * lat.Seconds()
+	if lc {
+		busy /= max(p.devs.ctl.MaxUtilization, 0.1)
+	}
+	return min(busy, 1)
+}
+
+// rate is a version's arrival rate: the one its adjuster forecasts under
+// the adaptive policy, else the one seen since the last snapshot (the
+// static and shared policies forecast nothing).
+func (p *placement) rate(v models.PlacedVersion) float64 {
+	d := p.devs.lookup(v.Device)
+	if d == nil {
+		return 0
+	}
+	if d.adj.Policy() == control.SharePolicyAdaptive {
+		return p.devs.pred.ForecastRate(v.Key, p.devs.ctl.Period)
+	}
+	st, ok := d.sched.ModelState(v.Key)
+	if !ok {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mark, seen := p.arrivals[v.Key]
+	now := time.Now()
+	if seen && st.Arrived >= mark.arrived && now.Sub(mark.at) >= time.Second {
+		mark.rate = float64(st.Arrived-mark.arrived) / now.Sub(mark.at).Seconds()
+	} else if seen && st.Arrived >= mark.arrived {
+		return mark.rate // read again within a second: keep the last rate
+	}
+	// A version that moved starts its count again on its new device.
+	mark.at, mark.arrived = now, st.Arrived
+	p.arrivals[v.Key] = mark
+	return mark.rate
+}
+
+// Move is control.Mover: every serving version of the model moves to the
+// device, one after the other.
+func (p *placement) Move(ctx context.Context, model, device string) error {
+	reg := p.devs.registry
+	var errs []error
+	for _, v := range reg.Placements() {
+		if v.Model == model && v.Device != device {
+			if err := reg.Move(ctx, v.Key, device); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// events are the placement's events.
+func (p *placement) events(since time.Time, limit int) []control.Event {
+	return p.placer.Events(since, limit)
+}
+
+// deviceActuator is a device's adjuster's actuator (an asynchronous one, as
+// the registry is): the registry, for the versions that run on the device. A version that moved away answers
+// control.ErrElsewhere, so that the old device's adjuster, which may see
+// it until its queue there has drained, does not resize or evict it on
+// its new device.
+type deviceActuator struct {
+	reg    *models.Registry
+	device string
+}
+
+func (a deviceActuator) here(key string) error {
+	name, ver, _ := strings.Cut(key, "/")
+	_, dev, err := a.reg.VersionKey(name, ver)
+	if err == nil && dev != a.device {
+		return fmt.Errorf("%w: %s is on %s", control.ErrElsewhere, key, dev)
+	}
+	return nil
+}
+
+func (a deviceActuator) SetShare(ctx context.Context, key string, s limiter.Share) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	if err := a.reg.SetShare(ctx, key, s); errors.Is(err, models.ErrMoving) {
+		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a deviceActuator) RequestShare(key string, s limiter.Share) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	if err := a.reg.RequestShare(key, s); errors.Is(err, models.ErrMoving) {
+		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a deviceActuator) ShareInEffect(key string) (limiter.Share, bool, error) {
+	return a.reg.ShareInEffect(key)
+}
+
+func (a deviceActuator) Evict(ctx context.Context, key string) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	return a.reg.Evict(ctx, key)
+}
+
+func (a deviceActuator) MemoryUsage(key string) int64 {
+	if a.here(key) != nil {
+		return 0
+	}
+	return a.reg.MemoryUsage(key)
+}
+
+var (
+	_ control.AsyncActuator = deviceActuator{}
+	_ control.Mover         = (*placement)(nil)
+)
