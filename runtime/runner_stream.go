@@ -79,6 +79,11 @@ func (w *frameWriter) write(m proto.Message) error {
 func (w *frameWriter) writeBy(m proto.Message, deadline time.Time) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// The deadline passed while the frame waited for the writers
+		// before it: nothing is written, and the connection stays whole.
+		return errWriteExpired
+	}
 	if d, ok := w.conn.(interface{ SetWriteDeadline(time.Time) error }); ok {
 		_ = d.SetWriteDeadline(deadline)
 	}
@@ -96,6 +101,10 @@ func (w *frameWriter) writeBy(m proto.Message, deadline time.Time) error {
 	}
 	return err
 }
+
+// errWriteExpired is a frame not written because its deadline had passed
+// before its turn to write came.
+var errWriteExpired = errors.New("the call's deadline passed before its request was written")
 
 // writeGoodbye writes the empty frame that ends a runner's answers.
 func (w *frameWriter) writeGoodbye() error {
@@ -277,7 +286,15 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 	c.mu.Unlock()
 
 	deadline, _ := ctx.Deadline()
-	if err := c.w.writeBy(req, deadline); err != nil {
+	err := c.w.writeBy(req, deadline)
+	if errors.Is(err, errWriteExpired) {
+		// Nothing was written: only this call ends.
+		c.mu.Lock()
+		delete(c.pending, req.Id)
+		c.mu.Unlock()
+		return nil, context.DeadlineExceeded
+	}
+	if err != nil {
 		// A failed write ends the stream (a runner that has not taken a
 		// call by its deadline is not reading: it is hung); the receiver
 		// then fails the pending calls, this one with them unless its

@@ -219,3 +219,32 @@ func TestCallStreamWriteGivesUpAtDeadline(t *testing.T) {
 		t.Fatalf("onBroken(%v): a stream cut by the server is not the runner's goodbye", err)
 	}
 }
+
+// A call whose deadline passes while it waits for its turn to write is not
+// written at all: it fails with its deadline, and the stream (and so the
+// runner) serves the next call. Under load this was a runner killed for a
+// request that expired in the writers' queue.
+func TestCallStreamExpiredBeforeWriteKeepsStream(t *testing.T) {
+	c, runner, brokenWith := streamPair(t)
+	ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Millisecond))
+	defer cancel()
+	if _, err := c.call(ctx, &runnerpb.InferRequest{}, &pendingCall{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("expired call: %v, want its deadline", err)
+	}
+	done := callAsync(t, c)
+	req := &runnerpb.InferRequest{}
+	if err := newFrameReader(runner).next(req); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&frameWriter{conn: runner}).write(&runnerpb.InferResponse{Id: req.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the call after an expired one: %v", err)
+	}
+	select {
+	case err := <-brokenWith:
+		t.Fatalf("the stream ended: %v", err)
+	default:
+	}
+}
