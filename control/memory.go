@@ -25,9 +25,10 @@ type WorkingSetPredictor interface {
 
 // InstanceMemoryReader is the part of an Actuator that reads what the
 // largest instance of a model holds now, in bytes, as its memory limit
-// counts it (0 unknown). Without it the adaptive policy shrinks no memory
-// share below the one applied: a share under what an instance holds would
-// have the kernel kill it.
+// counts it (0 unknown). Without it the adaptive policy leaves memory at
+// the model's limit: a share under what an instance holds would have the
+// kernel kill it. (The server's per-device actuator once lacked it, and the
+// first share asked for was under what the runner held.)
 type InstanceMemoryReader interface {
 	InstanceMemory(model string) int64
 }
@@ -63,13 +64,17 @@ type memorySample struct {
 // at the model's limit: an MPS client's pinned memory is fixed at its
 // start, so each change would be a swap, and a swap needs room for its
 // shadow beside the old client on the device. Without working sets
-// (WorkingSetPredictor) memory stays at the limit too, as before.
+// (WorkingSetPredictor), or without reading what instances hold
+// (InstanceMemoryReader), memory stays at the limit too, as before.
 func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 	ws, ok := a.opts.Predictor.(WorkingSetPredictor)
 	if !ok || a.opts.CapsOnly {
 		return
 	}
-	reader, _ := a.opts.Actuator.(InstanceMemoryReader)
+	reader, ok := a.opts.Actuator.(InstanceMemoryReader)
+	if !ok {
+		return // a share could go under what an instance holds
+	}
 	for _, st := range states {
 		name := st.Spec.Name
 		t := a.models[name]

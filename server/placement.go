@@ -315,7 +315,15 @@ func (a deviceActuator) MemoryUsage(key string) int64 {
 	return a.reg.MemoryUsage(key)
 }
 
+func (a deviceActuator) InstanceMemory(key string) int64 {
+	if a.here(key) != nil {
+		return 0
+	}
+	return a.reg.InstanceMemory(key)
+}
+
 var (
-	_ control.AsyncActuator = deviceActuator{}
-	_ control.Mover         = (*placement)(nil)
+	_ control.AsyncActuator        = deviceActuator{}
+	_ control.InstanceMemoryReader = deviceActuator{}
+	_ control.Mover                = (*placement)(nil)
 )
