@@ -68,6 +68,13 @@ func (c controlJSON) share(model string) float64 {
 // controller, and whether it is cgroup v2.
 func cpuDir(t *testing.T, pid int) (string, bool) {
 	t.Helper()
+	return cgroupDir(t, pid, "cpu")
+}
+
+// cgroupDir is the directory of a process's cgroup that has controller
+// (v1), or its unified cgroup (v2), and whether it is cgroup v2.
+func cgroupDir(t *testing.T, pid int, controller string) (string, bool) {
+	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +85,7 @@ func cpuDir(t *testing.T, pid int) (string, bool) {
 			continue
 		}
 		for c := range strings.SplitSeq(parts[1], ",") {
-			if c == "cpu" {
+			if c == controller {
 				return filepath.Join("/sys/fs/cgroup", parts[1], parts[2]), false
 			}
 		}
@@ -86,7 +93,7 @@ func cpuDir(t *testing.T, pid int) (string, bool) {
 			return filepath.Join("/sys/fs/cgroup", parts[2]), true
 		}
 	}
-	t.Fatalf("pid %d: no cpu cgroup in %s", pid, b)
+	t.Fatalf("pid %d: no %s cgroup in %s", pid, controller, b)
 	return "", false
 }
 

@@ -107,23 +107,7 @@ func (s *testServer) memoryShare(t *testing.T, model string) (share, target int6
 // controller, and whether it is cgroup v2.
 func memDir(t *testing.T, pid int) (string, bool) {
 	t.Helper()
-	b := mustRead(t, fmt.Sprintf("/proc/%d/cgroup", pid))
-	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for c := range strings.SplitSeq(parts[1], ",") {
-			if c == "memory" {
-				return filepath.Join("/sys/fs/cgroup", parts[1], parts[2]), false
-			}
-		}
-		if parts[1] == "" {
-			return filepath.Join("/sys/fs/cgroup", parts[2]), true
-		}
-	}
-	t.Fatalf("pid %d: no memory cgroup in %s", pid, b)
-	return "", false
+	return cgroupDir(t, pid, "memory")
 }
 
 // memLimit reads the memory limit of a process's cgroup in bytes (v1

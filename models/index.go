@@ -96,16 +96,7 @@ func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 // with, its inputs and outputs those of the loaded model. The copy shares
 // its lists and policies with the version's: read it, do not change it.
 func (r *Registry) ModelConfig(name, ver string) (*configs.Model, error) {
-	if err := validName(name); err != nil {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
-	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
-	}
-	v, err := m.resolve(ver)
+	v, err := r.serving(name, ver)
 	if err != nil {
 		return nil, err
 	}

@@ -407,6 +407,9 @@ func (r *Registry) versionByKey(key string) (*version, error) {
 
 // serving finds a serving version of a model ("" = the default one).
 func (r *Registry) serving(name, ver string) (*version, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
