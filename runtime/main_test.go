@@ -173,6 +173,16 @@ func processGone(pid int) bool {
 	return syscall.Kill(pid, 0) == syscall.ESRCH
 }
 
+// freeze stops pid with SIGSTOP and waits until every thread has stopped, so
+// a call sent next cannot be answered before the stop takes hold.
+func freeze(t testing.TB, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the runner to stop", func() bool { return allThreadsStopped(pid) })
+}
+
 // allThreadsStopped reports whether every thread of pid is stopped by a
 // signal: kill(SIGSTOP) returns before the threads actually stop.
 func allThreadsStopped(pid int) bool {

@@ -205,9 +205,7 @@ func TestRunnerKilledMidCallReclaimsArena(t *testing.T) {
 	}
 	ar := r.serving.Load().arena
 	pid := r.Pid()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, pid)
 	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 5000)
 	done := make(chan error, 1)
 	go func() {
@@ -259,9 +257,7 @@ func TestRunnerAbandonedCallFreesSlot(t *testing.T) {
 	r := startTestRunner(t, testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx")))
 	ar := r.serving.Load().arena
 	pid := r.Pid()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, pid)
 	stopped := true
 	defer func() {
 		if stopped {

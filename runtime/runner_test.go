@@ -332,10 +332,7 @@ func TestRunnerRestartsAfterSIGKILL(t *testing.T) {
 
 	// Make sure a call is in flight at the kill: freeze the runner, start a
 	// call, then kill the runner.
-	if err := syscall.Kill(oldPid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "the runner to stop", func() bool { return allThreadsStopped(oldPid) })
+	freeze(t, oldPid)
 	inflight := make(chan result, 1)
 	go func() {
 		req, _ := rowSumsRequest(rand.New(rand.NewPCG(7, 7)), 1)
@@ -501,9 +498,7 @@ func TestRunnerReplacesHungProcess(t *testing.T) {
 	cfg.OnRestart = func(reason string) { reasons <- reason }
 	r := startTestRunner(t, cfg)
 	oldPid := r.Pid()
-	if err := syscall.Kill(oldPid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, oldPid)
 	select {
 	case reason := <-reasons:
 		if !strings.Contains(reason, "hung") {
@@ -571,7 +566,7 @@ func TestRunnerStopKillsAtDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := r.Pid()
-	syscall.Kill(pid, syscall.SIGSTOP)
+	freeze(t, pid)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
