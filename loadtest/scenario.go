@@ -319,6 +319,14 @@ func (sc *Scenario) traceOptions(t *TraceSpec) (TraceOptions, error) {
 	return o, o.Validate()
 }
 
+// Arrivals returns model i's send offsets over [-Warmup, Duration), the
+// measured window starting at 0, as a run sends them: for replaying a
+// scenario's open-loop load elsewhere (the server's simulated-time days).
+func (sc *Scenario) Arrivals(i int) ([]time.Duration, error) {
+	offs, _, err := sc.arrivals(i, 1)
+	return offs, err
+}
+
 // arrivals returns model i's send offsets over [-Warmup, Duration) shifted
 // so that the measured window starts at 0, with scale multiplying an open-
 // loop schedule's rate (the capacity search; 1 otherwise). Traces are

@@ -68,8 +68,13 @@ type Pool struct {
 	stopped chan struct{}
 	calls   atomic.Int64 // Execute calls in progress
 
-	swap   sync.Mutex // one replacement at a time, and none after Stop
-	closed bool       // guarded by swap
+	// swap holds a token while a replacement runs: one at a time, and
+	// none after Stop. It is a channel, not a mutex, because a replacement
+	// waits for its new member to warm up and the next one waits for it;
+	// a goroutine blocked on a channel lets a simulated clock
+	// (testing/synctest) move on, one blocked on a mutex stops it.
+	swap   chan struct{}
+	closed bool // guarded by swap
 
 	// The asynchronous swaps (Swap), by member index.
 	asyncMu sync.Mutex
@@ -93,6 +98,7 @@ func NewPool(members []Member, opts PoolOptions) (*Pool, error) {
 		opts:    opts,
 		idle:    make(chan Member, (len(members)+1)*opts.Slots),
 		stopped: make(chan struct{}),
+		swap:    make(chan struct{}, 1),
 		members: slices.Clone(members),
 	}
 	for range opts.Slots {
@@ -310,8 +316,8 @@ func (p *Pool) Replace(ctx context.Context, i int, start func(ctx context.Contex
 // in and the old one drains. A member start returns after ctx ended is
 // stopped, not switched in.
 func (p *Pool) replace(ctx context.Context, i int, start func(ctx context.Context) (Member, error), switching func()) error {
-	p.swap.Lock()
-	defer p.swap.Unlock()
+	p.swap <- struct{}{}
+	defer func() { <-p.swap }()
 	if p.closed {
 		return ErrPoolStopped
 	}
@@ -378,10 +384,10 @@ func (p *Pool) Stop(ctx context.Context) {
 		s.cancel(ErrPoolStopped)
 	}
 	p.asyncMu.Unlock()
-	p.swap.Lock()
+	p.swap <- struct{}{}
 	was := p.closed
 	p.closed = true
-	p.swap.Unlock()
+	<-p.swap
 	if was {
 		return
 	}
