@@ -78,6 +78,11 @@ func (r gpuDayResult) be() (done int) {
 	return done
 }
 
+// gpuDayAlone is not a policy but the day's bound: every model with a
+// simulated GPU of its own, no limits, nothing beside it. What a model
+// misses there its arrivals and its curve make it miss under any policy.
+const gpuDayAlone = "alone"
+
 // simulatedGPUDay runs gpu-day.yaml (its repository, server settings,
 // arrivals and closed loops) against the server's registry, control loops
 // and placement on simulated GPUs under testing/synctest: the same day as
@@ -122,6 +127,10 @@ func simulatedGPUDay(t *testing.T, policy string) gpuDayResult {
 			}
 		}
 		cfg.Control.Policy = policy
+		if policy == gpuDayAlone {
+			cfg.GPU.Simulator.Devices = len(sc.Models)
+			cfg.Control.Policy = configs.SharePolicyShared
+		}
 		reg, devs, _ := placedServer(t, cfg, configsByName)
 		for _, m := range sc.Models {
 			for ok, _ := reg.ModelReady(m.Model, ""); !ok; ok, _ = reg.ModelReady(m.Model, "") {
@@ -262,8 +271,8 @@ func (r gpuDayResult) log(t *testing.T) {
 
 // TestSimulatedGPUDay replays the benchmark's GPU day (gpu-day.yaml) per
 // policy in simulated time and compares them as `loadtest --compare` does.
-// It is skipped without SLOSERVE_SIMULATED_GPU_DAY (a policy, a comma list
-// or "all"): a day is about a minute of two cores, for measuring.
+// It is skipped without SLOSERVE_SIMULATED_GPU_DAY (a policy, "alone" for
+// the bound of a device per model, a comma list, or "all"): a day is about a minute of two cores, for measuring.
 func TestSimulatedGPUDay(t *testing.T) {
 	env := os.Getenv("SLOSERVE_SIMULATED_GPU_DAY")
 	if env == "" {
@@ -271,7 +280,7 @@ func TestSimulatedGPUDay(t *testing.T) {
 	}
 	policies := strings.Split(env, ",")
 	if env == "all" {
-		policies = []string{configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive}
+		policies = []string{gpuDayAlone, configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive}
 	}
 	got := map[string]gpuDayResult{}
 	for _, p := range policies {
