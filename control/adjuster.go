@@ -286,6 +286,9 @@ type tracked struct {
 	pendingReason string
 	pendingOld    limiter.Share
 	pendingFrom   time.Time
+	// targets are the latency-critical targets of the last passes where
+	// every share is a cap (see holdTarget).
+	targets []slackSample
 	// boost is the floor observed misses have raised a latency-critical
 	// model to (0: none), boostAt when it last rose.
 	boost   float64

@@ -3,6 +3,7 @@ package control
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -50,6 +51,9 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []qos.ModelState, p *pla
 	var demand float64
 	for _, st := range lcs {
 		d := a.latencyCritical(st)
+		if a.opts.CapsOnly {
+			a.holdTarget(now, st.Spec.Name, &d)
+		}
 		d.rank = rank(st.Spec.Priority)
 		ds[st.Spec.Name] = d
 		demand += d.share.Compute
@@ -225,7 +229,11 @@ func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 		d.share.Compute, d.predicted = hi, p.latency
 		if p.batch > 0 {
 			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (predicted %s at batch %d)", rate, goal, hi, millis(p.latency), p.batch)
-			if s, q := a.saturating(st, rate, lo, hi, p); s < hi-shareEpsilon {
+			s, q := a.saturating(st, rate, lo, hi, p)
+			if a.opts.CapsOnly {
+				s, q = a.knee(st, rate, lo, hi, p)
+			}
+			if s < hi-shareEpsilon {
 				d.share.Compute, d.predicted = s, q.latency
 				d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s at any share; %.2f is as fast as the maximum %.2f (predicted %s at batch %d)", rate, goal, s, hi, millis(q.latency), q.batch)
 			}
@@ -253,6 +261,60 @@ func (a *Adjuster) saturating(st qos.ModelState, rate, lo, hi float64, atHi pred
 			break
 		}
 		if p, ok := a.predict(st, rate, share); ok && p.batch > 0 && float64(p.latency) <= float64(atHi.latency)*(1+saturationTolerance) {
+			return share, p
+		}
+	}
+	return hi, atHi
+}
+
+// capsOnlyTargetWindow is how many ScaleDownAfter a latency-critical
+// target is held for where every share is a cap (CapsOnly).
+const capsOnlyTargetWindow = 3
+
+// holdTarget replaces a latency-critical target, where every share is a
+// cap (CapsOnly), by the largest target of the last capsOnlyTargetWindow
+// ScaleDownAfter. The targets move with the forecast and the queueing
+// model's choice of batch size, from pass to pass; fitting the device's
+// capacity to them moved every model on the device with each one (one
+// model's growth is the others' shrink), and on MPS each move is a new
+// client: 470 of them in six minutes on the GPU day. Held, the targets
+// change when the day's load does.
+func (a *Adjuster) holdTarget(now time.Time, name string, d *decision) {
+	t := a.models[name]
+	if t == nil {
+		return
+	}
+	from := now.Add(-capsOnlyTargetWindow * a.opts.ScaleDownAfter)
+	t.targets = slices.DeleteFunc(t.targets, func(s slackSample) bool { return s.at.Before(from) })
+	t.targets = append(t.targets, slackSample{now, d.share.Compute})
+	if held := maxTarget(t.targets); held > d.share.Compute+shareEpsilon {
+		d.reason = fmt.Sprintf("target %.2f, the largest of the last %s; %s", held, shortDuration(capsOnlyTargetWindow*a.opts.ScaleDownAfter), d.reason)
+		d.share.Compute = held
+	}
+}
+
+// knee is, where every share is a cap (CapsOnly), the saturating share of
+// a model that cannot meet its SLO: the smallest share on the Step grid at
+// which a batch of the model's largest size runs as fast as at the
+// maximum, whatever the rate. saturating's answer follows the batch size
+// the queueing model prefers at the forecast rate, which flips between
+// sizes (and their knees) as the forecast moves, and on MPS every flip is
+// a new client; dynamic batching runs the largest batches in the bursts
+// that make a model miss, so their knee is the share it can use.
+func (a *Adjuster) knee(st qos.ModelState, rate, lo, hi float64, atHi prediction) (float64, prediction) {
+	b := max(st.Spec.MaxBatchSize, 1)
+	top, ok := a.opts.Predictor.Latency(st.Spec.Name, b, hi)
+	if !ok {
+		return a.saturating(st, rate, lo, hi, atHi)
+	}
+	step := a.opts.Step
+	for k := math.Ceil(lo/step - shareEpsilon); ; k++ {
+		share := roundShare(k * step)
+		if share > hi-shareEpsilon {
+			break
+		}
+		if t, ok := a.opts.Predictor.Latency(st.Spec.Name, b, share); ok && float64(t) <= float64(top)*(1+saturationTolerance) {
+			p, _ := a.predict(st, rate, share)
 			return share, p
 		}
 	}
