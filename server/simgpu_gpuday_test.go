@@ -3,10 +3,11 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/loadtest"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
@@ -88,10 +90,13 @@ const gpuDayAlone = "alone"
 // and placement on simulated GPUs under testing/synctest: the same day as
 // the benchmark with no CPU in the way, so what it measures is what the
 // policy and the simulated devices allow.
-func simulatedGPUDay(t *testing.T, policy string) gpuDayResult {
+func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 	sc, err := loadtest.LoadScenario(gpuDayScenario)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if seed != 0 {
+		sc.Seed = seed
 	}
 	repo := sc.Path(sc.Server.Repository)
 	configsByName := map[string]string{}
@@ -285,23 +290,100 @@ func TestSimulatedGPUDay(t *testing.T) {
 	if env == "all" {
 		policies = []string{gpuDayAlone, configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive}
 	}
-	got := map[string]gpuDayResult{}
-	for _, p := range policies {
-		wall := time.Now()
-		got[p] = simulatedGPUDay(t, p)
-		got[p].log(t)
-		t.Logf("%s: day replayed in %.1fs of wall time", p, time.Since(wall).Seconds())
+	// The scenario's seed, then the next ones: SLOSERVE_SIMULATED_GPU_DAY_RUNS
+	// days per policy, each with other arrivals, and the medians.
+	runs := 1
+	if n, err := strconv.Atoi(os.Getenv("SLOSERVE_SIMULATED_GPU_DAY_RUNS")); err == nil && n > 1 {
+		runs = n
 	}
-	a, ok := got[configs.SharePolicyAdaptive]
-	if !ok {
-		return
+	sc, err := loadtest.LoadScenario(gpuDayScenario)
+	if err != nil {
+		t.Fatal(err)
 	}
-	_, ag := a.lc()
-	for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared} {
-		if o, ok := got[p]; ok {
-			_, og := o.lc()
-			t.Logf("adaptive/%s: LC goodput %.3fx, BE throughput %.3fx", p, float64(ag)/float64(max(1, og)), float64(a.be())/float64(max(1, o.be())))
+	ratios := map[string][]float64{}
+	attainments := map[string][]float64{}
+	for run := range runs {
+		seed := sc.Seed + uint64(run)
+		got := map[string]gpuDayResult{}
+		for _, p := range policies {
+			wall := time.Now()
+			got[p] = simulatedGPUDay(t, p, seed)
+			got[p].log(t)
+			sent, good := got[p].lc()
+			attainments[p] = append(attainments[p], float64(good)/float64(max(1, sent)))
+			t.Logf("%s, seed %d: day replayed in %.1fs of wall time", p, seed, time.Since(wall).Seconds())
+		}
+		a, ok := got[configs.SharePolicyAdaptive]
+		if !ok {
+			continue
+		}
+		_, ag := a.lc()
+		for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, gpuDayAlone} {
+			if o, ok := got[p]; ok {
+				_, og := o.lc()
+				lc, be := float64(ag)/float64(max(1, og)), float64(a.be())/float64(max(1, o.be()))
+				ratios["LC goodput adaptive/"+p] = append(ratios["LC goodput adaptive/"+p], lc)
+				ratios["BE throughput adaptive/"+p] = append(ratios["BE throughput adaptive/"+p], be)
+				t.Logf("seed %d: adaptive/%s: LC goodput %.3fx, BE throughput %.3fx", seed, p, lc, be)
+			}
 		}
 	}
-	_ = fmt.Sprint
+	for _, p := range policies {
+		t.Logf("median of %d: %s LC attainment %.4f %v", runs, p, median(attainments[p]), attainments[p])
+	}
+	for _, k := range slices.Sorted(maps.Keys(ratios)) {
+		t.Logf("median of %d: %s %.3fx %v", runs, k, median(ratios[k]), ratios[k])
+	}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// The GPU day in simulated time, on the scenario's own arrivals: under
+// adaptive the latency-critical models keep their SLOs better than with
+// no limits (shared) and as well as static slices, with few enough resizes
+// on MPS. Before the targets were held and capped at the knee, adaptive
+// met 75.9% of the latency-critical requests (static 94.8%, shared 84.7%)
+// with 587 resizes.
+func TestSimulatedGPUDayAdaptive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three simulated GPU days")
+	}
+	got := map[string]gpuDayResult{}
+	for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive} {
+		got[p] = simulatedGPUDay(t, p, 0)
+		got[p].log(t)
+	}
+	att := func(p string) (float64, int) {
+		sent, good := got[p].lc()
+		return float64(good) / float64(max(1, sent)), good
+	}
+	a, ag := att(configs.SharePolicyAdaptive)
+	s, sg := att(configs.SharePolicyStatic)
+	sh, shg := att(configs.SharePolicyShared)
+	if a < 0.90 {
+		t.Errorf("LC attainment under adaptive %.3f, want 0.90 at least", a)
+	}
+	if float64(ag) < 1.05*float64(shg) {
+		t.Errorf("LC goodput adaptive %d, shared %d (attainment %.3f): want adaptive 1.05x shared at least", ag, shg, sh)
+	}
+	if float64(ag) < 0.95*float64(sg) {
+		t.Errorf("LC goodput adaptive %d, static %d (attainment %.3f): want adaptive within 5%% of static at least", ag, sg, s)
+	}
+	if n := got[configs.SharePolicyAdaptive].events[control.EventResize]; n > 100 {
+		t.Errorf("adaptive resized %d times in the 6-minute window: each is a new MPS client; want 100 at most", n)
+	}
+	for _, r := range got {
+		for _, m := range r.models {
+			if m.failed > 0 {
+				t.Errorf("%s: %s: %d requests failed (%s)", r.policy, m.name, m.failed, m.firstFailure)
+			}
+		}
+	}
 }
