@@ -728,7 +728,7 @@ func (a *Adjuster) release(p *plan) {
 	over := -a.opts.Capacity
 	for name, s := range p.next {
 		c := min(s.Compute, 1) // a share of 1 or more wants the whole device
-		if s.Mode == limiter.ModeFloor {
+		if s.Mode == limiter.ModeFloor || a.opts.CapsOnly && p.ds[name].class == qos.ClassLatencyCritical && p.ds[name].reserve > 0 {
 			c = min(c, p.ds[name].reserve)
 		}
 		over += c

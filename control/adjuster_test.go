@@ -1304,3 +1304,39 @@ func TestAdjusterCapsOnlyStopsAtTheKnee(t *testing.T) {
 		}
 	})
 }
+
+// On MPS a latency-critical model that cannot meet its SLO gets the knee of
+// its largest batch, whatever the rate; the best-effort cap leaves it only
+// the knee of a single request, so the caps may add up to more than the
+// device (a burst's large batches share the SMs with the batch jobs).
+func TestAdjusterCapsOnlyLargestBatchKnee(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true},
+			qos.ModelSpec{Name: "lc", Class: lc, SLO: 20 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "be", Class: be},
+		)
+		// A batch of b can use 0.2·b of the device; 15 ms for one row at
+		// its knee, 5 ms more a row.
+		ah.pred.latency = func(_ string, b int, s float64) (time.Duration, bool) {
+			return time.Duration(float64(15*ms+time.Duration(b-1)*5*ms) * max(1, 0.2*float64(b)/s)), true
+		}
+		ah.pred.setRate("be", 5)
+		for i, rate := range []float64{30, 60, 45} {
+			ah.pred.setRate("lc", rate)
+			if i == 0 {
+				ah.start()
+			} else {
+				ah.tick()
+			}
+			if got := ah.act.share("lc").Compute; got != 0.8 {
+				t.Errorf("at %v req/s: lc cap %v, want 0.8 (the knee of a batch of 4)", rate, got)
+			}
+			if got := ah.act.share("be").Compute; got != 0.8 {
+				t.Errorf("at %v req/s: be cap %v, want 0.8 (what a single request's knee, 0.2, leaves)", rate, got)
+			}
+		}
+		if n := len(ah.act.callLog()); n != 2 {
+			t.Errorf("%d resizes (%v), want 2: one per model, none as the rate moves", n, ah.act.callLog())
+		}
+	})
+}

@@ -76,11 +76,15 @@ func (r *Registry) RequestShare(key string, s limiter.Share) error {
 	v.resizeMu.Lock()
 	if prev := v.resizing; prev != nil {
 		// Its instances are replaced again, at this share: a replacement
-		// still starting is superseded, one switching is followed.
+		// still starting is superseded, one switching is followed. An
+		// instance that already runs at this share (the request goes
+		// back to it) keeps running: its replacement, if still starting,
+		// is canceled rather than followed by another new client.
 		for _, i := range prev.members {
-			if !slices.Contains(rz.members, i) {
-				rz.members = append(rz.members, i)
+			if slices.Contains(rz.members, i) || v.pool.CancelSwap(i) {
+				continue
 			}
+			rz.members = append(rz.members, i)
 		}
 	}
 	rz.left = len(rz.members)

@@ -467,6 +467,21 @@ func (p *Pool) Swap(i int, start func(ctx context.Context) (Member, error), done
 	}()
 }
 
+// CancelSwap cancels member i's asynchronous swap if it is still starting
+// (its outcome is ErrSuperseded, and a member it starts anyway is stopped)
+// and reports whether it did; a swap already switching, done or absent is
+// left alone.
+func (p *Pool) CancelSwap(i int) bool {
+	p.asyncMu.Lock()
+	defer p.asyncMu.Unlock()
+	s := p.swaps[i]
+	if s == nil || s.status.State != SwapStarting {
+		return false
+	}
+	s.cancel(ErrSuperseded)
+	return true
+}
+
 func (p *Pool) setSwapState(s *asyncSwap, st SwapState, err error) {
 	p.asyncMu.Lock()
 	defer p.asyncMu.Unlock()
