@@ -168,10 +168,12 @@ type AdjusterOptions struct {
 	// CapsOnly says the device's limiter enforces every share as a cap
 	// (MPS: an active-thread percentage is a ceiling, nothing is
 	// work-conserving, and a resize starts a new client): latency-critical
-	// models get caps instead of floors, predicted and counted whole at
-	// their size, so that the caps add up to the capacity at most; they
-	// are sized for the rate forecast over ScaleDownAfter; no share goes
-	// past the model's knee; best-effort caps grow only by two Steps or
+	// models get caps instead of floors, sized for the rate forecast over
+	// ScaleDownAfter, their targets held for capsOnlyTargetWindow
+	// ScaleDownAfter, never past the model's knee (the knee of its largest
+	// batch when no share meets its SLO), and not scaled to fit the
+	// device; the best-effort caps leave each latency-critical model the
+	// knee of a single request; best-effort caps grow only by two Steps or
 	// more, once a Cooldown.
 	CapsOnly bool
 	// EventCapacity is how many events Events keeps.

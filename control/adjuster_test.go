@@ -1306,13 +1306,15 @@ func TestAdjusterCapsOnlyStopsAtTheKnee(t *testing.T) {
 }
 
 // On MPS a latency-critical model that cannot meet its SLO gets the knee of
-// its largest batch, whatever the rate; the best-effort cap leaves it only
-// the knee of a single request, so the caps may add up to more than the
-// device (a burst's large batches share the SMs with the batch jobs).
+// its largest batch, whatever the rate, and two such caps are not scaled to
+// fit the device; the best-effort cap leaves each only the knee of a single
+// request, so the caps add up to more than the device (a burst's large
+// batches share the SMs with the others').
 func TestAdjusterCapsOnlyLargestBatchKnee(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true},
 			qos.ModelSpec{Name: "lc", Class: lc, SLO: 20 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "lc2", Class: lc, SLO: 20 * ms, MaxBatchSize: 4},
 			qos.ModelSpec{Name: "be", Class: be},
 		)
 		// A batch of b can use 0.2·b of the device; 15 ms for one row at
@@ -1321,6 +1323,7 @@ func TestAdjusterCapsOnlyLargestBatchKnee(t *testing.T) {
 			return time.Duration(float64(15*ms+time.Duration(b-1)*5*ms) * max(1, 0.2*float64(b)/s)), true
 		}
 		ah.pred.setRate("be", 5)
+		ah.pred.setRate("lc2", 40)
 		for i, rate := range []float64{30, 60, 45} {
 			ah.pred.setRate("lc", rate)
 			if i == 0 {
@@ -1328,15 +1331,17 @@ func TestAdjusterCapsOnlyLargestBatchKnee(t *testing.T) {
 			} else {
 				ah.tick()
 			}
-			if got := ah.act.share("lc").Compute; got != 0.8 {
-				t.Errorf("at %v req/s: lc cap %v, want 0.8 (the knee of a batch of 4)", rate, got)
+			for _, m := range []string{"lc", "lc2"} {
+				if got := ah.act.share(m).Compute; got != 0.8 {
+					t.Errorf("at %v req/s: %s cap %v, want 0.8 (the knee of a batch of 4)", rate, m, got)
+				}
 			}
-			if got := ah.act.share("be").Compute; got != 0.8 {
-				t.Errorf("at %v req/s: be cap %v, want 0.8 (what a single request's knee, 0.2, leaves)", rate, got)
+			if got := ah.act.share("be").Compute; got != 0.6 {
+				t.Errorf("at %v req/s: be cap %v, want 0.6 (what two single requests' knees, 0.2 each, leave)", rate, got)
 			}
 		}
-		if n := len(ah.act.callLog()); n != 2 {
-			t.Errorf("%d resizes (%v), want 2: one per model, none as the rate moves", n, ah.act.callLog())
+		if n := len(ah.act.callLog()); n != 3 {
+			t.Errorf("%d resizes (%v), want 3: one per model, none as the rate moves", n, ah.act.callLog())
 		}
 	})
 }

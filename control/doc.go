@@ -10,8 +10,9 @@
 // queue says meets its SLO quantile at the rate forecast one actuation
 // ahead, overruled upward by observed misses; best-effort models share the
 // rest), "static" (equal hard caps) and "shared" (no limits). Where the
-// limiter has only caps (CapsOnly: MPS) the adaptive caps add up to the
-// device at most, no share goes past the model's knee, and best-effort
+// limiter has only caps (CapsOnly: MPS) latency-critical targets are held
+// for a while, no share goes past the model's knee, the caps may add up to
+// more than the device (MPS splits oversubscribed SMs), and best-effort
 // growth waits, since every resize there starts a new client. The adaptive
 // policy also sizes each model's memory share from the working set of the
 // largest batch it is expected to run next (WorkingSetPredictor), never
