@@ -107,6 +107,17 @@ type ProcessTracker interface {
 	Track(id string, pid int) error
 }
 
+// UsageReader is implemented by backends that measure each instance's use
+// of its device (mps: NVML's per-process SM utilisation of the processes
+// Track reported).
+type UsageReader interface {
+	// Usage is the fraction of the device each unit's process used since
+	// the previous call (since the device's first sample on the first),
+	// by unit id, 0..1. A unit whose process has no sample is absent;
+	// nil and no error when the device cannot say.
+	Usage() (map[string]float64, error)
+}
+
 // Backends Options.Backend selects.
 const (
 	BackendAuto   = "auto"
