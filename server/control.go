@@ -233,9 +233,12 @@ func (ds *devices) get(name string) (*device, error) {
 
 // sampleInterference tells the predictor, once a control period, how much
 // of the device each model's co-located models used (CPU seconds of their
-// limiter units over the period, as a fraction of the device; on a GPU
-// under MPS, their execution time times their caps), so that its
-// predictions scale when the device is oversubscribed.
+// limiter units over the period, as a fraction of the device), so that its
+// predictions scale when the device is oversubscribed, and records each
+// model's use for the adjuster (usageBoard). On a GPU under MPS a model's
+// use is what NVML measured for its runners' processes (per-process SM
+// utilisation, summed over its instances), or, when NVML has no reading
+// for it, its execution time times its cap.
 func (ds *devices) sampleInterference(d *device) {
 	if d.lim.Kind() == limiter.KindNone || ds.registry == nil {
 		return // no unit to read usage from
@@ -258,6 +261,12 @@ func (ds *devices) sampleInterference(d *device) {
 			lastAt = now
 			used := map[string]float64{}
 			next := map[string]float64{} // models gone since are forgotten
+			// On a GPU, NVML's per-process utilisation, read once for the
+			// device, measures what each model's runners used.
+			var measured map[string]float64
+			if gpu {
+				measured = ds.measuredUsage(d)
+			}
 			// Background models yield to the others at once, so they slow
 			// only each other.
 			background := map[string]bool{}
@@ -275,8 +284,13 @@ func (ds *devices) sampleInterference(d *device) {
 				} else {
 					cpu = ds.registry.UnitStats(ms.Model).CPUSeconds
 				}
-				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
+				if u, ok := ds.registry.MeasuredUsage(ms.Model, measured); ok {
+					used[ms.Model] = u
+					total += u
+					foreground += u
+				} else if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
 					if gpu {
+						// No reading for the model: estimate.
 						used[ms.Model] = (cpu - prev) / dt * limitedOrWhole(ms.Share.Compute)
 					} else {
 						used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
@@ -310,6 +324,22 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 		}
 	}
+}
+
+// measuredUsage is the device's use by each limiter unit since the last
+// call, as the limiter measures it (limiter.UsageReader: NVML's
+// per-process utilisation under MPS); nil when it cannot say.
+func (ds *devices) measuredUsage(d *device) map[string]float64 {
+	r, ok := d.lim.(limiter.UsageReader)
+	if !ok {
+		return nil
+	}
+	use, err := r.Usage()
+	if err != nil {
+		ds.log.Debug("per-process GPU utilisation", "device", d.name, "err", err)
+		return nil
+	}
+	return use
 }
 
 // lookup returns a device that has started, nil if none has.
