@@ -6,7 +6,9 @@
 // arena settings on GPU, and nothing but a thread count where neither is
 // available. NVML telemetry (Telemetry) reports what GPUs are doing, from
 // the driver or from any nvml.Interface (the simulator's); the MPS backend
-// refuses at start a GPU whose shares MPS would not enforce.
+// refuses at start a GPU whose shares MPS would not enforce, and measures
+// each unit's use of its device from NVML's per-process utilisation
+// (UsageReader).
 //
 // A backend makes one unit per runner start (Place), changes its share
 // while it runs where the mechanism allows (Resize), and removes it when
