@@ -50,9 +50,34 @@ type devices struct {
 	// (placement.go).
 	place *placement
 
+	// use is each model's use of its device as the adjuster reads it,
+	// by where it came from (sloserve_device_use).
+	use *prometheus.GaugeVec
+
 	mu    sync.Mutex
 	byDev map[string]*device
 	loops sync.WaitGroup
+}
+
+// Where a model's use of its device came from (the source label of
+// sloserve_device_use).
+const (
+	useMeasured  = "measured"  // the limiter measured it: cgroup CPU time, NVML per-process utilisation
+	useEstimated = "estimated" // execution time times cap: NVML had no reading for the model
+)
+
+// newUseGauge registers sloserve_device_use; nil reg registers nothing.
+func newUseGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sloserve_device_use",
+		Help: "Each model's use of its device over the last control period, fraction of the device, as the adjuster reads it (before smoothing); source says whether it was measured or estimated.",
+	}, []string{"model", "device", "source"})
+	if reg != nil {
+		if err := reg.Register(g); err != nil {
+			return nil, fmt.Errorf("registering sloserve_device_use: %w", err)
+		}
+	}
+	return g, nil
 }
 
 // device is one execution device's control parts.
@@ -100,7 +125,11 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 		return nil, err
 	}
 	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, byDev: map[string]*device{}}, nil
+	use, err := newUseGauge(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, use: use, byDev: map[string]*device{}}, nil
 }
 
 // newLimiter starts a device's limiter as the control config says. The
@@ -270,6 +299,7 @@ func (ds *devices) sampleInterference(d *device) {
 			// Background models yield to the others at once, so they slow
 			// only each other.
 			background := map[string]bool{}
+			source := map[string]string{}
 			var total, foreground float64
 			for _, ms := range d.adj.Shares() {
 				// The adjuster's view is as old as its last pass; a
@@ -286,12 +316,15 @@ func (ds *devices) sampleInterference(d *device) {
 				}
 				if u, ok := ds.registry.MeasuredUsage(ms.Model, measured); ok {
 					used[ms.Model] = u
+					source[ms.Model] = useMeasured
 					total += u
 					foreground += u
 				} else if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
+					source[ms.Model] = useMeasured
 					if gpu {
 						// No reading for the model: estimate.
 						used[ms.Model] = (cpu - prev) / dt * limitedOrWhole(ms.Share.Compute)
+						source[ms.Model] = useEstimated
 					} else {
 						used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
 					}
@@ -306,6 +339,10 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 			last = next
 			d.usage.record(used)
+			ds.use.DeletePartialMatch(prometheus.Labels{"device": d.name})
+			for name, u := range used {
+				ds.use.WithLabelValues(name, d.name, source[name]).Set(u)
+			}
 			if gpu {
 				// MPS caps add up to the device at most (the adjuster
 				// keeps them so): nothing is oversubscribed, and the

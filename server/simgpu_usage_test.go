@@ -6,6 +6,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sloserve/sloserve/configs"
 )
 
@@ -66,6 +68,13 @@ func TestSimulatedGPUUsageFromNVML(t *testing.T) {
 		}
 		if math.Abs(got-estimate) < 0.1 {
 			t.Errorf("use of a/1 %.4f is the busy x cap estimate %.4f, not NVML's reading", got, estimate)
+		}
+		// The metric says where the reading came from.
+		if g, err := devs.use.GetMetricWithLabelValues("a/1", "cuda:0", useMeasured); err != nil || math.Abs(testutil.ToFloat64(g)-truth) > 0.03 {
+			t.Errorf("sloserve_device_use{source=measured} of a/1 %v (%v), want about %.3f", testutil.ToFloat64(g), err, truth)
+		}
+		if n := testutil.CollectAndCount(devs.use); n != 1 {
+			t.Errorf("sloserve_device_use has %d series, want 1 (a/1 measured)", n)
 		}
 		t.Logf("a/1: %d requests in %v; use %.4f, truth %.4f, estimate %.4f", n, elapsed, got, truth, estimate)
 	})
