@@ -6,7 +6,9 @@
 // arena settings on GPU, and nothing but a thread count where neither is
 // available. NVML telemetry (Telemetry) reports what GPUs are doing, from
 // the driver or from any nvml.Interface (the simulator's); the MPS backend
-// refuses at start a GPU whose shares MPS would not enforce.
+// refuses at start a GPU whose shares MPS would not enforce, and measures
+// each unit's use of its device from NVML's per-process utilisation
+// (UsageReader).
 //
 // A backend makes one unit per runner start (Place), changes its share
 // while it runs where the mechanism allows (Resize), and removes it when
@@ -105,6 +107,17 @@ type Limiter interface {
 // an instance once it has started, so that Stats can find its usage.
 type ProcessTracker interface {
 	Track(id string, pid int) error
+}
+
+// UsageReader is implemented by backends that measure each instance's use
+// of its device (mps: NVML's per-process SM utilisation of the processes
+// Track reported).
+type UsageReader interface {
+	// Usage is the fraction of the device each unit's process used since
+	// the previous call (since the device's first sample on the first),
+	// by unit id, 0..1. A unit whose process has no sample is absent;
+	// nil and no error when the device cannot say.
+	Usage() (map[string]float64, error)
 }
 
 // Backends Options.Backend selects.

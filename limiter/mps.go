@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -30,6 +31,9 @@ type mpsLimiter struct {
 
 	mu    sync.Mutex
 	units unitTable[*mpsUnit]
+	// usageSince is the newest per-process utilisation sample Usage has
+	// read.
+	usageSince time.Time
 }
 
 type mpsUnit struct {
@@ -43,6 +47,7 @@ var (
 	_ Limiter         = (*mpsLimiter)(nil)
 	_ ProcessTracker  = (*mpsLimiter)(nil)
 	_ DaemonRestarter = (*mpsLimiter)(nil)
+	_ UsageReader     = (*mpsLimiter)(nil)
 )
 
 // Device memory outside ONNX Runtime's arena, which a runner's pinned limit
@@ -339,6 +344,31 @@ func (l *mpsLimiter) Stats(id string) (Stats, error) {
 	}
 	st.MemoryBytes = n
 	return st, nil
+}
+
+// Usage reads the device's per-process utilisation once and gives each
+// tracked unit its process's.
+func (l *mpsLimiter) Usage() (map[string]float64, error) {
+	l.mu.Lock()
+	since := l.usageSince
+	l.mu.Unlock()
+	util, at, err := l.telemetry.ProcessUtilization(l.dev.index, since)
+	if err != nil {
+		return nil, fmt.Errorf("limiter: device %d usage: %w", l.dev.index, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.usageSince = at
+	if util == nil {
+		return nil, nil
+	}
+	out := map[string]float64{}
+	for id, u := range l.units {
+		if v, ok := util[u.pid]; ok && u.pid != 0 {
+			out[id] = v
+		}
+	}
+	return out, nil
 }
 
 func (l *mpsLimiter) Close() error {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -160,6 +161,58 @@ func (t *nvmlTelemetry) ProcessMemory(device int) (map[int]int64, error) {
 		m[int(p.Pid)] += int64(p.UsedGpuMemory)
 	}
 	return m, nil
+}
+
+func (t *nvmlTelemetry) ProcessUtilization(device int, since time.Time) (map[int]float64, time.Time, error) {
+	d, err := t.device(device)
+	if err != nil {
+		return nil, since, err
+	}
+	var lastSeen uint64
+	if since.UnixMicro() > 0 {
+		lastSeen = uint64(since.UnixMicro())
+	}
+	samples, ret, ok := processUtilization(d, lastSeen)
+	switch {
+	case !ok, ret == nvml.ERROR_NOT_SUPPORTED:
+		return nil, since, nil // the driver (or a mock) cannot say
+	case ret == nvml.ERROR_NOT_FOUND:
+		return map[int]float64{}, since, nil // no sample newer: nothing ran
+	case ret != nvml.SUCCESS:
+		return nil, since, nvmlError(fmt.Sprintf("device %d process utilization", device), ret)
+	}
+	// NVML may return several samples per process, one per sample
+	// period: their mean is the process's use over the window.
+	sum, n := map[int]float64{}, map[int]int{}
+	newest := lastSeen
+	for _, s := range samples {
+		if s.TimeStamp <= lastSeen {
+			continue
+		}
+		sum[int(s.Pid)] += float64(min(s.SmUtil, 100)) / 100
+		n[int(s.Pid)]++
+		newest = max(newest, s.TimeStamp)
+	}
+	for pid := range sum {
+		sum[pid] /= float64(n[pid])
+	}
+	at := since
+	if newest > lastSeen {
+		at = time.UnixMicro(int64(newest))
+	}
+	return sum, at, nil
+}
+
+// processUtilization calls GetProcessUtilization; ok is false when the
+// device has no such call (a go-nvml mock without it panics).
+func processUtilization(d nvml.Device, lastSeen uint64) (samples []nvml.ProcessUtilizationSample, ret nvml.Return, ok bool) {
+	defer func() {
+		if recover() != nil {
+			samples, ret, ok = nil, nvml.ERROR_NOT_SUPPORTED, false
+		}
+	}()
+	samples, ret = d.GetProcessUtilization(lastSeen)
+	return samples, ret, true
 }
 
 func (t *nvmlTelemetry) Close() error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -40,6 +41,14 @@ type Telemetry interface {
 	Utilization(device int) (gpu, memory float64, err error)
 	// ProcessMemory is the device memory each compute process uses, by pid.
 	ProcessMemory(device int) (map[int]int64, error)
+	// ProcessUtilization is the fraction of the device's SMs each
+	// process's kernels held on average since the given time (NVML's
+	// per-process SmUtil over the samples newer than it), by pid, 0..1,
+	// and the newest sample's time: the since of the next call. A
+	// process with no sample is absent; an empty map means none ran. A
+	// nil map and no error mean the driver cannot say (NOT_SUPPORTED):
+	// unknown, not a failure.
+	ProcessUtilization(device int, since time.Time) (map[int]float64, time.Time, error)
 	Close() error
 }
 
@@ -95,6 +104,10 @@ func (n nullTelemetry) Utilization(device int) (float64, float64, error) {
 
 func (n nullTelemetry) ProcessMemory(device int) (map[int]int64, error) {
 	return nil, fmt.Errorf("gpu %d: %w", device, n.err())
+}
+
+func (n nullTelemetry) ProcessUtilization(device int, since time.Time) (map[int]float64, time.Time, error) {
+	return nil, since, fmt.Errorf("gpu %d: %w", device, n.err())
 }
 
 func (nullTelemetry) Close() error { return nil }

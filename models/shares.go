@@ -183,6 +183,26 @@ func (r *Registry) UnitStats(key string) limiter.Stats {
 	return total
 }
 
+// MeasuredUsage sums, over a serving version's ("model/N") instances, the
+// use of the device its limiter measured for each instance's unit (byUnit,
+// from limiter.UsageReader). ok is false when no instance of the version
+// has a reading: the caller then estimates.
+func (r *Registry) MeasuredUsage(key string, byUnit map[string]float64) (use float64, ok bool) {
+	v, err := r.versionByKey(key)
+	if err != nil || len(byUnit) == 0 {
+		return 0, false
+	}
+	v.instMu.RLock()
+	defer v.instMu.RUnlock()
+	for _, u := range v.units {
+		if x, found := byUnit[u.id]; found {
+			use += x
+			ok = true
+		}
+	}
+	return use, ok
+}
+
 // SetShare gives a serving version ("model/N") a new share of its device:
 // each instance's unit is resized live, or, when the limiter cannot resize a
 // running instance (MPS) or the instance's thread count should change with

@@ -50,9 +50,34 @@ type devices struct {
 	// (placement.go).
 	place *placement
 
+	// use is each model's use of its device as the adjuster reads it,
+	// by where it came from (sloserve_device_use).
+	use *prometheus.GaugeVec
+
 	mu    sync.Mutex
 	byDev map[string]*device
 	loops sync.WaitGroup
+}
+
+// Where a model's use of its device came from (the source label of
+// sloserve_device_use).
+const (
+	useMeasured  = "measured"  // the limiter measured it: cgroup CPU time, NVML per-process utilisation
+	useEstimated = "estimated" // execution time times cap: NVML had no reading for the model
+)
+
+// newUseGauge registers sloserve_device_use; nil reg registers nothing.
+func newUseGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sloserve_device_use",
+		Help: "Each model's use of its device over the last control period, fraction of the device, as the adjuster reads it (before smoothing); source says whether it was measured or estimated.",
+	}, []string{"model", "device", "source"})
+	if reg != nil {
+		if err := reg.Register(g); err != nil {
+			return nil, fmt.Errorf("registering sloserve_device_use: %w", err)
+		}
+	}
+	return g, nil
 }
 
 // device is one execution device's control parts.
@@ -100,7 +125,11 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 		return nil, err
 	}
 	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, byDev: map[string]*device{}}, nil
+	use, err := newUseGauge(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, use: use, byDev: map[string]*device{}}, nil
 }
 
 // newLimiter starts a device's limiter as the control config says. The
@@ -233,9 +262,12 @@ func (ds *devices) get(name string) (*device, error) {
 
 // sampleInterference tells the predictor, once a control period, how much
 // of the device each model's co-located models used (CPU seconds of their
-// limiter units over the period, as a fraction of the device; on a GPU
-// under MPS, their execution time times their caps), so that its
-// predictions scale when the device is oversubscribed.
+// limiter units over the period, as a fraction of the device), so that its
+// predictions scale when the device is oversubscribed, and records each
+// model's use for the adjuster (usageBoard). On a GPU under MPS a model's
+// use is what NVML measured for its runners' processes (per-process SM
+// utilisation, summed over its instances), or, when NVML has no reading
+// for it, its execution time times its cap.
 func (ds *devices) sampleInterference(d *device) {
 	if d.lim.Kind() == limiter.KindNone || ds.registry == nil {
 		return // no unit to read usage from
@@ -258,9 +290,16 @@ func (ds *devices) sampleInterference(d *device) {
 			lastAt = now
 			used := map[string]float64{}
 			next := map[string]float64{} // models gone since are forgotten
+			// On a GPU, NVML's per-process utilisation, read once for the
+			// device, measures what each model's runners used.
+			var measured map[string]float64
+			if gpu {
+				measured = ds.measuredUsage(d)
+			}
 			// Background models yield to the others at once, so they slow
 			// only each other.
 			background := map[string]bool{}
+			source := map[string]string{}
 			var total, foreground float64
 			for _, ms := range d.adj.Shares() {
 				// The adjuster's view is as old as its last pass; a
@@ -275,9 +314,17 @@ func (ds *devices) sampleInterference(d *device) {
 				} else {
 					cpu = ds.registry.UnitStats(ms.Model).CPUSeconds
 				}
-				if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
+				if u, ok := ds.registry.MeasuredUsage(ms.Model, measured); ok {
+					used[ms.Model] = u
+					source[ms.Model] = useMeasured
+					total += u
+					foreground += u
+				} else if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
+					source[ms.Model] = useMeasured
 					if gpu {
+						// No reading for the model: estimate.
 						used[ms.Model] = (cpu - prev) / dt * limitedOrWhole(ms.Share.Compute)
+						source[ms.Model] = useEstimated
 					} else {
 						used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
 					}
@@ -292,6 +339,10 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 			last = next
 			d.usage.record(used)
+			ds.use.DeletePartialMatch(prometheus.Labels{"device": d.name})
+			for name, u := range used {
+				ds.use.WithLabelValues(name, d.name, source[name]).Set(u)
+			}
 			if gpu {
 				// MPS caps add up to the device at most (the adjuster
 				// keeps them so): nothing is oversubscribed, and the
@@ -310,6 +361,22 @@ func (ds *devices) sampleInterference(d *device) {
 			}
 		}
 	}
+}
+
+// measuredUsage is the device's use by each limiter unit since the last
+// call, as the limiter measures it (limiter.UsageReader: NVML's
+// per-process utilisation under MPS); nil when it cannot say.
+func (ds *devices) measuredUsage(d *device) map[string]float64 {
+	r, ok := d.lim.(limiter.UsageReader)
+	if !ok {
+		return nil
+	}
+	use, err := r.Usage()
+	if err != nil {
+		ds.log.Debug("per-process GPU utilisation", "device", d.name, "err", err)
+		return nil
+	}
+	return use
 }
 
 // lookup returns a device that has started, nil if none has.

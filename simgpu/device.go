@@ -109,6 +109,7 @@ func New(spec Spec) (*Sim, error) {
 			sim: s, index: i, sms: spec.SMs, memory: spec.Memory,
 			daemon: !spec.NoDaemon, mig: spec.MIG,
 			clients: map[*Client]bool{}, last: time.Now(), readAt: time.Now(),
+			start: time.Now(), smSeconds: map[int]float64{},
 		})
 	}
 	return s, nil
@@ -156,10 +157,30 @@ type Device struct {
 	last     time.Time   // when the jobs' work was last advanced
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
+	start    time.Time
 	readAt   time.Time
 	readBusy time.Duration
 	readBW   float64
+	// smSeconds is, by pid, the integral over time of the fraction of
+	// the device's SMs the pid's running kernels held: what per-process
+	// utilisation (ProcessUtilization) reads. It outlives the client so
+	// that a read after a client closes still sees what it used.
+	smSeconds map[int]float64
+	// samples are the per-process readings taken so far, oldest first,
+	// at most maxSamples: a reading's window starts at the newest one a
+	// caller has seen.
+	samples []smSnapshot
 }
+
+// smSnapshot is smSeconds at one moment.
+type smSnapshot struct {
+	at time.Time
+	sm map[int]float64
+}
+
+// maxSamples bounds a device's per-process readings: NVML keeps a
+// fixed-size buffer of samples per device too.
+const maxSamples = 32
 
 // job is one execution's kernel work in flight.
 type job struct {
@@ -172,6 +193,9 @@ type job struct {
 	host float64
 	work float64 // seconds of kernel time at saturation left; +Inf when hung
 	rate float64
+	// sm is the fraction of the device's SMs the job's kernels hold
+	// while they run, set with rate.
+	sm   float64
 	done chan error // buffered; receives once
 }
 
@@ -267,6 +291,7 @@ func (d *Device) advanceLocked(now time.Time) {
 			continue
 		}
 		j.work -= j.rate * dt.Seconds()
+		d.smSeconds[j.c.pid] += j.sm * dt.Seconds()
 		bw += j.c.spec.Model.Bandwidth
 		kernels = true
 	}
@@ -324,10 +349,12 @@ func (d *Device) rescheduleLocked() {
 			// Oversubscribed SMs are split in proportion to demand.
 			eff := d.demand(j) / max(1, total)
 			rate = eff / sat
+			j.sm = eff
 		} else {
 			// Without MPS the device time-slices between contexts:
 			// each runs alone, 1/n of the time.
 			rate = 1 / float64(contexts)
+			j.sm = d.demand(j) / float64(contexts)
 		}
 		rate /= 1 + Interference*(bw-j.c.spec.Model.Bandwidth)
 		j.rate = rate
@@ -512,6 +539,63 @@ func (d *Device) Utilization() (gpu, memory float64) {
 		return 0, 0
 	}
 	return min(1, busy.Seconds()/span.Seconds()), min(1, bw/span.Seconds())
+}
+
+// ProcessUtilization is per-process SM utilisation as NVML's
+// nvmlDeviceGetProcessUtilization reports it: for each process whose
+// kernels ran on the device, or that is still a client of it, the fraction
+// of the device's SMs its kernels held on average over a window (0..1),
+// and the window's end. The window runs from the newest earlier reading
+// taken at or before since (from the device's start when there is none)
+// to now; each call takes a reading. Nil when now is not after since.
+func (d *Device) ProcessUtilization(since time.Time) (map[int]float64, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	d.advanceLocked(now)
+	if !now.After(since) {
+		return nil, now
+	}
+	from, base := d.start, map[int]float64(nil)
+	for _, s := range d.samples {
+		if s.at.After(since) {
+			break
+		}
+		from, base = s.at, s.sm
+	}
+	span := now.Sub(from).Seconds()
+	out := map[int]float64{}
+	live := map[int]bool{}
+	for c := range d.clients {
+		live[c.pid] = true
+	}
+	snap := make(map[int]float64, len(d.smSeconds))
+	for pid, sm := range d.smSeconds {
+		used := sm - base[pid]
+		if used > 0 || live[pid] {
+			out[pid] = 0
+			if span > 0 {
+				out[pid] = min(1, max(0, used/span))
+			}
+		}
+		// A pid gone from the device whose use no kept reading can
+		// still see change is forgotten.
+		if !live[pid] && len(d.samples) > 0 && d.samples[0].sm[pid] == sm {
+			delete(d.smSeconds, pid)
+			continue
+		}
+		snap[pid] = sm
+	}
+	for pid := range live {
+		if _, ok := out[pid]; !ok {
+			out[pid] = 0
+		}
+	}
+	d.samples = append(d.samples, smSnapshot{at: now, sm: snap})
+	if n := len(d.samples) - maxSamples; n > 0 {
+		d.samples = slices.Delete(d.samples, 0, n)
+	}
+	return out, now
 }
 
 // ProcessMemory is the device memory of each client, by its pid.

@@ -3,6 +3,7 @@ package simgpu
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -10,7 +11,8 @@ import (
 
 // NVML is the machine as go-nvml's nvml.Interface shows a real one: device
 // count, handles by index, and per device its name, UUID, memory, MIG
-// mode, compute mode, utilisation rates and compute processes. The calls
+// mode, compute mode, utilisation rates, per-process utilisation and
+// compute processes. The calls
 // not listed panic (go-nvml's mock does that for calls with no function
 // set); the limiter's telemetry makes only these.
 func (s *Sim) NVML() nvml.Interface {
@@ -58,6 +60,24 @@ func (d *Device) nvmlDevice(name string) nvml.Device {
 		GetUtilizationRatesFunc: func() (nvml.Utilization, nvml.Return) {
 			g, m := d.Utilization()
 			return nvml.Utilization{Gpu: uint32(g*100 + 0.5), Memory: uint32(m*100 + 0.5)}, nvml.SUCCESS
+		},
+		GetProcessUtilizationFunc: func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			// NVML's timestamps are microseconds since the epoch: a
+			// reading seen is one whose microsecond is not after
+			// lastSeen.
+			util, at := d.ProcessUtilization(time.UnixMicro(int64(lastSeen) + 1).Add(-time.Nanosecond))
+			if len(util) == 0 {
+				// NVML answers NOT_FOUND when no sample is newer.
+				return nil, nvml.ERROR_NOT_FOUND
+			}
+			out := make([]nvml.ProcessUtilizationSample, 0, len(util))
+			for pid, u := range util {
+				out = append(out, nvml.ProcessUtilizationSample{
+					Pid: uint32(pid), TimeStamp: uint64(at.UnixMicro()), SmUtil: uint32(u*100 + 0.5),
+				})
+			}
+			sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+			return out, nvml.SUCCESS
 		},
 		GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
 			mem := d.ProcessMemory()
