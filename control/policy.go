@@ -634,7 +634,13 @@ func (a *Adjuster) bestEffort(bes []qos.ModelState, rest float64, rank func(int)
 			busy = append(busy, st)
 			claims = append(claims, waterClaim{1 / float64(d.rank), lo, hi})
 			demand := hi
-			if a.opts.Usage != nil {
+			// Where every share is a cap (CapsOnly) a cap the model
+			// does not use keeps nothing from the others, and a batch
+			// job's measured use is what the latency-critical clients'
+			// oversubscription left it, not its demand: bounding its
+			// claim by it would move its cap (a new client) with their
+			// bursts.
+			if a.opts.Usage != nil && !a.opts.CapsOnly {
 				if u, ok := a.opts.Usage(st.Spec.Name); ok {
 					demand = min(max(2*u+a.opts.Step, lo), hi)
 				}

@@ -345,45 +345,56 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// The GPU day in simulated time, on the scenario's own arrivals: under
-// adaptive the latency-critical models keep their SLOs better than with
-// no limits (shared) and as well as static slices, with few enough resizes
-// on MPS. Before the targets were held and capped at the knee, adaptive
-// met 75.9% of the latency-critical requests (static 94.8%, shared 84.7%)
-// with 587 resizes.
+// The GPU day in simulated time, on the scenario's own arrivals and two
+// more seeds (medians: a day's placement, and with it static's slices,
+// varies from run to run): under adaptive the latency-critical models keep
+// their SLOs better than with no limits (shared) and at least about as well
+// as static slices, with few enough resizes on MPS. Before the targets were
+// held and capped at the knee, adaptive met 75.9% of the latency-critical
+// requests on seed 18 (static 94.8%, shared 84.7%) with 587 resizes.
 func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	if testing.Short() {
-		t.Skip("three simulated GPU days")
+		t.Skip("nine simulated GPU days")
 	}
-	got := map[string]gpuDayResult{}
-	for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive} {
-		got[p] = simulatedGPUDay(t, p, 0)
-		got[p].log(t)
+	sc, err := loadtest.LoadScenario(gpuDayScenario)
+	if err != nil {
+		t.Fatal(err)
 	}
-	att := func(p string) (float64, int) {
-		sent, good := got[p].lc()
-		return float64(good) / float64(max(1, sent)), good
-	}
-	a, ag := att(configs.SharePolicyAdaptive)
-	s, sg := att(configs.SharePolicyStatic)
-	sh, shg := att(configs.SharePolicyShared)
-	if a < 0.90 {
-		t.Errorf("LC attainment under adaptive %.3f, want 0.90 at least", a)
-	}
-	if float64(ag) < 1.05*float64(shg) {
-		t.Errorf("LC goodput adaptive %d, shared %d (attainment %.3f): want adaptive 1.05x shared at least", ag, shg, sh)
-	}
-	if float64(ag) < 0.95*float64(sg) {
-		t.Errorf("LC goodput adaptive %d, static %d (attainment %.3f): want adaptive within 5%% of static at least", ag, sg, s)
-	}
-	if n := got[configs.SharePolicyAdaptive].events[control.EventResize]; n > 100 {
-		t.Errorf("adaptive resized %d times in the 6-minute window: each is a new MPS client; want 100 at most", n)
-	}
-	for _, r := range got {
-		for _, m := range r.models {
-			if m.failed > 0 {
-				t.Errorf("%s: %s: %d requests failed (%s)", r.policy, m.name, m.failed, m.firstFailure)
+	const seeds = 3
+	attainment := map[string][]float64{}
+	goodput := map[string][]float64{}
+	var resizes []float64
+	for run := range seeds {
+		for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive} {
+			r := simulatedGPUDay(t, p, sc.Seed+uint64(run))
+			r.log(t)
+			sent, good := r.lc()
+			attainment[p] = append(attainment[p], float64(good)/float64(max(1, sent)))
+			goodput[p] = append(goodput[p], float64(good))
+			if p == configs.SharePolicyAdaptive {
+				resizes = append(resizes, float64(r.events[control.EventResize]))
+			}
+			for _, m := range r.models {
+				if m.failed > 0 {
+					t.Errorf("%s: %s: %d requests failed (%s)", p, m.name, m.failed, m.firstFailure)
+				}
 			}
 		}
+	}
+	a := median(attainment[configs.SharePolicyAdaptive])
+	ag, sg, shg := median(goodput[configs.SharePolicyAdaptive]), median(goodput[configs.SharePolicyStatic]), median(goodput[configs.SharePolicyShared])
+	t.Logf("medians of %d: LC attainment adaptive %.4f, static %.4f, shared %.4f; resizes %v", seeds, a,
+		median(attainment[configs.SharePolicyStatic]), median(attainment[configs.SharePolicyShared]), resizes)
+	if a < 0.92 {
+		t.Errorf("LC attainment under adaptive %.3f (median of %d), want 0.92 at least", a, seeds)
+	}
+	if ag < 1.05*shg {
+		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive 1.05x shared at least", ag, shg)
+	}
+	if ag < 0.97*sg {
+		t.Errorf("LC goodput adaptive %.0f, static %.0f (medians): want adaptive within 3%% of static at least", ag, sg)
+	}
+	if n := median(resizes); n > 100 {
+		t.Errorf("adaptive resized %.0f times (median) in the 6-minute window: each is a new MPS client; want 100 at most", n)
 	}
 }
