@@ -344,12 +344,13 @@ func (ds *devices) sampleInterference(d *device) {
 				ds.use.WithLabelValues(name, d.name, source[name]).Set(u)
 			}
 			if gpu {
-				// MPS caps add up to the device at most (the adjuster
-				// keeps them so): nothing is oversubscribed, and the
-				// predictor's factor, which reads a share as that much
-				// of the device in use, would make a larger cap look
-				// slower. What co-running kernels cost (memory
-				// bandwidth) is in the online correction.
+				// Not on MPS: the predictor's factor reads a share as
+				// that much of the device in use and would make a
+				// larger cap look slower. MPS caps may add up to more
+				// than the device (the adjuster lets them), and what
+				// co-running clients cost, the SMs split while they
+				// oversubscribe and their memory bandwidth, is in the
+				// online correction.
 				continue
 			}
 			for name, u := range used {
