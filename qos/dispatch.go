@@ -233,6 +233,7 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 				err = fmt.Errorf("%w: %s left, execution takes %s", ErrDropped, millis(r.deadline.Sub(now)), millis(e))
 			}
 			m.log.Debug("request dropped", "error", err, "queued", now.Sub(r.arrival))
+			m.refused++
 			s.finishLocked(r, outcomeDropped, now, result{err: err})
 			dropped = true
 		}
@@ -476,7 +477,7 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 		m.mm.queueDelay.Observe(delay.Seconds())
 	}
 	m.q.removeDispatched()
-	m.lastStart = now
+	m.lastStart, m.refused = now, 0
 	if m.recentBatch == 0 {
 		m.recentBatch = float64(e.size)
 	} else {

@@ -1,6 +1,7 @@
 package qos
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -204,6 +205,52 @@ func TestProbeAfterRefusals(t *testing.T) {
 		mustSucceed(t, after) // the estimate is 10ms now
 		if st, _ := h.s.Stats("a"); st.Good != 2 || st.Rejected != 1 {
 			t.Errorf("stats %+v, want 2 good and 1 rejected", st)
+		}
+	})
+}
+
+// A model whose stale estimate is just under its SLO is not starved for
+// ever either. Admission lets its requests in, or refuses them behind a
+// busy device, on an estimate nothing corrects: the requests it lets in
+// with a few milliseconds to spare are dropped as hopeless once a wait
+// uses them up, so nothing of the model runs. Once nothing has started for
+// probeEvery after such refusals or drops, the next request runs as a
+// probe, and its execution corrects the estimate (seen on the simulated GPU
+// day: a model served nothing for six minutes). Before, only an estimate
+// over the SLO let a probe in.
+func TestProbeAfterDrops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, Options{DeviceSlots: 1})
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 30 * ms}, constant(5*ms))
+		h.model(ModelSpec{Name: "b", Class: be}, constant(50*ms))
+		h.est.Observe("a", 1, 28*ms) // stale: a now takes 5ms
+		h.run()
+		ctx, stop := context.WithCancel(t.Context())
+		defer stop()
+		busy := make(chan struct{})
+		go func() { // b keeps the device's one slot busy
+			defer close(busy)
+			for ctx.Err() == nil {
+				h.s.Submit(ctx, "b", idRequest(0), RequestOptions{})
+			}
+		}()
+		<-time.After(ms)
+		served := 0
+		for i := range 30 {
+			p := h.submit(ctx, "a", RequestOptions{}, int64(i))
+			<-p.done
+			if p.err == nil {
+				served++
+			}
+			<-time.After(100 * ms)
+		}
+		stop()
+		<-busy
+		if served == 0 {
+			t.Errorf("a served none of 30 requests in 3s: starved on a stale estimate of 28ms")
+		}
+		if e, _ := h.est.Estimate("a", 1); e > 10*ms {
+			t.Errorf("a's estimate %v after the probes, want near its 5ms", e)
 		}
 	})
 }
