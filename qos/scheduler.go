@@ -672,7 +672,7 @@ func (s *Scheduler) refusalLocked(m *model, r *request, now time.Time) error {
 	err := s.admitLocked(m, r, now)
 	// An admitted request is a probe too while the model is starved by
 	// predictions, so that the dispatcher does not drop it as hopeless.
-	if (err != nil || m.refused > 0) && s.probeDueLocked(m, now) {
+	if (err != nil || m.refused > 0) && s.probeDueLocked(m, r, now) {
 		m.log.Debug("admitted as a probe: nothing has run for a while", "would be", err)
 		r.probe = true
 		return nil
@@ -698,15 +698,24 @@ const probeEvery = time.Second
 // drops it as hopeless, and nothing ever runs (seen on the simulated GPU
 // day: a model whose estimate was 27.7 ms against a 30 ms SLO, after
 // running at a twentieth of a device, served nothing for six minutes).
-func (s *Scheduler) probeDueLocked(m *model, now time.Time) bool {
+//
+// In the second case the probe must have time for its own execution as
+// estimated: a request whose deadline is shorter than that (a timeout of a
+// microsecond) is refused as before; it would only run past its deadline
+// and measure nothing.
+func (s *Scheduler) probeDueLocked(m *model, r *request, now time.Time) bool {
 	if m.spec.SLO <= 0 || m.running > 0 || m.q.len() > 0 || now.Sub(laterOf(m.lastStart, m.added)) < probeEvery {
 		return false
 	}
-	if m.refused > 0 {
+	e, ok := s.est.Estimate(m.spec.Name, 1)
+	if ok && e >= m.spec.SLO {
 		return true
 	}
-	e, ok := s.est.Estimate(m.spec.Name, 1)
-	return ok && e >= m.spec.SLO
+	if m.refused == 0 {
+		return false
+	}
+	own, _ := s.est.Estimate(m.spec.Name, r.batch)
+	return r.deadline.IsZero() || r.deadline.Sub(now) >= own
 }
 
 // Preadmit tells, before a request's body is read, whether a request of
