@@ -237,11 +237,11 @@ func (a *Adjuster) latencyCritical(st qos.ModelState) (d decision) {
 		d.share.Compute, d.predicted = hi, p.latency
 		if p.batch > 0 {
 			d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s even at the maximum share %.2f (predicted %s at batch %d)", rate, goal, hi, millis(p.latency), p.batch)
-			s, q := a.saturating(st, rate, lo, hi, p)
+			pick := a.saturating
 			if a.opts.CapsOnly {
-				s, q = a.knee(st, rate, lo, hi, p)
+				pick = a.knee
 			}
-			if s < hi-shareEpsilon {
+			if s, q := pick(st, rate, lo, hi, p); s < hi-shareEpsilon {
 				d.share.Compute, d.predicted = s, q.latency
 				d.reason = fmt.Sprintf("forecast %.1f req/s: cannot %s at any share; %.2f is as fast as the maximum %.2f (predicted %s at batch %d)", rate, goal, s, hi, millis(q.latency), q.batch)
 			}
