@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/qos"
 )
 
@@ -14,6 +15,16 @@ import (
 // over the next period, with headroom, within [MemoryFloor, its memory
 // limit]; it grows at once, before the batch comes, and shrinks only after
 // ScaleDownAfter of smaller targets, never below what the instance holds.
+//
+// Where every share is a cap (CapsOnly: MPS) a client's pinned memory is
+// fixed at its start and an arena cannot grow past it (the batch would
+// fail), and a change is a new client that takes seconds to start. There
+// the share follows the working set of the largest batch the model may run
+// (max_batch_size), so it grows only when the instance holds more than
+// was measured, and a shrink rides along with a compute resize (which
+// starts a new client anyway) unless it gives back at least half of the
+// share: a model whose memory_limit is far above its working set frees
+// that room for its neighbours and their shadows at the cost of one swap.
 
 // WorkingSetPredictor is the part of a Predictor that knows each model's
 // memory: the bytes one instance needs to run batches up to a size, false
@@ -60,15 +71,12 @@ type memorySample struct {
 }
 
 // sizeMemory sets the memory of the adaptive policy's shares in p (not
-// pinned ones). Where every share is a cap (CapsOnly: MPS) memory is left
-// at the model's limit: an MPS client's pinned memory is fixed at its
-// start, so each change would be a swap, and a swap needs room for its
-// shadow beside the old client on the device. Without working sets
-// (WorkingSetPredictor), or without reading what instances hold
-// (InstanceMemoryReader), memory stays at the limit too, as before.
+// pinned ones). Without working sets (WorkingSetPredictor), or without
+// reading what instances hold (InstanceMemoryReader), memory stays at the
+// model's limit.
 func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 	ws, ok := a.opts.Predictor.(WorkingSetPredictor)
-	if !ok || a.opts.CapsOnly {
+	if !ok {
 		return
 	}
 	reader, ok := a.opts.Actuator.(InstanceMemoryReader)
@@ -87,6 +95,9 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 			continue
 		}
 		mem, reason := a.settleMemory(now, t, target, why)
+		if a.opts.CapsOnly && !a.shrinkNow(t, next, mem) {
+			mem, reason = t.applied.Memory, ""
+		}
 		next.Memory, d.share.Memory = mem, mem
 		d.memTarget, d.memReason = target, reason
 		p.next[name], p.ds[name] = next, d
@@ -107,6 +118,9 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 		return 0, "", false
 	}
 	batch, because := a.nextBatch(st, compute, d.rate)
+	if a.opts.CapsOnly {
+		batch, because = max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
+	}
 	set, ok := ws.WorkingSet(spec.Name, batch)
 	if !ok || set <= 0 {
 		return 0, "", false
@@ -127,6 +141,21 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 		why += fmt.Sprintf("; at most the limit %s", formatBytes(hi))
 	}
 	return target, why, true
+}
+
+// shrinkNow reports whether a memory share mem may apply now where every
+// change starts a new client (CapsOnly): growth, the first share, and a
+// shrink that rides along with a compute resize or gives back at least
+// half of the share do; a smaller shrink waits for the next compute resize.
+func (a *Adjuster) shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
+	cur := t.applied.Memory
+	if !t.hasApplied || cur == 0 || t.fresh || mem >= cur {
+		return true
+	}
+	if math.Abs(limitedOrWhole(next.Compute)-limitedOrWhole(t.applied.Compute)) > shareEpsilon {
+		return true
+	}
+	return mem <= cur/2
 }
 
 // nextBatch is the largest batch the model is expected to run over the

@@ -193,16 +193,45 @@ func TestMemorySumOverBudgetEvictsIdle(t *testing.T) {
 	})
 }
 
-// Where shares are caps (MPS) memory stays at the limit: a change would be
-// a new client.
-func TestMemoryFixedWhereCapsOnly(t *testing.T) {
+// Where shares are caps (MPS) the memory share is sized for the largest
+// batch whatever the forecast (an arena cannot grow past a client's pinned
+// limit), grows at once when the instance holds more, and a shrink under
+// half of the share waits for a compute resize to ride along with, since
+// each change is a new client.
+func TestMemoryWhereCapsOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ah, _ := newMemHarness(t, AdjusterOptions{CapsOnly: true}, qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 8, Memory: 2 << 30})
+		ah, act := newMemHarness(t, AdjusterOptions{CapsOnly: true, ScaleDownAfter: 2 * time.Second, Cooldown: time.Second},
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 8, Memory: 2 << 30})
 		ah.start()
-		ah.pred.setRate("m", 10)
+		ah.pred.setRate("m", 10) // batch 1 would do: 0.45
 		ah.tick()
-		if got := ah.act.share("m").Memory; got != 2<<30 {
-			t.Errorf("memory share %dMiB under CapsOnly, want the 2048MiB limit", got/mib)
+		// 100MiB + 8 x 50MiB at the largest batch, + 25%.
+		if got := ah.act.share("m"); got.Memory != 625*mib || got.Compute != 0.45 {
+			t.Fatalf("t=1s: share %.2f, %dMiB; want 0.45 and 625MiB (batch 8's 500MiB + 25%%), not the 2048MiB limit", got.Compute, got.Memory/mib)
+		}
+		act.hold("m", 640*mib) // more than measured: grows alone
+		ah.tick()
+		if got := ah.act.share("m"); got.Memory != 680*mib || got.Compute != 0.45 {
+			t.Fatalf("t=2s: share %.2f, %dMiB; want 0.45 and 680MiB (640MiB + 1/16)", got.Compute, got.Memory/mib)
+		}
+		resizes := len(ah.act.callLog())
+		act.hold("m", 0) // back to 625MiB: a shrink of 55MiB
+		for range 5 {
+			ah.tick()
+		}
+		if got := ah.act.share("m"); got.Memory != 680*mib {
+			t.Fatalf("t=7s: memory %dMiB, want 680MiB until a compute resize (a shrink alone would start a client)", got.Memory/mib)
+		}
+		if n := len(ah.act.callLog()); n != resizes {
+			t.Errorf("%d resizes while only the memory could shrink, want none", n-resizes)
+		}
+		ah.pred.setRate("m", 40) // 0.75: the shrink rides along
+		ah.tick()
+		if got := ah.act.share("m"); got.Memory != 625*mib || got.Compute != 0.75 {
+			t.Errorf("t=8s: share %.2f, %dMiB; want 0.75 with 625MiB in the same resize", got.Compute, got.Memory/mib)
+		}
+		if n := len(ah.act.callLog()); n != resizes+1 {
+			t.Errorf("%d resizes for the compute growth, want 1", n-resizes)
 		}
 	})
 }

@@ -67,6 +67,10 @@ const (
 	// mpsMinArena is the least arena a memory share must leave: an
 	// assumption of 64 MiB, below which no model of ours would run.
 	mpsMinArena = 64 << 20
+	// MPSMinMemory is the least memory share a runner under MPS may have:
+	// its context, the workspaces and the least arena. The adaptive
+	// policy sizes no memory share below it on an MPS device.
+	MPSMinMemory = MPSContextReserve + MPSWorkspaceReserve + mpsMinArena
 )
 
 // ErrMemoryShareTooSmall is a memory share that cannot hold a CUDA context,
@@ -240,9 +244,9 @@ func (l *mpsLimiter) Place(id string, s Share) (Placement, error) {
 	if err := validShare(s); err != nil {
 		return Placement{}, err
 	}
-	if s.Memory > 0 && s.Memory < MPSContextReserve+MPSWorkspaceReserve+mpsMinArena {
+	if s.Memory > 0 && s.Memory < MPSMinMemory {
 		return Placement{}, fmt.Errorf("%w: %s: %d MiB asked, at least %d MiB needed (context %d MiB, workspaces %d MiB, arena %d MiB)",
-			ErrMemoryShareTooSmall, id, s.Memory>>20, (MPSContextReserve+MPSWorkspaceReserve+mpsMinArena)>>20,
+			ErrMemoryShareTooSmall, id, s.Memory>>20, MPSMinMemory>>20,
 			MPSContextReserve>>20, MPSWorkspaceReserve>>20, mpsMinArena>>20)
 	}
 	l.mu.Lock()

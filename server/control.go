@@ -219,6 +219,10 @@ func (ds *devices) get(name string) (*device, error) {
 		return nil, err
 	}
 	d := &device{name: name, sched: sched, lim: lim}
+	var memFloor int64 // the adjuster's default
+	if lim.Kind() == limiter.KindMPS {
+		memFloor = limiter.MPSMinMemory
+	}
 	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
@@ -230,6 +234,7 @@ func (ds *devices) get(name string) (*device, error) {
 		Step:           ds.ctl.Step,
 		MinShare:       ds.ctl.MinShare,
 		MemoryBudget:   int64(ds.ctl.MemoryBudget),
+		MemoryFloor:    memFloor,
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
 		Actuator:       deviceActuator{reg: ds.registry, device: name},

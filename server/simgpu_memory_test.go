@@ -2,6 +2,7 @@ package server
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -9,20 +10,23 @@ import (
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // On a simulated GPU the profiling sweep records each batch size's device
 // memory (the client's context, weights and arena, read through NVML's
 // per-process memory), so the predictor knows the model's working set per
-// batch; the adaptive policy still leaves memory shares on MPS at the
-// model's limit, since each change would be a new client.
+// batch, and the adaptive policy sizes the memory share on MPS from it: the
+// working set of the largest batch with headroom, not the memory_limit.
+// The new client runs batches of the largest size without running out of
+// its pinned memory.
 func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 1
 		cfg.Control.Policy = configs.SharePolicyAdaptive
 		model := "max_batch_size: 8\nexecution: {provider: cuda, simulated: {preset: resnet50}}\nresources: {memory_limit: 4GiB}\n"
-		_, devs := simulatedServer(t, cfg, map[string]string{"m": model})
+		reg, devs := simulatedServer(t, cfg, map[string]string{"m": model})
 		const mib = 1 << 20
 		ws1, ok1 := devs.pred.WorkingSet("m/1", 1)
 		ws8, ok8 := devs.pred.WorkingSet("m/1", 8)
@@ -37,8 +41,9 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 			t.Errorf("working set at batch 1 %dMiB: under the weights and one item's arena", ws1/mib)
 		}
 		t.Logf("working sets: batch 1 %dMiB, batch 8 %dMiB", ws1/mib, ws8/mib)
-		time.Sleep(3 * time.Second)
+		time.Sleep(10 * time.Second) // a pass, and the new client's start
 		synctest.Wait()
+		want := (ws8 + ws8/4 + mib - 1) / mib * mib // + 25%, whole MiB
 		seen := 0
 		for _, d := range devs.all() {
 			if d.adj == nil {
@@ -46,14 +51,34 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 			}
 			for _, s := range d.adj.Shares() {
 				seen++
-				if s.Share.Memory != 4<<30 || s.MemoryTarget != 0 {
-					t.Errorf("%s on %s: memory share %d, target %d; want the 4GiB limit and no target under MPS", s.Model, d.name, s.Share.Memory, s.MemoryTarget)
+				if s.Share.Memory != want || s.MemoryTarget != want {
+					t.Errorf("%s on %s: memory share %dMiB, target %dMiB; want %dMiB (batch 8's working set + 25%%), not the 4GiB limit",
+						s.Model, d.name, s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
 				}
 			}
 		}
 		if seen != 1 {
 			t.Errorf("%d shares seen, want m/1's", seen)
 		}
+		if sh, pending, err := reg.ShareInEffect("m/1"); sh.Memory != want || pending || err != nil {
+			t.Errorf("share in effect %+v (pending %v, err %v), want the runner restarted with %dMiB", sh, pending, err, want/mib)
+		}
+		// A burst that the scheduler batches by 8 fits the new client.
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				req := &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 16}, Data: make([]byte, 64)}}}
+				if _, _, err := reg.Infer(t.Context(), "m", "", req); err != nil {
+					t.Errorf("a request of the burst: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		held := reg.InstanceMemory("m/1")
+		if held <= ws1 || held > want {
+			t.Errorf("the instance holds %dMiB after the burst, want batches over 1 (more than %dMiB) within its %dMiB", held/mib, ws1/mib, want/mib)
+		}
+		t.Logf("after a burst of 16: the instance holds %dMiB of its %dMiB", held/mib, want/mib)
 	})
 }
 
