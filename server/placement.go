@@ -158,7 +158,13 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 			order = append(order, v.Model)
 		}
 		m.Demand += p.demand(v)
-		m.Memory += max(v.MemoryLimit, v.MemoryUsed)
+		// The memory share in effect: under the adaptive policy sized
+		// from the working set, else the memory_limit.
+		mem := v.MemoryLimit
+		if v.Share.Memory > 0 {
+			mem = v.Share.Memory
+		}
+		m.Memory += max(mem, v.MemoryUsed)
 	}
 	slices.Sort(order)
 	out := make([]control.PlacementModel, 0, len(order))
@@ -168,20 +174,32 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 	return p.devices(), out
 }
 
-// demand is the compute share a version needs at its forecast rate: under
-// the adaptive policy, a latency-critical version's target share (the
-// smallest its adjuster predicts meets its SLO at the forecast rate);
-// otherwise its busy fraction at the whole device, the forecast rate times
-// the predicted execution at share 1 (a best-effort request counted as a
-// batch of max_batch_size), over the utilisation bound for a
-// latency-critical one. Before any forecast, the prior.
+// demand is the compute share a version needs at its forecast rate: its
+// busy fraction at the whole device, the forecast rate times the predicted
+// execution at share 1 (a best-effort request counted as a batch of
+// max_batch_size), over the utilisation bound for a latency-critical one.
+// Under the adaptive policy a latency-critical version's demand is its
+// target share (the smallest its adjuster predicts meets its SLO) where
+// shares are reserved; where every share is a cap (MPS) the target is a
+// ceiling that keeps nothing from the others (often the knee of its
+// largest batch), so there the demand is what it uses: NVML's measured SM
+// use, or the busy fraction without a reading, over the utilisation bound,
+// up to the target. Before any forecast, the prior.
 func (p *placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
+	target, caps := 0.0, false
 	if d := p.devs.lookup(v.Device); d != nil && lc && d.adj.Policy() == control.SharePolicyAdaptive {
 		for _, ms := range d.adj.Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
-				return min(ms.Target, 1)
+				target = min(ms.Target, 1)
 			}
+		}
+		caps = d.lim.Kind() == limiter.KindMPS
+		if target > 0 && !caps {
+			return target
+		}
+		if u, ok := d.usage.get(v.Key); ok && target > 0 {
+			return min(u/max(p.devs.ctl.MaxUtilization, 0.1), target)
 		}
 	}
 	pred := p.devs.pred
@@ -200,6 +218,9 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 	busy := rate * lat.Seconds()
 	if lc {
 		busy /= max(p.devs.ctl.MaxUtilization, 0.1)
+	}
+	if target > 0 {
+		busy = min(busy, target)
 	}
 	return min(busy, 1)
 }

@@ -278,3 +278,60 @@ func TestPlacementKeepsPinnedModels(t *testing.T) {
 		}
 	})
 }
+
+// Under the adaptive policy on MPS placement sees a latency-critical model
+// as it runs, not as its cap: its demand is the SM use NVML measured over
+// the utilisation bound (its cap is a ceiling at a knee, and keeps nothing
+// from the others), and its memory is the memory share the policy sized
+// from its working set, not its memory_limit.
+func TestPlacementSeesUseAndMemoryShareOnMPS(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := configs.DefaultServer()
+		cfg.GPU.Simulator.Devices = 1
+		cfg.GPU.Placement.Enabled = true
+		cfg.Control.Policy = configs.SharePolicyAdaptive
+		model := "max_batch_size: 4\nslo: {latency_ms: 30, class: latency-critical}\n" +
+			"execution: {provider: cuda, simulated: {preset: resnet50, fixed: 6ms, saturation: 0.3}}\nresources: {memory_limit: 4GiB}\n"
+		reg, devs, place := placedServer(t, cfg, map[string]string{"m": model})
+		ctx, stop := context.WithCancel(t.Context())
+		var traffic sync.WaitGroup
+		traffic.Go(func() {
+			req := &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 16}, Data: make([]byte, 64)}}}
+			for ctx.Err() == nil {
+				reg.Infer(ctx, "m", "", req)
+				time.Sleep(50 * time.Millisecond) // about 18 requests a second
+			}
+		})
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		_, ms := place.snapshot()
+		stop()
+		traffic.Wait()
+		if len(ms) != 1 {
+			t.Fatalf("snapshot %+v, want m", ms)
+		}
+		d := devs.lookup("cuda:0")
+		var target float64
+		for _, s := range d.adj.Shares() {
+			if s.Model == "m/1" {
+				target = s.Target
+			}
+		}
+		use, ok := d.usage.get("m/1")
+		if !ok || target <= 0 {
+			t.Fatalf("no measured use (%v) or no target (%.2f) after 40s of traffic", ok, target)
+		}
+		want := min(use/cfg.Control.MaxUtilization, target)
+		if got := ms[0].Demand; got < want-1e-9 || got > want+1e-9 || got >= target {
+			t.Errorf("demand %.3f, want the measured use %.3f over the bound %.2f (%.3f), under the cap %.2f", got, use, cfg.Control.MaxUtilization, want, target)
+		}
+		sh, err := reg.Share("m/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms[0].Memory != sh.Memory || sh.Memory <= 0 || sh.Memory >= 4<<30 {
+			t.Errorf("placement memory %dMiB, want the memory share %dMiB (under the 4GiB limit)", ms[0].Memory>>20, sh.Memory>>20)
+		}
+		t.Logf("demand %.3f (use %.3f, cap %.2f), memory %dMiB", ms[0].Demand, use, target, ms[0].Memory>>20)
+	})
+}
