@@ -351,10 +351,12 @@ func median(xs []float64) float64 {
 // The GPU day in simulated time, on the scenario's own arrivals and two
 // more seeds (medians: a day's placement, and with it static's slices,
 // varies from run to run): under adaptive the latency-critical models keep
-// their SLOs better than with no limits (shared) and at least about as well
-// as static slices, with few enough resizes on MPS. Before the targets were
+// their SLOs better than with no limits (shared) and at least as well as
+// static slices, with few enough resizes on MPS. Before the targets were
 // held and capped at the knee, adaptive met 75.9% of the latency-critical
-// requests on seed 18 (static 94.8%, shared 84.7%) with 587 resizes.
+// requests on seed 18 (static 94.8%, shared 84.7%) with 587 resizes; before
+// placement saw measured use and memory shares on MPS (not caps and
+// memory_limits), 93-95% over ten seeds, 97% after.
 func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nine simulated GPU days")
@@ -388,16 +390,16 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	ag, sg, shg := median(goodput[configs.SharePolicyAdaptive]), median(goodput[configs.SharePolicyStatic]), median(goodput[configs.SharePolicyShared])
 	t.Logf("medians of %d: LC attainment adaptive %.4f, static %.4f, shared %.4f; resizes %v", seeds, a,
 		median(attainment[configs.SharePolicyStatic]), median(attainment[configs.SharePolicyShared]), resizes)
-	if a < 0.92 {
-		t.Errorf("LC attainment under adaptive %.3f (median of %d), want 0.92 at least", a, seeds)
+	if a < 0.95 {
+		t.Errorf("LC attainment under adaptive %.3f (median of %d), want 0.95 at least", a, seeds)
 	}
-	if ag < 1.05*shg {
-		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive 1.05x shared at least", ag, shg)
+	if ag < 1.10*shg {
+		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive 1.10x shared at least", ag, shg)
 	}
-	if ag < 0.97*sg {
-		t.Errorf("LC goodput adaptive %.0f, static %.0f (medians): want adaptive within 3%% of static at least", ag, sg)
+	if ag < sg {
+		t.Errorf("LC goodput adaptive %.0f, static %.0f (medians): want adaptive at least static's", ag, sg)
 	}
-	if n := median(resizes); n > 100 {
-		t.Errorf("adaptive resized %.0f times (median) in the 6-minute window: each is a new MPS client; want 100 at most", n)
+	if n := median(resizes); n > 60 {
+		t.Errorf("adaptive resized %.0f times (median) in the 6-minute window: each is a new MPS client; want 60 at most", n)
 	}
 }
