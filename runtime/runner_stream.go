@@ -143,20 +143,42 @@ func (f *frameReader) next(m proto.Message) error {
 	if n > maxMessageSize {
 		return fmt.Errorf("a frame of %d bytes is over the limit of %d", n, maxMessageSize)
 	}
-	if uint32(cap(f.buf)) < n {
-		f.buf = make([]byte, n)
-	}
-	b := f.buf[:n]
-	if _, err := io.ReadFull(f.r, b); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
+	b, err := f.body(int(n))
+	if err != nil {
 		return err
 	}
 	if n > frameBufferKeep {
 		f.buf = nil
 	}
 	return proto.Unmarshal(b, m)
+}
+
+// frameGrowStep is the least a frame's buffer grows by while its body
+// arrives.
+const frameGrowStep = 1 << 20
+
+// body reads a frame's n bytes. The buffer grows with what has arrived (it
+// doubles, from frameGrowStep), not with what the header says: a broken
+// runner whose header claims a gigabyte and which sends a few bytes costs
+// the server a few megabytes, not the gigabyte.
+func (f *frameReader) body(n int) ([]byte, error) {
+	b := f.buf[:0]
+	for len(b) < n {
+		next := min(n, max(2*len(b), frameGrowStep, cap(b)))
+		if cap(b) < next {
+			b = append(make([]byte, 0, next), b...)
+		}
+		got := len(b)
+		b = b[:next]
+		if _, err := io.ReadFull(f.r, b[got:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	f.buf = b
+	return b[:n], nil
 }
 
 // callStream is the server's end of a runner process's calls. One

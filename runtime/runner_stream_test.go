@@ -1,12 +1,14 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
 	"os"
+	goruntime "runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -246,5 +248,38 @@ func TestCallStreamExpiredBeforeWriteKeepsStream(t *testing.T) {
 	case err := <-brokenWith:
 		t.Fatalf("the stream ended: %v", err)
 	default:
+	}
+}
+
+// A frame's buffer grows with its body as it arrives: a header that claims
+// a gigabyte followed by a few bytes and the end of the connection costs a
+// few megabytes, not the gigabyte; a large frame that does arrive is read
+// whole across the growth steps.
+func TestFrameReaderAllocatesWhatArrives(t *testing.T) {
+	claim := binary.LittleEndian.AppendUint32(nil, maxMessageSize)
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	err := newFrameReader(bytes.NewReader(append(claim, "ten bytes!"...))).next(&runnerpb.InferResponse{})
+	goruntime.ReadMemStats(&after)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("a frame cut short: %v, want io.ErrUnexpectedEOF", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 8<<20 {
+		t.Errorf("reading 10 bytes of a frame that claims %d allocated %d bytes, want a few MiB at most", maxMessageSize, got)
+	}
+
+	want := &runnerpb.InferResponse{Id: 7, Message: strings.Repeat("x", 5<<20+3)}
+	var wire bytes.Buffer
+	w := &frameWriter{conn: &wire}
+	if err := w.write(want); err != nil {
+		t.Fatal(err)
+	}
+	r := newFrameReader(&wire)
+	var got runnerpb.InferResponse
+	if err := r.next(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Id != want.Id || got.Message != want.Message {
+		t.Errorf("a 5 MiB frame read back as id %d with %d bytes of message, want id 7 with %d", got.Id, len(got.Message), len(want.Message))
 	}
 }
