@@ -109,6 +109,12 @@ type Limits struct {
 	// StreamInflight caps the requests of one ModelStreamInfer stream read
 	// and not yet answered; 0 means DefaultStreamInflight.
 	StreamInflight int
+	// RefuseUnread, when set, is asked as a ModelInfer call's headers
+	// arrive, before its message (and with it the model's name) is read:
+	// an error refuses the call with RESOURCE_EXHAUSTED and its message
+	// is never read (the server's limit on requests in flight,
+	// qos.Gate.RefuseUnread). REST asks the model's Preadmit instead.
+	RefuseUnread func() error
 }
 
 // ServerName is the name sloserve gives in server metadata.

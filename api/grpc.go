@@ -42,7 +42,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	}
 	logger = logger.With("component", "grpc")
 	base := []grpc.ServerOption{
-		grpc.InTapHandle(grpcStampArrival),
+		grpc.InTapHandle(grpcTap(lim.RefuseUnread)),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
@@ -68,11 +68,20 @@ const grpcStreamWorkers = 64
 // grpcArrivalKey keys the time a call's headers arrived in its context.
 type grpcArrivalKey struct{}
 
-// grpcStampArrival notes when a call's headers arrived, before its message
-// is read: a request's SLO counts from then, as over REST, so that the
-// time a large message takes to arrive is not hidden from the scheduler.
-func grpcStampArrival(ctx context.Context, _ *tap.Info) (context.Context, error) {
-	return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil
+// grpcTap notes when a call's headers arrived, before its message is
+// read: a request's SLO counts from then, as over REST, so that the time a
+// large message takes to arrive is not hidden from the scheduler. A
+// ModelInfer call that refuse refuses is ended here with
+// RESOURCE_EXHAUSTED, before its message is read.
+func grpcTap(refuse func() error) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if refuse != nil && info.FullMethodName == inference.GRPCInferenceService_ModelInfer_FullMethodName {
+			if err := refuse(); err != nil {
+				return ctx, status.Error(codes.ResourceExhausted, err.Error())
+			}
+		}
+		return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil
+	}
 }
 
 // grpcArrival is when the call's headers arrived, or now if not known.

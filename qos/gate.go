@@ -17,6 +17,7 @@ import (
 type Gate struct {
 	maxRequests, maxBytes atomic.Int64 // 0: no limit
 	requests, bytes       atomic.Int64 // in flight now
+	unread                atomic.Uint64
 }
 
 // NewGate returns a gate with the given limits (0: none).
@@ -84,6 +85,26 @@ func (g *Gate) full() error {
 		return fmt.Errorf("%w: limit %d", ErrOverloaded, limit)
 	}
 	return nil
+}
+
+// RefuseUnread says why a request whose model is not known yet (a gRPC
+// call whose message has not been read) would be refused now for the
+// number of requests in flight, and counts the refusal (RefusedUnread), or
+// returns nil. A refusal here is no model's: no scheduler counts it.
+func (g *Gate) RefuseUnread() error {
+	err := g.full()
+	if err != nil {
+		g.unread.Add(1)
+	}
+	return err
+}
+
+// RefusedUnread is how many requests RefuseUnread refused.
+func (g *Gate) RefusedUnread() uint64 {
+	if g == nil {
+		return 0
+	}
+	return g.unread.Load()
 }
 
 // formatBytes writes a byte count as the config does: in the largest

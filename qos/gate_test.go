@@ -29,9 +29,17 @@ func TestGateRequests(t *testing.T) {
 		if err := h.s.Preadmit(ctx, "b", RequestOptions{}); !errors.Is(err, ErrOverloaded) {
 			t.Errorf("Preadmit at the limit: %v, want ErrOverloaded", err)
 		}
+		// A request whose model is not known yet (a gRPC call not read)
+		// is refused by the gate alone, counted there and by no model.
+		if err := gate.RefuseUnread(); !errors.Is(err, ErrOverloaded) || gate.RefusedUnread() != 1 {
+			t.Errorf("RefuseUnread at the limit: %v, counted %d; want ErrOverloaded, 1", err, gate.RefusedUnread())
+		}
 		gate.SetLimits(0, 0)
 		mustSucceed(t, h.submit(ctx, "b", RequestOptions{}, 3))
 		mustSucceed(t, first)
+		if err := gate.RefuseUnread(); err != nil || gate.RefusedUnread() != 1 {
+			t.Errorf("RefuseUnread without a limit: %v, counted %d; want nil, still 1", err, gate.RefusedUnread())
+		}
 		gate.SetLimits(1, 0)
 		mustSucceed(t, h.submit(ctx, "b", RequestOptions{}, 4)) // the first has left
 		st, _ := h.s.Stats("b")

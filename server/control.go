@@ -125,6 +125,14 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 		return nil, err
 	}
 	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
+	if reg != nil {
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sloserve_requests_refused_unread_total",
+			Help: "gRPC inference calls refused at limits.max_inflight_requests before their message (and model) was read; no model's count has them.",
+		}, func() float64 { return float64(gate.RefusedUnread()) })); err != nil {
+			return nil, fmt.Errorf("registering sloserve_requests_refused_unread_total: %w", err)
+		}
+	}
 	use, err := newUseGauge(reg)
 	if err != nil {
 		return nil, err

@@ -186,6 +186,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		BodyTimeout:       cfg.Limits.BodyTimeout,
 		StreamInflight:    cfg.Limits.GRPCStreamInflight,
 		SharedMemory:      shm,
+		RefuseUnread:      devs.gate.RefuseUnread,
 	}
 
 	// Listen on every port before loading models, so a busy port fails the
