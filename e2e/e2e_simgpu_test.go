@@ -29,7 +29,12 @@ profile: {shapes: {x: [1, 3, 48, 192]}, batch_sizes: [1, 8]}
 		repoModel{name: "wake", file: demoModel(t, "wakeword-hello"), config: `execution:
   provider: cuda
   simulated: {preset: resnet50}
-`})
+`},
+		repoModel{name: "dyn", file: testModel(t, "example_dynamic_axes.onnx"), config: `max_batch_size: 4
+execution: {provider: cuda, simulated: {preset: resnet50}}
+resources: {memory_limit: 2GiB}
+profile: {batch_sizes: [1, 4]}
+`}) // dyn's batches stop at 4: the batch-8 points below are cls's
 	cache := t.TempDir()
 	s := startServer(t, repo, `gpu:
   simulator: {devices: 2, sms: 80, memory: 16GiB}
@@ -115,5 +120,29 @@ control:
 	}
 	if !strings.Contains(log, "simulated GPUs") || !strings.Contains(log, "instance replaced at a new share") {
 		t.Errorf("the log does not show simulated GPUs and a client per profiled share:\n%s", log)
+	}
+
+	// Under the adaptive policy dyn's memory share (its client's pinned
+	// limit) is sized from the profile's working set at its largest batch
+	// (a context, resnet50's weights and 4 items' arena: 500 MiB, plus
+	// 25%), not its 2 GiB memory_limit, and a batch of 4 runs in it. (cls
+	// is not sized: its input is dynamic beyond the batch.)
+	var share, target int64
+	var reason string
+	waitFor(t, "dyn's memory share sized from its working set", 60*time.Second, func() bool {
+		share, target, reason = s.memoryShare(t, "dyn/1")
+		return share > 0 && share < 2<<30
+	})
+	if share != 625<<20 || target != share || !strings.Contains(reason, "batch 4") {
+		t.Errorf("dyn's memory share %d MiB, target %d MiB (%q); want 625 MiB, batch 4's working set + 25%%", share>>20, target>>20, reason)
+	}
+	rows := make([][]float64, 4)
+	for i := range rows {
+		rows[i] = make([]float64, 10)
+	}
+	if code := s.json(t, http.MethodPost, "/v2/models/dyn/infer", map[string]any{
+		"inputs": []map[string]any{{"name": "input_vectors", "datatype": "FP32", "shape": []int{4, 10}, "data": rows}},
+	}, &resp); code != http.StatusOK {
+		t.Errorf("a batch of 4 within the sized memory share: %d %+v", code, resp)
 	}
 }
