@@ -17,7 +17,9 @@
 // policy also sizes each model's memory share from the working set of the
 // largest batch it is expected to run next (WorkingSetPredictor), never
 // below what its instance holds (InstanceMemoryReader), growing at once and
-// shrinking late; where shares are caps memory stays at the model's limit.
+// shrinking late; where shares are caps it follows the largest batch the
+// model may run (a pinned limit is fixed for a client's life) and a shrink
+// rides along with a compute resize.
 // Pins override the policy; idle models are evicted when memory (use or
 // memory shares) is over budget. Every decision is an Event. Isolation
 // holds the models placement must keep apart from latency-critical ones
