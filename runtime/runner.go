@@ -482,6 +482,12 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 					break
 				}
 				r.log.Warn("runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "err", err, "waits", waits)
+				// A check that failed at once must not make this a busy loop.
+				select {
+				case <-p.exited:
+				case <-r.ctx.Done():
+				case <-time.After(timeout / 4):
+				}
 			}
 			if err == nil {
 				r.log.Info("runner answered its health check after a call got no answer; serving again", "pid", p.pid, "call", why)
