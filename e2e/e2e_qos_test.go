@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -143,7 +144,10 @@ func TestE2EDeadlines(t *testing.T) {
 	})
 
 	t.Run("client that disconnects leaves the queue", func(t *testing.T) {
-		big, bigLen := detRequest(t, 800, nil)
+		// Bigger than above: the client gives up only once its request is
+		// seen queued, which takes a scrape or more; the big request must
+		// still run by then.
+		big, bigLen := detRequest(t, 1600, nil)
 		small, smallLen := detRequest(t, 32, nil)
 		before := s.executions(t, "det")
 		var wg sync.WaitGroup
@@ -155,16 +159,35 @@ func TestE2EDeadlines(t *testing.T) {
 			v, _ := s.modelMetric(t, "sloserve_qos_inflight_requests", "det/1")
 			return v >= 1
 		})
-		// A client that gives up after 20 ms, while its request waits.
-		client := &http.Client{Timeout: 20 * time.Millisecond}
-		req, err := http.NewRequest("POST", s.http+"/v2/models/det/infer", bytes.NewReader(small))
+		// A client that gives up while its request waits in the queue. It
+		// gives up once the server has queued the request, not after a
+		// fixed time: on a busy machine the server may take longer than
+		// that to read the request, and a request it never read is no
+		// arrival to count.
+		ctx, giveUp := context.WithCancel(t.Context())
+		defer giveUp()
+		req, err := http.NewRequestWithContext(ctx, "POST", s.http+"/v2/models/det/infer", bytes.NewReader(small))
 		if err != nil {
 			t.Fatal(err)
 		}
 		req.Header.Set("Inference-Header-Content-Length", smallLen)
-		if resp, err := client.Do(req); err == nil {
+		answered := make(chan int, 1)
+		go func() {
+			resp, err := s.client.Do(req)
+			if err != nil {
+				answered <- 0
+				return
+			}
 			resp.Body.Close()
-			t.Fatalf("the small request answered %d before the client gave up", resp.StatusCode)
+			answered <- resp.StatusCode
+		}()
+		waitFor(t, "the small request to be queued", 10*time.Second, func() bool {
+			v, _ := s.modelMetric(t, "sloserve_qos_queue_depth", "det/1")
+			return v >= 1
+		})
+		giveUp()
+		if code := <-answered; code != 0 {
+			t.Fatalf("the small request answered %d before the client gave up", code)
 		}
 		wg.Wait()
 		if bigCode != 200 {

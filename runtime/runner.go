@@ -94,7 +94,8 @@ const (
 	defaultBackoffMax     = 30 * time.Second
 	defaultMaxRestarts    = 5
 	// hungAfter consecutive failed health checks of a live process mean
-	// it is hung.
+	// it is hung. A check failed while the process was starved of CPU
+	// (see starvation) does not count.
 	hungAfter = 3
 	// maxHealthTimeout caps one health check.
 	maxHealthTimeout = 2 * time.Second
@@ -469,7 +470,25 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			if hung != "" || !paused {
 				continue // stale: an earlier process was suspected
 			}
-			err := p.checkHealth(r.ctx, timeout)
+			// A runner starved of CPU is checked again until it answers or
+			// fails a check it had the CPU for: it is out of service
+			// meanwhile, but alive.
+			var err error
+			for {
+				var starved bool
+				var waits string
+				starved, waits, err = r.check(p, timeout)
+				if err == nil || !starved || p.hasExited() || r.ctx.Err() != nil {
+					break
+				}
+				r.log.Warn("runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "err", err, "waits", waits)
+				// A check that failed at once must not make this a busy loop.
+				select {
+				case <-p.exited:
+				case <-r.ctx.Done():
+				case <-time.After(timeout / 4):
+				}
+			}
 			if err == nil {
 				r.log.Info("runner answered its health check after a call got no answer; serving again", "pid", p.pid, "call", why)
 				r.resume(p)
@@ -494,7 +513,7 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			if hung != "" {
 				continue
 			}
-			err := p.checkHealth(r.ctx, timeout)
+			starved, waits, err := r.check(p, timeout)
 			if err == nil {
 				failed = 0
 				continue
@@ -502,8 +521,13 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			if p.hasExited() || r.ctx.Err() != nil {
 				continue // the other cases of the select handle these
 			}
+			if starved {
+				// Neither a sign of life nor of a hang: not counted.
+				r.log.Warn("runner health check failed, but the runner was starved of CPU; not counted", "pid", p.pid, "failures", failed, "err", err, "waits", waits)
+				continue
+			}
 			failed++
-			r.log.Warn("runner health check failed", "pid", p.pid, "failures", failed, "err", err)
+			r.log.Warn("runner health check failed", "pid", p.pid, "failures", failed, "err", err, "waits", waits)
 			if failed >= hungAfter {
 				hung = fmt.Sprintf("hung: %d health checks in a row failed (last: %v); killed", failed, err)
 				r.log.Error("runner hung; killing it", "pid", p.pid, "failures", failed)
@@ -512,6 +536,17 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			}
 		}
 	}
+}
+
+// check runs one health check of p. When it fails, starved says whether
+// p was starved of CPU meanwhile (see starvation), and waits how long p
+// and the server waited for a CPU, for the log.
+func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits string, err error) {
+	s := startStarvation(p.pid)
+	if err = p.checkHealth(r.ctx, timeout); err != nil {
+		starved, waits = s.starved()
+	}
+	return starved, waits, err
 }
 
 // terminate stops a process: SIGTERM, then SIGKILL once ctx is done (or

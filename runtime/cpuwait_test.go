@@ -1,0 +1,207 @@
+package runtime
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestParseSchedstat(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"92405289888 22926744544 56534\n", 22926744544, true},
+		{"0 0 1", 0, true},
+		{"1 2", 0, false},
+		{"1 x 3", 0, false},
+		{"1 -5 3", 0, false},
+		{"", 0, false},
+	} {
+		got, err := parseSchedstat([]byte(c.in))
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("parseSchedstat(%q) = %v, %v; want %v, ok %v", c.in, got, err, c.want, c.ok)
+		}
+	}
+}
+
+// The run delay of a process grows while it waits for a CPU beside busy
+// threads on the same CPU, and stands still while it is frozen.
+func TestCPUWait(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	cmd := startSpinner(t)
+	cpu := lastCPU(t)
+	burn(t, cpu, 2)
+	pin(t, cmd.Process.Pid, cpu, false)
+	w0, _ := cpuWait(cmd.Process.Pid)
+	time.Sleep(300 * time.Millisecond)
+	w1, _ := cpuWait(cmd.Process.Pid)
+	if w1-w0 < 50*time.Millisecond {
+		t.Errorf("a spinner sharing a CPU with two others waited %v in 300ms, want over 50ms", w1-w0)
+	}
+	freeze(t, cmd.Process.Pid)
+	w2, _ := cpuWait(cmd.Process.Pid)
+	time.Sleep(300 * time.Millisecond)
+	w3, ok := cpuWait(cmd.Process.Pid)
+	if !ok || w3 != w2 {
+		t.Errorf("a frozen process's CPU wait went from %v to %v (read %v)", w2, w3, ok)
+	}
+}
+
+// A runner starved of CPU (idle class, on one CPU with busy processes) fails
+// health checks but is not killed as hung: the failed checks are not
+// counted. A frozen one in the same place is still killed as hung.
+func TestRunnerStarvedIsNotHung(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	if goruntime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: one to starve the runner on, one for the test")
+	}
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	// Checks of 200 ms (the timeout is the interval): a runner of the
+	// idle scheduling class behind three busy processes on its CPU cannot
+	// answer them all in time, while the test itself, on the other CPUs,
+	// answers its part well within it even on a busy machine.
+	cfg.HealthInterval = 200 * time.Millisecond
+	var log syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r := startTestRunner(t, cfg)
+	pid := r.Pid()
+
+	cpu := lastCPU(t)
+	spinners := burn(t, cpu, 3)
+	pin(t, pid, cpu, true)
+	// Three times hungAfter failed checks; the runner stays the same all
+	// along.
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(log.String(), "starved of CPU; not counted") < 3*hungAfter {
+		if got := r.Pid(); got != pid || r.Restarts() != 0 || strings.Contains(log.String(), "runner hung") {
+			t.Fatalf("the starved runner %d was replaced by %d (%d restarts; reason %q)", pid, got, r.Restarts(), r.Reason())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d health checks failed for want of CPU in 30s, want %d: the runner was not starved enough",
+				strings.Count(log.String(), "not counted"), 3*hungAfter)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	freeze(t, pid)
+	waitFor(t, 20*time.Second, "the frozen runner to be killed as hung", func() bool {
+		return strings.Contains(log.String(), "runner hung; killing it")
+	})
+	for _, s := range spinners {
+		s.Process.Kill() // let the killed runner, of the idle class, exit
+	}
+	waitFor(t, 30*time.Second, "a new runner", func() bool { return r.Pid() != 0 && r.Pid() != pid })
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// lastCPU is the highest CPU the test may run on.
+func lastCPU(t *testing.T) int {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	last := -1
+	for i := range 1024 {
+		if set.IsSet(i) {
+			last = i
+		}
+	}
+	if set.Count() < 2 {
+		t.Skip("needs 2 CPUs")
+	}
+	return last
+}
+
+// burn keeps n spinning processes busy on cpu until the test ends.
+// Processes, not goroutines: busy goroutines would take the test's own
+// Go processors from the runner's supervisor.
+func burn(t *testing.T, cpu, n int) []*exec.Cmd {
+	t.Helper()
+	var cmds []*exec.Cmd
+	for range n {
+		cmd := startSpinner(t)
+		pin(t, cmd.Process.Pid, cpu, false)
+		cmds = append(cmds, cmd)
+	}
+	return cmds
+}
+
+// pin puts every thread of pid on cpu, and in the idle scheduling class
+// (it runs only when nothing else on the CPU wants to) if idle; threads it
+// starts later inherit both.
+func pin(t *testing.T, pid, cpu int, idle bool) {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("threads of %d: %v", pid, err)
+	}
+	var set unix.CPUSet
+	set.Set(cpu)
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(filepath.Base(task))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && err != syscall.ESRCH {
+			t.Fatalf("pin thread %d: %v", tid, err)
+		}
+		if !idle {
+			continue
+		}
+		attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
+		if err := unix.SchedSetAttr(tid, &attr, 0); err != nil && err != syscall.ESRCH {
+			t.Fatalf("idle class for thread %d: %v", tid, err)
+		}
+	}
+}
+
+// startSpinner starts a busy shell loop, killed when the test ends.
+func startSpinner(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd
+}
