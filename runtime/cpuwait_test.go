@@ -102,7 +102,16 @@ func TestRunnerStarvedIsNotHung(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// A thread of the idle class behind three spinners may wait seconds
+	// for the CPU it needs to take its stop signal: the spinners pause
+	// while it is frozen, then spin on beside the frozen runner.
+	for _, s := range spinners {
+		s.Process.Signal(syscall.SIGSTOP)
+	}
 	freeze(t, pid)
+	for _, s := range spinners {
+		s.Process.Signal(syscall.SIGCONT)
+	}
 	waitFor(t, 20*time.Second, "the frozen runner to be killed as hung", func() bool {
 		return strings.Contains(log.String(), "runner hung; killing it")
 	})
@@ -110,6 +119,31 @@ func TestRunnerStarvedIsNotHung(t *testing.T) {
 		s.Process.Kill() // let the killed runner, of the idle class, exit
 	}
 	waitFor(t, 30*time.Second, "a new runner", func() bool { return r.Pid() != 0 && r.Pid() != pid })
+}
+
+// A failed check while starved is not counted, up to starvedChecks in a
+// row: from then on it counts, as a process whose threads spin without
+// ever answering looks starved too. (A runner really starved answers now
+// and then, which ends the run: see TestRunnerStarvedIsNotHung.) A check
+// with the CPU it needed ends the run.
+func TestStarvedChecksCountInTheEnd(t *testing.T) {
+	run, counted := 0, 0
+	for i := 1; i <= starvedChecks+2; i++ {
+		var c bool
+		c, run = countsAsFailed(true, run)
+		if c {
+			counted++
+		}
+		if want := i >= starvedChecks; c != want {
+			t.Errorf("starved check %d counted %v, want %v", i, c, want)
+		}
+	}
+	if counted != 3 {
+		t.Errorf("%d of %d starved checks in a row counted, want 3", counted, starvedChecks+2)
+	}
+	if c, run2 := countsAsFailed(false, run); !c || run2 != 0 {
+		t.Errorf("a check failed with the CPU: counted %v, run %d; want counted and the run ended", c, run2)
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and readers.

@@ -97,6 +97,11 @@ const (
 	// it is hung. A check failed while the process was starved of CPU
 	// (see starvation) does not count.
 	hungAfter = 3
+	// starvedChecks is how many failed health checks in a row a runner
+	// starved of CPU is given before they count all the same: a process
+	// whose threads spin without answering (a livelock) looks starved,
+	// and must not stay out of service, or in it unanswering, for ever.
+	starvedChecks = 10
 	// maxHealthTimeout caps one health check.
 	maxHealthTimeout = 2 * time.Second
 	// defaultStopGrace applies when Stop's context has no deadline.
@@ -453,6 +458,7 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 	defer ticker.Stop()
 	timeout := min(r.cfg.HealthInterval, maxHealthTimeout)
 	failed := 0
+	starvedRun := 0 // failed checks in a row while starved of CPU
 	hung := ""
 	for {
 		select {
@@ -474,11 +480,15 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			// fails a check it had the CPU for: it is out of service
 			// meanwhile, but alive.
 			var err error
-			for {
+			for n := 1; ; n++ {
 				var starved bool
 				var waits string
 				starved, waits, err = r.check(p, timeout)
 				if err == nil || !starved || p.hasExited() || r.ctx.Err() != nil {
+					break
+				}
+				if n >= starvedChecks {
+					r.log.Warn("runner health check failed while starved of CPU, for the last time", "pid", p.pid, "checks", n, "call", why, "err", err, "waits", waits)
 					break
 				}
 				r.log.Warn("runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "err", err, "waits", waits)
@@ -515,15 +525,17 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			}
 			starved, waits, err := r.check(p, timeout)
 			if err == nil {
-				failed = 0
+				failed, starvedRun = 0, 0
 				continue
 			}
 			if p.hasExited() || r.ctx.Err() != nil {
 				continue // the other cases of the select handle these
 			}
-			if starved {
+			var counts bool
+			counts, starvedRun = countsAsFailed(starved, starvedRun)
+			if !counts {
 				// Neither a sign of life nor of a hang: not counted.
-				r.log.Warn("runner health check failed, but the runner was starved of CPU; not counted", "pid", p.pid, "failures", failed, "err", err, "waits", waits)
+				r.log.Warn("runner health check failed, but the runner was starved of CPU; not counted", "pid", p.pid, "failures", failed, "starved", starvedRun, "err", err, "waits", waits)
 				continue
 			}
 			failed++
@@ -536,6 +548,19 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			}
 		}
 	}
+}
+
+// countsAsFailed says whether a failed health check counts toward
+// hungAfter, given whether the runner was starved of CPU during it and how
+// many failed checks in a row were starved before it (run), and returns
+// the run after it: a starved check counts only as the starvedChecks-th
+// of a run or later.
+func countsAsFailed(starved bool, run int) (bool, int) {
+	if !starved {
+		return true, 0
+	}
+	run++
+	return run >= starvedChecks, run
 }
 
 // check runs one health check of p. When it fails, starved says whether
