@@ -117,7 +117,11 @@ func TestE2EDeadlines(t *testing.T) {
 		// The detector's inputs have dynamic image sizes, so it gets no
 		// warm-up and starts with no estimate: both requests are admitted,
 		// and the second waits behind the first until its deadline passes.
-		big, bigLen := detRequest(t, 800, nil)
+		// The first is large enough (1600x1600) to be still running when
+		// the second comes on a busy machine: at 800x800 it once finished
+		// first (219 ms), and the second was refused at admission on the
+		// estimate it left, instead of queued.
+		big, bigLen := detRequest(t, 1600, nil)
 		small, smallLen := detRequest(t, 32, map[string]any{"timeout": 20000}) // 20 ms
 		before := s.executions(t, "det")
 		var wg sync.WaitGroup
