@@ -95,7 +95,7 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 			continue
 		}
 		mem, reason := a.settleMemory(now, t, target, why)
-		if a.opts.CapsOnly && !a.shrinkNow(t, next, mem) {
+		if a.opts.CapsOnly && !shrinkNow(t, next, mem) {
 			mem, reason = t.applied.Memory, ""
 		}
 		next.Memory, d.share.Memory = mem, mem
@@ -117,9 +117,9 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 	if hi <= 0 {
 		return 0, "", false
 	}
-	batch, because := a.nextBatch(st, compute, d.rate)
-	if a.opts.CapsOnly {
-		batch, because = max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
+	batch, because := max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
+	if !a.opts.CapsOnly {
+		batch, because = a.nextBatch(st, compute, d.rate)
 	}
 	set, ok := ws.WorkingSet(spec.Name, batch)
 	if !ok || set <= 0 {
@@ -147,9 +147,9 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 // change starts a new client (CapsOnly): growth, the first share, and a
 // shrink that rides along with a compute resize or gives back at least
 // half of the share do; a smaller shrink waits for the next compute resize.
-func (a *Adjuster) shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
+func shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
 	cur := t.applied.Memory
-	if !t.hasApplied || cur == 0 || t.fresh || mem >= cur {
+	if t.firstMemory() || mem >= cur {
 		return true
 	}
 	if math.Abs(limitedOrWhole(next.Compute)-limitedOrWhole(t.applied.Compute)) > shareEpsilon {
@@ -203,7 +203,7 @@ func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, str
 // not made. The first share applies at once.
 func (a *Adjuster) settleMemory(now time.Time, t *tracked, target int64, why string) (int64, string) {
 	cur := t.applied.Memory
-	if !t.hasApplied || cur == 0 || t.fresh {
+	if t.firstMemory() {
 		t.memSlackSince, t.memSlack = time.Time{}, nil
 		return target, fmt.Sprintf("memory %s: %s", formatBytes(target), why)
 	}
@@ -232,6 +232,13 @@ func (a *Adjuster) settleMemory(now time.Time, t *tracked, target int64, why str
 		return cur, ""
 	}
 	return to, fmt.Sprintf("memory %s -> %s after %s under it: %s", formatBytes(cur), formatBytes(to), shortDuration(a.opts.ScaleDownAfter), why)
+}
+
+// firstMemory reports whether the model's next memory share is its first
+// (nothing applied yet, or no memory share, or a pin just ended): it
+// applies at once.
+func (t *tracked) firstMemory() bool {
+	return !t.hasApplied || t.applied.Memory == 0 || t.fresh
 }
 
 // memoryBand is the least change of a memory share worth making: 1/32 of

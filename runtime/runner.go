@@ -480,15 +480,14 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			// fails a check it had the CPU for: it is out of service
 			// meanwhile, but alive.
 			var err error
-			for n := 1; ; n++ {
-				var starved bool
+			for run := 0; ; {
+				var starved, counts bool
 				var waits string
 				starved, waits, err = r.check(p, timeout)
-				if err == nil || !starved || p.hasExited() || r.ctx.Err() != nil {
+				if err == nil || p.hasExited() || r.ctx.Err() != nil {
 					break
 				}
-				if n >= starvedChecks {
-					r.log.Warn("runner health check failed while starved of CPU, for the last time", "pid", p.pid, "checks", n, "call", why, "err", err, "waits", waits)
+				if counts, run = countsAsFailed(starved, run); counts {
 					break
 				}
 				r.log.Warn("runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "err", err, "waits", waits)

@@ -187,19 +187,21 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 // up to the target. Before any forecast, the prior.
 func (p *placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
-	target, caps := 0.0, false
+	bound := max(p.devs.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
+	target := 0.0
 	if d := p.devs.lookup(v.Device); d != nil && lc && d.adj.Policy() == control.SharePolicyAdaptive {
 		for _, ms := range d.adj.Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
 				target = min(ms.Target, 1)
 			}
 		}
-		caps = d.lim.Kind() == limiter.KindMPS
-		if target > 0 && !caps {
-			return target
-		}
-		if u, ok := d.usage.get(v.Key); ok && target > 0 {
-			return min(u/max(p.devs.ctl.MaxUtilization, 0.1), target)
+		if target > 0 {
+			if d.lim.Kind() != limiter.KindMPS {
+				return target
+			}
+			if u, ok := d.usage.get(v.Key); ok {
+				return min(u/bound, target)
+			}
 		}
 	}
 	pred := p.devs.pred
@@ -217,7 +219,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 	}
 	busy := rate * lat.Seconds()
 	if lc {
-		busy /= max(p.devs.ctl.MaxUtilization, 0.1)
+		busy /= bound
 	}
 	if target > 0 {
 		busy = min(busy, target)
