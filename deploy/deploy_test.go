@@ -623,9 +623,11 @@ func TestKServe(t *testing.T) {
 		AutoSelect *bool  `json:"autoSelect"`
 		Priority   *int32 `json:"priority"`
 	}) bool {
-		return f.Name == "onnx" && f.AutoSelect != nil && *f.AutoSelect
+		// Selected only when named: an auto-selected runtime would take
+		// over every ONNX InferenceService that names none.
+		return f.Name == "onnx" && (f.AutoSelect == nil || !*f.AutoSelect) && f.Priority == nil
 	}) {
-		t.Errorf("supportedModelFormats %+v: want onnx, auto-selected", s.SupportedModelFormats)
+		t.Errorf("supportedModelFormats %+v: want onnx, not auto-selected, no priority", s.SupportedModelFormats)
 	}
 	if !slices.Equal(s.ProtocolVersions, []string{"v2", "grpc-v2"}) {
 		t.Errorf("protocolVersions %v, want [v2 grpc-v2]", s.ProtocolVersions)
