@@ -115,6 +115,15 @@ type Limits struct {
 	// is never read (the server's limit on requests in flight,
 	// qos.Gate.RefuseUnread). REST asks the model's Preadmit instead.
 	RefuseUnread func() error
+	// Memory is the server's memory budget for clients' traffic
+	// (limits.max_memory): bodies and messages being read, their decoded
+	// forms and the responses being written reserve their bytes from it
+	// first; nil: no budget.
+	Memory *MemoryBudget
+	// WriteTimeout bounds writing a response (limits.write_timeout): a
+	// client that does not read it in time loses its connection, and the
+	// memory the response holds is given back; 0 means no bound.
+	WriteTimeout time.Duration
 }
 
 // ServerName is the name sloserve gives in server metadata.

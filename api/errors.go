@@ -45,7 +45,8 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
-	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull), errors.Is(err, qos.ErrOverloaded):
+	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull), errors.Is(err, qos.ErrOverloaded),
+		errors.Is(err, errMemory):
 		return http.StatusTooManyRequests, codes.ResourceExhausted
 	case errors.Is(err, qos.ErrDropped):
 		return http.StatusGatewayTimeout, codes.DeadlineExceeded

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/models"
@@ -41,8 +42,13 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "grpc")
+	mem := &grpcMemory{budget: lim.Memory, message: lim.MaxRequestBytes}
+	if mem.message <= 0 || mem.message > math.MaxInt32 {
+		mem.message = math.MaxInt32 // grpc-go's own cap on a message
+	}
 	base := []grpc.ServerOption{
-		grpc.InTapHandle(grpcTap(lim.RefuseUnread)),
+		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
+		grpc.StatsHandler(grpcMemoryStats{}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
@@ -55,6 +61,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	inference.RegisterGRPCInferenceServiceServer(srv, &grpcService{b: b, lim: lim, logger: logger})
 	grpc_health_v1.RegisterHealthServer(srv, &grpcHealthServer{b: b, interval: grpcHealthWatchInterval})
 	reflection.Register(srv)
+	mem.setMethods(srv)
 	return srv
 }
 
@@ -73,12 +80,19 @@ type grpcArrivalKey struct{}
 // large message takes to arrive is not hidden from the scheduler. A
 // ModelInfer call that refuse refuses is ended here with
 // RESOURCE_EXHAUSTED, before its message is read.
-func grpcTap(refuse func() error) tap.ServerInHandle {
+//
+// Every call's message is given its memory here (grpcMemory.reserve): one
+// that does not fit in the budget is ended with RESOURCE_EXHAUSTED.
+func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		if refuse != nil && info.FullMethodName == inference.GRPCInferenceService_ModelInfer_FullMethodName {
 			if err := refuse(); err != nil {
 				return ctx, status.Error(codes.ResourceExhausted, err.Error())
 			}
+		}
+		ctx, err := mem.reserve(ctx, info.FullMethodName)
+		if err != nil {
+			return ctx, status.Error(codes.ResourceExhausted, err.Error())
 		}
 		return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil
 	}
@@ -156,6 +170,11 @@ func (s *grpcService) ModelMetadata(ctx context.Context, req *inference.ModelMet
 // call's headers arrived.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	arrival := grpcArrival(ctx)
+	// The message is in: the call keeps the memory it holds (an estimate
+	// of the decoded message: its wire size) and reserves its response's
+	// before handing it to gRPC.
+	mem := grpcCallMemory(ctx)
+	mem.ShrinkTo(int64(proto.Size(req)))
 	var shm *shmUse
 	if s.lim.SharedMemory != nil && grpcUsesSharedMemory(req) {
 		// The regions the request names stay mapped until its outputs
@@ -171,6 +190,10 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	name := meshModelName(ctx, req.GetModelName())
 	out, version, err := s.b.Infer(ctx, name, req.GetModelVersion(), in)
 	if err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	// The outputs, and their copy in the message gRPC encodes.
+	if err := mem.Grow(2*outputBytes(out.Outputs), "the response"); err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
 	msg := encodeGRPCInferResponse(name, version, req.GetId(), out)

@@ -330,7 +330,7 @@ func grpcElementCount(shape []int64, limit int64, dt runtime.DataType) (int64, e
 // grpcCheckRaw checks that raw holds exactly n elements of dt.
 func grpcCheckRaw(dt runtime.DataType, raw []byte, n int64) error {
 	if dt == runtime.Bytes {
-		_, err := runtime.SplitBytes(raw, n)
+		err := runtime.CheckBytes(raw, n)
 		return err
 	}
 	if want := dt.ByteSize(n); int64(len(raw)) != want {

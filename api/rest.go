@@ -57,7 +57,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	// No proxy is trusted: a client's address is the connection's peer,
 	// never what X-Forwarded-For claims.
 	_ = e.SetTrustedProxies(nil)
-	e.Use(s.recoverPanic, s.overflowGuard)
+	e.Use(s.recoverPanic, s.overflowGuard, s.releaseMemory)
 	e.Use(middleware...)
 	e.NoRoute(s.noRoute)
 	e.NoMethod(s.noMethod)
@@ -186,7 +186,11 @@ func (s *restServer) writeValue(c *gin.Context, status int, v any) {
 	writeRESTBody(c, status, "application/json", body)
 }
 
-// readBody reads the request body within the configured size limit.
+// readBody reads the request body within the configured size limit. The
+// body's memory is reserved from the memory budget before it is read: the
+// declared Content-Length at once, a body of unknown length as it grows.
+// A body that does not fit is refused unread (errMemory, and the connection
+// closes). The reservation lasts until the handler returns (requestMemory).
 func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	r := c.Request
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
@@ -198,6 +202,14 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	limit := s.lim.MaxRequestBytes
 	if limit > 0 && r.ContentLength > limit {
 		return nil, fmt.Errorf("%w: the body has %d bytes, the limit is %d", errTooLarge, r.ContentLength, limit)
+	}
+	res := requestMemory(c, s.lim.Memory)
+	if r.ContentLength > 0 {
+		if err := res.Grow(r.ContentLength, "the request body"); err != nil {
+			c.Header("Connection", "close") // the body stays unread
+			c.Header("Retry-After", "1")
+			return nil, err
+		}
 	}
 	body := r.Body
 	if limit > 0 {
@@ -215,7 +227,7 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 			rc = nil // not a connection with deadlines (a test recorder)
 		}
 	}
-	buf, err := restReadAll(body, r.ContentLength)
+	buf, err := restReadAll(body, r.ContentLength, res)
 	if rc != nil && err == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -223,6 +235,10 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	switch {
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
+	case errors.Is(err, errMemory):
+		c.Header("Connection", "close") // the rest of the body stays unread
+		c.Header("Retry-After", "1")
+		return nil, err
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return nil, restBadRequest("the body is shorter than its Content-Length")
 	case errors.Is(err, os.ErrDeadlineExceeded):
@@ -236,14 +252,56 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	return buf, nil
 }
 
-// maxBodyPrealloc caps what a declared Content-Length may make restReadAll
-// allocate before the bytes arrive.
-const maxBodyPrealloc = 1 << 20
+// writeDeadline bounds the time the response may take to be written
+// (limits.write_timeout): a client that does not read it loses its
+// connection, and the response's memory is given back.
+func (s *restServer) writeDeadline(c *gin.Context) {
+	if s.lim.WriteTimeout > 0 {
+		_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(s.lim.WriteTimeout))
+	}
+}
 
-// restReadAll reads r to its end into a buffer sized for the declared length
-// (-1 when unknown), growing it as the data arrives.
-func restReadAll(r io.Reader, declared int64) ([]byte, error) {
-	buf := make([]byte, 0, max(512, min(declared+1, maxBodyPrealloc)))
+// requestMemoryKey keys a REST request's memory reservation in its gin
+// context.
+const requestMemoryKey = "sloserve.memory"
+
+// requestMemory is the reservation of the REST request c in budget, made
+// empty on first use; releaseMemory gives it back when the handler returns.
+func requestMemory(c *gin.Context, budget *MemoryBudget) *Reservation {
+	if v, ok := c.Get(requestMemoryKey); ok {
+		return v.(*Reservation)
+	}
+	res, _ := budget.Reserve(0, "")
+	c.Set(requestMemoryKey, res)
+	return res
+}
+
+// releaseMemory gives back the memory the request reserved (its body, its
+// decoded form, its response) once its handler has returned: the response
+// has then been written, or the connection has failed.
+func (s *restServer) releaseMemory(c *gin.Context) {
+	defer func() {
+		if v, ok := c.Get(requestMemoryKey); ok {
+			v.(*Reservation).Release()
+		}
+	}()
+	c.Next()
+}
+
+// restReadAll reads r to its end. A body of declared length (reserved in
+// res already) is read into one buffer of that size; one of unknown length
+// (declared -1) into a buffer that doubles as the data arrives, each growth
+// reserved in res first.
+func restReadAll(r io.Reader, declared int64, res *Reservation) ([]byte, error) {
+	var buf []byte
+	if declared >= 0 {
+		buf = make([]byte, 0, declared+1) // +1: to see the end without growing
+	} else {
+		if err := res.Grow(512, "the request body"); err != nil {
+			return nil, err
+		}
+		buf = make([]byte, 0, 512)
+	}
 	for {
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -257,7 +315,17 @@ func restReadAll(r io.Reader, declared int64) ([]byte, error) {
 			return buf, err // buf for the error message
 		}
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // grow
+			if declared >= 0 {
+				return nil, errors.New("the body is longer than its Content-Length")
+			}
+			grow := int64(cap(buf)) // doubling: few copies
+			if err := res.Grow(int64(cap(buf))+grow, "the request body"); err != nil {
+				return nil, err
+			}
+			next := make([]byte, len(buf), int64(cap(buf))+grow)
+			copy(next, buf)
+			res.ShrinkTo(res.Size() - int64(cap(buf))) // the old buffer is garbage now
+			buf = next
 		}
 	}
 }
@@ -415,7 +483,8 @@ func (s *restServer) infer(c *gin.Context) {
 		shm = &shmUse{s: s.lim.SharedMemory, authHeader: c.Request.Header.Get("Authorization"), httpReq: c.Request}
 		defer shm.release()
 	}
-	req, err := decodeRESTInferShm(body, headerLen, s.lim, shm)
+	mem := requestMemory(c, s.lim.Memory)
+	req, err := decodeRESTInferMem(body, headerLen, s.lim, shm, mem)
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -429,6 +498,14 @@ func (s *restServer) infer(c *gin.Context) {
 		return
 	}
 
+	// The outputs (in memory already) and their JSON are reserved before the
+	// JSON is written, at its largest, then shrunk to what it took.
+	held := mem.Size()
+	if err := mem.Grow(outputBytes(resp.Outputs)+restResponseBound(req, resp.Outputs), "the response"); err != nil {
+		c.Header("Retry-After", "1")
+		s.writeError(c, fmt.Errorf("model %q: %w", name, err))
+		return
+	}
 	bp := getRESTBuffer()
 	defer putRESTBuffer(bp)
 	out, parts, err := appendRESTResponse((*bp)[:0], name, version, req, resp.Outputs)
@@ -437,6 +514,8 @@ func (s *restServer) infer(c *gin.Context) {
 		s.writeError(c, fmt.Errorf("model %q: %w", name, err))
 		return
 	}
+	mem.ShrinkTo(held + int64(cap(out)) + outputBytes(resp.Outputs))
+	s.writeDeadline(c)
 	if parts == nil {
 		writeRESTBody(c, http.StatusOK, "application/json", out)
 		return

@@ -149,6 +149,18 @@ func decodeRESTInfer(body []byte, headerLen int64, lim Limits) (*restRequest, er
 // shm: inputs that name a region alias it, and outputs that name one are
 // recorded in the request's shm targets.
 func decodeRESTInferShm(body []byte, headerLen int64, lim Limits, shm *shmUse) (*restRequest, error) {
+	return decodeRESTInferMem(body, headerLen, lim, shm, nil)
+}
+
+// restJSONCopies is how many copies of a request's JSON encoding/json holds
+// while it decodes: its read buffer, and the raw data arrays.
+const restJSONCopies = 2
+
+// decodeRESTInferMem is decodeRESTInferShm that reserves in mem the memory
+// decoding takes beyond the body (nil: none reserved), before it is
+// allocated: the decoder's copies of the JSON and each input's tensor data
+// decoded from JSON. Over the budget it returns errMemory.
+func decodeRESTInferMem(body []byte, headerLen int64, lim Limits, shm *shmUse, mem *Reservation) (*restRequest, error) {
 	jsonPart := body
 	var binPart []byte
 	if headerLen >= 0 {
@@ -160,6 +172,9 @@ func decodeRESTInferShm(body []byte, headerLen int64, lim Limits, shm *shmUse) (
 
 	// encoding/json checks the syntax and decodes the request's structure;
 	// the bulk of it, the data arrays, stays raw for decodeJSONData.
+	if err := mem.Grow(restJSONCopies*int64(len(jsonPart)), "decoding the request's JSON"); err != nil {
+		return nil, err
+	}
 	var rj restRequestJSON
 	dec := json.NewDecoder(bytes.NewReader(jsonPart))
 	if err := dec.Decode(&rj); err != nil {
@@ -196,7 +211,7 @@ func decodeRESTInferShm(body []byte, headerLen int64, lim Limits, shm *shmUse) (
 			return nil, err
 		}
 	}
-	in := restInputDecoder{lim: lim, hasBinary: headerLen >= 0, binary: binPart, shm: shm}
+	in := restInputDecoder{lim: lim, hasBinary: headerLen >= 0, binary: binPart, shm: shm, mem: mem}
 	var names map[string]struct{}
 	for i := range rj.Inputs {
 		t, err := in.decode(i, &rj.Inputs[i])
@@ -367,6 +382,7 @@ type restInputDecoder struct {
 	hasBinary bool   // the request has a binary part
 	binary    []byte // binary data not yet taken by an input
 	shm       *shmUse
+	mem       *Reservation // the request's memory; nil: not counted
 }
 
 // decode converts inputs[i] into a tensor.
@@ -422,6 +438,17 @@ func (d *restInputDecoder) decode(i int, ij *restInputJSON) (runtime.Tensor, err
 	case binarySize >= 0:
 		t.Data, err = d.take(name, binarySize, dt, ij.Shape, n)
 	case hasData:
+		// The decoded data's size, reserved before it is allocated (a shape
+		// too large for the data is refused inside without allocating).
+		size := n * int64(dt.Size())
+		if dt == runtime.Bytes {
+			size = 4*n + int64(len(ij.Data))
+		}
+		if n <= int64(len(ij.Data))/2+1 {
+			if err := d.mem.Grow(size, fmt.Sprintf("input %q", name)); err != nil {
+				return t, err
+			}
+		}
 		t.Data, err = decodeJSONData(name, ij.Data, dt, n, len(ij.Shape)+1)
 	default:
 		err = restBadRequest("input %q has neither data nor binary_data_size", name)
@@ -440,7 +467,7 @@ func (d *restInputDecoder) take(name string, size int64, dt runtime.DataType, sh
 	data := d.binary[:size:size] // a full slice: appending must not touch the next input
 	d.binary = d.binary[size:]
 	if dt == runtime.Bytes {
-		if _, err := runtime.SplitBytes(data, n); err != nil {
+		if err := runtime.CheckBytes(data, n); err != nil {
 			return nil, restBadRequest("input %q: %v", name, err)
 		}
 		return data, nil
@@ -1047,6 +1074,46 @@ func appendRESTResponse(buf []byte, model, version string, req *restRequest, out
 	return buf, parts, nil
 }
 
+// restJSONElementBytes is the most bytes appendJSONData writes for one
+// element of each fixed-size datatype, its separator included.
+var restJSONElementBytes = map[runtime.DataType]int64{
+	runtime.Bool: 6, runtime.Uint8: 4, runtime.Int8: 5, runtime.Uint16: 6, runtime.Int16: 7,
+	runtime.Uint32: 11, runtime.Int32: 12, runtime.Uint64: 21, runtime.Int64: 21,
+	runtime.FP16: 16, runtime.BF16: 16, runtime.FP32: 24, runtime.FP64: 28,
+}
+
+// restResponseBound is the most bytes appendRESTResponse can write for
+// outs: what to reserve before encoding them.
+func restResponseBound(req *restRequest, outs []runtime.Tensor) int64 {
+	n := int64(128 + 6*len(req.id))
+	for i := range outs {
+		t := &outs[i]
+		n += 128 + 6*int64(len(t.Name)+len(t.DataType)) + 21*int64(len(t.Shape))
+		if req.shmTarget(t.Name) != nil || req.binaryOutput(t.Name) {
+			continue
+		}
+		if t.DataType == runtime.Bytes {
+			// Each byte escaped at most 6 to 1, quotes and a separator per
+			// element, whose 4-byte length prefix is not written.
+			n += 6*int64(len(t.Data)) + 2
+			continue
+		}
+		if es := int64(t.DataType.Size()); es > 0 {
+			n += int64(len(t.Data))/es*restJSONElementBytes[t.DataType] + 2
+		}
+	}
+	return n
+}
+
+// outputBytes is the size of the outputs' data.
+func outputBytes(outs []runtime.Tensor) int64 {
+	var n int64
+	for i := range outs {
+		n += int64(len(outs[i].Data))
+	}
+	return n
+}
+
 // checkOutputTensor checks that an output's data matches its datatype and shape
 // and returns its element count.
 func checkOutputTensor(t *runtime.Tensor) (int64, error) {
@@ -1058,7 +1125,7 @@ func checkOutputTensor(t *runtime.Tensor) (int64, error) {
 		return 0, fmt.Errorf("output %q: %w", t.Name, err)
 	}
 	if t.DataType == runtime.Bytes {
-		if _, err := runtime.SplitBytes(t.Data, n); err != nil {
+		if err := runtime.CheckBytes(t.Data, n); err != nil {
 			return 0, fmt.Errorf("output %q: %w", t.Name, err)
 		}
 		return n, nil

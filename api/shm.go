@@ -594,7 +594,7 @@ func (u *shmUse) input(name string, dt runtime.DataType, shape []int64, n int64,
 		return data, nil
 	}
 	err = shmGuard(func() error {
-		_, err := runtime.SplitBytes(data, n)
+		err := runtime.CheckBytes(data, n)
 		return err
 	})
 	if err != nil {

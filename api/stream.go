@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
 )
@@ -43,7 +44,7 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 	slots := make(chan struct{}, n)
 	// Never blocks: a worker holds a slot until its answer is taken from
 	// here, so at most n answers wait.
-	answers := make(chan *inference.ModelStreamInferResponse, n)
+	answers := make(chan streamAnswer, n)
 
 	var sendErr error
 	sent := make(chan struct{})
@@ -51,10 +52,11 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 		defer close(sent)
 		for a := range answers {
 			if sendErr == nil {
-				if sendErr = stream.Send(a); sendErr != nil {
+				if sendErr = stream.Send(a.msg); sendErr != nil {
 					cancel() // the client is gone: stop the running requests
 				}
 			}
+			a.mem.Release()
 			<-slots
 		}
 	}()
@@ -76,10 +78,21 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 			recvErr = err
 			continue
 		}
+		// The stream's own reservation (the tap's) is the buffer of the
+		// next message; each request read holds its own until answered.
+		mem, err := s.lim.Memory.Reserve(int64(proto.Size(req)), "a stream request")
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			answers <- s.streamInfer(ctx, req)
+			if err != nil {
+				answers <- streamAnswer{msg: s.streamFailed(req, err)}
+				return
+			}
+			a := s.streamInfer(ctx, req)
+			if err := mem.Grow(int64(proto.Size(a)), "the response"); err != nil {
+				a = s.streamFailed(req, err)
+			}
+			answers <- streamAnswer{msg: a, mem: mem}
 		}()
 	}
 	workers.Wait()
@@ -96,19 +109,29 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 	return recvErr
 }
 
+// streamAnswer is an answer of a stream and the memory it and its request
+// hold until it is sent.
+type streamAnswer struct {
+	msg *inference.ModelStreamInferResponse
+	mem *Reservation
+}
+
+// streamFailed is the answer to a request of a stream that failed with err.
+func (s *grpcService) streamFailed(req *inference.ModelInferRequest, err error) *inference.ModelStreamInferResponse {
+	_, code := statusOf(err)
+	if code == codes.Internal {
+		s.logger.Error("stream request failed", "method", "ModelStreamInfer", "err", err)
+	}
+	return &inference.ModelStreamInferResponse{
+		ErrorMessage:  clipMessage(err.Error()),
+		InferResponse: &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()},
+	}
+}
+
 // streamInfer runs one request of a stream and returns its answer: the
 // response, or the error with the request's identity.
 func (s *grpcService) streamInfer(ctx context.Context, req *inference.ModelInferRequest) (answer *inference.ModelStreamInferResponse) {
-	failed := func(err error) *inference.ModelStreamInferResponse {
-		_, code := statusOf(err)
-		if code == codes.Internal {
-			s.logger.Error("stream request failed", "method", "ModelStreamInfer", "err", err)
-		}
-		return &inference.ModelStreamInferResponse{
-			ErrorMessage:  clipMessage(err.Error()),
-			InferResponse: &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()},
-		}
-	}
+	failed := func(err error) *inference.ModelStreamInferResponse { return s.streamFailed(req, err) }
 	defer func() {
 		if r := recover(); r != nil {
 			s.logger.Error("handler panic", "method", "ModelStreamInfer", "panic", r, "stack", string(debug.Stack()))

@@ -83,6 +83,8 @@ var badServerConfigs = map[string][]string{
 		"limits.max_batch_size: must be > 0, got 0 (line 3)", "limits.grpc_max_streams: must be > 0 and at most 2147483647, got 4294967296 (line 4)"},
 	"shared_memory": {"limits.max_shared_memory_regions: must be between 0 (off) and 4096, got -1 (line 2)",
 		"limits.max_shared_memory_bytes: must be > 0, got 0 (line 3)"},
+	"memory_limits": {"limits.max_memory: must be at least 4 x limits.max_request_bytes (268435456), got 267386880 (line 3)",
+		"limits.write_timeout: must be > 0, got 0s (line 4)"},
 	"log_format":    {`log.format: must be one of text, json; got "xml"`},
 	"log_level":     {`log.level: must be one of debug, info, warn, error; got "verbose"`},
 	"duplicate_key": {"log.level: duplicate key (first at line 2) (line 3)"},

@@ -294,7 +294,21 @@ type Limits struct {
 	MaxSharedMemoryRegions int `yaml:"max_shared_memory_regions"`
 	// MaxSharedMemoryBytes caps the bytes of those regions mapped at once.
 	MaxSharedMemoryBytes ByteSize `yaml:"max_shared_memory_bytes"`
+	// MaxMemory is the one ceiling on the memory clients' traffic holds at
+	// once, REST and gRPC alike: bodies and messages being read (each gRPC
+	// call being read counts as MaxRequestBytes), their decoded forms and
+	// the responses being written. Past it requests are refused (429,
+	// RESOURCE_EXHAUSTED); nothing waits for memory.
+	MaxMemory ByteSize `yaml:"max_memory"`
+	// WriteTimeout bounds writing a response: a client that does not read
+	// it in time loses its connection (REST, metrics).
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 }
+
+// minMemoryRequests is how many requests of MaxRequestBytes
+// limits.max_memory must hold at least: one request's body, decoded form
+// and response take several times its size.
+const minMemoryRequests = 4
 
 // Bounds of the limits that have a hard ceiling.
 const (
@@ -361,6 +375,8 @@ func DefaultServer() *Server {
 
 			MaxSharedMemoryRegions: 64,
 			MaxSharedMemoryBytes:   GiB,
+			MaxMemory:              4 * GiB,
+			WriteTimeout:           time.Minute,
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
 		Control: Control{
@@ -587,6 +603,9 @@ func (s *Server) validate() problems {
 	if l.MaxSharedMemoryBytes <= 0 {
 		p.add("limits.max_shared_memory_bytes", "must be > 0, got %d", l.MaxSharedMemoryBytes)
 	}
+	if l.MaxRequestBytes > 0 && (l.MaxMemory < minMemoryRequests*l.MaxRequestBytes || l.MaxMemory/minMemoryRequests < l.MaxRequestBytes) {
+		p.add("limits.max_memory", "must be at least %d x limits.max_request_bytes (%d), got %d", minMemoryRequests, minMemoryRequests*l.MaxRequestBytes, l.MaxMemory)
+	}
 
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
 	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")
@@ -606,6 +625,7 @@ func (l *Limits) validateConnections(p *problems) {
 	positive("limits.header_timeout", l.HeaderTimeout)
 	positive("limits.body_timeout", l.BodyTimeout)
 	positive("limits.idle_timeout", l.IdleTimeout)
+	positive("limits.write_timeout", l.WriteTimeout)
 	positive("limits.grpc_connection_timeout", l.GRPCConnectionTimeout)
 	if l.MaxHeaderBytes < minHeaderBytes || l.MaxHeaderBytes > maxHeaderBytesCeiling {
 		p.add("limits.max_header_bytes", "must be between %v and %v, got %d", minHeaderBytes, maxHeaderBytesCeiling, l.MaxHeaderBytes)

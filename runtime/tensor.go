@@ -133,24 +133,42 @@ func (d DataType) ByteSize(elements int64) int64 {
 	return elements * int64(d.Size())
 }
 
-// SplitBytes decodes a BYTES buffer into its elements, checking that it holds
-// exactly n length-prefixed elements.
-func SplitBytes(data []byte, n int64) ([][]byte, error) {
-	out := make([][]byte, 0, min(n, int64(len(data)/4)+1))
+// CheckBytes checks that a BYTES buffer holds exactly n length-prefixed
+// elements, without allocating: a check costs nothing per element, whatever
+// the shape or the data claim.
+func CheckBytes(data []byte, n int64) error {
+	var count int64
 	for len(data) > 0 {
 		if len(data) < 4 {
-			return nil, errors.New("BYTES element truncated in its length prefix")
+			return errors.New("BYTES element truncated in its length prefix")
 		}
 		l := binary.LittleEndian.Uint32(data)
 		data = data[4:]
 		if uint64(l) > uint64(len(data)) {
-			return nil, fmt.Errorf("BYTES element declares %d bytes, %d remain", l, len(data))
+			return fmt.Errorf("BYTES element declares %d bytes, %d remain", l, len(data))
 		}
-		out = append(out, data[:l])
 		data = data[l:]
+		count++
 	}
-	if int64(len(out)) != n {
-		return nil, fmt.Errorf("BYTES data holds %d elements, shape needs %d", len(out), n)
+	if count != n {
+		return fmt.Errorf("BYTES data holds %d elements, shape needs %d", count, n)
+	}
+	return nil
+}
+
+// SplitBytes decodes a BYTES buffer into its elements, checking that it holds
+// exactly n length-prefixed elements. The buffer is checked first
+// (CheckBytes): the slice of n elements is allocated only for data that
+// holds them.
+func SplitBytes(data []byte, n int64) ([][]byte, error) {
+	if err := CheckBytes(data, n); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, 0, n)
+	for len(data) > 0 {
+		l := binary.LittleEndian.Uint32(data)
+		out = append(out, data[4:4+l])
+		data = data[4+l:]
 	}
 	return out, nil
 }

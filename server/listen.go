@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -79,4 +80,54 @@ func grpcLimitOptions(lim configs.Limits) []grpc.ServerOption {
 		}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: lim.IdleTimeout}),
 	}
+}
+
+// metricsMaxConnections caps the metrics listener's open connections: its
+// clients are a few scrapers, and each connection held open is a file
+// descriptor the runners need too. Past it, new connections are closed at
+// once.
+const metricsMaxConnections = 64
+
+// metricsHeaderTimeout bounds reading a scrape's request line and headers.
+const metricsHeaderTimeout = 10 * time.Second
+
+// newMetricsServer is the metrics listener's http.Server: header and idle
+// timeouts as on REST, and a write timeout, so that neither an idle nor a
+// stalled scraper holds its connection for ever.
+func newMetricsServer(h http.Handler, lim configs.Limits) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: min(lim.HeaderTimeout, metricsHeaderTimeout),
+		IdleTimeout:       lim.IdleTimeout,
+		WriteTimeout:      lim.WriteTimeout,
+	}
+}
+
+// newMemoryBudget is the server's memory budget for clients' traffic
+// (limits.max_memory), with its use exported.
+func newMemoryBudget(lim configs.Limits, reg prometheus.Registerer) (*api.MemoryBudget, error) {
+	b := api.NewMemoryBudget(int64(lim.MaxMemory))
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sloserve_memory_reserved_bytes",
+			Help: "Memory reserved now by clients' requests and responses (bodies and messages being read, their decoded forms, responses), out of limits.max_memory.",
+		}, func() float64 { return float64(b.Used()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sloserve_memory_reserved_peak_bytes",
+			Help: "The most memory clients' requests and responses held reserved at once since the start.",
+		}, func() float64 { return float64(b.Peak()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sloserve_memory_limit_bytes",
+			Help: "limits.max_memory: the memory clients' requests and responses may hold at once.",
+		}, func() float64 { return float64(b.Limit()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sloserve_memory_refused_total",
+			Help: "Requests, messages and responses refused because their memory did not fit in limits.max_memory.",
+		}, func() float64 { return float64(b.Refused()) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("memory metrics: %w", err)
+		}
+	}
+	return b, nil
 }

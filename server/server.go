@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -180,6 +179,10 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	defer shm.Close()
+	mem, err := newMemoryBudget(cfg.Limits, promReg)
+	if err != nil {
+		return err
+	}
 	lim := api.Limits{
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
@@ -187,6 +190,8 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		StreamInflight:    cfg.Limits.GRPCStreamInflight,
 		SharedMemory:      shm,
 		RefuseUnread:      devs.gate.RefuseUnread,
+		Memory:            mem,
+		WriteTimeout:      cfg.Limits.WriteTimeout,
 	}
 
 	// Listen on every port before loading models, so a busy port fails the
@@ -221,7 +226,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
 	if addr := cfg.Listen.Metrics; addr != "" {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listenLimited("metrics", addr, configs.Limits{MaxConnections: metricsMaxConnections}, 0, promReg)
 		if err != nil {
 			closeAll(httpSrv)
 			if grpcSrv != nil {
@@ -231,7 +236,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", sec.auth.Metrics(promhttp.HandlerFor(promReg, promhttp.HandlerOpts{Registry: promReg})))
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = newMetricsServer(mux, cfg.Limits)
 		go func() { serveErr <- ignoreClosed(metricsSrv.Serve(sec.metricsListener(ln))) }()
 		logger.Info("metrics listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Metrics)
 	}

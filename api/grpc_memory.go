@@ -1,0 +1,111 @@
+package api
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+)
+
+// gRPC and the memory budget.
+//
+// grpc-go reads a call's message as it arrives, growing the buffer frame by
+// frame up to the size its length prefix declares (at most
+// limits.max_request_bytes), and grants the client flow-control window for
+// all of it once the handler asks for the message; before that, up to the
+// stream's window is buffered. No hook sees the declared size, so a call is
+// given the most its message can take, limits.max_request_bytes, when its
+// headers arrive (the tap handle, before anything is read), and a call that
+// does not fit is refused there with RESOURCE_EXHAUSTED. A unary call gives
+// back what its message did not take when the handler starts (the message is
+// in); a stream keeps it for its whole life, as the buffer of the next
+// message, and reserves each message it holds on top. The stats handler
+// gives everything back when the call ends, however it ends.
+
+// grpcMemoryKey keys a call's reservation in its context.
+type grpcMemoryKey struct{}
+
+// grpcCallMemory is the memory reservation of the call ctx belongs to, or
+// nil.
+func grpcCallMemory(ctx context.Context) *Reservation {
+	r, _ := ctx.Value(grpcMemoryKey{}).(*Reservation)
+	return r
+}
+
+// grpcHealthPrefix is the standard health service's method prefix: its
+// calls are not refused for memory (probes must answer while the server is
+// at its budget) but at most grpcHealthReading of them are read at once.
+const grpcHealthPrefix = "/grpc.health.v1.Health/"
+
+// grpcHealthReading caps the health calls whose messages are being read at
+// once, over the budget.
+const grpcHealthReading = 16
+
+// grpcMemory reserves the memory of gRPC calls in a budget.
+type grpcMemory struct {
+	budget  *MemoryBudget
+	message int64 // the largest message a call may send
+
+	// methods are the server's methods, set once the services are
+	// registered: only their calls are reserved, since only they are
+	// sure to end with a stats.End that gives the reservation back.
+	methods atomic.Pointer[map[string]bool]
+	health  atomic.Int64 // health calls reserved now, over the budget
+}
+
+// setMethods records the methods srv serves.
+func (m *grpcMemory) setMethods(srv *grpc.Server) {
+	methods := make(map[string]bool)
+	for svc, info := range srv.GetServiceInfo() {
+		for _, mi := range info.Methods {
+			methods["/"+svc+"/"+mi.Name] = true
+		}
+	}
+	m.methods.Store(&methods)
+}
+
+// reserve takes the memory of a call to method whose headers have arrived:
+// the largest message it may send. It returns ctx with the reservation, or
+// errMemory.
+func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Context, error) {
+	if m == nil || m.budget == nil {
+		return ctx, nil
+	}
+	methods := m.methods.Load()
+	if methods == nil || !(*methods)[method] {
+		return ctx, nil
+	}
+	if strings.HasPrefix(method, grpcHealthPrefix) {
+		if m.health.Add(1) > grpcHealthReading {
+			m.health.Add(-1)
+			return ctx, errMemoryHealth
+		}
+		var once sync.Once
+		r := m.budget.force(m.message, func() { once.Do(func() { m.health.Add(-1) }) })
+		return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+	}
+	r, err := m.budget.Reserve(m.message, "a gRPC message being read")
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+}
+
+// grpcMemoryStats gives a call's reservation back when the call ends.
+type grpcMemoryStats struct{}
+
+var _ stats.Handler = grpcMemoryStats{}
+
+func (grpcMemoryStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (grpcMemoryStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (grpcMemoryStats) HandleConn(context.Context, stats.ConnStats) {}
+func (grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.End); ok {
+		grpcCallMemory(ctx).Release()
+	}
+}
