@@ -46,6 +46,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	if mem.message <= 0 || mem.message > math.MaxInt32 {
 		mem.message = math.MaxInt32 // grpc-go's own cap on a message
 	}
+	mem.reading = 2 * mem.message
 	base := []grpc.ServerOption{
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
 		grpc.StatsHandler(grpcMemoryStats{}),

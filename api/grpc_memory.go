@@ -18,11 +18,13 @@ import (
 // all of it once the handler asks for the message; before that, up to the
 // stream's window is buffered. No hook sees the declared size, so a call is
 // given the most its message can take, limits.max_request_bytes, when its
-// headers arrive (the tap handle, before anything is read), and a call that
-// does not fit is refused there with RESOURCE_EXHAUSTED. A unary call gives
-// back what its message did not take when the handler starts (the message is
-// in); a stream keeps it for its whole life, as the buffer of the next
-// message, and reserves each message it holds on top. The stats handler
+// headers arrive (the tap handle, before anything is read), twice over: the
+// protobuf decoder copies every bytes field out of the received buffers,
+// which are given back only when it is done. A call that does not fit is
+// refused there with RESOURCE_EXHAUSTED. A unary call gives back what its
+// message did not take when the handler starts (the message is in); a
+// stream keeps it for its whole life, as the buffer of the next message,
+// and reserves each message it holds on top. The stats handler
 // gives everything back when the call ends, however it ends.
 
 // grpcMemoryKey keys a call's reservation in its context.
@@ -48,6 +50,7 @@ const grpcHealthReading = 16
 type grpcMemory struct {
 	budget  *MemoryBudget
 	message int64 // the largest message a call may send
+	reading int64 // what a call reserves while its message is read: 2 x message
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
@@ -84,10 +87,10 @@ func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Contex
 			return ctx, errMemoryHealth
 		}
 		var once sync.Once
-		r := m.budget.force(m.message, func() { once.Do(func() { m.health.Add(-1) }) })
+		r := m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
 		return context.WithValue(ctx, grpcMemoryKey{}, r), nil
 	}
-	r, err := m.budget.Reserve(m.message, "a gRPC message being read")
+	r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
 	if err != nil {
 		return ctx, err
 	}

@@ -152,6 +152,9 @@ func (s *restServer) writeError(c *gin.Context, err error) {
 		s.logger.Debug("REST request refused", "method", c.Request.Method, "path", c.Request.URL.Path,
 			"status", status, "err", err)
 	}
+	if errors.Is(err, errMemory) {
+		c.Header("Retry-After", "1") // memory is given back as requests end
+	}
 	s.writeErrorStatus(c, status, err.Error())
 }
 
@@ -207,7 +210,6 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	if r.ContentLength > 0 {
 		if err := res.Grow(r.ContentLength, "the request body"); err != nil {
 			c.Header("Connection", "close") // the body stays unread
-			c.Header("Retry-After", "1")
 			return nil, err
 		}
 	}
@@ -237,7 +239,6 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
 	case errors.Is(err, errMemory):
 		c.Header("Connection", "close") // the rest of the body stays unread
-		c.Header("Retry-After", "1")
 		return nil, err
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return nil, restBadRequest("the body is shorter than its Content-Length")
@@ -502,7 +503,6 @@ func (s *restServer) infer(c *gin.Context) {
 	// JSON is written, at its largest, then shrunk to what it took.
 	held := mem.Size()
 	if err := mem.Grow(outputBytes(resp.Outputs)+restResponseBound(req, resp.Outputs), "the response"); err != nil {
-		c.Header("Retry-After", "1")
 		s.writeError(c, fmt.Errorf("model %q: %w", name, err))
 		return
 	}
