@@ -333,5 +333,3 @@ func TestE2EMetricsConnectionLimit(t *testing.T) {
 		t.Errorf("sloserve_connections_refused_total{listener=\"metrics\"} = %v, want >= %d", v, n-64)
 	}
 }
-
-
