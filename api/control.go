@@ -144,7 +144,7 @@ func (s *restServer) controlEvents(c *gin.Context) {
 
 // pinShare serves PUT /v2/models/{m}/share.
 func (s *restServer) pinShare(c *gin.Context) {
-	body, err := s.readBody(c)
+	body, err := s.readJSONBody(c)
 	if err != nil {
 		s.writeError(c, err)
 		return

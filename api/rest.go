@@ -262,6 +262,20 @@ func (s *restServer) writeDeadline(c *gin.Context) {
 	}
 }
 
+// readJSONBody is readBody for a body decoded whole as JSON
+// (decodeRESTBody), which holds restJSONCopies more copies of it while it
+// decodes: those are reserved too.
+func (s *restServer) readJSONBody(c *gin.Context) ([]byte, error) {
+	body, err := s.readBody(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := requestMemory(c, s.lim.Memory).Grow(restJSONCopies*int64(len(body)), "decoding the request's JSON"); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
 // requestMemoryKey keys a REST request's memory reservation in its gin
 // context.
 const requestMemoryKey = "sloserve.memory"
@@ -687,7 +701,7 @@ func decodeJSONBody(body []byte, v any, strict bool) error {
 
 // repositoryIndex serves POST /v2/repository/index.
 func (s *restServer) repositoryIndex(c *gin.Context) {
-	body, err := s.readBody(c)
+	body, err := s.readJSONBody(c)
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -714,7 +728,7 @@ func (s *restServer) repositoryIndex(c *gin.Context) {
 // load serves POST /v2/repository/models/{m}/load. Load parameters (a
 // config override, model files) are not supported and refused.
 func (s *restServer) load(c *gin.Context) {
-	body, err := s.readBody(c)
+	body, err := s.readJSONBody(c)
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -741,7 +755,7 @@ func (s *restServer) load(c *gin.Context) {
 // unload serves POST /v2/repository/models/{m}/unload. Its parameters
 // (unload_dependents) do not apply to sloserve and are ignored.
 func (s *restServer) unload(c *gin.Context) {
-	body, err := s.readBody(c)
+	body, err := s.readJSONBody(c)
 	if err != nil {
 		s.writeError(c, err)
 		return

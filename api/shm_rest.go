@@ -44,7 +44,7 @@ func (s *restServer) shmStatus(c *gin.Context) {
 // {"key": string, "offset": number, "byte_size": number}; offset may be
 // left out (0).
 func (s *restServer) shmRegister(c *gin.Context) {
-	body, err := s.readBody(c)
+	body, err := s.readJSONBody(c)
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -1,0 +1,221 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestMemoryBudget(t *testing.T) {
+	b := NewMemoryBudget(100)
+	r1, err := b.Reserve(60, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Reserve(50, "second"); !errors.Is(err, errMemory) ||
+		!strings.Contains(err.Error(), "second needs 50B") || !strings.Contains(err.Error(), "hold 60B of the 100B allowed") {
+		t.Fatalf("over the budget: %v", err)
+	}
+	if err := r1.Grow(41, "more"); !errors.Is(err, errMemory) {
+		t.Fatalf("growing over the budget: %v", err)
+	}
+	if err := r1.Grow(40, "more"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Used() != 100 || r1.Size() != 100 || b.Peak() != 100 || b.Refused() != 2 {
+		t.Fatalf("used %d size %d peak %d refused %d, want 100 100 100 2", b.Used(), r1.Size(), b.Peak(), b.Refused())
+	}
+	r1.ShrinkTo(30)
+	r1.ShrinkTo(80) // never grows
+	if b.Used() != 30 || r1.Size() != 30 {
+		t.Fatalf("after ShrinkTo(30): used %d size %d", b.Used(), r1.Size())
+	}
+	done := 0
+	f := b.force(500, func() { done++ })
+	if b.Used() != 530 || b.Peak() != 530 {
+		t.Fatalf("forced: used %d peak %d, want 530 530", b.Used(), b.Peak())
+	}
+	f.Release()
+	f.Release()
+	r1.Release()
+	r1.Release()
+	if b.Used() != 0 || done != 1 {
+		t.Fatalf("after release: used %d, done %d times; want 0, 1", b.Used(), done)
+	}
+
+	// Concurrent reservations never pass the limit together.
+	b = NewMemoryBudget(1000)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	held := 0
+	for range 100 {
+		wg.Go(func() {
+			if _, err := b.Reserve(30, "x"); err != nil {
+				return
+			}
+			mu.Lock()
+			held++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if held != 33 || b.Used() != 990 || b.Peak() > 1000 {
+		t.Fatalf("%d reservations of 30 in 1000 (used %d, peak %d), want 33", held, b.Used(), b.Peak())
+	}
+
+	// A nil budget reserves nothing and refuses nothing.
+	var nb *MemoryBudget
+	r, err := nb.Reserve(1<<40, "x")
+	if err != nil || r.Grow(1<<40, "x") != nil || nb.Used() != 0 {
+		t.Fatalf("nil budget: %v", err)
+	}
+	r.Release()
+	var nr *Reservation
+	if nr.Grow(1, "x") != nil || nr.Size() != 0 {
+		t.Fatal("nil reservation")
+	}
+	nr.Release()
+}
+
+// serveRESTMem serves NewREST(b, lim) on a loopback listener with the
+// listener's http.Server settings, and returns its address.
+func serveRESTMem(t *testing.T, b Backend, lim Limits) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: NewREST(b, lim, slog.New(slog.DiscardHandler)), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// echoBinaryRequest is a request to the fake echo model with one FP32 input
+// of n zeros in binary, its output asked for in binary (binary) or JSON.
+func echoBinaryRequest(n int, binary bool) string {
+	header := fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"FP32","shape":[%d],"parameters":{"binary_data_size":%d}}],"parameters":{"binary_data_output":%v}}`, n, 4*n, binary)
+	return fmt.Sprintf("POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s%s",
+		len(header), len(header)+4*n, header, make([]byte, 4*n))
+}
+
+// TestRESTResponseMemory: a response's JSON is reserved, at its largest,
+// before it is written: one that does not fit is refused with 429 naming
+// the limit, and the budget is whole again after every request.
+func TestRESTResponseMemory(t *testing.T) {
+	const n = 1 << 20 // 4 MiB of FP32: its JSON may take 24 MiB
+	mem := NewMemoryBudget(24 << 20)
+	addr := serveRESTMem(t, newFakeBackend(), Limits{MaxRequestBytes: 8 << 20, MaxTensorElements: 1 << 24, Memory: mem})
+	for _, tc := range []struct {
+		name   string
+		binary bool
+		status int
+	}{
+		{"binary output fits", true, http.StatusOK},
+		{"JSON output does not", false, http.StatusTooManyRequests},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, echoBinaryRequest(n, tc.binary)); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d %.200s, want %d", resp.StatusCode, body, tc.status)
+			}
+			if tc.status == http.StatusTooManyRequests {
+				if !bytes.Contains(body, []byte("the response needs")) || !bytes.Contains(body, []byte("limits.max_memory")) ||
+					resp.Header.Get("Retry-After") != "1" {
+					t.Fatalf("429 %s (Retry-After %q): want the response and the limit named", body, resp.Header.Get("Retry-After"))
+				}
+			} else if len(body) < 4*n {
+				t.Fatalf("answer of %d bytes, want the %d of the output", len(body), 4*n)
+			}
+			if mem.Used() != 0 {
+				t.Fatalf("%d bytes still reserved after the answer", mem.Used())
+			}
+		})
+	}
+	if p := mem.Peak(); p > 24<<20 || p < 8<<20 {
+		t.Fatalf("peak reservation %d, want the body and output (8 MiB) and at most the budget", p)
+	}
+}
+
+// TestRESTUnreadResponse: a client that never reads its response loses its
+// connection after limits.write_timeout, and the memory the response held
+// is given back; a client that reads gets its whole answer.
+func TestRESTUnreadResponse(t *testing.T) {
+	const n = 8 << 20 // 32 MiB of output in binary, far more than socket buffers
+	const writeTimeout = 300 * time.Millisecond
+	mem := NewMemoryBudget(1 << 30)
+	addr := serveRESTMem(t, newFakeBackend(), Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 24, Memory: mem, WriteTimeout: writeTimeout})
+	req := echoBinaryRequest(n, true)
+
+	// Baseline: the same request, read.
+	start := time.Now()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	baseline := time.Since(start)
+	if resp.StatusCode != http.StatusOK || got < 4*n {
+		t.Fatalf("read response: %d, %d bytes", resp.StatusCode, got)
+	}
+
+	// Never read.
+	u, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if err := u.(*net.TCPConn).SetReadBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(u, req); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	for mem.Used() == 0 && time.Since(start) < 10*(baseline+writeTimeout) {
+		time.Sleep(time.Millisecond)
+	}
+	if mem.Used() == 0 {
+		t.Fatal("the unread response never reserved its memory")
+	}
+	held := mem.Used()
+	limit := 10 * (baseline + writeTimeout)
+	for mem.Used() != 0 && time.Since(start) < limit {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if mem.Used() != 0 {
+		t.Fatalf("an unread response still holds %d bytes after %v (write timeout %v, a read one took %v)", mem.Used(), limit, writeTimeout, baseline)
+	}
+	t.Logf("an unread response held %d MiB for %v (write timeout %v; a read one took %v)", held>>20, time.Since(start).Round(time.Millisecond), writeTimeout, baseline.Round(time.Millisecond))
+}
