@@ -4,9 +4,13 @@ package api
 // creates a POSIX shared-memory object (/dev/shm/<key>), registers a part
 // of it as a named region, and then names a region, offset and size in an
 // input's or requested output's parameters: the input's bytes are read
-// from the region (the request tensor is a slice of the mapping, no copy)
-// and the output's bytes are written into it, so tensors never pass
-// through the socket.
+// from the region and the output's bytes are written into it, so tensors
+// never pass through the socket. The request tensor is a slice of the
+// mapping marked runtime.Tensor.Mapped: the client may truncate the object
+// under it at any time, so the server reads it only through runtime's
+// fault-guarded copy (into a runner's arena, a batch, or its own memory
+// before ONNX Runtime runs in this process), and a fault fails that
+// request alone (runtime.ErrMappedFault: 400 / INVALID_ARGUMENT).
 //
 // The model of who may do what (docs/security.md):
 //   - Registering, unregistering and listing regions, and naming them in a
@@ -39,7 +43,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -578,7 +581,7 @@ func (u *shmUse) slice(kind, tensor string, p shmParams) ([]byte, error) {
 }
 
 // input reads an input's data from its region: the tensor aliases the
-// mapping. Its byte size must be what the shape and datatype say; BYTES
+// mapping (the caller marks it runtime.Tensor.Mapped). Its byte size must be what the shape and datatype say; BYTES
 // elements are length-prefixed as in Triton (a 4-byte little-endian length
 // before each element).
 func (u *shmUse) input(name string, dt runtime.DataType, shape []int64, n int64, p shmParams) ([]byte, error) {
@@ -632,14 +635,11 @@ func (t *shmTarget) write(out *runtime.Tensor) (int, error) {
 
 // shmGuard runs f, which touches a mapping, and turns a memory fault (the
 // client truncated its object under the mapping: SIGBUS) into an error
-// rather than a crash of the server.
-func shmGuard(f func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if p := recover(); p != nil {
-			err = fmt.Errorf("the shared memory object faulted under the mapping (was it truncated?): %v", p)
-		}
-	}()
-	return f()
+// rather than a crash of the server (runtime.GuardMapped).
+func shmGuard(f func() error) error {
+	var err error
+	if fault := runtime.GuardMapped(func() { err = f() }); fault != nil {
+		return fault
+	}
+	return err
 }

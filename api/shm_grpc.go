@@ -91,7 +91,7 @@ func grpcShmInput(u *shmUse, in *inference.ModelInferRequest_InferInputTensor, l
 	if err != nil {
 		return runtime.Tensor{}, err
 	}
-	return runtime.Tensor{Name: name, DataType: dt, Shape: shape, Data: data}, nil
+	return runtime.Tensor{Name: name, DataType: dt, Shape: shape, Data: data, Mapped: true}, nil
 }
 
 // grpcShmOutput checks a requested output's shared-memory parameters.

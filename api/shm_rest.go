@@ -141,7 +141,7 @@ func restShmInput(u *shmUse, ij *restInputJSON, dt runtime.DataType, n int64) (r
 	if err != nil {
 		return runtime.Tensor{}, err
 	}
-	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data}, nil
+	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data, Mapped: true}, nil
 }
 
 // restShmOutput checks a requested output's shared-memory parameters.

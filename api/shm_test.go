@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"bytes"
 	"context"
 	"fmt"
@@ -686,7 +687,7 @@ func TestSharedMemoryTruncatedUnderWrite(t *testing.T) {
 	}
 	out := runtime.Tensor{Name: "y", DataType: runtime.Uint8, Shape: []int64{8192}, Data: bytes.Repeat([]byte{7}, 8192)}
 	_, err = target.write(&out)
-	if err == nil || !strings.Contains(err.Error(), "faulted") {
+	if !errors.Is(err, runtime.ErrMappedFault) || !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), "truncated under its mapping") {
 		t.Fatalf("write into a truncated object: %v, want a fault turned into an error", err)
 	}
 }
