@@ -104,7 +104,6 @@ func latestDeadline(reqs []*runtime.InferRequest) time.Time {
 	return latest
 }
 
-//
 // An input in a client's shared-memory mapping (runtime.Tensor.Mapped) is
 // copied under runtime.CopyMapped: when it faults (the client truncated its
 // object), faults[j] holds request j's error and its rows are left zero, so
