@@ -86,9 +86,6 @@ func sortedUnique(names []string) bool {
 	return true
 }
 
-// mergeRequests concatenates requests along the batch dimension into one
-// request. sizes are the requests' batch sizes, as splitResponse needs them.
-// The requests must have equal merge keys; it fails otherwise.
 // latestDeadline is the deadline a merged batch carries: the latest of its
 // requests', or none when one of them has none.
 func latestDeadline(reqs []*runtime.InferRequest) time.Time {
@@ -104,6 +101,10 @@ func latestDeadline(reqs []*runtime.InferRequest) time.Time {
 	return latest
 }
 
+// mergeRequests concatenates requests along the batch dimension into one
+// request. sizes are the requests' batch sizes, as splitResponse needs them.
+// The requests must have equal merge keys; it fails otherwise.
+//
 // An input in a client's shared-memory mapping (runtime.Tensor.Mapped) is
 // copied under runtime.CopyMapped: when it faults (the client truncated its
 // object), faults[j] holds request j's error and its rows are left zero, so
