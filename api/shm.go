@@ -628,7 +628,7 @@ func (t *shmTarget) write(out *runtime.Tensor) (int, error) {
 	}
 	err := shmGuard(func() error { copy(t.dst, out.Data); return nil })
 	if err != nil {
-		return 0, fmt.Errorf("%w: output %q: %v", errBadRequest, out.Name, err)
+		return 0, fmt.Errorf("%w: output %q: %w", errBadRequest, out.Name, err)
 	}
 	return len(out.Data), nil
 }

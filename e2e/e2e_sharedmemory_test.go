@@ -6,8 +6,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -208,4 +210,129 @@ func shmJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestE2ESharedMemoryTruncatedWhileQueued: a client truncates its
+// shared-memory object while a request that reads its input from it waits
+// in the queue, after the request's checks. When the request runs, the
+// server's copy of the input (into the runner's arena; for an in-process
+// model, into the server's own memory before ONNX Runtime sees it) faults:
+// that request fails with INVALID_ARGUMENT, and the server keeps serving,
+// the same model included, with the right numbers. Before the guard the
+// server died of SIGBUS.
+func TestE2ESharedMemoryTruncatedWhileQueued(t *testing.T) {
+	repo := t.TempDir()
+	const cfg = "max_batch_size: 1\nslo: {latency_ms: 60000, class: latency-critical}\nexecution: {intra_op_threads: 2%s}\n"
+	writeRepo(t, repo,
+		repoModel{"det", demoModel(t, "ocr-det"), fmt.Sprintf(cfg, "")},
+		repoModel{"detin", demoModel(t, "ocr-det"), fmt.Sprintf(cfg, ", isolation: in-process")},
+	)
+	s := startServer(t, repo, "")
+	ctx := t.Context()
+
+	const side = 32
+	img := make([]float32, 3*side*side)
+	for i := range img {
+		img[i] = float32(i%97) / 97
+	}
+	in := f32bytes(img)
+	shape := []int64{1, 3, side, side}
+	plain := func(model string) []float64 {
+		resp, err := s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+			ModelName:        model,
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape}},
+			RawInputContents: [][]byte{in},
+		})
+		if err != nil {
+			t.Fatalf("%s: plain request: %v", model, err)
+		}
+		return bytesF32(resp.GetRawOutputContents()[0])
+	}
+	viaShm := func(model, region string) ([]float64, error) {
+		resp, err := s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+			ModelName: model,
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: shape,
+				Parameters: shmInt64(region, 0, int64(len(in)))}},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return bytesF32(resp.GetRawOutputContents()[0]), nil
+	}
+
+	for _, model := range []string{"det", "detin"} {
+		t.Run(model, func(t *testing.T) {
+			want := plain(model)
+			key, f := e2eShmObject(t, len(in))
+			if _, err := f.WriteAt(in, 0); err != nil {
+				t.Fatal(err)
+			}
+			region := "in-" + model
+			if _, err := s.grpc.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: region, Key: key, ByteSize: uint64(len(in))}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := viaShm(model, region)
+			if err != nil {
+				t.Fatalf("intact region: %v", err)
+			}
+			closeTo(t, "the map from shared memory", got, want, 1e-5)
+
+			// A large request holds the one instance; the shared-memory
+			// request queues behind it, and the object is truncated
+			// while it waits. The attempt counts only when the request is
+			// still queued after the truncation; a faster machine gets a
+			// larger blocker.
+			for attempt, size := range []int{1600, 2400, 3200} {
+				big, bigLen := detRequest(t, size, nil)
+				var wg sync.WaitGroup
+				var bigCode int
+				wg.Go(func() {
+					bigCode, _, _ = s.do(t, "POST", "/v2/models/"+model+"/infer", big, "Inference-Header-Content-Length", bigLen)
+				})
+				waitFor(t, "the big request to run", 30*time.Second, func() bool {
+					v, _ := s.modelMetric(t, "sloserve_qos_inflight_requests", model+"/1")
+					return v >= 1
+				})
+				var shmErr error
+				wg.Go(func() { _, shmErr = viaShm(model, region) })
+				waitFor(t, "the shared-memory request to queue", 30*time.Second, func() bool {
+					v, _ := s.modelMetric(t, "sloserve_qos_queue_depth", model+"/1")
+					return v >= 1
+				})
+				if err := f.Truncate(0); err != nil {
+					t.Fatal(err)
+				}
+				queued, _ := s.modelMetric(t, "sloserve_qos_queue_depth", model+"/1")
+				wg.Wait()
+				if bigCode != 200 {
+					t.Fatalf("the big request failed: %d", bigCode)
+				}
+				// Whatever the timing, the object is back for what follows.
+				if err := f.Truncate(int64(len(in))); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt(in, 0); err != nil {
+					t.Fatal(err)
+				}
+				if queued < 1 {
+					t.Logf("attempt %d: the request ran before the truncation (%v); trying a larger blocker", attempt, shmErr)
+					continue
+				}
+				st, _ := status.FromError(shmErr)
+				if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "truncated under its mapping") {
+					t.Fatalf("request whose object was truncated while queued: %v; want INVALID_ARGUMENT saying it was truncated", shmErr)
+				}
+				t.Logf("attempt %d (blocker %dx%d): %v", attempt, size, size, shmErr)
+				// The server and the model serve on, from the same region.
+				got, err := viaShm(model, region)
+				if err != nil {
+					t.Fatalf("after the fault: %v", err)
+				}
+				closeTo(t, "the map from shared memory after the fault", got, want, 1e-5)
+				closeTo(t, "a plain request after the fault", plain(model), want, 1e-5)
+				return
+			}
+			t.Fatal("the shared-memory request never waited in the queue behind a blocker of 3200x3200")
+		})
+	}
 }
