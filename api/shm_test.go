@@ -36,6 +36,11 @@ func shmObject(t testing.TB, size int) string {
 		t.Skipf("cannot create a shared memory object: %v", err)
 	}
 	t.Cleanup(func() { os.Remove(path) })
+	// Readable and writable by others: the REST tests' callers
+	// (httptest) cannot be identified, so only these bits count for them.
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	return "/" + name
 }
 
@@ -621,7 +626,7 @@ func TestSharedMemoryGRPCCredentials(t *testing.T) {
 	// No peer in the context: not loopback.
 	_, err = s.SystemSharedMemoryRegister(withToken("inference-token-0123456789"), &inference.SystemSharedMemoryRegisterRequest{Name: "r", Key: key, ByteSize: 8})
 	wantGRPCCode(t, err, codes.PermissionDenied, "loopback")
-	if err := shm.Register("Bearer inference-token-0123456789", true, "r", key, 0, 8); err != nil {
+	if err := shm.Register("Bearer inference-token-0123456789", localCaller(), "r", key, 0, 8); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.SystemSharedMemoryStatus(withToken("admin-token-0123456789"), &inference.SystemSharedMemoryStatusRequest{})
@@ -641,7 +646,7 @@ func TestSharedMemoryStragglerReadsZeros(t *testing.T) {
 	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
 	key := shmObject(t, 4096)
 	shmWrite(t, key, 0, []byte{1, 2, 3, 4})
-	if err := shm.Register("", true, "r", key, 0, 4); err != nil {
+	if err := shm.Register("", localCaller(), "r", key, 0, 4); err != nil {
 		t.Fatal(err)
 	}
 	u := &shmUse{s: shm}
@@ -673,7 +678,7 @@ func TestSharedMemoryStragglerReadsZeros(t *testing.T) {
 func TestSharedMemoryTruncatedUnderWrite(t *testing.T) {
 	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
 	key := shmObject(t, 3*4096)
-	if err := shm.Register("", true, "out", key, 4096, 8192); err != nil {
+	if err := shm.Register("", localCaller(), "out", key, 4096, 8192); err != nil {
 		t.Fatal(err)
 	}
 	u := &shmUse{s: shm}
@@ -732,3 +737,6 @@ func TestSharedMemoryFromBrowsers(t *testing.T) {
 	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}`,
 		"Sec-Fetch-Site", "cross-site"), 200, "")
 }
+
+// localCaller is a caller on the server's host with the test's own uid.
+func localCaller() shmCaller { return shmCaller{loopback: true, uid: os.Geteuid()} }
