@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -335,4 +338,127 @@ func TestE2ESharedMemoryTruncatedWhileQueued(t *testing.T) {
 			t.Fatal("the shared-memory request never waited in the queue behind a blocker of 3200x3200")
 		})
 	}
+}
+
+// asNobody runs curl as uid/gid 65534 (nobody) with args and returns the
+// HTTP status and body it got.
+func asNobody(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("no curl to act as another user")
+	}
+	cmd := exec.Command(curl, append([]string{"-s", "-w", "\n%{http_code}"}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("curl as nobody: %v %s", err, out)
+	}
+	body, code := "", string(out)
+	if i := strings.LastIndexByte(string(out), '\n'); i >= 0 {
+		body, code = string(out[:i]), string(out[i+1:])
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(code))
+	if err != nil {
+		t.Fatalf("curl as nobody: status %q", code)
+	}
+	return n, body
+}
+
+// TestE2ESharedMemoryOwnership: the server runs as root, a client runs as
+// nobody. The client may not make the server map root's private object
+// (mode 0600), nor write outputs into root's world-readable one; it may use
+// objects whose permissions let it in. The server learns the client's uid
+// from the kernel's table of its loopback connection. Before, the server
+// mapped and overwrote whatever its own (root) permissions allowed.
+func TestE2ESharedMemoryOwnership(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the server runs as root and the client as nobody")
+	}
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "")
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(uint64(shmSeq.Load()), 29))
+	rows, x := randomRows(rng, 2, 10)
+	in := f32bytes(x)
+	object := func(mode os.FileMode) (string, *os.File) {
+		key, f := e2eShmObject(t, 4096)
+		if _, err := f.WriteAt(in, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Chmod(mode); err != nil {
+			t.Fatal(err)
+		}
+		return key, f
+	}
+	register := func(name, key string, offset, size int) []string {
+		return []string{"-H", "Content-Type: application/json",
+			"-d", fmt.Sprintf(`{"key":%q,"offset":%d,"byte_size":%d}`, key, offset, size),
+			s.http + "/v2/systemsharedmemory/region/" + name + "/register"}
+	}
+	infer := func(inRegion, outRegion string) (*inference.ModelInferResponse, error) {
+		return s.grpc.ModelInfer(ctx, &inference.ModelInferRequest{
+			ModelName: "dyn",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{2, 10},
+				Parameters: shmInt64(inRegion, 0, int64(len(in)))}},
+			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "output_scalars", Parameters: shmInt64(outRegion, 2048, 8)}},
+		})
+	}
+	sums := func(f *os.File) []float64 {
+		b := make([]byte, 8)
+		if _, err := f.ReadAt(b, 2048); err != nil {
+			t.Fatal(err)
+		}
+		return bytesF32(b)
+	}
+	var want []float64
+	for _, r := range rows {
+		var sum float64
+		for _, v := range r {
+			sum += float64(v)
+		}
+		want = append(want, sum)
+	}
+
+	// Root's private object: refused to nobody, 403 naming the uid.
+	private, pf := object(0o600)
+	code, body := asNobody(t, register("private", private, 0, 4096)...)
+	if code != 403 || !strings.Contains(body, "uid 65534") || !strings.Contains(body, "may not read it") {
+		t.Fatalf("nobody registering root's 0600 object: %d %s; want 403", code, body)
+	}
+
+	// Root's world-readable object: nobody may read it, so it takes
+	// inputs; an output into it is refused and the object is unchanged.
+	readable, rf := object(0o644)
+	if code, body := asNobody(t, register("readable", readable, 0, 4096)...); code != 200 {
+		t.Fatalf("nobody registering root's 0644 object: %d %s", code, body)
+	}
+	_, err := infer("readable", "readable")
+	if st, _ := status.FromError(err); st.Code() != codes.PermissionDenied || !strings.Contains(st.Message(), "read-only") {
+		t.Fatalf("output into root's 0644 object registered by nobody: %v; want PERMISSION_DENIED", err)
+	}
+	if got := sums(rf); got[0] != 0 || got[1] != 0 {
+		t.Fatalf("root's 0644 object was written: %v", got)
+	}
+
+	// A world-writable object: nobody's region takes inputs and outputs,
+	// with the right numbers.
+	shared, sf := object(0o666)
+	if code, body := asNobody(t, register("shared", shared, 0, 4096)...); code != 200 {
+		t.Fatalf("nobody registering a 0666 object: %d %s", code, body)
+	}
+	if _, err := infer("readable", "shared"); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "row sums written into nobody's region", sums(sf), want, 1e-5)
+
+	// Root, the object's owner, may register its private object.
+	if _, err := s.grpc.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: "private", Key: private, ByteSize: 4096}); err != nil {
+		t.Fatalf("root registering its own 0600 object: %v", err)
+	}
+	if _, err := infer("private", "private"); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "row sums written into root's own region", sums(pf), want, 1e-5)
 }
