@@ -4,9 +4,13 @@ package api
 // creates a POSIX shared-memory object (/dev/shm/<key>), registers a part
 // of it as a named region, and then names a region, offset and size in an
 // input's or requested output's parameters: the input's bytes are read
-// from the region (the request tensor is a slice of the mapping, no copy)
-// and the output's bytes are written into it, so tensors never pass
-// through the socket.
+// from the region and the output's bytes are written into it, so tensors
+// never pass through the socket. The request tensor is a slice of the
+// mapping marked runtime.Tensor.Mapped: the client may truncate the object
+// under it at any time, so the server reads it only through runtime's
+// fault-guarded copy (into a runner's arena, a batch, or its own memory
+// before ONNX Runtime runs in this process), and a fault fails that
+// request alone (runtime.ErrMappedFault: 400 / INVALID_ARGUMENT).
 //
 // The model of who may do what (docs/security.md):
 //   - Registering, unregistering and listing regions, and naming them in a
@@ -39,7 +43,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -127,6 +130,9 @@ type shmRegion struct {
 	name, key    string
 	offset, size uint64
 	file         *os.File // kept open: a truncated object is caught before use
+	// writable says an output may be written here: the caller that
+	// registered it may write the object, and so may the server's user.
+	writable bool
 	mapping      []byte   // the whole mapping, from a page boundary
 	data         []byte   // the region's bytes within mapping
 	// refs is the registry's reference while registered plus one per
@@ -256,13 +262,15 @@ func shmPath(key string) (string, error) {
 }
 
 // Register maps byteSize bytes at offset of the object key as the region
-// name of the caller whose Authorization value is authHeader. loopback
-// says whether the caller's peer is on the server's host.
-func (s *SharedMemory) Register(authHeader string, loopback bool, name, key string, offset, byteSize uint64) error {
+// name of the caller whose Authorization value is authHeader. caller says
+// whether the caller's peer is on the server's host and, when known, its
+// uid: the object must be one that uid may read (shmAccess); the region is
+// writable (an output may go there) only when it may also write it.
+func (s *SharedMemory) Register(authHeader string, caller shmCaller, name, key string, offset, byteSize uint64) error {
 	if s == nil {
 		return errSharedMemoryOff()
 	}
-	if !loopback {
+	if !caller.loopback {
 		return fmt.Errorf("%w: shared memory regions can be registered only from the server's host (a loopback address): the key names an object there", errForbidden)
 	}
 	if err := checkShmName(name); err != nil {
@@ -293,7 +301,7 @@ func (s *SharedMemory) Register(authHeader string, loopback bool, name, key stri
 		return fmt.Errorf("%w: region %q of %d bytes would take the bytes mapped over the limit of %d (limits.max_shared_memory_bytes; %d mapped)",
 			errSharedMemoryLimit, name, byteSize, s.opts.MaxBytes, s.mapped)
 	}
-	r, err := s.mapRegion(path, name, key, offset, byteSize)
+	r, err := s.mapRegion(path, name, key, offset, byteSize, caller.uid)
 	if err != nil {
 		return err
 	}
@@ -306,11 +314,18 @@ func (s *SharedMemory) Register(authHeader string, loopback bool, name, key stri
 	return nil
 }
 
-// mapRegion opens and maps a region.
-func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64) (*shmRegion, error) {
+// mapRegion opens and maps a region for a caller of uid (-1: unknown).
+func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64, uid int) (*shmRegion, error) {
 	// O_NOFOLLOW: a symbolic link in /dev/shm could point anywhere;
-	// O_NONBLOCK: opening a FIFO must not wait for a writer.
-	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer. An object the
+	// server's user may only read is opened read-only: its region takes
+	// inputs only.
+	const flags = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
+	f, err := os.OpenFile(path, os.O_RDWR|flags, 0)
+	serverWrites := err == nil
+	if errors.Is(err, os.ErrPermission) {
+		f, err = os.OpenFile(path, os.O_RDONLY|flags, 0)
+	}
 	if err != nil {
 		var why string
 		switch {
@@ -319,7 +334,7 @@ func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64
 		case errors.Is(err, os.ErrNotExist):
 			why = "does not exist; create it (shm_open) before registering"
 		case errors.Is(err, os.ErrPermission):
-			why = "cannot be opened for reading and writing by the server's user"
+			why = "cannot be opened by the server's user"
 		default:
 			why = "cannot be opened: " + errors.Unwrap(err).Error()
 		}
@@ -329,27 +344,43 @@ func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64
 		f.Close()
 		return nil, fmt.Errorf("%w: region %q: key %q: %s", errBadRequest, name, clipValue(key), fmt.Sprintf(format, args...))
 	}
-	st, err := f.Stat()
-	switch {
-	case err != nil:
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return fail("%v", err)
-	case !st.Mode().IsRegular():
-		return fail("%s is not a regular file (%v)", path, st.Mode().Type())
-	case uint64(st.Size()) < offset+byteSize: // no overflow: both are checked below MaxInt64
-		return fail("offset %d + byte_size %d is beyond the object's %d bytes", offset, byteSize, st.Size())
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return fail("%s is not a regular file (mode %#o)", path, st.Mode)
+	}
+	read, write := shmAccess(&st, uid)
+	if !read {
+		f.Close()
+		who := "a caller the server cannot identify (only the object's permissions for others count)"
+		if uid >= 0 {
+			who = fmt.Sprintf("the caller (uid %d)", uid)
+		}
+		return nil, fmt.Errorf("%w: region %q: key %q: the object belongs to uid %d with mode %#o, and %s may not read it; "+
+			"the server maps only objects its caller could open itself", errForbidden, name, clipValue(key), st.Uid, st.Mode&0o7777, who)
+	}
+	if uint64(st.Size) < offset+byteSize { // no overflow: both are checked below MaxInt64
+		return fail("offset %d + byte_size %d is beyond the object's %d bytes", offset, byteSize, st.Size)
+	}
+	prot := unix.PROT_READ
+	if write && serverWrites {
+		prot |= unix.PROT_WRITE
 	}
 	start := offset &^ uint64(s.page-1)
 	length := offset + byteSize - start
 	if length > math.MaxInt {
 		return fail("the region is too large to map")
 	}
-	mem, err := unix.Mmap(int(f.Fd()), int64(start), int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(int(f.Fd()), int64(start), int(length), prot, unix.MAP_SHARED)
 	if err != nil {
 		return fail("mmap: %v", err)
 	}
 	r := &shmRegion{
 		name: name, key: key, offset: offset, size: byteSize, file: f,
-		mapping: mem,
+		writable: prot&unix.PROT_WRITE != 0,
+		mapping:  mem,
 		data:    mem[offset-start : offset-start+byteSize : offset-start+byteSize],
 	}
 	r.refs.Store(1)
@@ -564,6 +595,10 @@ func (u *shmUse) slice(kind, tensor string, p shmParams) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s %q: %w", kind, tensor, err)
 	}
+	if kind == "output" && !r.writable {
+		return nil, fmt.Errorf("%w: output %q: region %q is read-only: the caller that registered it, or the server's user, may not write its object (key %q)",
+			errForbidden, tensor, p.region, clipValue(r.key))
+	}
 	if p.size > r.size || p.offset > r.size-p.size {
 		return nil, fmt.Errorf("%w: %s %q: shared_memory_offset %d + shared_memory_byte_size %d is beyond region %q of %d bytes",
 			errBadRequest, kind, tensor, p.offset, p.size, p.region, r.size)
@@ -578,7 +613,7 @@ func (u *shmUse) slice(kind, tensor string, p shmParams) ([]byte, error) {
 }
 
 // input reads an input's data from its region: the tensor aliases the
-// mapping. Its byte size must be what the shape and datatype say; BYTES
+// mapping (the caller marks it runtime.Tensor.Mapped). Its byte size must be what the shape and datatype say; BYTES
 // elements are length-prefixed as in Triton (a 4-byte little-endian length
 // before each element).
 func (u *shmUse) input(name string, dt runtime.DataType, shape []int64, n int64, p shmParams) ([]byte, error) {
@@ -625,21 +660,18 @@ func (t *shmTarget) write(out *runtime.Tensor) (int, error) {
 	}
 	err := shmGuard(func() error { copy(t.dst, out.Data); return nil })
 	if err != nil {
-		return 0, fmt.Errorf("%w: output %q: %v", errBadRequest, out.Name, err)
+		return 0, fmt.Errorf("%w: output %q: %w", errBadRequest, out.Name, err)
 	}
 	return len(out.Data), nil
 }
 
 // shmGuard runs f, which touches a mapping, and turns a memory fault (the
 // client truncated its object under the mapping: SIGBUS) into an error
-// rather than a crash of the server.
-func shmGuard(f func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if p := recover(); p != nil {
-			err = fmt.Errorf("the shared memory object faulted under the mapping (was it truncated?): %v", p)
-		}
-	}()
-	return f()
+// rather than a crash of the server (runtime.GuardMapped).
+func shmGuard(f func() error) error {
+	var err error
+	if fault := runtime.GuardMapped(func() { err = f() }); fault != nil {
+		return fault
+	}
+	return err
 }

@@ -18,7 +18,7 @@ import (
 func shmFuzzRegion(f *testing.F) (*SharedMemory, *shmRegion) {
 	shm := newTestSharedMemory(f, SharedMemoryOptions{MaxRegions: 1, MaxBytes: 1 << 20})
 	key := shmObject(f, 8192)
-	if err := shm.Register("", true, "r", key, 4090, 64); err != nil {
+	if err := shm.Register("", localCaller(), "r", key, 4090, 64); err != nil {
 		f.Fatal(err)
 	}
 	// Fuzzing workers are killed without their cleanups: the mapping and

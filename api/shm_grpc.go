@@ -91,7 +91,7 @@ func grpcShmInput(u *shmUse, in *inference.ModelInferRequest_InferInputTensor, l
 	if err != nil {
 		return runtime.Tensor{}, err
 	}
-	return runtime.Tensor{Name: name, DataType: dt, Shape: shape, Data: data}, nil
+	return runtime.Tensor{Name: name, DataType: dt, Shape: shape, Data: data, Mapped: true}, nil
 }
 
 // grpcShmOutput checks a requested output's shared-memory parameters.
@@ -129,10 +129,13 @@ func writeGRPCShmOutputs(msg *inference.ModelInferResponse, outs []runtime.Tenso
 	return nil
 }
 
-// grpcPeerLoopback reports whether the call comes from a loopback address.
-func grpcPeerLoopback(ctx context.Context) bool {
+// grpcShmCaller describes the caller of a call (shmCallerOf).
+func grpcShmCaller(ctx context.Context) shmCaller {
 	p, ok := peer.FromContext(ctx)
-	return ok && p.Addr != nil && isLoopback(p.Addr.String())
+	if !ok || p.Addr == nil {
+		return shmCaller{uid: -1}
+	}
+	return shmCallerOf(p.Addr.String(), netAddrString(p.LocalAddr))
 }
 
 // SystemSharedMemoryStatus describes the caller's regions (all, or the one
@@ -154,7 +157,7 @@ func (s *grpcService) SystemSharedMemoryStatus(ctx context.Context, req *inferen
 // SystemSharedMemoryRegister registers a region of a POSIX shared-memory
 // object; only callers on the server's host may.
 func (s *grpcService) SystemSharedMemoryRegister(ctx context.Context, req *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
-	err := s.lim.SharedMemory.Register(grpcAuthHeader(ctx), grpcPeerLoopback(ctx),
+	err := s.lim.SharedMemory.Register(grpcAuthHeader(ctx), grpcShmCaller(ctx),
 		req.GetName(), req.GetKey(), req.GetOffset(), req.GetByteSize())
 	if err != nil {
 		return nil, s.grpcError("SystemSharedMemoryRegister", err)

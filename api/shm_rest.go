@@ -7,6 +7,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"net/http"
 	"strconv"
 
@@ -66,7 +67,8 @@ func (s *restServer) shmRegister(c *gin.Context) {
 		s.writeError(c, restBadRequest("the register request needs a byte_size"))
 		return
 	}
-	err = s.lim.SharedMemory.Register(c.Request.Header.Get("Authorization"), isLoopback(c.Request.RemoteAddr),
+	local, _ := c.Request.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	err = s.lim.SharedMemory.Register(c.Request.Header.Get("Authorization"), shmCallerOf(c.Request.RemoteAddr, netAddrString(local)),
 		c.Param("region"), *req.Key, req.Offset, *req.ByteSize)
 	if err != nil {
 		s.writeError(c, err)
@@ -141,7 +143,7 @@ func restShmInput(u *shmUse, ij *restInputJSON, dt runtime.DataType, n int64) (r
 	if err != nil {
 		return runtime.Tensor{}, err
 	}
-	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data}, nil
+	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data, Mapped: true}, nil
 }
 
 // restShmOutput checks a requested output's shared-memory parameters.

@@ -534,7 +534,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	defer s.execs.Done()
 	defer e.cancel()
 	m := e.m
-	parts, timing, err := s.run(ctx, e)
+	parts, timing, faults, err := s.run(ctx, e)
 	if err != nil {
 		m.log.Debug("execution failed", "batch", e.size, "requests", len(e.reqs), "error", err)
 	}
@@ -558,6 +558,8 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		case r.state != stateRunning: // its client gave up
 		case err != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: err})
+		case faults != nil && faults[i] != nil:
+			s.finishLocked(r, outcomeFailed, now, result{err: faults[i]})
 		case !r.deadline.IsZero() && now.After(r.deadline):
 			s.finishLocked(r, outcomeLate, now, result{resp: parts[i]})
 		default:
@@ -585,34 +587,36 @@ func (s *Scheduler) anyQueuedLocked() bool {
 }
 
 // run merges the batch's requests, executes them and splits the response;
-// it returns the execution's timing in the instance.
-func (s *Scheduler) run(ctx context.Context, e *execution) ([]*runtime.InferResponse, runtime.Timing, error) {
+// it returns the execution's timing in the instance. faults, when not nil,
+// holds the error of each request whose shared memory faulted while the
+// batch was merged (mergeRequests): those fail alone.
+func (s *Scheduler) run(ctx context.Context, e *execution) (parts []*runtime.InferResponse, timing runtime.Timing, faults []error, err error) {
 	if len(e.reqs) == 1 {
 		start := time.Now()
 		resp, err := e.exec.Execute(ctx, e.reqs[0].req)
 		if err != nil {
-			return nil, runtime.Timing{}, err
+			return nil, runtime.Timing{}, nil, err
 		}
 		s.est.Observe(e.name, e.size, time.Since(start))
-		return []*runtime.InferResponse{resp}, resp.Timing, nil
+		return []*runtime.InferResponse{resp}, resp.Timing, nil, nil
 	}
 	reqs := make([]*runtime.InferRequest, len(e.reqs))
 	for i, r := range e.reqs {
 		reqs[i] = r.req
 	}
-	merged, sizes, err := mergeRequests(reqs)
+	merged, sizes, faults, err := mergeRequests(reqs)
 	if err != nil {
-		return nil, runtime.Timing{}, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
+		return nil, runtime.Timing{}, nil, fmt.Errorf("qos: merging a batch of %d requests: %w", len(reqs), err)
 	}
 	start := time.Now()
 	resp, err := e.exec.Execute(ctx, merged)
 	if err != nil {
-		return nil, runtime.Timing{}, err
+		return nil, runtime.Timing{}, nil, err
 	}
 	s.est.Observe(e.name, e.size, time.Since(start))
-	parts, err := splitResponse(resp, sizes)
+	parts, err = splitResponse(resp, sizes)
 	if err != nil {
-		return nil, runtime.Timing{}, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)
+		return nil, runtime.Timing{}, nil, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)
 	}
-	return parts, resp.Timing, nil
+	return parts, resp.Timing, faults, nil
 }

@@ -86,9 +86,6 @@ func sortedUnique(names []string) bool {
 	return true
 }
 
-// mergeRequests concatenates requests along the batch dimension into one
-// request. sizes are the requests' batch sizes, as splitResponse needs them.
-// The requests must have equal merge keys; it fails otherwise.
 // latestDeadline is the deadline a merged batch carries: the latest of its
 // requests', or none when one of them has none.
 func latestDeadline(reqs []*runtime.InferRequest) time.Time {
@@ -104,22 +101,30 @@ func latestDeadline(reqs []*runtime.InferRequest) time.Time {
 	return latest
 }
 
-func mergeRequests(reqs []*runtime.InferRequest) (*runtime.InferRequest, []int, error) {
-	sizes := make([]int, len(reqs))
+// mergeRequests concatenates requests along the batch dimension into one
+// request. sizes are the requests' batch sizes, as splitResponse needs them.
+// The requests must have equal merge keys; it fails otherwise.
+//
+// An input in a client's shared-memory mapping (runtime.Tensor.Mapped) is
+// copied under runtime.CopyMapped: when it faults (the client truncated its
+// object), faults[j] holds request j's error and its rows are left zero, so
+// that the batch still runs for the others. faults is nil when none did.
+func mergeRequests(reqs []*runtime.InferRequest) (merged *runtime.InferRequest, sizes []int, faults []error, err error) {
+	sizes = make([]int, len(reqs))
 	for i, r := range reqs {
 		b, err := requestBatch(r)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		sizes[i] = b
 	}
 	if len(reqs) == 1 {
-		return reqs[0], sizes, nil
+		return reqs[0], sizes, nil, nil
 	}
 	key := mergeKey(reqs[0])
 	for i, r := range reqs[1:] {
 		if k := mergeKey(r); k != key || len(r.Inputs) != len(reqs[0].Inputs) {
-			return nil, nil, fmt.Errorf("request %d cannot be merged with request 0: inputs or outputs differ", i+1)
+			return nil, nil, nil, fmt.Errorf("request %d cannot be merged with request 0: inputs or outputs differ", i+1)
 		}
 	}
 	total := int64(0)
@@ -127,31 +132,44 @@ func mergeRequests(reqs []*runtime.InferRequest) (*runtime.InferRequest, []int, 
 		total += int64(b)
 	}
 	first := reqs[0]
-	merged := &runtime.InferRequest{
+	merged = &runtime.InferRequest{
 		Inputs:   make([]runtime.Tensor, len(first.Inputs)),
 		Outputs:  slices.Clone(first.Outputs),
 		Deadline: latestDeadline(reqs),
 	}
 	for i, in := range first.Inputs {
 		n := 0
-		parts := make([][]byte, len(reqs))
+		parts := make([]*runtime.Tensor, len(reqs))
 		for j, r := range reqs {
 			t := inputNamed(r, in.Name)
 			if t == nil {
-				return nil, nil, fmt.Errorf("request %d has no input %q", j, in.Name)
+				return nil, nil, nil, fmt.Errorf("request %d has no input %q", j, in.Name)
 			}
-			parts[j] = t.Data
+			parts[j] = t
 			n += len(t.Data)
 		}
-		data := make([]byte, 0, n)
-		for _, p := range parts {
-			data = append(data, p...)
+		data := make([]byte, n)
+		at := 0
+		for j, p := range parts {
+			dst := data[at : at+len(p.Data)]
+			at += len(p.Data)
+			if !p.Mapped {
+				copy(dst, p.Data)
+				continue
+			}
+			if _, err := runtime.CopyMapped(dst, p.Data); err != nil {
+				clear(dst)
+				if faults == nil {
+					faults = make([]error, len(reqs))
+				}
+				faults[j] = fmt.Errorf("input %q: %w", in.Name, err)
+			}
 		}
 		shape := slices.Clone(in.Shape)
 		shape[0] = total
 		merged.Inputs[i] = runtime.Tensor{Name: in.Name, DataType: in.DataType, Shape: shape, Data: data}
 	}
-	return merged, sizes, nil
+	return merged, sizes, faults, nil
 }
 
 func inputNamed(req *runtime.InferRequest, name string) *runtime.Tensor {

@@ -32,7 +32,7 @@ func byteStrings(name string, shape []int64, elems ...string) runtime.Tensor {
 func TestMergeAndSplitFixedSize(t *testing.T) {
 	a := &runtime.InferRequest{Inputs: []runtime.Tensor{fp32([]int64{1, 2}, 1, 2)}, Outputs: []string{"y"}}
 	b := &runtime.InferRequest{Inputs: []runtime.Tensor{fp32([]int64{2, 2}, 3, 4, 5, 6)}, Outputs: []string{"y"}}
-	merged, sizes, err := mergeRequests([]*runtime.InferRequest{a, b})
+	merged, sizes, _, err := mergeRequests([]*runtime.InferRequest{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestMergeAndSplitBytes(t *testing.T) {
 	if mergeKey(a) != mergeKey(b) {
 		t.Fatalf("keys differ: %q %q", mergeKey(a), mergeKey(b))
 	}
-	merged, sizes, err := mergeRequests([]*runtime.InferRequest{a, b})
+	merged, sizes, _, err := mergeRequests([]*runtime.InferRequest{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestMergeRefusesIncompatibleRequests(t *testing.T) {
 			if mergeKey(base) == mergeKey(tt.other) {
 				t.Errorf("keys equal: %q", mergeKey(base))
 			}
-			if _, _, err := mergeRequests([]*runtime.InferRequest{base, tt.other}); err == nil {
+			if _, _, _, err := mergeRequests([]*runtime.InferRequest{base, tt.other}); err == nil {
 				t.Error("merged")
 			}
 		})
@@ -223,7 +223,7 @@ func TestMergeKeepsLatestDeadline(t *testing.T) {
 			for _, d := range tc.in {
 				reqs = append(reqs, row(d))
 			}
-			merged, _, err := mergeRequests(reqs)
+			merged, _, _, err := mergeRequests(reqs)
 			if err != nil {
 				t.Fatal(err)
 			}

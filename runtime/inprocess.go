@@ -167,7 +167,13 @@ func (ip *InProcess) run(req *InferRequest) (resp *InferResponse, err error) {
 			err = fmt.Errorf("%w: in-process %s: panic: %v", ErrInference, ip.cfg.Name, p)
 		}
 	}()
-	pb, err := ip.sess.run(requestToProto(req), nil)
+	// ONNX Runtime reads the inputs where they lie, outside Go: a fault
+	// there could not be caught, so a client's mapping is copied first.
+	own, err := ownInputs(req)
+	if err != nil {
+		return nil, fmt.Errorf("in-process %s: %w", ip.cfg.Name, err)
+	}
+	pb, err := ip.sess.run(requestToProto(own), nil)
 	if err != nil {
 		if errors.Is(err, ErrInvalidTensor) {
 			return nil, fmt.Errorf("%w: %w", ErrInference, err)

@@ -817,7 +817,15 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 		defer p.arena.release()
 		mem = p.arena.mem
 	}
-	msg, call, region := r.newCall(p, req, mem)
+	msg, call, region, err := r.newCall(p, req, mem)
+	if err != nil {
+		// A client's mapping faulted while its bytes were copied: this
+		// request fails, nothing was sent.
+		if call.hasSlot {
+			p.arena.free(call.slot)
+		}
+		return nil, fmt.Errorf("runner %s: %w", r.cfg.Name, err)
+	}
 	resp, err := p.stream.call(ctx, msg, call)
 	if call.hasSlot && !call.abandoned {
 		// Read the outputs before the slot can be handed out again.
@@ -844,8 +852,12 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 
 // newCall builds the stream message for req. With an arena it reserves one
 // slot for the inputs, copied in, followed by room for the outputs; what
-// does not fit in the free part of the arena travels inline.
-func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice) {
+// does not fit in the free part of the arena travels inline. Inputs in a
+// client's mapping (Tensor.Mapped) are copied under GuardMapped, into the
+// arena or, inline, into memory of the server's own first, so that the
+// encoder never reads the mapping; a fault fails the call with
+// ErrMappedFault (call is still returned, its slot to be freed).
+func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice, error) {
 	var (
 		call    *pendingCall
 		msg     *runnerpb.InferRequest
@@ -867,8 +879,18 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 		tensors[i].Name, tensors[i].Datatype, tensors[i].Shape, tensors[i].Data = t.Name, string(t.DataType), t.Shape, t.Data
 		msg.Inputs[i] = &tensors[i]
 	}
+	inline := func() (*runnerpb.InferRequest, *pendingCall, *runnerpb.ArenaSlice, error) {
+		own, err := ownInputs(req)
+		if err != nil {
+			return msg, call, nil, err
+		}
+		for i, t := range own.Inputs {
+			msg.Inputs[i].Data = t.Data
+		}
+		return msg, call, nil, nil
+	}
 	if mem == nil {
-		return msg, call, nil
+		return inline()
 	}
 	var in uint64
 	for _, t := range req.Inputs {
@@ -881,13 +903,17 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 		off, ok = p.arena.slot(in)
 	}
 	if !ok {
-		return msg, call, nil
+		return inline()
 	}
 	call.slot, call.hasSlot = off, true
 	at := off
 	for i, t := range req.Inputs {
 		n := uint64(len(t.Data))
-		copy(mem[at:at+n], t.Data)
+		if !t.Mapped {
+			copy(mem[at:at+n], t.Data)
+		} else if _, err := CopyMapped(mem[at:at+n], t.Data); err != nil {
+			return msg, call, nil, fmt.Errorf("input %q: %w", t.Name, err)
+		}
 		msg.Inputs[i].Data = nil
 		slices[i].Offset, slices[i].Length = at, n
 		msg.Inputs[i].Arena = &slices[i]
@@ -899,7 +925,7 @@ func (r *Runner) newCall(p *process, req *InferRequest, mem []byte) (*runnerpb.I
 		region.Offset, region.Length = off+in, reserve
 		msg.Output = region
 	}
-	return msg, call, region
+	return msg, call, region, nil
 }
 
 // oneInputCall is what a call of one input needs, allocated at once.

@@ -349,7 +349,7 @@ func TestRunnerTensorsInArena(t *testing.T) {
 				t.Fatal("arena closed")
 			}
 			defer p.arena.release()
-			msg, call, region := r.newCall(p, tt.req, p.arena.mem)
+			msg, call, region, _ := r.newCall(p, tt.req, p.arena.mem)
 			if !call.hasSlot || region == nil {
 				t.Fatalf("no slot or no output region: %+v %v", call, region)
 			}

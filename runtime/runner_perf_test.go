@@ -65,7 +65,7 @@ func TestNewCallOneAllocation(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { r.newCall(nil, req, nil) }); n > 1 {
 		t.Errorf("newCall allocates %v times, want 1", n)
 	}
-	msg, call, _ := r.newCall(nil, req, nil)
+	msg, call, _, _ := r.newCall(nil, req, nil)
 	if call == nil || len(msg.GetInputs()) != 1 || msg.GetInputs()[0].GetName() != "x" || len(msg.GetInputs()[0].GetData()) != 8 {
 		t.Errorf("message %v, call %v", msg, call)
 	}

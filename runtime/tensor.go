@@ -61,6 +61,10 @@ type Tensor struct {
 	DataType DataType
 	Shape    []int64
 	Data     []byte
+	// Mapped says Data lies in a client's shared-memory mapping, which the
+	// client may truncate under it: it is read only through CopyMapped
+	// (mapped.go), never handed to ONNX Runtime or an encoder as it is.
+	Mapped bool
 }
 
 // TensorSpec describes a model input or output. A dimension of -1 is dynamic.
