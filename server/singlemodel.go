@@ -33,10 +33,10 @@ func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), f
 	if cfg.ModelDir == "" && cfg.Listen.ModelMesh == "" {
 		return cfg, func(*configs.Server) {}, func() {}, "", nil
 	}
-	// Named like the runners' socket folders (sloserve-<pid>-*), so a
-	// server killed before it could remove it has it removed by the next
-	// start or `sloserve cleanup`, as those are.
-	tmp, err := os.MkdirTemp("", fmt.Sprintf("%s%d-models-", socketDirPrefix, os.Getpid()))
+	// Made like the runners' socket folders (sloserve-<pid>-*, with an
+	// owner file), so a server killed before it could remove it has it
+	// removed by the next start or `sloserve cleanup`, as those are.
+	tmp, err := makeServerDir(dirModels, "models-")
 	if err != nil {
 		return nil, nil, nil, "", fmt.Errorf("a folder to stage models in: %w", err)
 	}
