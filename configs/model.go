@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"time"
@@ -53,7 +54,22 @@ const (
 	MaxConcurrency = 64
 	// MaxLatencyMS bounds slo.latency_ms (one hour) so LatencyTarget cannot overflow.
 	MaxLatencyMS = 3_600_000
+	// MaxVersions bounds the versions a model serves at once (its
+	// version policy's selection): each starts its own instances.
+	MaxVersions = 16
+	// MaxRunnersPerModel bounds instances × served versions: the runner
+	// processes one model config may start.
+	MaxRunnersPerModel = MaxInstances
 )
+
+// MaxThreads bounds execution.intra_op_threads and inter_op_threads: four
+// times this machine's CPUs, and at least 16. ONNX Runtime starts an OS
+// thread per configured thread, so more threads than CPUs only add context
+// switches; a count in the thousands exhausts the process and pids limits
+// that every runner shares and aborts more than its own model. Four times
+// leaves room to try oversubscription; the floor lets a config written for
+// a larger machine load on a small one.
+func MaxThreads() int { return max(16, 4*goruntime.NumCPU()) }
 
 // The file names LoadModel looks for in a model folder. A folder with a
 // config.yaml (or config.yml) is read from it; one with only a Triton
@@ -485,8 +501,8 @@ func (vp *VersionPolicy) validate(p *problems) {
 	var set []string
 	if vp.Latest != nil {
 		set = append(set, "latest")
-		if n := vp.Latest.NumVersions; n < 1 {
-			p.add("version_policy.latest.num_versions", "must be >= 1, got %d", n)
+		if n := vp.Latest.NumVersions; n < 1 || n > MaxVersions {
+			p.add("version_policy.latest.num_versions", "must be between 1 and %d, got %d", MaxVersions, n)
 		}
 	}
 	if vp.All != nil {
@@ -497,6 +513,9 @@ func (vp *VersionPolicy) validate(p *problems) {
 		vs := vp.Specific.Versions
 		if len(vs) == 0 {
 			p.add("version_policy.specific.versions", "must list at least one version")
+		}
+		if len(vs) > MaxVersions {
+			p.add("version_policy.specific.versions", "may list at most %d versions, got %d", MaxVersions, len(vs))
 		}
 		seen := map[int64]bool{}
 		for i, v := range vs {
@@ -559,11 +578,11 @@ func (e *Execution) validate(p *problems) {
 	case e.DeviceID != 0 && e.Provider == ProviderCPU:
 		p.add("execution.device_id", "only allowed with provider cuda, got %d with provider cpu", e.DeviceID)
 	}
-	if e.IntraOpThreads < 0 {
-		p.add("execution.intra_op_threads", "must be >= 0, got %d", e.IntraOpThreads)
+	if n := e.IntraOpThreads; n < 0 || n > MaxThreads() {
+		p.add("execution.intra_op_threads", "must be between 0 and %d (4 × the CPUs, at least 16), got %d", MaxThreads(), n)
 	}
-	if e.InterOpThreads < 0 {
-		p.add("execution.inter_op_threads", "must be >= 0, got %d", e.InterOpThreads)
+	if n := e.InterOpThreads; n < 0 || n > MaxThreads() {
+		p.add("execution.inter_op_threads", "must be between 0 and %d (4 × the CPUs, at least 16), got %d", MaxThreads(), n)
 	}
 	if e.Concurrency < 0 || e.Concurrency > MaxConcurrency {
 		p.add("execution.concurrency", "must be between 0 and %d, got %d", MaxConcurrency, e.Concurrency)

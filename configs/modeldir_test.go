@@ -22,6 +22,8 @@ func TestModelDirValidation(t *testing.T) {
 		{"modelmesh without a budget", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit"}, "control.memory_budget: must be > 0 with listen.modelmesh"},
 		{"modelmesh on every interface", map[string]string{"listen.modelmesh": ":8085", "model_control": "explicit", "control.memory_budget": "1GiB"}, "listen.modelmesh: must be a loopback address"},
 		{"modelmesh on the grpc port", map[string]string{"listen.modelmesh": "127.0.0.1:8001", "model_control": "explicit", "control.memory_budget": "1GiB"}, "listen.modelmesh: \"127.0.0.1:8001\" conflicts with listen.grpc"},
+		{"modelmesh_dir relative", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit", "control.memory_budget": "1GiB", "modelmesh_dir": "models"}, `modelmesh_dir: must be an absolute folder other than / with listen.modelmesh (where ModelMesh's puller writes models), got "models"`},
+		{"modelmesh_dir root", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit", "control.memory_budget": "1GiB", "modelmesh_dir": "/"}, `modelmesh_dir: must be an absolute folder other than /`},
 		{"modelmesh and model_dir", map[string]string{"listen.modelmesh": "127.0.0.1:8085", "model_control": "explicit", "control.memory_budget": "1GiB", "model_dir": "/m", "model_name": "m"}, "model_dir: cannot be set with listen.modelmesh"},
 	}
 	for _, tt := range tests {

@@ -11,7 +11,7 @@ import (
 func TestKeys(t *testing.T) {
 	want := []string{
 		"listen.http", "listen.grpc", "listen.metrics", "listen.modelmesh",
-		"repositories", "model_control", "poll_interval", "startup_models", "model_dir", "model_name",
+		"repositories", "model_control", "poll_interval", "startup_models", "model_dir", "model_name", "modelmesh_dir",
 		"runtime.onnxruntime_library", "runtime.socket_dir", "runtime.ready_timeout",
 		"runtime.health_interval", "runtime.restart_backoff_initial", "runtime.restart_backoff_max",
 		"runtime.max_restarts", "runtime.call_timeout", "runtime.arena_size",

@@ -49,17 +49,21 @@ type Server struct {
 	// ModelName, in place of the repositories: what KServe hands a serving
 	// runtime (the model mounted at /mnt/models). See server's single-model
 	// staging for the layouts it accepts.
-	ModelDir  string    `yaml:"model_dir"`
-	ModelName string    `yaml:"model_name"`
-	Runtime   Runtime   `yaml:"runtime"`
-	Limits    Limits    `yaml:"limits"`
-	QoS       QoS       `yaml:"qos"`
-	Control   Control   `yaml:"control"`
-	GPU       GPU       `yaml:"gpu"`
-	Dashboard Dashboard `yaml:"dashboard"`
-	TLS       TLS       `yaml:"tls"`
-	Auth      Auth      `yaml:"auth"`
-	Log       Log       `yaml:"log"`
+	ModelDir  string `yaml:"model_dir"`
+	ModelName string `yaml:"model_name"`
+	// ModelMeshDir is the folder ModelMesh's puller fills (with
+	// listen.modelmesh): the SPI loads and sizes models only from paths
+	// inside it, links resolved.
+	ModelMeshDir string    `yaml:"modelmesh_dir"`
+	Runtime      Runtime   `yaml:"runtime"`
+	Limits       Limits    `yaml:"limits"`
+	QoS          QoS       `yaml:"qos"`
+	Control      Control   `yaml:"control"`
+	GPU          GPU       `yaml:"gpu"`
+	Dashboard    Dashboard `yaml:"dashboard"`
+	TLS          TLS       `yaml:"tls"`
+	Auth         Auth      `yaml:"auth"`
+	Log          Log       `yaml:"log"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
 
@@ -345,6 +349,7 @@ func DefaultServer() *Server {
 		Listen:        Listen{HTTP: ":8000", GRPC: ":8001", Metrics: ":8002"},
 		Repositories:  []string{"demo-repository"},
 		ModelControl:  ModelControlNone,
+		ModelMeshDir:  "/models",
 		PollInterval:  5 * time.Second,
 		StartupModels: []string{},
 		Runtime: Runtime{
@@ -524,6 +529,9 @@ func (s *Server) validate() problems {
 		}
 		if s.ModelDir != "" {
 			p.add("model_dir", "cannot be set with listen.modelmesh")
+		}
+		if !filepath.IsAbs(s.ModelMeshDir) || filepath.Clean(s.ModelMeshDir) == "/" {
+			p.add("modelmesh_dir", "must be an absolute folder other than / with listen.modelmesh (where ModelMesh's puller writes models), got %q", s.ModelMeshDir)
 		}
 		// The SPI loads and unloads without a token: only the ModelMesh
 		// container of the same pod, on loopback, may reach it.

@@ -13,7 +13,8 @@ import (
 )
 
 // `sloserve cleanup` after a server was killed with SIGKILL: the dead
-// server's cgroups and socket folder go, a live server's stay, and the
+// server's cgroups and socket folder go, a live server's stay, a folder
+// made by hand with the dead server's pid in its name stays, and the
 // command says what it removed.
 func TestE2ECleanupCommand(t *testing.T) {
 	repo := t.TempDir()
@@ -37,6 +38,17 @@ func TestE2ECleanupCommand(t *testing.T) {
 		if _, err := os.Stat(dir); err != nil {
 			t.Fatalf("%s is gone before the cleanup (%v): nothing to test", dir, err)
 		}
+	}
+
+	// A folder named like a dead server's but made by hand: it is no
+	// server's (no owner file) and must survive.
+	backup := filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-backup", deadPid))
+	if err := os.MkdirAll(backup, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(backup) })
+	if err := os.WriteFile(filepath.Join(backup, "notes.txt"), []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 
 	out, err := exec.Command(sloserveBin, "cleanup").Output()
@@ -64,6 +76,9 @@ func TestE2ECleanupCommand(t *testing.T) {
 		if _, err := os.Stat(dir); err != nil {
 			t.Errorf("%s of the live server was removed: %v", dir, err)
 		}
+	}
+	if b, err := os.ReadFile(filepath.Join(backup, "notes.txt")); err != nil || string(b) != "keep me" {
+		t.Errorf("a hand-made %s after the cleanup: %q, %v; want it kept", backup, b, err)
 	}
 	if code, b, _ := live.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 {
 		t.Errorf("the live server after the cleanup: %d %s", code, b)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,7 +25,8 @@ import (
 // restarted ModelMesh.
 func TestE2EModelMesh(t *testing.T) {
 	meshAddr := freePort(t)
-	s := startServer(t, t.TempDir(), "model_control: explicit\ncontrol: {memory_budget: 1GiB}\n", withSet("listen.modelmesh="+meshAddr))
+	root := t.TempDir() // where ModelMesh's puller writes
+	s := startServer(t, t.TempDir(), fmt.Sprintf("model_control: explicit\ncontrol: {memory_budget: 1GiB}\nmodelmesh_dir: %q\n", root), withSet("listen.modelmesh="+meshAddr))
 	conn, err := grpc.NewClient(meshAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -47,8 +49,11 @@ func TestE2EModelMesh(t *testing.T) {
 	// Two folders as ModelMesh's puller leaves them: one with a sloserve
 	// config that sets the model's memory limit, one with the file alone.
 	model := testModel(t, "example_dynamic_axes.onnx")
-	withLimit, bare := t.TempDir(), t.TempDir()
+	withLimit, bare := filepath.Join(root, "a__isvc-1"), filepath.Join(root, "b__isvc-2")
 	for _, d := range []string{withLimit, bare} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Symlink(model, filepath.Join(d, "model.onnx")); err != nil {
 			t.Fatal(err)
 		}
@@ -145,5 +150,168 @@ func TestE2EModelMesh(t *testing.T) {
 	var index []struct{ Name, State string }
 	if code := s.json(t, "POST", "/v2/repository/index", map[string]any{"ready": true}, &index); code != 200 || len(index) != 0 {
 		t.Errorf("ready models after the purge: %d %+v, want none", code, index)
+	}
+}
+
+// meshServer starts a server with the ModelMesh SPI, its modelmesh_dir a
+// fresh folder, and returns it with an SPI client and the folder.
+func meshServer(t *testing.T, budget string) (*testServer, modelmesh.ModelRuntimeClient, string) {
+	t.Helper()
+	meshAddr := freePort(t)
+	root := t.TempDir()
+	s := startServer(t, t.TempDir(), fmt.Sprintf("model_control: explicit\ncontrol: {memory_budget: %s}\nmodelmesh_dir: %q\n", budget, root), withSet("listen.modelmesh="+meshAddr))
+	conn, err := grpc.NewClient(meshAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return s, modelmesh.NewModelRuntimeClient(conn), root
+}
+
+// meshFolder makes folder root/name as ModelMesh's puller would: the test
+// model linked as each version's model.onnx (or as model.onnx when
+// versions is 0), and config when not empty.
+func meshFolder(t *testing.T, root, name, config string, versions int) string {
+	t.Helper()
+	dir := filepath.Join(root, name)
+	link := func(d string) {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(testModel(t, "example_dynamic_axes.onnx"), filepath.Join(d, "model.onnx")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if versions == 0 {
+		link(dir)
+	}
+	for v := 1; v <= versions; v++ {
+		link(filepath.Join(dir, fmt.Sprint(v)))
+	}
+	if config != "" {
+		if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestE2EModelMeshPaths: the SPI reads only folders inside modelmesh_dir:
+// a path outside it, one with "..", a link out of it or a relative one is
+// refused with INVALID_ARGUMENT by predictModelSize and loadModel alike,
+// before anything is read or staged.
+func TestE2EModelMeshPaths(t *testing.T) {
+	_, mm, root := meshServer(t, "1GiB")
+	ctx := t.Context()
+	outside := t.TempDir()
+	meshFolder(t, outside, "m", "", 0)
+	inside := meshFolder(t, root, "m", "", 0)
+	if err := os.Symlink(outside, filepath.Join(root, "out")); err != nil {
+		t.Fatal(err)
+	}
+	home, _ := os.UserHomeDir()
+	for _, path := range []string{
+		filepath.Join(outside, "m"), // a model, but not ModelMesh's
+		home,                        // what predictModelSize once summed
+		"/",
+		root, // the folder itself is no model folder
+		filepath.Join(root, "..", filepath.Base(outside), "m"), // ".." out of it
+		root + "/m/../m",                // ".." even when it stays inside
+		filepath.Join(root, "out", "m"), // a link out of it
+		"m",                             // relative
+	} {
+		if _, err := mm.PredictModelSize(ctx, &modelmesh.PredictModelSizeRequest{ModelId: "x", ModelPath: path}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "modelPath") {
+			t.Errorf("predictModelSize %q: %v, want InvalidArgument naming modelPath", path, err)
+		}
+		if _, err := mm.LoadModel(ctx, &modelmesh.LoadModelRequest{ModelId: "x", ModelPath: path}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("loadModel %q: %v, want InvalidArgument", path, err)
+		}
+	}
+	fi, err := os.Stat(testModel(t, "example_dynamic_axes.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pred, err := mm.PredictModelSize(ctx, &modelmesh.PredictModelSizeRequest{ModelId: "x", ModelPath: inside})
+	if err != nil || pred.SizeInBytes != 2*uint64(fi.Size())+64<<20 {
+		t.Errorf("predictModelSize inside: %v, %v; want twice the file's %d bytes and 64 MiB", pred, err, fi.Size())
+	}
+}
+
+// TestE2EModelMeshVersionSizes: a model that serves several versions is
+// sized for all of them: three versions with a 128 MiB memory limit each
+// are 384 MiB, not 128.
+func TestE2EModelMeshVersionSizes(t *testing.T) {
+	_, mm, root := meshServer(t, "2GiB")
+	dir := meshFolder(t, root, "v", "version_policy: {all: {}}\nresources: {memory_limit: 128MiB}\n", 3)
+	resp, err := mm.LoadModel(t.Context(), &modelmesh.LoadModelRequest{ModelId: "v__isvc", ModelPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.SizeInBytes != 3*128<<20 {
+		t.Errorf("size %d MiB, want 3 versions × 128 MiB = 384 MiB", resp.SizeInBytes>>20)
+	}
+	if got, err := mm.ModelSize(t.Context(), &modelmesh.ModelSizeRequest{ModelId: "v__isvc"}); err != nil || got.SizeInBytes != resp.SizeInBytes {
+		t.Errorf("modelSize %v, %v; want %d", got, err, resp.SizeInBytes)
+	}
+}
+
+// TestE2EModelMeshConcurrentLoads: two loadModel calls for one id at once,
+// one from a good folder and one from a folder that cannot load, take
+// turns: the good one loads and serves from its staged folder, the bad one
+// fails alone or finds the id loaded. Before, the failing call's clean-up
+// removed the folder the other was loading from.
+func TestE2EModelMeshConcurrentLoads(t *testing.T) {
+	s, mm, root := meshServer(t, "2GiB")
+	good := meshFolder(t, root, "good", "", 0)
+	bad := filepath.Join(root, "bad") // two models, neither model.onnx
+	if err := os.Mkdir(bad, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"a.onnx", "b.onnx"} {
+		if err := os.Symlink(testModel(t, "example_dynamic_axes.onnx"), filepath.Join(bad, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := t.Context()
+	const rounds = 6
+	for i := range rounds {
+		id := fmt.Sprintf("m%d__isvc", i)
+		type result struct {
+			resp *modelmesh.LoadModelResponse
+			err  error
+		}
+		goodDone, badDone := make(chan result, 1), make(chan result, 1)
+		start := make(chan struct{})
+		go func() {
+			<-start
+			r, err := mm.LoadModel(ctx, &modelmesh.LoadModelRequest{ModelId: id, ModelPath: good})
+			goodDone <- result{r, err}
+		}()
+		go func() {
+			<-start
+			r, err := mm.LoadModel(ctx, &modelmesh.LoadModelRequest{ModelId: id, ModelPath: bad})
+			badDone <- result{r, err}
+		}()
+		close(start)
+		g, b := <-goodDone, <-badDone
+		if g.err != nil {
+			t.Fatalf("round %d: the good load failed: %v", i, g.err)
+		}
+		if b.err != nil && status.Code(b.err) != codes.InvalidArgument {
+			t.Errorf("round %d: the bad load: %v, want InvalidArgument or the loaded model", i, b.err)
+		}
+		if b.err == nil && b.resp.SizeInBytes != g.resp.SizeInBytes {
+			t.Errorf("round %d: the bad load succeeded with size %d, the loaded model is %d", i, b.resp.SizeInBytes, g.resp.SizeInBytes)
+		}
+		staged, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-models-*", s.cmd.Process.Pid), id, "1", "model.onnx"))
+		if len(staged) != 1 {
+			t.Errorf("round %d: the loaded model's staged file: %v, want one", i, staged)
+		}
+		req := grpcDynRequest()
+		resp, err := s.grpc.ModelInfer(metadata.AppendToOutgoingContext(ctx, "mm-model-id", id), req)
+		if err != nil || len(resp.RawOutputContents) != 1 {
+			t.Fatalf("round %d: infer: %v, %v", i, resp, err)
+		}
+		closeTo(t, "row sum", bytesF32(resp.RawOutputContents[0]), []float64{55}, 1e-6)
 	}
 }

@@ -66,6 +66,9 @@ func (r *Registry) load(ctx context.Context, name string) error {
 		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
 	}
 	if err == nil {
+		err = checkShapeLimit(cfg, r.opts.MaxTensorElements)
+	}
+	if err == nil {
 		cfg, err = r.placed(name, cfg)
 	}
 	if err != nil {
@@ -85,6 +88,11 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	selected := cfg.SelectVersions(available)
 	if len(selected) == 0 {
 		err := fmt.Errorf("%w: %s: no version folder with a model.onnx matches the version policy (found %v)", ErrBadConfig, m.dir, available)
+		r.setFailed(m, nil, err, fp)
+		return err
+	}
+	if err := checkVersionLimit(cfg, selected); err != nil {
+		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		r.setFailed(m, nil, err, fp)
 		return err
 	}
@@ -218,17 +226,18 @@ func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir s
 	label := strconv.FormatInt(n, 10)
 	slots := max(1, cfg.Execution.Concurrency)
 	v := &version{
-		model:    cfg.Name,
-		number:   n,
-		label:    label,
-		key:      cfg.Name + "/" + label,
-		cfg:      cfg,
-		path:     filepath.Join(dir, label, "model.onnx"),
-		device:   deviceOf(cfg),
-		maxBatch: cfg.MaxBatchSize,
-		units:    map[runtime.Member]unit{},
-		obs:      r.metrics.forVersion(cfg.Name, label),
-		share:    share,
+		model:       cfg.Name,
+		number:      n,
+		label:       label,
+		key:         cfg.Name + "/" + label,
+		cfg:         cfg,
+		path:        filepath.Join(dir, label, "model.onnx"),
+		device:      deviceOf(cfg),
+		maxBatch:    cfg.MaxBatchSize,
+		maxElements: r.opts.MaxTensorElements,
+		units:       map[runtime.Member]unit{},
+		obs:         r.metrics.forVersion(cfg.Name, label),
+		share:       share,
 	}
 	if r.opts.Limiter != nil {
 		v.lim = r.opts.Limiter(v.device)

@@ -15,7 +15,7 @@ import "github.com/sloserve/sloserve/runtime"
 // would have the kernel kill the runner for it, so the version records no
 // working set and its memory share stays at its memory_limit.
 func (v *version) workingSetReader() func() int64 {
-	if samplesFor(v, nil) == nil {
+	if sample, _ := samplesFor(v, nil); sample == nil {
 		return nil
 	}
 	return v.peakMemory

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -15,9 +16,12 @@ import (
 
 // warmupRequests returns requests of zeros for the warm-up at batch sizes 1
 // and the maximum, or nil when an input has BYTES data or a dynamic
-// dimension other than the batch that profile.shapes does not fill.
+// dimension other than the batch that profile.shapes does not fill, or
+// when even batch 1 is over limits.max_tensor_elements. A batch size
+// whose request would be over the limit is left out: a client could not
+// send it either.
 func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample := samplesFor(v, v.cfg.Profile.Shapes)
+	sample, fits := samplesFor(v, v.cfg.Profile.Shapes)
 	if sample == nil {
 		return nil, nil
 	}
@@ -25,33 +29,59 @@ func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
 	if v.maxBatch > 1 {
 		sizes = append(sizes, v.maxBatch)
 	}
-	return sample, sizes
+	return sample, slices.DeleteFunc(sizes, func(b int) bool { return !fits(b) })
 }
 
 // samplesFor returns a function building a request of zeros at a batch
-// size, with the given shapes for dynamic dimensions; nil when that is not
-// possible.
-func samplesFor(v *version, given map[string][]int64) func(batch int) *runtime.InferRequest {
+// size, with the given shapes for dynamic dimensions, and one telling
+// whether a batch size's request is within the version's element limit
+// (the builder must only be called for those); nil when no request is
+// possible, batch 1 included. Nothing is allocated before the count is
+// checked, so a hostile shape in a config or a model file costs nothing.
+func samplesFor(v *version, given map[string][]int64) (func(batch int) *runtime.InferRequest, func(batch int) bool) {
 	shapes := make([][]int64, len(v.inputs))
 	for i, in := range v.inputs {
 		shape, ok := sampleShape(in, given, v.maxBatch > 0)
 		if !ok || in.DataType == runtime.Bytes {
-			return nil
+			return nil, nil
 		}
 		shapes[i] = shape
 	}
-	return func(batch int) *runtime.InferRequest {
+	at := func(i, batch int) []int64 {
+		shape := slices.Clone(shapes[i])
+		if v.maxBatch > 0 {
+			shape[0] = int64(batch)
+		}
+		return shape
+	}
+	limit := v.maxElements
+	if limit <= 0 {
+		limit = math.MaxInt64 / 16 // no limit set: still no overflow of the byte count
+	}
+	fits := func(batch int) bool {
+		for i := range shapes {
+			if _, err := runtime.ElementCount(at(i, batch), limit); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if !fits(1) {
+		return nil, nil
+	}
+	build := func(batch int) *runtime.InferRequest {
 		req := &runtime.InferRequest{Inputs: make([]runtime.Tensor, len(v.inputs))}
 		for i, in := range v.inputs {
-			shape := slices.Clone(shapes[i])
-			if v.maxBatch > 0 {
-				shape[0] = int64(batch)
+			shape := at(i, batch)
+			n, err := runtime.ElementCount(shape, limit)
+			if err != nil {
+				n = 0 // not reached: callers ask fits first
 			}
-			n, _ := runtime.ElementCount(shape, 0)
 			req.Inputs[i] = runtime.Tensor{Name: in.Name, DataType: in.DataType, Shape: shape, Data: make([]byte, n*int64(in.DataType.Size()))}
 		}
 		return req
 	}
+	return build, fits
 }
 
 // ProfileRun is one version's profiling sweep, as Options.Profile gets it.
@@ -86,7 +116,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	}
 	sample, sizes := profileRequests(v)
 	if sample == nil {
-		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry", "model", v.model, "version", v.label)
+		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry, or its requests would be over limits.max_tensor_elements", "model", v.model, "version", v.label)
 		return
 	}
 	if v.lim == nil || v.lim.Kind() == limiter.KindNone {
@@ -136,7 +166,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 // in for dynamic dimensions and its profile.batch_sizes (default 1,
 // max/2, max).
 func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample := samplesFor(v, v.cfg.Profile.Shapes)
+	sample, fits := samplesFor(v, v.cfg.Profile.Shapes)
 	if sample == nil {
 		return nil, nil
 	}
@@ -148,7 +178,10 @@ func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) 
 		}
 	}
 	slices.Sort(sizes)
-	return sample, slices.Compact(sizes)
+	if sizes = slices.DeleteFunc(slices.Compact(sizes), func(b int) bool { return !fits(b) }); len(sizes) == 0 {
+		return nil, nil
+	}
+	return sample, sizes
 }
 
 // sampleShape is a tensor's shape for a sample request: the config's

@@ -186,7 +186,10 @@ type version struct {
 	inputs   []runtime.TensorSpec
 	outputs  []runtime.TensorSpec
 	maxBatch int
-	pool     *runtime.Pool // the instances; the scheduler executes on it
+	// maxElements is the server's limits.max_tensor_elements: no sample
+	// request the version builds (warm-up, profiling) is larger.
+	maxElements int64
+	pool        *runtime.Pool // the instances; the scheduler executes on it
 
 	shareMu sync.Mutex  // serialises share changes and swaps
 	retired bool        // guarded by shareMu: being stopped, no more swaps

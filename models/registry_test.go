@@ -32,6 +32,9 @@ type fakeInstance struct {
 }
 
 func (fi *fakeInstance) Inputs() []runtime.TensorSpec {
+	if in, ok := fi.f.inputs[fi.spec.Model]; ok {
+		return in
+	}
 	return []runtime.TensorSpec{{Name: "x", DataType: runtime.FP32, Shape: []int64{-1, 4}}}
 }
 
@@ -86,8 +89,9 @@ type fakeFactory struct {
 	mu        sync.Mutex
 	instances []*fakeInstance
 	g         chan struct{}
-	fail      map[string]error        // model name -> start error
-	onStart   func(spec InstanceSpec) // called first by start, without the lock
+	fail      map[string]error                // model name -> start error
+	inputs    map[string][]runtime.TensorSpec // model name -> its file's inputs, when not the sum's
+	onStart   func(spec InstanceSpec)         // called first by start, without the lock
 }
 
 func (f *fakeFactory) gate() chan struct{} {

@@ -1,7 +1,9 @@
 package models
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -114,6 +116,50 @@ func checkBatchLimit(cfg *configs.Model, limit int) error {
 		return fmt.Errorf("%s: max_batch_size: %d is over the server's limits.max_batch_size (%d)", cfg.File, cfg.MaxBatchSize, limit)
 	}
 	return nil
+}
+
+// checkVersionLimit refuses a version policy that selects more than
+// configs.MaxVersions versions (version_policy all over many folders), or
+// more runners than configs.MaxRunnersPerModel with the instances of each.
+func checkVersionLimit(cfg *configs.Model, selected []int64) error {
+	n := len(selected)
+	if n > configs.MaxVersions {
+		return fmt.Errorf("%s: version_policy: selects %d versions, at most %d may be served at once; use latest or specific", cfg.File, n, configs.MaxVersions)
+	}
+	if n*cfg.Instances > configs.MaxRunnersPerModel {
+		return fmt.Errorf("%s: instances: %d instances of each of %d versions are %d runners, at most %d per model", cfg.File, cfg.Instances, n, n*cfg.Instances, configs.MaxRunnersPerModel)
+	}
+	return nil
+}
+
+// checkShapeLimit refuses a model config whose declared input shapes or
+// profile shapes are over the server's limits.max_tensor_elements (0: none)
+// at batch size 1, dynamic dimensions counted as 1: no request could be
+// that large, and the warm-up and profiling requests built from them would
+// take the server's memory (or overflow) before any runner saw them.
+func checkShapeLimit(cfg *configs.Model, limit int64) error {
+	if limit <= 0 {
+		return nil
+	}
+	var errs []error
+	check := func(field string, shape []int64, batched bool) {
+		at1 := slices.Clone(shape)
+		for d, n := range at1 {
+			if n < 0 || (d == 0 && batched) {
+				at1[d] = 1
+			}
+		}
+		if _, err := runtime.ElementCount(at1, limit); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %s: %v has more than limits.max_tensor_elements (%d) elements at batch size 1", cfg.File, field, shape, limit))
+		}
+	}
+	for i, in := range cfg.Inputs {
+		check(fmt.Sprintf("inputs[%d].shape", i), in.Shape, cfg.MaxBatchSize > 0)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Profile.Shapes)) {
+		check("profile.shapes."+name, cfg.Profile.Shapes[name], cfg.MaxBatchSize > 0)
+	}
+	return errors.Join(errs...)
 }
 
 // checkDeclared compares the inputs or outputs a config declares with what

@@ -31,6 +31,13 @@ import (
 // error messages.
 const outputTailLines = 20
 
+// RunnerTempPrefix starts the name of a runner process's own temporary
+// folder, made in the socket folder and given to it as TMPDIR: ONNX
+// Runtime's telemetry writes mat-debug-<pid>.log and .ses files there at
+// every start, and nothing removes them. The folder goes when the process
+// ends; the server's clean-up of a dead server's socket folder expects it.
+const RunnerTempPrefix = "runner-tmp-"
+
 // process is one runner child process and the client connection to it.
 // A Runner replaces its process, never reuses it.
 type process struct {
@@ -66,6 +73,9 @@ type process struct {
 	answered       atomic.Bool
 	exitCtx        context.Context
 	exitCancel     context.CancelFunc
+	// tmp is the process's TMPDIR (RunnerTempPrefix), removed by run once
+	// the process has been reaped.
+	tmp string
 }
 
 // startProcess starts a runner child serving on socket and connects a
@@ -103,9 +113,19 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	}
 	args = append(args, "--calls-fd", strconv.Itoa(3+len(extra)), "--calls", strconv.Itoa(max(1, cfg.Calls)))
 	extra = append(extra, theirs)
+	tmp, err := os.MkdirTemp(filepath.Dir(socket), RunnerTempPrefix)
+	if err != nil {
+		calls.Close()
+		theirs.Close()
+		if ar != nil {
+			ar.file.Close()
+			ar.close()
+		}
+		return nil, fmt.Errorf("runner temporary folder: %w", err)
+	}
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.ExtraFiles = extra
-	cmd.Env = append(os.Environ(), cfg.Env...)
+	cmd.Env = append(append(os.Environ(), cfg.Env...), "TMPDIR="+tmp)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:
 	// the server stops runners itself, in order. Pdeathsig kills the runner
 	// when the server dies without stopping it.
@@ -115,7 +135,7 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	cmd.Stderr = out.writer("stderr")
 	cmd.WaitDelay = time.Second
 
-	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{}), arena: ar, calls: calls}
+	p := &process{cmd: cmd, socket: socket, output: out, exited: make(chan struct{}), arena: ar, calls: calls, tmp: tmp}
 	p.exitCtx, p.exitCancel = context.WithCancel(context.Background())
 	started := make(chan error, 1)
 	go p.run(started)
@@ -172,6 +192,7 @@ func (p *process) run(started chan<- error) {
 	defer goruntime.UnlockOSThread()
 	if err := p.cmd.Start(); err != nil {
 		started <- fmt.Errorf("start %s: %w", p.cmd.Path, err)
+		p.removeTemp()
 		close(p.exited)
 		p.exitCancel()
 		return
@@ -181,8 +202,17 @@ func (p *process) run(started chan<- error) {
 	p.exitErr = p.cmd.Wait()
 	p.inflightAtExit = p.inflight.Load()
 	p.output.flush()
+	p.removeTemp()
 	close(p.exited)
 	p.exitCancel()
+}
+
+// removeTemp removes the process's temporary folder and what the process
+// left in it.
+func (p *process) removeTemp() {
+	if err := os.RemoveAll(p.tmp); err != nil {
+		p.output.log.Warn("remove the runner's temporary folder", "dir", p.tmp, "err", err)
+	}
 }
 
 // hasExited reports whether the process has been reaped.

@@ -27,8 +27,11 @@ type backend struct {
 
 var _ api.Backend = (*backend)(nil)
 
-func (b *backend) Live() bool            { return !b.stopping.Load() }
-func (b *backend) Ready() bool           { return b.ready.Load() && !b.stopping.Load() }
+func (b *backend) Live() bool { return !b.stopping.Load() }
+func (b *backend) Ready() bool {
+	return b.ready.Load() && !b.stopping.Load() && singleModelReady(b.reloads.current(), b.Registry)
+}
+
 func (b *backend) ServerVersion() string { return Version }
 
 func (b *backend) RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error) {

@@ -28,7 +28,7 @@ func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory
 	socketDir := rt.SocketDir
 	if socketDir == "" {
 		removeStaleSocketDirs(os.TempDir(), logger)
-		if socketDir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", socketDirPrefix, os.Getpid())); err != nil {
+		if socketDir, err = makeServerDir(dirSockets, ""); err != nil {
 			return nil, nil, fmt.Errorf("socket directory: %w", err)
 		}
 		cleanup = func() { os.RemoveAll(socketDir) }

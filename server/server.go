@@ -20,10 +20,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -372,42 +369,4 @@ func FindONNXRuntime(configured string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("ONNX Runtime library not found (looked in %v); run `make setup` or set SLOSERVE_ONNXRUNTIME_LIBRARY", candidates)
-}
-
-// socketDirPrefix starts the name of the temporary folder that holds a
-// server's runner sockets; the server's pid follows it.
-const socketDirPrefix = "sloserve-"
-
-// removeStaleSocketDirs removes the socket folders of servers that died
-// without cleaning up (SIGKILL): folders named for a pid that no longer runs.
-// Their runners died with them (they are started with a parent-death signal).
-// It returns the folders it removed.
-func removeStaleSocketDirs(tmp string, logger *slog.Logger) []string {
-	entries, err := os.ReadDir(tmp)
-	if err != nil {
-		return nil
-	}
-	var removed []string
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), socketDirPrefix)
-		if !ok || !e.IsDir() {
-			continue
-		}
-		pidText, _, ok := strings.Cut(rest, "-")
-		pid, err := strconv.Atoi(pidText)
-		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-			continue // alive, or not ours to judge
-		}
-		dir := filepath.Join(tmp, e.Name())
-		if err := os.RemoveAll(dir); err != nil {
-			logger.Warn("cannot remove a dead server's socket folder", "dir", dir, "err", err)
-			continue
-		}
-		logger.Info("removed a dead server's socket folder", "dir", dir, "pid", pid)
-		removed = append(removed, dir)
-	}
-	return removed
 }

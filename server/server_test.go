@@ -1,45 +1,11 @@
 package server
 
 import (
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
-
-func TestRemoveStaleSocketDirs(t *testing.T) {
-	tmp := t.TempDir()
-	// A pid that has surely exited: a finished child's.
-	cmd := exec.Command("true")
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := strconv.Itoa(cmd.Process.Pid)
-	live := strconv.Itoa(os.Getppid())
-	self := strconv.Itoa(os.Getpid())
-	dirs := map[string]bool{ // name -> should survive
-		"sloserve-" + dead + "-123": false,
-		"sloserve-" + live + "-456": true,
-		"sloserve-" + self + "-789": true,
-		"sloserve-notapid-1":        true,
-		"other-" + dead + "-1":      true,
-	}
-	for name := range dirs {
-		if err := os.MkdirAll(filepath.Join(tmp, name, "x.sock"), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	removeStaleSocketDirs(tmp, slog.New(slog.DiscardHandler))
-	for name, survive := range dirs {
-		_, err := os.Stat(filepath.Join(tmp, name))
-		if got := err == nil; got != survive {
-			t.Errorf("%s: exists=%v, want %v", name, got, survive)
-		}
-	}
-}
 
 func TestFindONNXRuntime(t *testing.T) {
 	lib := filepath.Join(t.TempDir(), "libonnxruntime.so")

@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/models"
 )
 
 // A serving runtime under KServe is handed one model folder (mounted at
@@ -33,10 +34,10 @@ func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), f
 	if cfg.ModelDir == "" && cfg.Listen.ModelMesh == "" {
 		return cfg, func(*configs.Server) {}, func() {}, "", nil
 	}
-	// Named like the runners' socket folders (sloserve-<pid>-*), so a
-	// server killed before it could remove it has it removed by the next
-	// start or `sloserve cleanup`, as those are.
-	tmp, err := os.MkdirTemp("", fmt.Sprintf("%s%d-models-", socketDirPrefix, os.Getpid()))
+	// Made like the runners' socket folders (sloserve-<pid>-*, with an
+	// owner file), so a server killed before it could remove it has it
+	// removed by the next start or `sloserve cleanup`, as those are.
+	tmp, err := makeServerDir(dirModels, "models-")
 	if err != nil {
 		return nil, nil, nil, "", fmt.Errorf("a folder to stage models in: %w", err)
 	}
@@ -54,6 +55,19 @@ func singleModel(cfg *configs.Server) (*configs.Server, func(*configs.Server), f
 	// the reload reports).
 	keep := func(next *configs.Server) { next.Repositories = []string{tmp} }
 	return &staged, keep, remove, tmp, nil
+}
+
+// singleModelReady is the server's readiness with --model-dir: the one
+// model it was given serves. KServe routes to a predictor once its probe
+// says ready, and a server whose only model failed to load (or whose
+// runners are all down) can answer nothing. In other modes it is true:
+// readiness is the server's own.
+func singleModelReady(cfg configs.Server, reg *models.Registry) bool {
+	if cfg.ModelDir == "" {
+		return true
+	}
+	ok, _ := reg.ModelReady(cfg.ModelName, "")
+	return ok
 }
 
 // stageModel writes repo/<name>/ for the model in dir. dir holds, in the
