@@ -2,8 +2,10 @@ package limiter
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -356,4 +358,79 @@ func nobodyCopy(t *testing.T, file string) string {
 		t.Fatal(err)
 	}
 	return dst
+}
+
+// detectorRequestOf is one image of size x size.
+func detectorRequestOf(size int) *runtime.InferRequest {
+	data := make([]byte, 4*3*size*size)
+	for i := 0; i < len(data); i += 4 {
+		binary.LittleEndian.PutUint32(data[i:], math.Float32bits(float32(i%255)/255))
+	}
+	return &runtime.InferRequest{Inputs: []runtime.Tensor{{Name: "x", DataType: runtime.FP32, Shape: []int64{1, 3, int64(size), int64(size)}, Data: data}}}
+}
+
+// An allocation that fails under the data limit ends the runner as the
+// kernel's OOM killer ends one in a cgroup: the call in flight fails with
+// ErrOutOfMemory, the runner's exit says out of memory, and Stats counts
+// it. The same runner answered a small image first: it is the large
+// image's memory that the limit refuses.
+func TestUnprivilegedOutOfMemory(t *testing.T) {
+	l := realUnprivileged(t, false)
+	const mem = 16 << 20
+	id := "oom"
+	pl, err := l.Place(id, Share{Memory: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exits := make(chan runtime.Exit, 1)
+	r, err := runtime.StartRunner(t.Context(), runtime.RunnerConfig{
+		Name:        "limiter-test/oom",
+		ModelPath:   detector(t),
+		Library:     ortLibrary(t),
+		Executable:  os.Args[0],
+		Env:         []string{childEnv + "=runner", "GORACE=atexit_sleep_ms=0"},
+		SocketDir:   t.TempDir(),
+		Provider:    runtime.ProviderOptions{IntraOpThreads: 1, InterOpThreads: 1},
+		ProcessUnit: pl.ProcessUnit,
+		MaxRestarts: -1,
+		OnExit:      func(e runtime.Exit) { exits <- e },
+		MemoryEvents: func() (uint64, int64, error) {
+			st, err := l.Stats(id)
+			return st.OOMKills, st.MemoryLimit, err
+		},
+		ReadyTimeout: 30 * time.Second,
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("StartRunner under a %d MiB share: %v", mem>>20, err)
+	}
+	t.Cleanup(func() { stopRunner(t, r) })
+	pid := r.Pid()
+	status, _ := readStatus(pid)
+	t.Logf("runner at rest: VmData %d MiB (limit %d MiB), VmRSS %d MiB", status["VmData"]>>20, (mem+DataReserve)>>20, status["VmRSS"]>>20)
+	if _, err := r.Infer(t.Context(), detectorRequestOf(160)); err != nil {
+		t.Fatalf("a small image under the limit: %v", err)
+	}
+	_, err = r.Infer(t.Context(), detectorRequestOf(1600))
+	if !errors.Is(err, runtime.ErrOutOfMemory) {
+		t.Fatalf("a 1600x1600 image under a %d MiB data limit: %v, want ErrOutOfMemory", (mem+DataReserve)>>20, err)
+	}
+	select {
+	case e := <-exits:
+		if !e.OOM || !strings.Contains(e.Cause, "out of memory") {
+			t.Errorf("exit %+v, want out of memory", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no exit reported")
+	}
+	st, err := l.Stats(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oom, _ := os.ReadFile(filepath.Join(pl.ProcessUnit, runtime.UnitOOMFile))
+	crash, _ := os.ReadFile(filepath.Join(pl.ProcessUnit, runtime.UnitCrashFile))
+	t.Logf("stats %+v; oom file %q; crash file %d bytes", st, oom, len(crash))
+	if st.OOMKills != 1 || st.MemoryLimit != mem {
+		t.Errorf("stats %+v, want 1 OOM kill and the %d byte limit", st, mem)
+	}
 }
