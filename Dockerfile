@@ -34,6 +34,9 @@ RUN ln -s libonnxruntime.so.1.30.0 /opt/sloserve/lib/libonnxruntime.so \
  && chown sloserve:sloserve /opt/sloserve
 ENV SLOSERVE_ONNXRUNTIME_LIBRARY=/opt/sloserve/lib/libonnxruntime.so.1.30.0
 WORKDIR /opt/sloserve
+# Non-root: with no writable cgroup the limiter enforces shares with what a
+# process may do to its own runners (control.limiter auto picks
+# "unprivileged": SCHED_IDLE, CPU affinity, RLIMIT_DATA; docs/deploy.md).
 USER sloserve
 # 8000 HTTP (OIP v2 REST), 8001 gRPC, 8002 Prometheus metrics.
 EXPOSE 8000 8001 8002

@@ -34,7 +34,7 @@ var badServerConfigs = map[string][]string{
 		"control.headroom: must be in [0, 1), got 1", "control.quantile: must be in [0.5, 1), got 1", "control.max_utilization: must be > 0 and <= 1, got 0",
 		"control.step: must be in (0, 1), got 0", "control.min_share: must be in [0, 1), got -0.1",
 		"control.cooldown: must be >= 0, got -1s", "control.memory_budget: want a byte size such as 1024",
-		`control.limiter: must be one of auto, cgroup, none; got "mps"`, "control.cfs_period: must be between 1ms and 1s",
+		`control.limiter: must be one of auto, cgroup, unprivileged, none; got "mps"`, "control.cfs_period: must be between 1ms and 1s",
 		"control.profile.budget: must be > 0, got 0s", "control.profile.runs: must be >= 1, got 0"},
 	"gpu_simulator":          {"gpu.simulator: 0 SMs, want 1..1024"},
 	"gpu_simulator_negative": {"gpu.simulator.devices: must be >= 0 (0 = off), got -1"},

@@ -170,8 +170,10 @@ type Control struct {
 	MemoryBudget ByteSize      `yaml:"memory_budget"`
 	KeepAlive    time.Duration `yaml:"keep_alive"`
 	// Limiter is how shares are enforced: LimiterAuto (cgroups when
-	// writable, else none; MPS on GPUs), LimiterCgroup (fail without
-	// cgroups) or LimiterNone.
+	// writable, else a delegated cgroup v2 subtree, else unprivileged
+	// scheduling classes, affinity and rlimits; MPS on GPUs),
+	// LimiterCgroup (fail without cgroups), LimiterUnprivileged or
+	// LimiterNone.
 	Limiter string `yaml:"limiter"`
 	// CFSPeriod is the CPU quota period of the cgroup limiter.
 	CFSPeriod time.Duration `yaml:"cfs_period"`
@@ -218,6 +220,9 @@ const (
 	LimiterAuto   = "auto"
 	LimiterCgroup = "cgroup"
 	LimiterNone   = "none"
+	// LimiterUnprivileged enforces shares without cgroups even where
+	// they are writable: SCHED_IDLE, CPU affinity and RLIMIT_DATA.
+	LimiterUnprivileged = "unprivileged"
 )
 
 // QoS policies.
@@ -649,7 +654,7 @@ func (l *Limits) validateConnections(p *problems) {
 
 func (c *Control) validate(p *problems) {
 	p.oneOf("control.policy", c.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
-	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterNone)
+	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterUnprivileged, LimiterNone)
 	if !(c.Headroom >= 0 && c.Headroom < 1) { // false for NaN
 		p.add("control.headroom", "must be in [0, 1), got %v", c.Headroom)
 	}

@@ -476,6 +476,15 @@ func TestChartDefault(t *testing.T) {
 	if _, ok := c.Resources.Limits["nvidia.com/gpu"]; ok {
 		t.Error("a GPU is asked for without gpu.enabled")
 	}
+	// Shares are enforced as the non-root user the pod runs as: the
+	// limiter may pick the unprivileged backend, whose process units live
+	// in TMPDIR (/tmp), which must be writable; no capability is needed.
+	if l := cfg.Control.Limiter; (l != configs.LimiterAuto && l != configs.LimiterUnprivileged) || cfg.Control.Policy == configs.SharePolicyShared {
+		t.Errorf("control.limiter %q, policy %q: the chart's pods would enforce no shares", l, cfg.Control.Policy)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" && !m.ReadOnly }) {
+		t.Errorf("no writable /tmp for the runners' sockets and process units: %+v", c.VolumeMounts)
+	}
 	if o.deployment.Spec.Template.Annotations["checksum/config"] == "" {
 		t.Error("no checksum/config annotation: a changed config would not roll the pods")
 	}

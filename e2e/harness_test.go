@@ -305,6 +305,11 @@ type serverSetup struct {
 	args        []string    // flags after the listen addresses (withCommandLine)
 	flags       []string    // more flags of serve, after the config file (withFlags)
 	dir         string      // the server's working folder; "": the test's
+	// bin, wrap and env run the server as `wrap... bin serve ...` with env
+	// added to its environment (withCommand); "" and nil: sloserveBin as is.
+	bin  string
+	wrap []string
+	env  []string
 }
 
 type serverOption func(*serverSetup)
@@ -326,6 +331,13 @@ func withFlags(args ...string) serverOption {
 // extra are then unused; the embedded default config applies.
 func withCommandLine(dir string, args ...string) serverOption {
 	return func(s *serverSetup) { s.commandLine, s.dir, s.args = true, dir, args }
+}
+
+// withCommand runs the server binary bin (the test's build when "")
+// through the command wrap (setpriv, taskset; they exec it, so the pid is
+// the server's) with env added to its environment.
+func withCommand(bin string, wrap []string, env ...string) serverOption {
+	return func(s *serverSetup) { s.bin, s.wrap, s.env = bin, wrap, env }
 }
 
 // startServer runs `sloserve serve` on free ports with the given extra
@@ -394,8 +406,16 @@ func (s *testServer) launch(t testing.TB) {
 	for _, kv := range s.setup.sets {
 		args = append(args, "--set", kv)
 	}
-	s.cmd = exec.Command(sloserveBin, args...)
+	bin := sloserveBin
+	if s.setup.bin != "" {
+		bin = s.setup.bin
+	}
+	argv := append(append(slices.Clone(s.setup.wrap), bin), args...)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Dir = s.setup.dir
+	if len(s.setup.env) > 0 {
+		s.cmd.Env = append(os.Environ(), s.setup.env...)
+	}
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

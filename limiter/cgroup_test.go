@@ -213,9 +213,11 @@ func TestCgroupV2Files(t *testing.T) {
 	}
 }
 
-// Where cgroups cannot be used, auto falls back to none and says why;
+// Where cgroups cannot be used, auto falls back to the unprivileged
+// backend and says why (neither a writable tree nor a delegated subtree);
 // backend cgroup fails with the same reason.
 func TestCgroupUnusable(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir()) // the process units' base
 	f := newFakeV1(t)
 	env := f.env()
 	env.mkdir = func(dir string) error { return &os.PathError{Op: "mkdir", Path: dir, Err: syscall.EACCES} }
@@ -225,11 +227,18 @@ func TestCgroupUnusable(t *testing.T) {
 	}
 	defer l.Close()
 	want := filepath.Join(f.root, "cpu") + " is not writable: permission denied"
-	if l.Kind() != KindNone || !strings.HasPrefix(l.Describe(), "none: ") || !strings.Contains(l.Describe(), want) {
-		t.Errorf("kind %s, Describe() = %q; want none saying %q", l.Kind(), l.Describe(), want)
+	for _, w := range []string{want, "delegated cgroup v2: " + f.root + " is not a unified (cgroup v2) hierarchy"} {
+		if l.Kind() != KindUnprivileged || !strings.HasPrefix(l.Describe(), "unprivileged (no writable cgroup: ") || !strings.Contains(l.Describe(), w) {
+			t.Errorf("kind %s, Describe() = %q; want unprivileged saying %q", l.Kind(), l.Describe(), w)
+		}
 	}
-	if pl, err := l.Place("x", Share{Compute: 0.5}); err != nil || pl.IntraOpThreads != 2 || pl.JoinCgroups != nil {
-		t.Errorf("none placement = %+v, %v; want 2 threads of 4 CPUs", pl, err)
+	if pl, err := l.Place("x", Share{Compute: 1}); err != nil || pl.IntraOpThreads != l.CPUs() || pl.JoinCgroups != nil || pl.ProcessUnit == "" {
+		t.Errorf("unprivileged placement = %+v, %v; want a process unit", pl, err)
+	}
+	if u, err := newLimiter(Options{Backend: BackendUnprivileged, Root: f.root, Logger: testLogger(t)}, f.env()); err != nil || u.Kind() != KindUnprivileged {
+		t.Errorf("backend unprivileged where cgroups are writable: %v, %v", u, err)
+	} else {
+		u.Close()
 	}
 	if _, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, env); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("backend cgroup error = %v, want it to say %q", err, want)

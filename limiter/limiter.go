@@ -48,6 +48,11 @@ type Placement struct {
 	// CudnnConvAlgoSearch is "" (the model's config decides) or
 	// runtime.ConvAlgoHeuristic (MPS: a shadow runner of a swap).
 	CudnnConvAlgoSearch string
+	// ProcessUnit is the directory of a process unit whose scheduling
+	// class, CPU affinity and data rlimit the runner applies to itself
+	// before it loads the model (runtime.RunnerConfig.ProcessUnit;
+	// backend unprivileged).
+	ProcessUnit string
 }
 
 // Stats is what a backend can read back about one instance.
@@ -77,11 +82,14 @@ const (
 	KindCgroupV1 = "cgroup-v1"
 	KindMPS      = "mps"
 	KindNone     = "none"
+	// KindUnprivileged is the backend of hosts without a writable cgroup
+	// tree: SCHED_IDLE, CPU affinity and RLIMIT_DATA (unprivileged.go).
+	KindUnprivileged = "unprivileged"
 )
 
 // Limiter enforces shares for the instances of one device.
 type Limiter interface {
-	// Kind is "cgroup-v2", "cgroup-v1", "mps" or "none".
+	// Kind is "cgroup-v2", "cgroup-v1", "unprivileged", "mps" or "none".
 	Kind() string
 	// Describe is one line for the API and logs: what is enforced, where,
 	// and why this backend was chosen.
@@ -126,6 +134,9 @@ const (
 	BackendCgroup = "cgroup"
 	BackendMPS    = "mps"
 	BackendNone   = "none"
+	// BackendUnprivileged asks for the unprivileged backend even where a
+	// cgroup tree is writable.
+	BackendUnprivileged = "unprivileged"
 )
 
 // DefaultRoot is where the cgroup filesystem is mounted.
@@ -189,11 +200,13 @@ func parseDevice(s string) (device, error) {
 // New picks and starts a backend. For "cpu" with "auto": cgroup v2 if the
 // root is a unified hierarchy whose cpu and memory controllers the server
 // can use, else cgroup v1 if the cpu and memory hierarchies are writable,
-// else none (Describe says why). For "cuda:N" with "auto": mps, which
+// else a delegated cgroup v2 subtree (delegate.go), else unprivileged
+// (SCHED_IDLE, CPU affinity, RLIMIT_DATA: unprivileged.go), else none;
+// Describe says which and why. For "cuda:N" with "auto": mps, which
 // refuses (ErrMPSUnavailable) a GPU it cannot share: no driver, no MPS
 // control daemon, MIG mode, a compute mode that refuses clients. Backend
 // "cgroup" fails with an error that says why cgroups are not usable;
-// "none" never enforces anything. New first removes units left by servers
+// "unprivileged" skips the cgroups; "none" never enforces anything. New first removes units left by servers
 // that died without Close (CleanupStale).
 func New(opts Options) (Limiter, error) {
 	return newLimiter(opts, hostEnv())
@@ -224,6 +237,11 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 	switch opts.Backend {
 	case BackendNone:
 		return newNone(dev, env.cpus(opts.Root, log), "backend none requested"), nil
+	case BackendUnprivileged:
+		if dev.gpu {
+			return nil, fmt.Errorf("limiter: backend unprivileged limits CPU shares; device %s needs mps or none", dev)
+		}
+		return startUnprivileged("backend unprivileged requested", log)
 	case BackendMPS:
 		if !dev.gpu {
 			return nil, fmt.Errorf("limiter: backend mps needs a cuda:N device, not %s", dev)
@@ -231,7 +249,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		return startMPS(dev, opts, log)
 	case BackendCgroup, BackendAuto:
 	default:
-		return nil, fmt.Errorf("limiter: unknown backend %q (want auto, cgroup, mps or none)", opts.Backend)
+		return nil, fmt.Errorf("limiter: unknown backend %q (want auto, cgroup, unprivileged, mps or none)", opts.Backend)
 	}
 	if dev.gpu {
 		if opts.Backend == BackendCgroup {
@@ -250,12 +268,39 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 		log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
 		return l, nil
 	}
-	if opts.Backend == BackendCgroup {
-		return nil, fmt.Errorf("limiter: cgroups are not usable: %w", err)
+	// Not writable as a whole: a subtree delegated to the server's user.
+	d, errD := newDelegated(opts, env, writable, log)
+	if errD == nil {
+		log.Info("limiter ready", "kind", d.Kind(), "describe", d.Describe())
+		return d, nil
 	}
-	none := newNone(dev, env.cpus(opts.Root, log), err.Error())
+	if opts.Backend == BackendCgroup {
+		return nil, fmt.Errorf("limiter: cgroups are not usable: %w; delegated cgroup v2: %w", err, errD)
+	}
+	reason := fmt.Sprintf("%v; delegated cgroup v2: %v", err, errD)
+	u, errU := startUnprivileged(reason, log)
+	if errU == nil {
+		return u, nil
+	}
+	reason += "; unprivileged: " + errU.Error()
+	none := newNone(dev, env.cpus(opts.Root, log), reason)
 	log.Warn("no cgroups; compute shares only set thread counts", "describe", none.Describe())
 	return none, nil
+}
+
+// startUnprivileged is newUnprivileged on the server's CPUs as a Limiter:
+// nil on error.
+func startUnprivileged(reason string, log *slog.Logger) (Limiter, error) {
+	cpus, err := serverCPUs()
+	if err != nil {
+		return nil, err
+	}
+	l, err := newUnprivileged(unitsBase(), cpus, reason, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
+	return l, nil
 }
 
 // startMPS is newMPS as a Limiter: nil, not a nil *mpsLimiter, on error.

@@ -33,6 +33,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runRunnerChild())
 	case "alloc":
 		os.Exit(runAllocChild())
+	case leaveIdleChild:
+		os.Exit(runLeaveIdleChild())
 	}
 	goleak.VerifyTestMain(m)
 }

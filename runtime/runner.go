@@ -38,6 +38,12 @@ type RunnerConfig struct {
 	// model's memory and threads are charged to the instance's cgroup from
 	// the start. A restarted process joins them again.
 	JoinCgroups []string
+	// ProcessUnit is a process unit's directory (limiter.Placement; see
+	// sched_linux.go): the child adds its pid there and applies the unit's
+	// scheduling class, CPU affinity and data rlimit to itself before it
+	// loads ONNX Runtime. A restarted process does it again, with the
+	// unit's limits of the moment.
+	ProcessUnit string
 	// ArenaSize is the shared memory between the server and each runner
 	// process, in bytes: a call's inputs and outputs travel through it when
 	// they fit in what is free, inline on the socket otherwise. 0 means

@@ -51,6 +51,8 @@ type runnerFlags struct {
 	library  string
 	provider ProviderOptions
 	cgroups  pathList
+	// unit is a process unit's directory (sched_linux.go); "": none.
+	unit string
 	// arenaFD and arenaSize name the shared-memory arena the server passed
 	// down; arenaFD -1: none.
 	arenaFD   int
@@ -91,6 +93,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.Int64Var(&f.provider.GPUMemLimit, "gpu-mem-limit", 0, "CUDA arena limit in bytes (0: unlimited)")
 	fs.StringVar(&f.provider.ArenaExtendStrategy, "arena-extend-strategy", ArenaNextPowerOfTwo, "next_power_of_two or same_as_requested")
 	fs.Var(&f.cgroups, "join-cgroup", "cgroup.procs file to write the runner's pid to before loading the model (repeatable)")
+	fs.StringVar(&f.unit, "process-unit", "", "process unit directory whose scheduling class, affinity and data limit the runner applies to itself before loading the model")
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
@@ -124,7 +127,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 // gracefully. The flags are --socket, --model, --library, --provider,
 // --device-id, --intra-op-threads, --inter-op-threads,
 // --graph-optimization, --gpu-mem-limit, --arena-extend-strategy and
-// --cudnn-conv-algo-search, --join-cgroup (repeatable), and --arena-fd
+// --cudnn-conv-algo-search, --join-cgroup (repeatable), --process-unit, and --arena-fd
 // with --arena-size for the shared-memory arena it inherits.
 //
 // A runner does not watch for its parent: the parent starts it with a
@@ -151,6 +154,10 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if len(f.cgroups) > 0 {
 		log.Debug("runner joined cgroups", "cgroups", []string(f.cgroups))
 	}
+	unit, err := joinProcessUnit(f.unit)
+	if err != nil {
+		return err
+	}
 	if err := initORT(f.library); err != nil {
 		return err
 	}
@@ -171,6 +178,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	loadStart := time.Now()
 	sess, err := newORTSession(ortSessionConfig{ModelPath: f.model, Library: f.library, Provider: f.provider})
 	if err != nil {
+		unit.outOfMemory(err)
 		if errors.Is(err, ErrNoCUDA) {
 			return err
 		}
@@ -199,6 +207,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	healthpb.RegisterHealthServer(srv, hs)
 	svc := &runnerService{
 		sess:     sess,
+		unit:     unit,
 		log:      log,
 		mem:      mem,
 		stopping: make(chan struct{}),
@@ -279,6 +288,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 type runnerService struct {
 	runnerpb.UnimplementedRunnerServer
 	sess     *ortSession
+	unit     *processUnit // nil outside a process unit
 	describe *runnerpb.DescribeResponse
 	log      *slog.Logger
 	// mem is the shared-memory arena; nil without one.
@@ -344,6 +354,7 @@ func (s *runnerService) serveCalls(conn net.Conn) {
 func (s *runnerService) infer(req *runnerpb.InferRequest) *runnerpb.InferResponse {
 	resp, err := s.sess.run(req, s.mem)
 	if err != nil {
+		s.unit.outOfMemory(err)
 		st, _ := status.FromError(inferStatus(err))
 		return &runnerpb.InferResponse{Id: req.GetId(), Code: int32(st.Code()), Message: st.Message()}
 	}

@@ -87,6 +87,9 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	for _, path := range cfg.JoinCgroups {
 		args = append(args, "--join-cgroup", path)
 	}
+	if cfg.ProcessUnit != "" {
+		args = append(args, "--process-unit", cfg.ProcessUnit)
+	}
 	// The arena goes to the child as an inherited descriptor, not over the
 	// socket: it is in place before the child runs, with no handshake, and
 	// every process gets a fresh one. The server's own descriptor is

@@ -89,6 +89,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		OnExit:         spec.OnExit,
 		MemoryEvents:   spec.MemoryEvents,
 		JoinCgroups:    spec.Placement.JoinCgroups,
+		ProcessUnit:    spec.Placement.ProcessUnit,
 		Env:            spec.Placement.Env,
 	}
 	if c := ex.CUDA; c != nil {
