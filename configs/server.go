@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/simgpu"
 )
 
@@ -138,7 +140,8 @@ func (g GPUSimulator) Spec() *simgpu.Spec {
 // Control configures the control loop: how each model's share of its
 // device is chosen (Policy), enforced (Limiter) and predicted (Profile).
 type Control struct {
-	// Policy is SharePolicyAdaptive, SharePolicyStatic or SharePolicyShared.
+	// Policy is control.SharePolicyAdaptive, control.SharePolicyStatic or
+	// control.SharePolicyShared.
 	Policy string `yaml:"policy"`
 	// Period is the time between two passes of the adjuster.
 	Period time.Duration `yaml:"period"`
@@ -165,9 +168,9 @@ type Control struct {
 	// load again when a request comes.
 	MemoryBudget ByteSize      `yaml:"memory_budget"`
 	KeepAlive    time.Duration `yaml:"keep_alive"`
-	// Limiter is how shares are enforced: LimiterAuto (cgroups when
-	// writable, else none; MPS on GPUs), LimiterCgroup (fail without
-	// cgroups) or LimiterNone.
+	// Limiter is how shares are enforced: limiter.BackendAuto (cgroups
+	// when writable, else none; MPS on GPUs), limiter.BackendCgroup (fail
+	// without cgroups) or limiter.BackendNone. The names are limiter's.
 	Limiter string `yaml:"limiter"`
 	// CFSPeriod is the CPU quota period of the cgroup limiter.
 	CFSPeriod time.Duration `yaml:"cfs_period"`
@@ -201,20 +204,6 @@ type Profile struct {
 	Budget   time.Duration `yaml:"budget"`    // the longest one model's sweep may take
 	Runs     int           `yaml:"runs"`      // measured runs per point
 }
-
-// Share policies.
-const (
-	SharePolicyAdaptive = "adaptive"
-	SharePolicyStatic   = "static"
-	SharePolicyShared   = "shared"
-)
-
-// Limiter backends.
-const (
-	LimiterAuto   = "auto"
-	LimiterCgroup = "cgroup"
-	LimiterNone   = "none"
-)
 
 // QoS policies.
 const (
@@ -364,7 +353,7 @@ func DefaultServer() *Server {
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
 		Control: Control{
-			Policy:         SharePolicyAdaptive,
+			Policy:         control.SharePolicyAdaptive,
 			Period:         time.Second,
 			Headroom:       0.1,
 			Quantile:       0.99,
@@ -374,7 +363,7 @@ func DefaultServer() *Server {
 			Step:           0.05,
 			MinShare:       0.05,
 			KeepAlive:      5 * time.Minute,
-			Limiter:        LimiterAuto,
+			Limiter:        limiter.BackendAuto,
 			CFSPeriod:      10 * time.Millisecond,
 			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
 		},
@@ -620,8 +609,9 @@ func (l *Limits) validateConnections(p *problems) {
 }
 
 func (c *Control) validate(p *problems) {
-	p.oneOf("control.policy", c.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
-	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterNone)
+	p.oneOf("control.policy", c.Policy, control.SharePolicyAdaptive, control.SharePolicyStatic, control.SharePolicyShared)
+	// The backends a config may name; a new backend adds its name here.
+	p.oneOf("control.limiter", c.Limiter, limiter.BackendAuto, limiter.BackendCgroup, limiter.BackendNone)
 	if !(c.Headroom >= 0 && c.Headroom < 1) { // false for NaN
 		p.add("control.headroom", "must be in [0, 1), got %v", c.Headroom)
 	}
