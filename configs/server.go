@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/simgpu"
 )
 
@@ -142,7 +144,8 @@ func (g GPUSimulator) Spec() *simgpu.Spec {
 // Control configures the control loop: how each model's share of its
 // device is chosen (Policy), enforced (Limiter) and predicted (Profile).
 type Control struct {
-	// Policy is SharePolicyAdaptive, SharePolicyStatic or SharePolicyShared.
+	// Policy is control.SharePolicyAdaptive, control.SharePolicyStatic or
+	// control.SharePolicyShared.
 	Policy string `yaml:"policy"`
 	// Period is the time between two passes of the adjuster.
 	Period time.Duration `yaml:"period"`
@@ -169,11 +172,12 @@ type Control struct {
 	// load again when a request comes.
 	MemoryBudget ByteSize      `yaml:"memory_budget"`
 	KeepAlive    time.Duration `yaml:"keep_alive"`
-	// Limiter is how shares are enforced: LimiterAuto (cgroups when
-	// writable, else a delegated cgroup v2 subtree, else unprivileged
+	// Limiter is how shares are enforced: limiter.BackendAuto (cgroups
+	// when writable, else a delegated cgroup v2 subtree, else unprivileged
 	// scheduling classes, affinity and rlimits; MPS on GPUs),
-	// LimiterCgroup (fail without cgroups), LimiterUnprivileged or
-	// LimiterNone.
+	// limiter.BackendCgroup (fail without cgroups),
+	// limiter.BackendUnprivileged or limiter.BackendNone. The names are
+	// limiter's.
 	Limiter string `yaml:"limiter"`
 	// CFSPeriod is the CPU quota period of the cgroup limiter.
 	CFSPeriod time.Duration `yaml:"cfs_period"`
@@ -207,23 +211,6 @@ type Profile struct {
 	Budget   time.Duration `yaml:"budget"`    // the longest one model's sweep may take
 	Runs     int           `yaml:"runs"`      // measured runs per point
 }
-
-// Share policies.
-const (
-	SharePolicyAdaptive = "adaptive"
-	SharePolicyStatic   = "static"
-	SharePolicyShared   = "shared"
-)
-
-// Limiter backends.
-const (
-	LimiterAuto   = "auto"
-	LimiterCgroup = "cgroup"
-	LimiterNone   = "none"
-	// LimiterUnprivileged enforces shares without cgroups even where
-	// they are writable: SCHED_IDLE, CPU affinity and RLIMIT_DATA.
-	LimiterUnprivileged = "unprivileged"
-)
 
 // QoS policies.
 const (
@@ -390,7 +377,7 @@ func DefaultServer() *Server {
 		},
 		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
 		Control: Control{
-			Policy:         SharePolicyAdaptive,
+			Policy:         control.SharePolicyAdaptive,
 			Period:         time.Second,
 			Headroom:       0.1,
 			Quantile:       0.99,
@@ -400,7 +387,7 @@ func DefaultServer() *Server {
 			Step:           0.05,
 			MinShare:       0.05,
 			KeepAlive:      5 * time.Minute,
-			Limiter:        LimiterAuto,
+			Limiter:        limiter.BackendAuto,
 			CFSPeriod:      10 * time.Millisecond,
 			Profile:        Profile{Enabled: true, Budget: 20 * time.Second, Runs: 3},
 		},
@@ -653,8 +640,9 @@ func (l *Limits) validateConnections(p *problems) {
 }
 
 func (c *Control) validate(p *problems) {
-	p.oneOf("control.policy", c.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
-	p.oneOf("control.limiter", c.Limiter, LimiterAuto, LimiterCgroup, LimiterUnprivileged, LimiterNone)
+	p.oneOf("control.policy", c.Policy, control.SharePolicyAdaptive, control.SharePolicyStatic, control.SharePolicyShared)
+	// The backends a config may name; a new backend adds its name here.
+	p.oneOf("control.limiter", c.Limiter, limiter.BackendAuto, limiter.BackendCgroup, limiter.BackendUnprivileged, limiter.BackendNone)
 	if !(c.Headroom >= 0 && c.Headroom < 1) { // false for NaN
 		p.add("control.headroom", "must be in [0, 1), got %v", c.Headroom)
 	}

@@ -344,6 +344,12 @@ func (l *cgroupLimiter) Kind() string {
 func (l *cgroupLimiter) Describe() string { return l.describe }
 func (l *cgroupLimiter) CPUs() int        { return l.cpus }
 
+// Capabilities: floors and caps on CPU time, background units in an
+// idle-class (or lowest-weight) parent, CPU time read per unit.
+func (l *cgroupLimiter) Capabilities() Capabilities {
+	return Capabilities{Enforces: true, Background: true, Metering: MeterCPUTime}
+}
+
 // dir is the unit's directory in h: in the cpu hierarchy its home for
 // its mode.
 func (l *cgroupLimiter) dir(h *hierarchy, u *cgroupUnit) string {

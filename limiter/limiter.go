@@ -76,7 +76,8 @@ var (
 	ErrUnknownInstance = errors.New("limiter: unknown instance")
 )
 
-// Backend kinds, as Kind reports them.
+// Backend kinds, as Kind reports them: for display (the API, logs).
+// What a backend can do is Capabilities, not its kind.
 const (
 	KindCgroupV2 = "cgroup-v2"
 	KindCgroupV1 = "cgroup-v1"
@@ -89,7 +90,8 @@ const (
 
 // Limiter enforces shares for the instances of one device.
 type Limiter interface {
-	// Kind is "cgroup-v2", "cgroup-v1", "unprivileged", "mps" or "none".
+	// Kind is "cgroup-v2", "cgroup-v1", "unprivileged", "mps" or "none",
+	// for display: callers that adapt to the backend ask Capabilities.
 	Kind() string
 	// Describe is one line for the API and logs: what is enforced, where,
 	// and why this backend was chosen.
@@ -97,6 +99,8 @@ type Limiter interface {
 	// CPUs is the number of compute units a share is a fraction of: the
 	// usable CPUs for the CPU device, 1 for a GPU.
 	CPUs() int
+	// Capabilities says what the backend enforces and can read back.
+	Capabilities() Capabilities
 	// Place creates the instance's unit at a share. id is unique per runner
 	// start.
 	Place(id string, s Share) (Placement, error)
@@ -110,25 +114,8 @@ type Limiter interface {
 	Close() error
 }
 
-// ProcessTracker is implemented by backends that account by process
-// rather than by cgroup (mps): the caller reports each runner process of
-// an instance once it has started, so that Stats can find its usage.
-type ProcessTracker interface {
-	Track(id string, pid int) error
-}
-
-// UsageReader is implemented by backends that measure each instance's use
-// of its device (mps: NVML's per-process SM utilisation of the processes
-// Track reported).
-type UsageReader interface {
-	// Usage is the fraction of the device each unit's process used since
-	// the previous call (since the device's first sample on the first),
-	// by unit id, 0..1. A unit whose process has no sample is absent;
-	// nil and no error when the device cannot say.
-	Usage() (map[string]float64, error)
-}
-
-// Backends Options.Backend selects.
+// Backends Options.Backend selects: the names control.limiter in the
+// server config takes.
 const (
 	BackendAuto   = "auto"
 	BackendCgroup = "cgroup"

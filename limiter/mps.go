@@ -84,13 +84,6 @@ var ErrMemoryShareTooSmall = errors.New("limiter: memory share too small for a C
 // running the device out of memory.
 var ErrDeviceMemoryFull = errors.New("limiter: the device's memory is pinned by its runners")
 
-// DaemonRestarter is a limiter whose device has a control daemon a fatal
-// fault can take down with every client (MPS): RestartDaemon brings it
-// back, so that new clients can start, and returns once it serves.
-type DaemonRestarter interface {
-	RestartDaemon(ctx context.Context) error
-}
-
 // ErrNoDaemonRestart is a daemon the limiter cannot restart itself.
 var ErrNoDaemonRestart = errors.New("limiter: restarting the MPS control daemon is not automated here")
 
@@ -189,6 +182,19 @@ func (l *mpsLimiter) Describe() string {
 }
 
 func (l *mpsLimiter) CPUs() int { return 1 }
+
+// MPSClients is how many executions a GPU under MPS runs at once: one per
+// client, up to the 48 clients an MPS server takes per device since Volta
+// (NVIDIA's MPS documentation, "Limitations", as we remember it; newer
+// drivers may take more: check before relying on it).
+const MPSClients = 48
+
+// Capabilities: every share is a cap fixed for the client's life; a
+// client needs its context, workspaces and an arena; use is per process
+// (NVML) or execution time times cap.
+func (l *mpsLimiter) Capabilities() Capabilities {
+	return Capabilities{Enforces: true, CapsOnly: true, MinMemory: MPSMinMemory, Clients: MPSClients, Metering: MeterDeviceTime}
+}
 
 // mpsPercentage is the active thread percentage for a share: no limit is
 // 100, set explicitly so that a value in the server's own environment

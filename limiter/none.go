@@ -37,6 +37,9 @@ func (l *noneLimiter) Describe() string {
 
 func (l *noneLimiter) CPUs() int { return l.cpus }
 
+// Capabilities: nothing enforced, nothing measured.
+func (l *noneLimiter) Capabilities() Capabilities { return Capabilities{} }
+
 func (l *noneLimiter) Place(id string, s Share) (Placement, error) {
 	if err := validShare(s); err != nil {
 		return Placement{}, err

@@ -160,6 +160,13 @@ func (l *unprivLimiter) Describe() string {
 
 func (l *unprivLimiter) CPUs() int { return len(l.allowed) }
 
+// Capabilities: shares are enforced (affinity caps, RLIMIT_DATA), a
+// background unit runs in SCHED_IDLE, and a unit's use is the CPU time of
+// its process read from /proc.
+func (l *unprivLimiter) Capabilities() Capabilities {
+	return Capabilities{Enforces: true, Background: true, Metering: MeterCPUTime}
+}
+
 // limitsFor is the limits of a share for the unit u (which may be new):
 // a limited share's CPUs are the ones the other limited units claim
 // least of, the last ones first (the server and the kernel's work tend to

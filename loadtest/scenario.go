@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/sloserve/sloserve/control"
 )
 
 // A Scenario is a load test written down: which models to drive, with what
@@ -173,8 +175,8 @@ func (sc *Scenario) Validate() error {
 		bad("warmup", "must not be negative, got %s", sc.Warmup)
 	}
 	for i, p := range sc.Server.Policies {
-		if !slices.Contains([]string{"static", "shared", "adaptive"}, p) {
-			bad(fmt.Sprintf("server.policies[%d]", i), "want static, shared or adaptive, got %q", p)
+		if !slices.Contains([]string{control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive}, p) {
+			bad(fmt.Sprintf("server.policies[%d]", i), "want %s, %s or %s, got %q", control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive, p)
 		}
 	}
 	for i, kv := range sc.Server.Set {

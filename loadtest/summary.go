@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/sloserve/sloserve/control"
 )
 
 // Stats are the numbers of a set of requests over a window.
@@ -399,10 +401,6 @@ type Ratio struct {
 	Undefined []string `json:"undefined,omitempty"`
 }
 
-// policyAdaptive is the name of sloserve's own policy, the one compared
-// against the others.
-const policyAdaptive = "adaptive"
-
 // Compare sets summaries side by side and computes the ratios of their
 // headline numbers.
 func Compare(runs []*Summary) *Comparison {
@@ -417,7 +415,7 @@ func Compare(runs []*Summary) *Comparison {
 
 	var of []*Summary
 	for _, s := range runs {
-		if s.Policy == policyAdaptive {
+		if s.Policy == control.SharePolicyAdaptive {
 			of = append(of, s)
 		}
 	}
@@ -426,7 +424,7 @@ func Compare(runs []*Summary) *Comparison {
 	}
 	for _, a := range of {
 		for _, b := range runs {
-			if b == a || b.Policy == policyAdaptive && a.Policy == policyAdaptive {
+			if b == a || b.Policy == control.SharePolicyAdaptive && a.Policy == control.SharePolicyAdaptive {
 				continue
 			}
 			c.Ratios = append(c.Ratios, compareRatio(a, b))

@@ -119,7 +119,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry, or its requests would be over limits.max_tensor_elements", "model", v.model, "version", v.label)
 		return
 	}
-	if v.lim == nil || v.lim.Kind() == limiter.KindNone {
+	if v.lim == nil || !v.lim.Capabilities().Enforces {
 		r.log.Info("not profiled: shares are not enforced on this device (limiter none)", "model", v.model, "version", v.label)
 		return
 	}

@@ -33,7 +33,10 @@ func newFakeLimiter(cpus int) *fakeLimiter {
 func (l *fakeLimiter) Kind() string     { return "fake" }
 func (l *fakeLimiter) Describe() string { return "fake limiter" }
 func (l *fakeLimiter) CPUs() int        { return l.cpus }
-func (l *fakeLimiter) Close() error     { return nil }
+func (l *fakeLimiter) Capabilities() limiter.Capabilities {
+	return limiter.Capabilities{Enforces: true, Metering: limiter.MeterCPUTime}
+}
+func (l *fakeLimiter) Close() error { return nil }
 
 func (l *fakeLimiter) Place(id string, s limiter.Share) (limiter.Placement, error) {
 	l.mu.Lock()

@@ -145,8 +145,8 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 // On a simulated GPU it reads the simulator's NVML and MPS daemon.
 func newLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
 	backend := ctl.Limiter
-	if ctl.Policy == configs.SharePolicyShared && backend == configs.LimiterAuto {
-		backend = configs.LimiterNone
+	if ctl.Policy == control.SharePolicyShared && backend == limiter.BackendAuto {
+		backend = limiter.BackendNone
 	}
 	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
 	if simulatedDevice(sim, device) != nil {
@@ -159,11 +159,11 @@ func newLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.L
 
 // backgroundsBestEffort reports whether the device runs best-effort work
 // behind latency-critical work: the adaptive policy on a cgroup limiter
-// puts best-effort runners in the background (limiter.ModeBackground), so
+// puts best-effort runners in the background (limiter.ModeBackground) where
+// the limiter has a background class, so
 // the scheduler may give each class slots of its own.
 func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
-	k := lim.Kind()
-	return policy == configs.SharePolicyAdaptive && (k == limiter.KindCgroupV1 || k == limiter.KindCgroupV2)
+	return policy == control.SharePolicyAdaptive && lim.Capabilities().Background
 }
 
 // scheduler is the registry's Options.Scheduler.
@@ -227,10 +227,7 @@ func (ds *devices) get(name string) (*device, error) {
 		return nil, err
 	}
 	d := &device{name: name, sched: sched, lim: lim}
-	var memFloor int64 // the adjuster's default
-	if lim.Kind() == limiter.KindMPS {
-		memFloor = limiter.MPSMinMemory
-	}
+	caps := lim.Capabilities()
 	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
 		Policy:         ds.ctl.Policy,
 		Period:         ds.ctl.Period,
@@ -242,12 +239,12 @@ func (ds *devices) get(name string) (*device, error) {
 		Step:           ds.ctl.Step,
 		MinShare:       ds.ctl.MinShare,
 		MemoryBudget:   int64(ds.ctl.MemoryBudget),
-		MemoryFloor:    memFloor,
+		MemoryFloor:    caps.MinMemory, // 0: the adjuster's default
 		KeepAlive:      ds.ctl.KeepAlive,
 		Predictor:      ds.pred,
 		Actuator:       deviceActuator{reg: ds.registry, device: name},
 		Usage:          d.usage.get,
-		CapsOnly:       lim.Kind() == limiter.KindMPS,
+		CapsOnly:       caps.CapsOnly,
 		Logger:         log.With("component", "adjuster"),
 		Registerer:     ds.reg,
 		Device:         name,
@@ -282,14 +279,15 @@ func (ds *devices) get(name string) (*device, error) {
 // utilisation, summed over its instances), or, when NVML has no reading
 // for it, its execution time times its cap.
 func (ds *devices) sampleInterference(d *device) {
-	if d.lim.Kind() == limiter.KindNone || ds.registry == nil {
+	metering := d.lim.Capabilities().Metering
+	if metering == limiter.MeterNone || ds.registry == nil {
 		return // no unit to read usage from
 	}
-	// On a GPU under MPS no CPU time measures a model's use of the device:
+	// On a GPU (MPS) no CPU time measures a model's use of the device:
 	// its executions do (seconds of them, from the predictor, per second),
 	// each holding up to its cap of the SMs while it runs. No model runs
 	// in the background there: a best-effort cap does not yield.
-	gpu := d.lim.Kind() == limiter.KindMPS
+	gpu := metering == limiter.MeterDeviceTime
 	tick := time.NewTicker(ds.ctl.Period)
 	defer tick.Stop()
 	last := map[string]float64{}

@@ -196,7 +196,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 			}
 		}
 		if target > 0 {
-			if d.lim.Kind() != limiter.KindMPS {
+			if !d.lim.Capabilities().CapsOnly {
 				return target
 			}
 			if u, ok := d.usage.get(v.Key); ok {

@@ -110,7 +110,7 @@ func deviceOfModel(t *testing.T, reg *models.Registry, model string) string {
 // MPS, not placement's): those are counted apart, and every other error
 // fails the test.
 func TestPlacementMovesADriftingModelWithoutFailures(t *testing.T) {
-	for _, policy := range []string{configs.SharePolicyStatic, configs.SharePolicyAdaptive} {
+	for _, policy := range []string{control.SharePolicyStatic, control.SharePolicyAdaptive} {
 		t.Run(policy, func(t *testing.T) { placementMove(t, policy) })
 	}
 }
@@ -162,7 +162,7 @@ profile: {batch_sizes: [1]}
 		rng := rand.New(rand.NewPCG(3, 4))
 		var refused atomic.Int64
 		count := func(err error) {
-			if policy == configs.SharePolicyAdaptive && (errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrDropped)) {
+			if policy == control.SharePolicyAdaptive && (errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrDropped)) {
 				refused.Add(1)
 				return
 			}
@@ -289,7 +289,7 @@ func TestPlacementSeesUseAndMemoryShareOnMPS(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 1
 		cfg.GPU.Placement.Enabled = true
-		cfg.Control.Policy = configs.SharePolicyAdaptive
+		cfg.Control.Policy = control.SharePolicyAdaptive
 		model := "max_batch_size: 4\nslo: {latency_ms: 30, class: latency-critical}\n" +
 			"execution: {provider: cuda, simulated: {preset: resnet50, fixed: 6ms, saturation: 0.3}}\nresources: {memory_limit: 4GiB}\n"
 		reg, devs, place := placedServer(t, cfg, map[string]string{"m": model})

@@ -15,8 +15,6 @@ import (
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/limiter"
-	"github.com/sloserve/sloserve/runtime"
-	"github.com/sloserve/sloserve/simgpu"
 )
 
 // Defaults of a recovery.
@@ -29,7 +27,7 @@ const (
 	recoveryEvents = 1024
 )
 
-// recovery brings simulated GPUs back after faults, the way MuxFlow
+// recovery brings GPUs back after faults, the way MuxFlow
 // handles MPS errors: a fatal fault in one MPS client takes every client of
 // its device down, so when an instance reports its client gone by a fault
 // (its OnExit) the recovery restarts the device's control daemon, through
@@ -43,15 +41,18 @@ const (
 // fault, recovery, hung client and risky model is a control.Event with its
 // measured cost; the backend lists them with the adjusters'.
 //
-// It acts on simulated instances only: a real runner restarts its own
-// process, and a real GPU's daemon has no automated restart yet.
+// It knows devices and instances by what it needs of them (faultDomain,
+// recoverable), and restarts daemons through limiter.DaemonRestarter. Only
+// the simulator reports faults so today (simgpu.go): a real runner
+// restarts its own process, and a real GPU's daemon has no automated
+// restart yet.
 type recovery struct {
-	sim       *simgpu.Sim
+	devices   []faultDomain // by index
 	log       *slog.Logger
 	ctx       context.Context // ends the recoveries under way
 	isolation *control.Isolation
 	// daemon is the MPS daemon handle of a device: the limiter's when it
-	// has one. A seam for tests.
+	// has one; nil when the device has none. A seam for tests.
 	daemon func(device int) limiter.DaemonRestarter
 	// placed: gpu.placement keeps risky models apart (it moves them, and
 	// the registry knows where they run); instances start where the
@@ -61,16 +62,45 @@ type recovery struct {
 	wg sync.WaitGroup // the recoveries under way
 
 	mu         sync.Mutex
-	stopped    bool                               // stop was called: no new recovery
-	instances  map[*runtime.Simulated]simInstance // live ones
-	recovering map[int]bool                       // devices being recovered
-	again      map[int]bool                       // devices whose recovery must make another pass
-	faults     map[string][]time.Time             // model -> faults its client raised
+	stopped    bool                        // stop was called: no new recovery
+	instances  map[recoverable]simInstance // live ones
+	recovering map[int]bool                // devices being recovered
+	again      map[int]bool                // devices whose recovery must make another pass
+	faults     map[string][]time.Time      // model -> faults its client raised
 	events     []control.Event
 	done       []deviceRecovery
 }
 
-// simInstance is what the recovery knows of a live simulated instance.
+// faultDomain is a device whose clients a fatal fault takes down together
+// (a GPU under MPS), as the recovery sees it.
+type faultDomain interface {
+	Index() int
+	// Fault is the fault that took the device's clients down; down is
+	// false while the device serves.
+	Fault() (f deviceFault, down bool)
+}
+
+// deviceFault is a fault that took a device's clients down.
+type deviceFault struct {
+	Err    error
+	At     time.Time // when it happened; zero: unknown
+	Client string    // the instance whose client raised it ("model/version#index"); "" unknown
+}
+
+// recoverable is a live instance on a fault domain. Its value is its
+// identity: track, untrack and the callbacks pass the same value.
+type recoverable interface {
+	Name() string // "model/version#index"
+	Device() int  // the index of the device it runs on
+	// Gone reports its client taken down by a fault.
+	Gone() bool
+	// Failed counts the calls it has failed so far.
+	Failed() int64
+	// Recover starts it again on a device, once that device serves.
+	Recover(ctx context.Context, device int, reason string) error
+}
+
+// simInstance is what the recovery knows of a live instance.
 type simInstance struct {
 	model    string
 	key      string // "model/version", as events name it
@@ -113,12 +143,12 @@ type modelRecovery struct {
 	Err    error         // why it is not serving again
 }
 
-// newRecovery makes the recovery of sim's devices; ctx ends the recoveries
-// under way, and stop waits for them.
-func newRecovery(ctx context.Context, sim *simgpu.Sim, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
+// newRecovery makes the recovery of devices (by index); ctx ends the
+// recoveries under way, and stop waits for them.
+func newRecovery(ctx context.Context, devices []faultDomain, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
 	return &recovery{
-		sim: sim, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
-		instances: map[*runtime.Simulated]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
+		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
+		instances: map[recoverable]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
 	}
 }
 
@@ -134,33 +164,6 @@ func (r *recovery) stop() {
 	r.wg.Wait()
 }
 
-// simDaemon restarts a simulated device's daemon directly: the handle of a
-// device whose limiter is not MPS (the shared policy runs none).
-type simDaemon struct{ d *simgpu.Device }
-
-func (s simDaemon) RestartDaemon(ctx context.Context) error {
-	s.d.RestartDaemon()
-	return ctx.Err()
-}
-
-// daemonOf is the daemon handle of device i: the limiter's when the
-// device has been started and its limiter has one, else the simulator's.
-func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
-	// Only a device already started has a limiter: a risky model's
-	// client may run on a device no model names.
-	name := fmt.Sprintf("cuda:%d", i)
-	for _, d := range ds.all() {
-		if r, ok := d.lim.(limiter.DaemonRestarter); ok && d.name == name {
-			return r
-		}
-	}
-	dev, err := ds.sim.Device(i)
-	if err != nil {
-		return nil
-	}
-	return simDaemon{dev}
-}
-
 // risky is why a model version ("model/version") is kept apart from
 // latency-critical models, "" when it is not.
 func (ds *devices) risky(key string) string {
@@ -171,27 +174,15 @@ func (ds *devices) risky(key string) string {
 	return why
 }
 
-// simulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
-func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
-	return func(ctx context.Context, i int) error {
-		d, err := sim.Device(i)
-		if err != nil {
-			return err
-		}
-		d.RestartDaemon()
-		return ctx.Err()
-	}
-}
-
 // track makes inst known to the recovery until it stops.
-func (r *recovery) track(inst *runtime.Simulated, cfg *configs.Model) {
+func (r *recovery) track(inst recoverable, cfg *configs.Model) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.instances[inst] = simInstance{model: cfg.Name, key: keyOf(inst.Name()), lc: cfg.SLO.Class == configs.ClassLatencyCritical, priority: cfg.SLO.Priority}
 }
 
 // untrack forgets a stopped instance.
-func (r *recovery) untrack(inst *runtime.Simulated) {
+func (r *recovery) untrack(inst recoverable) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.instances, inst)
@@ -201,14 +192,14 @@ func (r *recovery) untrack(inst *runtime.Simulated) {
 // model is risky and another device has no latency-critical instance (the
 // one with the fewest instances). Without gpu.placement this is where
 // Isolation acts; with it, placement does (recovery.placed).
-func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
+func (r *recovery) deviceFor(model string, dev int) int {
 	if _, risky := r.isolation.Risky(model); !risky || r.placed {
 		return dev
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	lc := map[*simgpu.Device]bool{}
-	count := map[*simgpu.Device]int{}
+	lc := map[int]bool{}
+	count := map[int]int{}
 	for inst, in := range r.instances {
 		if in.model == model {
 			continue
@@ -220,14 +211,14 @@ func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
 	if !lc[dev] {
 		return dev
 	}
-	var best *simgpu.Device
-	for _, d := range r.sim.Devices() {
-		if !lc[d] && (best == nil || count[d] < count[best]) {
-			best = d
+	best := -1
+	for _, d := range r.devices {
+		if i := d.Index(); !lc[i] && (best < 0 || count[i] < count[best]) {
+			best = i
 		}
 	}
-	if best == nil {
-		r.log.Warn("a risky best-effort model shares a device with latency-critical models: no device is free of them", "model", model, "device", dev.Index())
+	if best < 0 {
+		r.log.Warn("a risky best-effort model shares a device with latency-critical models: no device is free of them", "model", model, "device", dev)
 		return dev
 	}
 	return best
@@ -237,11 +228,10 @@ func (r *recovery) deviceFor(model string, dev *simgpu.Device) *simgpu.Device {
 // the device's recovery, or, when one is under way, asks it for another
 // pass (a fault during the recovery; an instance that started just before
 // the fault and was not yet known to the pass).
-func (r *recovery) exited(dev *simgpu.Device) {
+func (r *recovery) exited(i int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := dev.Index()
-	if r.stopped || r.ctx.Err() != nil {
+	if i < 0 || i >= len(r.devices) || r.stopped || r.ctx.Err() != nil {
 		return
 	}
 	if r.recovering[i] {
@@ -249,6 +239,7 @@ func (r *recovery) exited(dev *simgpu.Device) {
 		return
 	}
 	r.recovering[i] = true
+	dev := r.devices[i]
 	r.wg.Go(func() {
 		for {
 			r.recoverDevice(dev)
@@ -270,27 +261,33 @@ func (r *recovery) exited(dev *simgpu.Device) {
 // down, it records the fault and restarts the daemon; then it restarts the
 // instances a fault took down, latency-critical models first, and records
 // what it cost.
-func (r *recovery) recoverDevice(dev *simgpu.Device) {
-	name := fmt.Sprintf("cuda:%d", dev.Index())
-	fault := dev.Faulted()
-	rec := deviceRecovery{Device: dev.Index(), Fault: fault, At: time.Now()}
-	var fe *simgpu.FaultError
-	if errors.As(fault, &fe) {
-		rec.At = fe.At
-		rec.Culprit, rec.culprit = modelOf(fe.Client), keyOf(fe.Client)
+func (r *recovery) recoverDevice(dev faultDomain) {
+	i := dev.Index()
+	name := fmt.Sprintf("cuda:%d", i)
+	f, faulted := dev.Fault()
+	var fault error
+	rec := deviceRecovery{Device: i, At: time.Now()}
+	if faulted {
+		fault, rec.Fault = f.Err, f.Err
+		if !f.At.IsZero() {
+			rec.At = f.At
+		}
+		if f.Client != "" {
+			rec.Culprit, rec.culprit = modelOf(f.Client), keyOf(f.Client)
+		}
 	}
 
 	// The instances a fault took down, in the order they restart, and
 	// what they had failed before.
 	type down struct {
-		inst   *runtime.Simulated
+		inst   recoverable
 		info   simInstance
 		failed int64
 	}
 	var gone []down
 	r.mu.Lock()
 	for inst, in := range r.instances {
-		if inst.Device() == dev && inst.Gone() {
+		if inst.Device() == i && inst.Gone() {
 			gone = append(gone, down{inst, in, inst.Failed()})
 		}
 	}
@@ -312,9 +309,10 @@ func (r *recovery) recoverDevice(dev *simgpu.Device) {
 			Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
 		r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
 
-		handle := r.daemon(dev.Index())
+		handle := r.daemon(i)
 		if handle == nil {
-			handle = simDaemon{dev}
+			r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: the device has no daemon handle"})
+			return
 		}
 		if err := handle.RestartDaemon(r.ctx); err != nil {
 			r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: " + err.Error()})
@@ -334,12 +332,12 @@ func (r *recovery) recoverDevice(dev *simgpu.Device) {
 			byModel[g.info.model] = mr
 			order = append(order, g.info.model)
 		}
-		target := r.deviceFor(g.info.model, dev)
+		target := r.deviceFor(g.info.model, i)
 		err := g.inst.Recover(r.ctx, target, fmt.Sprintf("the device's MPS clients were taken down by a fault (%v)", fault))
 		mr.Failed += g.inst.Failed() - g.failed
 		switch {
 		case err == nil && mr.Ready == 0:
-			mr.Ready, mr.Device, mr.Err = time.Since(rec.At), target.Index(), nil
+			mr.Ready, mr.Device, mr.Err = time.Since(rec.At), target, nil
 		case err != nil && mr.Ready == 0:
 			mr.Err = err
 		}
@@ -356,7 +354,7 @@ func (r *recovery) recoverDevice(dev *simgpu.Device) {
 			continue
 		}
 		where := ""
-		if mr.Device != dev.Index() {
+		if mr.Device != i {
 			where = fmt.Sprintf(" on cuda:%d, apart from latency-critical models", mr.Device)
 		}
 		since := fmt.Sprintf("after the fault (daemon back after %s)", rec.Daemon.Round(time.Millisecond))
@@ -399,21 +397,19 @@ func (r *recovery) noteFault(model, key string, at time.Time, device string) {
 }
 
 // restarted is an instance's OnRestart: a hung client replaced is an event.
-func (r *recovery) restarted(inst *runtime.Simulated, reason string) {
+func (r *recovery) restarted(inst recoverable, reason string) {
 	if !strings.HasPrefix(reason, "hung") {
 		return // a recovery's restart: recoverDevice records it
 	}
-	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", inst.Device().Index()), Model: keyOf(inst.Name()), Kind: control.EventHung,
+	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", inst.Device()), Model: keyOf(inst.Name()), Kind: control.EventHung,
 		Reason: fmt.Sprintf("%s; the device's other clients were left alone", reason)})
 }
 
 // startFailed records an instance that could not start for want of device
 // memory.
-func (r *recovery) startFailed(instance string, dev *simgpu.Device, err error) {
-	if errors.Is(err, simgpu.ErrOutOfMemory) {
-		r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev.Index()), Model: keyOf(instance), Kind: control.EventError,
-			Reason: "not started: " + err.Error()})
-	}
+func (r *recovery) startFailed(instance string, dev int, err error) {
+	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev), Model: keyOf(instance), Kind: control.EventError,
+		Reason: "not started: " + err.Error()})
 }
 
 // modelOf and keyOf read an instance's name ("model/version#index").

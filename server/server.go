@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	}
 	devs.sim = sim
 	if sim != nil {
-		devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, logger.With("component", "recovery"))
+		devs.rec = newRecovery(loopCtx, simulatedDomains(sim), devs.daemonOf, logger.With("component", "recovery"))
 		runners.rec = devs.rec
 	}
 	defer devs.wait()

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	goruntime "runtime"
@@ -96,16 +97,19 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 	if rec == nil {
 		return runtime.StartSimulated(ctx, cfg)
 	}
-	cfg.Device, cfg.PlacedFor = rec.deviceFor(spec.Model, dev), dev
+	if cfg.Device, err = f.sim.Device(rec.deviceFor(spec.Model, dev.Index())); err != nil {
+		return nil, err
+	}
+	cfg.PlacedFor = dev
 	var self atomic.Pointer[runtime.Simulated]
 	cfg.OnExit = func(e runtime.Exit) {
 		if spec.OnExit != nil {
 			spec.OnExit(e)
 		}
 		if s := self.Load(); s != nil {
-			rec.exited(s.Device())
+			rec.exited(s.Device().Index())
 		} else {
-			rec.exited(cfg.Device)
+			rec.exited(cfg.Device.Index())
 		}
 	}
 	cfg.OnRestart = func(reason string) {
@@ -113,27 +117,118 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 			spec.OnRestart(reason)
 		}
 		if s := self.Load(); s != nil {
-			rec.restarted(s, reason)
+			rec.restarted(simulatedInstance{s, f.sim}, reason)
 		}
 	}
 	s, err := runtime.StartSimulated(ctx, cfg)
 	if err != nil {
-		rec.startFailed(name, cfg.Device, err)
+		if errors.Is(err, simgpu.ErrOutOfMemory) {
+			rec.startFailed(name, cfg.Device.Index(), err)
+		}
 		return nil, err
 	}
 	self.Store(s)
-	rec.track(s, spec.Config)
+	si := simulatedInstance{s, f.sim}
+	rec.track(si, spec.Config)
 	if s.Gone() { // a fault before it was tracked
-		rec.exited(s.Device())
+		rec.exited(s.Device().Index())
 	}
-	return recoveredInstance{s, rec}, nil
+	return recoveredInstance{s, si, rec}, nil
+}
+
+// simulatedDomains are the simulator's GPUs as the recovery knows them.
+func simulatedDomains(sim *simgpu.Sim) []faultDomain {
+	var out []faultDomain
+	for _, d := range sim.Devices() {
+		out = append(out, simulatedDomain{d})
+	}
+	return out
+}
+
+// simulatedDomain is a simulated GPU as the recovery knows it.
+type simulatedDomain struct{ d *simgpu.Device }
+
+func (s simulatedDomain) Index() int { return s.d.Index() }
+
+func (s simulatedDomain) Fault() (deviceFault, bool) {
+	err := s.d.Faulted()
+	if err == nil {
+		return deviceFault{}, false
+	}
+	f := deviceFault{Err: err}
+	var fe *simgpu.FaultError
+	if errors.As(err, &fe) {
+		f.At, f.Client = fe.At, fe.Client
+	}
+	return f, true
+}
+
+// simulatedInstance is a simulated instance as the recovery knows it.
+type simulatedInstance struct {
+	s   *runtime.Simulated
+	sim *simgpu.Sim
+}
+
+var _ recoverable = simulatedInstance{}
+
+func (si simulatedInstance) Name() string  { return si.s.Name() }
+func (si simulatedInstance) Device() int   { return si.s.Device().Index() }
+func (si simulatedInstance) Gone() bool    { return si.s.Gone() }
+func (si simulatedInstance) Failed() int64 { return si.s.Failed() }
+
+func (si simulatedInstance) Recover(ctx context.Context, device int, reason string) error {
+	d, err := si.sim.Device(device)
+	if err != nil {
+		return err
+	}
+	return si.s.Recover(ctx, d, reason)
+}
+
+// simDaemon restarts a simulated device's daemon directly: the handle of a
+// device whose limiter is not MPS (the shared policy runs none).
+type simDaemon struct{ d *simgpu.Device }
+
+func (s simDaemon) RestartDaemon(ctx context.Context) error {
+	s.d.RestartDaemon()
+	return ctx.Err()
+}
+
+// daemonOf is the daemon handle of device i: the limiter's when the
+// device has been started and its limiter has one, else the simulator's.
+func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
+	// Only a device already started has a limiter: a risky model's
+	// client may run on a device no model names.
+	name := fmt.Sprintf("cuda:%d", i)
+	for _, d := range ds.all() {
+		if r, ok := d.lim.(limiter.DaemonRestarter); ok && d.name == name {
+			return r
+		}
+	}
+	dev, err := ds.sim.Device(i)
+	if err != nil {
+		return nil
+	}
+	return simDaemon{dev}
+}
+
+// simulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
+func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		d, err := sim.Device(i)
+		if err != nil {
+			return err
+		}
+		d.RestartDaemon()
+		return ctx.Err()
+	}
 }
 
 // recoveredInstance is a simulated instance the device recovery tracks
 // until it stops.
 type recoveredInstance struct {
 	*runtime.Simulated
-	rec *recovery
+	self simulatedInstance
+	rec  *recovery
 }
 
 var (
@@ -142,23 +237,18 @@ var (
 )
 
 func (ri recoveredInstance) Stop(ctx context.Context) error {
-	ri.rec.untrack(ri.Simulated)
+	ri.rec.untrack(ri.self)
 	return ri.Simulated.Stop(ctx)
 }
-
-// mpsClients is how many executions a GPU under MPS runs at once: one per
-// client, up to the 48 clients an MPS server takes per device since Volta
-// (NVIDIA's MPS documentation, "Limitations", as we remember it; newer
-// drivers may take more: check before relying on it). Each model's own slots
-// (instances × concurrency) bound its share of them.
-const mpsClients = 48
 
 // deviceSlots is how many executions a device runs at once across its
 // models. CPU: qos.device_slots, else one per core. GPU: the clients of an
 // MPS server run their kernels at once, each within its percentage, so a
-// GPU whose limiter is MPS, or a simulated GPU whose daemon runs (the
-// shared policy's unlimited clients), takes mpsClients; a GPU without MPS
-// time-slices its contexts and takes one.
+// GPU takes the clients its limiter runs at once (MPS:
+// limiter.MPSClients), a simulated GPU whose daemon runs (the shared
+// policy's unlimited clients) as many; a GPU without MPS time-slices its
+// contexts and takes one. Each model's own slots (instances × concurrency)
+// bound its share of them.
 func deviceSlots(name string, configured int, lim limiter.Limiter, sim *simgpu.Sim) int {
 	if !strings.HasPrefix(name, "cuda:") {
 		if configured > 0 {
@@ -166,11 +256,11 @@ func deviceSlots(name string, configured int, lim limiter.Limiter, sim *simgpu.S
 		}
 		return goruntime.NumCPU()
 	}
-	if lim.Kind() == limiter.KindMPS {
-		return mpsClients
+	if c := lim.Capabilities().Clients; c > 0 {
+		return c
 	}
 	if d := simulatedDevice(sim, name); d != nil && d.DaemonRunning() {
-		return mpsClients
+		return limiter.MPSClients
 	}
 	return 1
 }

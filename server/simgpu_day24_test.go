@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -133,7 +134,7 @@ func TestSimulatedDay24h(t *testing.T) {
 	}
 	policies := strings.Split(env, ",")
 	if env == "all" {
-		policies = []string{configs.SharePolicyShared, configs.SharePolicyStatic, configs.SharePolicyAdaptive}
+		policies = []string{control.SharePolicyShared, control.SharePolicyStatic, control.SharePolicyAdaptive}
 	}
 	// The expected arrivals: dayCurve's mean (15/s) over a day.
 	want := 15.0 * 24 * 3600
@@ -150,7 +151,7 @@ func TestSimulatedDay24h(t *testing.T) {
 			if r.beDone == 0 {
 				t.Error("no best-effort batch ran")
 			}
-			if p != configs.SharePolicyShared && r.attainment() < 0.9 {
+			if p != control.SharePolicyShared && r.attainment() < 0.9 {
 				t.Errorf("LC attainment %.3f under %s", r.attainment(), p)
 			}
 		})

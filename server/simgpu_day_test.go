@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -144,7 +145,7 @@ func simulatedDay(t *testing.T, mix dayMix, policy string, span time.Duration) d
 				if e.Kind == "resize" {
 					res.resizes++
 				}
-				if testing.Verbose() && policy == configs.SharePolicyAdaptive {
+				if testing.Verbose() && policy == control.SharePolicyAdaptive {
 					t.Logf("%s %s %s %.2f->%.2f: %s", e.Time.Format("15:04:05"), e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
 				}
 			}
@@ -157,12 +158,12 @@ func simulatedDay(t *testing.T, mix dayMix, policy string, span time.Duration) d
 // runDay runs a mix under each policy and logs the outcome.
 func runDay(t *testing.T, mix dayMix, span time.Duration) (shared, static, adaptive dayResult) {
 	got := map[string]dayResult{}
-	for _, p := range []string{configs.SharePolicyShared, configs.SharePolicyStatic, configs.SharePolicyAdaptive} {
+	for _, p := range []string{control.SharePolicyShared, control.SharePolicyStatic, control.SharePolicyAdaptive} {
 		got[p] = simulatedDay(t, mix, p, span)
 		r := got[p]
 		t.Logf("%-8s LC %d sent, attainment %.3f, goodput %.2f/s; BE %d batches; %d resizes", p, r.lcSent, r.attainment(), float64(r.lcMet)/span.Seconds(), r.beDone, r.resizes)
 	}
-	shared, static, adaptive = got[configs.SharePolicyShared], got[configs.SharePolicyStatic], got[configs.SharePolicyAdaptive]
+	shared, static, adaptive = got[control.SharePolicyShared], got[control.SharePolicyStatic], got[control.SharePolicyAdaptive]
 	ratio := func(x, y int64) string {
 		if y == 0 {
 			return fmt.Sprintf("%d/0", x)

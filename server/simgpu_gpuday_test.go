@@ -134,7 +134,7 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 		cfg.Control.Policy = policy
 		if policy == gpuDayAlone {
 			cfg.GPU.Simulator.Devices = len(sc.Models)
-			cfg.Control.Policy = configs.SharePolicyShared
+			cfg.Control.Policy = control.SharePolicyShared
 		}
 		reg, devs, _ := placedServer(t, cfg, configsByName)
 		for _, m := range sc.Models {
@@ -288,7 +288,7 @@ func TestSimulatedGPUDay(t *testing.T) {
 	}
 	policies := strings.Split(env, ",")
 	if env == "all" {
-		policies = []string{gpuDayAlone, configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive}
+		policies = []string{gpuDayAlone, control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive}
 	}
 	// The scenario's seed, then the next ones: SLOSERVE_SIMULATED_GPU_DAY_RUNS
 	// days per policy, each with other arrivals, and the medians.
@@ -313,12 +313,12 @@ func TestSimulatedGPUDay(t *testing.T) {
 			attainments[p] = append(attainments[p], float64(good)/float64(max(1, sent)))
 			t.Logf("%s, seed %d: day replayed in %.1fs of wall time", p, seed, time.Since(wall).Seconds())
 		}
-		a, ok := got[configs.SharePolicyAdaptive]
+		a, ok := got[control.SharePolicyAdaptive]
 		if !ok {
 			continue
 		}
 		_, ag := a.lc()
-		for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, gpuDayAlone} {
+		for _, p := range []string{control.SharePolicyStatic, control.SharePolicyShared, gpuDayAlone} {
 			if o, ok := got[p]; ok {
 				_, og := o.lc()
 				lc, be := float64(ag)/float64(max(1, og)), float64(a.be())/float64(max(1, o.be()))
@@ -370,13 +370,13 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	goodput := map[string][]float64{}
 	var resizes []float64
 	for run := range seeds {
-		for _, p := range []string{configs.SharePolicyStatic, configs.SharePolicyShared, configs.SharePolicyAdaptive} {
+		for _, p := range []string{control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive} {
 			r := simulatedGPUDay(t, p, sc.Seed+uint64(run))
 			r.log(t)
 			sent, good := r.lc()
 			attainment[p] = append(attainment[p], float64(good)/float64(max(1, sent)))
 			goodput[p] = append(goodput[p], float64(good))
-			if p == configs.SharePolicyAdaptive {
+			if p == control.SharePolicyAdaptive {
 				resizes = append(resizes, float64(r.events[control.EventResize]))
 			}
 			for _, m := range r.models {
@@ -386,10 +386,10 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 			}
 		}
 	}
-	a := median(attainment[configs.SharePolicyAdaptive])
-	ag, sg, shg := median(goodput[configs.SharePolicyAdaptive]), median(goodput[configs.SharePolicyStatic]), median(goodput[configs.SharePolicyShared])
+	a := median(attainment[control.SharePolicyAdaptive])
+	ag, sg, shg := median(goodput[control.SharePolicyAdaptive]), median(goodput[control.SharePolicyStatic]), median(goodput[control.SharePolicyShared])
 	t.Logf("medians of %d: LC attainment adaptive %.4f, static %.4f, shared %.4f; resizes %v", seeds, a,
-		median(attainment[configs.SharePolicyStatic]), median(attainment[configs.SharePolicyShared]), resizes)
+		median(attainment[control.SharePolicyStatic]), median(attainment[control.SharePolicyShared]), resizes)
 	if a < 0.95 {
 		t.Errorf("LC attainment under adaptive %.3f (median of %d), want 0.95 at least", a, seeds)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/runtime"
@@ -24,7 +25,7 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 1
-		cfg.Control.Policy = configs.SharePolicyAdaptive
+		cfg.Control.Policy = control.SharePolicyAdaptive
 		model := "max_batch_size: 8\nexecution: {provider: cuda, simulated: {preset: resnet50}}\nresources: {memory_limit: 4GiB}\n"
 		reg, devs := simulatedServer(t, cfg, map[string]string{"m": model})
 		const mib = 1 << 20

@@ -35,7 +35,7 @@ func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelC
 	t.Helper()
 	cfg := configs.DefaultServer()
 	cfg.GPU.Simulator.Devices = devices
-	cfg.Control.Policy = configs.SharePolicyStatic
+	cfg.Control.Policy = control.SharePolicyStatic
 	cfg.Control.Period = time.Second
 	cfg.Control.Profile.Enabled = false
 	if set != nil {
@@ -54,7 +54,7 @@ func simInstanceOf(t *testing.T, devs *devices, model string) *runtime.Simulated
 		devs.rec.mu.Lock()
 		for inst, in := range devs.rec.instances {
 			if in.model == model {
-				found = append(found, inst)
+				found = append(found, inst.(simulatedInstance).s)
 			}
 		}
 		devs.rec.mu.Unlock()

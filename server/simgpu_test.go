@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/runtime"
@@ -80,7 +81,7 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		t.Fatal(err)
 	}
 	devs.sim = sim
-	devs.rec = newRecovery(loopCtx, sim, devs.daemonOf, log)
+	devs.rec = newRecovery(loopCtx, simulatedDomains(sim), devs.daemonOf, log)
 	runners := &runnerFactory{sim: sim, rec: devs.rec, logger: log}
 	var profile func(context.Context, models.ProfileRun) error
 	if cfg.Control.Profile.Enabled {
@@ -137,7 +138,7 @@ func TestSimulatedGPURunsModelsConcurrently(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 1
-		cfg.Control.Policy = configs.SharePolicyStatic
+		cfg.Control.Policy = control.SharePolicyStatic
 		cfg.Control.Profile.Enabled = false
 		model := "execution: {provider: cuda, simulated: {preset: mobilenet, fixed: 20ms}}\nresources: {compute_share: 0.4}\n"
 		reg, _ := simulatedServer(t, cfg, map[string]string{"a": model, "b": model})

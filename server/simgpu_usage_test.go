@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 )
 
 // On a simulated GPU under MPS the use of the device the adjuster sees for
@@ -30,7 +31,7 @@ func TestSimulatedGPUUsageFromNVML(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 1
-		cfg.Control.Policy = configs.SharePolicyStatic
+		cfg.Control.Policy = control.SharePolicyStatic
 		cfg.Control.Profile.Enabled = false
 		sm := configs.SimulatedModel{Preset: "mobilenet", Fixed: 20 * time.Millisecond, Saturation: 0.2}
 		model := "execution: {provider: cuda, simulated: {preset: mobilenet, fixed: 20ms, saturation: 0.2}}\nresources: {compute_share: 0.5}\n"
