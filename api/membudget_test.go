@@ -349,3 +349,27 @@ func TestGRPCDecodeCost(t *testing.T) {
 		t.Errorf("%d bytes still reserved %v after a call that took %v", mem.Used(), time.Since(start), took)
 	}
 }
+
+// TestSharedMemoryBytesCheckedInPlace: a request of a few bytes naming a
+// 64 MiB region of zeros as BYTES [16777216] (16 million empty elements)
+// is checked where it lies: the server does not build a slice header per
+// element (384 MiB) for it.
+func TestSharedMemoryBytesCheckedInPlace(t *testing.T) {
+	const size = 64 << 20
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: size})
+	h := NewREST(newFakeBackend(), Limits{MaxRequestBytes: 1 << 16, MaxTensorElements: 1 << 25, SharedMemory: shm}, slog.New(slog.DiscardHandler))
+	key := shmObject(t, size)
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/z/register", registerBody(key, 0, size)), 200, "")
+	body := fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"BYTES","shape":[%d],"parameters":{"shared_memory_region":"z","shared_memory_byte_size":%d}}]}`, size/4, size)
+	var before, after goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&before)
+	rec := shmCall(t, h, "POST", "/v2/models/sum/infer", body)
+	goruntime.ReadMemStats(&after)
+	allocated := int64(after.TotalAlloc - before.TotalAlloc)
+	t.Logf("%d empty BYTES elements in shared memory: %d; %d KiB allocated", size/4, rec.Code, allocated>>10)
+	wantREST(t, rec, http.StatusBadRequest, "sum wants x FP32")
+	if allocated > 1<<20 {
+		t.Errorf("%d KiB allocated for a %d-byte request, want under 1 MiB", allocated>>10, len(body))
+	}
+}
