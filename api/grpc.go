@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/models"
@@ -47,7 +46,9 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		mem.message = math.MaxInt32 // grpc-go's own cap on a message
 	}
 	mem.reading = 2 * mem.message
+	codec := newGRPCDecodeCodec(lim.Memory)
 	base := []grpc.ServerOption{
+		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
 		grpc.StatsHandler(grpcMemoryStats{}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
@@ -59,7 +60,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		base = append(base, grpc.MaxRecvMsgSize(int(min(lim.MaxRequestBytes, math.MaxInt32))))
 	}
 	srv := grpc.NewServer(append(base, opts...)...)
-	inference.RegisterGRPCInferenceServiceServer(srv, &grpcService{b: b, lim: lim, logger: logger})
+	inference.RegisterGRPCInferenceServiceServer(srv, &grpcService{b: b, lim: lim, logger: logger, codec: codec})
 	grpc_health_v1.RegisterHealthServer(srv, &grpcHealthServer{b: b, interval: grpcHealthWatchInterval})
 	reflection.Register(srv)
 	mem.setMethods(srv)
@@ -114,6 +115,7 @@ type grpcService struct {
 	b      Backend
 	lim    Limits
 	logger *slog.Logger
+	codec  *grpcDecodeCodec // nil: messages decoded without reservations
 }
 
 var _ inference.GRPCInferenceServiceServer = (*grpcService)(nil)
@@ -171,11 +173,16 @@ func (s *grpcService) ModelMetadata(ctx context.Context, req *inference.ModelMet
 // call's headers arrived.
 func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
 	arrival := grpcArrival(ctx)
-	// The message is in: the call keeps the memory it holds (an estimate
-	// of the decoded message: its wire size) and reserves its response's
-	// before handing it to gRPC.
+	// The message is in and decoded, its wire form given back: the call
+	// holds what its decoded form took (reserved by the codec) and
+	// reserves its response's before handing it to gRPC.
 	mem := grpcCallMemory(ctx)
-	mem.ShrinkTo(int64(proto.Size(req)))
+	mem.ShrinkTo(0)
+	decoded, err := s.codec.takeDecoded(req)
+	if err != nil {
+		return nil, s.grpcError("ModelInfer", err)
+	}
+	defer decoded.Release()
 	var shm *shmUse
 	if s.lim.SharedMemory != nil && grpcUsesSharedMemory(req) {
 		// The regions the request names stay mapped until its outputs

@@ -9,10 +9,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/sloserve/sloserve/api/inference"
 )
 
 func TestMemoryBudget(t *testing.T) {
@@ -164,33 +173,39 @@ func TestRESTResponseMemory(t *testing.T) {
 // is given back; a client that reads gets its whole answer.
 func TestRESTUnreadResponse(t *testing.T) {
 	const n = 8 << 20 // 32 MiB of output in binary, far more than socket buffers
-	const writeTimeout = 300 * time.Millisecond
-	mem := NewMemoryBudget(1 << 30)
-	addr := serveRESTMem(t, newFakeBackend(), Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 24, Memory: mem, WriteTimeout: writeTimeout})
 	req := echoBinaryRequest(n, true)
+	lim := Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 24}
+	// read sends req to addr and reads the answer, and says how long that
+	// took.
+	read := func(addr string) time.Duration {
+		start := time.Now()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || got < 4*n {
+			t.Fatalf("read response: %d, %d bytes", resp.StatusCode, got)
+		}
+		return time.Since(start)
+	}
+	// Baseline: the time a request and its answer take, without a write
+	// timeout; the timeout is set well above it.
+	baseline := read(serveRESTMem(t, newFakeBackend(), lim))
+	lim.Memory = NewMemoryBudget(1 << 30)
+	lim.WriteTimeout = max(3*baseline, 100*time.Millisecond)
+	addr := serveRESTMem(t, newFakeBackend(), lim)
+	read(addr) // a client that reads is not cut off
 
-	// Baseline: the same request, read.
-	start := time.Now()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, req); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	baseline := time.Since(start)
-	if resp.StatusCode != http.StatusOK || got < 4*n {
-		t.Fatalf("read response: %d, %d bytes", resp.StatusCode, got)
-	}
-
-	// Never read.
 	u, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -202,20 +217,159 @@ func TestRESTUnreadResponse(t *testing.T) {
 	if _, err := io.WriteString(u, req); err != nil {
 		t.Fatal(err)
 	}
-	start = time.Now()
-	for mem.Used() == 0 && time.Since(start) < 10*(baseline+writeTimeout) {
+	mem := lim.Memory
+	start := time.Now()
+	limit := 10 * (baseline + lim.WriteTimeout)
+	for mem.Used() == 0 && time.Since(start) < limit {
 		time.Sleep(time.Millisecond)
 	}
 	if mem.Used() == 0 {
 		t.Fatal("the unread response never reserved its memory")
 	}
-	held := mem.Used()
-	limit := 10 * (baseline + writeTimeout)
 	for mem.Used() != 0 && time.Since(start) < limit {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if mem.Used() != 0 {
-		t.Fatalf("an unread response still holds %d bytes after %v (write timeout %v, a read one took %v)", mem.Used(), limit, writeTimeout, baseline)
+		t.Fatalf("an unread response still holds %d bytes after %v (write timeout %v, a read one took %v)", mem.Used(), limit, lim.WriteTimeout, baseline)
 	}
-	t.Logf("an unread response held %d MiB for %v (write timeout %v; a read one took %v)", held>>20, time.Since(start).Round(time.Millisecond), writeTimeout, baseline.Round(time.Millisecond))
+	t.Logf("an unread response's memory (peak %d MiB) was given back %v after it was sent (write timeout %v; a read one took %v)",
+		mem.Peak()>>20, time.Since(start).Round(time.Millisecond), lim.WriteTimeout, baseline.Round(time.Millisecond))
+}
+
+// rawMessage sends a message already in wire form.
+type rawMessage struct{}
+
+func (rawMessage) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawMessage) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+func (rawMessage) Name() string { return "proto" }
+
+// TestGRPCDecodeCost: a message that decodes into many times its size
+// (16 million empty bytes_contents, 32 million shape entries, a million
+// parameters in 8 MiB) is refused with RESOURCE_EXHAUSTED before it is
+// decoded: the server allocates about the message, not the structures it
+// would decode into. A message that fits is decoded and served.
+func TestGRPCDecodeCost(t *testing.T) {
+	tensor := func(fields ...[]byte) []byte {
+		var b []byte
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, "x")
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, "BYTES")
+		for _, f := range fields {
+			b = append(b, f...)
+		}
+		return b
+	}
+	request := func(input []byte, extra ...byte) []byte {
+		var b []byte
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, "echo")
+		b = append(b, extra...)
+		b = protowire.AppendTag(b, 5, protowire.BytesType)
+		return protowire.AppendBytes(b, input)
+	}
+	const size = 32 << 20
+	var contents []byte
+	for len(contents) < size {
+		contents = protowire.AppendTag(contents, 8, protowire.BytesType)
+		contents = protowire.AppendBytes(contents, nil)
+	}
+	contentsField := protowire.AppendTag(nil, 5, protowire.BytesType)
+	contentsField = protowire.AppendBytes(contentsField, contents)
+	emptyBytes := request(tensor(contentsField))
+	shapeField := protowire.AppendTag(nil, 3, protowire.BytesType)
+	shapeField = protowire.AppendBytes(shapeField, make([]byte, size))
+	shapes := request(tensor(shapeField))
+	var params []byte
+	for i := 0; len(params) < 8<<20; i++ {
+		var entry []byte
+		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+		entry = protowire.AppendString(entry, strconv.Itoa(i))
+		params = protowire.AppendTag(params, 4, protowire.BytesType)
+		params = protowire.AppendBytes(params, entry)
+	}
+	parameters := request(tensor(), params...)
+
+	mem := NewMemoryBudget(256 << 20)
+	conn := serveGRPC(t, NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 30, Memory: mem}, slog.New(slog.DiscardHandler)))
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"empty bytes_contents", emptyBytes},
+		{"shape entries", shapes},
+		{"parameters", parameters},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after goruntime.MemStats
+			goruntime.GC()
+			goruntime.ReadMemStats(&before)
+			var out []byte
+			err := conn.Invoke(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, &tc.msg, &out, grpc.ForceCodec(rawMessage{}))
+			goruntime.ReadMemStats(&after)
+			allocated := int64(after.TotalAlloc - before.TotalAlloc)
+			t.Logf("%d MiB message: %v; %d MiB allocated", len(tc.msg)>>20, err, allocated>>20)
+			if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "limits.max_memory") {
+				t.Fatalf("got %v, want RESOURCE_EXHAUSTED naming limits.max_memory", err)
+			}
+			// The message on both sides of the connection and its
+			// contiguous copy; not the structures it would decode into.
+			if limit := int64(6 * len(tc.msg)); allocated > limit {
+				t.Errorf("%d MiB allocated for a %d MiB message, want at most %d MiB", allocated>>20, len(tc.msg)>>20, limit>>20)
+			}
+			if mem.Used() != 0 {
+				t.Errorf("%d bytes still reserved", mem.Used())
+			}
+		})
+	}
+	// A message that fits is decoded and served, its memory given back
+	// when the call ends (just after the client has its answer).
+	start := time.Now()
+	resp, err := inference.NewGRPCInferenceServiceClient(conn).ModelInfer(t.Context(), &inference.ModelInferRequest{
+		ModelName: "echo",
+		Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+			Name: "x", Datatype: "BYTES", Shape: []int64{3},
+			Contents: &inference.InferTensorContents{BytesContents: [][]byte{[]byte("a"), []byte("bc"), nil}},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetRawOutputContents(); len(got) != 1 || len(got[0]) != 3*4+3 {
+		t.Fatalf("echo answered %q", got)
+	}
+	took := time.Since(start)
+	for mem.Used() != 0 && time.Since(start) < 100*took {
+		time.Sleep(took / 10)
+	}
+	if mem.Used() != 0 {
+		t.Errorf("%d bytes still reserved %v after a call that took %v", mem.Used(), time.Since(start), took)
+	}
+}
+
+// TestSharedMemoryBytesCheckedInPlace: a request of a few bytes naming a
+// 64 MiB region of zeros as BYTES [16777216] (16 million empty elements)
+// is checked where it lies: the server does not build a slice header per
+// element (384 MiB) for it.
+func TestSharedMemoryBytesCheckedInPlace(t *testing.T) {
+	const size = 64 << 20
+	shm := newTestSharedMemory(t, SharedMemoryOptions{MaxRegions: 1, MaxBytes: size})
+	h := NewREST(newFakeBackend(), Limits{MaxRequestBytes: 1 << 16, MaxTensorElements: 1 << 25, SharedMemory: shm}, slog.New(slog.DiscardHandler))
+	key := shmObject(t, size)
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/z/register", registerBody(key, 0, size)), 200, "")
+	body := fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"BYTES","shape":[%d],"parameters":{"shared_memory_region":"z","shared_memory_byte_size":%d}}]}`, size/4, size)
+	var before, after goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&before)
+	rec := shmCall(t, h, "POST", "/v2/models/sum/infer", body)
+	goruntime.ReadMemStats(&after)
+	allocated := int64(after.TotalAlloc - before.TotalAlloc)
+	t.Logf("%d empty BYTES elements in shared memory: %d; %d KiB allocated", size/4, rec.Code, allocated>>10)
+	wantREST(t, rec, http.StatusBadRequest, "sum wants x FP32")
+	if allocated > 1<<20 {
+		t.Errorf("%d KiB allocated for a %d-byte request, want under 1 MiB", allocated>>10, len(body))
+	}
 }

@@ -80,7 +80,7 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 		}
 		// The stream's own reservation (the tap's) is the buffer of the
 		// next message; each request read holds its own until answered.
-		mem, err := s.lim.Memory.Reserve(int64(proto.Size(req)), "a stream request")
+		mem, err := s.codec.takeDecoded(req)
 		workers.Add(1)
 		go func() {
 			defer workers.Done()

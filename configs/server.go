@@ -292,7 +292,7 @@ type Limits struct {
 	MaxSharedMemoryBytes ByteSize `yaml:"max_shared_memory_bytes"`
 	// MaxMemory is the one ceiling on the memory clients' traffic holds at
 	// once, REST and gRPC alike: bodies and messages being read (each gRPC
-	// call being read counts as MaxRequestBytes), their decoded forms and
+	// call being read counts as 2 x MaxRequestBytes), their decoded forms and
 	// the responses being written. Past it requests are refused (429,
 	// RESOURCE_EXHAUSTED); nothing waits for memory.
 	MaxMemory ByteSize `yaml:"max_memory"`

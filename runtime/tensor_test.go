@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"math"
+	goruntime "runtime"
 	"testing"
 )
 
@@ -59,9 +60,39 @@ func TestSplitBytes(t *testing.T) {
 		{"huge length", []byte{0xff, 0xff, 0xff, 0xff}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := SplitBytes(tc.data, tc.n); err == nil {
+			_, err := SplitBytes(tc.data, tc.n)
+			if err == nil {
 				t.Fatal("want an error")
 			}
+			if cerr := CheckBytes(tc.data, tc.n); cerr == nil || cerr.Error() != err.Error() {
+				t.Fatalf("CheckBytes = %v, SplitBytes = %v: want the same error", cerr, err)
+			}
 		})
+	}
+	if err := CheckBytes(buf, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBytesCountedFirst: checking BYTES data allocates nothing, and
+// splitting it allocates only when it holds the elements the shape says:
+// 4 MiB of zeros are a million empty elements, not 24 MiB of slice headers
+// for a shape that does not match.
+func TestBytesCountedFirst(t *testing.T) {
+	zeros := make([]byte, 4<<20)
+	n := int64(len(zeros) / 4)
+	if a := testing.AllocsPerRun(5, func() {
+		if err := CheckBytes(zeros, n); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Errorf("CheckBytes: %v allocations, want 0", a)
+	}
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	_, _ = SplitBytes(zeros, n+1)
+	goruntime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<10 {
+		t.Errorf("SplitBytes of a mismatched count allocated %d bytes", got)
 	}
 }

@@ -1,0 +1,196 @@
+package api
+
+import (
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+// Decoding a protobuf message can take many times its wire size: every
+// element of a repeated bytes field (bytes_contents) becomes a slice header
+// of 24 bytes, a one-byte varint of a shape becomes an int64 of 8, a map
+// entry of a few bytes (parameters) becomes a map slot, a message and a
+// wrapper. The server's codec counts that cost from the wire before it
+// decodes, and reserves it in the memory budget first.
+
+// Estimated costs of decoded structures, in bytes.
+const (
+	decodedMessageBytes  = 128 // a message struct and the pointer to it
+	decodedMapEntryBytes = 160 // a map slot (and its share of the map's growth), the value's message
+	decodedSliceHeader   = 24
+	decodedGrowth        = 2 // repeated fields grow by appending: up to twice their length
+)
+
+// decodedCost is the memory decoding b into a message of descriptor md
+// takes, estimated from the wire, or an error for a malformed message
+// (which proto.Unmarshal will report itself).
+func decodedCost(b []byte, md protoreflect.MessageDescriptor) (int64, error) {
+	var n int64
+	fields := md.Fields()
+	for len(b) > 0 {
+		num, typ, tl := protowire.ConsumeTag(b)
+		if tl < 0 {
+			return 0, protowire.ParseError(tl)
+		}
+		b = b[tl:]
+		vl := protowire.ConsumeFieldValue(num, typ, b)
+		if vl < 0 {
+			return 0, protowire.ParseError(vl)
+		}
+		value := b[:vl]
+		b = b[vl:]
+		fd := fields.ByNumber(num)
+		if fd == nil {
+			n += int64(vl) + 8 // kept as unknown bytes
+			continue
+		}
+		switch {
+		case fd.IsMap():
+			v, ln := protowire.ConsumeBytes(value)
+			if ln < 0 {
+				return 0, protowire.ParseError(ln)
+			}
+			c, err := decodedCost(v, fd.Message())
+			if err != nil {
+				return 0, err
+			}
+			n += decodedMapEntryBytes + c
+		case fd.Message() != nil:
+			v, ln := protowire.ConsumeBytes(value)
+			if ln < 0 {
+				return 0, protowire.ParseError(ln)
+			}
+			c, err := decodedCost(v, fd.Message())
+			if err != nil {
+				return 0, err
+			}
+			n += decodedMessageBytes + c
+			if fd.IsList() {
+				n += decodedGrowth * 8 // the pointer in the list
+			}
+		case fd.Kind() == protoreflect.BytesKind || fd.Kind() == protoreflect.StringKind:
+			v, _ := protowire.ConsumeBytes(value)
+			n += int64(len(v)) + 8 // rounded up to the allocator's classes
+			if fd.IsList() {
+				n += decodedGrowth * decodedSliceHeader
+			}
+		case fd.IsList():
+			size := int64(scalarSize(fd.Kind()))
+			if typ == protowire.BytesType { // packed
+				v, _ := protowire.ConsumeBytes(value)
+				n += decodedGrowth * size * packedCount(v, fd.Kind())
+			} else {
+				n += decodedGrowth * size
+			}
+		}
+	}
+	return n, nil
+}
+
+// scalarSize is the size of a decoded scalar of kind k.
+func scalarSize(k protoreflect.Kind) int {
+	switch k {
+	case protoreflect.BoolKind:
+		return 1
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Uint32Kind, protoreflect.EnumKind,
+		protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return 4
+	}
+	return 8
+}
+
+// packedCount is the number of elements of a packed repeated field.
+func packedCount(b []byte, k protoreflect.Kind) int64 {
+	switch k {
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return int64(len(b) / 4)
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		return int64(len(b) / 8)
+	}
+	var c int64
+	for _, x := range b {
+		if x < 0x80 { // the last byte of a varint
+			c++
+		}
+	}
+	return c
+}
+
+// grpcDecodeCodec is the gRPC server's codec: protobuf, with the memory a
+// received message takes decoded reserved before it is decoded. A
+// ModelInferRequest's reservation is kept for its handler (takeDecoded),
+// which holds it until the call ends; one that does not fit is left empty
+// and its handler refuses the call with RESOURCE_EXHAUSTED (a codec error
+// would reach the client as INTERNAL). Other messages, small by nature,
+// are refused by an error when their cost does not fit and give their
+// reservation back once decoded.
+type grpcDecodeCodec struct {
+	encoding.CodecV2
+	budget *MemoryBudget
+	// decoded holds, per received ModelInferRequest, its *Reservation or
+	// the error that refused it, until its handler takes it.
+	decoded sync.Map
+}
+
+func newGRPCDecodeCodec(budget *MemoryBudget) *grpcDecodeCodec {
+	return &grpcDecodeCodec{CodecV2: encoding.GetCodecV2(grpcproto.Name), budget: budget}
+}
+
+func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.CodecV2.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	cost, err := decodedCost(b, m.ProtoReflect().Descriptor())
+	if err != nil {
+		return err
+	}
+	res, err := c.budget.Reserve(cost, fmt.Sprintf("decoding a message of %d bytes", len(b)))
+	req, isInfer := v.(*inference.ModelInferRequest)
+	if err != nil {
+		if isInfer {
+			c.decoded.Store(req, err)
+			return nil
+		}
+		return err
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		res.Release()
+		return err
+	}
+	if isInfer {
+		c.decoded.Store(req, res)
+	} else {
+		res.Release()
+	}
+	return nil
+}
+
+// takeDecoded returns the reservation of a ModelInferRequest this codec
+// decoded, or the error that refused to decode it.
+func (c *grpcDecodeCodec) takeDecoded(req *inference.ModelInferRequest) (*Reservation, error) {
+	if c == nil {
+		return nil, nil
+	}
+	v, ok := c.decoded.LoadAndDelete(req)
+	if !ok {
+		return nil, nil
+	}
+	if err, ok := v.(error); ok {
+		return nil, err
+	}
+	return v.(*Reservation), nil
+}
+
+var _ encoding.CodecV2 = (*grpcDecodeCodec)(nil)
