@@ -313,5 +313,9 @@ func TestE2EModelMeshConcurrentLoads(t *testing.T) {
 			t.Fatalf("round %d: infer: %v, %v", i, resp, err)
 		}
 		closeTo(t, "row sum", bytesF32(resp.RawOutputContents[0]), []float64{55}, 1e-6)
+		// One runner at a time on a busy machine.
+		if _, err := mm.UnloadModel(ctx, &modelmesh.UnloadModelRequest{ModelId: id}); err != nil {
+			t.Fatalf("round %d: unload: %v", i, err)
+		}
 	}
 }
