@@ -18,6 +18,10 @@ package api
 //     a peer that is not loopback: the key names an object on the server's
 //     host, which only a process there can have made, and a network client
 //     must not make the server map objects of the host it did not create.
+//   - The server maps an object only as far as the caller could open it:
+//     the caller's uid (from the kernel's table of the loopback
+//     connection, shm_peer.go) against the object's owner and mode. A
+//     region the caller may read but not write takes inputs only.
 //   - Regions belong to the credential that registered them: the admin
 //     token, the inference token, or none (when no inference token is
 //     configured). Each has its own namespace: a region registered with one
