@@ -137,8 +137,8 @@ type shmRegion struct {
 	// writable says an output may be written here: the caller that
 	// registered it may write the object, and so may the server's user.
 	writable bool
-	mapping      []byte   // the whole mapping, from a page boundary
-	data         []byte   // the region's bytes within mapping
+	mapping  []byte // the whole mapping, from a page boundary
+	data     []byte // the region's bytes within mapping
 	// refs is the registry's reference while registered plus one per
 	// request using the region; the last one unmaps it.
 	refs atomic.Int64
@@ -385,7 +385,7 @@ func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64
 		name: name, key: key, offset: offset, size: byteSize, file: f,
 		writable: prot&unix.PROT_WRITE != 0,
 		mapping:  mem,
-		data:    mem[offset-start : offset-start+byteSize : offset-start+byteSize],
+		data:     mem[offset-start : offset-start+byteSize : offset-start+byteSize],
 	}
 	r.refs.Store(1)
 	return r, nil
