@@ -18,6 +18,10 @@ package api
 //     a peer that is not loopback: the key names an object on the server's
 //     host, which only a process there can have made, and a network client
 //     must not make the server map objects of the host it did not create.
+//   - The server maps an object only as far as the caller could open it:
+//     the caller's uid (from the kernel's table of the loopback
+//     connection, shm_peer.go) against the object's owner and mode. A
+//     region the caller may read but not write takes inputs only.
 //   - Regions belong to the credential that registered them: the admin
 //     token, the inference token, or none (when no inference token is
 //     configured). Each has its own namespace: a region registered with one
@@ -133,8 +137,8 @@ type shmRegion struct {
 	// writable says an output may be written here: the caller that
 	// registered it may write the object, and so may the server's user.
 	writable bool
-	mapping      []byte   // the whole mapping, from a page boundary
-	data         []byte   // the region's bytes within mapping
+	mapping  []byte // the whole mapping, from a page boundary
+	data     []byte // the region's bytes within mapping
 	// refs is the registry's reference while registered plus one per
 	// request using the region; the last one unmaps it.
 	refs atomic.Int64
@@ -381,7 +385,7 @@ func (s *SharedMemory) mapRegion(path, name, key string, offset, byteSize uint64
 		name: name, key: key, offset: offset, size: byteSize, file: f,
 		writable: prot&unix.PROT_WRITE != 0,
 		mapping:  mem,
-		data:    mem[offset-start : offset-start+byteSize : offset-start+byteSize],
+		data:     mem[offset-start : offset-start+byteSize : offset-start+byteSize],
 	}
 	r.refs.Store(1)
 	return r, nil

@@ -684,17 +684,49 @@ func processCPU(pid int) (float64, error) {
 	return (ut + st) / 100, nil
 }
 
-func (l *cgroupLimiter) Release(id string) error {
+// LiftCompute takes a unit out of the background parent and lifts its
+// compute cap, its memory limit unchanged: for a runner about to stop,
+// which must get the CPU to exit even when many stop at once (capped in
+// the idle class, 85 of 100 idle best-effort runners could not within the
+// stop timeout). The unit's share is the lifted one until Resize or
+// Release.
+func (l *cgroupLimiter) LiftCompute(id string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	u, err := l.units.get(id)
 	if err != nil {
 		return err
 	}
+	s := Share{Memory: u.share.Memory, Mode: ModeCap}
+	if err := l.apply(u, s); err != nil {
+		return fmt.Errorf("limiter: lift the compute cap of %s: %w", id, err)
+	}
+	u.share = s
+	return nil
+}
+
+// Release removes a unit. Its directories are removed outside the lock:
+// each rmdir waits for the kernel (RCU), and units stopping together
+// should not wait for one another's.
+func (l *cgroupLimiter) Release(id string) error {
+	l.mu.Lock()
+	u, err := l.units.get(id)
+	if err == nil {
+		delete(l.units, id)
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if err := l.release(u); err != nil {
+		// Kept, so that Close tries again.
+		l.mu.Lock()
+		if _, taken := l.units[id]; !taken && !l.closed {
+			l.units[id] = u
+		}
+		l.mu.Unlock()
 		return fmt.Errorf("limiter: release %s: %w", id, err)
 	}
-	delete(l.units, id)
 	l.log.Debug("instance released", "id", id)
 	return nil
 }

@@ -419,3 +419,60 @@ func TestCgroupBackgroundWithoutIdleClass(t *testing.T) {
 	}
 	fileHas(t, filepath.Join(background, "be", "cpu.cfs_quota_us"), "20000")
 }
+
+// LiftCompute, for a runner about to stop, takes a background unit out of
+// the idle-class parent and lifts its quota; its memory limit stays.
+func TestCgroupLiftCompute(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "v1", true: "v2"}[v2], func(t *testing.T) {
+			f := newFakeV1(t)
+			if v2 {
+				f = newFakeV2(t)
+			}
+			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			own, memOwn := filepath.Join(f.root, "cpu"), filepath.Join(f.root, "memory", "process_api", "abc")
+			quotaFile, memFile, lifted := "cpu.cfs_quota_us", "memory.limit_in_bytes", "-1"
+			if v2 {
+				own = filepath.Join(f.root, "server")
+				memOwn = own
+				quotaFile, memFile, lifted = "cpu.max", "memory.max", "max 10000"
+			}
+			parent, background := filepath.Join(own, "sloserve-4242", "be"), filepath.Join(own, "sloserve-4242-background", "be")
+			if _, err := l.Place("be", Share{Compute: 0.05, Memory: 64 << 20, Mode: ModeBackground}); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(background, "cgroup.procs"), []byte("4711\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			lifter, ok := l.(interface{ LiftCompute(string) error })
+			if !ok {
+				t.Fatal("the cgroup backend cannot lift a unit's compute cap")
+			}
+			if err := lifter.LiftCompute("be"); err != nil {
+				t.Fatal(err)
+			}
+			for _, home := range []string{parent, background} {
+				fileHas(t, filepath.Join(home, quotaFile), lifted)
+			}
+			fileHas(t, filepath.Join(parent, "cgroup.procs"), "4711")
+			fileHas(t, filepath.Join(memOwn, "sloserve-4242", "be", memFile), "67108864")
+			if err := lifter.LiftCompute("nope"); !errors.Is(err, ErrUnknownInstance) {
+				t.Errorf("LiftCompute of an unknown unit: %v", err)
+			}
+			// The runner exits (the fake kernel does not move it).
+			for _, home := range []string{parent, background} {
+				mustWrite(t, filepath.Join(home, "cgroup.procs"), "")
+			}
+			if err := l.Release("be"); err != nil {
+				t.Fatal(err)
+			}
+			if exists(parent) || exists(background) {
+				t.Error("the unit's folders outlived Release")
+			}
+		})
+	}
+}

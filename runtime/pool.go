@@ -392,9 +392,12 @@ func (p *Pool) Stop(ctx context.Context) {
 		return
 	}
 	close(p.stopped)
+	// All at once: each waits for its process to exit.
+	var wg sync.WaitGroup
 	for _, m := range p.Members() {
-		p.stopMember(context.WithoutCancel(ctx), m)
+		wg.Go(func() { p.stopMember(context.WithoutCancel(ctx), m) })
 	}
+	wg.Wait()
 }
 
 // SwapState is where an asynchronous swap (Swap) of one member stands.
