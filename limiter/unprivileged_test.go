@@ -30,6 +30,8 @@ func fakeUnprivileged(t *testing.T, err *error) (*unprivLimiter, *[]applied) {
 		t.Fatal(e)
 	}
 	var calls []applied
+	// This test's own process stands in for a runner.
+	l.member = func(pid int, dir string) bool { return processAlive(pid) }
 	l.apply = func(pid int, pl runtime.ProcessLimits) error {
 		calls = append(calls, applied{pid, pl.String()})
 		return *err
@@ -253,6 +255,32 @@ func TestUnprivilegedBase(t *testing.T) {
 	}
 	if _, err := newUnprivileged(t.TempDir(), nil, "test", testLogger(t)); err == nil {
 		t.Error("no CPUs: no error")
+	}
+}
+
+// A pid is a unit's only while its command line names the unit: a pid
+// reused by another process is neither resized nor counted.
+func TestUnitMember(t *testing.T) {
+	dir := t.TempDir()
+	if unitMember(os.Getpid(), dir) {
+		t.Error("this test's process counts as a member of a unit it does not name")
+	}
+	if unitMember(deadPid(t), dir) {
+		t.Error("a dead pid is a member")
+	}
+	self, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip(err)
+	}
+	// A second command keeps the shell from exec'ing sleep in its place.
+	named := exec.Command(self, "-c", "sleep 60; true", "--process-unit", dir)
+	if err := named.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { named.Process.Kill(); named.Wait() }()
+	if !unitMember(named.Process.Pid, dir) || unitMember(named.Process.Pid, dir+"x") {
+		t.Errorf("a process whose command line names the unit: member %v, of another unit %v; want true, false",
+			unitMember(named.Process.Pid, dir), unitMember(named.Process.Pid, dir+"x"))
 	}
 }
 
