@@ -147,7 +147,12 @@ func TestUnprivilegedRunner(t *testing.T) {
 	n := len(l.allowed)
 	last := strconv.Itoa(l.allowed[n-1])
 	all := cpuList(l.allowed)
-	const mem = 200 << 20
+	// A race-instrumented runner (this binary) maps gigabytes of data for
+	// ThreadSanitizer: there the memory share is large enough for it.
+	mem := int64(200 << 20)
+	if raceEnabled {
+		mem = 8 << 30
+	}
 	id := "unpriv-runner"
 	s := Share{Compute: 0.9 / float64(n), Memory: mem, Mode: ModeBackground}
 	pl, err := l.Place(id, s)
@@ -164,7 +169,7 @@ func TestUnprivilegedRunner(t *testing.T) {
 	timeCall(t, r, req)
 	pid := r.Pid()
 	checkThreads(t, pid, unix.SCHED_IDLE, last)
-	if got, want := dataLimit(t, pid), strconv.Itoa(mem+DataReserve); got != want {
+	if got, want := dataLimit(t, pid), strconv.FormatInt(mem+DataReserve, 10); got != want {
 		t.Errorf("data limit %s, want %s", got, want)
 	}
 	status, err := readStatus(pid)
@@ -179,7 +184,7 @@ func TestUnprivilegedRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkThreads(t, pid, unix.SCHED_IDLE, all)
-	if got, want := dataLimit(t, pid), strconv.Itoa(2*mem+DataReserve); got != want {
+	if got, want := dataLimit(t, pid), strconv.FormatInt(2*mem+DataReserve, 10); got != want {
 		t.Errorf("data limit after the resize %s, want %s", got, want)
 	}
 	// Out of the background: root may take threads out of the idle
@@ -381,6 +386,9 @@ func detectorRequestOf(size int) *runtime.InferRequest {
 // out-of-memory end (seen about once in 20 runs on a busy machine). Such a
 // run is tried again once, in a new unit.
 func TestUnprivilegedOutOfMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a data limit a runner keeps to is too small for a race-instrumented one")
+	}
 	l := realUnprivileged(t, false)
 	for attempt := 1; ; attempt++ {
 		aborted := outOfMemoryRun(t, l, fmt.Sprintf("oom-%d", attempt))
