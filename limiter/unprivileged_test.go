@@ -297,3 +297,23 @@ func TestCPUList(t *testing.T) {
 		}
 	}
 }
+
+// CleanupStale (sloserve cleanup) removes the process units of servers
+// that are gone.
+func TestCleanupStaleUnits(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	base := unitsBase()
+	if filepath.Dir(base) != tmp {
+		t.Fatalf("units base %s is not in TMPDIR %s", base, tmp)
+	}
+	dead := filepath.Join(base, parentName(deadPid(t)))
+	mustMkdir(t, filepath.Join(dead, "u"))
+	n, err := CleanupStale(t.TempDir(), testLogger(t)) // a root with no cgroup hierarchy
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || exists(dead) {
+		t.Errorf("removed %d, %s still there: %v; want it removed", n, dead, exists(dead))
+	}
+}
