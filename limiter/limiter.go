@@ -258,6 +258,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 	// Not writable as a whole: a subtree delegated to the server's user.
 	d, errD := newDelegated(opts, env, writable, log)
 	if errD == nil {
+		d.describe += fmt.Sprintf(" (the tree is not writable above it: %v)", err)
 		log.Info("limiter ready", "kind", d.Kind(), "describe", d.Describe())
 		return d, nil
 	}

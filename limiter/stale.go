@@ -16,8 +16,9 @@ import (
 // (SIGKILL, a crash): in the server's own cgroup of each hierarchy the
 // limiter uses, every sloserve-<pid> directory whose pid is not a live
 // process is removed, after its remaining processes are killed with
-// SIGKILL. It returns how many such sloserve-<pid> directories it
-// removed. New calls it.
+// SIGKILL. It removes the unprivileged backend's units of servers that
+// are gone too ($TMPDIR/sloserve-<uid>/sloserve-<pid>). It returns how many
+// such sloserve-<pid> directories it removed. New calls it.
 func CleanupStale(root string, logger *slog.Logger) (int, error) {
 	if logger == nil {
 		logger = slog.Default()
@@ -25,7 +26,10 @@ func CleanupStale(root string, logger *slog.Logger) (int, error) {
 	if root == "" {
 		root = DefaultRoot
 	}
-	return cleanupStale(root, hostEnv(), logger)
+	// The unprivileged backend's process units of servers that are gone.
+	units := cleanupStaleUnits(unitsBase(), processAlive, logger)
+	n, err := cleanupStale(root, hostEnv(), logger)
+	return units + n, err
 }
 
 func cleanupStale(root string, env hostEnvironment, log *slog.Logger) (int, error) {

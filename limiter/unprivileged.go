@@ -41,6 +41,9 @@ type unprivLimiter struct {
 	// apply applies limits to a live process (runtime.ApplyProcessLimits;
 	// tests fake it).
 	apply func(pid int, l runtime.ProcessLimits) error
+	// member reports whether pid is a live process of the unit in dir
+	// (unitMember; tests fake it).
+	member func(pid int, dir string) bool
 
 	mu     sync.Mutex
 	units  unitTable[*procUnit]
@@ -108,7 +111,19 @@ func newUnprivileged(base string, allowed []int, reason string, log *slog.Logger
 		return nil, fmt.Errorf("process units: %w", err)
 	}
 	return &unprivLimiter{allowed: slices.Clone(allowed), dir: dir, reason: reason, log: log,
-		apply: runtime.ApplyProcessLimits, units: unitTable[*procUnit]{}}, nil
+		apply: runtime.ApplyProcessLimits, member: unitMember, units: unitTable[*procUnit]{}}, nil
+}
+
+// unitMember reports whether pid is a live runner started in the unit
+// in dir: its command line names the unit. A pid in a procs file may have
+// ended and been reused by another process of the user since, which
+// must not be resized or counted.
+func unitMember(pid int, dir string) bool {
+	if !processAlive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte("\x00--process-unit\x00"+dir+"\x00"))
 }
 
 // cleanupStaleUnits removes the units' parents of servers that are gone.
@@ -264,7 +279,7 @@ func (l *unprivLimiter) Resize(id string, s Share) error {
 	}
 	var errs []error
 	for _, pid := range pids {
-		if !processAlive(pid) {
+		if !l.member(pid, u.dir) {
 			continue
 		}
 		err := l.apply(pid, next)
@@ -276,7 +291,7 @@ func (l *unprivLimiter) Resize(id string, s Share) error {
 				return fmt.Errorf("limiter: resize %s: %w", id, werr)
 			}
 			return fmt.Errorf("%w: %s: %w", ErrRestartRequired, id, err)
-		case err != nil && processAlive(pid):
+		case err != nil && l.member(pid, u.dir):
 			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 		}
 	}
@@ -314,14 +329,13 @@ func (l *unprivLimiter) Stats(id string) (Stats, error) {
 		if last < 0 {
 			continue // ended, counted in gone
 		}
-		// A process that has ended but is not reaped yet still reads.
-		if cpu, err := processCPU(pid); err == nil {
-			last = max(last, cpu)
-		}
-		if !processAlive(pid) {
-			u.gone += last
+		if !l.member(pid, u.dir) {
+			u.gone += last // its time up to the last reading
 			u.cpu[pid] = -1
 			continue
+		}
+		if cpu, err := processCPU(pid); err == nil {
+			last = max(last, cpu)
 		}
 		u.cpu[pid] = last
 		st.CPUSeconds += last

@@ -147,7 +147,12 @@ func TestUnprivilegedRunner(t *testing.T) {
 	n := len(l.allowed)
 	last := strconv.Itoa(l.allowed[n-1])
 	all := cpuList(l.allowed)
-	const mem = 200 << 20
+	// A race-instrumented runner (this binary) maps gigabytes of data for
+	// ThreadSanitizer: there the memory share is large enough for it.
+	mem := int64(200 << 20)
+	if raceEnabled {
+		mem = 8 << 30
+	}
 	id := "unpriv-runner"
 	s := Share{Compute: 0.9 / float64(n), Memory: mem, Mode: ModeBackground}
 	pl, err := l.Place(id, s)
@@ -164,7 +169,7 @@ func TestUnprivilegedRunner(t *testing.T) {
 	timeCall(t, r, req)
 	pid := r.Pid()
 	checkThreads(t, pid, unix.SCHED_IDLE, last)
-	if got, want := dataLimit(t, pid), strconv.Itoa(mem+DataReserve); got != want {
+	if got, want := dataLimit(t, pid), strconv.FormatInt(mem+DataReserve, 10); got != want {
 		t.Errorf("data limit %s, want %s", got, want)
 	}
 	status, err := readStatus(pid)
@@ -179,7 +184,7 @@ func TestUnprivilegedRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkThreads(t, pid, unix.SCHED_IDLE, all)
-	if got, want := dataLimit(t, pid), strconv.Itoa(2*mem+DataReserve); got != want {
+	if got, want := dataLimit(t, pid), strconv.FormatInt(2*mem+DataReserve, 10); got != want {
 		t.Errorf("data limit after the resize %s, want %s", got, want)
 	}
 	// Out of the background: root may take threads out of the idle
@@ -374,10 +379,33 @@ func detectorRequestOf(size int) *runtime.InferRequest {
 // ErrOutOfMemory, the runner's exit says out of memory, and Stats counts
 // it. The same runner answered a small image first: it is the large
 // image's memory that the limit refuses.
+//
+// Any allocation may be the one refused: where it is a new thread's stack
+// rather than ONNX Runtime's arena or Go's heap, the runner aborts
+// (runtime/cgo: pthread_create failed) and its exit is a crash, not an
+// out-of-memory end (seen about once in 20 runs on a busy machine). Such a
+// run is tried again once, in a new unit.
 func TestUnprivilegedOutOfMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a data limit a runner keeps to is too small for a race-instrumented one")
+	}
 	l := realUnprivileged(t, false)
+	for attempt := 1; ; attempt++ {
+		aborted := outOfMemoryRun(t, l, fmt.Sprintf("oom-%d", attempt))
+		if !aborted || t.Failed() {
+			return
+		}
+		if attempt == 2 {
+			t.Fatal("the runner aborted in two runs out of two instead of ending as out of memory")
+		}
+		t.Log("the runner aborted (a refused allocation outside the arena); trying again")
+	}
+}
+
+// outOfMemoryRun is one run of TestUnprivilegedOutOfMemory in unit id; it
+// reports whether the runner aborted instead of ending as out of memory.
+func outOfMemoryRun(t *testing.T, l *unprivLimiter, id string) (aborted bool) {
 	const mem = 16 << 20
-	id := "oom"
 	pl, err := l.Place(id, Share{Memory: mem})
 	if err != nil {
 		t.Fatal(err)
@@ -404,7 +432,7 @@ func TestUnprivilegedOutOfMemory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("StartRunner under a %d MiB share: %v", mem>>20, err)
 	}
-	t.Cleanup(func() { stopRunner(t, r) })
+	defer stopRunner(t, r)
 	pid := r.Pid()
 	status, _ := readStatus(pid)
 	t.Logf("runner at rest: VmData %d MiB (limit %d MiB), VmRSS %d MiB", status["VmData"]>>20, (mem+DataReserve)>>20, status["VmRSS"]>>20)
@@ -412,16 +440,28 @@ func TestUnprivilegedOutOfMemory(t *testing.T) {
 		t.Fatalf("a small image under the limit: %v", err)
 	}
 	_, err = r.Infer(t.Context(), detectorRequestOf(1600))
-	if !errors.Is(err, runtime.ErrOutOfMemory) {
-		t.Fatalf("a 1600x1600 image under a %d MiB data limit: %v, want ErrOutOfMemory", (mem+DataReserve)>>20, err)
-	}
+	var e runtime.Exit
 	select {
-	case e := <-exits:
-		if !e.OOM || !strings.Contains(e.Cause, "out of memory") {
-			t.Errorf("exit %+v, want out of memory", e)
-		}
+	case e = <-exits:
 	case <-time.After(10 * time.Second):
-		t.Error("no exit reported")
+		t.Fatalf("no exit reported; the call: %v", err)
+	}
+	if strings.Contains(e.Cause, "aborted") && !e.OOM {
+		return true
+	}
+	if !e.OOM || !strings.Contains(e.Cause, "out of memory") {
+		t.Errorf("exit %+v, want out of memory", e)
+	}
+	// The call learns of the out-of-memory end when the process has been
+	// reaped within the runtime's wait for it (half a second), as with a
+	// kernel OOM kill in a cgroup; on a busy machine the dying process may
+	// take longer, and the call fails as the runner being unavailable.
+	switch {
+	case errors.Is(err, runtime.ErrOutOfMemory):
+	case errors.Is(err, runtime.ErrUnavailable):
+		t.Logf("the call failed before the runner was reaped: %v", err)
+	default:
+		t.Errorf("a 1600x1600 image under a %d MiB data limit: %v, want ErrOutOfMemory", (mem+DataReserve)>>20, err)
 	}
 	st, err := l.Stats(id)
 	if err != nil {
@@ -433,4 +473,5 @@ func TestUnprivilegedOutOfMemory(t *testing.T) {
 	if st.OOMKills != 1 || st.MemoryLimit != mem {
 		t.Errorf("stats %+v, want 1 OOM kill and the %d byte limit", st, mem)
 	}
+	return false
 }

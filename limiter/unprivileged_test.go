@@ -30,6 +30,8 @@ func fakeUnprivileged(t *testing.T, err *error) (*unprivLimiter, *[]applied) {
 		t.Fatal(e)
 	}
 	var calls []applied
+	// This test's own process stands in for a runner.
+	l.member = func(pid int, dir string) bool { return processAlive(pid) }
 	l.apply = func(pid int, pl runtime.ProcessLimits) error {
 		calls = append(calls, applied{pid, pl.String()})
 		return *err
@@ -256,6 +258,32 @@ func TestUnprivilegedBase(t *testing.T) {
 	}
 }
 
+// A pid is a unit's only while its command line names the unit: a pid
+// reused by another process is neither resized nor counted.
+func TestUnitMember(t *testing.T) {
+	dir := t.TempDir()
+	if unitMember(os.Getpid(), dir) {
+		t.Error("this test's process counts as a member of a unit it does not name")
+	}
+	if unitMember(deadPid(t), dir) {
+		t.Error("a dead pid is a member")
+	}
+	self, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip(err)
+	}
+	// A second command keeps the shell from exec'ing sleep in its place.
+	named := exec.Command(self, "-c", "sleep 60; true", "--process-unit", dir)
+	if err := named.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { named.Process.Kill(); named.Wait() }()
+	if !unitMember(named.Process.Pid, dir) || unitMember(named.Process.Pid, dir+"x") {
+		t.Errorf("a process whose command line names the unit: member %v, of another unit %v; want true, false",
+			unitMember(named.Process.Pid, dir), unitMember(named.Process.Pid, dir+"x"))
+	}
+}
+
 func TestCPUList(t *testing.T) {
 	for in, want := range map[string]string{"": "", "0": "0", "0,1,2,3": "0-3", "0,2,3,4,7": "0,2-4,7"} {
 		var cpus []int
@@ -267,5 +295,25 @@ func TestCPUList(t *testing.T) {
 		if got := cpuList(cpus); got != want {
 			t.Errorf("cpuList(%v) = %q, want %q", cpus, got, want)
 		}
+	}
+}
+
+// CleanupStale (sloserve cleanup) removes the process units of servers
+// that are gone.
+func TestCleanupStaleUnits(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	base := unitsBase()
+	if filepath.Dir(base) != tmp {
+		t.Fatalf("units base %s is not in TMPDIR %s", base, tmp)
+	}
+	dead := filepath.Join(base, parentName(deadPid(t)))
+	mustMkdir(t, filepath.Join(dead, "u"))
+	n, err := CleanupStale(t.TempDir(), testLogger(t)) // a root with no cgroup hierarchy
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || exists(dead) {
+		t.Errorf("removed %d, %s still there: %v; want it removed", n, dead, exists(dead))
 	}
 }
