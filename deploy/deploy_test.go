@@ -24,6 +24,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
 )
 
 const (
@@ -479,7 +481,7 @@ func TestChartDefault(t *testing.T) {
 	// Shares are enforced as the non-root user the pod runs as: the
 	// limiter may pick the unprivileged backend, whose process units live
 	// in TMPDIR (/tmp), which must be writable; no capability is needed.
-	if l := cfg.Control.Limiter; (l != configs.LimiterAuto && l != configs.LimiterUnprivileged) || cfg.Control.Policy == configs.SharePolicyShared {
+	if l := cfg.Control.Limiter; (l != limiter.BackendAuto && l != limiter.BackendUnprivileged) || cfg.Control.Policy == control.SharePolicyShared {
 		t.Errorf("control.limiter %q, policy %q: the chart's pods would enforce no shares", l, cfg.Control.Policy)
 	}
 	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" && !m.ReadOnly }) {
