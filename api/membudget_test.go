@@ -373,3 +373,63 @@ func TestSharedMemoryBytesCheckedInPlace(t *testing.T) {
 		t.Errorf("%d KiB allocated for a %d-byte request, want under 1 MiB", allocated>>10, len(body))
 	}
 }
+
+// TestGRPCStreamMemory: an open ModelStreamInfer stream holds the buffer
+// of its next message (2 x max_request_bytes) for its whole life, so
+// streams past the budget are refused with RESOURCE_EXHAUSTED when they
+// open; the others serve, and everything is given back when they close.
+func TestGRPCStreamMemory(t *testing.T) {
+	const message = 16 << 20
+	mem := NewMemoryBudget(4*2*message + 1<<20) // four streams and their small requests
+	conn := serveGRPC(t, NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 20, Memory: mem}, slog.New(slog.DiscardHandler)))
+	client := inference.NewGRPCInferenceServiceClient(conn)
+	var streams []grpc.BidiStreamingClient[inference.ModelInferRequest, inference.ModelStreamInferResponse]
+	opening := time.Now()
+	for i := range 5 {
+		st, err := client.ModelStreamInfer(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&inference.ModelInferRequest{ModelName: "echo", Id: strconv.Itoa(i), Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+			Name: "x", Datatype: "INT32", Shape: []int64{2}, Contents: &inference.InferTensorContents{IntContents: []int32{int32(i), 7}},
+		}}}); err != nil && i < 4 {
+			t.Fatal(err)
+		}
+		resp, err := st.Recv()
+		if i == 4 {
+			if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "limits.max_memory") {
+				t.Fatalf("fifth stream: %v, %v; want RESOURCE_EXHAUSTED naming limits.max_memory", resp, err)
+			}
+			break
+		}
+		if err != nil || resp.GetErrorMessage() != "" || resp.GetInferResponse().GetId() != strconv.Itoa(i) {
+			t.Fatalf("stream %d: %v, %v", i, resp, err)
+		}
+		streams = append(streams, st)
+	}
+	// Each request's memory is given back once its answer is sent.
+	opened := time.Since(opening)
+	start := time.Now()
+	for mem.Used() != 4*2*message && time.Since(start) < 100*opened {
+		time.Sleep(time.Millisecond)
+	}
+	if got := mem.Used(); got != 4*2*message {
+		t.Fatalf("four open streams hold %d bytes, want %d", got, 4*2*message)
+	}
+	start = time.Now()
+	for _, st := range streams {
+		if err := st.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err == nil {
+			t.Fatal("stream answered after CloseSend")
+		}
+	}
+	took := time.Since(start)
+	for mem.Used() != 0 && time.Since(start) < 100*took {
+		time.Sleep(took / 10)
+	}
+	if mem.Used() != 0 {
+		t.Fatalf("%d bytes still reserved after the streams closed", mem.Used())
+	}
+}
