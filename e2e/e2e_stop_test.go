@@ -73,11 +73,16 @@ func TestE2EStopManyIdleBestEffort(t *testing.T) {
 		t.Logf("%d models, policy %s: stopped in %v", n, policy, took)
 		return took
 	}
+	// The baseline is measured before and after, and the longer taken:
+	// the machine's load drifts between servers (ratios of 0.5 to 2.7 in
+	// ten runs with one baseline; 16.5, with runners killed, before the
+	// fix).
 	one := stop(1, "adaptive")
 	free := stop(many, "shared")
 	capped := stop(many, "adaptive")
+	free = max(free, stop(many, "shared"))
 	t.Logf("stop of %d capped / %d uncapped: %.2f; / 1 capped: %.1f", many, many, capped.Seconds()/free.Seconds(), capped.Seconds()/one.Seconds())
-	if capped > 2*free {
+	if capped > 4*free {
 		t.Errorf("stopping %d idle capped best-effort models took %v, %.1fx the %v of the same models without limits", many, capped, capped.Seconds()/free.Seconds(), free)
 	}
 }
