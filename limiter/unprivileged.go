@@ -350,15 +350,21 @@ func (l *unprivLimiter) Stats(id string) (Stats, error) {
 }
 
 // unitOOMs counts a unit's out-of-memory ends: allocations ONNX Runtime
-// reported failed (the oom file), and Go's fatal "out of memory" (the
-// crash file).
+// reported failed (the oom file), and Go's fatal errors that say out of
+// memory (the crash file: "fatal error: runtime: out of memory" where a
+// mapping failed, "fatal error: out of memory" where the heap could not
+// grow, and the like).
 func unitOOMs(dir string) uint64 {
 	var n uint64
 	if b, err := os.ReadFile(filepath.Join(dir, runtime.UnitOOMFile)); err == nil {
 		n += uint64(bytes.Count(b, []byte("\n")))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, runtime.UnitCrashFile)); err == nil {
-		n += uint64(bytes.Count(b, []byte("fatal error: runtime: out of memory")))
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "fatal error:") && strings.Contains(line, "out of memory") {
+				n++
+			}
+		}
 	}
 	return n
 }
