@@ -398,8 +398,10 @@ func (h *grpcHealthServer) List(context.Context, *grpc_health_v1.HealthListReque
 // Watch sends the current status, then a new message whenever it changes,
 // polling readiness every interval on the stream's own goroutine. An unknown
 // service is reported as SERVICE_UNKNOWN, as the protocol asks, and never
-// changes.
+// changes. Its one message is in: the memory and the health slot its
+// reading took are given back for the stream's long life.
 func (h *grpcHealthServer) Watch(req *grpc_health_v1.HealthCheckRequest, stream grpc.ServerStreamingServer[grpc_health_v1.HealthCheckResponse]) error {
+	grpcCallMemory(stream.Context()).Release()
 	known := slices.Contains(grpcHealthServices, req.GetService())
 	current := func() grpc_health_v1.HealthCheckResponse_ServingStatus {
 		if !known {

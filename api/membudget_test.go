@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -431,5 +432,38 @@ func TestGRPCStreamMemory(t *testing.T) {
 	}
 	if mem.Used() != 0 {
 		t.Fatalf("%d bytes still reserved after the streams closed", mem.Used())
+	}
+}
+
+// TestGRPCHealthOverBudget: health calls are answered while clients'
+// traffic holds the whole budget, and a Watch stream gives back what
+// reading its request took, so that more watchers than the health calls
+// read at once (16) can stay open.
+func TestGRPCHealthOverBudget(t *testing.T) {
+	mem := NewMemoryBudget(1 << 30)
+	conn := serveGRPC(t, NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 20, Memory: mem}, slog.New(slog.DiscardHandler)))
+	full, err := mem.Reserve(1<<30, "everything")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Release()
+	if _, err := inference.NewGRPCInferenceServiceClient(conn).ServerLive(t.Context(), &inference.ServerLiveRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("ServerLive over the budget: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	health := grpc_health_v1.NewHealthClient(conn)
+	if resp, err := health.Check(t.Context(), &grpc_health_v1.HealthCheckRequest{}); err != nil || resp.GetStatus() != grpc_health_v1.HealthCheckResponse_SERVING {
+		t.Fatalf("Check over the budget: %v, %v", resp, err)
+	}
+	for i := range 2 * grpcHealthReading {
+		w, err := health.Watch(t.Context(), &grpc_health_v1.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := w.Recv(); err != nil || resp.GetStatus() != grpc_health_v1.HealthCheckResponse_SERVING {
+			t.Fatalf("watcher %d: %v, %v", i, resp, err)
+		}
+	}
+	if got := mem.Used(); got != 1<<30 {
+		t.Fatalf("open watchers hold %d bytes over the budget's", got-(1<<30))
 	}
 }
