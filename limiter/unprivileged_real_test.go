@@ -280,10 +280,18 @@ func TestUnprivilegedBackgroundYieldsToFloor(t *testing.T) {
 		timeCall(t, runners[i], req)
 	}
 	busy(ids, runners, time.Second)
-	prio := busy(ids, runners, 3*time.Second)
-	t.Logf("CPU seconds in 3s, floor vs background: %.2f vs %.2f (%.1fx)", prio[0], prio[1], prio[0]/max(prio[1], 1e-3))
-	if prio[0] < 5*prio[1] {
-		t.Errorf("the floor's runner used %.2f CPU s and the background one %.2f; want at least 5 times as much", prio[0], prio[1])
+	// CPU time reads in ticks of 10 ms: on a machine busy with other work
+	// the windows add up until the floor's runner has half a CPU second
+	// (at most four); the background runner is counted a tick more.
+	var prio [2]float64
+	windows := 0
+	for ; windows < 4 && prio[0] < 0.5; windows++ {
+		p := busy(ids, runners, 3*time.Second)
+		prio[0], prio[1] = prio[0]+p[0], prio[1]+p[1]
+	}
+	t.Logf("CPU seconds in %d x 3 s, floor vs background: %.2f vs %.2f (%.1fx)", windows, prio[0], prio[1], prio[0]/max(prio[1], 1e-3))
+	if prio[0] < 0.5 || prio[0] < 5*(prio[1]+0.01) {
+		t.Errorf("the floor's runner used %.2f CPU s and the background one %.2f; want at least 5 times as much, and half a second", prio[0], prio[1])
 	}
 	if os.Getuid() != 0 {
 		return // the background runner cannot leave the idle class
