@@ -324,10 +324,20 @@ control:
 		wg.Wait()
 		return l1 - l0, b1 - b0
 	}
-	lcCPU, beCPU := busy(lc, be, 5*time.Second)
-	t.Logf("CPU seconds over 4 s on one CPU, latency-critical vs best-effort (SCHED_IDLE): %.2f vs %.2f (%.1fx)", lcCPU, beCPU, lcCPU/max(beCPU, 0.01))
-	if lcCPU < 5*beCPU {
-		t.Errorf("latency-critical runner used %.2f CPU s, best-effort %.2f: want at least 5 times as much", lcCPU, beCPU)
+	// CPU time reads in ticks of 10 ms: the runners must have had enough
+	// of the CPU for a ratio to mean something. On a machine busy with
+	// other work the windows add up until the latency-critical runner has
+	// half a CPU second (at most four); the best-effort runner is counted
+	// a tick more than it read.
+	var lcCPU, beCPU float64
+	windows := 0
+	for ; windows < 4 && lcCPU < 0.5; windows++ {
+		l, b := busy(lc, be, 5*time.Second)
+		lcCPU, beCPU = lcCPU+l, beCPU+b
+	}
+	t.Logf("CPU seconds over %d x 4 s on one CPU, latency-critical vs best-effort (SCHED_IDLE): %.2f vs %.2f (%.1fx)", windows, lcCPU, beCPU, lcCPU/max(beCPU, 0.01))
+	if lcCPU < 0.5 || lcCPU < 5*(beCPU+0.01) {
+		t.Errorf("latency-critical runner used %.2f CPU s, best-effort %.2f: want at least 5 times as much, and half a second", lcCPU, beCPU)
 	}
 
 	// A pin is a cap at normal priority: the idle runner cannot leave its

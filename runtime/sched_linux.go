@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -285,7 +287,39 @@ func joinProcessUnit(dir string) (*processUnit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("join process unit: %w", err)
 	}
+	if applied.DataLimit > 0 {
+		spareThreads(spareThreadCount)
+	}
 	return &processUnit{dir: dir, limited: applied.DataLimit > 0}, nil
+}
+
+// spareThreadCount is how many idle threads a runner under a data limit
+// keeps for Go's scheduler.
+const spareThreadCount = 4
+
+// spareThreads makes n more OS threads for Go's scheduler while memory is
+// plentiful. Go keeps an idle thread for reuse, so when an allocation
+// under the data limit fails, the scheduler finds one instead of creating
+// one: a thread whose stack cannot be mapped aborts the process
+// (runtime/cgo: pthread_create failed) before the failure can be counted
+// as out of memory. Each goroutine holds its thread until all of them run
+// at once, so each runs on a thread of its own.
+func spareThreads(n int) {
+	var started, release sync.WaitGroup
+	started.Add(n)
+	release.Add(1)
+	var done sync.WaitGroup
+	for range n {
+		done.Go(func() {
+			goruntime.LockOSThread()
+			started.Done()
+			release.Wait()
+			goruntime.UnlockOSThread()
+		})
+	}
+	started.Wait()
+	release.Done()
+	done.Wait()
 }
 
 // allocationFailure reports whether an ONNX Runtime error is a failed
@@ -313,6 +347,9 @@ func (u *processUnit) outOfMemory(err error) {
 	if u == nil || !u.limited || !allocationFailure(err) {
 		return
 	}
+	// Room to record it: the failed allocation's neighbours may still
+	// hold what the limit allowed.
+	_ = setDataLimit(os.Getpid(), 0)
 	if f, ferr := os.OpenFile(filepath.Join(u.dir, UnitOOMFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); ferr == nil {
 		fmt.Fprintf(f, "%d %s\n", os.Getpid(), strings.ReplaceAll(err.Error(), "\n", " "))
 		f.Close()
