@@ -593,7 +593,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 		order = append(order, st.Spec.Name)
 	}
 	delta := func(name string) float64 {
-		return limitedOrWhole(p.next[name].Compute) - limitedOrWhole(a.models[name].applied.Compute)
+		return limiter.LimitedOrWhole(p.next[name].Compute) - limiter.LimitedOrWhole(a.models[name].applied.Compute)
 	}
 	slices.SortStableFunc(order, func(x, y string) int { return cmp.Compare(delta(x), delta(y)) })
 	for _, name := range order {
@@ -715,8 +715,8 @@ func (a *Adjuster) holdGrowth(now time.Time, t *tracked, d decision) bool {
 	if !a.opts.CapsOnly || d.class != qos.ClassBestEffort || !t.hasApplied {
 		return false
 	}
-	cur := limitedOrWhole(t.applied.Compute)
-	grow := limitedOrWhole(d.share.Compute) - cur
+	cur := limiter.LimitedOrWhole(t.applied.Compute)
+	grow := limiter.LimitedOrWhole(d.share.Compute) - cur
 	if grow <= a.opts.Step/2 {
 		return false // a shrink, or within the dead band: the usual rules
 	}
@@ -782,18 +782,9 @@ func limitedCompute(c float64) float64 {
 	return c
 }
 
-// limitedOrWhole is a compute share with no limit counted as the whole
-// device.
-func limitedOrWhole(c float64) float64 {
-	if c <= 0 || c >= 1 {
-		return 1
-	}
-	return c
-}
-
 // sameCompute compares compute shares, 0 and >= 1 both meaning no limit.
 func sameCompute(x, y, tolerance float64) bool {
-	return math.Abs(limitedOrWhole(x)-limitedOrWhole(y)) <= tolerance
+	return math.Abs(limiter.LimitedOrWhole(x)-limiter.LimitedOrWhole(y)) <= tolerance
 }
 
 // apply sends a changed share to the actuator and then the predictor.
