@@ -137,7 +137,7 @@ func New(opts Options) (*Device, error) {
 		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
 	}
 	d.adj = adj
-	log.Info("device started", "policy", opts.QoS.Policy, "slots", slots, "share_policy", adj.Policy())
+	log.Info("device started", "policy", opts.QoS.Policy, "slots", slots, "share_policy", adj.Policy().Name())
 	return d, nil
 }
 
@@ -173,7 +173,7 @@ func (d *Device) Adjuster() *control.Adjuster { return d.adj }
 // the limiter adds its component and the device.
 func NewLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
 	backend := ctl.Limiter
-	if ctl.Policy == control.SharePolicyShared && backend == limiter.BackendAuto {
+	if p, err := control.PolicyNamed(ctl.Policy); err == nil && !p.Limits() && backend == limiter.BackendAuto {
 		backend = limiter.BackendNone
 	}
 	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
@@ -186,12 +186,13 @@ func NewLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.L
 }
 
 // backgroundsBestEffort reports whether the device runs best-effort work
-// behind latency-critical work: the adaptive policy puts best-effort
-// runners in the background (limiter.ModeBackground) where the limiter has
+// behind latency-critical work: a policy that puts best-effort runners in
+// the background (limiter.ModeBackground; adaptive), on a limiter that has
 // a background class, so the scheduler may give each class slots of its
 // own.
 func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
-	return policy == control.SharePolicyAdaptive && lim.Capabilities().Background
+	p, err := control.PolicyNamed(policy)
+	return err == nil && p.Backgrounds() && lim.Capabilities().Background
 }
 
 // Slots is how many executions a device runs at once across its models.

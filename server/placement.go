@@ -187,7 +187,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
 	bound := max(p.devs.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
 	target := 0.0
-	if d := p.devs.lookup(v.Device); d != nil && lc && d.Adjuster().Policy() == control.SharePolicyAdaptive {
+	if d := p.devs.lookup(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
 		for _, ms := range d.Adjuster().Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
 				target = min(ms.Target, 1)
@@ -233,7 +233,7 @@ func (p *placement) rate(v models.PlacedVersion) float64 {
 	if d == nil {
 		return 0
 	}
-	if d.Adjuster().Policy() == control.SharePolicyAdaptive {
+	if d.Adjuster().Policy().Forecasts() {
 		return p.devs.pred.ForecastRate(v.Key, p.devs.ctl.Period)
 	}
 	st, ok := d.Scheduler().ModelState(v.Key)
