@@ -18,20 +18,6 @@ import (
 	"github.com/sloserve/sloserve/qos"
 )
 
-// Share policies: how an Adjuster divides its device among the models.
-const (
-	// SharePolicyAdaptive is sloserve's loop: each latency-critical model
-	// gets the smallest share predicted to meet its SLO at its forecast
-	// rate, best-effort models split what is left.
-	SharePolicyAdaptive = "adaptive"
-	// SharePolicyStatic gives every model an equal, fixed share of compute
-	// (and of the memory budget when one is set), like a dedicated slice.
-	SharePolicyStatic = "static"
-	// SharePolicyShared sets no limits: every model gets Share{} and they
-	// all contend for the device.
-	SharePolicyShared = "shared"
-)
-
 // Defaults for zero values in AdjusterOptions.
 const (
 	DefaultAdjustPeriod   = time.Second
@@ -246,8 +232,10 @@ func (e Event) LogValue() slog.Value {
 type Adjuster struct {
 	s       *qos.Scheduler
 	opts    AdjusterOptions
+	policy  Policy // opts.Policy's
 	log     *slog.Logger
 	metrics *adjusterMetrics
+	events  *EventLog     // at most EventCapacity
 	trigger chan struct{} // capacity 1: passes asked for by Pin collapse
 
 	// Owned by the goroutine in Run.
@@ -257,7 +245,6 @@ type Adjuster struct {
 	started bool
 	pins    map[string]limiter.Share // set by Pin
 	view    []ModelShare             // as of the last pass, by name
-	events  []Event                  // newest last, at most EventCapacity
 }
 
 // tracked is what the loop remembers of one model between passes.
@@ -317,6 +304,7 @@ func NewAdjuster(s *qos.Scheduler, opts AdjusterOptions) (*Adjuster, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
+	policy, _ := PolicyNamed(opts.Policy) // setDefaults checked the name
 	opts.Device = cmp.Or(opts.Device, s.Device())
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -324,10 +312,12 @@ func NewAdjuster(s *qos.Scheduler, opts AdjusterOptions) (*Adjuster, error) {
 	a := &Adjuster{
 		s:       s,
 		opts:    opts,
+		policy:  policy,
 		log:     opts.Logger.With("component", "adjuster", "policy", opts.Policy, "device", opts.Device),
 		trigger: make(chan struct{}, 1),
 		models:  map[string]*tracked{},
 		pins:    map[string]limiter.Share{},
+		events:  NewEventLog(opts.EventCapacity),
 	}
 	m, err := newAdjusterMetrics(opts.Registerer, opts.Device, a)
 	if err != nil {
@@ -340,12 +330,12 @@ func NewAdjuster(s *qos.Scheduler, opts AdjusterOptions) (*Adjuster, error) {
 func (o *AdjusterOptions) setDefaults() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	switch o.Policy {
-	case "":
+	if o.Policy == "" {
 		o.Policy = SharePolicyAdaptive
-	case SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared:
-	default:
-		bad("unknown share policy %q (want %q, %q or %q)", o.Policy, SharePolicyAdaptive, SharePolicyStatic, SharePolicyShared)
+	}
+	policy, err := PolicyNamed(o.Policy)
+	if err != nil {
+		bad("%v", err)
 	}
 	fraction := func(name string, v *float64, def float64, zeroOK bool) {
 		switch {
@@ -391,7 +381,7 @@ func (o *AdjusterOptions) setDefaults() error {
 	if o.Actuator == nil {
 		bad("no actuator")
 	}
-	if o.Policy == SharePolicyAdaptive && o.Predictor == nil {
+	if policy != nil && policy.Forecasts() && o.Predictor == nil {
 		bad("the adaptive policy needs a predictor")
 	}
 	if len(errs) > 0 {
@@ -407,7 +397,7 @@ func (o *AdjusterOptions) setDefaults() error {
 }
 
 // Policy returns the share policy.
-func (a *Adjuster) Policy() string { return a.opts.Policy }
+func (a *Adjuster) Policy() Policy { return a.policy }
 
 // Run decides and applies shares: a pass at once, then one every Period
 // and one after each Pin, until ctx ends. It returns nil then. Run may be
@@ -484,16 +474,7 @@ func (a *Adjuster) Shares() []ModelShare {
 // Events returns the kept events at or after since (zero: all), oldest
 // first; with limit > 0, only the newest limit of them.
 func (a *Adjuster) Events(since time.Time, limit int) []Event {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	// Events are kept in time order, so the ones at or after since are a
-	// suffix; the search finds its first.
-	i, _ := slices.BinarySearchFunc(a.events, since, func(e Event, t time.Time) int { return e.Time.Compare(t) })
-	out := a.events[i:]
-	if limit > 0 && len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return slices.Clone(out)
+	return a.events.Since(since, limit)
 }
 
 // record keeps an event, counts it and logs it.
@@ -504,17 +485,8 @@ func (a *Adjuster) record(e Event) {
 }
 
 func (a *Adjuster) recordLocked(e Event) {
-	if e.Time.IsZero() {
-		e.Time = time.Now()
-	}
-	if n := len(a.events); n > 0 && e.Time.Before(a.events[n-1].Time) {
-		e.Time = a.events[n-1].Time // keep the list in time order
-	}
 	e.Device = a.opts.Device
-	a.events = append(a.events, e)
-	if over := len(a.events) - a.opts.EventCapacity; over > 0 {
-		a.events = slices.Delete(a.events, 0, over)
-	}
+	e = a.events.Add(e)
 	a.metrics.events.WithLabelValues(e.Kind).Inc()
 	level := slog.LevelInfo
 	if e.Kind == EventError {
@@ -571,19 +543,9 @@ func (a *Adjuster) pass(ctx context.Context) {
 	}
 
 	p := newPlan(len(states))
-	switch a.opts.Policy {
-	case SharePolicyAdaptive:
-		for _, st := range states {
-			a.opts.Predictor.ObserveArrivals(st.Spec.Name, now, st.Arrived)
-		}
-		a.decideAdaptive(now, states, p)
-	case SharePolicyStatic:
-		a.decideStatic(now, states, p)
-	default:
-		a.decideShared(now, states, p)
-	}
+	a.policy.decide(a, now, states, p)
 	a.release(p)
-	if a.opts.Policy == SharePolicyAdaptive {
+	if a.policy.Forecasts() {
 		a.sizeMemory(now, states, p)
 	}
 	// Shrink before growing, so that the device is not oversubscribed
@@ -593,7 +555,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 		order = append(order, st.Spec.Name)
 	}
 	delta := func(name string) float64 {
-		return limitedOrWhole(p.next[name].Compute) - limitedOrWhole(a.models[name].applied.Compute)
+		return limiter.LimitedOrWhole(p.next[name].Compute) - limiter.LimitedOrWhole(a.models[name].applied.Compute)
 	}
 	slices.SortStableFunc(order, func(x, y string) int { return cmp.Compare(delta(x), delta(y)) })
 	for _, name := range order {
@@ -602,7 +564,7 @@ func (a *Adjuster) pass(ctx context.Context) {
 		}
 		a.apply(ctx, now, name, p.next[name], p.ds[name])
 	}
-	if a.opts.Policy == SharePolicyAdaptive && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
+	if a.policy.Forecasts() && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
 		a.evictIdle(ctx, now, states, p)
 	}
 	a.publish(states, p.ds)
@@ -715,8 +677,8 @@ func (a *Adjuster) holdGrowth(now time.Time, t *tracked, d decision) bool {
 	if !a.opts.CapsOnly || d.class != qos.ClassBestEffort || !t.hasApplied {
 		return false
 	}
-	cur := limitedOrWhole(t.applied.Compute)
-	grow := limitedOrWhole(d.share.Compute) - cur
+	cur := limiter.LimitedOrWhole(t.applied.Compute)
+	grow := limiter.LimitedOrWhole(d.share.Compute) - cur
 	if grow <= a.opts.Step/2 {
 		return false // a shrink, or within the dead band: the usual rules
 	}
@@ -782,18 +744,9 @@ func limitedCompute(c float64) float64 {
 	return c
 }
 
-// limitedOrWhole is a compute share with no limit counted as the whole
-// device.
-func limitedOrWhole(c float64) float64 {
-	if c <= 0 || c >= 1 {
-		return 1
-	}
-	return c
-}
-
 // sameCompute compares compute shares, 0 and >= 1 both meaning no limit.
 func sameCompute(x, y, tolerance float64) bool {
-	return math.Abs(limitedOrWhole(x)-limitedOrWhole(y)) <= tolerance
+	return math.Abs(limiter.LimitedOrWhole(x)-limiter.LimitedOrWhole(y)) <= tolerance
 }
 
 // apply sends a changed share to the actuator and then the predictor.

@@ -735,8 +735,8 @@ func TestAdjusterStaticAndShared(t *testing.T) {
 			if s := ah.a.Shares(); len(s) != 3 || s[0].Source != SharePolicyStatic || s[2].Source != SourcePinned {
 				t.Errorf("Shares = %+v", s)
 			}
-			if ah.a.Policy() != SharePolicyStatic {
-				t.Errorf("Policy() = %q", ah.a.Policy())
+			if ah.a.Policy().Name() != SharePolicyStatic {
+				t.Errorf("Policy() = %q", ah.a.Policy().Name())
 			}
 		})
 	})

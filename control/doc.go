@@ -5,7 +5,9 @@
 // an Actuator (the model registry, which hands them to the limiter) apply
 // them.
 //
-// An Adjuster serves one device under one of three policies: "adaptive"
+// An Adjuster serves one device under one of three policies (Policy,
+// found by name with PolicyNamed; callers ask a policy what it does:
+// Forecasts, Limits, Backgrounds): "adaptive"
 // (each latency-critical model gets the smallest share a G/G/c model of its
 // queue says meets its SLO quantile at the rate forecast one actuation
 // ahead, overruled upward by observed misses; best-effort models share the
@@ -21,7 +23,9 @@
 // model may run (a pinned limit is fixed for a client's life) and a shrink
 // rides along with a compute resize.
 // Pins override the policy; idle models are evicted when memory (use or
-// memory shares) is over budget. Every decision is an Event. Isolation
+// memory shares) is over budget. Every decision is an Event, kept in an
+// EventLog (the adjuster's, the placer's, and the server's device-fault
+// recovery's are the same type). Isolation
 // holds the models placement must keep apart from latency-critical ones
 // (best-effort models that faulted their GPU repeatedly), which the
 // server's device recovery marks.

@@ -152,7 +152,7 @@ func shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
 	if t.firstMemory() || mem >= cur {
 		return true
 	}
-	if math.Abs(limitedOrWhole(next.Compute)-limitedOrWhole(t.applied.Compute)) > shareEpsilon {
+	if math.Abs(limiter.LimitedOrWhole(next.Compute)-limiter.LimitedOrWhole(t.applied.Compute)) > shareEpsilon {
 		return true
 	}
 	return mem <= cur/2
@@ -175,7 +175,7 @@ func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, str
 		}
 		return 1, "idle"
 	}
-	share := limitedOrWhole(compute)
+	share := limiter.LimitedOrWhole(compute)
 	z := math.Sqrt2 * math.Erfinv(2*a.opts.Quantile-1)
 	slots := float64(max(st.Spec.Slots, 1))
 	fromRate := top

@@ -352,7 +352,7 @@ type Placer struct {
 	pending map[string]PlacementModel
 	// since is when each model was last placed or moved.
 	since  map[string]time.Time
-	events []Event
+	events *EventLog
 }
 
 // NewPlacer returns a Placer.
@@ -370,7 +370,7 @@ func NewPlacer(opts PlacerOptions) (*Placer, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Placer{opts: opts, log: opts.Logger.With("component", "placer"),
-		pending: map[string]PlacementModel{}, since: map[string]time.Time{}}, nil
+		pending: map[string]PlacementModel{}, since: map[string]time.Time{}, events: NewEventLog(opts.EventCapacity)}, nil
 }
 
 // Place chooses the device of a model about to load, beside the models
@@ -502,14 +502,7 @@ func (p *Placer) Pass(ctx context.Context) []Move {
 // Events returns the kept events at or after since (zero: all), oldest
 // first; with limit > 0, only the newest limit of them.
 func (p *Placer) Events(since time.Time, limit int) []Event {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(p.events, since, func(e Event, t time.Time) int { return e.Time.Compare(t) })
-	out := p.events[i:]
-	if limit > 0 && len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return slices.Clone(out)
+	return p.events.Since(since, limit)
 }
 
 func (p *Placer) record(e Event) {
@@ -519,16 +512,7 @@ func (p *Placer) record(e Event) {
 }
 
 func (p *Placer) recordLocked(e Event) {
-	if e.Time.IsZero() {
-		e.Time = time.Now()
-	}
-	if n := len(p.events); n > 0 && e.Time.Before(p.events[n-1].Time) {
-		e.Time = p.events[n-1].Time
-	}
-	p.events = append(p.events, e)
-	if over := len(p.events) - p.opts.EventCapacity; over > 0 {
-		p.events = slices.Delete(p.events, 0, over)
-	}
+	e = p.events.Add(e)
 	level := slog.LevelInfo
 	if e.Kind == EventError {
 		level = slog.LevelWarn

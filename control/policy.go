@@ -81,7 +81,7 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []qos.ModelState, p *pla
 		if a.opts.CapsOnly {
 			// A cap the hysteresis holds is still a cap: what the
 			// model may use until it shrinks.
-			held -= min(limitedOrWhole(p.next[name].Compute), p.ds[name].reserve)
+			held -= min(limiter.LimitedOrWhole(p.next[name].Compute), p.ds[name].reserve)
 			continue
 		}
 		held -= min(p.next[name].Compute, p.ds[name].reserve)
@@ -437,7 +437,7 @@ func (a *Adjuster) overrule(st qos.ModelState, d *decision, rate, hi float64) {
 	}
 	base := max(t.boost, d.share.Compute) // nothing applied yet: above the prediction
 	if t.hasApplied && t.applied.Mode == limiter.ModeFloor {
-		base = max(base, limitedOrWhole(t.applied.Compute))
+		base = max(base, limiter.LimitedOrWhole(t.applied.Compute))
 	}
 	if t.boost == 0 || !t.boostAt.After(st.Read.Add(-a.opts.Cooldown)) {
 		if next := min(roundShare(base+a.opts.Step), hi); next > t.boost && a.faster(st, rate, next, base) {

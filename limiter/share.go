@@ -19,6 +19,15 @@ type Share struct {
 	Mode Mode
 }
 
+// LimitedOrWhole is a compute share with no limit (0 or >= 1) counted as
+// the whole device.
+func LimitedOrWhole(compute float64) float64 {
+	if compute <= 0 || compute >= 1 {
+		return 1
+	}
+	return compute
+}
+
 // Mode is how a CPU compute share is enforced.
 type Mode uint8
 

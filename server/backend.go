@@ -54,10 +54,10 @@ func (b *backend) Control() api.ControlStatus {
 	st := api.ControlStatus{Policy: b.devs.ctl.Policy, Period: b.devs.ctl.Period.String(), Devices: []api.DeviceControl{}}
 	for _, d := range b.devs.all() {
 		dc := api.DeviceControl{
-			Device: d.name, Limiter: d.lim.Kind(), LimiterDetail: d.lim.Describe(), CPUs: d.lim.CPUs(),
+			Device: d.Name(), Limiter: d.Limiter().Kind(), LimiterDetail: d.Limiter().Describe(), CPUs: d.Limiter().CPUs(),
 			Models: []api.ModelControl{},
 		}
-		for _, ms := range d.adj.Shares() {
+		for _, ms := range d.Adjuster().Shares() {
 			acc := b.devs.pred.Accuracy(ms.Model)
 			us := b.Registry.UnitStats(ms.Model)
 			var pending *float64
@@ -86,7 +86,7 @@ func (b *backend) Control() api.ControlStatus {
 func (b *backend) Limiters() map[string]string {
 	out := map[string]string{}
 	for _, d := range b.devs.all() {
-		out[d.name] = d.lim.Kind()
+		out[d.Name()] = d.Limiter().Kind()
 	}
 	return out
 }
@@ -94,7 +94,7 @@ func (b *backend) Limiters() map[string]string {
 func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	var all []control.Event
 	for _, d := range b.devs.all() {
-		all = append(all, d.adj.Events(since, limit)...)
+		all = append(all, d.Adjuster().Events(since, limit)...)
 	}
 	if b.devs.rec != nil {
 		all = append(all, b.devs.rec.Events(since, limit)...)
@@ -118,5 +118,5 @@ func (b *backend) PinShare(ctx context.Context, name string, pin *limiter.Share)
 	if err != nil {
 		return err
 	}
-	return d.adj.Pin(key, pin)
+	return d.Adjuster().Pin(key, pin)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
@@ -24,10 +25,9 @@ import (
 	"github.com/sloserve/sloserve/simgpu"
 )
 
-// devices holds what each execution device ("cpu", "cuda:0") has, created
-// when the first model on it loads: a QoS scheduler, a limiter and an
-// adjuster. One predictor serves every device (model keys are unique). The
-// loops run until the server stops.
+// devices holds each execution device ("cpu", "cuda:0"; device.Device),
+// created when the first model on it loads. One predictor serves every
+// device (model keys are unique). The loops run until the server stops.
 type devices struct {
 	ctx  context.Context
 	qos  configs.QoS
@@ -55,68 +55,8 @@ type devices struct {
 	use *prometheus.GaugeVec
 
 	mu    sync.Mutex
-	byDev map[string]*device
+	byDev map[string]*device.Device
 	loops sync.WaitGroup
-}
-
-// Where a model's use of its device came from (the source label of
-// sloserve_device_use).
-const (
-	useMeasured  = "measured"  // the limiter measured it: cgroup CPU time, NVML per-process utilisation
-	useEstimated = "estimated" // execution time times cap: NVML had no reading for the model
-)
-
-// newUseGauge registers sloserve_device_use; nil reg registers nothing.
-func newUseGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sloserve_device_use",
-		Help: "Each model's use of its device over the last control period, fraction of the device, as the adjuster reads it (before smoothing); source says whether it was measured or estimated.",
-	}, []string{"model", "device", "source"})
-	if reg != nil {
-		if err := reg.Register(g); err != nil {
-			return nil, fmt.Errorf("registering sloserve_device_use: %w", err)
-		}
-	}
-	return g, nil
-}
-
-// device is one execution device's control parts.
-type device struct {
-	name  string
-	sched *qos.Scheduler
-	lim   limiter.Limiter
-	adj   *control.Adjuster
-	usage usageBoard // written by sampleInterference, read by adj
-}
-
-// usageBoard holds each model's recent use of its device, smoothed: the
-// telemetry the adjuster reads (AdjusterOptions.Usage).
-type usageBoard struct {
-	mu sync.Mutex
-	m  map[string]float64
-}
-
-// usageWeight is the weight of each period's sample in the smoothed use.
-const usageWeight = 0.3
-
-func (b *usageBoard) record(seen map[string]float64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	next := make(map[string]float64, len(seen))
-	for name, u := range seen {
-		if old, ok := b.m[name]; ok {
-			u = old + usageWeight*(u-old)
-		}
-		next[name] = u
-	}
-	b.m = next
-}
-
-func (b *usageBoard) get(model string) (float64, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	u, ok := b.m[model]
-	return u, ok
 }
 
 func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registerer, log *slog.Logger) (*devices, error) {
@@ -133,37 +73,11 @@ func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registe
 			return nil, fmt.Errorf("registering sloserve_requests_refused_unread_total: %w", err)
 		}
 	}
-	use, err := newUseGauge(reg)
+	use, err := device.NewUseGauge(reg)
 	if err != nil {
 		return nil, err
 	}
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, use: use, byDev: map[string]*device{}}, nil
-}
-
-// newLimiter starts a device's limiter as the control config says. The
-// shared policy sets no limits, so under auto it gets none.
-// On a simulated GPU it reads the simulator's NVML and MPS daemon.
-func newLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
-	backend := ctl.Limiter
-	if ctl.Policy == control.SharePolicyShared && backend == limiter.BackendAuto {
-		backend = limiter.BackendNone
-	}
-	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
-	if simulatedDevice(sim, device) != nil {
-		if err := simulatedLimiterOptions(sim, &opts); err != nil {
-			return nil, err
-		}
-	}
-	return limiter.New(opts)
-}
-
-// backgroundsBestEffort reports whether the device runs best-effort work
-// behind latency-critical work: the adaptive policy on a cgroup limiter
-// puts best-effort runners in the background (limiter.ModeBackground) where
-// the limiter has a background class, so
-// the scheduler may give each class slots of its own.
-func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
-	return policy == control.SharePolicyAdaptive && lim.Capabilities().Background
+	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, use: use, byDev: map[string]*device.Device{}}, nil
 }
 
 // scheduler is the registry's Options.Scheduler.
@@ -172,7 +86,7 @@ func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d.sched, nil
+	return d.Scheduler(), nil
 }
 
 // limiter is the registry's Options.Limiter. When the device cannot start,
@@ -183,239 +97,45 @@ func (ds *devices) limiter(name string) limiter.Limiter {
 	if err != nil {
 		return nil
 	}
-	return d.lim
+	return d.Limiter()
 }
 
 // get returns a device, starting its scheduler, limiter and adjuster on
 // first use.
-func (ds *devices) get(name string) (*device, error) {
+func (ds *devices) get(name string) (*device.Device, error) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if d, ok := ds.byDev[name]; ok {
 		return d, nil
 	}
-	log := ds.log.With("device", name)
-	floor := ds.qos.BestEffortFloor
-	if floor == 0 {
-		floor = -1 // configs says 0 means none; qos reads 0 as its default
-	}
-	beBound := ds.qos.MaxBestEffortExecution
-	if beBound == 0 {
-		beBound = -1 // the same
-	}
-	lim, err := newLimiter(ds.ctl, name, ds.sim, log.With("component", "limiter"))
-	if err != nil {
-		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
-	}
-	slots := deviceSlots(name, ds.qos.DeviceSlots, lim, ds.sim)
-	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
-	sched, err := qos.NewScheduler(qos.Options{
-		Policy:                 ds.qos.Policy,
-		BestEffortFloor:        floor,
-		DeviceSlots:            slots,
-		MaxBestEffortExecution: beBound,
-		SeparateClasses:        backgroundsBestEffort(ds.ctl.Policy, lim),
-		Estimator:              ds.pred,
-		Logger:                 log, // qos adds its component
-		Registerer:             ds.reg,
-		Device:                 name,
-		Window:                 ds.qos.Window,
-		Gate:                   ds.gate,
+	d, err := device.New(device.Options{
+		Name: name, QoS: ds.qos, Control: ds.ctl, Predictor: ds.pred, Gate: ds.gate,
+		Models: ds.registry, Sim: ds.sim, Registerer: ds.reg, UseGauge: ds.use, Logger: ds.log,
 	})
 	if err != nil {
-		lim.Close()
 		return nil, err
 	}
-	d := &device{name: name, sched: sched, lim: lim}
-	caps := lim.Capabilities()
-	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
-		Policy:         ds.ctl.Policy,
-		Period:         ds.ctl.Period,
-		Headroom:       ds.ctl.Headroom,
-		Quantile:       ds.ctl.Quantile,
-		MaxUtilization: ds.ctl.MaxUtilization,
-		ScaleDownAfter: ds.ctl.ScaleDownAfter,
-		Cooldown:       ds.ctl.Cooldown,
-		Step:           ds.ctl.Step,
-		MinShare:       ds.ctl.MinShare,
-		MemoryBudget:   int64(ds.ctl.MemoryBudget),
-		MemoryFloor:    caps.MinMemory, // 0: the adjuster's default
-		KeepAlive:      ds.ctl.KeepAlive,
-		Predictor:      ds.pred,
-		Actuator:       deviceActuator{reg: ds.registry, device: name},
-		Usage:          d.usage.get,
-		CapsOnly:       caps.CapsOnly,
-		Logger:         log.With("component", "adjuster"),
-		Registerer:     ds.reg,
-		Device:         name,
-	})
-	if err != nil {
-		lim.Close()
-		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
-	}
-	d.adj = adj
 	ds.byDev[name] = d
-	ds.loops.Go(func() {
-		if err := sched.Run(ds.ctx); err != nil {
-			log.Error("scheduler stopped", "err", err)
-		}
-	})
-	ds.loops.Go(func() {
-		if err := adj.Run(ds.ctx); err != nil {
-			log.Error("adjuster stopped", "err", err)
-		}
-	})
-	ds.loops.Go(func() { ds.sampleInterference(d) })
-	log.Info("device started", "policy", ds.qos.Policy, "slots", slots, "share_policy", adj.Policy())
+	ds.loops.Go(func() { d.Run(ds.ctx) })
 	return d, nil
 }
 
-// sampleInterference tells the predictor, once a control period, how much
-// of the device each model's co-located models used (CPU seconds of their
-// limiter units over the period, as a fraction of the device), so that its
-// predictions scale when the device is oversubscribed, and records each
-// model's use for the adjuster (usageBoard). On a GPU under MPS a model's
-// use is what NVML measured for its runners' processes (per-process SM
-// utilisation, summed over its instances), or, when NVML has no reading
-// for it, its execution time times its cap.
-func (ds *devices) sampleInterference(d *device) {
-	metering := d.lim.Capabilities().Metering
-	if metering == limiter.MeterNone || ds.registry == nil {
-		return // no unit to read usage from
-	}
-	// On a GPU (MPS) no CPU time measures a model's use of the device:
-	// its executions do (seconds of them, from the predictor, per second),
-	// each holding up to its cap of the SMs while it runs. No model runs
-	// in the background there: a best-effort cap does not yield.
-	gpu := metering == limiter.MeterDeviceTime
-	tick := time.NewTicker(ds.ctl.Period)
-	defer tick.Stop()
-	last := map[string]float64{}
-	lastAt := time.Now()
-	for {
-		select {
-		case <-ds.ctx.Done():
-			return
-		case now := <-tick.C:
-			dt := now.Sub(lastAt).Seconds()
-			lastAt = now
-			used := map[string]float64{}
-			next := map[string]float64{} // models gone since are forgotten
-			// On a GPU, NVML's per-process utilisation, read once for the
-			// device, measures what each model's runners used.
-			var measured map[string]float64
-			if gpu {
-				measured = ds.measuredUsage(d)
-			}
-			// Background models yield to the others at once, so they slow
-			// only each other.
-			background := map[string]bool{}
-			source := map[string]string{}
-			var total, foreground float64
-			for _, ms := range d.adj.Shares() {
-				// The adjuster's view is as old as its last pass; a
-				// version unloaded since is not fed (that would bring
-				// back what the predictor forgot of it).
-				if _, err := ds.registry.Share(ms.Model); err != nil {
-					continue
-				}
-				var cpu float64
-				if gpu {
-					cpu = ds.pred.Busy(ms.Model)
-				} else {
-					cpu = ds.registry.UnitStats(ms.Model).CPUSeconds
-				}
-				if u, ok := ds.registry.MeasuredUsage(ms.Model, measured); ok {
-					used[ms.Model] = u
-					source[ms.Model] = useMeasured
-					total += u
-					foreground += u
-				} else if prev, ok := last[ms.Model]; ok && cpu >= prev && dt > 0 {
-					source[ms.Model] = useMeasured
-					if gpu {
-						// No reading for the model: estimate.
-						used[ms.Model] = (cpu - prev) / dt * limitedOrWhole(ms.Share.Compute)
-						source[ms.Model] = useEstimated
-					} else {
-						used[ms.Model] = (cpu - prev) / dt / float64(max(1, d.lim.CPUs()))
-					}
-					total += used[ms.Model]
-					if !gpu && ms.Share.Mode == limiter.ModeBackground {
-						background[ms.Model] = true
-					} else {
-						foreground += used[ms.Model]
-					}
-				}
-				next[ms.Model] = cpu
-			}
-			last = next
-			d.usage.record(used)
-			ds.use.DeletePartialMatch(prometheus.Labels{"device": d.name})
-			for name, u := range used {
-				ds.use.WithLabelValues(name, d.name, source[name]).Set(u)
-			}
-			if gpu {
-				// Not on MPS: the predictor's factor reads a share as
-				// that much of the device in use and would make a
-				// larger cap look slower. MPS caps may add up to more
-				// than the device (the adjuster lets them), and what
-				// co-running clients cost, the SMs split while they
-				// oversubscribe and their memory bandwidth, is in the
-				// online correction.
-				continue
-			}
-			for name, u := range used {
-				if background[name] {
-					ds.pred.SetInterference(name, total-u)
-				} else {
-					ds.pred.SetInterference(name, foreground-u)
-				}
-			}
-		}
-	}
-}
-
-// measuredUsage is the device's use by each limiter unit since the last
-// call, as the limiter measures it (limiter.UsageReader: NVML's
-// per-process utilisation under MPS); nil when it cannot say.
-func (ds *devices) measuredUsage(d *device) map[string]float64 {
-	r, ok := d.lim.(limiter.UsageReader)
-	if !ok {
-		return nil
-	}
-	use, err := r.Usage()
-	if err != nil {
-		ds.log.Debug("per-process GPU utilisation", "device", d.name, "err", err)
-		return nil
-	}
-	return use
-}
-
 // lookup returns a device that has started, nil if none has.
-func (ds *devices) lookup(name string) *device {
+func (ds *devices) lookup(name string) *device.Device {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	return ds.byDev[name]
 }
 
-// limitedOrWhole is a compute share with no limit counted as the whole
-// device.
-func limitedOrWhole(c float64) float64 {
-	if c <= 0 || c >= 1 {
-		return 1
-	}
-	return c
-}
-
 // all returns the devices in name order.
-func (ds *devices) all() []*device {
+func (ds *devices) all() []*device.Device {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	out := make([]*device, 0, len(ds.byDev))
+	out := make([]*device.Device, 0, len(ds.byDev))
 	for _, d := range ds.byDev {
 		out = append(out, d)
 	}
-	slices.SortFunc(out, func(a, b *device) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(out, func(a, b *device.Device) int { return strings.Compare(a.Name(), b.Name()) })
 	return out
 }
 
@@ -424,8 +144,8 @@ func (ds *devices) all() []*device {
 func (ds *devices) wait() {
 	ds.loops.Wait()
 	for _, d := range ds.all() {
-		if err := d.lim.Close(); err != nil {
-			ds.log.Warn("closing the limiter", "device", d.name, "err", err)
+		if err := d.Close(); err != nil {
+			ds.log.Warn("closing the limiter", "device", d.Name(), "err", err)
 		}
 	}
 }
@@ -504,7 +224,7 @@ func profileShares(device string, maxShare float64) []float64 {
 // simulated is the part of a profile's cache key that says it was measured
 // on the simulator: its spec and the model's curve; "" on real devices.
 func (p *profiler) simulated(run models.ProfileRun) string {
-	if simulatedDevice(p.sim, run.Device) == nil {
+	if device.Simulated(p.sim, run.Device) == nil {
 		return ""
 	}
 	m, _ := run.Config.Execution.Simulated.Model()

@@ -16,18 +16,18 @@ import (
 func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.devs.ctl.Policy}
 	for _, d := range b.devs.all() {
-		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.name, Limiter: d.lim.Kind(), CPUs: d.lim.CPUs()})
+		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.Name(), Limiter: d.Limiter().Kind(), CPUs: d.Limiter().CPUs()})
 		shares := map[string]control.ModelShare{}
-		for _, ms := range d.adj.Shares() {
+		for _, ms := range d.Adjuster().Shares() {
 			shares[ms.Model] = ms
 		}
-		for _, st := range d.sched.AllStats() {
+		for _, st := range d.Scheduler().AllStats() {
 			ms := shares[st.Model]
 			acc := b.devs.pred.Accuracy(st.Model)
 			us := b.Registry.UnitStats(st.Model)
 			name, version, _ := strings.Cut(st.Model, "/")
 			snap.Models = append(snap.Models, dashboard.ModelSample{
-				Key: st.Model, Name: name, Version: version, Device: d.name, Stats: st,
+				Key: st.Model, Name: name, Version: version, Device: d.Name(), Stats: st,
 				ComputeShare: ms.Share.Compute, TargetShare: ms.Target, MemoryShare: ms.Share.Memory,
 				MemoryUsed: us.MemoryBytes, ShareSource: ms.Source, Pinned: ms.Pinned,
 				ForecastRate: cmp.Or(ms.ForecastRate, acc.ForecastRate),

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
-	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
 )
@@ -189,17 +187,17 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
 	bound := max(p.devs.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
 	target := 0.0
-	if d := p.devs.lookup(v.Device); d != nil && lc && d.adj.Policy() == control.SharePolicyAdaptive {
-		for _, ms := range d.adj.Shares() {
+	if d := p.devs.lookup(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
+		for _, ms := range d.Adjuster().Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
 				target = min(ms.Target, 1)
 			}
 		}
 		if target > 0 {
-			if !d.lim.Capabilities().CapsOnly {
+			if !d.Limiter().Capabilities().CapsOnly {
 				return target
 			}
-			if u, ok := d.usage.get(v.Key); ok {
+			if u, ok := d.Usage(v.Key); ok {
 				return min(u/bound, target)
 			}
 		}
@@ -235,10 +233,10 @@ func (p *placement) rate(v models.PlacedVersion) float64 {
 	if d == nil {
 		return 0
 	}
-	if d.adj.Policy() == control.SharePolicyAdaptive {
+	if d.Adjuster().Policy().Forecasts() {
 		return p.devs.pred.ForecastRate(v.Key, p.devs.ctl.Period)
 	}
-	st, ok := d.sched.ModelState(v.Key)
+	st, ok := d.Scheduler().ModelState(v.Key)
 	if !ok {
 		return 0
 	}
@@ -277,76 +275,4 @@ func (p *placement) events(since time.Time, limit int) []control.Event {
 	return p.placer.Events(since, limit)
 }
 
-// deviceActuator is a device's adjuster's actuator (an asynchronous one, as
-// the registry is): the registry, for the versions that run on the device. A version that moved away answers
-// control.ErrElsewhere, so that the old device's adjuster, which may see
-// it until its queue there has drained, does not resize or evict it on
-// its new device.
-type deviceActuator struct {
-	reg    *models.Registry
-	device string
-}
-
-func (a deviceActuator) here(key string) error {
-	name, ver, _ := strings.Cut(key, "/")
-	_, dev, err := a.reg.VersionKey(name, ver)
-	if err == nil && dev != a.device {
-		return fmt.Errorf("%w: %s is on %s", control.ErrElsewhere, key, dev)
-	}
-	return nil
-}
-
-func (a deviceActuator) SetShare(ctx context.Context, key string, s limiter.Share) error {
-	if err := a.here(key); err != nil {
-		return err
-	}
-	if err := a.reg.SetShare(ctx, key, s); errors.Is(err, models.ErrMoving) {
-		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
-	} else if err != nil {
-		return err
-	}
-	return nil
-}
-
-func (a deviceActuator) RequestShare(key string, s limiter.Share) error {
-	if err := a.here(key); err != nil {
-		return err
-	}
-	if err := a.reg.RequestShare(key, s); errors.Is(err, models.ErrMoving) {
-		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
-	} else if err != nil {
-		return err
-	}
-	return nil
-}
-
-func (a deviceActuator) ShareInEffect(key string) (limiter.Share, bool, error) {
-	return a.reg.ShareInEffect(key)
-}
-
-func (a deviceActuator) Evict(ctx context.Context, key string) error {
-	if err := a.here(key); err != nil {
-		return err
-	}
-	return a.reg.Evict(ctx, key)
-}
-
-func (a deviceActuator) MemoryUsage(key string) int64 {
-	if a.here(key) != nil {
-		return 0
-	}
-	return a.reg.MemoryUsage(key)
-}
-
-func (a deviceActuator) InstanceMemory(key string) int64 {
-	if a.here(key) != nil {
-		return 0
-	}
-	return a.reg.InstanceMemory(key)
-}
-
-var (
-	_ control.AsyncActuator        = deviceActuator{}
-	_ control.InstanceMemoryReader = deviceActuator{}
-	_ control.Mover                = (*placement)(nil)
-)
+var _ control.Mover = (*placement)(nil)

@@ -235,8 +235,8 @@ profile: {batch_sizes: [1]}
 		for _, m := range []string{"a", "b", "c"} {
 			at := deviceOfModel(t, reg, m)
 			for _, d := range devs.all() {
-				if has := d.sched.HasModel(m + "/1"); has != (d.name == at) {
-					t.Errorf("%s runs on %s, but %s's scheduler has it: %v", m, at, d.name, has)
+				if has := d.Scheduler().HasModel(m + "/1"); has != (d.Name() == at) {
+					t.Errorf("%s runs on %s, but %s's scheduler has it: %v", m, at, d.Name(), has)
 				}
 			}
 		}
@@ -312,12 +312,12 @@ func TestPlacementSeesUseAndMemoryShareOnMPS(t *testing.T) {
 		}
 		d := devs.lookup("cuda:0")
 		var target float64
-		for _, s := range d.adj.Shares() {
+		for _, s := range d.Adjuster().Shares() {
 			if s.Model == "m/1" {
 				target = s.Target
 			}
 		}
-		use, ok := d.usage.get("m/1")
+		use, ok := d.Usage("m/1")
 		if !ok || target <= 0 {
 			t.Fatalf("no measured use (%v) or no target (%.2f) after 40s of traffic", ok, target)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
@@ -49,18 +50,18 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 			l.Close()
 		}
 	}()
-	limiterFor := func(device string) limiter.Limiter {
+	limiterFor := func(name string) limiter.Limiter {
 		mu.Lock()
 		defer mu.Unlock()
-		if l, ok := lims[device]; ok {
+		if l, ok := lims[name]; ok {
 			return l
 		}
-		l, err := newLimiter(cfg.Control, device, runners.sim, logger)
+		l, err := device.NewLimiter(cfg.Control, name, runners.sim, logger)
 		if err != nil {
 			lerr = err
 			return nil
 		}
-		lims[device] = l
+		lims[name] = l
 		return l
 	}
 	var reported bool

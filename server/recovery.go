@@ -23,8 +23,6 @@ const (
 	// raised riskyFaults faults within riskyWindow is risky.
 	riskyWindow = 10 * time.Minute
 	riskyFaults = 2
-	// recoveryEvents is how many events a recovery keeps.
-	recoveryEvents = 1024
 )
 
 // recovery brings GPUs back after faults, the way MuxFlow
@@ -59,7 +57,8 @@ type recovery struct {
 	// registry says. Set before any instance starts.
 	placed bool
 
-	wg sync.WaitGroup // the recoveries under way
+	wg     sync.WaitGroup // the recoveries under way
+	events *control.EventLog
 
 	mu         sync.Mutex
 	stopped    bool                        // stop was called: no new recovery
@@ -67,7 +66,6 @@ type recovery struct {
 	recovering map[int]bool                // devices being recovered
 	again      map[int]bool                // devices whose recovery must make another pass
 	faults     map[string][]time.Time      // model -> faults its client raised
-	events     []control.Event
 	done       []deviceRecovery
 }
 
@@ -147,7 +145,7 @@ type modelRecovery struct {
 // recoveries under way, and stop waits for them.
 func newRecovery(ctx context.Context, devices []faultDomain, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
 	return &recovery{
-		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon,
+		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon, events: control.NewEventLog(control.DefaultEventCapacity),
 		instances: map[recoverable]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
 	}
 }
@@ -425,18 +423,7 @@ func keyOf(instance string) string {
 
 // record keeps an event and logs it.
 func (r *recovery) record(e control.Event) {
-	if e.Time.IsZero() {
-		e.Time = time.Now()
-	}
-	r.mu.Lock()
-	if n := len(r.events); n > 0 && e.Time.Before(r.events[n-1].Time) {
-		e.Time = r.events[n-1].Time
-	}
-	r.events = append(r.events, e)
-	if over := len(r.events) - recoveryEvents; over > 0 {
-		r.events = slices.Delete(r.events, 0, over)
-	}
-	r.mu.Unlock()
+	e = r.events.Add(e)
 	level := slog.LevelInfo
 	if e.Kind != control.EventRecovered {
 		level = slog.LevelWarn
@@ -447,14 +434,7 @@ func (r *recovery) record(e control.Event) {
 // Events returns the kept events at or after since, oldest first; with
 // limit > 0 only the newest limit.
 func (r *recovery) Events(since time.Time, limit int) []control.Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(r.events, since, func(e control.Event, t time.Time) int { return e.Time.Compare(t) })
-	out := r.events[i:]
-	if limit > 0 && len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return slices.Clone(out)
+	return r.events.Since(since, limit)
 }
 
 // recoveries are the finished device recoveries, oldest first.

@@ -217,7 +217,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		}
 		// Flow-control windows sized for tensors of megabytes, so a large
 		// request is not paced by window updates.
-		grpcSrv = api.NewGRPC(be, lim, logger.With("component", "grpc"), append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
+		grpcSrv = api.NewGRPC(be, lim, logger /* api adds its component */, append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
 			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))...)
 		go func() { serveErr <- grpcSrv.Serve(ln) }()
 		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())

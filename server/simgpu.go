@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	goruntime "runtime"
-	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
@@ -31,47 +28,6 @@ func newSimulator(g configs.GPU, log *slog.Logger) (*simgpu.Sim, error) {
 	log.Warn("cuda models run on simulated GPUs: their outputs are zeros of the right shapes, not the models' answers",
 		"devices", spec.Devices, "sms", spec.SMs, "memory", spec.Memory, "mps_daemon", !spec.NoDaemon, "mig", spec.MIG)
 	return sim, nil
-}
-
-// simulatedDevice is the simulated GPU behind a device name ("cuda:N"),
-// nil when the device is not simulated.
-func simulatedDevice(sim *simgpu.Sim, device string) *simgpu.Device {
-	n, ok := strings.CutPrefix(device, "cuda:")
-	if sim == nil || !ok {
-		return nil
-	}
-	i, err := strconv.Atoi(n)
-	if err != nil {
-		return nil
-	}
-	d, err := sim.Device(i)
-	if err != nil {
-		return nil
-	}
-	return d
-}
-
-// simulatedLimiterOptions reads a simulated GPU's telemetry and MPS daemon
-// through the simulator, as a real GPU's are read through NVML and the
-// daemon's pipe.
-func simulatedLimiterOptions(sim *simgpu.Sim, opts *limiter.Options) error {
-	tel, err := limiter.NewNVMLTelemetry(sim.NVML(), opts.Logger)
-	if err != nil {
-		return err
-	}
-	opts.Telemetry = tel
-	opts.RestartMPSDaemon = simulatedRestart(sim)
-	opts.MPSDaemon = func(i int) error {
-		d, err := sim.Device(i)
-		if err != nil {
-			return err
-		}
-		if !d.DaemonRunning() {
-			return fmt.Errorf("the simulated device %d has no MPS control daemon (gpu.simulator.mps_daemon is false, or it is recovering from a fault)", i)
-		}
-		return nil
-	}
-	return nil
 }
 
 // startSimulated starts an instance of a cuda model on its simulated GPU
@@ -200,7 +156,7 @@ func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
 	// client may run on a device no model names.
 	name := fmt.Sprintf("cuda:%d", i)
 	for _, d := range ds.all() {
-		if r, ok := d.lim.(limiter.DaemonRestarter); ok && d.name == name {
+		if r, ok := d.Limiter().(limiter.DaemonRestarter); ok && d.Name() == name {
 			return r
 		}
 	}
@@ -209,18 +165,6 @@ func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
 		return nil
 	}
 	return simDaemon{dev}
-}
-
-// simulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
-func simulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
-	return func(ctx context.Context, i int) error {
-		d, err := sim.Device(i)
-		if err != nil {
-			return err
-		}
-		d.RestartDaemon()
-		return ctx.Err()
-	}
 }
 
 // recoveredInstance is a simulated instance the device recovery tracks
@@ -239,28 +183,4 @@ var (
 func (ri recoveredInstance) Stop(ctx context.Context) error {
 	ri.rec.untrack(ri.self)
 	return ri.Simulated.Stop(ctx)
-}
-
-// deviceSlots is how many executions a device runs at once across its
-// models. CPU: qos.device_slots, else one per core. GPU: the clients of an
-// MPS server run their kernels at once, each within its percentage, so a
-// GPU takes the clients its limiter runs at once (MPS:
-// limiter.MPSClients), a simulated GPU whose daemon runs (the shared
-// policy's unlimited clients) as many; a GPU without MPS time-slices its
-// contexts and takes one. Each model's own slots (instances × concurrency)
-// bound its share of them.
-func deviceSlots(name string, configured int, lim limiter.Limiter, sim *simgpu.Sim) int {
-	if !strings.HasPrefix(name, "cuda:") {
-		if configured > 0 {
-			return configured
-		}
-		return goruntime.NumCPU()
-	}
-	if c := lim.Capabilities().Clients; c > 0 {
-		return c
-	}
-	if d := simulatedDevice(sim, name); d != nil && d.DaemonRunning() {
-		return limiter.MPSClients
-	}
-	return 1
 }

@@ -247,10 +247,10 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 			_, dm.device, _ = reg.VersionKey(dm.name, "")
 		}
 		for _, d := range devs.all() {
-			for _, e := range d.adj.Events(origin, 0) {
+			for _, e := range d.Adjuster().Events(origin, 0) {
 				res.events[e.Kind]++
 				if os.Getenv("SLOSERVE_SIMULATED_GPU_DAY_EVENTS") != "" {
-					t.Logf("%s %s %s %s %.2f->%.2f: %s", e.Time.Sub(origin).Round(time.Second), d.name, e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
+					t.Logf("%s %s %s %s %.2f->%.2f: %s", e.Time.Sub(origin).Round(time.Second), d.Name(), e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
 				}
 				name, _, _ := strings.Cut(e.Model, "/")
 				if dm := byName[name]; dm != nil && e.Kind == "resize" {

@@ -47,14 +47,14 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 		want := (ws8 + ws8/4 + mib - 1) / mib * mib // + 25%, whole MiB
 		seen := 0
 		for _, d := range devs.all() {
-			if d.adj == nil {
+			if d.Adjuster() == nil {
 				continue
 			}
-			for _, s := range d.adj.Shares() {
+			for _, s := range d.Adjuster().Shares() {
 				seen++
 				if s.Share.Memory != want || s.MemoryTarget != want {
 					t.Errorf("%s on %s: memory share %dMiB, target %dMiB; want %dMiB (batch 8's working set + 25%%), not the 4GiB limit",
-						s.Model, d.name, s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
+						s.Model, d.Name(), s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
 				}
 			}
 		}

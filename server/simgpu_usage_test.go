@@ -58,9 +58,9 @@ func TestSimulatedGPUUsageFromNVML(t *testing.T) {
 		if d == nil {
 			t.Fatal("no device cuda:0")
 		}
-		got, ok := d.usage.get("a/1")
+		got, ok := d.Usage("a/1")
 		if !ok {
-			t.Fatalf("the adjuster sees no use for a/1 (%v)", d.usage.m)
+			t.Fatal("the adjuster sees no use for a/1")
 		}
 		busy := float64(n) * (kernel + m.Launch).Seconds() / elapsed.Seconds()
 		estimate := busy * 0.5
@@ -71,7 +71,7 @@ func TestSimulatedGPUUsageFromNVML(t *testing.T) {
 			t.Errorf("use of a/1 %.4f is the busy x cap estimate %.4f, not NVML's reading", got, estimate)
 		}
 		// The metric says where the reading came from.
-		if g, err := devs.use.GetMetricWithLabelValues("a/1", "cuda:0", useMeasured); err != nil || math.Abs(testutil.ToFloat64(g)-truth) > 0.03 {
+		if g, err := devs.use.GetMetricWithLabelValues("a/1", "cuda:0", "measured"); err != nil || math.Abs(testutil.ToFloat64(g)-truth) > 0.03 {
 			t.Errorf("sloserve_device_use{source=measured} of a/1 %v (%v), want about %.3f", testutil.ToFloat64(g), err, truth)
 		}
 		if n := testutil.CollectAndCount(devs.use); n != 1 {

@@ -1,0 +1,346 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
+	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/simgpu"
+)
+
+// Models is what a device reads of the models on it and how its adjuster's
+// shares reach them: the registry (models.Registry) implements it, and
+// answers models.ErrMoving for a version moving between devices.
+type Models interface {
+	control.AsyncActuator
+	control.InstanceMemoryReader
+	// VersionKey resolves a model version to its key and the device it
+	// runs on.
+	VersionKey(name, version string) (key, device string, err error)
+	// Share is the share a loaded version runs at; an error once it is
+	// unloaded.
+	Share(key string) (limiter.Share, error)
+	// UnitStats sums what the limiter reads of the version's units.
+	UnitStats(key string) limiter.Stats
+	// MeasuredUsage sums a version's units' use of the device in byUnit
+	// (limiter.UsageReader's reading); false when none of them has one.
+	MeasuredUsage(key string, byUnit map[string]float64) (float64, bool)
+}
+
+// Options configures New.
+type Options struct {
+	Name    string // "cpu" or "cuda:N"
+	QoS     configs.QoS
+	Control configs.Control
+	// Predictor serves every device (model keys are unique).
+	Predictor *predictor.Predictor
+	// Gate is the one admission limit on requests in flight, shared by
+	// every device's scheduler.
+	Gate *qos.Gate
+	// Models are the models on the device.
+	Models Models
+	// Sim, when set, is the simulated machine cuda devices are on: the
+	// limiter reads its NVML and MPS daemon.
+	Sim        *simgpu.Sim
+	Registerer prometheus.Registerer
+	// UseGauge is sloserve_device_use (NewUseGauge); nil: not exported.
+	UseGauge *prometheus.GaugeVec
+	Logger   *slog.Logger // the server's; each part adds its component and the device
+}
+
+// Device is one execution device's control parts.
+type Device struct {
+	name  string
+	opts  Options
+	log   *slog.Logger
+	lim   limiter.Limiter
+	sched *qos.Scheduler
+	adj   *control.Adjuster
+	usage usageBoard // written by sample, read by adj
+}
+
+// New starts the device's limiter as the control config says and builds
+// its scheduler and adjuster; Run runs them.
+func New(opts Options) (*Device, error) {
+	name := opts.Name
+	log := opts.Logger.With("device", name)
+	floor := opts.QoS.BestEffortFloor
+	if floor == 0 {
+		floor = -1 // configs says 0 means none; qos reads 0 as its default
+	}
+	beBound := opts.QoS.MaxBestEffortExecution
+	if beBound == 0 {
+		beBound = -1 // the same
+	}
+	lim, err := NewLimiter(opts.Control, name, opts.Sim, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
+	}
+	caps := lim.Capabilities()
+	slots := Slots(name, opts.QoS.DeviceSlots, lim, opts.Sim)
+	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
+	sched, err := qos.NewScheduler(qos.Options{
+		Policy:                 opts.QoS.Policy,
+		BestEffortFloor:        floor,
+		DeviceSlots:            slots,
+		MaxBestEffortExecution: beBound,
+		SeparateClasses:        backgroundsBestEffort(opts.Control.Policy, lim),
+		Estimator:              opts.Predictor,
+		Logger:                 log, // qos adds its component
+		Registerer:             opts.Registerer,
+		Device:                 name,
+		Window:                 opts.QoS.Window,
+		Gate:                   opts.Gate,
+	})
+	if err != nil {
+		lim.Close()
+		return nil, err
+	}
+	d := &Device{name: name, opts: opts, log: log, sched: sched, lim: lim}
+	ctl := opts.Control
+	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
+		Policy:         ctl.Policy,
+		Period:         ctl.Period,
+		Headroom:       ctl.Headroom,
+		Quantile:       ctl.Quantile,
+		MaxUtilization: ctl.MaxUtilization,
+		ScaleDownAfter: ctl.ScaleDownAfter,
+		Cooldown:       ctl.Cooldown,
+		Step:           ctl.Step,
+		MinShare:       ctl.MinShare,
+		MemoryBudget:   int64(ctl.MemoryBudget),
+		MemoryFloor:    caps.MinMemory, // 0: the adjuster's default
+		KeepAlive:      ctl.KeepAlive,
+		Predictor:      opts.Predictor,
+		Actuator:       actuator{models: opts.Models, device: name},
+		Usage:          d.usage.get,
+		CapsOnly:       caps.CapsOnly,
+		Logger:         opts.Logger, // the adjuster adds its component, policy and device
+		Registerer:     opts.Registerer,
+		Device:         name,
+	})
+	if err != nil {
+		lim.Close()
+		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
+	}
+	d.adj = adj
+	log.Info("device started", "policy", opts.QoS.Policy, "slots", slots, "share_policy", adj.Policy().Name())
+	return d, nil
+}
+
+// Run runs the device's scheduler, adjuster and usage sampling until ctx
+// ends, and returns once all three have.
+func (d *Device) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := d.sched.Run(ctx); err != nil {
+			d.log.Error("scheduler stopped", "err", err)
+		}
+	})
+	wg.Go(func() {
+		if err := d.adj.Run(ctx); err != nil {
+			d.log.Error("adjuster stopped", "err", err)
+		}
+	})
+	wg.Go(func() { d.sample(ctx.Done()) })
+	wg.Wait()
+}
+
+// Close removes the limiter's units; call it once Run has returned.
+func (d *Device) Close() error { return d.lim.Close() }
+
+func (d *Device) Name() string                { return d.name }
+func (d *Device) Limiter() limiter.Limiter    { return d.lim }
+func (d *Device) Scheduler() *qos.Scheduler   { return d.sched }
+func (d *Device) Adjuster() *control.Adjuster { return d.adj }
+
+// NewLimiter starts a device's limiter as the control config says. The
+// shared policy sets no limits, so under auto it gets none. On a simulated
+// GPU it reads the simulator's NVML and MPS daemon. log is the server's:
+// the limiter adds its component and the device.
+func NewLimiter(ctl configs.Control, device string, sim *simgpu.Sim, log *slog.Logger) (limiter.Limiter, error) {
+	backend := ctl.Limiter
+	if p, err := control.PolicyNamed(ctl.Policy); err == nil && !p.Limits() && backend == limiter.BackendAuto {
+		backend = limiter.BackendNone
+	}
+	opts := limiter.Options{Backend: backend, Device: device, Period: ctl.CFSPeriod, Logger: log}
+	if Simulated(sim, device) != nil {
+		if err := simulatedLimiterOptions(sim, &opts); err != nil {
+			return nil, err
+		}
+	}
+	return limiter.New(opts)
+}
+
+// backgroundsBestEffort reports whether the device runs best-effort work
+// behind latency-critical work: a policy that puts best-effort runners in
+// the background (limiter.ModeBackground; adaptive), on a limiter that has
+// a background class, so the scheduler may give each class slots of its
+// own.
+func backgroundsBestEffort(policy string, lim limiter.Limiter) bool {
+	p, err := control.PolicyNamed(policy)
+	return err == nil && p.Backgrounds() && lim.Capabilities().Background
+}
+
+// Slots is how many executions a device runs at once across its models.
+// CPU: qos.device_slots, else one per core. GPU: the clients of an MPS
+// server run their kernels at once, each within its percentage, so a GPU
+// takes the clients its limiter runs at once (MPS: limiter.MPSClients), a
+// simulated GPU whose daemon runs (the shared policy's unlimited clients)
+// as many; a GPU without MPS time-slices its contexts and takes one. Each
+// model's own slots (instances × concurrency) bound its share of them.
+func Slots(name string, configured int, lim limiter.Limiter, sim *simgpu.Sim) int {
+	if !strings.HasPrefix(name, "cuda:") {
+		if configured > 0 {
+			return configured
+		}
+		return goruntime.NumCPU()
+	}
+	if c := lim.Capabilities().Clients; c > 0 {
+		return c
+	}
+	if d := Simulated(sim, name); d != nil && d.DaemonRunning() {
+		return limiter.MPSClients
+	}
+	return 1
+}
+
+// Simulated is the simulated GPU behind a device name ("cuda:N"), nil
+// when the device is not simulated.
+func Simulated(sim *simgpu.Sim, device string) *simgpu.Device {
+	n, ok := strings.CutPrefix(device, "cuda:")
+	if sim == nil || !ok {
+		return nil
+	}
+	i, err := strconv.Atoi(n)
+	if err != nil {
+		return nil
+	}
+	d, err := sim.Device(i)
+	if err != nil {
+		return nil
+	}
+	return d
+}
+
+// simulatedLimiterOptions reads a simulated GPU's telemetry and MPS daemon
+// through the simulator, as a real GPU's are read through NVML and the
+// daemon's pipe.
+func simulatedLimiterOptions(sim *simgpu.Sim, opts *limiter.Options) error {
+	tel, err := limiter.NewNVMLTelemetry(sim.NVML(), opts.Logger)
+	if err != nil {
+		return err
+	}
+	opts.Telemetry = tel
+	opts.RestartMPSDaemon = SimulatedRestart(sim)
+	opts.MPSDaemon = func(i int) error {
+		d, err := sim.Device(i)
+		if err != nil {
+			return err
+		}
+		if !d.DaemonRunning() {
+			return fmt.Errorf("the simulated device %d has no MPS control daemon (gpu.simulator.mps_daemon is false, or it is recovering from a fault)", i)
+		}
+		return nil
+	}
+	return nil
+}
+
+// SimulatedRestart is limiter.Options.RestartMPSDaemon for simulated GPUs.
+func SimulatedRestart(sim *simgpu.Sim) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		d, err := sim.Device(i)
+		if err != nil {
+			return err
+		}
+		d.RestartDaemon()
+		return ctx.Err()
+	}
+}
+
+// actuator is a device's adjuster's actuator (an asynchronous one, as the
+// registry is): the models, for the versions that run on the device. A
+// version that moved away answers control.ErrElsewhere, so that the old
+// device's adjuster, which may see it until its queue there has drained,
+// does not resize or evict it on its new device.
+type actuator struct {
+	models Models
+	device string
+}
+
+var (
+	_ control.AsyncActuator        = actuator{}
+	_ control.InstanceMemoryReader = actuator{}
+)
+
+func (a actuator) here(key string) error {
+	name, ver, _ := strings.Cut(key, "/")
+	_, dev, err := a.models.VersionKey(name, ver)
+	if err == nil && dev != a.device {
+		return fmt.Errorf("%w: %s is on %s", control.ErrElsewhere, key, dev)
+	}
+	return nil
+}
+
+// elsewhere reports a version moving between devices (models.ErrMoving)
+// as control.ErrElsewhere.
+func (a actuator) elsewhere(err error) error {
+	if errors.Is(err, models.ErrMoving) {
+		return fmt.Errorf("%w: %w", control.ErrElsewhere, err)
+	}
+	return err
+}
+
+func (a actuator) SetShare(ctx context.Context, key string, s limiter.Share) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	return a.elsewhere(a.models.SetShare(ctx, key, s))
+}
+
+func (a actuator) RequestShare(key string, s limiter.Share) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	return a.elsewhere(a.models.RequestShare(key, s))
+}
+
+func (a actuator) ShareInEffect(key string) (limiter.Share, bool, error) {
+	return a.models.ShareInEffect(key)
+}
+
+func (a actuator) Evict(ctx context.Context, key string) error {
+	if err := a.here(key); err != nil {
+		return err
+	}
+	return a.models.Evict(ctx, key)
+}
+
+func (a actuator) MemoryUsage(key string) int64 {
+	if a.here(key) != nil {
+		return 0
+	}
+	return a.models.MemoryUsage(key)
+}
+
+func (a actuator) InstanceMemory(key string) int64 {
+	if a.here(key) != nil {
+		return 0
+	}
+	return a.models.InstanceMemory(key)
+}
+
+var _ Models = (*models.Registry)(nil)
