@@ -685,7 +685,8 @@ func processCPU(pid int) (float64, error) {
 }
 
 // LiftCompute takes a unit out of the background parent and lifts its
-// compute cap, its memory limit unchanged: for a runner about to stop,
+// compute cap, its memory limit unchanged (a floor, which has neither, is
+// left as it is): for a runner about to stop,
 // which must get the CPU to exit even when many stop at once (capped in
 // the idle class, 85 of 100 idle best-effort runners could not within the
 // stop timeout). The unit's share is the lifted one until Resize or
@@ -696,6 +697,9 @@ func (l *cgroupLimiter) LiftCompute(id string) error {
 	u, err := l.units.get(id)
 	if err != nil {
 		return err
+	}
+	if u.share.Mode == ModeFloor || !u.share.limited() && u.share.Mode != ModeBackground {
+		return nil // no cap, no idle class: a floor keeps its weight
 	}
 	s := Share{Memory: u.share.Memory, Mode: ModeCap}
 	if err := l.apply(u, s); err != nil {

@@ -460,6 +460,18 @@ func TestCgroupLiftCompute(t *testing.T) {
 			}
 			fileHas(t, filepath.Join(parent, "cgroup.procs"), "4711")
 			fileHas(t, filepath.Join(memOwn, "sloserve-4242", "be", memFile), "67108864")
+			// A floor has no cap to lift and keeps its weight.
+			if _, err := l.Place("lc", Share{Compute: 0.25, Mode: ModeFloor}); err != nil {
+				t.Fatal(err)
+			}
+			if err := lifter.LiftCompute("lc"); err != nil {
+				t.Fatal(err)
+			}
+			weightFile, floorWeight := "cpu.shares", "8192"
+			if v2 {
+				weightFile, floorWeight = "cpu.weight", "400"
+			}
+			fileHas(t, filepath.Join(own, "sloserve-4242", "lc", weightFile), floorWeight)
 			if err := lifter.LiftCompute("nope"); !errors.Is(err, ErrUnknownInstance) {
 				t.Errorf("LiftCompute of an unknown unit: %v", err)
 			}
