@@ -75,6 +75,14 @@ type UsageReader interface {
 	Usage() (map[string]float64, error)
 }
 
+// ComputeLifter is implemented by backends that can lift a unit's compute
+// cap (and, where the kernel allows, its idle class) while keeping its
+// memory limit: for a runner about to stop, which must get the CPU to exit
+// even when many stop at once (cgroup, unprivileged).
+type ComputeLifter interface {
+	LiftCompute(id string) error
+}
+
 // DaemonRestarter is implemented by backends whose device has a control
 // daemon a fatal fault can take down with every client (MPS):
 // RestartDaemon brings it back, so that new clients can start, and returns

@@ -50,7 +50,10 @@ type cgroupLimiter struct {
 	closed bool
 }
 
-var _ Limiter = (*cgroupLimiter)(nil)
+var (
+	_ Limiter       = (*cgroupLimiter)(nil)
+	_ ComputeLifter = (*cgroupLimiter)(nil)
+)
 
 // cgroupUnit is one instance's cgroup: the directory name in every
 // hierarchy's parent, and its current share.

@@ -50,7 +50,10 @@ type unprivLimiter struct {
 	closed bool
 }
 
-var _ Limiter = (*unprivLimiter)(nil)
+var (
+	_ Limiter       = (*unprivLimiter)(nil)
+	_ ComputeLifter = (*unprivLimiter)(nil)
+)
 
 // procUnit is one instance's process unit.
 type procUnit struct {
@@ -301,6 +304,24 @@ func (l *unprivLimiter) Resize(id string, s Share) error {
 	l.log.Debug("instance resized", "id", id, "from", u.share, "to", s, "limits", next.String())
 	u.share, u.limits = s, next
 	return nil
+}
+
+// LiftCompute widens a capped unit's affinity to every allowed CPU, its
+// memory limit and class unchanged (an unprivileged thread cannot leave
+// SCHED_IDLE): for a runner about to stop.
+func (l *unprivLimiter) LiftCompute(id string) error {
+	l.mu.Lock()
+	u, err := l.units.get(id)
+	var s Share
+	if err == nil {
+		s = Share{Memory: u.share.Memory, Mode: u.share.Mode}
+	}
+	limited := err == nil && u.share.limited()
+	l.mu.Unlock()
+	if err != nil || !limited {
+		return err
+	}
+	return l.Resize(id, s)
 }
 
 // readUnitPids reads a unit's procs file.

@@ -318,3 +318,40 @@ func TestCleanupStaleUnits(t *testing.T) {
 		t.Errorf("removed %d, %s still there: %v; want it removed", n, dead, exists(dead))
 	}
 }
+
+// A stopping runner's cap is lifted: its affinity widens to every allowed
+// CPU; its class and memory limit stay (an unprivileged thread cannot
+// leave SCHED_IDLE). An uncapped unit is left alone.
+func TestUnprivilegedLiftCompute(t *testing.T) {
+	var applyErr error
+	l, calls := fakeUnprivileged(t, &applyErr)
+	defer l.Close()
+	pl, err := l.Place("be", Share{Compute: 0.05, Memory: 64 << 20, Mode: ModeBackground})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addPid(t, pl.ProcessUnit, os.Getpid())
+	if got, _ := runtime.ReadProcessLimits(pl.ProcessUnit); len(got.CPUs) != 1 {
+		t.Fatalf("a 0.05 cap runs on %v, want one CPU", got.CPUs)
+	}
+	if err := l.LiftCompute("be"); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("idle=1 cpus=0,1,2,3 data=%d", 64<<20+DataReserve)
+	if got, _ := runtime.ReadProcessLimits(pl.ProcessUnit); got.String() != want {
+		t.Errorf("limits after the lift %q, want %q", got.String(), want)
+	}
+	if len(*calls) != 1 || (*calls)[0] != (applied{os.Getpid(), want}) {
+		t.Errorf("applied %v, want %q to the live process", *calls, want)
+	}
+	if _, err := l.Place("lc", Share{Compute: 0.5, Mode: ModeFloor}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(*calls)
+	if err := l.LiftCompute("lc"); err != nil || len(*calls) != before {
+		t.Errorf("lifting a floor: %v, %d applications, want none", err, len(*calls)-before)
+	}
+	if err := l.LiftCompute("gone"); !errors.Is(err, ErrUnknownInstance) {
+		t.Errorf("lifting an unknown unit: %v, want ErrUnknownInstance", err)
+	}
+}

@@ -329,18 +329,12 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 	}
 }
 
-// computeLifter is a limiter that can lift a unit's compute cap and idle
-// class while keeping its memory limit (the cgroup backend).
-type computeLifter interface {
-	LiftCompute(id string) error
-}
-
 // stopMember stops one instance of the version and releases its unit. The
 // unit's compute cap is lifted first: a best-effort runner capped in the
 // idle class cannot get the CPU to exit when many stop at once, and the
 // stop would wait for it until the kill.
 func (r *Registry) stopMember(ctx context.Context, v *version, m runtime.Member) {
-	if l, ok := v.lim.(computeLifter); ok {
+	if l, ok := v.lim.(limiter.ComputeLifter); ok {
 		if u := v.unitOf(m); u.id != "" {
 			if err := l.LiftCompute(u.id); err != nil {
 				r.log.Warn("lifting a stopping instance's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
