@@ -95,6 +95,10 @@ type ProfileRun struct {
 	// usefulShare); profiling shares above it measures nothing new.
 	MaxShare   float64
 	BatchSizes []int
+	// Limiter is the kind of the limiter that enforces the measured
+	// shares ("cgroup-v1", "unprivileged", ...): the same share measures
+	// differently under each, so it is part of a cached profile's key.
+	Limiter string
 	// Measure sets the version's compute share and returns the median
 	// execution time of runs executions of a batch, after one unmeasured
 	// run.
@@ -129,7 +133,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	run := ProfileRun{
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
 		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
-		Memory: v.workingSetReader(),
+		Memory: v.workingSetReader(), Limiter: v.lim.Kind(),
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.

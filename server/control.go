@@ -237,7 +237,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		fmt.Sprintf("shares=%v", profileShares(run.Device, run.MaxShare)),
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
-		"onnxruntime=" + filepath.Base(p.lib)}
+		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter}
 	if sim := p.simulated(run); sim != "" {
 		parts = append(parts, sim)
 	}
