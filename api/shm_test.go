@@ -271,12 +271,20 @@ func TestSharedMemoryRegisterHostile(t *testing.T) {
 
 func TestSharedMemoryCUDAAndOff(t *testing.T) {
 	h, _ := newShmREST(t, newFakeBackend(), SharedMemoryOptions{})
-	for _, p := range []string{"/v2/cudasharedmemory/status", "/v2/cudasharedmemory/region/r/status"} {
-		wantREST(t, shmCall(t, h, "GET", p, ""), 400, "CUDA shared memory is not supported")
+	// As Triton on a host without GPUs: no regions, unregister a no-op
+	// (tritonclient.http posts an empty body with no Content-Type,
+	// http/_client.py unregister_cuda_shared_memory), register refused.
+	if rec := shmCall(t, h, "GET", "/v2/cudasharedmemory/status", ""); rec.Code != 200 || rec.Body.String() != "[]" {
+		t.Fatalf("CUDA status: %d %s, want 200 []", rec.Code, rec.Body)
 	}
-	for _, p := range []string{"/v2/cudasharedmemory/region/r/register", "/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/r/unregister"} {
-		wantREST(t, shmCall(t, h, "POST", p, `{"raw_handle":{"b64":"AA=="},"device_id":0,"byte_size":8}`), 400, "CUDA shared memory is not supported")
+	wantREST(t, shmCall(t, h, "GET", "/v2/cudasharedmemory/region/r/status", ""), 400, "Unable to find cuda shared memory region: 'r'")
+	for _, p := range []string{"/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/r/unregister"} {
+		if rec := shmCall(t, h, "POST", p, ""); rec.Code != 200 || rec.Body.String() != "{}" {
+			t.Fatalf("%s: %d %s, want 200 {}", p, rec.Code, rec.Body)
+		}
 	}
+	wantREST(t, shmCall(t, h, "POST", "/v2/cudasharedmemory/region/r/register", `{"raw_handle":{"b64":"AA=="},"device_id":0,"byte_size":8}`,
+		"Content-Type", "application/json"), 400, "CUDA shared memory is not supported")
 	rec := shmCall(t, h, "GET", "/v2", "")
 	if !strings.Contains(rec.Body.String(), `"system_shared_memory"`) || strings.Contains(rec.Body.String(), "cuda") {
 		t.Fatalf("server metadata with shared memory: %s", rec.Body)
@@ -592,10 +600,17 @@ func TestSharedMemoryGRPC(t *testing.T) {
 
 	_, err = c.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "g", RawHandle: []byte{1}, ByteSize: 8})
 	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
-	_, err = c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{})
-	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
-	_, err = c.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{})
-	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
+	// The rest as Triton without GPUs answers them.
+	if st, err := c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{}); err != nil || len(st.GetRegions()) != 0 {
+		t.Fatalf("CUDA status: %v %v, want no regions", st, err)
+	}
+	_, err = c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{Name: "g"})
+	wantGRPCCode(t, err, codes.NotFound, "Unable to find cuda shared memory region: 'g'")
+	for _, name := range []string{"", "g"} {
+		if _, err := c.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{Name: name}); err != nil {
+			t.Fatalf("CUDA unregister %q: %v, want a no-op", name, err)
+		}
+	}
 
 	if _, err := c.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: "in"}); err != nil {
 		t.Fatal(err)
