@@ -736,13 +736,19 @@ func TestSharedMemoryFromBrowsers(t *testing.T) {
 		{"cross-site fetch", append([]string{"Sec-Fetch-Site", "cross-site"}, json...), 403, "shared memory calls from a web page of another site"},
 		{"other origin", append([]string{"Origin", "http://evil.example"}, json...), 403, "another origin"},
 		{"rebound host name", append([]string{"Host", "evil.example:8000"}, json...), 403, "DNS-rebinding"},
-		{"form post", []string{"Content-Type", "text/plain"}, 415, "Content-Type: application/json"},
+		{"a page's text/plain post", []string{"Content-Type", "text/plain", "Sec-Fetch-Site", "same-origin"}, 415, "Content-Type: application/json"},
 		{"same origin", append([]string{"Origin", "http://localhost:8000"}, json...), 200, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wantREST(t, shmCall(t, h, "POST", register, registerBody(key, 0, 64), tc.headers...), tc.status, tc.msg)
 		})
 	}
+	// Triton's clients register with no Content-Type (tritonclient.http)
+	// or a non-JSON one (tritonclient.http.aio), and no browser headers.
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/t/register", registerBody(key, 0, 64),
+		"User-Agent", "python/gevent-http-client-2.0"), 200, "")
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/u/register", registerBody(key, 0, 64),
+		"Content-Type", "text/plain; charset=utf-8"), 200, "")
 	// The region registered above, named by a page's inference request.
 	body := sumShmRequest(1, `"shared_memory_region":"r","shared_memory_byte_size":16`, "")
 	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body, "Sec-Fetch-Site", "cross-site"), 403, "another site")

@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/sloserve/sloserve/api/inference"
+)
+
+// Requests as Triton's Python client library builds them
+// (triton-inference-server/client, src/python/library/tritonclient):
+// tritonclient.http posts through geventhttpclient with no Content-Type
+// (http/_client.py _post), tritonclient.http.aio through aiohttp, which
+// types the bytes it posts itself (http/aio/__init__.py _post); neither
+// sends Origin or Sec-Fetch-* headers.
+
+// tritonClients are the two HTTP clients' header sets: name, then the
+// header pairs each adds to a POST.
+var tritonClients = []struct {
+	name   string
+	header []string
+}{
+	{"tritonclient.http", []string{"User-Agent", "python/gevent-http-client-2.0"}},
+	{"tritonclient.http.aio", []string{"User-Agent", "Python/3.12 aiohttp/3.9.5", "Content-Type", "application/octet-stream"}},
+}
+
+// tritonPost posts body with exactly the headers given (no Content-Type
+// unless one is given) and returns the status and body.
+func tritonPost(t *testing.T, s *testServer, path string, body []byte, header ...string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), "POST", s.http+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// TestE2ETritonClientAdmin replays the admin calls of tritonclient's
+// example scripts as the library sends them: the clean-up every
+// shared-memory example starts with (unregister all system and all CUDA
+// regions, REST and gRPC), a system region's registration, and model
+// unload and load, over both HTTP clients' headers.
+func TestE2ETritonClientAdmin(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n")
+	ctx := t.Context()
+	key, _ := e2eShmObject(t, 4096)
+
+	for _, c := range tritonClients {
+		t.Run(c.name, func(t *testing.T) {
+			// simple_http_shm_client.py and simple_http_cudashm_client.py
+			// begin with these; unregister posts an empty body.
+			for _, p := range []string{"/v2/systemsharedmemory/unregister", "/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/any/unregister"} {
+				if code, b := tritonPost(t, s, p, []byte{}, c.header...); code != 200 {
+					t.Fatalf("%s: %d %s", p, code, b)
+				}
+			}
+			req, _ := http.NewRequestWithContext(ctx, "GET", s.http+"/v2/cudasharedmemory/status", nil)
+			resp, err := s.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "[]" {
+				t.Fatalf("CUDA status: %d %s, want 200 []", resp.StatusCode, b)
+			}
+			// register_system_shared_memory: json.dumps of key, offset, byte_size.
+			reg := []byte(`{"key": "` + key + `", "offset": 0, "byte_size": 64}`)
+			if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/input_data/register", reg, c.header...); code != 200 {
+				t.Fatalf("register: %d %s", code, b)
+			}
+			if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/input_data/unregister", []byte{}, c.header...); code != 200 {
+				t.Fatalf("unregister: %d %s", code, b)
+			}
+			// unload_model, then load_model (json.dumps of {} without a config).
+			if code, b := tritonPost(t, s, "/v2/repository/models/dyn/unload", []byte(`{"parameters": {"unload_dependents": false}}`), c.header...); code != 200 {
+				t.Fatalf("unload: %d %s", code, b)
+			}
+			if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", []byte(`{}`), c.header...); code != 200 {
+				t.Fatalf("load: %d %s", code, b)
+			}
+			if code, b, _ := s.do(t, "GET", "/v2/models/dyn/ready", nil); code != 200 {
+				t.Fatalf("dyn not ready after the load: %d %s", code, b)
+			}
+		})
+	}
+
+	t.Run("tritonclient.grpc", func(t *testing.T) {
+		if _, err := s.grpc.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"", "any"} {
+			if _, err := s.grpc.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{Name: name}); err != nil {
+				t.Fatalf("CUDA unregister %q: %v", name, err)
+			}
+		}
+		st, err := s.grpc.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{})
+		if err != nil || len(st.GetRegions()) != 0 {
+			t.Fatalf("CUDA status: %v %v", st, err)
+		}
+		_, err = s.grpc.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "g", RawHandle: []byte{0}, ByteSize: 8})
+		if err == nil || !strings.Contains(err.Error(), "CUDA shared memory is not supported") {
+			t.Fatalf("CUDA register: %v", err)
+		}
+	})
+}
