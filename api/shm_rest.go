@@ -163,10 +163,19 @@ func restShmInput(u *shmUse, ij *restInputJSON, dt runtime.DataType, n int64) (r
 	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data, Mapped: true}, nil
 }
 
-// restShmOutput checks a requested output's shared-memory parameters.
+// restShmOutput checks a requested output's shared-memory parameters. As
+// in Triton, only "binary_data": true conflicts with a region: tritonclient
+// sends false on every output it puts in shared memory
+// (http/_requested_output.py set_shared_memory).
 func restShmOutput(u *shmUse, name string, params map[string]json.RawMessage) (shmTarget, error) {
-	if _, ok := params["binary_data"]; ok {
-		return shmTarget{}, restBadRequest("output %q has both binary_data and %s", name, paramShmRegion)
+	if raw, ok := params["binary_data"]; ok {
+		binary, ok := rawBool(raw)
+		switch {
+		case !ok:
+			return shmTarget{}, restBadRequest("output %q: parameters.binary_data must be true or false, not %s", name, clipValue(raw))
+		case binary:
+			return shmTarget{}, restBadRequest("output %q has both binary_data true and %s", name, paramShmRegion)
+		}
 	}
 	p, err := restShmParams("output", name, params)
 	if err != nil {

@@ -352,6 +352,30 @@ func TestSharedMemoryInferREST(t *testing.T) {
 			wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", sumShmRequest(2, tc.in, tc.out)), 400, tc.msg)
 		})
 	}
+	t.Run("binary_data false, as tritonclient sends it", func(t *testing.T) {
+		// http/_requested_output.py set_shared_memory turns binary_data to
+		// false and keeps it.
+		shmWrite(t, key, 1024, make([]byte, 16))
+		out := `"binary_data":false,"shared_memory_region":"out","shared_memory_byte_size":16`
+		rec := shmCall(t, h, "POST", "/v2/models/sum/infer", sumShmRequest(2, `"shared_memory_region":"in","shared_memory_offset":28,"shared_memory_byte_size":32`, out))
+		wantREST(t, rec, 200, "")
+		if !strings.Contains(rec.Body.String(), `"parameters":{"shared_memory_region":"out","shared_memory_offset":0,"shared_memory_byte_size":8}`) {
+			t.Fatalf("response %s", rec.Body)
+		}
+		if got, want := shmRead(t, key, 1024, 8), fp32Bytes(10, 100); !bytes.Equal(got, want) {
+			t.Fatalf("output region holds %v, want %v", got, want)
+		}
+	})
+	for _, tc := range []struct{ name, binary, msg string }{
+		{"binary_data true and region", "true", "both binary_data true and shared_memory_region"},
+		{"binary_data not a bool with region", `"no"`, "must be true or false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := `"binary_data":` + tc.binary + `,"shared_memory_region":"out","shared_memory_byte_size":16`
+			wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer",
+				sumShmRequest(2, `"shared_memory_region":"in","shared_memory_offset":28,"shared_memory_byte_size":32`, out)), 400, tc.msg)
+		})
+	}
 	t.Run("data and region", func(t *testing.T) {
 		body := `{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4],"parameters":{"shared_memory_region":"in","shared_memory_byte_size":16}}]}`
 		wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body), 400, "both data and shared_memory_region")

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/binary"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -60,7 +62,14 @@ func TestE2ETritonClientAdmin(t *testing.T) {
 	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
 	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n")
 	ctx := t.Context()
-	key, _ := e2eShmObject(t, 4096)
+	key, obj := e2eShmObject(t, 4096)
+	in := make([]byte, 40)
+	for i := range 10 {
+		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(i+1)))
+	}
+	if _, err := obj.WriteAt(in, 0); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, c := range tritonClients {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,8 +95,33 @@ func TestE2ETritonClientAdmin(t *testing.T) {
 			if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/input_data/register", reg, c.header...); code != 200 {
 				t.Fatalf("register: %d %s", code, b)
 			}
-			if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/input_data/unregister", []byte{}, c.header...); code != 200 {
-				t.Fatalf("unregister: %d %s", code, b)
+			reg = []byte(`{"key": "` + key + `", "offset": 64, "byte_size": 64}`)
+			if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/output_data/register", reg, c.header...); code != 200 {
+				t.Fatalf("register: %d %s", code, b)
+			}
+			// simple_http_shm_client.py's request: the output in shared
+			// memory with binary_data false (http/_requested_output.py).
+			if _, err := obj.WriteAt(make([]byte, 4), 64); err != nil {
+				t.Fatal(err)
+			}
+			infer := []byte(`{"inputs": [{"name": "input_vectors", "shape": [1, 10], "datatype": "FP32", "parameters": ` +
+				`{"shared_memory_region": "input_data", "shared_memory_byte_size": 40}}], "outputs": [{"name": "output_scalars", ` +
+				`"parameters": {"binary_data": false, "shared_memory_region": "output_data", "shared_memory_byte_size": 64}}]}`)
+			if code, b := tritonPost(t, s, "/v2/models/dyn/infer", infer, c.header...); code != 200 ||
+				!strings.Contains(string(b), `"shared_memory_region":"output_data"`) {
+				t.Fatalf("infer in shared memory: %d %s", code, b)
+			}
+			out := make([]byte, 4)
+			if _, err := obj.ReadAt(out, 64); err != nil {
+				t.Fatal(err)
+			}
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(out)); got != 55 {
+				t.Fatalf("the output region holds %v, want 55", got)
+			}
+			for _, r := range []string{"input_data", "output_data"} {
+				if code, b := tritonPost(t, s, "/v2/systemsharedmemory/region/"+r+"/unregister", []byte{}, c.header...); code != 200 {
+					t.Fatalf("unregister: %d %s", code, b)
+				}
 			}
 			// unload_model, then load_model (json.dumps of {} without a config).
 			if code, b := tritonPost(t, s, "/v2/repository/models/dyn/unload", []byte(`{"parameters": {"unload_dependents": false}}`), c.header...); code != 200 {
