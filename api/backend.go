@@ -62,8 +62,10 @@ type Backend interface {
 	// only those ready for inference.
 	RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error)
 	// LoadModel loads or reloads a model and waits until it is ready or
-	// failed.
-	LoadModel(ctx context.Context, name string) error
+	// failed. config, when not nil, is a Triton ModelConfig in JSON to
+	// serve the model with instead of its folder's config (Triton's config
+	// override); a config that does not check out is models.ErrBadConfig.
+	LoadModel(ctx context.Context, name string, config []byte) error
 	// UnloadModel unloads a model after in-flight requests finish.
 	UnloadModel(ctx context.Context, name string) error
 	// ReloadConfig rereads the server config from where it came from at

@@ -725,8 +725,11 @@ func (s *restServer) repositoryIndex(c *gin.Context) {
 	s.writeValue(c, http.StatusOK, out)
 }
 
-// load serves POST /v2/repository/models/{m}/load. Load parameters (a
-// config override, model files) are not supported and refused.
+// load serves POST /v2/repository/models/{m}/load. The parameter "config",
+// a string holding a Triton ModelConfig in JSON (as tritonclient's
+// load_model(config=...) sends it: http/_client.py load_model), is a config
+// override; file overrides ("file:<path>") and other parameters are
+// refused: nothing a request sends is written to disk.
 func (s *restServer) load(c *gin.Context) {
 	body, err := s.readJSONBody(c)
 	if err != nil {
@@ -740,12 +743,21 @@ func (s *restServer) load(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	if len(req.Parameters) > 0 {
-		s.writeError(c, restBadRequest("load parameters are not supported: %s",
-			strings.Join(slices.Sorted(maps.Keys(req.Parameters)), ", ")))
+	var config []byte
+	if raw, ok := req.Parameters[loadParamConfig]; ok {
+		var text string
+		if err := json.Unmarshal(raw, &text); err != nil {
+			s.writeError(c, restBadRequest("parameters.config must be a string holding the model config in JSON, not %s", clipValue(raw)))
+			return
+		}
+		config = []byte(text)
+		delete(req.Parameters, loadParamConfig)
+	}
+	if err := checkLoadParams(slices.Collect(maps.Keys(req.Parameters))); err != nil {
+		s.writeError(c, err)
 		return
 	}
-	if err := s.b.LoadModel(c.Request.Context(), c.Param("model")); err != nil {
+	if err := s.b.LoadModel(c.Request.Context(), c.Param("model"), config); err != nil {
 		s.writeError(c, err)
 		return
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"io"
 	"math"
 	"net/http"
@@ -154,4 +155,61 @@ func TestE2ETritonClientAdmin(t *testing.T) {
 			t.Fatalf("CUDA register: %v", err)
 		}
 	})
+}
+
+// TestE2ETritonClientLoadConfig loads a model with a config override as
+// tritonclient's load_model(config=...) sends it (REST: a JSON string in
+// parameters.config; gRPC: a string_param), checks that it serves with it,
+// that a bad one fails and leaves the serving config, and that a load
+// without one goes back to the folder's config.
+func TestE2ETritonClientLoadConfig(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n")
+	maxBatch := func() float64 {
+		var cfg struct {
+			MaxBatchSize float64 `json:"max_batch_size"`
+		}
+		if code := s.json(t, "GET", "/v2/models/dyn/config", nil, &cfg); code != 200 {
+			t.Fatalf("config: %d", code)
+		}
+		return cfg.MaxBatchSize
+	}
+	override := `{"name": "dyn", "backend": "onnxruntime", "max_batch_size": 2}`
+	body, _ := json.Marshal(map[string]any{"parameters": map[string]any{"config": override}})
+	if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", body, tritonClients[0].header...); code != 200 {
+		t.Fatalf("load with a config: %d %s", code, b)
+	}
+	if got := maxBatch(); got != 2 {
+		t.Fatalf("max_batch_size %v after the override, want 2", got)
+	}
+	var resp jsonInferResponse
+	if code := s.json(t, "POST", "/v2/models/dyn/infer", json.RawMessage(dynBody), &resp); code != 200 || len(resp.Outputs) != 1 {
+		t.Fatalf("infer: %d %+v", code, resp)
+	}
+	closeTo(t, "row sum", resp.Outputs[0].Data, []float64{55}, 1e-6)
+
+	bad, _ := json.Marshal(map[string]any{"parameters": map[string]any{"config": `{"max_batch_size": -3}`}})
+	if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", bad, tritonClients[0].header...); code != 400 || !strings.Contains(string(b), "max_batch_size") {
+		t.Fatalf("load with a bad config: %d %s", code, b)
+	}
+	if got := maxBatch(); got != 2 {
+		t.Fatalf("max_batch_size %v after a failed override, want 2 still", got)
+	}
+
+	_, err := s.grpc.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{ModelName: "dyn",
+		Parameters: map[string]*inference.ModelRepositoryParameter{"config": {ParameterChoice: &inference.ModelRepositoryParameter_StringParam{
+			StringParam: `{"name": "dyn", "max_batch_size": 4}`}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := maxBatch(); got != 4 {
+		t.Fatalf("max_batch_size %v after the gRPC override, want 4", got)
+	}
+	if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", []byte(`{}`), tritonClients[0].header...); code != 200 {
+		t.Fatalf("load: %d %s", code, b)
+	}
+	if got := maxBatch(); got != 8 {
+		t.Fatalf("max_batch_size %v after a load without a config, want the folder's 8", got)
+	}
 }

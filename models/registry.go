@@ -163,6 +163,10 @@ type model struct {
 	evicted     bool                 // unloaded for memory: the next request loads it
 	loadFailed  bool                 // the last load or reload failed; reason says why
 	removed     bool                 // its folder is gone: requests find no model
+	// override is the Triton config (JSON) the last load was given in
+	// place of the folder's config; nil when it read the folder's. Loads
+	// on demand and reloads keep it; the next load by request replaces it.
+	override []byte
 
 	demand sync.Mutex // one load on demand at a time
 	// reviving counts the requests in revive, so that a request that finds
