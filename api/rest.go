@@ -194,10 +194,14 @@ func (s *restServer) writeValue(c *gin.Context, status int, v any) {
 // declared Content-Length at once, a body of unknown length as it grows.
 // A body that does not fit is refused unread (errMemory, and the connection
 // closes). The reservation lasts until the handler returns (requestMemory).
+// A body in gzip or deflate (Content-Encoding) is decompressed as it is
+// read, and its limits and reservation are those of what it decompresses
+// to (compress.go).
 func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	r := c.Request
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
-		return nil, fmt.Errorf("%w: Content-Encoding %q; send the body uncompressed", errUnsupportedEncoding, clipValue(enc))
+	decode, err := restContentDecoder(r.Header.Get("Content-Encoding"))
+	if err != nil {
+		return nil, err
 	}
 	if r.Body == nil {
 		return nil, nil
@@ -207,15 +211,27 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the body has %d bytes, the limit is %d", errTooLarge, r.ContentLength, limit)
 	}
 	res := requestMemory(c, s.lim.Memory)
-	if r.ContentLength > 0 {
+	declared := r.ContentLength
+	if decode != nil {
+		// The wire bytes stream through the decompressor; the decompressed
+		// body's length is not known until it ends.
+		declared = -1
+		if err := res.Grow(restDecoderMemory, "decompressing the request body"); err != nil {
+			c.Header("Connection", "close")
+			return nil, err
+		}
+	} else if r.ContentLength > 0 {
 		if err := res.Grow(r.ContentLength, "the request body"); err != nil {
 			c.Header("Connection", "close") // the body stays unread
 			return nil, err
 		}
 	}
-	body := r.Body
+	var body io.Reader = r.Body
 	if limit > 0 {
 		body = http.MaxBytesReader(c.Writer, r.Body, limit)
+	}
+	if decode != nil {
+		body = newDecodingReader(body, decode, strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))), limit)
 	}
 	// The body's own deadline, cleared once it is in: the connection's
 	// read deadline also bounds the server's watch for a client that goes
@@ -229,12 +245,18 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 			rc = nil // not a connection with deadlines (a test recorder)
 		}
 	}
-	buf, err := restReadAll(body, r.ContentLength, res)
+	buf, err := restReadAll(body, declared, res)
 	if rc != nil && err == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	var tooLarge *http.MaxBytesError
+	var undecodable *decodeError
 	switch {
+	case errors.Is(err, errDecodedTooLarge):
+		c.Header("Connection", "close") // the rest of the body stays unread
+		return nil, fmt.Errorf("%w: the body decompresses to more than the %d bytes allowed (limits.max_request_bytes)", errTooLarge, limit)
+	case errors.As(err, &undecodable):
+		return nil, restBadRequest("the body does not decompress as Content-Encoding %s says: %v", undecodable.encoding, undecodable.err)
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
 	case errors.Is(err, errMemory):

@@ -589,7 +589,9 @@ func TestRESTErrors(t *testing.T) {
 			return restCall{path: "/v2/models/echo/infer", body: body, headers: hdr}
 		}(), 400, "BYTES"},
 		{"body over the limit", sum(sumInput(`"name":"x","datatype":"FP32","shape":[40000],"data":[` + big + `1]`)), 413, "the limit is 65536"},
-		{"gzip", restCall{path: "/v2/models/sum/infer", body: "\x1f\x8b", headers: map[string]string{"Content-Encoding": "gzip"}}, 415, "Content-Encoding"},
+		{"gzip cut short", restCall{path: "/v2/models/sum/infer", body: "\x1f\x8b", headers: map[string]string{"Content-Encoding": "gzip"}},
+			400, "does not decompress as Content-Encoding gzip says"},
+		{"brotli", restCall{path: "/v2/models/sum/infer", body: "x", headers: map[string]string{"Content-Encoding": "br"}}, 415, `Content-Encoding "br"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,13 +2,21 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"encoding/binary"
 	"encoding/json"
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+
+	"google.golang.org/grpc"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
 )
@@ -211,5 +219,82 @@ func TestE2ETritonClientLoadConfig(t *testing.T) {
 	}
 	if got := maxBatch(); got != 8 {
 		t.Fatalf("max_batch_size %v after a load without a config, want the folder's 8", got)
+	}
+}
+
+// TestE2ETritonClientCompression sends requests compressed as tritonclient
+// does (REST: gzip.compress or zlib.compress of the whole body with
+// Content-Encoding and the uncompressed JSON's
+// Inference-Header-Content-Length, http/_client.py infer; gRPC: the
+// channel's gzip or deflate message compression), checks the numbers, and
+// sends zip bombs that the server refuses at max_request_bytes and
+// survives.
+func TestE2ETritonClientCompression(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "", withSet("limits.max_request_bytes=1MiB"))
+	header := `{"inputs":[{"name":"input_vectors","shape":[1,10],"datatype":"FP32","parameters":{"binary_data_size":40}}],` +
+		`"outputs":[{"name":"output_scalars","parameters":{"binary_data":false}}]}`
+	body := []byte(header)
+	for i := range 10 {
+		body = binary.LittleEndian.AppendUint32(body, math.Float32bits(float32(i+1)))
+	}
+	compress := map[string]func([]byte) []byte{
+		"gzip": func(b []byte) []byte {
+			var buf bytes.Buffer
+			w := gzip.NewWriter(&buf)
+			w.Write(b)
+			w.Close()
+			return buf.Bytes()
+		},
+		"deflate": func(b []byte) []byte {
+			var buf bytes.Buffer
+			w := zlib.NewWriter(&buf)
+			w.Write(b)
+			w.Close()
+			return buf.Bytes()
+		},
+	}
+	for enc, z := range compress {
+		code, b := tritonPost(t, s, "/v2/models/dyn/infer", z(body), "User-Agent", "python/gevent-http-client-2.0",
+			"Content-Encoding", enc, "Inference-Header-Content-Length", strconv.Itoa(len(header)))
+		var resp jsonInferResponse
+		if code != 200 || json.Unmarshal(b, &resp) != nil || len(resp.Outputs) != 1 {
+			t.Fatalf("%s: %d %s", enc, code, b)
+		}
+		closeTo(t, enc+" row sum", resp.Outputs[0].Data, []float64{55}, 1e-6)
+
+		r, err := s.grpc.ModelInfer(t.Context(), grpcDynRequest(), grpc.UseCompressor(enc))
+		if err != nil || len(r.GetRawOutputContents()) != 1 {
+			t.Fatalf("gRPC %s: %v %v", enc, r, err)
+		}
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(r.GetRawOutputContents()[0])); got != 55 {
+			t.Fatalf("gRPC %s: row sum %v, want 55", enc, got)
+		}
+	}
+
+	// 256 MiB of zeros in 256 KiB: refused at 1 MiB, several at once.
+	bomb := compress["gzip"](make([]byte, 256<<20))
+	var wg sync.WaitGroup
+	codes := make([]int, 8)
+	for i := range codes {
+		wg.Go(func() {
+			codes[i], _ = tritonPost(t, s, "/v2/models/dyn/infer", bomb, "Content-Encoding", "gzip", "Inference-Header-Content-Length", "100")
+		})
+	}
+	wg.Wait()
+	for i, code := range codes {
+		if code != 413 {
+			t.Fatalf("zip bomb %d: %d, want 413", i, code)
+		}
+	}
+	_, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{ModelName: "dyn", RawInputContents: [][]byte{make([]byte, 256<<20)}},
+		grpc.UseCompressor("gzip"))
+	if status.Code(err) != grpccodes.ResourceExhausted {
+		t.Fatalf("gRPC zip bomb: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	var resp jsonInferResponse
+	if code := s.json(t, "POST", "/v2/models/dyn/infer", json.RawMessage(dynBody), &resp); code != 200 {
+		t.Fatalf("inference after the bombs: %d", code)
 	}
 }
