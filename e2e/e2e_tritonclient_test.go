@@ -198,7 +198,9 @@ func TestE2ETritonClientLoadConfig(t *testing.T) {
 	closeTo(t, "row sum", resp.Outputs[0].Data, []float64{55}, 1e-6)
 
 	bad, _ := json.Marshal(map[string]any{"parameters": map[string]any{"config": `{"max_batch_size": -3}`}})
-	if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", bad, tritonClients[0].header...); code != 400 || !strings.Contains(string(b), "max_batch_size") {
+	// Triton's words first ("failed to load 'dyn'"), then sloserve's.
+	if code, b := tritonPost(t, s, "/v2/repository/models/dyn/load", bad, tritonClients[0].header...); code != 400 ||
+		!strings.HasPrefix(string(b), `{"error":"failed to load 'dyn': `) || !strings.Contains(string(b), "max_batch_size") {
 		t.Fatalf("load with a bad config: %d %s", code, b)
 	}
 	if got := maxBatch(); got != 2 {
@@ -296,5 +298,38 @@ func TestE2ETritonClientCompression(t *testing.T) {
 	var resp jsonInferResponse
 	if code := s.json(t, "POST", "/v2/models/dyn/infer", json.RawMessage(dynBody), &resp); code != 200 {
 		t.Fatalf("inference after the bombs: %d", code)
+	}
+}
+
+// TestE2ETritonClientErrorTexts: the errors that Triton's clients and
+// scripts match begin with Triton's words, over REST and gRPC.
+func TestE2ETritonClientErrorTexts(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "")
+	const unknown = "Request for unknown model: 'foo' is not found"
+	for _, c := range []struct{ method, path string }{{"GET", "/v2/models/foo"}, {"POST", "/v2/models/foo/infer"}} {
+		var body []byte
+		if c.method == "POST" {
+			body = dynBody
+		}
+		code, b, _ := s.do(t, c.method, c.path, body)
+		var e struct{ Error string }
+		if code != 404 || json.Unmarshal(b, &e) != nil || !strings.HasPrefix(e.Error, unknown) {
+			t.Errorf("%s %s: %d %s, want 404 starting %q", c.method, c.path, code, b, unknown)
+		}
+	}
+	if code, b, _ := s.do(t, "GET", "/v2/models/dyn/versions/7", nil); code != 404 || !strings.Contains(string(b), "Request for unknown model: 'dyn' version 7 is not found") {
+		t.Errorf("unknown version: %d %s", code, b)
+	}
+	_, err := s.grpc.ModelMetadata(t.Context(), &inference.ModelMetadataRequest{Name: "foo"})
+	if st, _ := status.FromError(err); st.Code() != grpccodes.NotFound || !strings.HasPrefix(st.Message(), unknown) {
+		t.Errorf("gRPC metadata: %v", err)
+	}
+	req := grpcDynRequest()
+	req.ModelName = "foo"
+	_, err = s.grpc.ModelInfer(t.Context(), req)
+	if st, _ := status.FromError(err); st.Code() != grpccodes.NotFound || !strings.HasPrefix(st.Message(), unknown) {
+		t.Errorf("gRPC infer: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func (r *Registry) Load(ctx context.Context, name string) error {
 	if err := validName(name); err != nil {
 		return err
 	}
-	return r.loadConfig(ctx, name, []byte{})
+	return loadFailed(name, r.loadConfig(ctx, name, []byte{}))
 }
 
 // LoadWithConfig is Load with a config override, as Triton's model-control
@@ -48,7 +48,18 @@ func (r *Registry) LoadWithConfig(ctx context.Context, name string, config []byt
 	if len(config) == 0 {
 		return fmt.Errorf("%w: the config override is empty", ErrBadConfig)
 	}
-	return r.loadConfig(ctx, name, config)
+	return loadFailed(name, r.loadConfig(ctx, name, config))
+}
+
+// loadFailed words a failed load by request first as Triton does ("failed
+// to load 'X'", which clients and scripts match: Triton core's
+// model_repository_manager.cc), then says why; the error keeps what it
+// wraps. An unknown model is not a failed load.
+func loadFailed(name string, err error) error {
+	if err == nil || errors.Is(err, ErrModelNotFound) {
+		return err
+	}
+	return fmt.Errorf("failed to load '%s': %w", tritonName(name), err)
 }
 
 // Unload unloads a model on request (explicit mode only).

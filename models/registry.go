@@ -398,7 +398,7 @@ func (r *Registry) lookup(name string) (*model, error) {
 	m, ok = r.models[name]
 	r.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	return m, nil
 }
@@ -415,13 +415,13 @@ func (r *Registry) versionByKey(key string) (*version, error) {
 // serving finds a serving version of a model ("" = the default one).
 func (r *Registry) serving(name, ver string) (*version, error) {
 	if err := validName(name); err != nil {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	return m.resolve(ver)
 }
