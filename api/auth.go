@@ -50,7 +50,8 @@ type AuthOptions struct {
 //     ServerLive, ServerReady, ModelReady, grpc.health.v1): nothing, or
 //     the inference token with RequireTokenForHealth;
 //   - admin (REST POST /v2/repository/models/{m}/load and /unload, PUT and
-//     DELETE /v2/models/{m}/share, POST /v2/config/reload; gRPC
+//     DELETE /v2/models/{m}/share, POST /v2/config/reload, POST
+//     /v2/logging; gRPC
 //     RepositoryModelLoad, RepositoryModelUnload): the admin token when one
 //     is configured; otherwise a loopback peer (and the inference token
 //     when one is configured);
@@ -311,6 +312,10 @@ func restAccess(method, fullPath string) access {
 		return accessAdmin
 	case "/v2/models/:model/share":
 		return accessAdmin
+	case "/v2/logging":
+		if method != http.MethodGet {
+			return accessAdmin // changes what the server logs
+		}
 	case "/dashboard", "/dashboard/*file":
 		return accessOpen
 	}

@@ -16,6 +16,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
@@ -126,6 +127,10 @@ type Limits struct {
 	// client that does not read it in time loses its connection, and the
 	// memory the response holds is given back; 0 means no bound.
 	WriteTimeout time.Duration
+	// LogLevel is the level of the server's logger, which Triton's logging
+	// extension (GET and POST /v2/logging) reads and sets; nil turns the
+	// extension off.
+	LogLevel *slog.LevelVar
 }
 
 // ServerName is the name sloserve gives in server metadata.

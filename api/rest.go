@@ -84,6 +84,10 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	e.GET("/v2/dashboard", s.dashboardOverview)
 	e.GET("/v2/dashboard/models/:model", s.dashboardHistory)
 	s.routeSharedMemory(e)
+	if lim.LogLevel != nil {
+		e.GET("/v2/logging", s.logSettings)
+		e.POST("/v2/logging", s.updateLogSettings)
+	}
 	e.GET("/dashboard", s.dashboardPage)
 	e.GET("/dashboard/*file", dashboardFiles())
 	return e

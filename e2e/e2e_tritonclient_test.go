@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
@@ -331,5 +332,49 @@ func TestE2ETritonClientErrorTexts(t *testing.T) {
 	_, err = s.grpc.ModelInfer(t.Context(), req)
 	if st, _ := status.FromError(err); st.Code() != grpccodes.NotFound || !strings.HasPrefix(st.Message(), unknown) {
 		t.Errorf("gRPC infer: %v", err)
+	}
+}
+
+// TestE2ETritonClientLogging changes the real server's log level as
+// tritonclient's update_log_settings does (POST /v2/logging with
+// json.dumps(settings), no Content-Type) and reads it back: what is logged
+// follows at once.
+func TestE2ETritonClientLogging(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "")
+	settings := func() map[string]any {
+		var st map[string]any
+		if code := s.json(t, "GET", "/v2/logging", nil, &st); code != 200 {
+			t.Fatalf("GET /v2/logging: %d", code)
+		}
+		return st
+	}
+	if st := settings(); st["log_verbose_level"] != 1.0 || st["log_info"] != true { // the harness starts it at debug
+		t.Fatalf("settings %v", st)
+	}
+	post := func(body string) map[string]any {
+		code, b := tritonPost(t, s, "/v2/logging", []byte(body), tritonClients[0].header...)
+		var st map[string]any
+		if code != 200 || json.Unmarshal(b, &st) != nil {
+			t.Fatalf("POST %s: %d %s", body, code, b)
+		}
+		return st
+	}
+	if st := post(`{"log_verbose_level": 0, "log_info": false}`); st["log_info"] != false || st["log_warning"] != true {
+		t.Fatalf("after turning info off: %v", st)
+	}
+	// At warn, neither the change nor the next admin call is logged.
+	post(`{"log_warning": true}`)
+	if st := post(`{"log_info": true}`); st["log_info"] != true || st["log_verbose_level"] != 0.0 {
+		t.Fatalf("after turning info on: %v", st)
+	}
+	waitFor(t, "the change to info in the log", 30*time.Second, func() bool { return s.logHas(`msg="log settings changed"`, "log_level=INFO") })
+	if s.logHas(`msg="log settings changed"`, "log_level=WARN") {
+		t.Errorf("a change logged at info while the level was warn")
+	}
+	calls := strings.Count(s.log.String(), `msg="admin call" component=auth protocol=rest method="POST /v2/logging"`)
+	if calls != 1 {
+		t.Errorf("%d POST /v2/logging admin calls logged, want 1 (the first, at debug; the others came at warn)", calls)
 	}
 }
