@@ -50,7 +50,8 @@ type AuthOptions struct {
 //     ServerLive, ServerReady, ModelReady, grpc.health.v1): nothing, or
 //     the inference token with RequireTokenForHealth;
 //   - admin (REST POST /v2/repository/models/{m}/load and /unload, PUT and
-//     DELETE /v2/models/{m}/share, POST /v2/config/reload; gRPC
+//     DELETE /v2/models/{m}/share, POST /v2/config/reload, POST
+//     /v2/logging; gRPC
 //     RepositoryModelLoad, RepositoryModelUnload): the admin token when one
 //     is configured; otherwise a loopback peer (and the inference token
 //     when one is configured);
@@ -126,7 +127,7 @@ func NewAuth(opts AuthOptions, reg prometheus.Registerer, logger *slog.Logger) (
 	a := &Auth{
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sloserve_auth_failures_total",
-			Help: "Calls refused by access control, by protocol (rest, grpc, http for the metrics listener), surface (health, inference, admin, metrics) and reason (missing, malformed or invalid token: 401/UNAUTHENTICATED; insufficient_scope, not_loopback, and for REST admin calls cross_site, host_not_allowed: 403/PERMISSION_DENIED; content_type: 415).",
+			Help: "Calls refused by access control, by protocol (rest, grpc, http for the metrics listener), surface (health, inference, admin, metrics) and reason (missing, malformed or invalid token: 401/UNAUTHENTICATED; insufficient_scope, not_loopback, and for REST admin calls cross_site, host_not_allowed: 403/PERMISSION_DENIED; content_type, a browser's non-JSON body: 415).",
 		}, []string{"protocol", "surface", "reason"}),
 		logger: logger,
 	}
@@ -311,6 +312,10 @@ func restAccess(method, fullPath string) access {
 		return accessAdmin
 	case "/v2/models/:model/share":
 		return accessAdmin
+	case "/v2/logging":
+		if method != http.MethodGet {
+			return accessAdmin // changes what the server logs
+		}
 	case "/dashboard", "/dashboard/*file":
 		return accessOpen
 	}
@@ -365,9 +370,10 @@ func (a *Auth) REST() gin.HandlerFunc {
 //     address, localhost or one of AllowedHosts: a page whose name was
 //     rebound to 127.0.0.1 (DNS rebinding) sends its own name;
 //
-// and answered 415 when it carries a body whose Content-Type is not
-// application/json, which a page cannot send cross-origin without a CORS
-// preflight the server never grants.
+// and answered 415 when a browser (fromBrowser) sends it with a body whose
+// Content-Type is not application/json, which a page cannot send
+// cross-origin without a CORS preflight the server never grants. Tools
+// send any Content-Type or none: Triton's clients do.
 func (st *authState) browserCheck(r *http.Request) *authRefusal {
 	return st.browserRefusal(r, browserCalls{"admin calls", "an admin call", "an admin token"}, !st.hasAdmin, true)
 }
@@ -395,13 +401,33 @@ func (st *authState) browserRefusal(r *http.Request, what browserCalls, loopback
 		return &authRefusal{authHostNotAllowed, what.plural + " trusted for coming from loopback must name localhost, an IP address or a host in auth.allowed_hosts in their Host header " +
 			"(this one names another host, as a DNS-rebinding web page would); add the name to auth.allowed_hosts or configure " + what.token}
 	}
-	if checkBody && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
+	if checkBody && fromBrowser(r) && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
 		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || mt != "application/json" {
 			return &authRefusal{authContentType, what.singular + " with a body must send it as Content-Type: application/json"}
 		}
 	}
 	return nil
+}
+
+// fromBrowser reports whether r carries what browsers add to every
+// cross-origin POST, PUT and DELETE and tools do not: an Origin, or any
+// Fetch Metadata header (Sec-Fetch-Site, -Mode, -Dest, -User). Triton's
+// clients send neither, and no Content-Type (tritonclient.http, whose
+// geventhttpclient posts a bare body: http/_client.py _post) or a
+// non-JSON one (tritonclient.http.aio, aiohttp's default for the body it
+// posts: http/aio/__init__.py _post), so the Content-Type check applies
+// to browsers only.
+func fromBrowser(r *http.Request) bool {
+	if _, ok := r.Header["Origin"]; ok {
+		return true
+	}
+	for k := range r.Header {
+		if strings.HasPrefix(k, "Sec-Fetch-") {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedMemoryCalls names the shared-memory calls in refusals.

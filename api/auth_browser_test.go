@@ -46,10 +46,21 @@ func TestRESTAdminFromBrowsers(t *testing.T) {
 		{"rebound name, no Origin", noToken, "POST", unload, "", []string{"Host", "evil.example:8000"}, 403, authHostNotAllowed},
 		{"rebound name, matching Origin", noToken, "POST", unload, "",
 			[]string{"Host", "evil.example:8000", "Origin", "http://evil.example:8000"}, 403, authHostNotAllowed},
-		{"text/plain body", noToken, "POST", unload, "x", []string{"Content-Type", "text/plain"}, 415, authContentType},
-		{"form body", noToken, "POST", "/v2/config/reload", "a=b", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, authContentType},
-		{"body without a type", noToken, "POST", unload, "{}", []string{"Content-Type", ""}, 415, authContentType},
-		{"share pin as text", noToken, "PUT", "/v2/models/sum/share", `{"compute":0.5}`, []string{"Content-Type", "text/plain"}, 415, authContentType},
+		// Triton's clients send no Content-Type (tritonclient.http) or
+		// not JSON (tritonclient.http.aio), and no Origin or Sec-Fetch-*.
+		{"tritonclient.http: body without a type", noToken, "POST", unload, `{"parameters": {"unload_dependents": false}}`,
+			[]string{"Content-Type", "", "User-Agent", "python/gevent-http-client-2.0"}, 200, ""},
+		{"tritonclient.http.aio: text/plain", noToken, "POST", "/v2/repository/models/sum/load", `{}`,
+			[]string{"Content-Type", "text/plain; charset=utf-8", "User-Agent", "Python/3.12 aiohttp/3.9.5"}, 200, ""},
+		{"tool, form type", noToken, "POST", "/v2/config/reload", "a=b", []string{"Content-Type", "application/x-www-form-urlencoded"}, 200, ""},
+		// A browser's non-JSON body is refused even from the same origin.
+		{"same-origin page, text/plain body", noToken, "POST", unload, "x",
+			[]string{"Content-Type", "text/plain", "Origin", "http://localhost:8000", "Host", "localhost:8000"}, 415, authContentType},
+		{"form body, Fetch Metadata only", noToken, "POST", "/v2/config/reload", "a=b",
+			[]string{"Content-Type", "application/x-www-form-urlencoded", "Sec-Fetch-Mode", "navigate"}, 415, authContentType},
+		{"same-origin body without a type", noToken, "POST", unload, "{}", []string{"Content-Type", "", "Sec-Fetch-Site", "same-origin"}, 415, authContentType},
+		{"share pin as text, same origin", noToken, "PUT", "/v2/models/sum/share", `{"compute":0.5}`,
+			[]string{"Content-Type", "text/plain", "Sec-Fetch-Site", "same-origin"}, 415, authContentType},
 		{"share unpin cross-site", noToken, "DELETE", "/v2/models/sum/share", "", []string{"Sec-Fetch-Site", "cross-site"}, 403, authCrossSite},
 		{"load cross-site", noToken, "POST", "/v2/repository/models/sum/load", "", []string{"Origin", "https://evil.example"}, 403, authCrossSite},
 
@@ -57,7 +68,9 @@ func TestRESTAdminFromBrowsers(t *testing.T) {
 		// the token), but browsers are still kept out.
 		{"token, any Host", adminToken, "POST", unload, "", append([]string{"Host", "sloserve.example.com"}, bearer...), 200, ""},
 		{"token, cross-site", adminToken, "POST", unload, "", append([]string{"Origin", "http://evil.example"}, bearer...), 403, authCrossSite},
-		{"token, text/plain", adminToken, "POST", unload, "x", append([]string{"Content-Type", "text/plain"}, bearer...), 415, authContentType},
+		{"token, text/plain from a tool", adminToken, "POST", unload, "{}", append([]string{"Content-Type", "text/plain"}, bearer...), 200, ""},
+		{"token, text/plain from a page", adminToken, "POST", unload, "x",
+			append([]string{"Content-Type", "text/plain", "Sec-Fetch-Site", "same-origin"}, bearer...), 415, authContentType},
 		// A missing token is reported first.
 		{"no token, cross-site", adminToken, "POST", unload, "", []string{"Origin", "http://evil.example"}, 401, ""},
 

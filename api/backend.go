@@ -16,6 +16,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
@@ -62,8 +63,10 @@ type Backend interface {
 	// only those ready for inference.
 	RepositoryIndex(ctx context.Context, readyOnly bool) ([]models.IndexEntry, error)
 	// LoadModel loads or reloads a model and waits until it is ready or
-	// failed.
-	LoadModel(ctx context.Context, name string) error
+	// failed. config, when not nil, is a Triton ModelConfig in JSON to
+	// serve the model with instead of its folder's config (Triton's config
+	// override); a config that does not check out is models.ErrBadConfig.
+	LoadModel(ctx context.Context, name string, config []byte) error
 	// UnloadModel unloads a model after in-flight requests finish.
 	UnloadModel(ctx context.Context, name string) error
 	// ReloadConfig rereads the server config from where it came from at
@@ -124,6 +127,10 @@ type Limits struct {
 	// client that does not read it in time loses its connection, and the
 	// memory the response holds is given back; 0 means no bound.
 	WriteTimeout time.Duration
+	// LogLevel is the level of the server's logger, which Triton's logging
+	// extension (GET and POST /v2/logging) reads and sets; nil turns the
+	// extension off.
+	LogLevel *slog.LevelVar
 }
 
 // ServerName is the name sloserve gives in server metadata.

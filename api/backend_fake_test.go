@@ -43,6 +43,7 @@ type fakeBackend struct {
 	reloadResult ReloadResult // what ReloadConfig answers
 	reloadErr    error        // when set, ReloadConfig fails with it
 	reloads      int          // ReloadConfig calls
+	loadConfigs  []string     // the config of each LoadModel call ("" for none)
 }
 
 var _ Backend = (*fakeBackend)(nil)
@@ -217,13 +218,14 @@ func (f *fakeBackend) RepositoryIndex(ctx context.Context, readyOnly bool) ([]mo
 	return out, nil
 }
 
-func (f *fakeBackend) LoadModel(ctx context.Context, name string) error {
+func (f *fakeBackend) LoadModel(ctx context.Context, name string, config []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.loaded[name]; !ok {
 		return fmt.Errorf("%w: %q", models.ErrModelNotFound, name)
 	}
 	f.loaded[name] = true
+	f.loadConfigs = append(f.loadConfigs, string(config))
 	return nil
 }
 

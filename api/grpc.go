@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -242,17 +243,57 @@ func (s *grpcService) RepositoryIndex(ctx context.Context, req *inference.Reposi
 }
 
 // RepositoryModelLoad loads or reloads a model and waits until it is ready.
-// Load parameters (Triton's config and file overrides) are not supported.
+// The parameter "config" (a string_param holding a Triton ModelConfig in
+// JSON, as tritonclient's load_model(config=...) sends it:
+// grpc/_client.py load_model) is a config override; file overrides are
+// refused (checkLoadParams).
 func (s *grpcService) RepositoryModelLoad(ctx context.Context, req *inference.RepositoryModelLoadRequest) (*inference.RepositoryModelLoadResponse, error) {
 	repo, model := grpcRepositoryTarget(req.GetRepositoryName(), req.GetModelName())
-	err := grpcCheckRepositoryRequest(repo, model, req.GetParameters(), nil)
+	err := grpcCheckRepositoryRequest(repo, model, nil, nil)
+	var config []byte
+	var rest []string
+	for k, p := range req.GetParameters() {
+		if k != loadParamConfig {
+			rest = append(rest, k)
+			continue
+		}
+		sp, ok := p.GetParameterChoice().(*inference.ModelRepositoryParameter_StringParam)
+		if !ok {
+			err = cmp.Or(err, fmt.Errorf("%w: parameter %q must be a string_param holding the model config in JSON", errBadRequest, loadParamConfig))
+			continue
+		}
+		config = []byte(sp.StringParam)
+	}
 	if err == nil {
-		err = s.b.LoadModel(ctx, model)
+		err = checkLoadParams(rest)
+	}
+	if err == nil {
+		err = s.b.LoadModel(ctx, model, config)
 	}
 	if err != nil {
 		return nil, s.grpcError("RepositoryModelLoad", err)
 	}
 	return &inference.RepositoryModelLoadResponse{}, nil
+}
+
+// loadParamConfig is the load parameter of Triton's config override.
+const loadParamConfig = "config"
+
+// checkLoadParams refuses the load parameters other than config: file
+// overrides ("file:<path>", model files sent with the request, which
+// sloserve never writes to disk) and anything else.
+func checkLoadParams(keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if strings.HasPrefix(k, "file:") {
+			return fmt.Errorf("%w: load parameter %q: file overrides are not supported: sloserve writes nothing a request sends to disk; "+
+				"put the model files in the repository and load it, with a config override if needed", errBadRequest, clipValue(k))
+		}
+	}
+	return fmt.Errorf("%w: parameters not supported: %s (a load takes only %q)", errBadRequest, clipValue(strings.Join(keys, ", ")), loadParamConfig)
 }
 
 // grpcUnloadParams are the unload parameters accepted and ignored.

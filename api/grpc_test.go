@@ -714,12 +714,26 @@ func TestGRPCRepositoryErrors(t *testing.T) {
 			inMsg: "repository_name is not supported",
 		},
 		{
-			name: "load parameters",
+			name: "load file override",
 			load: &inference.RepositoryModelLoadRequest{ModelName: "sum", Parameters: map[string]*inference.ModelRepositoryParameter{
-				"config": str("{}"), "file:1/model.onnx": str("x"),
+				"config": str("{}"), "file:1/model.onnx": {ParameterChoice: &inference.ModelRepositoryParameter_BytesParam{BytesParam: []byte("x")}},
 			}},
 			code:  codes.InvalidArgument,
-			inMsg: "parameters not supported: config, file:1/model.onnx",
+			inMsg: `load parameter "file:1/model.onnx": file overrides are not supported`,
+		},
+		{
+			name: "load config not a string",
+			load: &inference.RepositoryModelLoadRequest{ModelName: "sum", Parameters: map[string]*inference.ModelRepositoryParameter{
+				"config": {ParameterChoice: &inference.ModelRepositoryParameter_BytesParam{BytesParam: []byte("{}")}},
+			}},
+			code:  codes.InvalidArgument,
+			inMsg: `parameter "config" must be a string_param`,
+		},
+		{
+			name:  "load other parameters",
+			load:  &inference.RepositoryModelLoadRequest{ModelName: "sum", Parameters: map[string]*inference.ModelRepositoryParameter{"force": str("1")}},
+			code:  codes.InvalidArgument,
+			inMsg: "parameters not supported: force",
 		},
 		{name: "unload path traversal", unload: &inference.RepositoryModelUnloadRequest{ModelName: "../x"}, code: codes.InvalidArgument, inMsg: "invalid model name"},
 		{

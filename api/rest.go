@@ -84,6 +84,10 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	e.GET("/v2/dashboard", s.dashboardOverview)
 	e.GET("/v2/dashboard/models/:model", s.dashboardHistory)
 	s.routeSharedMemory(e)
+	if lim.LogLevel != nil {
+		e.GET("/v2/logging", s.logSettings)
+		e.POST("/v2/logging", s.updateLogSettings)
+	}
 	e.GET("/dashboard", s.dashboardPage)
 	e.GET("/dashboard/*file", dashboardFiles())
 	return e
@@ -194,10 +198,14 @@ func (s *restServer) writeValue(c *gin.Context, status int, v any) {
 // declared Content-Length at once, a body of unknown length as it grows.
 // A body that does not fit is refused unread (errMemory, and the connection
 // closes). The reservation lasts until the handler returns (requestMemory).
+// A body in gzip or deflate (Content-Encoding) is decompressed as it is
+// read, and its limits and reservation are those of what it decompresses
+// to (compress.go).
 func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 	r := c.Request
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
-		return nil, fmt.Errorf("%w: Content-Encoding %q; send the body uncompressed", errUnsupportedEncoding, clipValue(enc))
+	decode, err := restContentDecoder(r.Header.Get("Content-Encoding"))
+	if err != nil {
+		return nil, err
 	}
 	if r.Body == nil {
 		return nil, nil
@@ -207,15 +215,27 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the body has %d bytes, the limit is %d", errTooLarge, r.ContentLength, limit)
 	}
 	res := requestMemory(c, s.lim.Memory)
-	if r.ContentLength > 0 {
+	declared := r.ContentLength
+	if decode != nil {
+		// The wire bytes stream through the decompressor; the decompressed
+		// body's length is not known until it ends.
+		declared = -1
+		if err := res.Grow(restDecoderMemory, "decompressing the request body"); err != nil {
+			c.Header("Connection", "close")
+			return nil, err
+		}
+	} else if r.ContentLength > 0 {
 		if err := res.Grow(r.ContentLength, "the request body"); err != nil {
 			c.Header("Connection", "close") // the body stays unread
 			return nil, err
 		}
 	}
-	body := r.Body
+	var body io.Reader = r.Body
 	if limit > 0 {
 		body = http.MaxBytesReader(c.Writer, r.Body, limit)
+	}
+	if decode != nil {
+		body = newDecodingReader(body, decode, strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))), limit)
 	}
 	// The body's own deadline, cleared once it is in: the connection's
 	// read deadline also bounds the server's watch for a client that goes
@@ -229,12 +249,18 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 			rc = nil // not a connection with deadlines (a test recorder)
 		}
 	}
-	buf, err := restReadAll(body, r.ContentLength, res)
+	buf, err := restReadAll(body, declared, res)
 	if rc != nil && err == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	var tooLarge *http.MaxBytesError
+	var undecodable *decodeError
 	switch {
+	case errors.Is(err, errDecodedTooLarge):
+		c.Header("Connection", "close") // the rest of the body stays unread
+		return nil, fmt.Errorf("%w: the body decompresses to more than the %d bytes allowed (limits.max_request_bytes)", errTooLarge, limit)
+	case errors.As(err, &undecodable):
+		return nil, restBadRequest("the body does not decompress as Content-Encoding %s says: %v", undecodable.encoding, undecodable.err)
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the body has more than the %d bytes allowed", errTooLarge, tooLarge.Limit)
 	case errors.Is(err, errMemory):
@@ -725,8 +751,11 @@ func (s *restServer) repositoryIndex(c *gin.Context) {
 	s.writeValue(c, http.StatusOK, out)
 }
 
-// load serves POST /v2/repository/models/{m}/load. Load parameters (a
-// config override, model files) are not supported and refused.
+// load serves POST /v2/repository/models/{m}/load. The parameter "config",
+// a string holding a Triton ModelConfig in JSON (as tritonclient's
+// load_model(config=...) sends it: http/_client.py load_model), is a config
+// override; file overrides ("file:<path>") and other parameters are
+// refused: nothing a request sends is written to disk.
 func (s *restServer) load(c *gin.Context) {
 	body, err := s.readJSONBody(c)
 	if err != nil {
@@ -740,12 +769,21 @@ func (s *restServer) load(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	if len(req.Parameters) > 0 {
-		s.writeError(c, restBadRequest("load parameters are not supported: %s",
-			strings.Join(slices.Sorted(maps.Keys(req.Parameters)), ", ")))
+	var config []byte
+	if raw, ok := req.Parameters[loadParamConfig]; ok {
+		var text string
+		if err := json.Unmarshal(raw, &text); err != nil {
+			s.writeError(c, restBadRequest("parameters.config must be a string holding the model config in JSON, not %s", clipValue(raw)))
+			return
+		}
+		config = []byte(text)
+		delete(req.Parameters, loadParamConfig)
+	}
+	if err := checkLoadParams(slices.Collect(maps.Keys(req.Parameters))); err != nil {
+		s.writeError(c, err)
 		return
 	}
-	if err := s.b.LoadModel(c.Request.Context(), c.Param("model")); err != nil {
+	if err := s.b.LoadModel(c.Request.Context(), c.Param("model"), config); err != nil {
 		s.writeError(c, err)
 		return
 	}

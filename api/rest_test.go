@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
@@ -138,8 +139,13 @@ func TestRESTRoutes(t *testing.T) {
 		{"index duplicate key", restCall{path: "/v2/repository/index", body: `{"ready":true,"ready":false}`}, 400, "", `key "ready" appears twice`},
 		{"load", restCall{path: "/v2/repository/models/unready/load"}, 200, `{}`, ""},
 		{"load empty parameters", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{}}`}, 200, `{}`, ""},
-		{"load with parameters", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{"config":"{}"}}`},
-			400, "", "load parameters are not supported: config"},
+		{"load with a config", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{"config":"{}"}}`}, 200, `{}`, ""},
+		{"load with a config not a string", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{"config":{"max_batch_size":4}}}`},
+			400, "", "parameters.config must be a string"},
+		{"load with a file override", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{"config":"{}","file:1/model.onnx":"AAAA"}}`},
+			400, "", `load parameter "file:1/model.onnx": file overrides are not supported`},
+		{"load with other parameters", restCall{path: "/v2/repository/models/sum/load", body: `{"parameters":{"force":true}}`},
+			400, "", `parameters not supported: force (a load takes only "config")`},
 		{"load unknown", restCall{path: "/v2/repository/models/nope/load"}, 404, "", "model not found"},
 		{"unload", restCall{path: "/v2/repository/models/sum/unload", body: `{"parameters":{"unload_dependents":true}}`},
 			200, `{}`, ""},
@@ -583,7 +589,9 @@ func TestRESTErrors(t *testing.T) {
 			return restCall{path: "/v2/models/echo/infer", body: body, headers: hdr}
 		}(), 400, "BYTES"},
 		{"body over the limit", sum(sumInput(`"name":"x","datatype":"FP32","shape":[40000],"data":[` + big + `1]`)), 413, "the limit is 65536"},
-		{"gzip", restCall{path: "/v2/models/sum/infer", body: "\x1f\x8b", headers: map[string]string{"Content-Encoding": "gzip"}}, 415, "Content-Encoding"},
+		{"gzip cut short", restCall{path: "/v2/models/sum/infer", body: "\x1f\x8b", headers: map[string]string{"Content-Encoding": "gzip"}},
+			400, "does not decompress as Content-Encoding gzip says"},
+		{"brotli", restCall{path: "/v2/models/sum/infer", body: "x", headers: map[string]string{"Content-Encoding": "br"}}, 415, `Content-Encoding "br"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -992,5 +1000,37 @@ func TestRESTQoSRejected(t *testing.T) {
 	}
 	if msg := restErrorBody(t, rec); msg != fb.inferErr.Error() {
 		t.Fatalf("error %q, want %q", msg, fb.inferErr)
+	}
+}
+
+// TestLoadConfigOverride: a load with Triton's config override hands the
+// config to the backend as tritonclient sends it, over REST (a JSON string
+// in parameters.config: http/_client.py load_model) and gRPC (a
+// string_param: grpc/_client.py load_model); a load without one hands
+// none.
+func TestLoadConfigOverride(t *testing.T) {
+	const config = `{"name": "sum", "max_batch_size": 4}`
+	h, fb := newRESTTest(restLimits)
+	body, _ := json.Marshal(map[string]any{"parameters": map[string]any{"config": config}})
+	for _, b := range []string{string(body), `{}`} {
+		rec := restCall{path: "/v2/repository/models/sum/load", body: b}.do(t, t.Context(), h)
+		if rec.Code != 200 {
+			t.Fatalf("load %s: %d %s", b, rec.Code, rec.Body)
+		}
+	}
+	gb := newFakeBackend()
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, gb, grpcTestLimits))
+	_, err := c.RepositoryModelLoad(t.Context(), &inference.RepositoryModelLoadRequest{ModelName: "sum",
+		Parameters: map[string]*inference.ModelRepositoryParameter{"config": {ParameterChoice: &inference.ModelRepositoryParameter_StringParam{StringParam: config}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, got := range [][]string{fb.loadConfigs, gb.loadConfigs} {
+		if len(got) < 1 || got[0] != config {
+			t.Fatalf("the backend got configs %q, want %q first", got, config)
+		}
+	}
+	if fb.loadConfigs[1] != "" {
+		t.Fatalf("a load without a config handed %q", fb.loadConfigs[1])
 	}
 }

@@ -196,10 +196,23 @@ func errSharedMemoryOff() error {
 	return fmt.Errorf("%w: system shared memory is turned off on this server (limits.max_shared_memory_regions is 0)", errBadRequest)
 }
 
-// errCUDASharedMemory is the answer to every CUDA shared-memory call.
+// errCUDASharedMemory is the answer to a CUDA shared-memory registration.
+// The other CUDA calls answer as Triton does on a host without GPUs
+// (server src/shared_memory_manager.cc: GetStatus, UnregisterHelper): the
+// status of all regions is an empty list, the status of a named one is
+// errCUDARegionUnknown, and unregistering (all, or by name) succeeds with
+// nothing to do, which is what every tritonclient shared-memory example
+// calls first to clean up.
 func errCUDASharedMemory() error {
 	return fmt.Errorf("%w: CUDA shared memory is not supported: sloserve runs models on the CPU and has no GPU memory to share; "+
 		"use system shared memory (/v2/systemsharedmemory, SystemSharedMemoryRegister)", errBadRequest)
+}
+
+// errCUDARegionUnknown is the status of a named CUDA region: none is ever
+// registered. Triton's words first.
+func errCUDARegionUnknown(name string) error {
+	return fmt.Errorf("%w: Unable to find cuda shared memory region: '%s' (sloserve registers no CUDA shared memory)",
+		errSharedMemoryUnknown, clipValue(name))
 }
 
 // principal names the credential of a call from its Authorization value:

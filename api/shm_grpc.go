@@ -1,9 +1,9 @@
 package api
 
 // The shared-memory extensions over gRPC: the system shared-memory RPCs,
-// the CUDA ones (INVALID_ARGUMENT: the request asks for something this
-// server can never do, so it must not be retried as UNAVAILABLE would
-// invite), and the tensor parameters of inference requests.
+// the CUDA ones (as Triton without GPUs: no regions, unregister a no-op,
+// register INVALID_ARGUMENT, not UNAVAILABLE, since a retry can never
+// succeed), and the tensor parameters of inference requests.
 
 import (
 	"context"
@@ -174,9 +174,13 @@ func (s *grpcService) SystemSharedMemoryUnregister(ctx context.Context, req *inf
 	return &inference.SystemSharedMemoryUnregisterResponse{}, nil
 }
 
-// CudaSharedMemoryStatus fails: there is no CUDA shared memory.
-func (s *grpcService) CudaSharedMemoryStatus(context.Context, *inference.CudaSharedMemoryStatusRequest) (*inference.CudaSharedMemoryStatusResponse, error) {
-	return nil, s.grpcError("CudaSharedMemoryStatus", errCUDASharedMemory())
+// CudaSharedMemoryStatus lists no regions (NOT_FOUND for a named one):
+// none can be registered. See errCUDASharedMemory.
+func (s *grpcService) CudaSharedMemoryStatus(_ context.Context, req *inference.CudaSharedMemoryStatusRequest) (*inference.CudaSharedMemoryStatusResponse, error) {
+	if req.GetName() != "" {
+		return nil, s.grpcError("CudaSharedMemoryStatus", errCUDARegionUnknown(req.GetName()))
+	}
+	return &inference.CudaSharedMemoryStatusResponse{}, nil
 }
 
 // CudaSharedMemoryRegister fails: there is no CUDA shared memory.
@@ -184,9 +188,10 @@ func (s *grpcService) CudaSharedMemoryRegister(context.Context, *inference.CudaS
 	return nil, s.grpcError("CudaSharedMemoryRegister", errCUDASharedMemory())
 }
 
-// CudaSharedMemoryUnregister fails: there is no CUDA shared memory.
+// CudaSharedMemoryUnregister succeeds with nothing to do: no CUDA region
+// is ever registered.
 func (s *grpcService) CudaSharedMemoryUnregister(context.Context, *inference.CudaSharedMemoryUnregisterRequest) (*inference.CudaSharedMemoryUnregisterResponse, error) {
-	return nil, s.grpcError("CudaSharedMemoryUnregister", errCUDASharedMemory())
+	return &inference.CudaSharedMemoryUnregisterResponse{}, nil
 }
 
 // grpcUsesSharedMemory reports whether any tensor of req asks for shared

@@ -1,7 +1,7 @@
 package api
 
 // The shared-memory extensions over REST: the system shared-memory
-// endpoints, the CUDA ones (which answer 400), and the tensor parameters of
+// endpoints, the CUDA ones (no regions; register answers 400), and the tensor parameters of
 // inference requests.
 
 import (
@@ -23,11 +23,11 @@ func (s *restServer) routeSharedMemory(e *gin.Engine) {
 	e.POST("/v2/systemsharedmemory/region/:region/register", s.shmRegister)
 	e.POST("/v2/systemsharedmemory/unregister", s.shmUnregister)
 	e.POST("/v2/systemsharedmemory/region/:region/unregister", s.shmUnregister)
-	e.GET("/v2/cudasharedmemory/status", s.cudaSharedMemory)
-	e.GET("/v2/cudasharedmemory/region/:region/status", s.cudaSharedMemory)
-	e.POST("/v2/cudasharedmemory/region/:region/register", s.cudaSharedMemory)
-	e.POST("/v2/cudasharedmemory/unregister", s.cudaSharedMemory)
-	e.POST("/v2/cudasharedmemory/region/:region/unregister", s.cudaSharedMemory)
+	e.GET("/v2/cudasharedmemory/status", s.cudaStatus)
+	e.GET("/v2/cudasharedmemory/region/:region/status", s.cudaStatus)
+	e.POST("/v2/cudasharedmemory/region/:region/register", s.cudaRegister)
+	e.POST("/v2/cudasharedmemory/unregister", s.cudaUnregister)
+	e.POST("/v2/cudasharedmemory/region/:region/unregister", s.cudaUnregister)
 }
 
 // shmStatus serves GET /v2/systemsharedmemory[/region/{r}]/status: a JSON
@@ -86,9 +86,26 @@ func (s *restServer) shmUnregister(c *gin.Context) {
 	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
 }
 
-// cudaSharedMemory answers every CUDA shared-memory endpoint with 400.
-func (s *restServer) cudaSharedMemory(c *gin.Context) {
+// cudaStatus serves GET /v2/cudasharedmemory[/region/{r}]/status: an
+// empty list, or NOT_FOUND for a named region (see errCUDASharedMemory).
+func (s *restServer) cudaStatus(c *gin.Context) {
+	if r := c.Param("region"); r != "" {
+		s.writeError(c, errCUDARegionUnknown(r))
+		return
+	}
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("[]"))
+}
+
+// cudaRegister answers POST /v2/cudasharedmemory/region/{r}/register with
+// 400: there is no GPU memory to share.
+func (s *restServer) cudaRegister(c *gin.Context) {
 	s.writeError(c, errCUDASharedMemory())
+}
+
+// cudaUnregister serves POST /v2/cudasharedmemory[/region/{r}]/unregister:
+// nothing is registered, so there is nothing to do.
+func (s *restServer) cudaUnregister(c *gin.Context) {
+	writeRESTBody(c, http.StatusOK, "application/json", []byte("{}"))
 }
 
 // restShmParams reads a tensor's shared-memory parameters: the region (a
@@ -146,10 +163,19 @@ func restShmInput(u *shmUse, ij *restInputJSON, dt runtime.DataType, n int64) (r
 	return runtime.Tensor{Name: name, DataType: dt, Shape: ij.Shape, Data: data, Mapped: true}, nil
 }
 
-// restShmOutput checks a requested output's shared-memory parameters.
+// restShmOutput checks a requested output's shared-memory parameters. As
+// in Triton, only "binary_data": true conflicts with a region: tritonclient
+// sends false on every output it puts in shared memory
+// (http/_requested_output.py set_shared_memory).
 func restShmOutput(u *shmUse, name string, params map[string]json.RawMessage) (shmTarget, error) {
-	if _, ok := params["binary_data"]; ok {
-		return shmTarget{}, restBadRequest("output %q has both binary_data and %s", name, paramShmRegion)
+	if raw, ok := params["binary_data"]; ok {
+		binary, ok := rawBool(raw)
+		switch {
+		case !ok:
+			return shmTarget{}, restBadRequest("output %q: parameters.binary_data must be true or false, not %s", name, clipValue(raw))
+		case binary:
+			return shmTarget{}, restBadRequest("output %q has both binary_data true and %s", name, paramShmRegion)
+		}
 	}
 	p, err := restShmParams("output", name, params)
 	if err != nil {

@@ -271,12 +271,20 @@ func TestSharedMemoryRegisterHostile(t *testing.T) {
 
 func TestSharedMemoryCUDAAndOff(t *testing.T) {
 	h, _ := newShmREST(t, newFakeBackend(), SharedMemoryOptions{})
-	for _, p := range []string{"/v2/cudasharedmemory/status", "/v2/cudasharedmemory/region/r/status"} {
-		wantREST(t, shmCall(t, h, "GET", p, ""), 400, "CUDA shared memory is not supported")
+	// As Triton on a host without GPUs: no regions, unregister a no-op
+	// (tritonclient.http posts an empty body with no Content-Type,
+	// http/_client.py unregister_cuda_shared_memory), register refused.
+	if rec := shmCall(t, h, "GET", "/v2/cudasharedmemory/status", ""); rec.Code != 200 || rec.Body.String() != "[]" {
+		t.Fatalf("CUDA status: %d %s, want 200 []", rec.Code, rec.Body)
 	}
-	for _, p := range []string{"/v2/cudasharedmemory/region/r/register", "/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/r/unregister"} {
-		wantREST(t, shmCall(t, h, "POST", p, `{"raw_handle":{"b64":"AA=="},"device_id":0,"byte_size":8}`), 400, "CUDA shared memory is not supported")
+	wantREST(t, shmCall(t, h, "GET", "/v2/cudasharedmemory/region/r/status", ""), 400, "Unable to find cuda shared memory region: 'r'")
+	for _, p := range []string{"/v2/cudasharedmemory/unregister", "/v2/cudasharedmemory/region/r/unregister"} {
+		if rec := shmCall(t, h, "POST", p, ""); rec.Code != 200 || rec.Body.String() != "{}" {
+			t.Fatalf("%s: %d %s, want 200 {}", p, rec.Code, rec.Body)
+		}
 	}
+	wantREST(t, shmCall(t, h, "POST", "/v2/cudasharedmemory/region/r/register", `{"raw_handle":{"b64":"AA=="},"device_id":0,"byte_size":8}`,
+		"Content-Type", "application/json"), 400, "CUDA shared memory is not supported")
 	rec := shmCall(t, h, "GET", "/v2", "")
 	if !strings.Contains(rec.Body.String(), `"system_shared_memory"`) || strings.Contains(rec.Body.String(), "cuda") {
 		t.Fatalf("server metadata with shared memory: %s", rec.Body)
@@ -342,6 +350,30 @@ func TestSharedMemoryInferREST(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", sumShmRequest(2, tc.in, tc.out)), 400, tc.msg)
+		})
+	}
+	t.Run("binary_data false, as tritonclient sends it", func(t *testing.T) {
+		// http/_requested_output.py set_shared_memory turns binary_data to
+		// false and keeps it.
+		shmWrite(t, key, 1024, make([]byte, 16))
+		out := `"binary_data":false,"shared_memory_region":"out","shared_memory_byte_size":16`
+		rec := shmCall(t, h, "POST", "/v2/models/sum/infer", sumShmRequest(2, `"shared_memory_region":"in","shared_memory_offset":28,"shared_memory_byte_size":32`, out))
+		wantREST(t, rec, 200, "")
+		if !strings.Contains(rec.Body.String(), `"parameters":{"shared_memory_region":"out","shared_memory_offset":0,"shared_memory_byte_size":8}`) {
+			t.Fatalf("response %s", rec.Body)
+		}
+		if got, want := shmRead(t, key, 1024, 8), fp32Bytes(10, 100); !bytes.Equal(got, want) {
+			t.Fatalf("output region holds %v, want %v", got, want)
+		}
+	})
+	for _, tc := range []struct{ name, binary, msg string }{
+		{"binary_data true and region", "true", "both binary_data true and shared_memory_region"},
+		{"binary_data not a bool with region", `"no"`, "must be true or false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := `"binary_data":` + tc.binary + `,"shared_memory_region":"out","shared_memory_byte_size":16`
+			wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer",
+				sumShmRequest(2, `"shared_memory_region":"in","shared_memory_offset":28,"shared_memory_byte_size":32`, out)), 400, tc.msg)
 		})
 	}
 	t.Run("data and region", func(t *testing.T) {
@@ -592,10 +624,17 @@ func TestSharedMemoryGRPC(t *testing.T) {
 
 	_, err = c.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "g", RawHandle: []byte{1}, ByteSize: 8})
 	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
-	_, err = c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{})
-	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
-	_, err = c.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{})
-	wantGRPCCode(t, err, codes.InvalidArgument, "CUDA shared memory is not supported")
+	// The rest as Triton without GPUs answers them.
+	if st, err := c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{}); err != nil || len(st.GetRegions()) != 0 {
+		t.Fatalf("CUDA status: %v %v, want no regions", st, err)
+	}
+	_, err = c.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{Name: "g"})
+	wantGRPCCode(t, err, codes.NotFound, "Unable to find cuda shared memory region: 'g'")
+	for _, name := range []string{"", "g"} {
+		if _, err := c.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{Name: name}); err != nil {
+			t.Fatalf("CUDA unregister %q: %v, want a no-op", name, err)
+		}
+	}
 
 	if _, err := c.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: "in"}); err != nil {
 		t.Fatal(err)
@@ -721,13 +760,19 @@ func TestSharedMemoryFromBrowsers(t *testing.T) {
 		{"cross-site fetch", append([]string{"Sec-Fetch-Site", "cross-site"}, json...), 403, "shared memory calls from a web page of another site"},
 		{"other origin", append([]string{"Origin", "http://evil.example"}, json...), 403, "another origin"},
 		{"rebound host name", append([]string{"Host", "evil.example:8000"}, json...), 403, "DNS-rebinding"},
-		{"form post", []string{"Content-Type", "text/plain"}, 415, "Content-Type: application/json"},
+		{"a page's text/plain post", []string{"Content-Type", "text/plain", "Sec-Fetch-Site", "same-origin"}, 415, "Content-Type: application/json"},
 		{"same origin", append([]string{"Origin", "http://localhost:8000"}, json...), 200, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wantREST(t, shmCall(t, h, "POST", register, registerBody(key, 0, 64), tc.headers...), tc.status, tc.msg)
 		})
 	}
+	// Triton's clients register with no Content-Type (tritonclient.http)
+	// or a non-JSON one (tritonclient.http.aio), and no browser headers.
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/t/register", registerBody(key, 0, 64),
+		"User-Agent", "python/gevent-http-client-2.0"), 200, "")
+	wantREST(t, shmCall(t, h, "POST", "/v2/systemsharedmemory/region/u/register", registerBody(key, 0, 64),
+		"Content-Type", "text/plain; charset=utf-8"), 200, "")
 	// The region registered above, named by a page's inference request.
 	body := sumShmRequest(1, `"shared_memory_region":"r","shared_memory_byte_size":16`, "")
 	wantREST(t, shmCall(t, h, "POST", "/v2/models/sum/infer", body, "Sec-Fetch-Site", "cross-site"), 403, "another site")

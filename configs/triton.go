@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 
 	"github.com/sloserve/sloserve/configs/tritonpb"
@@ -81,10 +82,31 @@ func parseTritonModel(file string, data []byte, dir string) (*Model, error) {
 		}
 		return nil, fe
 	}
+	return mapTritonModel(&tc, file, dir)
+}
+
+// ParseTritonModelJSON decodes a Triton ModelConfig in JSON, as Triton's
+// model-control clients send a config override with a load request (the
+// "config" parameter), and maps it onto a validated Model of the model in
+// dir. A config without a name takes the folder's; one naming another
+// model is refused.
+func ParseTritonModelJSON(file string, data []byte, dir string) (*Model, error) {
+	var tc tritonpb.ModelConfig
+	if err := protojson.Unmarshal(data, &tc); err != nil {
+		return nil, &FieldError{File: file, Msg: "not a valid Triton model config in JSON: " + err.Error()}
+	}
+	if dir != "" && tc.GetName() != "" && tc.GetName() != folderName(dir) {
+		return nil, &FieldError{File: file, Path: "name", Msg: fmt.Sprintf("names model %q, not %q", tc.GetName(), folderName(dir))}
+	}
+	return mapTritonModel(&tc, file, dir)
+}
+
+// mapTritonModel maps a decoded Triton config onto a validated Model.
+func mapTritonModel(tc *tritonpb.ModelConfig, file, dir string) (*Model, error) {
 	m := defaultModel()
 	m.File, m.Dir = file, dir
 	t := tritonReader{file: file}
-	t.read(&tc, &m)
+	t.read(tc, &m)
 	if m.Execution.Provider != ProviderCUDA {
 		m.Execution.CUDA = nil // CUDA options come with a GPU instance group
 	}

@@ -273,3 +273,36 @@ func TestTritonConfigRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestParseTritonModelJSON: the config override of a load request, a
+// Triton ModelConfig in JSON (proto field names, enums by name, int64 as
+// numbers or strings), maps as a config.pbtxt does; a name of another
+// model, unknown fields and invalid values are refused.
+func TestParseTritonModelJSON(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dyn")
+	m, err := ParseTritonModelJSON("override", []byte(`{"name": "dyn", "max_batch_size": 4,
+		"input": [{"name": "input_vectors", "data_type": "TYPE_FP32", "dims": ["10"]}],
+		"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+		"parameters": {"slo.latency_ms": {"string_value": "250"}}}`), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Name != "dyn" || m.MaxBatchSize != 4 || m.Instances != 2 || len(m.Inputs) != 1 || m.Inputs[0].DataType != "FP32" ||
+		m.SLO.LatencyMS != 250 {
+		t.Fatalf("mapped %+v", m)
+	}
+	if m, err := ParseTritonModelJSON("override", []byte(`{}`), dir); err != nil || m.Name != "dyn" {
+		t.Fatalf("an empty config: %v %v, want the folder's name", m, err)
+	}
+	for _, tc := range []struct{ json, msg string }{
+		{`{"name": "other"}`, `names model "other", not "dyn"`},
+		{`{"max_batch_size": 4, "bogus": 1}`, "not a valid Triton model config in JSON"},
+		{`{"max_batch_size": -1}`, "max_batch_size"},
+		{`not json`, "not a valid Triton model config in JSON"},
+	} {
+		_, err := ParseTritonModelJSON("override", []byte(tc.json), dir)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want ErrInvalid naming %q", tc.json, err, tc.msg)
+		}
+	}
+}

@@ -404,7 +404,7 @@ func TestE2EHostile(t *testing.T) {
 		{"load ..", post("/v2/repository/models/../load", nil), false, 400, `invalid model name ".."`},
 		{"unload ..", post("/v2/repository/models/%2e%2e/unload", nil), false, 400, `invalid model name ".."`},
 		{"load with config and file parameters", post("/v2/repository/models/dyn/load", loadParams), false,
-			400, "load parameters are not supported: config, file:1/model.onnx"},
+			400, `load parameter "file:1/model.onnx": file overrides are not supported`},
 		{"load a model outside the repository", post("/v2/repository/models/secret/load", nil), false, 404, `model not found: "secret"`},
 		{"huge Content-Length", []byte("POST " + dynInfer + " HTTP/1.1\r\nHost: x\r\nContent-Length: 1099511627776\r\n\r\n{}"), false,
 			413, "the body has 1099511627776 bytes, the limit is 4194304"},
@@ -414,8 +414,10 @@ func TestE2EHostile(t *testing.T) {
 			408, "the body did not arrive within 1s (limits.body_timeout); 13 bytes came"},
 		{"headers over max_header_bytes", get("/v2/health/ready", "X-Pad: "+strings.Repeat("a", 64<<10)), false,
 			431, "431 Request Header Fields Too Large"},
-		{"compressed body", post(dynInfer, dynBody, "Content-Encoding: gzip"), false,
-			415, `Content-Encoding "gzip"; send the body uncompressed`},
+		{"body not in its Content-Encoding", post(dynInfer, dynBody, "Content-Encoding: gzip"), false,
+			400, `the body does not decompress as Content-Encoding gzip says`},
+		{"unknown Content-Encoding", post(dynInfer, dynBody, "Content-Encoding: br"), false,
+			415, `Content-Encoding "br"; send the body uncompressed, or as gzip or deflate`},
 		{"timeout header not a number", post(dynInfer, dynBody, "Inference-Timeout-Ms: NaN"), false,
 			400, `Inference-Timeout-Ms must be a decimal number of milliseconds greater than 0, not "NaN"`},
 		{"negative priority", post(dynInfer, []byte(`{"inputs":[],"parameters":{"priority":-1}}`)), false,
@@ -550,7 +552,7 @@ func TestE2EHostile(t *testing.T) {
 					"file:1/model.onnx": {ParameterChoice: &inference.ModelRepositoryParameter_BytesParam{BytesParam: []byte("not a model")}},
 				}})
 			return err
-		}, codes.InvalidArgument, "parameters not supported: config, file:1/model.onnx"},
+		}, codes.InvalidArgument, `load parameter "file:1/model.onnx": file overrides are not supported`},
 		{"1 MiB model name", func(t *testing.T) error {
 			_, err := s.grpc.ModelMetadata(t.Context(), &inference.ModelMetadataRequest{Name: strings.Repeat("n", 1<<20)})
 			return err

@@ -823,8 +823,8 @@ func (b *browserTab) exceptionsNow() []string {
 
 // TestE2EAdminFromBrowsers replays the probe of issue 15 against the
 // default access control (no tokens: admin calls trusted from loopback): a
-// web page's cross-site unload, a DNS-rebound one and a text/plain one are
-// refused with {"error": ...}, and the same call from curl still works.
+// web page's cross-site unload, a DNS-rebound one and a page's text/plain
+// one are refused with {"error": ...}, and the same call from curl still works.
 func TestE2EAdminFromBrowsers(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
@@ -839,7 +839,7 @@ func TestE2EAdminFromBrowsers(t *testing.T) {
 	}{
 		{"evil page", []byte("x"), []string{"Origin", "http://evil.example", "Content-Type", "text/plain"}, 403, "another origin"},
 		{"rebound name", nil, []string{"Host", "evil.example:8000"}, 403, "auth.allowed_hosts"},
-		{"text/plain", []byte("x"), []string{"Content-Type", "text/plain"}, 415, "application/json"},
+		{"a page's text/plain", []byte("x"), []string{"Content-Type", "text/plain", "Sec-Fetch-Site", "same-origin", "Sec-Fetch-Mode", "no-cors"}, 415, "application/json"},
 	} {
 		code, b, _ := s.do(t, "POST", unload, c.body, c.header...)
 		var e struct{ Error string }

@@ -119,6 +119,9 @@ func TestHostileConfigInLoad(t *testing.T) {
 			if !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), path) {
 				t.Errorf("Load = %v, want ErrBadConfig naming %s", err, path)
 			}
+			if !strings.HasPrefix(err.Error(), "failed to load 'bad': ") {
+				t.Errorf("Load = %v, want Triton's words first", err)
+			}
 			inTime(t, "unload", func() { err = r.Unload(t.Context(), "bad") })
 			if err != nil {
 				t.Errorf("Unload = %v", err)

@@ -18,13 +18,13 @@ import (
 // ModelReady reports whether a version ("" = any) of the model can serve.
 func (r *Registry) ModelReady(name, ver string) (bool, error) {
 	if err := validName(name); err != nil {
-		return false, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return false, modelNotFound(name, "")
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
-		return false, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return false, modelNotFound(name, "")
 	}
 	v, err := m.resolve(ver)
 	if errors.Is(err, ErrNotReady) {
@@ -69,13 +69,13 @@ func (v *version) ready() bool { return v.pool.Ready() }
 // Metadata describes a model; ver "" describes its highest ready version.
 func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 	if err := validName(name); err != nil {
-		return Metadata{}, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return Metadata{}, modelNotFound(name, "")
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
-		return Metadata{}, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return Metadata{}, modelNotFound(name, "")
 	}
 	v, err := m.resolve(ver)
 	if err != nil {

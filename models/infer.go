@@ -29,7 +29,7 @@ func (e evictedError) Unwrap() error { return e.error }
 // The caller holds r.mu.
 func (m *model) resolve(ver string) (*version, error) {
 	if m.removed {
-		return nil, fmt.Errorf("%w: %q (removed from the repository)", ErrModelNotFound, m.name)
+		return nil, modelNotFound(m.name, "removed from the repository")
 	}
 	if ver == "" {
 		var best *version
@@ -47,7 +47,7 @@ func (m *model) resolve(ver string) (*version, error) {
 	// version.
 	n, err := strconv.ParseInt(ver, 10, 64)
 	if err != nil || n < 1 || strconv.FormatInt(n, 10) != ver {
-		return nil, fmt.Errorf("%w: %q version %q", ErrVersionNotFound, m.name, ver)
+		return nil, versionNotFound(m.name, ver)
 	}
 	if v, ok := m.serving[n]; ok {
 		return v, nil
@@ -55,7 +55,7 @@ func (m *model) resolve(ver string) (*version, error) {
 	if _, ok := m.states[n]; ok {
 		return nil, m.notReady()
 	}
-	return nil, fmt.Errorf("%w: %q version %q", ErrVersionNotFound, m.name, ver)
+	return nil, versionNotFound(m.name, ver)
 }
 
 func (m *model) notReady() error {
@@ -73,13 +73,13 @@ func (m *model) notReady() error {
 // that an unload waits for the request.
 func (r *Registry) acquire(name, ver string) (*version, error) {
 	if err := validName(name); err != nil {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	v, err := m.resolve(ver)
 	if err != nil {

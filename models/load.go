@@ -30,7 +30,36 @@ func (r *Registry) Load(ctx context.Context, name string) error {
 	if err := validName(name); err != nil {
 		return err
 	}
-	return r.load(ctx, name)
+	return loadFailed(name, r.loadConfig(ctx, name, []byte{}))
+}
+
+// LoadWithConfig is Load with a config override, as Triton's model-control
+// clients send it: config is a Triton ModelConfig in JSON, which the model
+// serves with instead of its folder's config (configs.ParseTritonModelJSON)
+// until a load without one. A config that does not check out is
+// ErrBadConfig, and the versions serving keep serving.
+func (r *Registry) LoadWithConfig(ctx context.Context, name string, config []byte) error {
+	if r.opts.Control != ControlExplicit {
+		return fmt.Errorf("%w: load needs model control mode %q, the server runs in %q", ErrModelControl, ControlExplicit, r.opts.Control)
+	}
+	if err := validName(name); err != nil {
+		return err
+	}
+	if len(config) == 0 {
+		return fmt.Errorf("%w: the config override is empty", ErrBadConfig)
+	}
+	return loadFailed(name, r.loadConfig(ctx, name, config))
+}
+
+// loadFailed words a failed load by request first as Triton does ("failed
+// to load 'X'", which clients and scripts match: Triton core's
+// model_repository_manager.cc), then says why; the error keeps what it
+// wraps. An unknown model is not a failed load.
+func loadFailed(name string, err error) error {
+	if err == nil || errors.Is(err, ErrModelNotFound) {
+		return err
+	}
+	return fmt.Errorf("failed to load '%s': %w", tritonName(name), err)
 }
 
 // Unload unloads a model on request (explicit mode only).
@@ -52,6 +81,14 @@ func (r *Registry) Unload(ctx context.Context, name string) error {
 // The versions already serving keep serving until the new set is ready; if
 // the new set fails, the old one stays and the failure is recorded.
 func (r *Registry) load(ctx context.Context, name string) error {
+	return r.loadConfig(ctx, name, nil)
+}
+
+// loadConfig is load with the config to use: override nil keeps the
+// model's override, if any; empty (not nil) reads the folder's config;
+// otherwise it is a Triton config in JSON. The override is kept once the
+// load succeeds.
+func (r *Registry) loadConfig(ctx context.Context, name string, override []byte) error {
 	m, err := r.lookup(name)
 	if err != nil {
 		return err
@@ -60,8 +97,18 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	defer m.op.Unlock()
 	log := r.log.With("model", name)
 
+	if override == nil {
+		r.mu.RLock()
+		override = m.override
+		r.mu.RUnlock()
+	}
 	fp := fingerprint(m.dir)
-	cfg, err := configs.LoadModel(m.dir)
+	var cfg *configs.Model
+	if len(override) > 0 {
+		cfg, err = configs.ParseTritonModelJSON("the load request's config", override, m.dir)
+	} else {
+		cfg, err = configs.LoadModel(m.dir)
+	}
 	if err == nil {
 		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
 	}
@@ -157,6 +204,10 @@ func (r *Registry) load(ctx context.Context, name string) error {
 	old := m.serving
 	m.serving = fresh
 	m.cfg = cfg
+	m.override = nil
+	if len(override) > 0 {
+		m.override = override
+	}
 	m.reason = ""
 	m.evicted = false
 	m.loadFailed = false

@@ -163,6 +163,10 @@ type model struct {
 	evicted     bool                 // unloaded for memory: the next request loads it
 	loadFailed  bool                 // the last load or reload failed; reason says why
 	removed     bool                 // its folder is gone: requests find no model
+	// override is the Triton config (JSON) the last load was given in
+	// place of the folder's config; nil when it read the folder's. Loads
+	// on demand and reloads keep it; the next load by request replaces it.
+	override []byte
 
 	demand sync.Mutex // one load on demand at a time
 	// reviving counts the requests in revive, so that a request that finds
@@ -394,7 +398,7 @@ func (r *Registry) lookup(name string) (*model, error) {
 	m, ok = r.models[name]
 	r.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	return m, nil
 }
@@ -411,13 +415,13 @@ func (r *Registry) versionByKey(key string) (*version, error) {
 // serving finds a serving version of a model ("" = the default one).
 func (r *Registry) serving(name, ver string) (*version, error) {
 	if err := validName(name); err != nil {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	m, ok := r.models[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+		return nil, modelNotFound(name, "")
 	}
 	return m.resolve(ver)
 }

@@ -282,6 +282,19 @@ func TestRegistryLoadsAndServes(t *testing.T) {
 			}
 		})
 	}
+	// Triton's words first, where clients and scripts match them.
+	for _, tc := range []struct{ model, version, want string }{
+		{"nope", "", `Request for unknown model: 'nope' is not found (model not found: "nope")`},
+		{"sum", "9", `Request for unknown model: 'sum' version 9 is not found (model version not found: "sum" version "9")`},
+	} {
+		_, _, err := r.Infer(t.Context(), tc.model, tc.version, sumRequest([4]float32{}))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s %s: %v, want %q", tc.model, tc.version, err, tc.want)
+		}
+		if _, err := r.Metadata(tc.model, tc.version); err == nil || err.Error() != tc.want {
+			t.Errorf("metadata %s %s: %v, want %q", tc.model, tc.version, err, tc.want)
+		}
+	}
 }
 
 func TestRegistryValidatesRequests(t *testing.T) {

@@ -2,7 +2,6 @@ package models
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 )
 
@@ -23,7 +22,7 @@ func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
 	} else {
 		m, ok := r.models[name]
 		if !ok {
-			return nil, fmt.Errorf("%w: %q", ErrModelNotFound, name)
+			return nil, modelNotFound(name, "")
 		}
 		ms = []*model{m}
 		if ver != "" {

@@ -2,6 +2,7 @@ package models
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sloserve/sloserve/qos"
@@ -92,4 +93,42 @@ type SLOStatistics struct {
 	Goodput                                                  float64 // good requests per second over the window
 	Attainment                                               float64 // good / settled over the window
 	MeanQueueDelay                                           time.Duration
+}
+
+// notFoundError is ErrModelNotFound or ErrVersionNotFound worded first as
+// Triton words it, since clients and scripts match those words (Triton
+// core's model_repository_manager.cc: "Request for unknown model: 'X' is
+// not found", "... 'X' version N is not found"), then sloserve's own.
+type notFoundError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *notFoundError) Error() string { return e.msg }
+func (e *notFoundError) Unwrap() error { return e.sentinel }
+
+// tritonName is a client's model name in Triton's words, cut when long
+// (the whole name follows in sloserve's).
+func tritonName(name string) string {
+	const max = 256
+	if len(name) > max {
+		return name[:max] + "..."
+	}
+	return name
+}
+
+// modelNotFound is ErrModelNotFound for name; detail, when not empty,
+// says more.
+func modelNotFound(name, detail string) error {
+	msg := fmt.Sprintf("Request for unknown model: '%s' is not found (%v: %q", tritonName(name), ErrModelNotFound, name)
+	if detail != "" {
+		msg += "; " + detail
+	}
+	return &notFoundError{ErrModelNotFound, msg + ")"}
+}
+
+// versionNotFound is ErrVersionNotFound for a version of the model name.
+func versionNotFound(name, ver string) error {
+	return &notFoundError{ErrVersionNotFound, fmt.Sprintf("Request for unknown model: '%s' version %s is not found (%v: %q version %q)",
+		tritonName(name), tritonName(ver), ErrVersionNotFound, name, ver)}
 }

@@ -38,7 +38,10 @@ func (b *backend) RepositoryIndex(ctx context.Context, readyOnly bool) ([]models
 	return b.Registry.Index(readyOnly), nil
 }
 
-func (b *backend) LoadModel(ctx context.Context, name string) error {
+func (b *backend) LoadModel(ctx context.Context, name string, config []byte) error {
+	if config != nil {
+		return b.Registry.LoadWithConfig(ctx, name, config)
+	}
 	return b.Registry.Load(ctx, name)
 }
 

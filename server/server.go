@@ -189,6 +189,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		RefuseUnread:      devs.gate.RefuseUnread,
 		Memory:            mem,
 		WriteTimeout:      cfg.Limits.WriteTimeout,
+		LogLevel:          rl.LogLevel,
 	}
 
 	// Listen on every port before loading models, so a busy port fails the
