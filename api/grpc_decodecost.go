@@ -53,7 +53,7 @@ func decodedCost(b []byte, md protoreflect.MessageDescriptor) (int64, error) {
 			continue
 		}
 		switch {
-		case fd.IsMap():
+		case fd.Message() != nil: // a message, or a map's entry
 			v, ln := protowire.ConsumeBytes(value)
 			if ln < 0 {
 				return 0, protowire.ParseError(ln)
@@ -62,19 +62,13 @@ func decodedCost(b []byte, md protoreflect.MessageDescriptor) (int64, error) {
 			if err != nil {
 				return 0, err
 			}
-			n += decodedMapEntryBytes + c
-		case fd.Message() != nil:
-			v, ln := protowire.ConsumeBytes(value)
-			if ln < 0 {
-				return 0, protowire.ParseError(ln)
-			}
-			c, err := decodedCost(v, fd.Message())
-			if err != nil {
-				return 0, err
-			}
-			n += decodedMessageBytes + c
-			if fd.IsList() {
-				n += decodedGrowth * 8 // the pointer in the list
+			switch {
+			case fd.IsMap():
+				n += decodedMapEntryBytes + c
+			case fd.IsList():
+				n += decodedMessageBytes + c + decodedGrowth*8 // and the pointer in the list
+			default:
+				n += decodedMessageBytes + c
 			}
 		case fd.Kind() == protoreflect.BytesKind || fd.Kind() == protoreflect.StringKind:
 			v, _ := protowire.ConsumeBytes(value)
