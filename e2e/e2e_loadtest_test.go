@@ -24,6 +24,7 @@ type loadtestSummary struct {
 		Goodput    float64        `json:"goodput"`
 		Attainment float64        `json:"attainment"`
 		P99ms      float64        `json:"p99_ms"`
+		Errors     map[string]int `json:"errors"`
 	} `json:"models"`
 }
 
