@@ -152,11 +152,18 @@ func (s *meshService) PredictModelSize(_ context.Context, req *modelmesh.Predict
 	return &modelmesh.PredictModelSizeResponse{SizeInBytes: size}, nil
 }
 
+// ModelMeshModelIDBinHeader is the binary form of the model id header,
+// which ModelMesh sends for ids that are not plain ASCII; gRPC carries it
+// base64-encoded and hands it over decoded.
+const ModelMeshModelIDBinHeader = ModelMeshModelIDHeader + "-bin"
+
 // meshModelName is the model a v2 gRPC call is for: the one ModelMesh names
-// in its header, else the request's own.
+// in its header (text, else binary), else the request's own.
 func meshModelName(ctx context.Context, name string) string {
-	if ids := metadata.ValueFromIncomingContext(ctx, ModelMeshModelIDHeader); len(ids) > 0 && ids[0] != "" {
-		return ids[0]
+	for _, key := range [...]string{ModelMeshModelIDHeader, ModelMeshModelIDBinHeader} {
+		if ids := metadata.ValueFromIncomingContext(ctx, key); len(ids) > 0 && ids[0] != "" {
+			return ids[0]
+		}
 	}
 	return name
 }

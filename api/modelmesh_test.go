@@ -95,4 +95,10 @@ func TestMeshModelName(t *testing.T) {
 	if got := meshModelName(ctx, "own"); got != "own" {
 		t.Errorf("with an empty header: %q", got)
 	}
+	// The binary header, as gRPC hands it over (decoded): an id that is
+	// not plain ASCII.
+	ctx = metadata.NewIncomingContext(t.Context(), metadata.Pairs(ModelMeshModelIDBinHeader, "modèle__isvc-1"))
+	if got := meshModelName(ctx, "own"); got != "modèle__isvc-1" {
+		t.Errorf("with the binary header: %q", got)
+	}
 }

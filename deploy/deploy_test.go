@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
@@ -32,7 +33,8 @@ const (
 	chartDir = "helm/sloserve"
 	// The Kubernetes version the chart is rendered for: helm built with
 	// `go install` does not know its own default, and the chart needs
-	// 1.29 or later (native sidecars, the preStop sleep action).
+	// 1.30 or later (native sidecars from 1.29, the preStop sleep action
+	// on by default from 1.30).
 	kubeVersion = "1.34.0"
 	release     = "sloserve"
 )
@@ -54,6 +56,29 @@ type serviceMonitor struct {
 			Interval string `json:"interval"`
 		} `json:"endpoints"`
 	} `json:"spec"`
+}
+
+// prometheusRule is prometheus-operator's PrometheusRule: rule groups as
+// Prometheus's rule files have them.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              ruleGroups `json:"spec"`
+}
+
+type ruleGroups struct {
+	Groups []struct {
+		Name     string `json:"name"`
+		Interval string `json:"interval,omitempty"`
+		Rules    []struct {
+			Record      string            `json:"record,omitempty"`
+			Alert       string            `json:"alert,omitempty"`
+			Expr        string            `json:"expr"`
+			For         string            `json:"for,omitempty"`
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"rules"`
+	} `json:"groups"`
 }
 
 type servingRuntime struct {
@@ -215,6 +240,10 @@ type objects struct {
 	deployment      *appsv1.Deployment
 	service         *corev1.Service
 	configMap       *corev1.ConfigMap
+	dashboard       *corev1.ConfigMap
+	serviceAccount  *corev1.ServiceAccount
+	pdb             *policyv1.PodDisruptionBudget
+	prometheusRule  *prometheusRule
 	serviceMonitor  *serviceMonitor
 	hpa             *autoscalingv2.HorizontalPodAutoscaler
 	servingRuntime  *servingRuntime
@@ -244,8 +273,22 @@ func decode(t *testing.T, docs [][]byte) *objects {
 			o.service = &corev1.Service{}
 			into = o.service
 		case "v1/ConfigMap":
-			o.configMap = &corev1.ConfigMap{}
-			into = o.configMap
+			cm := &corev1.ConfigMap{}
+			if bytes.Contains(d, []byte("sloserve-dashboard.json:")) {
+				o.dashboard = cm
+			} else {
+				o.configMap = cm
+			}
+			into = cm
+		case "v1/ServiceAccount":
+			o.serviceAccount = &corev1.ServiceAccount{}
+			into = o.serviceAccount
+		case "policy/v1/PodDisruptionBudget":
+			o.pdb = &policyv1.PodDisruptionBudget{}
+			into = o.pdb
+		case "monitoring.coreos.com/v1/PrometheusRule":
+			o.prometheusRule = &prometheusRule{}
+			into = o.prometheusRule
 		case "monitoring.coreos.com/v1/ServiceMonitor":
 			o.serviceMonitor = &serviceMonitor{}
 			into = o.serviceMonitor
@@ -384,8 +427,28 @@ func TestChartDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := decode(t, docs)
-	if want := []string{"ConfigMap", "Deployment", "Service"}; !slices.Equal(o.kinds, want) {
+	if want := []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"}; !slices.Equal(o.kinds, want) {
 		t.Fatalf("objects %v, want %v", o.kinds, want)
+	}
+	if r := o.deployment.Spec.Replicas; r == nil || *r != 1 {
+		t.Errorf("replicas %v, want 1 when the chart owns the count", r)
+	}
+	// The pods run as their own account, with no API token.
+	if sa := o.serviceAccount; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Error("the ServiceAccount mounts a token; the server calls no Kubernetes API")
+	}
+	if spec := o.deployment.Spec.Template.Spec; spec.ServiceAccountName != o.serviceAccount.Name || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Errorf("pods run as %q (token %v), want %q with no token", spec.ServiceAccountName, spec.AutomountServiceAccountToken, o.serviceAccount.Name)
+	}
+	// The disruption budget covers the pods and lets a drain proceed.
+	if pdb := o.pdb; pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() < 1 || pdb.Spec.Selector == nil {
+		t.Errorf("PodDisruptionBudget %+v, want maxUnavailable >= 1 and a selector", pdb.Spec)
+	} else {
+		for k, v := range pdb.Spec.Selector.MatchLabels {
+			if o.deployment.Spec.Template.Labels[k] != v {
+				t.Errorf("PodDisruptionBudget selects %s=%s, the pods have %q", k, v, o.deployment.Spec.Template.Labels[k])
+			}
+		}
 	}
 	cfg := serverConfig(t, o.configMap)
 	def := configs.DefaultServer()
@@ -598,10 +661,111 @@ func TestChartOptions(t *testing.T) {
 			t.Errorf("qos.policy %q, listen.http %q: want the values' fifo and the chart's own :9000", cfg.QoS.Policy, cfg.Listen.HTTP)
 		}
 	})
+	t.Run("autoscaling", func(t *testing.T) {
+		docs, err := render(t, "--set", "autoscaling.enabled=true", "--set", "replicas=3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An HPA or KEDA owns the count: a rendered count would reset the
+		// scale on every upgrade.
+		if r := decode(t, docs).deployment.Spec.Replicas; r != nil {
+			t.Errorf("replicas %d rendered with autoscaling.enabled", *r)
+		}
+	})
+	t.Run("profile cache on a claim", func(t *testing.T) {
+		docs, err := render(t, "--set", "profileCache.source=pvc", "--set", "profileCache.pvc.claimName=profiles")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := decode(t, docs)
+		cfg := serverConfig(t, o.configMap)
+		pod := &o.deployment.Spec.Template.Spec
+		var mount *corev1.VolumeMount
+		for _, m := range container(t, pod, "sloserve").VolumeMounts {
+			if strings.HasPrefix(cfg.Control.Profile.CacheDir, m.MountPath+"/") {
+				mount = &m
+			}
+		}
+		if mount == nil || mount.ReadOnly {
+			t.Fatalf("control.profile.cache_dir %s is on no writable mount", cfg.Control.Profile.CacheDir)
+		}
+		if !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool {
+			return v.Name == mount.Name && v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == "profiles" && !v.PersistentVolumeClaim.ReadOnly
+		}) {
+			t.Errorf("the profile cache's volume %s is not the writable claim profiles: %+v", mount.Name, pod.Volumes)
+		}
+	})
+	t.Run("prometheus rule", func(t *testing.T) {
+		docs, err := render(t, "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kube-prometheus")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := decode(t, docs)
+		pr := o.prometheusRule
+		if pr == nil || pr.Labels["release"] != "kube-prometheus" {
+			t.Fatalf("PrometheusRule %+v, want one with the values' labels", pr)
+		}
+		// Every group and rule of the project's rule file, unchanged.
+		b, err := os.ReadFile("../configs/prometheus/rules.yml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want ruleGroups
+		if err := strict(b, &want); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := yaml.Marshal(pr.Spec)
+		wantB, _ := yaml.Marshal(want)
+		if len(want.Groups) == 0 || !bytes.Equal(got, wantB) {
+			t.Errorf("the PrometheusRule's groups differ from configs/prometheus/rules.yml:\n%s\nwant\n%s", got, wantB)
+		}
+	})
+	t.Run("grafana dashboard", func(t *testing.T) {
+		docs, err := render(t, "--set", "grafanaDashboard.enabled=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm := decode(t, docs).dashboard
+		if cm == nil || cm.Labels["grafana_dashboard"] != "1" {
+			t.Fatalf("dashboard ConfigMap %v, want one labelled grafana_dashboard=1 for Grafana's sidecar", cm)
+		}
+		b, err := os.ReadFile("../configs/grafana/sloserve-dashboard.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cm.Data["sloserve-dashboard.json"]; strings.TrimSpace(got) != strings.TrimSpace(string(b)) {
+			t.Errorf("the ConfigMap's dashboard (%d bytes) is not configs/grafana/sloserve-dashboard.json (%d bytes)", len(got), len(b))
+		}
+	})
+	t.Run("kubernetes 1.29 refused", func(t *testing.T) {
+		// The preStop sleep action is on by default only from 1.30.
+		out, err := exec.Command(helm(t), "template", release, chartDir, "--kube-version", "1.29.9").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "kubeVersion") {
+			t.Errorf("rendering for 1.29: %v\n%s; want the chart's kubeVersion refusing it", err, out)
+		}
+	})
+	// values.schema.json: a misspelt key or a wrong type fails the
+	// install, naming the value, instead of being ignored.
+	for _, bad := range []struct{ set, want string }{
+		{"replica=2", "additional properties 'replica' not allowed"},
+		{"replicas=two", "/replicas"},
+		{"ports.http=0", "/ports/http"},
+		{"service.type=Ingress", "/service/type"},
+		{"profileCache.source=s3", "/profileCache/source"},
+		{"gpu.enabeld=true", "additional properties 'enabeld' not allowed"},
+	} {
+		t.Run("schema "+bad.set, func(t *testing.T) {
+			_, err := render(t, "--set", bad.set)
+			if err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Errorf("render = %v, want the schema refusing it (%q)", err, bad.want)
+			}
+		})
+	}
 	for _, bad := range []struct{ name, want string }{
+		{"profileCache.source=pvc", "profileCache.pvc.claimName is required"},
 		{"modelRepository.source=pvc", "claimName is required"},
 		{"modelRepository.source=hostPath", "hostPath.path is required"},
-		{"modelRepository.source=s3", "must be emptyDir, pvc or hostPath"},
+		{"modelRepository.source=s3", "value must be one of 'emptyDir', 'pvc', 'hostPath'"},
 	} {
 		t.Run(bad.name, func(t *testing.T) {
 			_, err := render(t, "--set", bad.name)
@@ -737,8 +901,35 @@ func TestModelMeshRuntime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The capacity ModelMesh fills is the container's memory request,
+	// through the Downward API (in bytes, as the kubelet gives it), and
+	// the limit leaves the server its own room above it.
+	c := s.Containers[0]
+	var budgetEnv *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == configs.EnvVar("control.memory_budget") {
+			budgetEnv = &c.Env[i]
+		}
+	}
+	if budgetEnv == nil || budgetEnv.ValueFrom == nil || budgetEnv.ValueFrom.ResourceFieldRef == nil {
+		t.Fatalf("no %s from the Downward API: %+v", configs.EnvVar("control.memory_budget"), c.Env)
+	}
+	ref := budgetEnv.ValueFrom.ResourceFieldRef
+	if ref.Resource != "requests.memory" || ref.ContainerName != c.Name || (!ref.Divisor.IsZero() && ref.Divisor.Value() != 1) {
+		t.Errorf("capacity from %+v, want requests.memory of %s in bytes", ref, c.Name)
+	}
+	request, limit := c.Resources.Requests[corev1.ResourceMemory], c.Resources.Limits[corev1.ResourceMemory]
+	if err := cfg.ApplyEnv([]string{budgetEnv.Name + "=" + strconv.FormatInt(request.Value(), 10)}); err != nil {
+		t.Fatalf("the kubelet's value of the request does not set the budget: %v", err)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the runtime's arguments make an invalid config: %v", err)
+	}
+	if int64(cfg.Control.MemoryBudget) != request.Value() || request.Value() <= 0 {
+		t.Errorf("control.memory_budget %d, want the memory request %d", cfg.Control.MemoryBudget, request.Value())
+	}
+	if room := limit.Value() - request.Value(); room < int64(cfg.Limits.MaxMemory)+256<<20 {
+		t.Errorf("memory limit %s leaves %d bytes above the request, want at least limits.max_memory %d + 256 MiB", limit.String(), room, cfg.Limits.MaxMemory)
 	}
 	for _, e := range []struct{ endpoint, addr string }{{s.GRPCEndpoint, cfg.Listen.ModelMesh}, {s.GRPCDataEndpoint, cfg.Listen.GRPC}} {
 		if e.endpoint != fmt.Sprintf("port:%d", port(t, e.addr)) {

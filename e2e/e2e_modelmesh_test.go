@@ -109,6 +109,13 @@ func TestE2EModelMesh(t *testing.T) {
 	if r, err := s.grpc.ModelReady(metadata.AppendToOutgoingContext(ctx, "mm-model-id", "a__isvc-1"), &inference.ModelReadyRequest{Name: "placeholder"}); err != nil || !r.Ready {
 		t.Errorf("ModelReady by header: %v, %v", r, err)
 	}
+	// The binary header, which ModelMesh sends for ids that are not plain
+	// ASCII (gRPC base64-encodes it on the wire).
+	binReq := grpcDynRequest()
+	binReq.ModelName = "placeholder"
+	if resp, err := s.grpc.ModelInfer(metadata.AppendToOutgoingContext(ctx, "mm-model-id-bin", "b__isvc-2"), binReq); err != nil || resp.ModelName != "b__isvc-2" {
+		t.Errorf("infer by the binary header: %v, %v; want b__isvc-2", resp, err)
+	}
 
 	// Unload: the model stops serving and its size is no longer known.
 	if _, err := mm.UnloadModel(ctx, &modelmesh.UnloadModelRequest{ModelId: "a__isvc-1"}); err != nil {

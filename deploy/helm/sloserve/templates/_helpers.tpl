@@ -41,3 +41,11 @@ over it, so ports, paths and the shutdown timing always match the pod spec.
 -}}
 {{- mustMergeOverwrite (deepCopy (.Values.config | default dict)) $owned | toYaml -}}
 {{- end -}}
+
+{{- define "sloserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "sloserve.fullname" .) }}
+{{- else -}}
+{{ .Values.serviceAccount.name | default "default" }}
+{{- end -}}
+{{- end -}}
