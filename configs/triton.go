@@ -72,6 +72,18 @@ func ParseTritonModel(file string, data []byte) (*Model, error) {
 
 var unknownPbtxtFieldRE = regexp.MustCompile(`\(line (\d+):\d+\): unknown field: (\S+)`)
 
+// RenameTritonModel returns a Triton config.pbtxt with its model name set
+// to name, for a model staged under a name of the server's choosing
+// (--model-dir). Fields stay as they were; comments and layout do not.
+func RenameTritonModel(file string, data []byte, name string) ([]byte, error) {
+	var tc tritonpb.ModelConfig
+	if err := prototext.Unmarshal(data, &tc); err != nil {
+		return nil, &FieldError{File: file, Msg: "not a valid Triton model config: " + err.Error()}
+	}
+	tc.Name = name
+	return prototext.MarshalOptions{Multiline: true}.Marshal(&tc)
+}
+
 func parseTritonModel(file string, data []byte, dir string) (*Model, error) {
 	var tc tritonpb.ModelConfig
 	if err := prototext.Unmarshal(data, &tc); err != nil {

@@ -126,3 +126,46 @@ func TestE2EKServeModelDirErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestE2EKServeModelDirTritonConfig: a model migrated from Triton keeps
+// its config.pbtxt beside the model file (named after its old folder);
+// served with the runtime's arguments under the InferenceService's name,
+// it keeps its batching, instances and SLO.
+func TestE2EKServeModelDirTritonConfig(t *testing.T) {
+	for _, layout := range []string{"model.onnx", "1/model.onnx"} {
+		t.Run(layout, func(t *testing.T) {
+			mnt := t.TempDir()
+			p := filepath.Join(mnt, layout)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(testModel(t, "example_dynamic_axes.onnx"), p); err != nil {
+				t.Fatal(err)
+			}
+			pbtxt := strings.Replace(tritonDynPbtxt, "instance_group [ { count: 1, kind: KIND_CPU } ]", "instance_group [ { count: 2, kind: KIND_CPU } ]", 1)
+			if err := os.WriteFile(filepath.Join(mnt, "config.pbtxt"), []byte(pbtxt), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			s := startServer(t, "", "", withCommandLine(t.TempDir(), kserveArgs(t, mnt, "isvc-dyn")...))
+			var cfg struct {
+				Name          string `json:"name"`
+				MaxBatchSize  int    `json:"max_batch_size"`
+				InstanceGroup []struct {
+					Count int `json:"count"`
+				} `json:"instance_group"`
+				DynamicBatching struct {
+					PreferredBatchSize []int `json:"preferred_batch_size"`
+				} `json:"dynamic_batching"`
+			}
+			if code := s.json(t, "GET", "/v2/models/isvc-dyn/config", nil, &cfg); code != 200 {
+				t.Fatalf("config: %d", code)
+			}
+			if cfg.Name != "isvc-dyn" || cfg.MaxBatchSize != 8 || len(cfg.InstanceGroup) != 1 || cfg.InstanceGroup[0].Count != 2 || len(cfg.DynamicBatching.PreferredBatchSize) != 2 {
+				t.Errorf("config %+v: want the config.pbtxt's max_batch_size 8, 2 instances and preferred batch sizes [4 8] under the name isvc-dyn", cfg)
+			}
+			if code, body, _ := s.do(t, "POST", "/v2/models/isvc-dyn/infer", dynBody); code != 200 {
+				t.Fatalf("infer: %d %s", code, body)
+			}
+		})
+	}
+}

@@ -77,8 +77,9 @@ func singleModelReady(cfg configs.Server, reg *models.Registry) bool {
 //   - model.onnx, or else exactly one *.onnx file: served as version 1.
 //
 // A config.yaml (or config.yml) found beside the versions is used with its
-// name set to name; without one the model gets the default model config.
-// Triton's config.pbtxt is ignored.
+// name set to name; else a Triton config.pbtxt, renamed the same way (a
+// model migrated from Triton keeps its batching and instances); without
+// either the model gets the default model config.
 func stageModel(dir, name, repo string) error {
 	st, err := os.Stat(dir)
 	if err != nil {
@@ -115,11 +116,11 @@ func stageModel(dir, name, repo string) error {
 	} else if err := stageFlat(src, filepath.Join(out, "1")); err != nil {
 		return err
 	}
-	cfg, err := modelConfig(src, name)
+	cfg, file, err := modelConfig(src, name)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(out, configs.ModelConfigFile), cfg, 0o644)
+	return os.WriteFile(filepath.Join(out, file), cfg, 0o644)
 }
 
 // stageFlat makes version folder v for a model file lying directly in dir:
@@ -161,7 +162,7 @@ func stageFlat(dir, v string) error {
 		if !hasModel && link == onnx[0] {
 			link = configs.ModelFile
 		}
-		if slices.Contains([]string{configs.ModelConfigFile, configs.ModelConfigFileAlt}, e.Name()) {
+		if slices.Contains([]string{configs.ModelConfigFile, configs.ModelConfigFileAlt, configs.ModelConfigPbtxt}, e.Name()) {
 			continue
 		}
 		if err := os.Symlink(filepath.Join(abs, e.Name()), filepath.Join(v, link)); err != nil {
@@ -171,9 +172,10 @@ func stageFlat(dir, v string) error {
 	return nil
 }
 
-// modelConfig returns the staged model's config.yaml: dir's own, with the
-// name replaced, or the least config there is.
-func modelConfig(dir, name string) ([]byte, error) {
+// modelConfig returns the staged model's config and the file to write it
+// to: dir's config.yaml, else its config.pbtxt, with the name replaced, or
+// the least config.yaml there is.
+func modelConfig(dir, name string) ([]byte, string, error) {
 	var data []byte
 	file := ""
 	for _, f := range []string{configs.ModelConfigFile, configs.ModelConfigFileAlt} {
@@ -182,22 +184,31 @@ func modelConfig(dir, name string) ([]byte, error) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		data, file = b, filepath.Join(dir, f)
 		break
 	}
 	if file == "" {
-		return fmt.Appendf(nil, "# Staged by sloserve for model_dir: the default model config.\nname: %s\nplatform: onnx\n", name), nil
+		pbtxt := filepath.Join(dir, configs.ModelConfigPbtxt)
+		b, err := configs.ReadFile(pbtxt)
+		switch {
+		case err == nil:
+			out, err := configs.RenameTritonModel(pbtxt, b, name)
+			return out, configs.ModelConfigPbtxt, err
+		case !errors.Is(err, fs.ErrNotExist):
+			return nil, "", err
+		}
+		return fmt.Appendf(nil, "# Staged by sloserve for model_dir: the default model config.\nname: %s\nplatform: onnx\n", name), configs.ModelConfigFile, nil
 	}
 	// Edit the document's tree rather than a decoded struct, so every
 	// setting (and its comments) is written back as it was.
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+		return nil, "", fmt.Errorf("%s: %w", file, err)
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%s: not a mapping", file)
+		return nil, "", fmt.Errorf("%s: not a mapping", file)
 	}
 	m := doc.Content[0]
 	found := false
@@ -217,10 +228,10 @@ func modelConfig(dir, name string) ([]byte, error) {
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
 	if err := enc.Encode(&doc); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if err := enc.Close(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes(), configs.ModelConfigFile, nil
 }
