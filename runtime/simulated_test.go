@@ -207,3 +207,21 @@ func TestMPSLimits(t *testing.T) {
 		}
 	}
 }
+
+func TestMPSPriority(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want simgpu.Priority
+		bad  bool
+	}{
+		{nil, simgpu.PriorityNormal, false},
+		{[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_CLIENT_PRIORITY=1"}, simgpu.PriorityBelowNormal, false},
+		{[]string{"CUDA_MPS_CLIENT_PRIORITY=0"}, simgpu.PriorityNormal, false},
+		{[]string{"CUDA_MPS_CLIENT_PRIORITY=2"}, 0, true},
+	} {
+		got, err := mpsPriority(tc.env)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("mpsPriority(%q) = %v, %v; want %v", tc.env, got, err, tc.want)
+		}
+	}
+}
