@@ -57,6 +57,9 @@ type gpuDayResult struct {
 	models []*gpuDayModel
 	window time.Duration
 	events map[string]int // control and placement events by kind
+	// smUtil is the mean SM utilisation of the devices over the window:
+	// the fraction of their SMs running kernels held (simgpu.SMSeconds).
+	smUtil float64
 }
 
 // lc sums the latency-critical models: requests sent and met.
@@ -219,6 +222,20 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 				}
 			})
 		}
+		// The devices' SM utilisation over the window.
+		wg.Go(func() {
+			smSeconds := func() float64 {
+				var sum float64
+				for _, d := range devs.sim.Devices() {
+					sum += d.SMSeconds()
+				}
+				return sum
+			}
+			time.Sleep(time.Until(origin))
+			from := smSeconds()
+			time.Sleep(time.Until(end))
+			res.smUtil = (smSeconds() - from) / sc.Duration.Seconds() / float64(len(devs.sim.Devices()))
+		})
 		// Sample each model's share and device once a second.
 		wg.Go(func() {
 			for time.Now().Before(end) {
@@ -273,8 +290,8 @@ func (r gpuDayResult) log(t *testing.T) {
 			share, m.shareMin, m.shareMax, m.resizes, m.device, m.firstFailure)
 	}
 	sent, good := r.lc()
-	t.Logf("%-8s LC attainment %.4f, goodput %.1f/s; BE %.2f requests/s; events %v", r.policy,
-		float64(good)/float64(max(1, sent)), float64(good)/r.window.Seconds(), float64(r.be())/r.window.Seconds(), r.events)
+	t.Logf("%-8s LC attainment %.4f, goodput %.1f/s; BE %.2f requests/s; mean SM utilisation %.3f; events %v", r.policy,
+		float64(good)/float64(max(1, sent)), float64(good)/r.window.Seconds(), float64(r.be())/r.window.Seconds(), r.smUtil, r.events)
 }
 
 // TestSimulatedGPUDay replays the benchmark's GPU day (gpu-day.yaml) per
@@ -302,6 +319,9 @@ func TestSimulatedGPUDay(t *testing.T) {
 	}
 	ratios := map[string][]float64{}
 	attainments := map[string][]float64{}
+	beRates := map[string][]float64{}
+	smUtils := map[string][]float64{}
+	failed := map[string]int{}
 	for run := range runs {
 		seed := sc.Seed + uint64(run)
 		got := map[string]gpuDayResult{}
@@ -311,6 +331,11 @@ func TestSimulatedGPUDay(t *testing.T) {
 			got[p].log(t)
 			sent, good := got[p].lc()
 			attainments[p] = append(attainments[p], float64(good)/float64(max(1, sent)))
+			beRates[p] = append(beRates[p], float64(got[p].be())/got[p].window.Seconds())
+			smUtils[p] = append(smUtils[p], got[p].smUtil)
+			for _, m := range got[p].models {
+				failed[p] += m.failed
+			}
 			t.Logf("%s, seed %d: day replayed in %.1fs of wall time", p, seed, time.Since(wall).Seconds())
 		}
 		a, ok := got[control.SharePolicyAdaptive]
@@ -330,6 +355,7 @@ func TestSimulatedGPUDay(t *testing.T) {
 	}
 	for _, p := range policies {
 		t.Logf("median of %d: %s LC attainment %.4f %v", runs, p, median(attainments[p]), attainments[p])
+		t.Logf("median of %d: %s BE %.1f requests/s, mean SM utilisation %.3f, failed requests %d in all", runs, p, median(beRates[p]), median(smUtils[p]), failed[p])
 	}
 	for _, k := range slices.Sorted(maps.Keys(ratios)) {
 		t.Logf("median of %d: %s %.3fx %v", runs, k, median(ratios[k]), ratios[k])
