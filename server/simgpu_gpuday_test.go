@@ -88,6 +88,13 @@ func (r gpuDayResult) be() (done int) {
 // misses there its arrivals and its curve make it miss under any policy.
 const gpuDayAlone = "alone"
 
+// gpuDayNoBE is not a policy but a bound too: adaptive with the
+// best-effort jobs loaded and sending nothing, so that only the
+// latency-critical models share the devices. What the latency-critical
+// models miss there, sharing the devices with each other costs them under
+// any amount of best-effort work.
+const gpuDayNoBE = "adaptive-no-be"
+
 // simulatedGPUDay runs gpu-day.yaml (its repository, server settings,
 // arrivals and closed loops) against the server's registry, control loops
 // and placement on simulated GPUs under testing/synctest: the same day as
@@ -134,10 +141,23 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 				t.Fatal(err)
 			}
 		}
+		// SLOSERVE_SIMULATED_GPU_DAY_SET: more settings, "key=value,...",
+		// for measuring one change against the day.
+		if extra := os.Getenv("SLOSERVE_SIMULATED_GPU_DAY_SET"); extra != "" {
+			for kv := range strings.SplitSeq(extra, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				if err := cfg.Set(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		cfg.Control.Policy = policy
 		if policy == gpuDayAlone {
 			cfg.GPU.Simulator.Devices = len(sc.Models)
 			cfg.Control.Policy = control.SharePolicyShared
+		}
+		if policy == gpuDayNoBE {
+			cfg.Control.Policy = control.SharePolicyAdaptive
 		}
 		reg, devs, _ := placedServer(t, cfg, configsByName)
 		for _, m := range sc.Models {
@@ -198,6 +218,9 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 				defer cancel()
 				_, _, err := reg.Infer(ctx, m.Model, "", newReq())
 				return err
+			}
+			if m.Concurrency > 0 && policy == gpuDayNoBE {
+				continue
 			}
 			if m.Concurrency > 0 {
 				for range m.Concurrency {
@@ -297,7 +320,8 @@ func (r gpuDayResult) log(t *testing.T) {
 // TestSimulatedGPUDay replays the benchmark's GPU day (gpu-day.yaml) per
 // policy in simulated time and compares them as `loadtest --compare` does.
 // It is skipped without SLOSERVE_SIMULATED_GPU_DAY (a policy, "alone" for
-// the bound of a device per model, a comma list, or "all"): a day is about a minute of two cores, for measuring.
+// the bound of a device per model, "adaptive-no-be" for adaptive without
+// best-effort work, a comma list, or "all"): a day is about a minute of two cores, for measuring.
 func TestSimulatedGPUDay(t *testing.T) {
 	env := os.Getenv("SLOSERVE_SIMULATED_GPU_DAY")
 	if env == "" {
@@ -382,7 +406,9 @@ func median(xs []float64) float64 {
 // held and capped at the knee, adaptive met 75.9% of the latency-critical
 // requests on seed 18 (static 94.8%, shared 84.7%) with 587 resizes; before
 // placement saw measured use and memory shares on MPS (not caps and
-// memory_limits), 93-95% over ten seeds, 97% after.
+// memory_limits), 93-95% over ten seeds, 97% after. The best-effort jobs,
+// below normal priority, do at least 0.8x shared's work and keep the SMs
+// at least 70% busy.
 func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nine simulated GPU days")
@@ -394,7 +420,8 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	const seeds = 3
 	attainment := map[string][]float64{}
 	goodput := map[string][]float64{}
-	var resizes []float64
+	beDone := map[string][]float64{}
+	var resizes, smUtil []float64
 	for run := range seeds {
 		for _, p := range []string{control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive} {
 			r := simulatedGPUDay(t, p, sc.Seed+uint64(run))
@@ -402,8 +429,10 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 			sent, good := r.lc()
 			attainment[p] = append(attainment[p], float64(good)/float64(max(1, sent)))
 			goodput[p] = append(goodput[p], float64(good))
+			beDone[p] = append(beDone[p], float64(r.be()))
 			if p == control.SharePolicyAdaptive {
 				resizes = append(resizes, float64(r.events[control.EventResize]))
+				smUtil = append(smUtil, r.smUtil)
 			}
 			for _, m := range r.models {
 				if m.failed > 0 {
@@ -427,5 +456,17 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	}
 	if n := median(resizes); n > 60 {
 		t.Errorf("adaptive resized %.0f times (median) in the 6-minute window: each is a new MPS client; want 60 at most", n)
+	}
+	// Best-effort clients below normal priority fill what the
+	// latency-critical ones leave: before, with caps that left each
+	// latency-critical model its single-request knee, the batch jobs did
+	// 0.30x shared's work (10 seeds) and the devices' SMs sat idle.
+	abe, shbe := median(beDone[control.SharePolicyAdaptive]), median(beDone[control.SharePolicyShared])
+	t.Logf("medians of %d: BE requests adaptive %.0f, shared %.0f; mean SM utilisation under adaptive %.3f", seeds, abe, shbe, median(smUtil))
+	if abe < 0.8*shbe {
+		t.Errorf("BE throughput adaptive %.0f, shared %.0f (medians): want adaptive 0.8x shared at least", abe, shbe)
+	}
+	if u := median(smUtil); u < 0.7 {
+		t.Errorf("mean SM utilisation under adaptive %.3f (median), want 0.70 at least", u)
 	}
 }
