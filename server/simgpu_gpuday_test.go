@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -60,6 +61,8 @@ type gpuDayResult struct {
 	// smUtil is the mean SM utilisation of the devices over the window:
 	// the fraction of their SMs running kernels held (simgpu.SMSeconds).
 	smUtil float64
+	// notReady says why the day did not run: a model did not load.
+	notReady string
 }
 
 // lc sums the latency-critical models: requests sent and met.
@@ -101,6 +104,20 @@ const gpuDayNoBE = "adaptive-no-be"
 // the benchmark with no CPU in the way, so what it measures is what the
 // policy and the simulated devices allow.
 func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
+	return simulatedGPUDayMix(t, policy, seed, gpuDayMix{})
+}
+
+// gpuDayMix scales the GPU day: Copies times its models (copy k of a model
+// is named "<model>-<k>" from the second on, with arrivals of its own and
+// no pinned device), on Devices simulated GPUs (0: the scenario's).
+type gpuDayMix struct {
+	Copies, Devices int
+}
+
+// simulatedGPUDayMix is simulatedGPUDay on a scaled mix. A day whose models
+// do not all load within five simulated minutes (no device with room for
+// them) is not run: its result says why in notReady.
+func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix) gpuDayResult {
 	sc, err := loadtest.LoadScenario(gpuDayScenario)
 	if err != nil {
 		t.Fatal(err)
@@ -108,18 +125,37 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 	if seed != 0 {
 		sc.Seed = seed
 	}
+	base := map[string]string{}
+	for _, m := range sc.Models {
+		base[m.Model] = m.Model
+	}
+	if mix.Copies > 1 {
+		models := sc.Models
+		for k := 2; k <= mix.Copies; k++ {
+			for _, m := range models {
+				c := m
+				c.Model = m.Model + "-" + strconv.Itoa(k)
+				base[c.Model] = m.Model
+				sc.Models = append(sc.Models, c)
+			}
+		}
+	}
 	repo := sc.Path(sc.Server.Repository)
 	configsByName := map[string]string{}
 	for _, m := range sc.Models {
-		b, err := os.ReadFile(filepath.Join(repo, m.Model, "config.yaml"))
+		b, err := os.ReadFile(filepath.Join(repo, base[m.Model], "config.yaml"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		var kept []string
 		for _, line := range strings.Split(string(b), "\n") {
-			if !strings.HasPrefix(line, "name:") {
-				kept = append(kept, line)
+			if strings.HasPrefix(line, "name:") {
+				continue
 			}
+			if mix.Copies > 1 {
+				line = strings.Replace(line, " device_id: 0,", "", 1) // placed, not pinned
+			}
+			kept = append(kept, line)
 		}
 		configsByName[m.Model] = strings.Join(kept, "\n")
 	}
@@ -159,9 +195,23 @@ func simulatedGPUDay(t *testing.T, policy string, seed uint64) gpuDayResult {
 		if policy == gpuDayNoBE {
 			cfg.Control.Policy = control.SharePolicyAdaptive
 		}
+		if mix.Devices > 0 {
+			cfg.GPU.Simulator.Devices = mix.Devices
+		}
 		reg, devs, _ := placedServer(t, cfg, configsByName)
+		loading := time.Now()
 		for _, m := range sc.Models {
 			for ok, _ := reg.ModelReady(m.Model, ""); !ok; ok, _ = reg.ModelReady(m.Model, "") {
+				if time.Since(loading) > 5*time.Minute {
+					why := ""
+					for _, e := range reg.IndexKnown(false) {
+						if e.Name == m.Model {
+							why = e.Reason
+						}
+					}
+					res.notReady = fmt.Sprintf("%s did not load on %d devices: %s", m.Model, cfg.GPU.Simulator.Devices, why)
+					return
+				}
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
@@ -468,5 +518,94 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	}
 	if u := median(smUtil); u < 0.7 {
 		t.Errorf("mean SM utilisation under adaptive %.3f (median), want 0.70 at least", u)
+	}
+}
+
+// gpusNeededCopies scales the GPU day to 36 models for the GPUs-needed
+// sweep: three copies of its twelve.
+const gpusNeededCopies = 3
+
+// gpusNeededPolicies are the sweep's policies: exclusive is one model per
+// GPU (what a cluster does without sharing: the alone bound's devices).
+var gpusNeededPolicies = []string{"exclusive", control.SharePolicyStatic, control.SharePolicyShared, control.SharePolicyAdaptive}
+
+// TestSimulatedGPUsNeeded sweeps the number of simulated GPUs for the GPU
+// day scaled to 36 models (three copies of its twelve, each with arrivals
+// of its own, placement on) and prints, per policy, the fewest GPUs that
+// keep LC attainment at 95% or more with no failed request:
+// `gpus-needed <policy> <N>`, with the mean SM utilisation of the devices
+// on that day. Exclusive needs a GPU per model by definition, checked at
+// that count. It is skipped without SLOSERVE_SIMULATED_GPUS_NEEDED (a
+// comma list of policies, or "all"); a day of 36 models is a few tens of
+// seconds of two cores, and a policy's search a handful of days.
+func TestSimulatedGPUsNeeded(t *testing.T) {
+	env := os.Getenv("SLOSERVE_SIMULATED_GPUS_NEEDED")
+	if env == "" {
+		t.Skip("set SLOSERVE_SIMULATED_GPUS_NEEDED=all (or a comma list of exclusive, static, shared, adaptive) to sweep the GPUs the scaled GPU day needs")
+	}
+	policies := strings.Split(env, ",")
+	if env == "all" {
+		policies = gpusNeededPolicies
+	}
+	sc, err := loadtest.LoadScenario(gpuDayScenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := gpusNeededCopies * len(sc.Models)
+	type day struct {
+		ok       bool
+		att, sm  float64
+		failed   int
+		notReady string
+	}
+	run := func(policy string, n int) day {
+		mix := gpuDayMix{Copies: gpusNeededCopies, Devices: n}
+		p := policy
+		if policy == "exclusive" {
+			p, mix.Devices = gpuDayAlone, 0 // alone: a device per model
+		}
+		r := simulatedGPUDayMix(t, p, sc.Seed, mix)
+		if r.notReady != "" {
+			t.Logf("%s on %d GPUs: %s", policy, n, r.notReady)
+			return day{notReady: r.notReady}
+		}
+		sent, good := r.lc()
+		d := day{att: float64(good) / float64(max(1, sent)), sm: r.smUtil}
+		for _, m := range r.models {
+			d.failed += m.failed
+		}
+		d.ok = d.att >= 0.95 && d.failed == 0
+		t.Logf("%s on %d GPUs: LC attainment %.4f, BE %.1f requests/s, failed %d, mean SM utilisation %.3f",
+			policy, n, d.att, float64(r.be())/r.window.Seconds(), d.failed, d.sm)
+		return d
+	}
+	for _, policy := range policies {
+		if policy == "exclusive" {
+			d := run(policy, models)
+			if !d.ok {
+				t.Errorf("exclusive: LC attainment %.4f with %d failed on %d GPUs", d.att, d.failed, models)
+			}
+			t.Logf("gpus-needed exclusive %d (mean SM utilisation %.3f)", models, d.sm)
+			continue
+		}
+		// The fewest N in [1, models] with an ok day, by bisection
+		// (more GPUs never hurt a policy here by much; each probe is a
+		// day).
+		lo, hi := 0, models // lo fails (or is 0), hi is ok or the top
+		var best day
+		best = run(policy, hi)
+		if !best.ok {
+			t.Logf("gpus-needed %s >%d (not met with a GPU per model)", policy, models)
+			continue
+		}
+		for hi-lo > 1 {
+			mid := (lo + hi) / 2
+			if d := run(policy, mid); d.ok {
+				hi, best = mid, d
+			} else {
+				lo = mid
+			}
+		}
+		t.Logf("gpus-needed %s %d (LC attainment %.4f, mean SM utilisation %.3f)", policy, hi, best.att, best.sm)
 	}
 }
