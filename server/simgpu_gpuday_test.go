@@ -569,6 +569,9 @@ func TestSimulatedGPUsNeeded(t *testing.T) {
 			t.Logf("%s on %d GPUs: %s", policy, n, r.notReady)
 			return day{notReady: r.notReady}
 		}
+		if os.Getenv("SLOSERVE_SIMULATED_GPUS_NEEDED_LOG") != "" {
+			r.log(t)
+		}
 		sent, good := r.lc()
 		d := day{att: float64(good) / float64(max(1, sent)), sm: r.smUtil}
 		for _, m := range r.models {
@@ -578,6 +581,15 @@ func TestSimulatedGPUsNeeded(t *testing.T) {
 		t.Logf("%s on %d GPUs: LC attainment %.4f, BE %.1f requests/s, failed %d, mean SM utilisation %.3f",
 			policy, n, d.att, float64(r.be())/r.window.Seconds(), d.failed, d.sm)
 		return d
+	}
+	// SLOSERVE_SIMULATED_GPUS_NEEDED_AT=N runs each policy's day on N GPUs
+	// only, with every model's outcome (for looking into one count).
+	if n, err := strconv.Atoi(os.Getenv("SLOSERVE_SIMULATED_GPUS_NEEDED_AT")); err == nil {
+		t.Setenv("SLOSERVE_SIMULATED_GPUS_NEEDED_LOG", "1")
+		for _, policy := range policies {
+			run(policy, n)
+		}
+		return
 	}
 	for _, policy := range policies {
 		if policy == "exclusive" {
