@@ -208,6 +208,7 @@ type SimulatedModel struct {
 	Bandwidth         float64       `yaml:"bandwidth"`
 	Weights           ByteSize      `yaml:"weights"`
 	ActivationPerItem ByteSize      `yaml:"activation_per_item"`
+	Block             time.Duration `yaml:"block"`
 }
 
 // DefaultSimulatedPreset is the curve of a cuda model without
@@ -242,6 +243,7 @@ func (s *SimulatedModel) Model() (simgpu.Model, error) {
 	set(&m.Fixed, s.Fixed)
 	set(&m.PerItem, s.PerItem)
 	set(&m.Warmup, s.Warmup)
+	set(&m.Block, s.Block)
 	setF(&m.Saturation, s.Saturation)
 	setF(&m.SaturationGrowth, s.SaturationGrowth)
 	setF(&m.Bandwidth, s.Bandwidth)

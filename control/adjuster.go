@@ -162,6 +162,15 @@ type AdjusterOptions struct {
 	// knee of a single request; best-effort caps grow only by two Steps or
 	// more, once a Cooldown.
 	CapsOnly bool
+	// Background says a best-effort share (limiter.ModeBackground) gives
+	// the device up to the other shares by itself (limiter.Capabilities
+	// Background: an idle class on a CPU, a client below normal priority
+	// under MPS). Where every share is a cap (CapsOnly) a best-effort cap
+	// is then a fill, not a partition: each busy best-effort model gets
+	// its largest share, runs on what the latency-critical clients leave
+	// and gives it back as its running blocks end, and the
+	// latency-critical caps keep nothing from it.
+	Background bool
 	// EventCapacity is how many events Events keeps.
 	EventCapacity int
 	// Logger; nil discards.

@@ -1345,3 +1345,66 @@ func TestAdjusterCapsOnlyLargestBatchKnee(t *testing.T) {
 		}
 	})
 }
+
+// On MPS with background priority (CapsOnly and Background: best-effort
+// clients below normal priority) a best-effort cap is a fill, not what the
+// latency-critical caps leave: a busy best-effort model gets the whole
+// device whatever the latency-critical caps, keeps it while they move
+// (no new client), and drops to its minimum only when idle. The same day
+// without Background gives it what the latency-critical cap leaves (see
+// TestAdjusterCapsOnlySumsWithinDevice).
+func TestAdjusterCapsOnlyBackgroundFills(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		background bool
+		be         []float64 // be's cap after each lc rate below
+	}{
+		{"background", true, []float64{1, 1, 1}},
+		{"no background", false, []float64{0.175, 0.1, 0.1}}, // half of what lc leaves each
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ah := newAdjHarness(t, AdjusterOptions{CapsOnly: true, Background: tc.background},
+					qos.ModelSpec{Name: "lc", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+					qos.ModelSpec{Name: "be", Class: be},
+					qos.ModelSpec{Name: "be-capped", Class: be, MaxShare: 0.5},
+				)
+				ah.pred.setRate("be", 5)
+				ah.pred.setRate("be-capped", 5)
+				for i, rate := range []float64{30, 45, 30} { // lc at 0.65, 0.80, held at 0.80
+					ah.pred.setRate("lc", rate)
+					if i == 0 {
+						ah.start()
+					} else {
+						ah.tick()
+					}
+					got := ah.act.share("be")
+					if got.Compute != tc.be[i] || got.Mode != limiter.ModeBackground {
+						t.Errorf("lc at %v req/s: be %+v, want %v in the background", rate, got, tc.be[i])
+					}
+					if got := ah.act.share("lc"); got.Mode != limiter.ModeCap {
+						t.Errorf("lc %+v, want a cap at normal priority", got)
+					}
+				}
+				if !tc.background {
+					return
+				}
+				if got := ah.act.share("be-capped").Compute; got != 0.5 {
+					t.Errorf("be-capped %v, want its max_share 0.5", got)
+				}
+				if n := strings.Count(strings.Join(ah.act.callLog(), " "), "be="); n != 1 {
+					t.Errorf("be placed %d times (%v), want once: its cap does not move with lc's", n, ah.act.callLog())
+				}
+				// Idle: the minimum, after the hysteresis.
+				ah.pred.setRate("be", 0)
+				for range 40 {
+					ah.tick()
+				}
+				lo, _ := ah.a.bounds(qos.ModelSpec{Class: be})
+				if got := ah.act.share("be").Compute; got != lo {
+					t.Errorf("idle be %v, want its minimum %v", got, lo)
+				}
+			})
+		})
+	}
+}

@@ -15,7 +15,10 @@
 // limiter has only caps (CapsOnly: MPS) latency-critical targets are held
 // for a while, no share goes past the model's knee, the caps may add up to
 // more than the device (MPS splits oversubscribed SMs), and best-effort
-// growth waits, since every resize there starts a new client. The adaptive
+// growth waits, since every resize there starts a new client; where the
+// caps-only limiter also has a background class (Background: MPS clients
+// below normal priority) a busy best-effort model's cap is its largest
+// share, a fill behind the latency-critical clients. The adaptive
 // policy also sizes each model's memory share from the working set of the
 // largest batch it is expected to run next (WorkingSetPredictor), never
 // below what its instance holds (InstanceMemoryReader), growing at once and

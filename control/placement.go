@@ -67,6 +67,14 @@ type PlacementModel struct {
 	// (RiskyModels); kept apart from latency-critical models when the
 	// devices allow.
 	Risky bool
+	// Yields: a best-effort model that runs behind the others on its
+	// device (a background share on a limiter with a background class:
+	// MPS clients below normal priority) and fills what they leave. Its
+	// demand is what it gets, not what it keeps from anyone: it counts
+	// only against the other yielding models' (their balance), so that
+	// the latency-critical models spread by their own demand instead of
+	// crowding onto the devices without a batch job.
+	Yields bool
 }
 
 // RiskyModels says which models (by name) placement keeps apart from
@@ -106,6 +114,7 @@ const (
 type load struct {
 	dev      PlacementDevice
 	lc, all  float64
+	fill     float64 // the demand of the models that yield
 	mem      int64
 	maxMem   int64 // the largest model's memory: room for one shadow
 	lcCount  int
@@ -124,7 +133,11 @@ func newLoad(d PlacementDevice) *load {
 func (l *load) with(m PlacementModel, sign int) *load {
 	n := *l
 	s := float64(sign)
-	n.all += s * m.Demand
+	if m.Yields {
+		n.fill += s * m.Demand
+	} else {
+		n.all += s * m.Demand
+	}
 	n.mem += int64(sign) * m.Memory
 	n.count += sign
 	if m.Class == qos.ClassLatencyCritical {
@@ -152,10 +165,12 @@ func (l *load) fits(m PlacementModel) bool {
 // cost is the device's part of the placement cost: latency-critical
 // demand over capacity, all demand over capacity, a risky best-effort
 // model beside latency-critical ones, memory over the device, and the
-// square of the load (so that spreading lowers the cost).
+// square of the load (so that spreading lowers the cost); the demand of
+// the models that yield counts only in a square of its own.
 func (l *load) cost() float64 {
 	c := l.dev.Capacity
-	cost := weightLCOver*max(0, l.lc-c) + weightAllOver*max(0, l.all-c) + weightBalance*(l.all/c)*(l.all/c)
+	cost := weightLCOver*max(0, l.lc-c) + weightAllOver*max(0, l.all-c) + weightBalance*(l.all/c)*(l.all/c) +
+		weightBalance*(l.fill/c)*(l.fill/c)
 	if l.risky > 0 && l.lcCount > 0 {
 		cost += weightRisky
 	}
@@ -169,6 +184,9 @@ func (l *load) cost() float64 {
 
 func (l *load) String() string {
 	s := fmt.Sprintf("%s LC %.2f, all %.2f of %.2f", l.dev.Name, l.lc, l.all, l.dev.Capacity)
+	if l.fill > 0 {
+		s += fmt.Sprintf(", filled by %.2f that yields", l.fill)
+	}
 	if l.risky > 0 && l.lcCount > 0 {
 		s += ", risky BE beside LC"
 	}

@@ -30,6 +30,11 @@ func beModel(name string, demand float64, dev string) PlacementModel {
 	return PlacementModel{Name: name, Class: qos.ClassBestEffort, Demand: demand, Memory: gib, Device: dev}
 }
 
+func yielding(m PlacementModel) PlacementModel {
+	m.Yields = true
+	return m
+}
+
 func devicesOf(got map[string]Placed) map[string]string {
 	out := map[string]string{}
 	for name, p := range got {
@@ -131,6 +136,28 @@ func TestPlanMoves(t *testing.T) {
 			devs:   gpus(2, 40*gib),
 			models: []PlacementModel{lcModel("a", 0.7, "cuda:0"), lcModel("b", 0.6, "cuda:0")},
 			want:   []string{"a cuda:0->cuda:1"},
+		},
+		{
+			// A batch job below normal priority fills cuda:0: counted
+			// as load, it pushes a service over to cuda:1 beside the
+			// other; yielding, it keeps nothing from them.
+			name:   "a batch job that does not yield pushes a service away",
+			devs:   gpus(2, 40*gib),
+			models: []PlacementModel{beModel("be", 0.9, "cuda:0"), lcModel("a", 0.3, "cuda:0"), lcModel("b", 0.3, "cuda:1")},
+			want:   []string{"a cuda:0->cuda:1"},
+		},
+		{
+			name:   "a batch job that yields does not",
+			devs:   gpus(2, 40*gib),
+			models: []PlacementModel{yielding(beModel("be", 0.9, "cuda:0")), lcModel("a", 0.3, "cuda:0"), lcModel("b", 0.3, "cuda:1")},
+			want:   nil,
+		},
+		{
+			name: "batch jobs that yield spread among themselves",
+			devs: gpus(2, 40*gib),
+			models: []PlacementModel{yielding(beModel("be1", 0.9, "cuda:0")), yielding(beModel("be2", 0.9, "cuda:0")),
+				lcModel("a", 0.3, "cuda:1")},
+			want: []string{"be1 cuda:0->cuda:1"},
 		},
 		{
 			name:   "a small imbalance is not worth a move",

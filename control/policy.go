@@ -86,9 +86,45 @@ func (a *Adjuster) decideAdaptive(now time.Time, states []qos.ModelState, p *pla
 		}
 		held -= min(p.next[name].Compute, p.ds[name].reserve)
 	}
+	if a.opts.CapsOnly && a.opts.Background {
+		for name, d := range a.fill(bes, rank) {
+			a.settle(now, name, d, p)
+		}
+		return
+	}
 	for name, d := range a.bestEffort(bes, max(held, 0), rank) {
 		a.settle(now, name, d, p)
 	}
+}
+
+// fill is the best-effort shares where every share is a cap and a
+// best-effort share is a background one (CapsOnly and Background: MPS
+// clients below normal priority): priority, not partitions. A busy model
+// gets its largest share, so that its kernels fill whatever SMs the
+// latency-critical clients leave, and gives them back as its running
+// blocks end; an idle one its minimum. Its cap then changes only when it
+// goes idle or busy, and every change is a new MPS client.
+func (a *Adjuster) fill(bes []qos.ModelState, rank func(int) int) map[string]decision {
+	ds := make(map[string]decision, len(bes))
+	for _, st := range bes {
+		lo, hi := a.bounds(st.Spec)
+		d := decision{
+			source: SharePolicyAdaptive, class: st.Spec.Class, rank: rank(st.Spec.Priority),
+			rate: a.forecast(st.Spec.Name), share: limiter.Share{Memory: st.Spec.Memory, Mode: limiter.ModeBackground},
+		}
+		if d.rate < rateEpsilon && st.QueueDepth == 0 && st.Running == 0 {
+			d.share.Compute = lo
+			d.reason = fmt.Sprintf("best-effort, idle: minimum share %.2f", lo)
+		} else {
+			d.share.Compute = hi
+			d.reason = fmt.Sprintf("best-effort below normal priority: cap %.2f, filling what the latency-critical clients leave", hi)
+		}
+		if p, ok := a.predict(st, d.rate, d.share.Compute); ok {
+			d.predicted = p.latency
+		}
+		ds[st.Spec.Name] = d
+	}
+	return ds
 }
 
 // decideStatic gives every model an equal share of the capacity, and of

@@ -128,6 +128,7 @@ func New(opts Options) (*Device, error) {
 		Actuator:       actuator{models: opts.Models, device: name},
 		Usage:          d.usage.get,
 		CapsOnly:       caps.CapsOnly,
+		Background:     caps.Background,
 		Logger:         opts.Logger, // the adjuster adds its component, policy and device
 		Registerer:     opts.Registerer,
 		Device:         name,

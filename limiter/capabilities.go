@@ -24,9 +24,11 @@ type Capabilities struct {
 	// than the device.
 	CapsOnly bool
 	// Background: a unit placed with ModeBackground runs in a class that
-	// gives the device up to every other unit at once (an idle-class
-	// cgroup parent, SCHED_IDLE), so best-effort work may run beside
-	// latency-critical work without slowing it.
+	// gives the device up to every other unit (an idle-class cgroup
+	// parent, SCHED_IDLE at once; an MPS client below normal priority as
+	// its running thread blocks end), so best-effort work may run beside
+	// latency-critical work without slowing it, and may be given a cap
+	// as large as the device to fill what the others leave.
 	Background bool
 	// MinMemory is the least memory share a unit may have, in bytes (MPS:
 	// a CUDA context, its workspaces and an arena); 0 when the backend

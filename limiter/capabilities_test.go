@@ -60,7 +60,7 @@ func TestCapabilities(t *testing.T) {
 			open: func(t *testing.T) (Limiter, error) {
 				return New(Options{Device: "cuda:1", Telemetry: tel, Logger: testLogger(t), MPSDaemon: func(int) error { return nil }})
 			},
-			want:    Capabilities{Enforces: true, CapsOnly: true, MinMemory: MPSMinMemory, Clients: MPSClients, Metering: MeterDeviceTime},
+			want:    Capabilities{Enforces: true, CapsOnly: true, Background: true, MinMemory: MPSMinMemory, Clients: MPSClients, Metering: MeterDeviceTime},
 			tracker: true, usage: true, daemon: true,
 		},
 	} {

@@ -153,11 +153,15 @@ func TestMPS(t *testing.T) {
 		env   []string
 		arena int64
 	}{
-		{"share and memory", Share{Compute: 0.3, Memory: 1536 << 20}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M"}, 1536<<20 - overhead},
-		{"rounds up to a MiB", Share{Compute: 0.666, Memory: 1<<30 + 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=67", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1025M"}, 1<<30 + 1 - overhead},
-		{"at least one percent", Share{Compute: 0.001}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1"}, 0},
-		{"no limit", Share{}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}, 0},
-		{"whole GPU", Share{Compute: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"}, 0},
+		{"share and memory", Share{Compute: 0.3, Memory: 1536 << 20}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M", "CUDA_MPS_CLIENT_PRIORITY=0"}, 1536<<20 - overhead},
+		{"rounds up to a MiB", Share{Compute: 0.666, Memory: 1<<30 + 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=67", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1025M", "CUDA_MPS_CLIENT_PRIORITY=0"}, 1<<30 + 1 - overhead},
+		{"at least one percent", Share{Compute: 0.001}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1", "CUDA_MPS_CLIENT_PRIORITY=0"}, 0},
+		{"no limit", Share{}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_CLIENT_PRIORITY=0"}, 0},
+		{"whole GPU", Share{Compute: 1}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_CLIENT_PRIORITY=0"}, 0},
+		// Best-effort work below normal priority, with a cap that lets it
+		// fill the device; a floor is a normal client at its cap.
+		{"background", Share{Compute: 1, Memory: 1536 << 20, Mode: ModeBackground}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=1536M", "CUDA_MPS_CLIENT_PRIORITY=1"}, 1536<<20 - overhead},
+		{"floor", Share{Compute: 0.3, Mode: ModeFloor}, []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_CLIENT_PRIORITY=0"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, err := l.Place(tc.name, tc.share)

@@ -178,7 +178,7 @@ func mpsPipeDaemon(int) error {
 func (l *mpsLimiter) Kind() string { return KindMPS }
 
 func (l *mpsLimiter) Describe() string {
-	return fmt.Sprintf("mps on %s: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per runner, ONNX Runtime gpu_mem_limit that limit less %d MiB (context and workspaces) with arena %s; a resize restarts the runner, the new one with heuristic cuDNN search", l.dev, (MPSContextReserve+MPSWorkspaceReserve)>>20, runtime.ArenaSameAsRequested)
+	return fmt.Sprintf("mps on %s: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per runner, CUDA_MPS_CLIENT_PRIORITY below normal for background shares, ONNX Runtime gpu_mem_limit that limit less %d MiB (context and workspaces) with arena %s; a resize restarts the runner, the new one with heuristic cuDNN search", l.dev, (MPSContextReserve+MPSWorkspaceReserve)>>20, runtime.ArenaSameAsRequested)
 }
 
 func (l *mpsLimiter) CPUs() int { return 1 }
@@ -190,10 +190,32 @@ func (l *mpsLimiter) CPUs() int { return 1 }
 const MPSClients = 48
 
 // Capabilities: every share is a cap fixed for the client's life; a
-// client needs its context, workspaces and an arena; use is per process
-// (NVML) or execution time times cap.
+// background share is a client below normal priority (mpsPriority), whose
+// kernels run on the SMs normal clients leave; a client needs its context,
+// workspaces and an arena; use is per process (NVML) or execution time
+// times cap.
 func (l *mpsLimiter) Capabilities() Capabilities {
-	return Capabilities{Enforces: true, CapsOnly: true, MinMemory: MPSMinMemory, Clients: MPSClients, Metering: MeterDeviceTime}
+	return Capabilities{Enforces: true, CapsOnly: true, Background: true, MinMemory: MPSMinMemory, Clients: MPSClients, Metering: MeterDeviceTime}
+}
+
+// MPS client priorities, as CUDA_MPS_CLIENT_PRIORITY takes them (NVIDIA's
+// MPS documentation, environment variables): 0 NORMAL, 1 BELOW NORMAL.
+const (
+	mpsPriorityNormal      = "0"
+	mpsPriorityBelowNormal = "1"
+)
+
+// mpsPriority is the client priority for a share: below normal for a
+// background share (best-effort work: its pending thread blocks go after
+// every normal client's, so it runs on the SMs they leave and gives them
+// back as its running blocks end), normal otherwise. Set explicitly, so
+// that a value in the server's own environment does not leak into the
+// runner.
+func mpsPriority(s Share) string {
+	if s.Mode == ModeBackground {
+		return mpsPriorityBelowNormal
+	}
+	return mpsPriorityNormal
 }
 
 // mpsPercentage is the active thread percentage for a share: no limit is
@@ -221,6 +243,7 @@ func (l *mpsLimiter) placement(s Share, shadow bool) Placement {
 		p.Env = append(p.Env, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", l.dev.index, mib))
 		p.GPUMemLimit = s.Memory - MPSContextReserve - MPSWorkspaceReserve
 	}
+	p.Env = append(p.Env, "CUDA_MPS_CLIENT_PRIORITY="+mpsPriority(s))
 	p.ArenaExtendStrategy = runtime.ArenaSameAsRequested
 	if shadow {
 		p.CudnnConvAlgoSearch = runtime.ConvAlgoHeuristic

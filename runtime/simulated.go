@@ -22,9 +22,9 @@ type SimulatedConfig struct {
 	Device    *simgpu.Device
 	Model     simgpu.Model
 	// Env is the limiter's placement environment: the MPS client's
-	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
-	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT are read from it, as a CUDA client
-	// reads them at context creation.
+	// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+	// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_CLIENT_PRIORITY are
+	// read from it, as a CUDA client reads them at context creation.
 	Env []string
 	// PlacedFor is the device the limiter placed the client for, whose
 	// entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT applies (default Device):
@@ -108,6 +108,9 @@ func StartSimulated(ctx context.Context, cfg SimulatedConfig) (*Simulated, error
 	if spec.Percentage, spec.PinnedMemory, err = mpsLimits(cfg.Env, placed.Index()); err != nil {
 		return nil, err
 	}
+	if spec.Priority, err = mpsPriority(cfg.Env); err != nil {
+		return nil, err
+	}
 	s := &Simulated{cfg: cfg, spec: spec, inputs: ins, outputs: outs, device: cfg.Device}
 	c, err := s.startClient(ctx, cfg.Device)
 	if err != nil {
@@ -125,7 +128,7 @@ func (s *Simulated) startClient(ctx context.Context, dev *simgpu.Device) (*simgp
 		return nil, fmt.Errorf("%w: starting the simulated client %s on device %d: %w", ErrUnavailable, s.cfg.Name, dev.Index(), err)
 	}
 	s.cfg.Logger.Info("simulated instance started", "device", dev.Index(), "percentage", s.spec.Percentage,
-		"pinned_memory", s.spec.PinnedMemory, "pid", c.PID(), "memory", c.Memory())
+		"priority", s.spec.Priority.String(), "pinned_memory", s.spec.PinnedMemory, "pid", c.PID(), "memory", c.Memory())
 	return c, nil
 }
 
@@ -177,6 +180,27 @@ func mpsLimits(env []string, device int) (pct int, pinned int64, err error) {
 		}
 	}
 	return pct, pinned, nil
+}
+
+// mpsPriority reads an MPS client's CUDA_MPS_CLIENT_PRIORITY from its
+// environment: 0 (normal, also when unset) or 1 (below normal).
+func mpsPriority(env []string) (simgpu.Priority, error) {
+	p := simgpu.PriorityNormal
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != "CUDA_MPS_CLIENT_PRIORITY" {
+			continue
+		}
+		switch v {
+		case "0":
+			p = simgpu.PriorityNormal
+		case "1":
+			p = simgpu.PriorityBelowNormal
+		default:
+			return 0, fmt.Errorf("runtime: %s=%s: want 0 (normal) or 1 (below normal)", k, v)
+		}
+	}
+	return p, nil
 }
 
 // Inputs are the model's inputs, from its file.

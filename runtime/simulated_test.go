@@ -207,3 +207,62 @@ func TestMPSLimits(t *testing.T) {
 		}
 	}
 }
+
+// The limiter's placement for a background share starts the simulated
+// client below normal priority, as a real client reads
+// CUDA_MPS_CLIENT_PRIORITY at context creation; a bad value does not start.
+func TestSimulatedInstancePriority(t *testing.T) {
+	path := testModel(t, "example_dynamic_axes.onnx")
+	synctest.Test(t, func(t *testing.T) {
+		sim, err := simgpu.New(simgpu.Spec{Devices: 1, SMs: 100, Memory: 8 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			env  string
+			want simgpu.Priority
+			bad  bool
+		}{
+			{"CUDA_MPS_CLIENT_PRIORITY=1", simgpu.PriorityBelowNormal, false},
+			{"CUDA_MPS_CLIENT_PRIORITY=0", simgpu.PriorityNormal, false},
+			{"CUDA_MPS_CLIENT_PRIORITY=low", 0, true},
+		} {
+			s, err := StartSimulated(t.Context(), SimulatedConfig{
+				Name: "p", ModelPath: path, Device: sim.Devices()[0], Model: simgpu.Presets["resnet50"], Batched: true,
+				Env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", tc.env}, Logger: testLogger(t),
+			})
+			if tc.bad {
+				if err == nil {
+					s.Stop(t.Context())
+					t.Errorf("%s: started", tc.env)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Client().Spec().Priority; got != tc.want {
+				t.Errorf("%s: client priority %v, want %v", tc.env, got, tc.want)
+			}
+			s.Stop(t.Context())
+		}
+	})
+}
+
+func TestMPSPriority(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want simgpu.Priority
+		bad  bool
+	}{
+		{nil, simgpu.PriorityNormal, false},
+		{[]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_CLIENT_PRIORITY=1"}, simgpu.PriorityBelowNormal, false},
+		{[]string{"CUDA_MPS_CLIENT_PRIORITY=0"}, simgpu.PriorityNormal, false},
+		{[]string{"CUDA_MPS_CLIENT_PRIORITY=2"}, 0, true},
+	} {
+		got, err := mpsPriority(tc.env)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("mpsPriority(%q) = %v, %v; want %v", tc.env, got, err, tc.want)
+		}
+	}
+}

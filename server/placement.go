@@ -152,6 +152,11 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 		if !ok {
 			m = &control.PlacementModel{Name: v.Model, Class: qos.Class(v.Config.SLO.Class), Device: v.Device,
 				Pinned: v.Pinned, Risky: p.isRisky(v.Model)}
+			// Best-effort work in the background (below normal MPS
+			// priority under adaptive) fills what the others leave.
+			if d := p.devs.lookup(v.Device); d != nil && m.Class != qos.ClassLatencyCritical {
+				m.Yields = d.Adjuster().Policy().Backgrounds() && d.Limiter().Capabilities().Background
+			}
 			byModel[v.Model] = m
 			order = append(order, v.Model)
 		}

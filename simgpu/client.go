@@ -15,7 +15,40 @@ type ClientSpec struct {
 	Percentage int
 	// PinnedMemory is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in bytes; 0 is none.
 	PinnedMemory int64
-	Model        Model
+	// Priority is CUDA_MPS_CLIENT_PRIORITY: PriorityNormal (0, the
+	// default) or PriorityBelowNormal (1).
+	Priority Priority
+	Model    Model
+}
+
+// Priority is an MPS client's priority, as CUDA_MPS_CLIENT_PRIORITY sets
+// it when the client starts (NVIDIA's MPS documentation, environment
+// variables: 0 is NORMAL, 1 BELOW NORMAL).
+//
+// The simulator models it as CUDA documents stream priorities: pending
+// thread blocks of normal work are dispatched before those of
+// below-normal work, and blocks already running are not preempted. So a
+// below-normal client's kernels run on the SMs normal kernels leave, and
+// when a normal kernel wants SMs a below-normal kernel holds, it gets them
+// as that kernel's running blocks end: at its next block boundary, at most
+// one Model.Block later. Between clients of one priority nothing changes:
+// oversubscribed SMs are split in proportion. Without a daemon there is no
+// MPS server to read it and it is ignored.
+type Priority int
+
+const (
+	PriorityNormal      Priority = 0
+	PriorityBelowNormal Priority = 1
+)
+
+func (p Priority) String() string {
+	switch p {
+	case PriorityNormal:
+		return "normal"
+	case PriorityBelowNormal:
+		return "below-normal"
+	}
+	return fmt.Sprintf("priority(%d)", int(p))
 }
 
 // Client is one MPS client: a process with a CUDA context on a device and
@@ -47,6 +80,9 @@ func (d *Device) StartClient(ctx context.Context, spec ClientSpec) (*Client, err
 	}
 	if spec.Percentage < 0 || spec.Percentage > 100 || spec.PinnedMemory < 0 {
 		return nil, fmt.Errorf("simgpu: client %s: percentage %d or pinned memory %d out of range", spec.Name, spec.Percentage, spec.PinnedMemory)
+	}
+	if spec.Priority != PriorityNormal && spec.Priority != PriorityBelowNormal {
+		return nil, fmt.Errorf("simgpu: client %s: priority %d, want 0 (normal) or 1 (below normal)", spec.Name, spec.Priority)
 	}
 	d.mu.Lock()
 	if d.faulted != nil {
@@ -96,6 +132,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 // limited reports whether the client's limits hold: it started under an
 // MPS daemon.
 func (c *Client) limited() bool { return c.mps }
+
+// background reports whether the client's kernels run below normal: it
+// asked to and an MPS server read it.
+func (c *Client) background() bool { return c.mps && c.spec.Priority == PriorityBelowNormal }
 
 func (c *Client) percentage() int {
 	if c.spec.Percentage == 0 {

@@ -157,6 +157,7 @@ type Device struct {
 	last     time.Time   // when the jobs' work was last advanced
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
+	smBusy   float64 // seconds × the fraction of the SMs kernels held
 	start    time.Time
 	readAt   time.Time
 	readBusy time.Duration
@@ -195,8 +196,15 @@ type job struct {
 	rate float64
 	// sm is the fraction of the device's SMs the job's kernels hold
 	// while they run, set with rate.
-	sm   float64
-	done chan error // buffered; receives once
+	sm float64
+	// kstart is when the kernels started (the host phase ended): a
+	// below-normal job's block boundaries are Block apart from it.
+	kstart time.Time
+	// yieldAt is, for a below-normal job that must give SMs back to
+	// normal work, the block boundary at which it does; zero when it
+	// keeps what it holds.
+	yieldAt time.Time
+	done    chan error // buffered; receives once
 }
 
 // Index is the device's index.
@@ -284,20 +292,27 @@ func (d *Device) advanceLocked(now time.Time) {
 	if dt <= 0 || len(d.jobs) == 0 {
 		return
 	}
-	bw, kernels := 0.0, false
+	bw, sm := 0.0, 0.0
 	for _, j := range d.jobs {
 		if j.host > 0 {
+			if j.host <= dt.Seconds() {
+				j.kstart = now.Add(-dt + time.Duration(j.host*float64(time.Second)))
+			}
 			j.host = max(0, j.host-dt.Seconds())
 			continue
+		}
+		if j.sm <= 0 {
+			continue // a below-normal job normal work left no SM
 		}
 		j.work -= j.rate * dt.Seconds()
 		d.smSeconds[j.c.pid] += j.sm * dt.Seconds()
 		bw += j.c.spec.Model.Bandwidth
-		kernels = true
+		sm += j.sm
 	}
-	if kernels {
+	if sm > 0 {
 		d.busy += dt
 		d.bwBusy += min(1, bw) * dt.Seconds()
+		d.smBusy += min(1, sm) * dt.Seconds()
 	}
 }
 
@@ -314,10 +329,11 @@ func (d *Device) demand(j *job) float64 {
 	return min(s, j.c.spec.Model.sat(j.b))
 }
 
-// rescheduleLocked sets each job's rate and arms the device's one timer
-// for the earliest end. One timer per device, reset, rather than one per
-// job made afresh at every start and end: that cost most of a simulated
-// request (timer heap churn).
+// rescheduleLocked sets each job's SMs and rate and arms the device's one
+// timer for the earliest event: a job's end, or a below-normal job's
+// block boundary at which it gives SMs back. One timer per device, reset,
+// rather than one per job made afresh at every start and end: that cost
+// most of a simulated request (timer heap churn).
 func (d *Device) rescheduleLocked() {
 	if len(d.jobs) == 0 {
 		if d.timer != nil {
@@ -325,36 +341,40 @@ func (d *Device) rescheduleLocked() {
 		}
 		return
 	}
-	total, bw := 0.0, 0.0
-	for _, j := range d.jobs {
-		if j.host > 0 {
-			continue
-		}
-		total += d.demand(j)
-		bw += j.c.spec.Model.Bandwidth
-	}
-	contexts := 0
-	if !d.daemon {
-		contexts = d.contextsLocked()
-	}
+	now := time.Now()
 	next := inf
+	if d.daemon {
+		next = d.shareSMsLocked(now)
+	} else {
+		// Without MPS the device time-slices between contexts: each
+		// runs alone, 1/n of the time.
+		contexts := d.contextsLocked()
+		for _, j := range d.jobs {
+			if j.host <= 0 {
+				j.sm = d.demand(j) / float64(contexts)
+			}
+		}
+	}
+	bw := 0.0
+	for _, j := range d.jobs {
+		if j.host <= 0 && j.sm > 0 {
+			bw += j.c.spec.Model.Bandwidth
+		}
+	}
 	for _, j := range d.jobs {
 		if j.host > 0 {
 			next = min(next, j.host)
 			continue
 		}
-		sat := j.c.spec.Model.sat(j.b)
+		if j.sm <= 0 {
+			j.rate = 0
+			continue
+		}
 		var rate float64
 		if d.daemon {
-			// Oversubscribed SMs are split in proportion to demand.
-			eff := d.demand(j) / max(1, total)
-			rate = eff / sat
-			j.sm = eff
+			rate = j.sm / j.c.spec.Model.sat(j.b)
 		} else {
-			// Without MPS the device time-slices between contexts:
-			// each runs alone, 1/n of the time.
-			rate = 1 / float64(contexts)
-			j.sm = d.demand(j) / float64(contexts)
+			rate = 1 / float64(d.contextsLocked())
 		}
 		rate /= 1 + Interference*(bw-j.c.spec.Model.Bandwidth)
 		j.rate = rate
@@ -362,7 +382,7 @@ func (d *Device) rescheduleLocked() {
 	}
 	if math.IsInf(next, 1) {
 		if d.timer != nil {
-			d.timer.Stop() // only hung jobs: nothing ends
+			d.timer.Stop() // only hung or stalled jobs: nothing ends
 		}
 		return
 	}
@@ -372,6 +392,99 @@ func (d *Device) rescheduleLocked() {
 	} else {
 		d.timer.Reset(wait)
 	}
+}
+
+// shareSMsLocked sets each running job's SMs under MPS and returns the
+// seconds until the next block boundary at which a below-normal job gives
+// SMs back (+Inf when none must). Normal jobs split the device in
+// proportion to their demand when they ask for more than it has;
+// below-normal jobs split, in proportion too, what normal jobs leave. A
+// below-normal job that holds SMs normal work now wants keeps them until
+// its running blocks end (its next block boundary), and the normal jobs
+// run meanwhile on what is free; a below-normal job grows only onto SMs
+// the normal jobs leave free, since their pending blocks go first.
+func (d *Device) shareSMsLocked(now time.Time) float64 {
+	var normal, below float64
+	for _, j := range d.jobs {
+		if j.host > 0 {
+			continue
+		}
+		if j.c.background() {
+			below += d.demand(j)
+		} else {
+			normal += d.demand(j)
+		}
+	}
+	left := max(0, 1-normal)
+	next, held := inf, 0.0
+	type growth struct {
+		j    *job
+		want float64
+	}
+	var grows []growth
+	var deficit float64
+	for _, j := range d.jobs {
+		if j.host > 0 || !j.c.background() {
+			continue
+		}
+		want := d.demand(j)
+		if below > left {
+			want *= left / below
+		}
+		switch {
+		case want >= j.sm-shareEpsilon:
+			j.yieldAt = time.Time{}
+			if want > j.sm {
+				grows = append(grows, growth{j, want})
+				deficit += want - j.sm
+			}
+		case math.IsInf(j.work, 1):
+			// A hung kernel's blocks never end: it keeps its SMs.
+		default:
+			if j.yieldAt.IsZero() {
+				j.yieldAt = d.blockBoundary(j, now)
+			}
+			if now.Before(j.yieldAt) {
+				next = min(next, j.yieldAt.Sub(now).Seconds())
+			} else {
+				j.sm, j.yieldAt = want, time.Time{}
+			}
+		}
+		held += j.sm
+	}
+	free := max(0, 1-held)
+	scale := 1 / max(1, normal)
+	if used := min(1, normal); used > free {
+		scale *= free / used
+	}
+	for _, j := range d.jobs {
+		if j.host > 0 || j.c.background() {
+			continue
+		}
+		j.sm = d.demand(j) * scale
+	}
+	free = max(0, free-min(1, normal))
+	// What normal work leaves free goes to the below-normal jobs that may
+	// grow, in proportion to what each lacks.
+	if deficit > 0 {
+		f := min(1, free/deficit)
+		for _, g := range grows {
+			g.j.sm += (g.want - g.j.sm) * f
+		}
+	}
+	return next
+}
+
+// shareEpsilon is how close two SM fractions count as equal.
+const shareEpsilon = 1e-9
+
+// blockBoundary is the first end of j's running blocks at or after now:
+// its kernels' blocks run Model.Block each, back to back from kstart.
+func (d *Device) blockBoundary(j *job, now time.Time) time.Time {
+	tau := j.c.spec.Model.block()
+	ran := now.Sub(j.kstart).Seconds()
+	k := math.Ceil(ran/tau - 1e-9)
+	return j.kstart.Add(time.Duration(math.Ceil(k * tau * float64(time.Second))))
 }
 
 // contextsLocked is how many clients have kernels on the device.
@@ -402,6 +515,7 @@ func (d *Device) tick() {
 		if j.host > 0 {
 			if j.host <= doneWork {
 				j.host = 0 // the kernels start
+				j.kstart = time.Now()
 			}
 			kept = append(kept, j)
 			continue
@@ -431,7 +545,7 @@ func (d *Device) removeLocked(j *job) bool {
 // run puts an execution on the device, host time first, then its kernels,
 // and waits for them.
 func (d *Device) run(c *Client, b int, host time.Duration, done <-chan struct{}) error {
-	j := &job{c: c, b: b, host: host.Seconds(), work: c.spec.Model.kernel(b), done: make(chan error, 1)}
+	j := &job{c: c, b: b, host: host.Seconds(), work: c.spec.Model.kernel(b), kstart: time.Now(), done: make(chan error, 1)}
 	d.mu.Lock()
 	if err := c.usableLocked(); err != nil {
 		d.mu.Unlock()
@@ -596,6 +710,17 @@ func (d *Device) ProcessUtilization(since time.Time) (map[int]float64, time.Time
 		d.samples = slices.Delete(d.samples, 0, n)
 	}
 	return out, now
+}
+
+// SMSeconds is the integral over time of the fraction of the device's SMs
+// that running kernels held, in seconds since the device started: over an
+// interval, its growth divided by the interval is the mean SM
+// utilisation (what NVML's per-process readings add up to).
+func (d *Device) SMSeconds() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.advanceLocked(time.Now())
+	return d.smBusy
 }
 
 // ProcessMemory is the device memory of each client, by its pid.

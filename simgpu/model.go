@@ -46,12 +46,30 @@ type Model struct {
 	// Warmup is the extra time of the first execution at each batch size
 	// in a client (cuDNN's algorithm search, arena growth).
 	Warmup time.Duration
+	// Block is how long one thread block of the model's kernels runs: a
+	// normal-priority kernel that wants SMs this model's below-normal
+	// kernels hold waits for their running blocks to end, at most Block
+	// (see Priority). 0 is DefaultBlock.
+	Block time.Duration
+}
+
+// DefaultBlock is Model.Block when a model does not say: an assumption of
+// 200 µs (inference kernels run for tens of microseconds to a few
+// milliseconds, in one or a few waves of blocks).
+const DefaultBlock = 200 * time.Microsecond
+
+// block is the model's block time in seconds.
+func (m Model) block() float64 {
+	if m.Block > 0 {
+		return m.Block.Seconds()
+	}
+	return DefaultBlock.Seconds()
 }
 
 // Check reports a model the curve cannot use.
 func (m Model) Check() error {
 	switch {
-	case m.Launch < 0 || m.Fixed < 0 || m.PerItem < 0 || m.Warmup < 0:
+	case m.Launch < 0 || m.Fixed < 0 || m.PerItem < 0 || m.Warmup < 0 || m.Block < 0:
 		return fmt.Errorf("simgpu: model %q: negative time", m.Name)
 	case m.Fixed+m.PerItem <= 0:
 		return fmt.Errorf("simgpu: model %q: no kernel time (fixed and per_item are 0)", m.Name)
@@ -98,16 +116,16 @@ var Presets = map[string]Model{
 	"resnet50": {
 		Name: "resnet50", Launch: 300 * time.Microsecond, Fixed: 1500 * time.Microsecond, PerItem: 400 * time.Microsecond,
 		Saturation: 0.3, SaturationGrowth: 0.5, Bandwidth: 0.35,
-		Weights: 100 * mib, ActivationPerItem: 25 * mib, Warmup: 400 * time.Millisecond,
+		Weights: 100 * mib, ActivationPerItem: 25 * mib, Warmup: 400 * time.Millisecond, Block: 100 * time.Microsecond,
 	},
 	"bert-base": {
 		Name: "bert-base", Launch: 400 * time.Microsecond, Fixed: 2 * time.Millisecond, PerItem: 1200 * time.Microsecond,
 		Saturation: 0.4, SaturationGrowth: 0.5, Bandwidth: 0.5,
-		Weights: 420 * mib, ActivationPerItem: 40 * mib, Warmup: 600 * time.Millisecond,
+		Weights: 420 * mib, ActivationPerItem: 40 * mib, Warmup: 600 * time.Millisecond, Block: 300 * time.Microsecond,
 	},
 	"mobilenet": {
 		Name: "mobilenet", Launch: 200 * time.Microsecond, Fixed: 500 * time.Microsecond, PerItem: 100 * time.Microsecond,
 		Saturation: 0.1, SaturationGrowth: 0.6, Bandwidth: 0.2,
-		Weights: 14 * mib, ActivationPerItem: 8 * mib, Warmup: 200 * time.Millisecond,
+		Weights: 14 * mib, ActivationPerItem: 8 * mib, Warmup: 200 * time.Millisecond, Block: 50 * time.Microsecond,
 	},
 }
