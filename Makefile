@@ -39,6 +39,9 @@ test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
 test: export SLOSERVE_REQUIRE_CHROMIUM := 1
 # And helm: the deploy package renders the chart with it.
 test: export SLOSERVE_REQUIRE_HELM := 1
+# And the Kubernetes API server (kube-apiserver, etcd, CRDs) the manifests
+# are applied to.
+test: export SLOSERVE_REQUIRE_KUBE := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
@@ -57,7 +60,9 @@ testmodels:
 	scripts/fetch-testmodels.sh
 
 # Tools the tests run: prometheus (promtool), chromium, chromedriver from
-# Debian; helm, pinned, through the Go module proxy into .tools/bin.
+# Debian; helm, pinned, through the Go module proxy into .tools/bin;
+# kube-apiserver and etcd built from their Go modules (scripts/kube-tools),
+# and the CRDs the manifests use, into .tools/.
 test-tools:
 	scripts/install-test-tools.sh
 

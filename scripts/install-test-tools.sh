@@ -5,6 +5,11 @@
 #   chromium-driver  /usr/bin/chromedriver
 #   helm             .tools/bin/helm, pinned, built with `go install` through
 #                    the Go module proxy (the deploy package renders the chart)
+#   kube-apiserver,  .tools/bin/, built from Kubernetes' and etcd's own Go
+#   etcd             modules at the versions scripts/kube-tools/go.mod pins
+#                    (the deploy package applies the manifests to them)
+#   CRDs             .tools/crds/: KServe's, KEDA's and prometheus-operator's
+#                    CustomResourceDefinitions, from their Go modules, pinned
 # One apt run for the Debian packages; nothing happens when every binary is
 # there at the right version.
 # The packages' daemons are not started: the tests run their own Prometheus
@@ -32,6 +37,53 @@ else
   got=$("$BIN/helm" version --template '{{.Version}}')
   [ "$got" = "$HELM_VERSION" ] || die "helm version says '$got', want $HELM_VERSION"
 fi
+
+# kube-apiserver and etcd: built from the tools module in scripts/kube-tools
+# (its go.sum pins every module); rebuilt when that module changes. About
+# ten minutes on two cores the first time.
+KUBE_TOOLS="$ROOT/scripts/kube-tools"
+# Kubernetes' own build stamps its version into component-base; without it
+# the server says v0.0.0 and emulates no release.
+kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$KUBE_TOOLS/go.mod")
+kube_minor=$(echo "$kube_version" | cut -d. -f2)
+kube_ldflags="-X k8s.io/component-base/version.gitVersion=$kube_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$kube_minor -X k8s.io/component-base/version.gitTreeState=clean"
+kube_sum=$( (cat "$KUBE_TOOLS/go.mod" "$KUBE_TOOLS/go.sum" "$KUBE_TOOLS/etcd/main.go"; echo "$kube_ldflags") | sha256sum | cut -d' ' -f1)
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ] && [ "$(cat "$BIN/.kube-tools.sum" 2>/dev/null)" = "$kube_sum" ]; then
+  log "kube-apiserver and etcd already built"
+else
+  need go
+  mkdir -p "$BIN"
+  log "go build kube-apiserver $kube_version and etcd (scripts/kube-tools)"
+  (cd "$KUBE_TOOLS" && go build -ldflags "$kube_ldflags" -o "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
+    && go build -o "$BIN/etcd" ./etcd)
+  echo "$kube_sum" >"$BIN/.kube-tools.sum"
+fi
+
+# The CRDs the manifests use, each file checked against scripts/pins.sha256.
+# module@version path-in-module
+crds=(
+  "github.com/kserve/kserve@v0.16.0 config/crd/full/serving.kserve.io_clusterservingruntimes.yaml"
+  "github.com/kserve/kserve@v0.16.0 config/crd/full/serving.kserve.io_servingruntimes.yaml"
+  "github.com/kserve/kserve@v0.16.0 config/crd/full/serving.kserve.io_inferenceservices.yaml"
+  "github.com/kedacore/keda/v2@v2.21.0 config/crd/bases/keda.sh_scaledobjects.yaml"
+  "github.com/prometheus-operator/prometheus-operator@v0.85.0 example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+  "github.com/prometheus-operator/prometheus-operator@v0.85.0 example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
+)
+for c in "${crds[@]}"; do
+  read -r mod path <<<"$c"
+  dest="$ROOT/.tools/crds/$(basename "$path")"
+  key=".tools/crds/$(basename "$path")"
+  if pinned "$dest" "$key"; then
+    continue
+  fi
+  need go
+  # Outside any module, so nothing is added to one.
+  dir=$(cd "$(mktemp -d)" && go mod download -json "$mod" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] && [ -f "$dir/$path" ] || die "$mod has no $path"
+  verify "$dir/$path" "$key"
+  install_file "$dir/$path" "$dest"
+  log "installed $key"
+done
 
 # binary -> the package that ships it.
 bins=(prometheus promtool chromium chromedriver)
