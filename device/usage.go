@@ -64,7 +64,7 @@ func (b *usageBoard) get(model string) (float64, bool) {
 
 // Usage is a model's recent use of the device, smoothed, as the adjuster
 // reads it; false before it has been measured.
-func (d *Device) Usage(model string) (float64, bool) { return d.usage.get(model) }
+func (l *Loop) Usage(model string) (float64, bool) { return l.usage.get(model) }
 
 // sample tells the predictor, once a control period, how much of the
 // device each model's co-located models used (CPU seconds of their
@@ -75,7 +75,8 @@ func (d *Device) Usage(model string) (float64, bool) { return d.usage.get(model)
 // limiter measured for its runners' processes (limiter.UsageReader:
 // per-process SM utilisation, summed over its instances), or, when it has
 // no reading for it, its execution time times its cap.
-func (d *Device) sample(done <-chan struct{}) {
+func (l *Loop) sample(done <-chan struct{}) {
+	d := l.d
 	metering := d.lim.Capabilities().Metering
 	if metering == limiter.MeterNone {
 		return // no unit to read usage from
@@ -89,7 +90,7 @@ func (d *Device) sample(done <-chan struct{}) {
 	defer tick.Stop()
 	last := map[string]float64{}
 	lastAt := time.Now()
-	models, pred := d.opts.Models, d.opts.Predictor
+	models, pred := l.models, d.opts.Predictor
 	for {
 		select {
 		case <-done:
@@ -103,14 +104,14 @@ func (d *Device) sample(done <-chan struct{}) {
 			// the device, measures what each model's runners used.
 			var measured map[string]float64
 			if gpu {
-				measured = d.measuredUsage()
+				measured = l.measuredUsage()
 			}
 			// Background models yield to the others at once, so they slow
 			// only each other.
 			background := map[string]bool{}
 			source := map[string]string{}
 			var total, foreground float64
-			for _, ms := range d.adj.Shares() {
+			for _, ms := range l.adj.Shares() {
 				// The adjuster's view is as old as its last pass; a
 				// version unloaded since is not fed (that would bring
 				// back what the predictor forgot of it).
@@ -147,7 +148,7 @@ func (d *Device) sample(done <-chan struct{}) {
 				next[ms.Model] = cpu
 			}
 			last = next
-			d.usage.record(used)
+			l.usage.record(used)
 			if g := d.opts.UseGauge; g != nil {
 				g.DeletePartialMatch(prometheus.Labels{"device": d.name})
 				for name, u := range used {
@@ -178,7 +179,8 @@ func (d *Device) sample(done <-chan struct{}) {
 // measuredUsage is the device's use by each limiter unit since the last
 // call, as the limiter measures it (limiter.UsageReader: NVML's
 // per-process utilisation under MPS); nil when it cannot say.
-func (d *Device) measuredUsage() map[string]float64 {
+func (l *Loop) measuredUsage() map[string]float64 {
+	d := l.d
 	r, ok := d.lim.(limiter.UsageReader)
 	if !ok {
 		return nil

@@ -7,12 +7,16 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // placement wires control.Placer to the server (gpu.placement): it reads
@@ -21,18 +25,33 @@ import (
 // models through the registry (control.Mover).
 type placement struct {
 	cfg    configs.GPUPlacement
-	devs   *devices
+	ctl    configs.Control
+	sim    *simgpu.Sim
+	pred   *predictor.Predictor
 	placer *control.Placer
 	log    *slog.Logger
+	// risky, when set, marks the best-effort models placement keeps apart
+	// from latency-critical ones (the device-fault recovery's isolation).
+	risky control.RiskyModels
+	// view is what placement reads and moves: the registry and the
+	// devices' loops. It is the one binding made after construction
+	// (bind, in assemble, before any model loads): the registry places a
+	// loading model through placement, and placement reads the registry
+	// and the adjusters that are built on it.
+	view atomic.Pointer[placementView]
 
 	mu sync.Mutex
 	// arrivals are each version's arrival count when the snapshot last
 	// read it, for the rate under the policies whose adjusters forecast
 	// none (static, shared).
 	arrivals map[string]arrivalMark
-	// risky, when set, marks the best-effort models placement keeps apart
-	// from latency-critical ones (device-fault recovery sets it).
-	risky control.RiskyModels
+}
+
+// placementView is what placement reads: the models and the loops of the
+// devices they are on.
+type placementView struct {
+	reg   *models.Registry
+	loops *device.Loops
 }
 
 // arrivalMark is a version's arrival count at a time, and the rate seen
@@ -52,15 +71,17 @@ const (
 )
 
 // newPlacement returns the server's placement, nil when gpu.placement is
-// off. It needs the devices' registry before it places or moves.
-func newPlacement(cfg configs.GPUPlacement, ds *devices, log *slog.Logger) (*placement, error) {
+// off. risky, when set, marks the models to keep apart. It places and
+// moves once bind has given it the registry and the loops.
+func newPlacement(cfg configs.GPUPlacement, ctl configs.Control, sim *simgpu.Sim, pred *predictor.Predictor, risky control.RiskyModels, log *slog.Logger) (*placement, error) {
 	if !cfg.Enabled {
 		return nil, nil
 	}
-	if ds.sim == nil {
+	if sim == nil {
 		return nil, errors.New("gpu.placement: needs simulated GPUs (gpu.simulator.devices)")
 	}
-	p := &placement{cfg: cfg, devs: ds, log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
+	p := &placement{cfg: cfg, ctl: ctl, sim: sim, pred: pred, risky: risky,
+		log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
 	placer, err := control.NewPlacer(control.PlacerOptions{
 		Period: cfg.Period, MinGain: cfg.MinGain, MinResidence: cfg.MinResidence,
 		Snapshot: p.snapshot, Mover: p, Logger: log,
@@ -69,26 +90,20 @@ func newPlacement(cfg configs.GPUPlacement, ds *devices, log *slog.Logger) (*pla
 		return nil, err
 	}
 	p.placer = placer
-	ds.place = p
 	return p, nil
 }
 
-// setRisky gives placement the models to keep apart from latency-critical
-// ones.
-func (p *placement) setRisky(r control.RiskyModels) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.risky = r
+// bind gives placement the registry and the loops; once, before any
+// model loads.
+func (p *placement) bind(reg *models.Registry, loops *device.Loops) {
+	p.view.Store(&placementView{reg: reg, loops: loops})
 }
 
 func (p *placement) isRisky(model string) bool {
-	p.mu.Lock()
-	r := p.risky
-	p.mu.Unlock()
-	if r == nil {
+	if p.risky == nil {
 		return false
 	}
-	_, ok := r.Risky(model)
+	_, ok := p.risky.Risky(model)
 	return ok
 }
 
@@ -101,7 +116,7 @@ func (p *placement) run(ctx context.Context) {
 
 // devices are the simulated GPUs.
 func (p *placement) devices() []control.PlacementDevice {
-	spec := p.devs.sim.Spec()
+	spec := p.sim.Spec()
 	out := make([]control.PlacementDevice, spec.Devices)
 	for i := range out {
 		out[i] = control.PlacementDevice{Name: fmt.Sprintf("cuda:%d", i), Memory: spec.Memory}
@@ -141,10 +156,11 @@ func (p *placement) place(model string, cfg *configs.Model) (int, error) {
 // with its demand and memory. A model's versions count together, on the
 // device of its first.
 func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
-	reg := p.devs.registry
-	if reg == nil {
+	v := p.view.Load()
+	if v == nil {
 		return p.devices(), nil
 	}
+	reg := v.reg
 	byModel := map[string]*control.PlacementModel{}
 	var order []string
 	for _, v := range reg.Placements() {
@@ -185,16 +201,16 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 // up to the target. Before any forecast, the prior.
 func (p *placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
-	bound := max(p.devs.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
+	bound := max(p.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
 	target := 0.0
-	if d := p.devs.lookup(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
+	if d := p.loop(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
 		for _, ms := range d.Adjuster().Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
 				target = min(ms.Target, 1)
 			}
 		}
 		if target > 0 {
-			if !d.Limiter().Capabilities().CapsOnly {
+			if !d.Device().Limiter().Capabilities().CapsOnly {
 				return target
 			}
 			if u, ok := d.Usage(v.Key); ok {
@@ -202,7 +218,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 			}
 		}
 	}
-	pred := p.devs.pred
+	pred := p.pred
 	rate := p.rate(v)
 	batch := 1
 	if !lc {
@@ -229,14 +245,14 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 // the adaptive policy, else the one seen since the last snapshot (the
 // static and shared policies forecast nothing).
 func (p *placement) rate(v models.PlacedVersion) float64 {
-	d := p.devs.lookup(v.Device)
+	d := p.loop(v.Device)
 	if d == nil {
 		return 0
 	}
 	if d.Adjuster().Policy().Forecasts() {
-		return p.devs.pred.ForecastRate(v.Key, p.devs.ctl.Period)
+		return p.pred.ForecastRate(v.Key, p.ctl.Period)
 	}
-	st, ok := d.Scheduler().ModelState(v.Key)
+	st, ok := d.Device().Scheduler().ModelState(v.Key)
 	if !ok {
 		return 0
 	}
@@ -258,7 +274,11 @@ func (p *placement) rate(v models.PlacedVersion) float64 {
 // Move is control.Mover: every serving version of the model moves to the
 // device, one after the other.
 func (p *placement) Move(ctx context.Context, model, device string) error {
-	reg := p.devs.registry
+	view := p.view.Load()
+	if view == nil {
+		return errors.New("placement: no registry yet")
+	}
+	reg := view.reg
 	var errs []error
 	for _, v := range reg.Placements() {
 		if v.Model == model && v.Device != device {
@@ -268,6 +288,14 @@ func (p *placement) Move(ctx context.Context, model, device string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// loop is the control loop of a device, nil when it has none.
+func (p *placement) loop(name string) *device.Loop {
+	if v := p.view.Load(); v != nil {
+		return v.loops.Lookup(name)
+	}
+	return nil
 }
 
 // events are the placement's events.

@@ -54,7 +54,7 @@ type recovery struct {
 	daemon func(device int) limiter.DaemonRestarter
 	// placed: gpu.placement keeps risky models apart (it moves them, and
 	// the registry knows where they run); instances start where the
-	// registry says. Set before any instance starts.
+	// registry says.
 	placed bool
 
 	wg     sync.WaitGroup // the recoveries under way
@@ -142,10 +142,11 @@ type modelRecovery struct {
 }
 
 // newRecovery makes the recovery of devices (by index); ctx ends the
-// recoveries under way, and stop waits for them.
-func newRecovery(ctx context.Context, devices []faultDomain, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
+// recoveries under way, and stop waits for them. placed: gpu.placement
+// keeps risky models apart (recovery.placed).
+func newRecovery(ctx context.Context, devices []faultDomain, daemon func(device int) limiter.DaemonRestarter, placed bool, log *slog.Logger) *recovery {
 	return &recovery{
-		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon, events: control.NewEventLog(control.DefaultEventCapacity),
+		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon, placed: placed, events: control.NewEventLog(control.DefaultEventCapacity),
 		instances: map[recoverable]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
 	}
 }
@@ -160,16 +161,6 @@ func (r *recovery) stop() {
 	r.stopped = true
 	r.mu.Unlock()
 	r.wg.Wait()
-}
-
-// risky is why a model version ("model/version") is kept apart from
-// latency-critical models, "" when it is not.
-func (ds *devices) risky(key string) string {
-	if ds.rec == nil {
-		return ""
-	}
-	why, _ := ds.rec.isolation.Risky(modelOf(key))
-	return why
 }
 
 // track makes inst known to the recovery until it stops.

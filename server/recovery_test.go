@@ -74,7 +74,7 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 		restarts++
 		return dev
 	}
-	rec := newRecovery(t.Context(), []faultDomain{dev}, daemon, slog.New(slog.DiscardHandler))
+	rec := newRecovery(t.Context(), []faultDomain{dev}, daemon, false, slog.New(slog.DiscardHandler))
 	var (
 		mu    sync.Mutex
 		order []string
@@ -120,7 +120,7 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 // as an event instead of restarting its instances on a dead daemon.
 func TestRecoveryWithoutDaemonHandle(t *testing.T) {
 	dev := &fakeDomain{i: 0, f: &deviceFault{Err: errors.New("an uncorrectable ECC error")}}
-	rec := newRecovery(t.Context(), []faultDomain{dev}, func(int) limiter.DaemonRestarter { return nil }, slog.New(slog.DiscardHandler))
+	rec := newRecovery(t.Context(), []faultDomain{dev}, func(int) limiter.DaemonRestarter { return nil }, false, slog.New(slog.DiscardHandler))
 	var (
 		mu    sync.Mutex
 		order []string

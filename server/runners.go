@@ -15,7 +15,9 @@ import (
 // newRunnerFactory finds the ONNX Runtime library and this executable and
 // prepares the runners' socket folder: the configured one, or a temporary
 // one (after removing those of dead servers) that cleanup removes.
-func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
+// sim, when set, runs cuda models on simulated GPUs; rec, when set,
+// recovers them from faults.
+func newRunnerFactory(rt configs.Runtime, sim *simgpu.Sim, rec *recovery, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
 	lib, err := FindONNXRuntime(rt.ONNXRuntimeLibrary)
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +37,7 @@ func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory
 	} else if err := os.MkdirAll(socketDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("socket directory: %w", err)
 	}
-	return &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: rt, logger: logger}, cleanup, nil
+	return &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: rt, logger: logger, sim: sim, rec: rec}, cleanup, nil
 }
 
 // runnerFactory starts model instances as runner processes of this binary.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
@@ -149,22 +150,21 @@ func (s simDaemon) RestartDaemon(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// daemonOf is the daemon handle of device i: the limiter's when the
-// device has been started and its limiter has one, else the simulator's.
-func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
-	// Only a device already started has a limiter: a risky model's
-	// client may run on a device no model names.
-	name := fmt.Sprintf("cuda:%d", i)
-	for _, d := range ds.all() {
-		if r, ok := d.Limiter().(limiter.DaemonRestarter); ok && d.Name() == name {
-			return r
+// daemonOf is the daemon handle of a simulated device by index: its
+// limiter's when the limiter has one (MPS), else the simulator's.
+func daemonOf(devs *device.Set, sim *simgpu.Sim) func(int) limiter.DaemonRestarter {
+	return func(i int) limiter.DaemonRestarter {
+		if d := devs.Lookup(fmt.Sprintf("cuda:%d", i)); d != nil {
+			if r, ok := d.Limiter().(limiter.DaemonRestarter); ok {
+				return r
+			}
 		}
+		dev, err := sim.Device(i)
+		if err != nil {
+			return nil
+		}
+		return simDaemon{dev}
 	}
-	dev, err := ds.sim.Device(i)
-	if err != nil {
-		return nil
-	}
-	return simDaemon{dev}
 }
 
 // recoveredInstance is a simulated instance the device recovery tracks

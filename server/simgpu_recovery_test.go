@@ -31,7 +31,7 @@ execution: {provider: cuda, device_id: 0, simulated: {preset: bert-base}}
 
 // recoveryServer starts a simulated server with the recovery tests'
 // models under the static policy, without profiling.
-func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelConfigs map[string]string) (*models.Registry, *devices) {
+func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelConfigs map[string]string) (*models.Registry, *house) {
 	t.Helper()
 	cfg := configs.DefaultServer()
 	cfg.GPU.Simulator.Devices = devices
@@ -46,7 +46,7 @@ func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelC
 
 // simInstanceOf finds the live simulated instance of a model, waiting
 // (up to 10 simulated seconds) for a swap in progress to end.
-func simInstanceOf(t *testing.T, devs *devices, model string) *runtime.Simulated {
+func simInstanceOf(t *testing.T, devs *house, model string) *runtime.Simulated {
 	t.Helper()
 	var found []*runtime.Simulated
 	for range 100 {
@@ -130,7 +130,7 @@ func (tr *traffic) finish() {
 	tr.wg.Wait()
 }
 
-func eventsOf(devs *devices, kind string) []control.Event {
+func eventsOf(devs *house, kind string) []control.Event {
 	var out []control.Event
 	for _, e := range devs.rec.Events(time.Time{}, 0) {
 		if e.Kind == kind {
@@ -216,7 +216,7 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		}
 		// The events reach the control API's list beside the adjuster's.
 		kinds := map[string][]string{}
-		for _, e := range (&backend{Registry: reg, devs: devs}).ControlEvents(time.Time{}, 1000) {
+		for _, e := range (&backend{Registry: reg, h: devs}).ControlEvents(time.Time{}, 1000) {
 			kinds[e.Kind] = append(kinds[e.Kind], e.Model)
 		}
 		if f, r := kinds[control.EventFault], kinds[control.EventRecovered]; len(f) != 1 || f[0] != "be/1" || len(r) != 2 || r[0] != "lc/1" || r[1] != "be/1" {
@@ -367,7 +367,7 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 			t.Errorf("%d risky events, want 1", n)
 		}
 		// The control status says so.
-		for _, d := range (&backend{Registry: reg, devs: devs}).Control().Devices {
+		for _, d := range (&backend{Registry: reg, h: devs}).Control().Devices {
 			for _, m := range d.Models {
 				if (m.Risky != "") != (m.Model == "be/1") {
 					t.Errorf("control status of %s: risky %q", m.Model, m.Risky)
