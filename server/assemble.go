@@ -72,14 +72,14 @@ type house struct {
 	reloads *reloader
 	be      *backend
 	shm     *api.SharedMemory
-	servers []server
+	servers []listening
 
 	// closers undo what assemble made, the last first (close).
 	closers []func()
 }
 
-// server is one listener's server.
-type server struct {
+// listening is one listener's server.
+type listening struct {
 	name      string
 	serve     func() error
 	interrupt func(ctx context.Context)
@@ -278,7 +278,7 @@ func (h *house) buildServing(rl Reloading) error {
 	if h.reloads, err = newReloader(rl, cfg, h.reg, h.gate, sec, promReg, logger.With("component", "config")); err != nil {
 		return err
 	}
-	h.be = &backend{Registry: h.reg, h: h, reloads: h.reloads}
+	h.be = &backend{Registry: h.reg, ctl: cfg.Control, devs: h.devs, loops: h.loops, pred: h.pred, rec: h.rec, place: h.place, reloads: h.reloads}
 	if d := cfg.Dashboard; d.Enabled {
 		h.be.dash = dashboard.New(dashboard.Options{
 			Resolution: d.Resolution, Retention: d.Retention, Window: d.Window, AttainmentTarget: d.AttainmentTarget,
@@ -325,7 +325,7 @@ func (h *house) buildServing(rl Reloading) error {
 		}
 		restLog := logger.With("component", "rest")
 		srv := newRESTServer(api.NewREST(h.be, lim, restLog, sec.auth.REST()), cfg.Limits, ln, restLog)
-		h.servers = append(h.servers, server{name: "REST",
+		h.servers = append(h.servers, listening{name: "REST",
 			serve: func() error { return ignoreClosed(srv.Serve(sec.listener(ln, "h2", "http/1.1"))) },
 			interrupt: func(ctx context.Context) {
 				if err := srv.Shutdown(ctx); err != nil {
@@ -343,7 +343,7 @@ func (h *house) buildServing(rl Reloading) error {
 		// request is not paced by window updates.
 		srv := api.NewGRPC(h.be, lim, logger /* api adds its component */, append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
 			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))...)
-		h.servers = append(h.servers, server{name: "gRPC", serve: func() error { return srv.Serve(ln) },
+		h.servers = append(h.servers, listening{name: "gRPC", serve: func() error { return srv.Serve(ln) },
 			interrupt: func(ctx context.Context) { stopGRPC(ctx, srv) }})
 		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
@@ -355,7 +355,7 @@ func (h *house) buildServing(rl Reloading) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", sec.auth.Metrics(promhttp.HandlerFor(promReg, promhttp.HandlerOpts{Registry: promReg})))
 		srv := newMetricsServer(mux, cfg.Limits)
-		h.servers = append(h.servers, server{name: "metrics",
+		h.servers = append(h.servers, listening{name: "metrics",
 			serve:     func() error { return ignoreClosed(srv.Serve(sec.metricsListener(ln))) },
 			interrupt: func(context.Context) { srv.Close() }})
 		logger.Info("metrics listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Metrics)
@@ -367,7 +367,7 @@ func (h *house) buildServing(rl Reloading) error {
 		}
 		srv := api.NewModelMesh(newMesh(h.reg, h.staged, cfg), logger)
 		// A load or unload in progress ends with the registry.
-		h.servers = append(h.servers, server{name: "ModelMesh", serve: func() error { return srv.Serve(ln) },
+		h.servers = append(h.servers, listening{name: "ModelMesh", serve: func() error { return srv.Serve(ln) },
 			interrupt: func(context.Context) { srv.Stop() }})
 		logger.Info("ModelMesh runtime SPI listening", "addr", ln.Addr().String(), "capacity", int64(cfg.Control.MemoryBudget))
 	}
@@ -392,16 +392,6 @@ func (h *house) close() {
 		c()
 	}
 	h.closers = nil
-}
-
-// risky is why a model version ("model/version") is kept apart from
-// latency-critical models, "" when it is not.
-func (h *house) risky(key string) string {
-	if h.rec == nil {
-		return ""
-	}
-	why, _ := h.rec.isolation.Risky(modelOf(key))
-	return why
 }
 
 func ignoreClosed(err error) error {

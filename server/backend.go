@@ -7,18 +7,29 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 )
+
+// Version is the sloserve version, set at build time with -ldflags.
+var Version = "dev"
 
 // backend serves the protocol handlers. The request path's methods
 // (ModelReady, Metadata, ModelConfig, Infer, Preadmit, Statistics) are the
 // registry's own, promoted: api calls the registry directly.
 type backend struct {
 	*models.Registry
-	h       *house
+	ctl     configs.Control
+	devs    *device.Set
+	loops   *device.Loops
+	pred    *predictor.Predictor
+	rec     *recovery           // nil: no simulated GPUs
+	place   *placement          // nil: gpu.placement off
 	dash    *dashboard.Recorder // nil: disabled
 	reloads *reloader
 	// state is starting, ready (the initial loads are done) or shutting
@@ -70,16 +81,16 @@ func (b *backend) ReloadConfig(ctx context.Context) (api.ReloadResult, error) {
 }
 
 func (b *backend) Control() api.ControlStatus {
-	ctl := b.h.cfg.Control
+	ctl := b.ctl
 	st := api.ControlStatus{Policy: ctl.Policy, Period: ctl.Period.String(), Devices: []api.DeviceControl{}}
-	for _, l := range b.h.loops.All() {
+	for _, l := range b.loops.All() {
 		d := l.Device()
 		dc := api.DeviceControl{
 			Device: d.Name(), Limiter: d.Limiter().Kind(), LimiterDetail: d.Limiter().Describe(), CPUs: d.Limiter().CPUs(),
 			Models: []api.ModelControl{},
 		}
 		for _, ms := range l.Adjuster().Shares() {
-			acc := b.h.pred.Accuracy(ms.Model)
+			acc := b.pred.Accuracy(ms.Model)
 			us := b.Registry.UnitStats(ms.Model)
 			var pending *float64
 			if ms.Pending != nil {
@@ -96,7 +107,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
-				Risky: b.h.risky(ms.Model),
+				Risky: b.rec.risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)
@@ -106,7 +117,7 @@ func (b *backend) Control() api.ControlStatus {
 
 func (b *backend) Limiters() map[string]string {
 	out := map[string]string{}
-	for _, d := range b.h.devs.Devices() {
+	for _, d := range b.devs.Devices() {
 		out[d.Name()] = d.Limiter().Kind()
 	}
 	return out
@@ -114,14 +125,14 @@ func (b *backend) Limiters() map[string]string {
 
 func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	var all []control.Event
-	for _, l := range b.h.loops.All() {
+	for _, l := range b.loops.All() {
 		all = append(all, l.Adjuster().Events(since, limit)...)
 	}
-	if b.h.rec != nil {
-		all = append(all, b.h.rec.Events(since, limit)...)
+	if b.rec != nil {
+		all = append(all, b.rec.Events(since, limit)...)
 	}
-	if b.h.place != nil {
-		all = append(all, b.h.place.events(since, limit)...)
+	if b.place != nil {
+		all = append(all, b.place.events(since, limit)...)
 	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {
@@ -135,9 +146,9 @@ func (b *backend) PinShare(ctx context.Context, name string, pin *limiter.Share)
 	if err != nil {
 		return err
 	}
-	l := b.h.loops.Lookup(device)
+	l := b.loops.Lookup(device)
 	if l == nil {
-		_, err := b.h.devs.Scheduler(device) // why the device has no loop
+		_, err := b.devs.Scheduler(device) // why the device has no loop
 		return err
 	}
 	return l.Adjuster().Pin(key, pin)

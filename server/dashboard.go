@@ -14,8 +14,8 @@ import (
 // the predictor's view and the limiter's readings, and the repository index
 // for the models that do not serve.
 func (b *backend) dashboardSnapshot() dashboard.Snapshot {
-	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.h.cfg.Control.Policy}
-	for _, l := range b.h.loops.All() {
+	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.ctl.Policy}
+	for _, l := range b.loops.All() {
 		d := l.Device()
 		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.Name(), Limiter: d.Limiter().Kind(), CPUs: d.Limiter().CPUs()})
 		shares := map[string]control.ModelShare{}
@@ -24,7 +24,7 @@ func (b *backend) dashboardSnapshot() dashboard.Snapshot {
 		}
 		for _, st := range d.Scheduler().AllStats() {
 			ms := shares[st.Model]
-			acc := b.h.pred.Accuracy(st.Model)
+			acc := b.pred.Accuracy(st.Model)
 			us := b.Registry.UnitStats(st.Model)
 			name, version, _ := strings.Cut(st.Model, "/")
 			snap.Models = append(snap.Models, dashboard.ModelSample{

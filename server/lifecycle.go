@@ -46,7 +46,7 @@ func (h *house) group(ctx context.Context) *rungroup.Group {
 	// The listeners close at once; each server then waits for its
 	// admitted requests, within the one grace period.
 	drain := g.Phase("drain listeners", grace)
-	var metricsServer *server
+	var metricsServer *listening
 	for _, s := range h.servers {
 		if s.name == "metrics" {
 			metricsServer = &s

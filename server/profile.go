@@ -80,7 +80,7 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	for _, pt := range p.Points {
 		pred := p.Curve.Predict(pt.Batch, pt.Share)
 		errPct := 100 * (float64(pred) - float64(pt.Latency)) / float64(pt.Latency)
-		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, ms(pt.Latency), ms(pred), errPct)
+		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, millis(pt.Latency), millis(pred), errPct)
 		if memory {
 			fmt.Fprintf(tw, "%.1f\t", float64(pt.Memory)/(1<<20))
 		}
@@ -92,4 +92,4 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	fmt.Fprintf(w, "MAPE %.1f%% over %d points\n", 100*p.MAPE, len(p.Points))
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -163,6 +163,16 @@ func (r *recovery) stop() {
 	r.wg.Wait()
 }
 
+// risky is why a model version ("model/version") is kept apart from
+// latency-critical models, "" when it is not. Safe on a nil recovery.
+func (r *recovery) risky(key string) string {
+	if r == nil {
+		return ""
+	}
+	why, _ := r.isolation.Risky(modelOf(key))
+	return why
+}
+
 // track makes inst known to the recovery until it stops.
 func (r *recovery) track(inst recoverable, cfg *configs.Model) {
 	r.mu.Lock()

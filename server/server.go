@@ -15,16 +15,10 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 
 	"github.com/sloserve/sloserve/configs"
 )
-
-// Version is the sloserve version, set at build time with -ldflags.
-var Version = "dev"
 
 // Run serves until ctx is cancelled, then shuts down gracefully: readiness
 // turns false, listeners stop accepting, admitted requests finish within the
@@ -37,33 +31,4 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		return err
 	}
 	return h.group(ctx).Run(ctx)
-}
-
-// FindONNXRuntime returns the ONNX Runtime library runners should load:
-// the configured path, or the first that exists of the places the project's
-// set-up and the container image put it.
-func FindONNXRuntime(configured string) (string, error) {
-	if configured != "" {
-		if _, err := os.Stat(configured); err != nil {
-			return "", fmt.Errorf("runtime.onnxruntime_library: %w", err)
-		}
-		return configured, nil
-	}
-	var candidates []string
-	const rel = "deps/onnxruntime/libonnxruntime.so.1.30.0"
-	candidates = append(candidates, rel)
-	if exe, err := os.Executable(); err == nil {
-		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "..", rel))
-	}
-	candidates = append(candidates,
-		"/opt/sloserve/lib/libonnxruntime.so.1.30.0",
-		"/usr/local/lib/libonnxruntime.so",
-		"/usr/lib/libonnxruntime.so",
-	)
-	for _, c := range candidates {
-		if _, err := os.Stat(c); err == nil {
-			return filepath.Abs(c)
-		}
-	}
-	return "", fmt.Errorf("ONNX Runtime library not found (looked in %v); run `make setup` or set SLOSERVE_ONNXRUNTIME_LIBRARY", candidates)
 }

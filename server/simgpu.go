@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/device"
@@ -29,68 +28,6 @@ func newSimulator(g configs.GPU, log *slog.Logger) (*simgpu.Sim, error) {
 	log.Warn("cuda models run on simulated GPUs: their outputs are zeros of the right shapes, not the models' answers",
 		"devices", spec.Devices, "sms", spec.SMs, "memory", spec.Memory, "mps_daemon", !spec.NoDaemon, "mig", spec.MIG)
 	return sim, nil
-}
-
-// startSimulated starts an instance of a cuda model on its simulated GPU
-// (another one when the model is risky: recovery.deviceFor), known to the
-// device recovery while it runs.
-func (f *runnerFactory) startSimulated(ctx context.Context, spec models.InstanceSpec, name string) (models.Instance, error) {
-	ex := spec.Config.Execution
-	dev, err := f.sim.Device(ex.DeviceID)
-	if err != nil {
-		return nil, fmt.Errorf("execution.device_id %d: %w", ex.DeviceID, err)
-	}
-	m, err := ex.Simulated.Model()
-	if err != nil {
-		return nil, fmt.Errorf("execution.simulated: %w", err)
-	}
-	m.Name = spec.Model
-	cfg := runtime.SimulatedConfig{
-		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
-		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
-		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Logger: f.logger.With("instance", name),
-	}
-	rec := f.rec
-	if rec == nil {
-		return runtime.StartSimulated(ctx, cfg)
-	}
-	if cfg.Device, err = f.sim.Device(rec.deviceFor(spec.Model, dev.Index())); err != nil {
-		return nil, err
-	}
-	cfg.PlacedFor = dev
-	var self atomic.Pointer[runtime.Simulated]
-	cfg.OnExit = func(e runtime.Exit) {
-		if spec.OnExit != nil {
-			spec.OnExit(e)
-		}
-		if s := self.Load(); s != nil {
-			rec.exited(s.Device().Index())
-		} else {
-			rec.exited(cfg.Device.Index())
-		}
-	}
-	cfg.OnRestart = func(reason string) {
-		if spec.OnRestart != nil {
-			spec.OnRestart(reason)
-		}
-		if s := self.Load(); s != nil {
-			rec.restarted(simulatedInstance{s, f.sim}, reason)
-		}
-	}
-	s, err := runtime.StartSimulated(ctx, cfg)
-	if err != nil {
-		if errors.Is(err, simgpu.ErrOutOfMemory) {
-			rec.startFailed(name, cfg.Device.Index(), err)
-		}
-		return nil, err
-	}
-	self.Store(s)
-	si := simulatedInstance{s, f.sim}
-	rec.track(si, spec.Config)
-	if s.Gone() { // a fault before it was tracked
-		rec.exited(s.Device().Index())
-	}
-	return recoveredInstance{s, si, rec}, nil
 }
 
 // simulatedDomains are the simulator's GPUs as the recovery knows them.

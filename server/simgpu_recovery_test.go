@@ -216,7 +216,7 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		}
 		// The events reach the control API's list beside the adjuster's.
 		kinds := map[string][]string{}
-		for _, e := range (&backend{Registry: reg, h: devs}).ControlEvents(time.Time{}, 1000) {
+		for _, e := range (&backend{Registry: reg, ctl: devs.cfg.Control, devs: devs.devs, loops: devs.loops, pred: devs.pred, rec: devs.rec, place: devs.place}).ControlEvents(time.Time{}, 1000) {
 			kinds[e.Kind] = append(kinds[e.Kind], e.Model)
 		}
 		if f, r := kinds[control.EventFault], kinds[control.EventRecovered]; len(f) != 1 || f[0] != "be/1" || len(r) != 2 || r[0] != "lc/1" || r[1] != "be/1" {
@@ -367,7 +367,7 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 			t.Errorf("%d risky events, want 1", n)
 		}
 		// The control status says so.
-		for _, d := range (&backend{Registry: reg, h: devs}).Control().Devices {
+		for _, d := range (&backend{Registry: reg, ctl: devs.cfg.Control, devs: devs.devs, loops: devs.loops, pred: devs.pred, rec: devs.rec, place: devs.place}).Control().Devices {
 			for _, m := range d.Models {
 				if (m.Risky != "") != (m.Model == "be/1") {
 					t.Errorf("control status of %s: risky %q", m.Model, m.Risky)
