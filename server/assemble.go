@@ -58,12 +58,12 @@ type house struct {
 	gate    *qos.Gate // the one admission limit on requests in flight
 	use     *prometheus.GaugeVec
 	devs    *device.Set
-	rec     *recovery // nil: no simulated GPUs to recover
+	rec     *device.Recovery // nil: no simulated GPUs to recover
 	// stopRecovery ends the recoveries under way and waits for them;
 	// safe to call again.
 	stopRecovery func()
 	prof         *profiler
-	place        *placement // nil: gpu.placement off
+	place        *device.Placement // nil: gpu.placement off
 	reg          *models.Registry
 	loops        *device.Loops // nil under Profile
 
@@ -113,9 +113,9 @@ func assemble(cfg *configs.Server, logger *slog.Logger, a assembly) (h *house, e
 	}
 	if h.sim != nil && a.profile == nil {
 		recCtx, stopRec := context.WithCancel(context.Background())
-		h.rec = newRecovery(recCtx, simulatedDomains(h.sim), daemonOf(h.devs, h.sim), cfg.GPU.Placement.Enabled,
+		h.rec = device.NewRecovery(recCtx, simulatedDomains(h.sim), daemonOf(h.devs, h.sim), cfg.GPU.Placement.Enabled,
 			logger.With("component", "recovery"))
-		h.stopRecovery = func() { stopRec(); h.rec.stop() }
+		h.stopRecovery = func() { stopRec(); h.rec.Stop() }
 		h.closers = append(h.closers, h.stopRecovery)
 	}
 	runners, cleanup, err := newRunnerFactory(cfg.Runtime, h.sim, h.rec, logger)
@@ -223,9 +223,10 @@ func (h *house) buildModels() error {
 	cfg := h.cfg
 	var risky interface{ Risky(string) (string, bool) }
 	if h.rec != nil {
-		risky = h.rec.isolation
+		risky = h.rec.Isolation()
 	}
-	place, err := newPlacement(cfg.GPU.Placement, cfg.Control, h.sim, h.pred, risky, h.log)
+	place, err := device.NewPlacement(device.PlacementOptions{Config: cfg.GPU.Placement, Control: cfg.Control,
+		Sim: h.sim, Predictor: h.pred, Risky: risky, Logger: h.log})
 	if err != nil {
 		return err
 	}
@@ -251,7 +252,7 @@ func (h *house) buildModels() error {
 		opts.Profile = h.prof.run
 	}
 	if place != nil {
-		opts.Place = place.place
+		opts.Place = place.Place
 	}
 	if h.reg, err = models.New(opts); err != nil {
 		return err
@@ -260,7 +261,7 @@ func (h *house) buildModels() error {
 		return err
 	}
 	if place != nil {
-		place.bind(h.reg, h.loops)
+		place.Bind(h.reg, h.loops)
 	}
 	return nil
 }

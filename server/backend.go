@@ -28,8 +28,8 @@ type backend struct {
 	devs    *device.Set
 	loops   *device.Loops
 	pred    *predictor.Predictor
-	rec     *recovery           // nil: no simulated GPUs
-	place   *placement          // nil: gpu.placement off
+	rec     *device.Recovery    // nil: no simulated GPUs
+	place   *device.Placement   // nil: gpu.placement off
 	dash    *dashboard.Recorder // nil: disabled
 	reloads *reloader
 	// state is starting, ready (the initial loads are done) or shutting
@@ -107,7 +107,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
-				Risky: b.rec.risky(ms.Model),
+				Risky: b.rec.Risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)
@@ -132,7 +132,7 @@ func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 		all = append(all, b.rec.Events(since, limit)...)
 	}
 	if b.place != nil {
-		all = append(all, b.place.events(since, limit)...)
+		all = append(all, b.place.Events(since, limit)...)
 	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {

@@ -74,7 +74,7 @@ func (h *house) group(ctx context.Context) *rungroup.Group {
 		// Placement stops with the server's ctx: no move starts while
 		// models unload.
 		placeCtx, stopPlace := context.WithCancel(ctx)
-		loads.Add("placement", func() error { h.place.run(placeCtx); return nil }, func(context.Context, error) { stopPlace() })
+		loads.Add("placement", func() error { h.place.Run(placeCtx); return nil }, func(context.Context, error) { stopPlace() })
 	}
 
 	g.Phase("stop the registry", func() time.Duration { return registryStopTimeout }).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
@@ -21,7 +22,7 @@ import (
 // placedServer is simulatedServer with gpu.placement wired as Run wires
 // it: the registry places cuda models without a device_id and the placer
 // re-places them every period.
-func placedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *house, *placement) {
+func placedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *house, *device.Placement) {
 	t.Helper()
 	cfg.Repositories = []string{tinyRepo(t, modelConfigs)}
 	if err := cfg.Validate(); err != nil {
@@ -88,7 +89,7 @@ profile: {batch_sizes: [1]}
 			pair, lone = lone, pair
 		}
 		placeEvents := 0
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			if e.Kind == control.EventPlace {
 				placeEvents++
 			}
@@ -150,7 +151,7 @@ profile: {batch_sizes: [1]}
 		wg.Wait()
 
 		var moves []control.Event
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			switch e.Kind {
 			case control.EventMove:
 				moves = append(moves, e)
@@ -159,7 +160,7 @@ profile: {batch_sizes: [1]}
 			}
 		}
 		if len(moves) == 0 {
-			t.Fatalf("no move in 3 minutes; events %+v", place.events(time.Time{}, 0))
+			t.Fatalf("no move in 3 minutes; events %+v", place.Events(time.Time{}, 0))
 		}
 		for _, e := range moves {
 			t.Logf("move of %s to %s: %s", e.Model, e.Device, e.Reason)
@@ -216,7 +217,7 @@ func TestPlacementKeepsPinnedModels(t *testing.T) {
 		if err := reg.Move(t.Context(), "p/1", "cuda:0"); err == nil || !strings.Contains(err.Error(), "names device 1") {
 			t.Errorf("moving a pinned model: %v, want a refusal", err)
 		}
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			if e.Model == "p" || e.Model == "q" {
 				t.Errorf("event for a pinned model: %+v", e)
 			}
@@ -249,7 +250,7 @@ func TestPlacementSeesUseAndMemoryShareOnMPS(t *testing.T) {
 		})
 		time.Sleep(40 * time.Second)
 		synctest.Wait()
-		_, ms := place.snapshot()
+		_, ms := place.Snapshot()
 		stop()
 		traffic.Wait()
 		if len(ms) != 1 {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
 	"github.com/sloserve/sloserve/simgpu"
@@ -20,7 +21,7 @@ import (
 // one (after removing those of dead servers) that cleanup removes.
 // sim, when set, runs cuda models on simulated GPUs; rec, when set,
 // recovers them from faults.
-func newRunnerFactory(rt configs.Runtime, sim *simgpu.Sim, rec *recovery, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
+func newRunnerFactory(rt configs.Runtime, sim *simgpu.Sim, rec *device.Recovery, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
 	lib, err := FindONNXRuntime(rt.ONNXRuntimeLibrary)
 	if err != nil {
 		return nil, nil, err
@@ -53,7 +54,7 @@ type runnerFactory struct {
 	// sim, when set, runs cuda models on simulated GPUs; rec recovers
 	// them from faults.
 	sim *simgpu.Sim
-	rec *recovery
+	rec *device.Recovery
 }
 
 // start is the registry's NewInstance: one runner process per instance,
@@ -216,7 +217,7 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 	if rec == nil {
 		return runtime.StartSimulated(ctx, cfg)
 	}
-	if cfg.Device, err = f.sim.Device(rec.deviceFor(spec.Model, dev.Index())); err != nil {
+	if cfg.Device, err = f.sim.Device(rec.DeviceFor(spec.Model, dev.Index())); err != nil {
 		return nil, err
 	}
 	cfg.PlacedFor = dev
@@ -226,9 +227,9 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 			spec.OnExit(e)
 		}
 		if s := self.Load(); s != nil {
-			rec.exited(s.Device().Index())
+			rec.Exited(s.Device().Index())
 		} else {
-			rec.exited(cfg.Device.Index())
+			rec.Exited(cfg.Device.Index())
 		}
 	}
 	cfg.OnRestart = func(reason string) {
@@ -236,21 +237,21 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 			spec.OnRestart(reason)
 		}
 		if s := self.Load(); s != nil {
-			rec.restarted(simulatedInstance{s, f.sim}, reason)
+			rec.Restarted(simulatedInstance{s, f.sim}, reason)
 		}
 	}
 	s, err := runtime.StartSimulated(ctx, cfg)
 	if err != nil {
 		if errors.Is(err, simgpu.ErrOutOfMemory) {
-			rec.startFailed(name, cfg.Device.Index(), err)
+			rec.StartFailed(name, cfg.Device.Index(), err)
 		}
 		return nil, err
 	}
 	self.Store(s)
 	si := simulatedInstance{s, f.sim}
-	rec.track(si, spec.Config)
+	rec.Track(si, spec.Config)
 	if s.Gone() { // a fault before it was tracked
-		rec.exited(s.Device().Index())
+		rec.Exited(s.Device().Index())
 	}
 	return recoveredInstance{s, si, rec}, nil
 }

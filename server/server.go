@@ -6,11 +6,11 @@
 // (lifecycle.go).
 //
 // It owns the lifecycle: the config is reloaded on SIGHUP or request, and
-// shutdown drains in stages; on simulated GPUs it brings a device back
-// after a fault (its daemon, then its instances, latency-critical first:
-// recovery.go), which is lifecycle too. It must not implement serving,
-// scheduling or control itself: those belong to the packages it wires,
-// and only cmd/sloserve may import server.
+// shutdown drains in stages. It adapts the simulated GPUs and their
+// instances to the device-fault recovery (simgpu.go; the recovery itself
+// is device.Recovery). It must not implement serving, scheduling or
+// control itself: those belong to the packages it wires, and only
+// cmd/sloserve may import server.
 package server
 
 import (

@@ -31,8 +31,8 @@ func newSimulator(g configs.GPU, log *slog.Logger) (*simgpu.Sim, error) {
 }
 
 // simulatedDomains are the simulator's GPUs as the recovery knows them.
-func simulatedDomains(sim *simgpu.Sim) []faultDomain {
-	var out []faultDomain
+func simulatedDomains(sim *simgpu.Sim) []device.FaultDomain {
+	var out []device.FaultDomain
 	for _, d := range sim.Devices() {
 		out = append(out, simulatedDomain{d})
 	}
@@ -44,12 +44,12 @@ type simulatedDomain struct{ d *simgpu.Device }
 
 func (s simulatedDomain) Index() int { return s.d.Index() }
 
-func (s simulatedDomain) Fault() (deviceFault, bool) {
+func (s simulatedDomain) Fault() (device.DeviceFault, bool) {
 	err := s.d.Faulted()
 	if err == nil {
-		return deviceFault{}, false
+		return device.DeviceFault{}, false
 	}
-	f := deviceFault{Err: err}
+	f := device.DeviceFault{Err: err}
 	var fe *simgpu.FaultError
 	if errors.As(err, &fe) {
 		f.At, f.Client = fe.At, fe.Client
@@ -63,7 +63,7 @@ type simulatedInstance struct {
 	sim *simgpu.Sim
 }
 
-var _ recoverable = simulatedInstance{}
+var _ device.Recoverable = simulatedInstance{}
 
 func (si simulatedInstance) Name() string  { return si.s.Name() }
 func (si simulatedInstance) Device() int   { return si.s.Device().Index() }
@@ -109,7 +109,7 @@ func daemonOf(devs *device.Set, sim *simgpu.Sim) func(int) limiter.DaemonRestart
 type recoveredInstance struct {
 	*runtime.Simulated
 	self simulatedInstance
-	rec  *recovery
+	rec  *device.Recovery
 }
 
 var (
@@ -118,6 +118,6 @@ var (
 )
 
 func (ri recoveredInstance) Stop(ctx context.Context) error {
-	ri.rec.untrack(ri.self)
+	ri.rec.Untrack(ri.self)
 	return ri.Simulated.Stop(ctx)
 }

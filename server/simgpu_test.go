@@ -102,7 +102,7 @@ func assembledServer(t *testing.T, cfg *configs.Server) *house {
 	}
 	placeCtx, stopPlace := context.WithCancel(ctx)
 	if h.place != nil {
-		loops.Go(func() { h.place.run(placeCtx) })
+		loops.Go(func() { h.place.Run(placeCtx) })
 	}
 	t.Cleanup(func() {
 		// The loops stop first: a swap the adjuster is making holds the

@@ -1,4 +1,4 @@
-package server
+package device
 
 import (
 	"context"
@@ -12,18 +12,17 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
-	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/simgpu"
 )
 
-// placement wires control.Placer to the server (gpu.placement): it reads
+// Placement wires control.Placer to the devices (gpu.placement): it reads
 // the devices and the cuda models on them (the snapshot), places a model
 // that names no device at load (the registry's Options.Place) and moves
 // models through the registry (control.Mover).
-type placement struct {
+type Placement struct {
 	cfg    configs.GPUPlacement
 	ctl    configs.Control
 	sim    *simgpu.Sim
@@ -33,11 +32,11 @@ type placement struct {
 	// risky, when set, marks the best-effort models placement keeps apart
 	// from latency-critical ones (the device-fault recovery's isolation).
 	risky control.RiskyModels
-	// view is what placement reads and moves: the registry and the
+	// view is what placement reads and moves: the models and the
 	// devices' loops. It is the one binding made after construction
-	// (bind, in assemble, before any model loads): the registry places a
-	// loading model through placement, and placement reads the registry
-	// and the adjusters that are built on it.
+	// (Bind, before any model loads): the registry places a loading model
+	// through placement, and placement reads the registry and the
+	// adjusters that are built on it.
 	view atomic.Pointer[placementView]
 
 	mu sync.Mutex
@@ -47,11 +46,35 @@ type placement struct {
 	arrivals map[string]arrivalMark
 }
 
+// PlacedModels are the models placement reads and moves: the registry
+// (models.Registry) implements it.
+type PlacedModels interface {
+	// Placements are the serving versions and where they run.
+	Placements() []models.PlacedVersion
+	// Move moves a serving version to another device by a warm shadow.
+	Move(ctx context.Context, key, device string) error
+}
+
+var _ PlacedModels = (*models.Registry)(nil)
+
 // placementView is what placement reads: the models and the loops of the
 // devices they are on.
 type placementView struct {
-	reg   *models.Registry
-	loops *device.Loops
+	reg   PlacedModels
+	loops *Loops
+}
+
+// PlacementOptions configures NewPlacement.
+type PlacementOptions struct {
+	Config  configs.GPUPlacement
+	Control configs.Control
+	// Sim is the simulated machine whose GPUs placement places on.
+	Sim       *simgpu.Sim
+	Predictor *predictor.Predictor
+	// Risky, when set, marks the models to keep apart from
+	// latency-critical ones (the device-fault recovery's isolation).
+	Risky  control.RiskyModels
+	Logger *slog.Logger
 }
 
 // arrivalMark is a version's arrival count at a time, and the rate seen
@@ -70,21 +93,22 @@ const (
 	priorDemandBE = 0.1
 )
 
-// newPlacement returns the server's placement, nil when gpu.placement is
-// off. risky, when set, marks the models to keep apart. It places and
-// moves once bind has given it the registry and the loops.
-func newPlacement(cfg configs.GPUPlacement, ctl configs.Control, sim *simgpu.Sim, pred *predictor.Predictor, risky control.RiskyModels, log *slog.Logger) (*placement, error) {
+// NewPlacement returns the devices' placement, nil when gpu.placement is
+// off. It places and moves once Bind has given it the models and the
+// loops.
+func NewPlacement(opts PlacementOptions) (*Placement, error) {
+	cfg, log := opts.Config, opts.Logger
 	if !cfg.Enabled {
 		return nil, nil
 	}
-	if sim == nil {
+	if opts.Sim == nil {
 		return nil, errors.New("gpu.placement: needs simulated GPUs (gpu.simulator.devices)")
 	}
-	p := &placement{cfg: cfg, ctl: ctl, sim: sim, pred: pred, risky: risky,
+	p := &Placement{cfg: cfg, ctl: opts.Control, sim: opts.Sim, pred: opts.Predictor, risky: opts.Risky,
 		log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
 	placer, err := control.NewPlacer(control.PlacerOptions{
 		Period: cfg.Period, MinGain: cfg.MinGain, MinResidence: cfg.MinResidence,
-		Snapshot: p.snapshot, Mover: p, Logger: log,
+		Snapshot: p.Snapshot, Mover: p, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -93,13 +117,13 @@ func newPlacement(cfg configs.GPUPlacement, ctl configs.Control, sim *simgpu.Sim
 	return p, nil
 }
 
-// bind gives placement the registry and the loops; once, before any
-// model loads.
-func (p *placement) bind(reg *models.Registry, loops *device.Loops) {
+// Bind gives placement the models and the loops; once, before any model
+// loads.
+func (p *Placement) Bind(reg PlacedModels, loops *Loops) {
 	p.view.Store(&placementView{reg: reg, loops: loops})
 }
 
-func (p *placement) isRisky(model string) bool {
+func (p *Placement) isRisky(model string) bool {
 	if p.risky == nil {
 		return false
 	}
@@ -107,15 +131,15 @@ func (p *placement) isRisky(model string) bool {
 	return ok
 }
 
-// run re-places until ctx ends.
-func (p *placement) run(ctx context.Context) {
+// Run re-places until ctx ends.
+func (p *Placement) Run(ctx context.Context) {
 	if err := p.placer.Run(ctx); err != nil {
 		p.log.Error("placement stopped", "err", err)
 	}
 }
 
 // devices are the simulated GPUs.
-func (p *placement) devices() []control.PlacementDevice {
+func (p *Placement) devices() []control.PlacementDevice {
 	spec := p.sim.Spec()
 	out := make([]control.PlacementDevice, spec.Devices)
 	for i := range out {
@@ -124,11 +148,11 @@ func (p *placement) devices() []control.PlacementDevice {
 	return out
 }
 
-// place is the registry's Options.Place: the device of a cuda model
+// Place is the registry's Options.Place: the device of a cuda model
 // loading without a device_id, from its class and memory_limit and a prior
 // demand (nothing has forecast it yet). A model that names its device is
 // counted there.
-func (p *placement) place(model string, cfg *configs.Model) (int, error) {
+func (p *Placement) Place(model string, cfg *configs.Model) (int, error) {
 	m := control.PlacementModel{
 		Name: model, Class: qos.Class(cfg.SLO.Class),
 		Memory: int64(cfg.Resources.MemoryLimit) * int64(max(1, cfg.Instances)),
@@ -152,10 +176,10 @@ func (p *placement) place(model string, cfg *configs.Model) (int, error) {
 	return id, nil
 }
 
-// snapshot is the Placer's view: the devices, and each cuda model on one
+// Snapshot is the Placer's view: the devices, and each cuda model on one
 // with its demand and memory. A model's versions count together, on the
 // device of its first.
-func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
+func (p *Placement) Snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
 	v := p.view.Load()
 	if v == nil {
 		return p.devices(), nil
@@ -199,7 +223,7 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 // largest batch), so there the demand is what it uses: NVML's measured SM
 // use, or the busy fraction without a reading, over the utilisation bound,
 // up to the target. Before any forecast, the prior.
-func (p *placement) demand(v models.PlacedVersion) float64 {
+func (p *Placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
 	bound := max(p.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
 	target := 0.0
@@ -244,7 +268,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 // rate is a version's arrival rate: the one its adjuster forecasts under
 // the adaptive policy, else the one seen since the last snapshot (the
 // static and shared policies forecast nothing).
-func (p *placement) rate(v models.PlacedVersion) float64 {
+func (p *Placement) rate(v models.PlacedVersion) float64 {
 	d := p.loop(v.Device)
 	if d == nil {
 		return 0
@@ -273,7 +297,7 @@ func (p *placement) rate(v models.PlacedVersion) float64 {
 
 // Move is control.Mover: every serving version of the model moves to the
 // device, one after the other.
-func (p *placement) Move(ctx context.Context, model, device string) error {
+func (p *Placement) Move(ctx context.Context, model, device string) error {
 	view := p.view.Load()
 	if view == nil {
 		return errors.New("placement: no registry yet")
@@ -291,16 +315,16 @@ func (p *placement) Move(ctx context.Context, model, device string) error {
 }
 
 // loop is the control loop of a device, nil when it has none.
-func (p *placement) loop(name string) *device.Loop {
+func (p *Placement) loop(name string) *Loop {
 	if v := p.view.Load(); v != nil {
 		return v.loops.Lookup(name)
 	}
 	return nil
 }
 
-// events are the placement's events.
-func (p *placement) events(since time.Time, limit int) []control.Event {
+// Events are the placement's events.
+func (p *Placement) Events(since time.Time, limit int) []control.Event {
 	return p.placer.Events(since, limit)
 }
 
-var _ control.Mover = (*placement)(nil)
+var _ control.Mover = (*Placement)(nil)
