@@ -21,7 +21,8 @@ const registryStopTimeout = 10 * time.Second
 //  3. drain listeners: REST, gRPC and ModelMesh stop accepting and finish
 //     their admitted requests within limits.grace_period;
 //  4. stop loads: the initial loads, the config reloads and placement;
-//  5. stop the registry: every model unloads, its runners drain and exit;
+//  5. stop the registry: every model unloads, its runners drain and exit
+//     (within 10s, then they are killed; the phase waits for the stop);
 //  6. close metrics: the metrics listener, open until the runners are gone;
 //  7. stop the loops: the devices' schedulers and control loops, the
 //     dashboard;
@@ -69,16 +70,26 @@ func (h *house) group(ctx context.Context) *rungroup.Group {
 		return nil
 	}, func(context.Context, error) { stopLoads() })
 	reloadCtx, stopReloads := context.WithCancel(ctx)
-	loads.Add("config reloads", func() error { h.reloads.watch(reloadCtx); return nil }, func(context.Context, error) { stopReloads() })
+	// Neither the reloads (none without signals) nor placement (an
+	// error is logged) ending early ends the server.
+	loads.Add("config reloads", func() error { h.reloads.watch(reloadCtx); <-reloadCtx.Done(); return nil },
+		func(context.Context, error) { stopReloads() })
 	if h.place != nil {
 		// Placement stops with the server's ctx: no move starts while
 		// models unload.
 		placeCtx, stopPlace := context.WithCancel(ctx)
-		loads.Add("placement", func() error { h.place.Run(placeCtx); return nil }, func(context.Context, error) { stopPlace() })
+		loads.Add("placement", func() error { h.place.Run(placeCtx); <-placeCtx.Done(); return nil },
+			func(context.Context, error) { stopPlace() })
 	}
 
-	g.Phase("stop the registry", func() time.Duration { return registryStopTimeout }).
-		Do("registry", func(ctx context.Context, _ error) { h.reg.Stop(ctx) })
+	// The registry's stop has its own bound (its runners are stopped,
+	// then killed, within it); the phase waits for it, as the runners
+	// must be gone before the limiters' units are removed.
+	g.Phase("stop the registry", nil).Do("registry", func(context.Context, error) {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registryStopTimeout)
+		defer cancel()
+		h.reg.Stop(stopCtx)
+	})
 	if metricsServer != nil {
 		s := metricsServer
 		g.Phase("close metrics", nil).Add(s.name, s.serve, func(ctx context.Context, _ error) { s.interrupt(ctx) })
