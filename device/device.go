@@ -8,7 +8,6 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -125,66 +124,6 @@ func (d *Device) Close() error { return d.lim.Close() }
 func (d *Device) Name() string              { return d.name }
 func (d *Device) Limiter() limiter.Limiter  { return d.lim }
 func (d *Device) Scheduler() *qos.Scheduler { return d.sched }
-
-// Loop is a device's control loop: its adjuster, the actuator through
-// which the adjuster's shares reach the models on the device, and the
-// sampling of each model's use of the device.
-type Loop struct {
-	d      *Device
-	models Models
-	log    *slog.Logger
-	adj    *control.Adjuster
-	usage  usageBoard // written by sample, read by adj
-}
-
-// NewLoop builds the control loop of d over the models on it; Run runs
-// it.
-func NewLoop(d *Device, models Models) (*Loop, error) {
-	l := &Loop{d: d, models: models, log: d.log}
-	ctl, opts := d.opts.Control, d.opts
-	adj, err := control.NewAdjuster(d.sched, control.AdjusterOptions{
-		Policy:         ctl.Policy,
-		Period:         ctl.Period,
-		Headroom:       ctl.Headroom,
-		Quantile:       ctl.Quantile,
-		MaxUtilization: ctl.MaxUtilization,
-		ScaleDownAfter: ctl.ScaleDownAfter,
-		Cooldown:       ctl.Cooldown,
-		Step:           ctl.Step,
-		MinShare:       ctl.MinShare,
-		MemoryBudget:   int64(ctl.MemoryBudget),
-		MemoryFloor:    d.lim.Capabilities().MinMemory, // 0: the adjuster's default
-		KeepAlive:      ctl.KeepAlive,
-		Predictor:      opts.Predictor,
-		Actuator:       actuator{models: models, device: d.name},
-		Usage:          l.usage.get,
-		CapsOnly:       d.lim.Capabilities().CapsOnly,
-		Logger:         opts.Logger, // the adjuster adds its component, policy and device
-		Registerer:     opts.Registerer,
-		Device:         d.name,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("device %s: adjuster: %w", d.name, err)
-	}
-	l.adj = adj
-	return l, nil
-}
-
-// Run runs the adjuster and the usage sampling until ctx ends, and
-// returns once both have.
-func (l *Loop) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := l.adj.Run(ctx); err != nil {
-			l.log.Error("adjuster stopped", "err", err)
-		}
-	})
-	wg.Go(func() { l.sample(ctx.Done()) })
-	wg.Wait()
-}
-
-func (l *Loop) Device() *Device             { return l.d }
-func (l *Loop) Adjuster() *control.Adjuster { return l.adj }
 
 // NewLimiter starts a device's limiter as the control config says. The
 // shared policy sets no limits, so under auto it gets none. On a simulated
