@@ -8,7 +8,6 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -50,8 +49,6 @@ type Options struct {
 	// Gate is the one admission limit on requests in flight, shared by
 	// every device's scheduler.
 	Gate *qos.Gate
-	// Models are the models on the device.
-	Models Models
 	// Sim, when set, is the simulated machine cuda devices are on: the
 	// limiter reads its NVML and MPS daemon.
 	Sim        *simgpu.Sim
@@ -61,19 +58,20 @@ type Options struct {
 	Logger   *slog.Logger // the server's; each part adds its component and the device
 }
 
-// Device is one execution device's control parts.
+// Device is one execution device: its limiter and its QoS scheduler,
+// what the models on it need to load and to serve. Its control loop
+// (Loop) is built on it once the models exist.
 type Device struct {
 	name  string
 	opts  Options
 	log   *slog.Logger
 	lim   limiter.Limiter
 	sched *qos.Scheduler
-	adj   *control.Adjuster
-	usage usageBoard // written by sample, read by adj
 }
 
 // New starts the device's limiter as the control config says and builds
-// its scheduler and adjuster; Run runs them.
+// its scheduler; Run runs the scheduler, Close removes the limiter's
+// units.
 func New(opts Options) (*Device, error) {
 	name := opts.Name
 	log := opts.Logger.With("device", name)
@@ -89,7 +87,6 @@ func New(opts Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device %s: limiter: %w", name, err)
 	}
-	caps := lim.Capabilities()
 	slots := Slots(name, opts.QoS.DeviceSlots, lim, opts.Sim)
 	log.Info("limiter", "kind", lim.Kind(), "detail", lim.Describe())
 	sched, err := qos.NewScheduler(qos.Options{
@@ -109,64 +106,24 @@ func New(opts Options) (*Device, error) {
 		lim.Close()
 		return nil, err
 	}
-	d := &Device{name: name, opts: opts, log: log, sched: sched, lim: lim}
-	ctl := opts.Control
-	adj, err := control.NewAdjuster(sched, control.AdjusterOptions{
-		Policy:         ctl.Policy,
-		Period:         ctl.Period,
-		Headroom:       ctl.Headroom,
-		Quantile:       ctl.Quantile,
-		MaxUtilization: ctl.MaxUtilization,
-		ScaleDownAfter: ctl.ScaleDownAfter,
-		Cooldown:       ctl.Cooldown,
-		Step:           ctl.Step,
-		MinShare:       ctl.MinShare,
-		MemoryBudget:   int64(ctl.MemoryBudget),
-		MemoryFloor:    caps.MinMemory, // 0: the adjuster's default
-		KeepAlive:      ctl.KeepAlive,
-		Predictor:      opts.Predictor,
-		Actuator:       actuator{models: opts.Models, device: name},
-		Usage:          d.usage.get,
-		CapsOnly:       caps.CapsOnly,
-		Background:     caps.Background,
-		Logger:         opts.Logger, // the adjuster adds its component, policy and device
-		Registerer:     opts.Registerer,
-		Device:         name,
-	})
-	if err != nil {
-		lim.Close()
-		return nil, fmt.Errorf("device %s: adjuster: %w", name, err)
-	}
-	d.adj = adj
-	log.Info("device started", "policy", opts.QoS.Policy, "slots", slots, "share_policy", adj.Policy().Name())
-	return d, nil
+	log.Info("device started", "policy", opts.QoS.Policy, "slots", slots)
+	return &Device{name: name, opts: opts, log: log, sched: sched, lim: lim}, nil
 }
 
-// Run runs the device's scheduler, adjuster and usage sampling until ctx
-// ends, and returns once all three have.
+// Run runs the device's scheduler until ctx ends.
 func (d *Device) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := d.sched.Run(ctx); err != nil {
-			d.log.Error("scheduler stopped", "err", err)
-		}
-	})
-	wg.Go(func() {
-		if err := d.adj.Run(ctx); err != nil {
-			d.log.Error("adjuster stopped", "err", err)
-		}
-	})
-	wg.Go(func() { d.sample(ctx.Done()) })
-	wg.Wait()
+	if err := d.sched.Run(ctx); err != nil {
+		d.log.Error("scheduler stopped", "err", err)
+	}
 }
 
-// Close removes the limiter's units; call it once Run has returned.
+// Close removes the limiter's units; call it once Run and the device's
+// Loop.Run have returned.
 func (d *Device) Close() error { return d.lim.Close() }
 
-func (d *Device) Name() string                { return d.name }
-func (d *Device) Limiter() limiter.Limiter    { return d.lim }
-func (d *Device) Scheduler() *qos.Scheduler   { return d.sched }
-func (d *Device) Adjuster() *control.Adjuster { return d.adj }
+func (d *Device) Name() string              { return d.name }
+func (d *Device) Limiter() limiter.Limiter  { return d.lim }
+func (d *Device) Scheduler() *qos.Scheduler { return d.sched }
 
 // NewLimiter starts a device's limiter as the control config says. The
 // shared policy sets no limits, so under auto it gets none. On a simulated

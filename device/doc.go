@@ -10,6 +10,14 @@
 // through Models (the registry implements it) and asks its limiter what
 // it can do (limiter.Capabilities), never what it is.
 //
+// The devices of a server are built together at start (NewSet: the CPU
+// and each GPU) and closed in reverse (Set.Close); their control loops
+// (NewLoops) are built on the registry once it exists. Placement across
+// GPUs (Placement, gpu.placement) reads the loops and the registry and
+// moves models; the device-fault recovery (Recovery) restarts a faulted
+// GPU's daemon through limiter.DaemonRestarter and its instances, known
+// only through FaultDomain and Recoverable (no simulator type).
+//
 // It must not assemble the server, serve the wire, or load models: server
 // builds the devices and models applies the shares they choose.
 package device

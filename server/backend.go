@@ -7,29 +7,56 @@ import (
 	"time"
 
 	"github.com/sloserve/sloserve/api"
+	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 )
+
+// Version is the sloserve version, set at build time with -ldflags.
+var Version = "dev"
 
 // backend serves the protocol handlers. The request path's methods
 // (ModelReady, Metadata, ModelConfig, Infer, Preadmit, Statistics) are the
 // registry's own, promoted: api calls the registry directly.
 type backend struct {
 	*models.Registry
-	devs     *devices
-	dash     *dashboard.Recorder // nil: disabled
-	reloads  *reloader
-	ready    atomic.Bool // initial loads done and not shutting down
+	ctl     configs.Control
+	devs    *device.Set
+	loops   *device.Loops
+	pred    *predictor.Predictor
+	rec     *device.Recovery    // nil: no simulated GPUs
+	place   *device.Placement   // nil: gpu.placement off
+	dash    *dashboard.Recorder // nil: disabled
+	reloads *reloader
+	// state is starting, ready (the initial loads are done) or shutting
+	// down; once shutting down it stays so.
+	state    atomic.Int32
 	stopping atomic.Bool
 }
+
+// The backend's states.
+const (
+	stateStarting int32 = iota
+	stateReady
+	stateShuttingDown
+)
+
+// markReady says the initial loads are done; false when the shutdown has
+// begun first (the server then never says ready).
+func (b *backend) markReady() bool { return b.state.CompareAndSwap(stateStarting, stateReady) }
+
+// shutdown makes readiness false for good.
+func (b *backend) shutdown() { b.state.Store(stateShuttingDown) }
 
 var _ api.Backend = (*backend)(nil)
 
 func (b *backend) Live() bool { return !b.stopping.Load() }
 func (b *backend) Ready() bool {
-	return b.ready.Load() && !b.stopping.Load() && singleModelReady(b.reloads.current(), b.Registry)
+	return b.state.Load() == stateReady && !b.stopping.Load() && singleModelReady(b.reloads.current(), b.Registry)
 }
 
 func (b *backend) ServerVersion() string { return Version }
@@ -54,14 +81,16 @@ func (b *backend) ReloadConfig(ctx context.Context) (api.ReloadResult, error) {
 }
 
 func (b *backend) Control() api.ControlStatus {
-	st := api.ControlStatus{Policy: b.devs.ctl.Policy, Period: b.devs.ctl.Period.String(), Devices: []api.DeviceControl{}}
-	for _, d := range b.devs.all() {
+	ctl := b.ctl
+	st := api.ControlStatus{Policy: ctl.Policy, Period: ctl.Period.String(), Devices: []api.DeviceControl{}}
+	for _, l := range b.loops.All() {
+		d := l.Device()
 		dc := api.DeviceControl{
 			Device: d.Name(), Limiter: d.Limiter().Kind(), LimiterDetail: d.Limiter().Describe(), CPUs: d.Limiter().CPUs(),
 			Models: []api.ModelControl{},
 		}
-		for _, ms := range d.Adjuster().Shares() {
-			acc := b.devs.pred.Accuracy(ms.Model)
+		for _, ms := range l.Adjuster().Shares() {
+			acc := b.pred.Accuracy(ms.Model)
 			us := b.Registry.UnitStats(ms.Model)
 			var pending *float64
 			if ms.Pending != nil {
@@ -78,7 +107,7 @@ func (b *backend) Control() api.ControlStatus {
 				MAPE: acc.MAPE, ProfileMAPE: acc.ProfileMAPE, Correction: acc.Correction, Interference: acc.Interference,
 				PlannedLatencyMs: api.Milliseconds(ms.PredictedLatency), PredictionSamples: acc.Samples,
 				MemoryUsedBytes: us.MemoryBytes, ThrottledSeconds: us.ThrottledSeconds, CPUSeconds: us.CPUSeconds,
-				Risky: b.devs.risky(ms.Model),
+				Risky: b.rec.Risky(ms.Model),
 			})
 		}
 		st.Devices = append(st.Devices, dc)
@@ -88,7 +117,7 @@ func (b *backend) Control() api.ControlStatus {
 
 func (b *backend) Limiters() map[string]string {
 	out := map[string]string{}
-	for _, d := range b.devs.all() {
+	for _, d := range b.devs.Devices() {
 		out[d.Name()] = d.Limiter().Kind()
 	}
 	return out
@@ -96,14 +125,14 @@ func (b *backend) Limiters() map[string]string {
 
 func (b *backend) ControlEvents(since time.Time, limit int) []control.Event {
 	var all []control.Event
-	for _, d := range b.devs.all() {
-		all = append(all, d.Adjuster().Events(since, limit)...)
+	for _, l := range b.loops.All() {
+		all = append(all, l.Adjuster().Events(since, limit)...)
 	}
-	if b.devs.rec != nil {
-		all = append(all, b.devs.rec.Events(since, limit)...)
+	if b.rec != nil {
+		all = append(all, b.rec.Events(since, limit)...)
 	}
-	if b.devs.place != nil {
-		all = append(all, b.devs.place.events(since, limit)...)
+	if b.place != nil {
+		all = append(all, b.place.Events(since, limit)...)
 	}
 	slices.SortStableFunc(all, func(a, b control.Event) int { return a.Time.Compare(b.Time) })
 	if len(all) > limit {
@@ -117,9 +146,10 @@ func (b *backend) PinShare(ctx context.Context, name string, pin *limiter.Share)
 	if err != nil {
 		return err
 	}
-	d, err := b.devs.get(device)
-	if err != nil {
+	l := b.loops.Lookup(device)
+	if l == nil {
+		_, err := b.devs.Scheduler(device) // why the device has no loop
 		return err
 	}
-	return d.Adjuster().Pin(key, pin)
+	return l.Adjuster().Pin(key, pin)
 }

@@ -7,148 +7,18 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/device"
-	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
-	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/simgpu"
 )
-
-// devices holds each execution device ("cpu", "cuda:0"; device.Device),
-// created when the first model on it loads. One predictor serves every
-// device (model keys are unique). The loops run until the server stops.
-type devices struct {
-	ctx  context.Context
-	qos  configs.QoS
-	ctl  configs.Control
-	reg  prometheus.Registerer
-	log  *slog.Logger
-	pred *predictor.Predictor
-	// gate is the one admission limit on requests in flight, shared by
-	// every device's scheduler; a config reload changes its limits.
-	gate *qos.Gate
-
-	// registry is the adjusters' actuator; set once it exists, before any
-	// model loads.
-	registry *models.Registry
-	// sim, when set, is the simulated machine cuda devices are on; rec
-	// recovers its devices from faults.
-	sim *simgpu.Sim
-	rec *recovery
-	// place, when set, places cuda models across the devices
-	// (placement.go).
-	place *placement
-
-	// use is each model's use of its device as the adjuster reads it,
-	// by where it came from (sloserve_device_use).
-	use *prometheus.GaugeVec
-
-	mu    sync.Mutex
-	byDev map[string]*device.Device
-	loops sync.WaitGroup
-}
-
-func newDevices(ctx context.Context, cfg *configs.Server, reg prometheus.Registerer, log *slog.Logger) (*devices, error) {
-	pred, err := predictor.New(predictor.Options{Registerer: reg})
-	if err != nil {
-		return nil, err
-	}
-	gate := qos.NewGate(cfg.Limits.MaxInflightRequests, int64(cfg.Limits.MaxInflightBytes))
-	if reg != nil {
-		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sloserve_requests_refused_unread_total",
-			Help: "gRPC inference calls refused at limits.max_inflight_requests before their message (and model) was read; no model's count has them.",
-		}, func() float64 { return float64(gate.RefusedUnread()) })); err != nil {
-			return nil, fmt.Errorf("registering sloserve_requests_refused_unread_total: %w", err)
-		}
-	}
-	use, err := device.NewUseGauge(reg)
-	if err != nil {
-		return nil, err
-	}
-	return &devices{ctx: ctx, qos: cfg.QoS, ctl: cfg.Control, reg: reg, log: log, pred: pred, gate: gate, use: use, byDev: map[string]*device.Device{}}, nil
-}
-
-// scheduler is the registry's Options.Scheduler.
-func (ds *devices) scheduler(name string) (*qos.Scheduler, error) {
-	d, err := ds.get(name)
-	if err != nil {
-		return nil, err
-	}
-	return d.Scheduler(), nil
-}
-
-// limiter is the registry's Options.Limiter. When the device cannot start,
-// nil: the model's instances start unlimited and its scheduling then fails
-// with the device's error.
-func (ds *devices) limiter(name string) limiter.Limiter {
-	d, err := ds.get(name)
-	if err != nil {
-		return nil
-	}
-	return d.Limiter()
-}
-
-// get returns a device, starting its scheduler, limiter and adjuster on
-// first use.
-func (ds *devices) get(name string) (*device.Device, error) {
-	ds.mu.Lock()
-	defer ds.mu.Unlock()
-	if d, ok := ds.byDev[name]; ok {
-		return d, nil
-	}
-	d, err := device.New(device.Options{
-		Name: name, QoS: ds.qos, Control: ds.ctl, Predictor: ds.pred, Gate: ds.gate,
-		Models: ds.registry, Sim: ds.sim, Registerer: ds.reg, UseGauge: ds.use, Logger: ds.log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ds.byDev[name] = d
-	ds.loops.Go(func() { d.Run(ds.ctx) })
-	return d, nil
-}
-
-// lookup returns a device that has started, nil if none has.
-func (ds *devices) lookup(name string) *device.Device {
-	ds.mu.Lock()
-	defer ds.mu.Unlock()
-	return ds.byDev[name]
-}
-
-// all returns the devices in name order.
-func (ds *devices) all() []*device.Device {
-	ds.mu.Lock()
-	defer ds.mu.Unlock()
-	out := make([]*device.Device, 0, len(ds.byDev))
-	for _, d := range ds.byDev {
-		out = append(out, d)
-	}
-	slices.SortFunc(out, func(a, b *device.Device) int { return strings.Compare(a.Name(), b.Name()) })
-	return out
-}
-
-// wait blocks until every loop has returned, then removes the limiters'
-// units.
-func (ds *devices) wait() {
-	ds.loops.Wait()
-	for _, d := range ds.all() {
-		if err := d.Close(); err != nil {
-			ds.log.Warn("closing the limiter", "device", d.Name(), "err", err)
-		}
-	}
-}
 
 // profileCacheDir is where profiles are kept: the configured folder, else
 // the user cache directory, else the temporary directory.

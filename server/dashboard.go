@@ -14,16 +14,17 @@ import (
 // the predictor's view and the limiter's readings, and the repository index
 // for the models that do not serve.
 func (b *backend) dashboardSnapshot() dashboard.Snapshot {
-	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.devs.ctl.Policy}
-	for _, d := range b.devs.all() {
+	snap := dashboard.Snapshot{Time: time.Now(), Policy: b.ctl.Policy}
+	for _, l := range b.loops.All() {
+		d := l.Device()
 		snap.Devices = append(snap.Devices, dashboard.Device{Name: d.Name(), Limiter: d.Limiter().Kind(), CPUs: d.Limiter().CPUs()})
 		shares := map[string]control.ModelShare{}
-		for _, ms := range d.Adjuster().Shares() {
+		for _, ms := range l.Adjuster().Shares() {
 			shares[ms.Model] = ms
 		}
 		for _, st := range d.Scheduler().AllStats() {
 			ms := shares[st.Model]
-			acc := b.devs.pred.Accuracy(st.Model)
+			acc := b.pred.Accuracy(st.Model)
 			us := b.Registry.UnitStats(st.Model)
 			name, version, _ := strings.Cut(st.Model, "/")
 			snap.Models = append(snap.Models, dashboard.ModelSample{

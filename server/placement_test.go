@@ -3,11 +3,7 @@ package server
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,12 +11,10 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -28,65 +22,17 @@ import (
 // placedServer is simulatedServer with gpu.placement wired as Run wires
 // it: the registry places cuda models without a device_id and the placer
 // re-places them every period.
-func placedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *devices, *placement) {
+func placedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *house, *device.Placement) {
 	t.Helper()
-	repo := t.TempDir()
-	for name, c := range modelConfigs {
-		dir := filepath.Join(repo, name, "1")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(repo, name, "config.yaml"), []byte("name: "+name+"\n"+c), 0o644)
-		os.WriteFile(filepath.Join(dir, "model.onnx"), tinyONNX(strings.Contains(c, "max_batch_size")), 0o644)
-	}
-	cfg.Repositories = []string{repo}
+	cfg.Repositories = []string{tinyRepo(t, modelConfigs)}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sim, err := newSimulator(cfg.GPU, log)
-	if err != nil {
-		t.Fatal(err)
+	h := assembledServer(t, cfg)
+	if h.place == nil {
+		t.Fatal("no placement")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	loopCtx, stopLoops := context.WithCancel(context.Background())
-	promReg := prometheus.NewRegistry()
-	devs, err := newDevices(loopCtx, cfg, promReg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs.sim = sim
-	place, err := newPlacement(cfg.GPU.Placement, devs, log)
-	if err != nil || place == nil {
-		t.Fatalf("placement %v: %v", place, err)
-	}
-	runners := &runnerFactory{sim: sim, logger: log}
-	prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
-	reg, err := models.New(models.Options{
-		Profile:      prof.run,
-		Repositories: cfg.Repositories, Control: cfg.ModelControl,
-		DrainTimeout: cfg.Limits.GracePeriod, CallTimeout: cfg.Runtime.CallTimeout,
-		NewInstance: runners.start, Logger: log, Registerer: promReg,
-		Scheduler: devs.scheduler, Estimator: devs.pred, Limiter: devs.limiter, Forget: devs.pred.Forget,
-		Place: place.place,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs.registry = reg
-	placeCtx, stopPlace := context.WithCancel(ctx)
-	devs.loops.Go(func() { place.run(placeCtx) })
-	t.Cleanup(func() {
-		stopPlace()
-		cancel()
-		reg.Stop(context.Background())
-		stopLoops()
-		devs.wait()
-	})
-	if err := reg.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return reg, devs, place
+	return h.reg, h, h.place
 }
 
 func deviceOfModel(t *testing.T, reg *models.Registry, model string) string {
@@ -143,7 +89,7 @@ profile: {batch_sizes: [1]}
 			pair, lone = lone, pair
 		}
 		placeEvents := 0
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			if e.Kind == control.EventPlace {
 				placeEvents++
 			}
@@ -205,7 +151,7 @@ profile: {batch_sizes: [1]}
 		wg.Wait()
 
 		var moves []control.Event
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			switch e.Kind {
 			case control.EventMove:
 				moves = append(moves, e)
@@ -214,7 +160,7 @@ profile: {batch_sizes: [1]}
 			}
 		}
 		if len(moves) == 0 {
-			t.Fatalf("no move in 3 minutes; events %+v", place.events(time.Time{}, 0))
+			t.Fatalf("no move in 3 minutes; events %+v", place.Events(time.Time{}, 0))
 		}
 		for _, e := range moves {
 			t.Logf("move of %s to %s: %s", e.Model, e.Device, e.Reason)
@@ -234,9 +180,9 @@ profile: {batch_sizes: [1]}
 		infer(t, reg, moved)
 		for _, m := range []string{"a", "b", "c"} {
 			at := deviceOfModel(t, reg, m)
-			for _, d := range devs.all() {
-				if has := d.Scheduler().HasModel(m + "/1"); has != (d.Name() == at) {
-					t.Errorf("%s runs on %s, but %s's scheduler has it: %v", m, at, d.Name(), has)
+			for _, d := range devs.loops.All() {
+				if has := d.Device().Scheduler().HasModel(m + "/1"); has != (d.Device().Name() == at) {
+					t.Errorf("%s runs on %s, but %s's scheduler has it: %v", m, at, d.Device().Name(), has)
 				}
 			}
 		}
@@ -271,7 +217,7 @@ func TestPlacementKeepsPinnedModels(t *testing.T) {
 		if err := reg.Move(t.Context(), "p/1", "cuda:0"); err == nil || !strings.Contains(err.Error(), "names device 1") {
 			t.Errorf("moving a pinned model: %v, want a refusal", err)
 		}
-		for _, e := range place.events(time.Time{}, 0) {
+		for _, e := range place.Events(time.Time{}, 0) {
 			if e.Model == "p" || e.Model == "q" {
 				t.Errorf("event for a pinned model: %+v", e)
 			}
@@ -304,13 +250,13 @@ func TestPlacementSeesUseAndMemoryShareOnMPS(t *testing.T) {
 		})
 		time.Sleep(40 * time.Second)
 		synctest.Wait()
-		_, ms := place.snapshot()
+		_, ms := place.Snapshot()
 		stop()
 		traffic.Wait()
 		if len(ms) != 1 {
 			t.Fatalf("snapshot %+v, want m", ms)
 		}
-		d := devs.lookup("cuda:0")
+		d := devs.loops.Lookup("cuda:0")
 		var target float64
 		for _, s := range d.Adjuster().Shares() {
 			if s.Model == "m/1" {

@@ -7,12 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
-	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
@@ -23,82 +21,27 @@ import (
 // writes the measured points, the fitted curve and its error to out. No
 // listener is opened and no request is served.
 func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool, out io.Writer, logger *slog.Logger) error {
-	cfg, _, unstage, _, err := singleModel(cfg)
-	if err != nil {
-		return err
-	}
-	defer unstage()
-	runners, cleanup, err := newRunnerFactory(cfg.Runtime, logger)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	if runners.sim, err = newSimulator(cfg.GPU, logger); err != nil {
-		return err
-	}
-	pred, err := predictor.New(predictor.Options{})
-	if err != nil {
-		return err
-	}
-	var (
-		mu   sync.Mutex
-		lims = map[string]limiter.Limiter{}
-		lerr error
-	)
-	defer func() {
-		for _, l := range lims {
-			l.Close()
-		}
-	}()
-	limiterFor := func(name string) limiter.Limiter {
-		mu.Lock()
-		defer mu.Unlock()
-		if l, ok := lims[name]; ok {
-			return l
-		}
-		l, err := device.NewLimiter(cfg.Control, name, runners.sim, logger)
-		if err != nil {
-			lerr = err
-			return nil
-		}
-		lims[name] = l
-		return l
-	}
 	var reported bool
-	prof := &profiler{
-		cfg:   cfg.Control.Profile,
-		cache: predictor.Cache{Dir: profileCacheDir(cfg.Control.Profile.CacheDir)},
-		pred:  pred,
-		lib:   runners.library,
-		log:   logger,
-		fresh: fresh,
-		sim:   runners.sim,
+	var h *house
+	h, err := assemble(cfg, logger, assembly{profile: &profileRequest{model: model, fresh: fresh,
 		report: func(run models.ProfileRun, p predictor.Profile, cached bool) {
 			reported = true
-			writeProfile(out, run, p, cached, lims[run.Device])
-		},
-	}
-	reg, err := models.New(models.Options{
-		Repositories:      cfg.Repositories,
-		Control:           configs.ModelControlExplicit,
-		StartupModels:     []string{model},
-		MaxTensorElements: cfg.Limits.MaxTensorElements,
-		MaxBatchSize:      cfg.Limits.MaxBatchSize,
-		NewInstance:       runners.start,
-		Logger:            logger,
-		Limiter:           limiterFor,
-		Profile:           prof.run,
-	})
+			writeProfile(out, run, p, cached, h.devs.Limiter(run.Device))
+		}}})
 	if err != nil {
 		return err
 	}
+	defer h.close()
+	reg := h.reg
 	startErr := reg.Start(ctx)
 	defer reg.Stop(context.WithoutCancel(ctx))
 	if startErr != nil {
 		return startErr
 	}
-	if lerr != nil {
-		return fmt.Errorf("limiter: %w", lerr)
+	if _, dev, err := reg.VersionKey(model, ""); err == nil && h.devs.Lookup(dev) == nil {
+		if _, err := h.devs.Scheduler(dev); err != nil {
+			return fmt.Errorf("limiter: %w", err)
+		}
 	}
 	if !reported {
 		for _, e := range reg.Index(false) {
@@ -137,7 +80,7 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	for _, pt := range p.Points {
 		pred := p.Curve.Predict(pt.Batch, pt.Share)
 		errPct := 100 * (float64(pred) - float64(pt.Latency)) / float64(pt.Latency)
-		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, ms(pt.Latency), ms(pred), errPct)
+		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, millis(pt.Latency), millis(pred), errPct)
 		if memory {
 			fmt.Fprintf(tw, "%.1f\t", float64(pt.Memory)/(1<<20))
 		}
@@ -149,4 +92,4 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	fmt.Fprintf(w, "MAPE %.1f%% over %d points\n", 100*p.MAPE, len(p.Points))
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

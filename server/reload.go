@@ -68,13 +68,13 @@ type reloader struct {
 	running *configs.Server
 }
 
-func newReloader(opts Reloading, cfg *configs.Server, reg *models.Registry, gate *qos.Gate, promReg prometheus.Registerer, log *slog.Logger) (*reloader, error) {
+func newReloader(opts Reloading, cfg *configs.Server, reg *models.Registry, gate *qos.Gate, sec *security, promReg prometheus.Registerer, log *slog.Logger) (*reloader, error) {
 	m, err := newReloadMetrics(promReg)
 	if err != nil {
 		return nil, err
 	}
 	running := *cfg
-	return &reloader{opts: opts, reg: reg, gate: gate, log: log, metrics: m, running: &running}, nil
+	return &reloader{opts: opts, reg: reg, gate: gate, security: sec, log: log, metrics: m, running: &running}, nil
 }
 
 // current returns the settings in effect.

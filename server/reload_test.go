@@ -44,7 +44,7 @@ func TestReloader(t *testing.T) {
 	}
 	level := new(slog.LevelVar)
 	gate := qos.NewGate(start.Limits.MaxInflightRequests, int64(start.Limits.MaxInflightBytes))
-	rl, err := newReloader(Reloading{Load: load, LogLevel: level}, start, reg, gate, promReg, slog.New(slog.DiscardHandler))
+	rl, err := newReloader(Reloading{Load: load, LogLevel: level}, start, reg, gate, nil, promReg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestReloader(t *testing.T) {
 	}
 
 	// Without a source, a reload fails clearly.
-	bare, err := newReloader(Reloading{}, start, reg, gate, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	bare, err := newReloader(Reloading{}, start, reg, gate, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

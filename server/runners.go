@@ -2,11 +2,15 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
 	"github.com/sloserve/sloserve/simgpu"
@@ -15,7 +19,9 @@ import (
 // newRunnerFactory finds the ONNX Runtime library and this executable and
 // prepares the runners' socket folder: the configured one, or a temporary
 // one (after removing those of dead servers) that cleanup removes.
-func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
+// sim, when set, runs cuda models on simulated GPUs; rec, when set,
+// recovers them from faults.
+func newRunnerFactory(rt configs.Runtime, sim *simgpu.Sim, rec *device.Recovery, logger *slog.Logger) (f *runnerFactory, cleanup func(), err error) {
 	lib, err := FindONNXRuntime(rt.ONNXRuntimeLibrary)
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +41,7 @@ func newRunnerFactory(rt configs.Runtime, logger *slog.Logger) (f *runnerFactory
 	} else if err := os.MkdirAll(socketDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("socket directory: %w", err)
 	}
-	return &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: rt, logger: logger}, cleanup, nil
+	return &runnerFactory{executable: exe, library: lib, socketDir: socketDir, rt: rt, logger: logger, sim: sim, rec: rec}, cleanup, nil
 }
 
 // runnerFactory starts model instances as runner processes of this binary.
@@ -48,7 +54,7 @@ type runnerFactory struct {
 	// sim, when set, runs cuda models on simulated GPUs; rec recovers
 	// them from faults.
 	sim *simgpu.Sim
-	rec *recovery
+	rec *device.Recovery
 }
 
 // start is the registry's NewInstance: one runner process per instance,
@@ -186,4 +192,95 @@ func arenaSize(n configs.ByteSize) int64 {
 		return -1
 	}
 	return int64(n)
+}
+
+// startSimulated starts an instance of a cuda model on its simulated GPU
+// (another one when the model is risky: recovery.deviceFor), known to the
+// device recovery while it runs.
+func (f *runnerFactory) startSimulated(ctx context.Context, spec models.InstanceSpec, name string) (models.Instance, error) {
+	ex := spec.Config.Execution
+	dev, err := f.sim.Device(ex.DeviceID)
+	if err != nil {
+		return nil, fmt.Errorf("execution.device_id %d: %w", ex.DeviceID, err)
+	}
+	m, err := ex.Simulated.Model()
+	if err != nil {
+		return nil, fmt.Errorf("execution.simulated: %w", err)
+	}
+	m.Name = spec.Model
+	cfg := runtime.SimulatedConfig{
+		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
+		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
+		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Logger: f.logger.With("instance", name),
+	}
+	rec := f.rec
+	if rec == nil {
+		return runtime.StartSimulated(ctx, cfg)
+	}
+	if cfg.Device, err = f.sim.Device(rec.DeviceFor(spec.Model, dev.Index())); err != nil {
+		return nil, err
+	}
+	cfg.PlacedFor = dev
+	var self atomic.Pointer[runtime.Simulated]
+	cfg.OnExit = func(e runtime.Exit) {
+		if spec.OnExit != nil {
+			spec.OnExit(e)
+		}
+		if s := self.Load(); s != nil {
+			rec.Exited(s.Device().Index())
+		} else {
+			rec.Exited(cfg.Device.Index())
+		}
+	}
+	cfg.OnRestart = func(reason string) {
+		if spec.OnRestart != nil {
+			spec.OnRestart(reason)
+		}
+		if s := self.Load(); s != nil {
+			rec.Restarted(simulatedInstance{s, f.sim}, reason)
+		}
+	}
+	s, err := runtime.StartSimulated(ctx, cfg)
+	if err != nil {
+		if errors.Is(err, simgpu.ErrOutOfMemory) {
+			rec.StartFailed(name, cfg.Device.Index(), err)
+		}
+		return nil, err
+	}
+	self.Store(s)
+	si := simulatedInstance{s, f.sim}
+	rec.Track(si, spec.Config)
+	if s.Gone() { // a fault before it was tracked
+		rec.Exited(s.Device().Index())
+	}
+	return recoveredInstance{s, si, rec}, nil
+}
+
+// FindONNXRuntime returns the ONNX Runtime library runners should load:
+// the configured path, or the first that exists of the places the project's
+// set-up and the container image put it.
+func FindONNXRuntime(configured string) (string, error) {
+	if configured != "" {
+		if _, err := os.Stat(configured); err != nil {
+			return "", fmt.Errorf("runtime.onnxruntime_library: %w", err)
+		}
+		return configured, nil
+	}
+	var candidates []string
+	const rel = "deps/onnxruntime/libonnxruntime.so.1.30.0"
+	candidates = append(candidates, rel)
+	if exe, err := os.Executable(); err == nil {
+		candidates = append(candidates, filepath.Join(filepath.Dir(exe), "..", rel))
+	}
+	candidates = append(candidates,
+		"/opt/sloserve/lib/libonnxruntime.so.1.30.0",
+		"/usr/local/lib/libonnxruntime.so",
+		"/usr/lib/libonnxruntime.so",
+	)
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("ONNX Runtime library not found (looked in %v); run `make setup` or set SLOSERVE_ONNXRUNTIME_LIBRARY", candidates)
 }

@@ -28,3 +28,22 @@ func TestFindONNXRuntime(t *testing.T) {
 		t.Errorf("no library anywhere: err = %v, want one that says to run make setup", err)
 	}
 }
+
+// Readiness turns true once, when the initial loads are done, and never
+// once the shutdown has begun: loads that end during the shutdown do not
+// make the server ready again.
+func TestReadinessNeverReturnsAfterShutdown(t *testing.T) {
+	var b backend
+	if !b.markReady() || b.state.Load() != stateReady {
+		t.Fatal("the initial loads did not make the backend ready")
+	}
+	b.shutdown()
+	if b.markReady() || b.state.Load() != stateShuttingDown {
+		t.Error("ready again after the shutdown began")
+	}
+	var late backend
+	late.shutdown()
+	if late.markReady() || late.state.Load() != stateShuttingDown {
+		t.Error("loads that ended after the shutdown began made the backend ready")
+	}
+}

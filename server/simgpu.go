@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
@@ -30,71 +30,9 @@ func newSimulator(g configs.GPU, log *slog.Logger) (*simgpu.Sim, error) {
 	return sim, nil
 }
 
-// startSimulated starts an instance of a cuda model on its simulated GPU
-// (another one when the model is risky: recovery.deviceFor), known to the
-// device recovery while it runs.
-func (f *runnerFactory) startSimulated(ctx context.Context, spec models.InstanceSpec, name string) (models.Instance, error) {
-	ex := spec.Config.Execution
-	dev, err := f.sim.Device(ex.DeviceID)
-	if err != nil {
-		return nil, fmt.Errorf("execution.device_id %d: %w", ex.DeviceID, err)
-	}
-	m, err := ex.Simulated.Model()
-	if err != nil {
-		return nil, fmt.Errorf("execution.simulated: %w", err)
-	}
-	m.Name = spec.Model
-	cfg := runtime.SimulatedConfig{
-		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
-		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
-		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Logger: f.logger.With("instance", name),
-	}
-	rec := f.rec
-	if rec == nil {
-		return runtime.StartSimulated(ctx, cfg)
-	}
-	if cfg.Device, err = f.sim.Device(rec.deviceFor(spec.Model, dev.Index())); err != nil {
-		return nil, err
-	}
-	cfg.PlacedFor = dev
-	var self atomic.Pointer[runtime.Simulated]
-	cfg.OnExit = func(e runtime.Exit) {
-		if spec.OnExit != nil {
-			spec.OnExit(e)
-		}
-		if s := self.Load(); s != nil {
-			rec.exited(s.Device().Index())
-		} else {
-			rec.exited(cfg.Device.Index())
-		}
-	}
-	cfg.OnRestart = func(reason string) {
-		if spec.OnRestart != nil {
-			spec.OnRestart(reason)
-		}
-		if s := self.Load(); s != nil {
-			rec.restarted(simulatedInstance{s, f.sim}, reason)
-		}
-	}
-	s, err := runtime.StartSimulated(ctx, cfg)
-	if err != nil {
-		if errors.Is(err, simgpu.ErrOutOfMemory) {
-			rec.startFailed(name, cfg.Device.Index(), err)
-		}
-		return nil, err
-	}
-	self.Store(s)
-	si := simulatedInstance{s, f.sim}
-	rec.track(si, spec.Config)
-	if s.Gone() { // a fault before it was tracked
-		rec.exited(s.Device().Index())
-	}
-	return recoveredInstance{s, si, rec}, nil
-}
-
 // simulatedDomains are the simulator's GPUs as the recovery knows them.
-func simulatedDomains(sim *simgpu.Sim) []faultDomain {
-	var out []faultDomain
+func simulatedDomains(sim *simgpu.Sim) []device.FaultDomain {
+	var out []device.FaultDomain
 	for _, d := range sim.Devices() {
 		out = append(out, simulatedDomain{d})
 	}
@@ -106,12 +44,12 @@ type simulatedDomain struct{ d *simgpu.Device }
 
 func (s simulatedDomain) Index() int { return s.d.Index() }
 
-func (s simulatedDomain) Fault() (deviceFault, bool) {
+func (s simulatedDomain) Fault() (device.DeviceFault, bool) {
 	err := s.d.Faulted()
 	if err == nil {
-		return deviceFault{}, false
+		return device.DeviceFault{}, false
 	}
-	f := deviceFault{Err: err}
+	f := device.DeviceFault{Err: err}
 	var fe *simgpu.FaultError
 	if errors.As(err, &fe) {
 		f.At, f.Client = fe.At, fe.Client
@@ -125,7 +63,7 @@ type simulatedInstance struct {
 	sim *simgpu.Sim
 }
 
-var _ recoverable = simulatedInstance{}
+var _ device.Recoverable = simulatedInstance{}
 
 func (si simulatedInstance) Name() string  { return si.s.Name() }
 func (si simulatedInstance) Device() int   { return si.s.Device().Index() }
@@ -149,22 +87,21 @@ func (s simDaemon) RestartDaemon(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// daemonOf is the daemon handle of device i: the limiter's when the
-// device has been started and its limiter has one, else the simulator's.
-func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
-	// Only a device already started has a limiter: a risky model's
-	// client may run on a device no model names.
-	name := fmt.Sprintf("cuda:%d", i)
-	for _, d := range ds.all() {
-		if r, ok := d.Limiter().(limiter.DaemonRestarter); ok && d.Name() == name {
-			return r
+// daemonOf is the daemon handle of a simulated device by index: its
+// limiter's when the limiter has one (MPS), else the simulator's.
+func daemonOf(devs *device.Set, sim *simgpu.Sim) func(int) limiter.DaemonRestarter {
+	return func(i int) limiter.DaemonRestarter {
+		if d := devs.Lookup(fmt.Sprintf("cuda:%d", i)); d != nil {
+			if r, ok := d.Limiter().(limiter.DaemonRestarter); ok {
+				return r
+			}
 		}
+		dev, err := sim.Device(i)
+		if err != nil {
+			return nil
+		}
+		return simDaemon{dev}
 	}
-	dev, err := ds.sim.Device(i)
-	if err != nil {
-		return nil
-	}
-	return simDaemon{dev}
 }
 
 // recoveredInstance is a simulated instance the device recovery tracks
@@ -172,7 +109,7 @@ func (ds *devices) daemonOf(i int) limiter.DaemonRestarter {
 type recoveredInstance struct {
 	*runtime.Simulated
 	self simulatedInstance
-	rec  *recovery
+	rec  *device.Recovery
 }
 
 var (
@@ -181,6 +118,6 @@ var (
 )
 
 func (ri recoveredInstance) Stop(ctx context.Context) error {
-	ri.rec.untrack(ri.self)
+	ri.rec.Untrack(ri.self)
 	return ri.Simulated.Stop(ctx)
 }

@@ -140,7 +140,7 @@ func simulatedDay(t *testing.T, mix dayMix, policy string, span time.Duration) d
 		beShare, _ := reg.Share("be0/1")
 		knee, _ := devs.pred.Knee("lc/1", 1)
 		t.Logf("%s: shares at the end: lc %+v, be0 %+v; lc correction %.2f, knee %.2f", policy, lcShare, beShare, devs.pred.Accuracy("lc/1").Correction, knee)
-		for _, d := range devs.all() {
+		for _, d := range devs.loops.All() {
 			for _, e := range d.Adjuster().Events(time.Time{}, 0) {
 				if e.Kind == "resize" {
 					res.resizes++

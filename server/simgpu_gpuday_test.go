@@ -336,11 +336,11 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 			byName[dm.name] = dm
 			_, dm.device, _ = reg.VersionKey(dm.name, "")
 		}
-		for _, d := range devs.all() {
+		for _, d := range devs.loops.All() {
 			for _, e := range d.Adjuster().Events(origin, 0) {
 				res.events[e.Kind]++
 				if os.Getenv("SLOSERVE_SIMULATED_GPU_DAY_EVENTS") != "" {
-					t.Logf("%s %s %s %s %.2f->%.2f: %s", e.Time.Sub(origin).Round(time.Second), d.Name(), e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
+					t.Logf("%s %s %s %s %.2f->%.2f: %s", e.Time.Sub(origin).Round(time.Second), d.Device().Name(), e.Model, e.Kind, e.Old.Compute, e.New.Compute, e.Reason)
 				}
 				name, _, _ := strings.Cut(e.Model, "/")
 				if dm := byName[name]; dm != nil && e.Kind == "resize" {

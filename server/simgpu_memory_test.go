@@ -46,7 +46,7 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 		synctest.Wait()
 		want := (ws8 + ws8/4 + mib - 1) / mib * mib // + 25%, whole MiB
 		seen := 0
-		for _, d := range devs.all() {
+		for _, d := range devs.loops.All() {
 			if d.Adjuster() == nil {
 				continue
 			}
@@ -54,7 +54,7 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 				seen++
 				if s.Share.Memory != want || s.MemoryTarget != want {
 					t.Errorf("%s on %s: memory share %dMiB, target %dMiB; want %dMiB (batch 8's working set + 25%%), not the 4GiB limit",
-						s.Model, d.Name(), s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
+						s.Model, d.Device().Name(), s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
 				}
 			}
 		}

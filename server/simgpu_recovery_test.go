@@ -31,7 +31,7 @@ execution: {provider: cuda, device_id: 0, simulated: {preset: bert-base}}
 
 // recoveryServer starts a simulated server with the recovery tests'
 // models under the static policy, without profiling.
-func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelConfigs map[string]string) (*models.Registry, *devices) {
+func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelConfigs map[string]string) (*models.Registry, *house) {
 	t.Helper()
 	cfg := configs.DefaultServer()
 	cfg.GPU.Simulator.Devices = devices
@@ -46,18 +46,14 @@ func recoveryServer(t *testing.T, devices int, set func(*configs.Server), modelC
 
 // simInstanceOf finds the live simulated instance of a model, waiting
 // (up to 10 simulated seconds) for a swap in progress to end.
-func simInstanceOf(t *testing.T, devs *devices, model string) *runtime.Simulated {
+func simInstanceOf(t *testing.T, devs *house, model string) *runtime.Simulated {
 	t.Helper()
 	var found []*runtime.Simulated
 	for range 100 {
 		found = found[:0]
-		devs.rec.mu.Lock()
-		for inst, in := range devs.rec.instances {
-			if in.model == model {
-				found = append(found, inst.(simulatedInstance).s)
-			}
+		for _, inst := range devs.rec.Instances(model) {
+			found = append(found, inst.(simulatedInstance).s)
 		}
-		devs.rec.mu.Unlock()
 		if len(found) == 1 {
 			return found[0]
 		}
@@ -130,7 +126,7 @@ func (tr *traffic) finish() {
 	tr.wg.Wait()
 }
 
-func eventsOf(devs *devices, kind string) []control.Event {
+func eventsOf(devs *house, kind string) []control.Event {
 	var out []control.Event
 	for _, e := range devs.rec.Events(time.Time{}, 0) {
 		if e.Kind == kind {
@@ -155,8 +151,8 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		lcPid := simInstanceOf(t, devs, "lc").Pid()
 		// The daemon restarts through the MPS limiter's handle.
 		var handles []limiter.DaemonRestarter
-		daemon := devs.rec.daemon
-		devs.rec.daemon = func(i int) limiter.DaemonRestarter {
+		daemon := devs.rec.DaemonOf
+		devs.rec.DaemonOf = func(i int) limiter.DaemonRestarter {
 			h := daemon(i)
 			handles = append(handles, h)
 			return h
@@ -182,7 +178,7 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		if simInstanceOf(t, devs, "lc").Pid() == lcPid {
 			t.Error("the latency-critical model kept its client: the fault did not take the device down")
 		}
-		recs := devs.rec.recoveries()
+		recs := devs.rec.Recoveries()
 		if len(recs) != 1 {
 			t.Fatalf("recoveries %+v, want one", recs)
 		}
@@ -216,13 +212,13 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		}
 		// The events reach the control API's list beside the adjuster's.
 		kinds := map[string][]string{}
-		for _, e := range (&backend{Registry: reg, devs: devs}).ControlEvents(time.Time{}, 1000) {
+		for _, e := range (&backend{Registry: reg, ctl: devs.cfg.Control, devs: devs.devs, loops: devs.loops, pred: devs.pred, rec: devs.rec, place: devs.place}).ControlEvents(time.Time{}, 1000) {
 			kinds[e.Kind] = append(kinds[e.Kind], e.Model)
 		}
 		if f, r := kinds[control.EventFault], kinds[control.EventRecovered]; len(f) != 1 || f[0] != "be/1" || len(r) != 2 || r[0] != "lc/1" || r[1] != "be/1" {
 			t.Errorf("control events: faults %v, recoveries %v; want be/1's fault, lc/1 then be/1 recovered", f, r)
 		}
-		if _, risky := devs.rec.isolation.Risky("be"); risky {
+		if _, risky := devs.rec.Isolation().Risky("be"); risky {
 			t.Error("one fault made be risky")
 		}
 	})
@@ -312,7 +308,7 @@ func TestSimulatedDeviceMemoryExhaustion(t *testing.T) {
 			t.Errorf("be: ready %v, %q; want not ready for want of device memory", ready, reason("be"))
 		}
 		infer(t, reg, "lc")
-		recs := devs.rec.recoveries()
+		recs := devs.rec.Recoveries()
 		if len(recs) != 1 || len(recs[0].Models) != 2 || recs[0].Models[1].Err == nil || !errors.Is(recs[0].Models[1].Err, simgpu.ErrOutOfMemory) {
 			t.Errorf("recoveries %+v: want be's restart to fail for want of memory", recs)
 		}
@@ -337,7 +333,7 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 				t.Error("one fault moved be")
 			}
 		}
-		if why, risky := devs.rec.isolation.Risky("be"); !risky || !strings.Contains(why, "2 times") {
+		if why, risky := devs.rec.Isolation().Risky("be"); !risky || !strings.Contains(why, "2 times") {
 			t.Fatalf("be after two faults: risky %v (%q)", risky, why)
 		}
 		if got := simInstanceOf(t, devs, "be").Device(); got != d1 {
@@ -367,7 +363,7 @@ func TestSimulatedRiskyBestEffortKeptApart(t *testing.T) {
 			t.Errorf("%d risky events, want 1", n)
 		}
 		// The control status says so.
-		for _, d := range (&backend{Registry: reg, devs: devs}).Control().Devices {
+		for _, d := range (&backend{Registry: reg, ctl: devs.cfg.Control, devs: devs.devs, loops: devs.loops, pred: devs.pred, rec: devs.rec, place: devs.place}).Control().Devices {
 			for _, m := range d.Models {
 				if (m.Risky != "") != (m.Model == "be/1") {
 					t.Errorf("control status of %s: risky %q", m.Model, m.Risky)
@@ -390,7 +386,7 @@ func TestSimulatedRecoveryOrder(t *testing.T) {
 		})
 		simInstanceOf(t, devs, "a-be").Client().Fault("an illegal memory access")
 		time.Sleep(10 * time.Second)
-		recs := devs.rec.recoveries()
+		recs := devs.rec.Recoveries()
 		if len(recs) != 1 {
 			t.Fatalf("recoveries %+v", recs)
 		}
@@ -424,7 +420,7 @@ func TestSimulatedFaultDuringRecovery(t *testing.T) {
 				t.Errorf("%s not ready after the second recovery", m)
 			}
 		}
-		if recs := devs.rec.recoveries(); len(recs) != 2 {
+		if recs := devs.rec.Recoveries(); len(recs) != 2 {
 			t.Errorf("%d recoveries, want 2: %+v", len(recs), recs)
 		}
 		if n := len(eventsOf(devs, control.EventFault)); n != 2 {

@@ -12,13 +12,11 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/models"
-	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -54,9 +52,17 @@ func tinyONNX(batched bool) []byte {
 }
 
 // simulatedServer loads the models of a repository on a simulated GPU
-// the way Run does (devices, runner factory, registry), without
-// listeners. It stops everything when the test ends.
-func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *devices) {
+// the way Run does (assemble, without listeners) and runs the devices'
+// loops. It stops everything when the test ends.
+func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]string) (*models.Registry, *house) {
+	t.Helper()
+	cfg.Repositories = []string{tinyRepo(t, modelConfigs)}
+	h := assembledServer(t, cfg)
+	return h.reg, h
+}
+
+// tinyRepo writes a repository of tiny models with the configs given.
+func tinyRepo(t *testing.T, modelConfigs map[string]string) string {
 	t.Helper()
 	repo := t.TempDir()
 	for name, c := range modelConfigs {
@@ -67,54 +73,54 @@ func simulatedServer(t *testing.T, cfg *configs.Server, modelConfigs map[string]
 		os.WriteFile(filepath.Join(repo, name, "config.yaml"), []byte("name: "+name+"\n"+c), 0o644)
 		os.WriteFile(filepath.Join(dir, "model.onnx"), tinyONNX(strings.Contains(c, "max_batch_size")), 0o644)
 	}
-	cfg.Repositories = []string{repo}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sim, err := newSimulator(cfg.GPU, log)
+	return repo
+}
+
+// assembledServer assembles the models and devices of cfg (no
+// listeners), runs the devices' loops and placement (when on) and loads
+// the models. Everything stops when the test ends, the loops before the
+// registry.
+func assembledServer(t *testing.T, cfg *configs.Server) *house {
+	t.Helper()
+	// The simulated instances never load ONNX Runtime: any file will do.
+	lib := filepath.Join(t.TempDir(), "libonnxruntime.so")
+	os.WriteFile(lib, nil, 0o644)
+	cfg.Runtime.ONNXRuntimeLibrary, cfg.Runtime.SocketDir = lib, t.TempDir()
+	cfg.Control.Profile.CacheDir = t.TempDir()
+	h, err := assemble(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), assembly{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	loopCtx, stopLoops := context.WithCancel(context.Background())
-	promReg := prometheus.NewRegistry()
-	devs, err := newDevices(loopCtx, cfg, promReg, log)
-	if err != nil {
-		t.Fatal(err)
+	var loops sync.WaitGroup
+	for _, d := range h.devs.Devices() {
+		loops.Go(func() { d.Run(loopCtx) })
 	}
-	devs.sim = sim
-	devs.rec = newRecovery(loopCtx, simulatedDomains(sim), devs.daemonOf, log)
-	runners := &runnerFactory{sim: sim, rec: devs.rec, logger: log}
-	var profile func(context.Context, models.ProfileRun) error
-	if cfg.Control.Profile.Enabled {
-		prof := &profiler{cfg: cfg.Control.Profile, cache: predictor.Cache{Dir: t.TempDir()}, pred: devs.pred, lib: "simgpu", log: log, sim: sim}
-		profile = prof.run
+	for _, l := range h.loops.All() {
+		loops.Go(func() { l.Run(loopCtx) })
 	}
-	reg, err := models.New(models.Options{
-		Profile:      profile,
-		Repositories: cfg.Repositories, Control: cfg.ModelControl,
-		MaxTensorElements: cfg.Limits.MaxTensorElements, MaxBatchSize: cfg.Limits.MaxBatchSize,
-		DrainTimeout: cfg.Limits.GracePeriod, CallTimeout: cfg.Runtime.CallTimeout,
-		NewInstance: runners.start, Logger: log, Registerer: promReg,
-		Scheduler: devs.scheduler, Estimator: devs.pred, Limiter: devs.limiter, Forget: devs.pred.Forget,
-	})
-	if err != nil {
-		t.Fatal(err)
+	placeCtx, stopPlace := context.WithCancel(ctx)
+	if h.place != nil {
+		loops.Go(func() { h.place.Run(placeCtx) })
 	}
-	devs.registry = reg
 	t.Cleanup(func() {
 		// The loops stop first: a swap the adjuster is making holds the
 		// registry's lock that Stop takes, and a goroutine blocked on a
 		// mutex is not durably blocked, so synctest's clock would not
 		// move the swap on.
+		stopPlace()
 		cancel()
 		stopLoops()
-		devs.rec.stop()
-		reg.Stop(context.Background())
-		devs.wait()
+		h.stopRecovery()
+		h.reg.Stop(context.Background())
+		loops.Wait()
+		h.close()
 	})
-	if err := reg.Start(ctx); err != nil {
+	if err := h.reg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return reg, devs
+	return h
 }
 
 func infer(t *testing.T, reg *models.Registry, model string) time.Duration {

@@ -54,7 +54,7 @@ func TestSimulatedGPUUsageFromNVML(t *testing.T) {
 		elapsed := time.Since(start)
 		truth := m.Saturation * kernel.Seconds() * float64(n) / elapsed.Seconds()
 
-		d := devs.lookup("cuda:0")
+		d := devs.loops.Lookup("cuda:0")
 		if d == nil {
 			t.Fatal("no device cuda:0")
 		}

@@ -1,4 +1,4 @@
-package server
+package device
 
 import (
 	"context"
@@ -7,32 +7,74 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/models"
+	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
-// placement wires control.Placer to the server (gpu.placement): it reads
+// Placement wires control.Placer to the devices (gpu.placement): it reads
 // the devices and the cuda models on them (the snapshot), places a model
 // that names no device at load (the registry's Options.Place) and moves
 // models through the registry (control.Mover).
-type placement struct {
+type Placement struct {
 	cfg    configs.GPUPlacement
-	devs   *devices
+	ctl    configs.Control
+	sim    *simgpu.Sim
+	pred   *predictor.Predictor
 	placer *control.Placer
 	log    *slog.Logger
+	// risky, when set, marks the best-effort models placement keeps apart
+	// from latency-critical ones (the device-fault recovery's isolation).
+	risky control.RiskyModels
+	// view is what placement reads and moves: the models and the
+	// devices' loops. It is the one binding made after construction
+	// (Bind, before any model loads): the registry places a loading model
+	// through placement, and placement reads the registry and the
+	// adjusters that are built on it.
+	view atomic.Pointer[placementView]
 
 	mu sync.Mutex
 	// arrivals are each version's arrival count when the snapshot last
 	// read it, for the rate under the policies whose adjusters forecast
 	// none (static, shared).
 	arrivals map[string]arrivalMark
-	// risky, when set, marks the best-effort models placement keeps apart
-	// from latency-critical ones (device-fault recovery sets it).
-	risky control.RiskyModels
+}
+
+// PlacedModels are the models placement reads and moves: the registry
+// (models.Registry) implements it.
+type PlacedModels interface {
+	// Placements are the serving versions and where they run.
+	Placements() []models.PlacedVersion
+	// Move moves a serving version to another device by a warm shadow.
+	Move(ctx context.Context, key, device string) error
+}
+
+var _ PlacedModels = (*models.Registry)(nil)
+
+// placementView is what placement reads: the models and the loops of the
+// devices they are on.
+type placementView struct {
+	reg   PlacedModels
+	loops *Loops
+}
+
+// PlacementOptions configures NewPlacement.
+type PlacementOptions struct {
+	Config  configs.GPUPlacement
+	Control configs.Control
+	// Sim is the simulated machine whose GPUs placement places on.
+	Sim       *simgpu.Sim
+	Predictor *predictor.Predictor
+	// Risky, when set, marks the models to keep apart from
+	// latency-critical ones (the device-fault recovery's isolation).
+	Risky  control.RiskyModels
+	Logger *slog.Logger
 }
 
 // arrivalMark is a version's arrival count at a time, and the rate seen
@@ -51,57 +93,54 @@ const (
 	priorDemandBE = 0.1
 )
 
-// newPlacement returns the server's placement, nil when gpu.placement is
-// off. It needs the devices' registry before it places or moves.
-func newPlacement(cfg configs.GPUPlacement, ds *devices, log *slog.Logger) (*placement, error) {
+// NewPlacement returns the devices' placement, nil when gpu.placement is
+// off. It places and moves once Bind has given it the models and the
+// loops.
+func NewPlacement(opts PlacementOptions) (*Placement, error) {
+	cfg, log := opts.Config, opts.Logger
 	if !cfg.Enabled {
 		return nil, nil
 	}
-	if ds.sim == nil {
+	if opts.Sim == nil {
 		return nil, errors.New("gpu.placement: needs simulated GPUs (gpu.simulator.devices)")
 	}
-	p := &placement{cfg: cfg, devs: ds, log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
+	p := &Placement{cfg: cfg, ctl: opts.Control, sim: opts.Sim, pred: opts.Predictor, risky: opts.Risky,
+		log: log.With("component", "placement"), arrivals: map[string]arrivalMark{}}
 	placer, err := control.NewPlacer(control.PlacerOptions{
 		Period: cfg.Period, MinGain: cfg.MinGain, MinResidence: cfg.MinResidence,
-		Snapshot: p.snapshot, Mover: p, Logger: log,
+		Snapshot: p.Snapshot, Mover: p, Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
 	p.placer = placer
-	ds.place = p
 	return p, nil
 }
 
-// setRisky gives placement the models to keep apart from latency-critical
-// ones.
-func (p *placement) setRisky(r control.RiskyModels) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.risky = r
+// Bind gives placement the models and the loops; once, before any model
+// loads.
+func (p *Placement) Bind(reg PlacedModels, loops *Loops) {
+	p.view.Store(&placementView{reg: reg, loops: loops})
 }
 
-func (p *placement) isRisky(model string) bool {
-	p.mu.Lock()
-	r := p.risky
-	p.mu.Unlock()
-	if r == nil {
+func (p *Placement) isRisky(model string) bool {
+	if p.risky == nil {
 		return false
 	}
-	_, ok := r.Risky(model)
+	_, ok := p.risky.Risky(model)
 	return ok
 }
 
-// run re-places until ctx ends.
-func (p *placement) run(ctx context.Context) {
+// Run re-places until ctx ends.
+func (p *Placement) Run(ctx context.Context) {
 	if err := p.placer.Run(ctx); err != nil {
 		p.log.Error("placement stopped", "err", err)
 	}
 }
 
 // devices are the simulated GPUs.
-func (p *placement) devices() []control.PlacementDevice {
-	spec := p.devs.sim.Spec()
+func (p *Placement) devices() []control.PlacementDevice {
+	spec := p.sim.Spec()
 	out := make([]control.PlacementDevice, spec.Devices)
 	for i := range out {
 		out[i] = control.PlacementDevice{Name: fmt.Sprintf("cuda:%d", i), Memory: spec.Memory}
@@ -109,11 +148,11 @@ func (p *placement) devices() []control.PlacementDevice {
 	return out
 }
 
-// place is the registry's Options.Place: the device of a cuda model
+// Place is the registry's Options.Place: the device of a cuda model
 // loading without a device_id, from its class and memory_limit and a prior
 // demand (nothing has forecast it yet). A model that names its device is
 // counted there.
-func (p *placement) place(model string, cfg *configs.Model) (int, error) {
+func (p *Placement) Place(model string, cfg *configs.Model) (int, error) {
 	m := control.PlacementModel{
 		Name: model, Class: qos.Class(cfg.SLO.Class),
 		Memory: int64(cfg.Resources.MemoryLimit) * int64(max(1, cfg.Instances)),
@@ -137,14 +176,15 @@ func (p *placement) place(model string, cfg *configs.Model) (int, error) {
 	return id, nil
 }
 
-// snapshot is the Placer's view: the devices, and each cuda model on one
+// Snapshot is the Placer's view: the devices, and each cuda model on one
 // with its demand and memory. A model's versions count together, on the
 // device of its first.
-func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
-	reg := p.devs.registry
-	if reg == nil {
+func (p *Placement) Snapshot() ([]control.PlacementDevice, []control.PlacementModel) {
+	v := p.view.Load()
+	if v == nil {
 		return p.devices(), nil
 	}
+	reg := v.reg
 	byModel := map[string]*control.PlacementModel{}
 	var order []string
 	for _, v := range reg.Placements() {
@@ -154,8 +194,8 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 				Pinned: v.Pinned, Risky: p.isRisky(v.Model)}
 			// Best-effort work in the background (below normal MPS
 			// priority under adaptive) fills what the others leave.
-			if d := p.devs.lookup(v.Device); d != nil && m.Class != qos.ClassLatencyCritical {
-				m.Yields = d.Adjuster().Policy().Backgrounds() && d.Limiter().Capabilities().Background
+			if l := p.loop(v.Device); l != nil && m.Class != qos.ClassLatencyCritical {
+				m.Yields = l.Adjuster().Policy().Backgrounds() && l.Device().Limiter().Capabilities().Background
 			}
 			byModel[v.Model] = m
 			order = append(order, v.Model)
@@ -188,18 +228,18 @@ func (p *placement) snapshot() ([]control.PlacementDevice, []control.PlacementMo
 // largest batch), so there the demand is what it uses: NVML's measured SM
 // use, or the busy fraction without a reading, over the utilisation bound,
 // up to the target. Before any forecast, the prior.
-func (p *placement) demand(v models.PlacedVersion) float64 {
+func (p *Placement) demand(v models.PlacedVersion) float64 {
 	lc := qos.Class(v.Config.SLO.Class) == qos.ClassLatencyCritical
-	bound := max(p.devs.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
+	bound := max(p.ctl.MaxUtilization, 0.1) // a latency-critical model's utilisation bound
 	target := 0.0
-	if d := p.devs.lookup(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
+	if d := p.loop(v.Device); d != nil && lc && d.Adjuster().Policy().Forecasts() {
 		for _, ms := range d.Adjuster().Shares() {
 			if ms.Model == v.Key && ms.Target > 0 {
 				target = min(ms.Target, 1)
 			}
 		}
 		if target > 0 {
-			if !d.Limiter().Capabilities().CapsOnly {
+			if !d.Device().Limiter().Capabilities().CapsOnly {
 				return target
 			}
 			if u, ok := d.Usage(v.Key); ok {
@@ -207,7 +247,7 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 			}
 		}
 	}
-	pred := p.devs.pred
+	pred := p.pred
 	rate := p.rate(v)
 	batch := 1
 	if !lc {
@@ -233,15 +273,15 @@ func (p *placement) demand(v models.PlacedVersion) float64 {
 // rate is a version's arrival rate: the one its adjuster forecasts under
 // the adaptive policy, else the one seen since the last snapshot (the
 // static and shared policies forecast nothing).
-func (p *placement) rate(v models.PlacedVersion) float64 {
-	d := p.devs.lookup(v.Device)
+func (p *Placement) rate(v models.PlacedVersion) float64 {
+	d := p.loop(v.Device)
 	if d == nil {
 		return 0
 	}
 	if d.Adjuster().Policy().Forecasts() {
-		return p.devs.pred.ForecastRate(v.Key, p.devs.ctl.Period)
+		return p.pred.ForecastRate(v.Key, p.ctl.Period)
 	}
-	st, ok := d.Scheduler().ModelState(v.Key)
+	st, ok := d.Device().Scheduler().ModelState(v.Key)
 	if !ok {
 		return 0
 	}
@@ -262,8 +302,12 @@ func (p *placement) rate(v models.PlacedVersion) float64 {
 
 // Move is control.Mover: every serving version of the model moves to the
 // device, one after the other.
-func (p *placement) Move(ctx context.Context, model, device string) error {
-	reg := p.devs.registry
+func (p *Placement) Move(ctx context.Context, model, device string) error {
+	view := p.view.Load()
+	if view == nil {
+		return errors.New("placement: no registry yet")
+	}
+	reg := view.reg
 	var errs []error
 	for _, v := range reg.Placements() {
 		if v.Model == model && v.Device != device {
@@ -275,9 +319,17 @@ func (p *placement) Move(ctx context.Context, model, device string) error {
 	return errors.Join(errs...)
 }
 
-// events are the placement's events.
-func (p *placement) events(since time.Time, limit int) []control.Event {
+// loop is the control loop of a device, nil when it has none.
+func (p *Placement) loop(name string) *Loop {
+	if v := p.view.Load(); v != nil {
+		return v.loops.Lookup(name)
+	}
+	return nil
+}
+
+// Events are the placement's events.
+func (p *Placement) Events(since time.Time, limit int) []control.Event {
 	return p.placer.Events(since, limit)
 }
 
-var _ control.Mover = (*placement)(nil)
+var _ control.Mover = (*Placement)(nil)

@@ -1,4 +1,4 @@
-package server
+package device
 
 import (
 	"context"
@@ -18,16 +18,16 @@ import (
 type fakeDomain struct {
 	i  int
 	mu sync.Mutex
-	f  *deviceFault
+	f  *DeviceFault
 }
 
 func (d *fakeDomain) Index() int { return d.i }
 
-func (d *fakeDomain) Fault() (deviceFault, bool) {
+func (d *fakeDomain) Fault() (DeviceFault, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.f == nil {
-		return deviceFault{}, false
+		return DeviceFault{}, false
 	}
 	return *d.f, true
 }
@@ -74,7 +74,7 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 		restarts++
 		return dev
 	}
-	rec := newRecovery(t.Context(), []faultDomain{dev}, daemon, slog.New(slog.DiscardHandler))
+	rec := NewRecovery(t.Context(), []FaultDomain{dev}, daemon, false, slog.New(slog.DiscardHandler))
 	var (
 		mu    sync.Mutex
 		order []string
@@ -83,15 +83,15 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 		return &fakeInstance{name: name, dev: 0, gone: true, order: &order, mu: &mu}
 	}
 	be, lc2, lc1 := mk("be/1#0"), mk("lc2/1#0"), mk("lc1/1#0")
-	rec.track(be, &configs.Model{Name: "be", SLO: configs.SLO{Class: configs.ClassBestEffort}})
-	rec.track(lc2, &configs.Model{Name: "lc2", SLO: configs.SLO{Class: configs.ClassLatencyCritical, Priority: 2}})
-	rec.track(lc1, &configs.Model{Name: "lc1", SLO: configs.SLO{Class: configs.ClassLatencyCritical, Priority: 1}})
+	rec.Track(be, &configs.Model{Name: "be", SLO: configs.SLO{Class: configs.ClassBestEffort}})
+	rec.Track(lc2, &configs.Model{Name: "lc2", SLO: configs.SLO{Class: configs.ClassLatencyCritical, Priority: 2}})
+	rec.Track(lc1, &configs.Model{Name: "lc1", SLO: configs.SLO{Class: configs.ClassLatencyCritical, Priority: 1}})
 	at := time.Now().Add(-time.Second)
-	dev.f = &deviceFault{Err: errors.New("an illegal memory access"), At: at, Client: "be/1#0"}
+	dev.f = &DeviceFault{Err: errors.New("an illegal memory access"), At: at, Client: "be/1#0"}
 
-	rec.exited(0)
-	rec.exited(7) // no such device: ignored
-	rec.stop()
+	rec.Exited(0)
+	rec.Exited(7) // no such device: ignored
+	rec.Stop()
 
 	if want := []string{"lc1/1#0", "lc2/1#0", "be/1#0"}; !slices.Equal(order, want) {
 		t.Errorf("restarted %v, want %v (latency-critical first, then by priority)", order, want)
@@ -102,7 +102,7 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 	if _, down := dev.Fault(); down {
 		t.Error("the device is still down")
 	}
-	recs := rec.recoveries()
+	recs := rec.Recoveries()
 	if len(recs) != 1 || recs[0].Culprit != "be" || !recs[0].At.Equal(at) || len(recs[0].Models) != 3 {
 		t.Fatalf("recoveries %+v, want one of 3 models with culprit be at the fault's time", recs)
 	}
@@ -119,15 +119,15 @@ func TestRecoveryOfAnyFaultDomain(t *testing.T) {
 // A device without a daemon handle is not recovered: the recovery says so
 // as an event instead of restarting its instances on a dead daemon.
 func TestRecoveryWithoutDaemonHandle(t *testing.T) {
-	dev := &fakeDomain{i: 0, f: &deviceFault{Err: errors.New("an uncorrectable ECC error")}}
-	rec := newRecovery(t.Context(), []faultDomain{dev}, func(int) limiter.DaemonRestarter { return nil }, slog.New(slog.DiscardHandler))
+	dev := &fakeDomain{i: 0, f: &DeviceFault{Err: errors.New("an uncorrectable ECC error")}}
+	rec := NewRecovery(t.Context(), []FaultDomain{dev}, func(int) limiter.DaemonRestarter { return nil }, false, slog.New(slog.DiscardHandler))
 	var (
 		mu    sync.Mutex
 		order []string
 	)
-	rec.track(&fakeInstance{name: "lc/1#0", gone: true, order: &order, mu: &mu}, &configs.Model{Name: "lc", SLO: configs.SLO{Class: configs.ClassLatencyCritical}})
-	rec.exited(0)
-	rec.stop()
+	rec.Track(&fakeInstance{name: "lc/1#0", gone: true, order: &order, mu: &mu}, &configs.Model{Name: "lc", SLO: configs.SLO{Class: configs.ClassLatencyCritical}})
+	rec.Exited(0)
+	rec.Stop()
 	if len(order) != 0 {
 		t.Errorf("instances restarted without a daemon: %v", order)
 	}

@@ -1,4 +1,4 @@
-package server
+package device
 
 import (
 	"cmp"
@@ -25,7 +25,7 @@ const (
 	riskyFaults = 2
 )
 
-// recovery brings GPUs back after faults, the way MuxFlow
+// Recovery brings GPUs back after faults, the way MuxFlow
 // handles MPS errors: a fatal fault in one MPS client takes every client of
 // its device down, so when an instance reports its client gone by a fault
 // (its OnExit) the recovery restarts the device's control daemon, through
@@ -39,22 +39,23 @@ const (
 // fault, recovery, hung client and risky model is a control.Event with its
 // measured cost; the backend lists them with the adjusters'.
 //
-// It knows devices and instances by what it needs of them (faultDomain,
-// recoverable), and restarts daemons through limiter.DaemonRestarter. Only
+// It knows devices and instances by what it needs of them (FaultDomain,
+// Recoverable), and restarts daemons through limiter.DaemonRestarter. Only
 // the simulator reports faults so today (simgpu.go): a real runner
 // restarts its own process, and a real GPU's daemon has no automated
 // restart yet.
-type recovery struct {
-	devices   []faultDomain // by index
+type Recovery struct {
+	devices   []FaultDomain // by index
 	log       *slog.Logger
 	ctx       context.Context // ends the recoveries under way
 	isolation *control.Isolation
-	// daemon is the MPS daemon handle of a device: the limiter's when it
-	// has one; nil when the device has none. A seam for tests.
-	daemon func(device int) limiter.DaemonRestarter
+	// DaemonOf is the MPS daemon handle of a device: the limiter's when it
+	// has one; nil when the device has none. A seam for tests: set it
+	// before a fault.
+	DaemonOf func(device int) limiter.DaemonRestarter
 	// placed: gpu.placement keeps risky models apart (it moves them, and
 	// the registry knows where they run); instances start where the
-	// registry says. Set before any instance starts.
+	// registry says.
 	placed bool
 
 	wg     sync.WaitGroup // the recoveries under way
@@ -62,32 +63,32 @@ type recovery struct {
 
 	mu         sync.Mutex
 	stopped    bool                        // stop was called: no new recovery
-	instances  map[recoverable]simInstance // live ones
+	instances  map[Recoverable]simInstance // live ones
 	recovering map[int]bool                // devices being recovered
 	again      map[int]bool                // devices whose recovery must make another pass
 	faults     map[string][]time.Time      // model -> faults its client raised
-	done       []deviceRecovery
+	done       []DeviceRecovery
 }
 
-// faultDomain is a device whose clients a fatal fault takes down together
+// FaultDomain is a device whose clients a fatal fault takes down together
 // (a GPU under MPS), as the recovery sees it.
-type faultDomain interface {
+type FaultDomain interface {
 	Index() int
 	// Fault is the fault that took the device's clients down; down is
 	// false while the device serves.
-	Fault() (f deviceFault, down bool)
+	Fault() (f DeviceFault, down bool)
 }
 
-// deviceFault is a fault that took a device's clients down.
-type deviceFault struct {
+// DeviceFault is a fault that took a device's clients down.
+type DeviceFault struct {
 	Err    error
 	At     time.Time // when it happened; zero: unknown
 	Client string    // the instance whose client raised it ("model/version#index"); "" unknown
 }
 
-// recoverable is a live instance on a fault domain. Its value is its
+// Recoverable is a live instance on a fault domain. Its value is its
 // identity: track, untrack and the callbacks pass the same value.
-type recoverable interface {
+type Recoverable interface {
 	Name() string // "model/version#index"
 	Device() int  // the index of the device it runs on
 	// Gone reports its client taken down by a fault.
@@ -120,19 +121,19 @@ func (a simInstance) rank() (int, int) {
 	return class, p
 }
 
-// deviceRecovery is what one device's recovery cost.
-type deviceRecovery struct {
+// DeviceRecovery is what one device's recovery cost.
+type DeviceRecovery struct {
 	Device  int
 	Fault   error
 	At      time.Time     // of the fault
 	Daemon  time.Duration // from the fault to the daemon serving again
 	Culprit string        // the model whose client raised the fault ("" unknown)
 	culprit string        // its version's key, as events name it
-	Models  []modelRecovery
+	Models  []ModelRecovery
 }
 
-// modelRecovery is one model's part of a device's recovery.
-type modelRecovery struct {
+// ModelRecovery is one model's part of a device's recovery.
+type ModelRecovery struct {
 	Model  string
 	key    string
 	Device int           // where its instances run again
@@ -141,18 +142,19 @@ type modelRecovery struct {
 	Err    error         // why it is not serving again
 }
 
-// newRecovery makes the recovery of devices (by index); ctx ends the
-// recoveries under way, and stop waits for them.
-func newRecovery(ctx context.Context, devices []faultDomain, daemon func(device int) limiter.DaemonRestarter, log *slog.Logger) *recovery {
-	return &recovery{
-		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, daemon: daemon, events: control.NewEventLog(control.DefaultEventCapacity),
-		instances: map[recoverable]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
+// NewRecovery makes the recovery of devices (by index); ctx ends the
+// recoveries under way, and stop waits for them. placed: gpu.placement
+// keeps risky models apart (recovery.placed).
+func NewRecovery(ctx context.Context, devices []FaultDomain, daemon func(device int) limiter.DaemonRestarter, placed bool, log *slog.Logger) *Recovery {
+	return &Recovery{
+		devices: devices, log: log, ctx: ctx, isolation: &control.Isolation{}, DaemonOf: daemon, placed: placed, events: control.NewEventLog(control.DefaultEventCapacity),
+		instances: map[Recoverable]simInstance{}, recovering: map[int]bool{}, again: map[int]bool{}, faults: map[string][]time.Time{},
 	}
 }
 
 // stop starts no more recoveries and waits for those under way (cancel
 // their ctx first). Safe on a nil recovery.
-func (r *recovery) stop() {
+func (r *Recovery) Stop() {
 	if r == nil {
 		return
 	}
@@ -163,24 +165,24 @@ func (r *recovery) stop() {
 }
 
 // risky is why a model version ("model/version") is kept apart from
-// latency-critical models, "" when it is not.
-func (ds *devices) risky(key string) string {
-	if ds.rec == nil {
+// latency-critical models, "" when it is not. Safe on a nil recovery.
+func (r *Recovery) Risky(key string) string {
+	if r == nil {
 		return ""
 	}
-	why, _ := ds.rec.isolation.Risky(modelOf(key))
+	why, _ := r.isolation.Risky(modelOf(key))
 	return why
 }
 
 // track makes inst known to the recovery until it stops.
-func (r *recovery) track(inst recoverable, cfg *configs.Model) {
+func (r *Recovery) Track(inst Recoverable, cfg *configs.Model) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.instances[inst] = simInstance{model: cfg.Name, key: keyOf(inst.Name()), lc: cfg.SLO.Class == configs.ClassLatencyCritical, priority: cfg.SLO.Priority}
 }
 
 // untrack forgets a stopped instance.
-func (r *recovery) untrack(inst recoverable) {
+func (r *Recovery) Untrack(inst Recoverable) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.instances, inst)
@@ -190,7 +192,7 @@ func (r *recovery) untrack(inst recoverable) {
 // model is risky and another device has no latency-critical instance (the
 // one with the fewest instances). Without gpu.placement this is where
 // Isolation acts; with it, placement does (recovery.placed).
-func (r *recovery) deviceFor(model string, dev int) int {
+func (r *Recovery) DeviceFor(model string, dev int) int {
 	if _, risky := r.isolation.Risky(model); !risky || r.placed {
 		return dev
 	}
@@ -226,7 +228,7 @@ func (r *recovery) deviceFor(model string, dev int) int {
 // the device's recovery, or, when one is under way, asks it for another
 // pass (a fault during the recovery; an instance that started just before
 // the fault and was not yet known to the pass).
-func (r *recovery) exited(i int) {
+func (r *Recovery) Exited(i int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if i < 0 || i >= len(r.devices) || r.stopped || r.ctx.Err() != nil {
@@ -259,12 +261,12 @@ func (r *recovery) exited(i int) {
 // down, it records the fault and restarts the daemon; then it restarts the
 // instances a fault took down, latency-critical models first, and records
 // what it cost.
-func (r *recovery) recoverDevice(dev faultDomain) {
+func (r *Recovery) recoverDevice(dev FaultDomain) {
 	i := dev.Index()
 	name := fmt.Sprintf("cuda:%d", i)
 	f, faulted := dev.Fault()
 	var fault error
-	rec := deviceRecovery{Device: i, At: time.Now()}
+	rec := DeviceRecovery{Device: i, At: time.Now()}
 	if faulted {
 		fault, rec.Fault = f.Err, f.Err
 		if !f.At.IsZero() {
@@ -278,7 +280,7 @@ func (r *recovery) recoverDevice(dev faultDomain) {
 	// The instances a fault took down, in the order they restart, and
 	// what they had failed before.
 	type down struct {
-		inst   recoverable
+		inst   Recoverable
 		info   simInstance
 		failed int64
 	}
@@ -307,7 +309,7 @@ func (r *recovery) recoverDevice(dev faultDomain) {
 			Reason: fmt.Sprintf("%v; %d instance(s) down: %s", fault, len(gone), strings.Join(names, ", "))})
 		r.noteFault(rec.Culprit, rec.culprit, rec.At, name)
 
-		handle := r.daemon(i)
+		handle := r.DaemonOf(i)
 		if handle == nil {
 			r.record(control.Event{Device: name, Kind: control.EventError, Reason: "restarting the MPS control daemon after a fault: the device has no daemon handle"})
 			return
@@ -321,16 +323,16 @@ func (r *recovery) recoverDevice(dev faultDomain) {
 		fault = errors.New("a fault on the device")
 	}
 
-	byModel := map[string]*modelRecovery{}
+	byModel := map[string]*ModelRecovery{}
 	var order []string
 	for _, g := range gone {
 		mr := byModel[g.info.model]
 		if mr == nil {
-			mr = &modelRecovery{Model: g.info.model, key: g.info.key}
+			mr = &ModelRecovery{Model: g.info.model, key: g.info.key}
 			byModel[g.info.model] = mr
 			order = append(order, g.info.model)
 		}
-		target := r.deviceFor(g.info.model, i)
+		target := r.DeviceFor(g.info.model, i)
 		err := g.inst.Recover(r.ctx, target, fmt.Sprintf("the device's MPS clients were taken down by a fault (%v)", fault))
 		mr.Failed += g.inst.Failed() - g.failed
 		switch {
@@ -372,7 +374,7 @@ func (r *recovery) recoverDevice(dev faultDomain) {
 
 // noteFault counts a fault against the model whose client raised it, and
 // marks a best-effort model risky at riskyFaults within riskyWindow.
-func (r *recovery) noteFault(model, key string, at time.Time, device string) {
+func (r *Recovery) noteFault(model, key string, at time.Time, device string) {
 	if model == "" {
 		return
 	}
@@ -395,7 +397,7 @@ func (r *recovery) noteFault(model, key string, at time.Time, device string) {
 }
 
 // restarted is an instance's OnRestart: a hung client replaced is an event.
-func (r *recovery) restarted(inst recoverable, reason string) {
+func (r *Recovery) Restarted(inst Recoverable, reason string) {
 	if !strings.HasPrefix(reason, "hung") {
 		return // a recovery's restart: recoverDevice records it
 	}
@@ -405,7 +407,7 @@ func (r *recovery) restarted(inst recoverable, reason string) {
 
 // startFailed records an instance that could not start for want of device
 // memory.
-func (r *recovery) startFailed(instance string, dev int, err error) {
+func (r *Recovery) StartFailed(instance string, dev int, err error) {
 	r.record(control.Event{Device: fmt.Sprintf("cuda:%d", dev), Model: keyOf(instance), Kind: control.EventError,
 		Reason: "not started: " + err.Error()})
 }
@@ -422,7 +424,7 @@ func keyOf(instance string) string {
 }
 
 // record keeps an event and logs it.
-func (r *recovery) record(e control.Event) {
+func (r *Recovery) record(e control.Event) {
 	e = r.events.Add(e)
 	level := slog.LevelInfo
 	if e.Kind != control.EventRecovered {
@@ -433,13 +435,30 @@ func (r *recovery) record(e control.Event) {
 
 // Events returns the kept events at or after since, oldest first; with
 // limit > 0 only the newest limit.
-func (r *recovery) Events(since time.Time, limit int) []control.Event {
+func (r *Recovery) Events(since time.Time, limit int) []control.Event {
 	return r.events.Since(since, limit)
 }
 
 // recoveries are the finished device recoveries, oldest first.
-func (r *recovery) recoveries() []deviceRecovery {
+func (r *Recovery) Recoveries() []DeviceRecovery {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.done)
+}
+
+// Isolation marks the risky best-effort models (placement keeps them
+// apart).
+func (r *Recovery) Isolation() *control.Isolation { return r.isolation }
+
+// Instances are the live instances of a model the recovery knows.
+func (r *Recovery) Instances(model string) []Recoverable {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Recoverable
+	for inst, in := range r.instances {
+		if in.model == model {
+			out = append(out, inst)
+		}
+	}
+	return out
 }
