@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sloserve/sloserve/runtime"
 )
@@ -279,6 +280,11 @@ func TestUnitMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { named.Process.Kill(); named.Wait() }()
+	// Start returns once the child is forked; its command line is the
+	// shell's only after the exec, which a busy machine may delay.
+	for deadline := time.Now().Add(30 * time.Second); !unitMember(named.Process.Pid, dir) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if !unitMember(named.Process.Pid, dir) || unitMember(named.Process.Pid, dir+"x") {
 		t.Errorf("a process whose command line names the unit: member %v, of another unit %v; want true, false",
 			unitMember(named.Process.Pid, dir), unitMember(named.Process.Pid, dir+"x"))
