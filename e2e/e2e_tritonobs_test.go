@@ -1,7 +1,8 @@
 package e2e
 
 // Triton's observability where Triton users look for it: the nv_inference_*
-// metrics beside sloserve's own, scraped by a real Prometheus.
+// metrics beside sloserve's own, scraped by a real Prometheus, and the
+// logging extension over gRPC.
 
 import (
 	"io"
@@ -12,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
 )
@@ -205,4 +209,91 @@ func parseExposition(t *testing.T, text string) map[string]float64 {
 		out[line[:i]] = v
 	}
 	return out
+}
+
+// TestE2ETritonClientLogSettingsGRPC changes the real server's log level
+// over gRPC as tritonclient.grpc's update_log_settings does (log_info as
+// bool_param, log_verbose_level as uint32_param): a debug line (a request
+// rejected at admission) stops and starts again, and REST's /v2/logging
+// reads what gRPC set.
+func TestE2ETritonClientLogSettingsGRPC(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
+	s := startServer(t, repo, "") // at debug
+	rejected := func() int { return strings.Count(s.log.String(), `msg="request rejected"`) }
+	reject := func() {
+		t.Helper()
+		req := grpcDyn("dyn", 1)
+		req.Parameters = map[string]*inference.InferParameter{"timeout": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 1}}}
+		if _, err := s.grpc.ModelInfer(t.Context(), req); err == nil {
+			t.Fatal("a request with a 1 µs timeout was answered")
+		}
+	}
+	set := func(settings map[string]*inference.LogSettingsRequest_SettingValue) map[string]*inference.LogSettingsResponse_SettingValue {
+		t.Helper()
+		resp, err := s.grpc.LogSettings(t.Context(), &inference.LogSettingsRequest{Settings: settings})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetSettings()
+	}
+	restSettings := func() map[string]any {
+		t.Helper()
+		var st map[string]any
+		if code := s.json(t, "GET", "/v2/logging", nil, &st); code != 200 {
+			t.Fatalf("GET /v2/logging: %d", code)
+		}
+		return st
+	}
+	boolParam := func(v bool) *inference.LogSettingsRequest_SettingValue {
+		return &inference.LogSettingsRequest_SettingValue{ParameterChoice: &inference.LogSettingsRequest_SettingValue_BoolParam{BoolParam: v}}
+	}
+	verbose := func(v uint32) *inference.LogSettingsRequest_SettingValue {
+		return &inference.LogSettingsRequest_SettingValue{ParameterChoice: &inference.LogSettingsRequest_SettingValue_Uint32Param{Uint32Param: v}}
+	}
+
+	// Read as get_log_settings does: an empty request.
+	if st := set(nil); st["log_verbose_level"].GetUint32Param() != 1 || !st["log_info"].GetBoolParam() || st["log_format"].GetStringParam() != "default" {
+		t.Fatalf("settings at start %v", st)
+	}
+	reject()
+	waitFor(t, "the debug line of a rejection", 30*time.Second, func() bool { return rejected() == 1 })
+
+	// Off debug: at warn, rejections are not logged.
+	st := set(map[string]*inference.LogSettingsRequest_SettingValue{"log_verbose_level": verbose(0), "log_info": boolParam(false)})
+	if st["log_verbose_level"].GetUint32Param() != 0 || st["log_info"].GetBoolParam() || !st["log_warning"].GetBoolParam() {
+		t.Fatalf("after the change %v", st)
+	}
+	if r := restSettings(); r["log_verbose_level"] != 0.0 || r["log_info"] != false || r["log_warning"] != true {
+		t.Errorf("REST reads %v after gRPC set warn", r)
+	}
+	for range 3 {
+		reject()
+	}
+	// Back to debug, and the next rejection is logged; the three before it
+	// were not.
+	set(map[string]*inference.LogSettingsRequest_SettingValue{"log_verbose_level": verbose(1)})
+	if r := restSettings(); r["log_verbose_level"] != 1.0 || r["log_info"] != true {
+		t.Errorf("REST reads %v after gRPC set debug", r)
+	}
+	reject()
+	waitFor(t, "the debug line of the last rejection", 30*time.Second, func() bool { return rejected() >= 2 })
+	if n := rejected(); n != 2 {
+		t.Errorf("%d rejections logged, want 2: the 3 sent at warn were logged", n)
+	}
+	if v, _ := s.metricValue(t, `nv_inference_request_failure{model="dyn",reason="REJECTED",version="1"}`); v != 5 {
+		t.Errorf("%v rejections counted, want all 5", v)
+	}
+	if !s.logHas(`msg="log settings changed" component=grpc`, "log_level=DEBUG") {
+		t.Error("the change back to debug is not logged")
+	}
+	if !s.logHas(`msg="admin call"`, `method=/inference.GRPCInferenceService/LogSettings`) {
+		t.Error("the change was not logged as an admin call")
+	}
+
+	// A setting Triton's client sends with the wrong type is refused.
+	_, err := s.grpc.LogSettings(t.Context(), &inference.LogSettingsRequest{Settings: map[string]*inference.LogSettingsRequest_SettingValue{"log_info": verbose(1)}})
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "must be a bool_param") {
+		t.Errorf("log_info as uint32_param: %v", err)
+	}
 }
