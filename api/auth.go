@@ -53,8 +53,9 @@ type AuthOptions struct {
 //     the inference token with RequireTokenForHealth;
 //   - admin (REST POST /v2/repository/models/{m}/load and /unload, PUT and
 //     DELETE /v2/models/{m}/share, POST /v2/config/reload, POST
-//     /v2/logging; gRPC RepositoryModelLoad, RepositoryModelUnload, and
-//     LogSettings when it names a setting to change): the admin token when one
+//     /v2/logging, POST /v2/trace/setting; gRPC RepositoryModelLoad,
+//     RepositoryModelUnload, and LogSettings and TraceSetting when they
+//     name a setting to change): the admin token when one
 //     is configured; otherwise a loopback peer (and the inference token
 //     when one is configured);
 //   - the dashboard page's static files (/dashboard, /dashboard/*): nothing;
@@ -318,6 +319,10 @@ func restAccess(method, fullPath string) access {
 		if method != http.MethodGet {
 			return accessAdmin // changes what the server logs
 		}
+	case "/v2/trace/setting":
+		if method != http.MethodGet {
+			return accessAdmin // changes what the server traces
+		}
 	case "/dashboard", "/dashboard/*file":
 		return accessOpen
 	}
@@ -561,6 +566,12 @@ func grpcAccess(fullMethod string) access {
 // /v2/logging is; one that only reads them is not, as GET /v2/logging.
 func grpcUnaryAccess(fullMethod string, req any) access {
 	if r, ok := req.(*inference.LogSettingsRequest); ok && fullMethod == inference.GRPCInferenceService_LogSettings_FullMethodName {
+		if len(r.GetSettings()) > 0 {
+			return accessAdmin
+		}
+		return accessInference
+	}
+	if r, ok := req.(*inference.TraceSettingRequest); ok && fullMethod == inference.GRPCInferenceService_TraceSetting_FullMethodName {
 		if len(r.GetSettings()) > 0 {
 			return accessAdmin
 		}

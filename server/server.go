@@ -180,7 +180,14 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	if err != nil {
 		return err
 	}
+	trace, err := startTracing(ctx, cfg.Tracing, be.ServerVersion(), logger)
+	if err != nil {
+		return err
+	}
+	defer trace.stop(cfg.Limits.GracePeriod)
 	lim := api.Limits{
+		Tracer:            trace.tracer(),
+		Trace:             trace.settings,
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		BodyTimeout:       cfg.Limits.BodyTimeout,

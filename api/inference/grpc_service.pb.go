@@ -2677,6 +2677,107 @@ func (x *LogSettingsResponse) GetSettings() map[string]*LogSettingsResponse_Sett
 	return nil
 }
 
+// The trace settings to change, by Triton's names (trace_level, trace_rate,
+// trace_count, trace_file, log_frequency, trace_mode), each a list of
+// strings; an empty list sets one back to its value at start. model_name
+// names a model for per-model settings.
+type TraceSettingRequest struct {
+	state         protoimpl.MessageState                       `protogen:"open.v1"`
+	Settings      map[string]*TraceSettingRequest_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ModelName     string                                       `protobuf:"bytes,2,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingRequest) Reset() {
+	*x = TraceSettingRequest{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingRequest) ProtoMessage() {}
+
+func (x *TraceSettingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingRequest.ProtoReflect.Descriptor instead.
+func (*TraceSettingRequest) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TraceSettingRequest) GetSettings() map[string]*TraceSettingRequest_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+func (x *TraceSettingRequest) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+// Every trace setting after the change.
+type TraceSettingResponse struct {
+	state         protoimpl.MessageState                        `protogen:"open.v1"`
+	Settings      map[string]*TraceSettingResponse_SettingValue `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingResponse) Reset() {
+	*x = TraceSettingResponse{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingResponse) ProtoMessage() {}
+
+func (x *TraceSettingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingResponse.ProtoReflect.Descriptor instead.
+func (*TraceSettingResponse) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *TraceSettingResponse) GetSettings() map[string]*TraceSettingResponse_SettingValue {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
 type ModelMetadataResponse_TensorMetadata struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2689,7 +2790,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2802,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[45]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2852,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2763,7 +2864,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[46]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2824,7 +2925,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[47]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2937,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[47]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2879,7 +2980,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[51]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +2992,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[51]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +3055,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3067,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[54]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3125,7 @@ type SystemSharedMemoryStatusResponse_RegionStatus struct {
 
 func (x *SystemSharedMemoryStatusResponse_RegionStatus) Reset() {
 	*x = SystemSharedMemoryStatusResponse_RegionStatus{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[57]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3036,7 +3137,7 @@ func (x *SystemSharedMemoryStatusResponse_RegionStatus) String() string {
 func (*SystemSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
 
 func (x *SystemSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[57]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3192,7 @@ type CudaSharedMemoryStatusResponse_RegionStatus struct {
 
 func (x *CudaSharedMemoryStatusResponse_RegionStatus) Reset() {
 	*x = CudaSharedMemoryStatusResponse_RegionStatus{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[59]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3204,7 @@ func (x *CudaSharedMemoryStatusResponse_RegionStatus) String() string {
 func (*CudaSharedMemoryStatusResponse_RegionStatus) ProtoMessage() {}
 
 func (x *CudaSharedMemoryStatusResponse_RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[59]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3154,7 +3255,7 @@ type LogSettingsRequest_SettingValue struct {
 
 func (x *LogSettingsRequest_SettingValue) Reset() {
 	*x = LogSettingsRequest_SettingValue{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[61]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3267,7 @@ func (x *LogSettingsRequest_SettingValue) String() string {
 func (*LogSettingsRequest_SettingValue) ProtoMessage() {}
 
 func (x *LogSettingsRequest_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[61]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3356,7 @@ type LogSettingsResponse_SettingValue struct {
 
 func (x *LogSettingsResponse_SettingValue) Reset() {
 	*x = LogSettingsResponse_SettingValue{}
-	mi := &file_api_inference_grpc_service_proto_msgTypes[63]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3368,7 @@ func (x *LogSettingsResponse_SettingValue) String() string {
 func (*LogSettingsResponse_SettingValue) ProtoMessage() {}
 
 func (x *LogSettingsResponse_SettingValue) ProtoReflect() protoreflect.Message {
-	mi := &file_api_inference_grpc_service_proto_msgTypes[63]
+	mi := &file_api_inference_grpc_service_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,6 +3441,94 @@ func (*LogSettingsResponse_SettingValue_Uint32Param) isLogSettingsResponse_Setti
 }
 
 func (*LogSettingsResponse_SettingValue_StringParam) isLogSettingsResponse_SettingValue_ParameterChoice() {
+}
+
+type TraceSettingRequest_SettingValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []string               `protobuf:"bytes,1,rep,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingRequest_SettingValue) Reset() {
+	*x = TraceSettingRequest_SettingValue{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingRequest_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingRequest_SettingValue) ProtoMessage() {}
+
+func (x *TraceSettingRequest_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingRequest_SettingValue.ProtoReflect.Descriptor instead.
+func (*TraceSettingRequest_SettingValue) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{45, 0}
+}
+
+func (x *TraceSettingRequest_SettingValue) GetValue() []string {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type TraceSettingResponse_SettingValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         []string               `protobuf:"bytes,1,rep,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceSettingResponse_SettingValue) Reset() {
+	*x = TraceSettingResponse_SettingValue{}
+	mi := &file_api_inference_grpc_service_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceSettingResponse_SettingValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceSettingResponse_SettingValue) ProtoMessage() {}
+
+func (x *TraceSettingResponse_SettingValue) ProtoReflect() protoreflect.Message {
+	mi := &file_api_inference_grpc_service_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceSettingResponse_SettingValue.ProtoReflect.Descriptor instead.
+func (*TraceSettingResponse_SettingValue) Descriptor() ([]byte, []int) {
+	return file_api_inference_grpc_service_proto_rawDescGZIP(), []int{46, 0}
+}
+
+func (x *TraceSettingResponse_SettingValue) GetValue() []string {
+	if x != nil {
+		return x.Value
+	}
+	return nil
 }
 
 var File_api_inference_grpc_service_proto protoreflect.FileDescriptor
@@ -3616,7 +3805,23 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x10parameter_choice\x1ah\n" +
 	"\rSettingsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12A\n" +
-	"\x05value\x18\x02 \x01(\v2+.inference.LogSettingsResponse.SettingValueR\x05value:\x028\x012\xe4\x0e\n" +
+	"\x05value\x18\x02 \x01(\v2+.inference.LogSettingsResponse.SettingValueR\x05value:\x028\x01\"\x8e\x02\n" +
+	"\x13TraceSettingRequest\x12H\n" +
+	"\bsettings\x18\x01 \x03(\v2,.inference.TraceSettingRequest.SettingsEntryR\bsettings\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\x02 \x01(\tR\tmodelName\x1a$\n" +
+	"\fSettingValue\x12\x14\n" +
+	"\x05value\x18\x01 \x03(\tR\x05value\x1ah\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12A\n" +
+	"\x05value\x18\x02 \x01(\v2+.inference.TraceSettingRequest.SettingValueR\x05value:\x028\x01\"\xf2\x01\n" +
+	"\x14TraceSettingResponse\x12I\n" +
+	"\bsettings\x18\x01 \x03(\v2-.inference.TraceSettingResponse.SettingsEntryR\bsettings\x1a$\n" +
+	"\fSettingValue\x12\x14\n" +
+	"\x05value\x18\x01 \x03(\tR\x05value\x1ai\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12B\n" +
+	"\x05value\x18\x02 \x01(\v2,.inference.TraceSettingResponse.SettingValueR\x05value:\x028\x012\xb7\x0f\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -3639,7 +3844,8 @@ const file_api_inference_grpc_service_proto_rawDesc = "" +
 	"\x16CudaSharedMemoryStatus\x12(.inference.CudaSharedMemoryStatusRequest\x1a).inference.CudaSharedMemoryStatusResponse\"\x00\x12u\n" +
 	"\x18CudaSharedMemoryRegister\x12*.inference.CudaSharedMemoryRegisterRequest\x1a+.inference.CudaSharedMemoryRegisterResponse\"\x00\x12{\n" +
 	"\x1aCudaSharedMemoryUnregister\x12,.inference.CudaSharedMemoryUnregisterRequest\x1a-.inference.CudaSharedMemoryUnregisterResponse\"\x00\x12N\n" +
-	"\vLogSettings\x12\x1d.inference.LogSettingsRequest\x1a\x1e.inference.LogSettingsResponse\"\x00B,Z*github.com/sloserve/sloserve/api/inferenceb\x06proto3"
+	"\vLogSettings\x12\x1d.inference.LogSettingsRequest\x1a\x1e.inference.LogSettingsResponse\"\x00\x12Q\n" +
+	"\fTraceSetting\x12\x1e.inference.TraceSettingRequest\x1a\x1f.inference.TraceSettingResponse\"\x00B,Z*github.com/sloserve/sloserve/api/inferenceb\x06proto3"
 
 var (
 	file_api_inference_grpc_service_proto_rawDescOnce sync.Once
@@ -3653,7 +3859,7 @@ func file_api_inference_grpc_service_proto_rawDescGZIP() []byte {
 	return file_api_inference_grpc_service_proto_rawDescData
 }
 
-var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_api_inference_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -3700,38 +3906,44 @@ var file_api_inference_grpc_service_proto_goTypes = []any{
 	(*CudaSharedMemoryUnregisterResponse)(nil),           // 42: inference.CudaSharedMemoryUnregisterResponse
 	(*LogSettingsRequest)(nil),                           // 43: inference.LogSettingsRequest
 	(*LogSettingsResponse)(nil),                          // 44: inference.LogSettingsResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 45: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 46: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 47: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 48: inference.ModelInferRequest.ParametersEntry
-	nil, // 49: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 50: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 51: inference.ModelInferResponse.InferOutputTensor
-	nil, // 52: inference.ModelInferResponse.ParametersEntry
-	nil, // 53: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 54: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 55: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 56: inference.RepositoryModelUnloadRequest.ParametersEntry
-	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 57: inference.SystemSharedMemoryStatusResponse.RegionStatus
-	nil, // 58: inference.SystemSharedMemoryStatusResponse.RegionsEntry
-	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 59: inference.CudaSharedMemoryStatusResponse.RegionStatus
-	nil,                                      // 60: inference.CudaSharedMemoryStatusResponse.RegionsEntry
-	(*LogSettingsRequest_SettingValue)(nil),  // 61: inference.LogSettingsRequest.SettingValue
-	nil,                                      // 62: inference.LogSettingsRequest.SettingsEntry
-	(*LogSettingsResponse_SettingValue)(nil), // 63: inference.LogSettingsResponse.SettingValue
-	nil,                                      // 64: inference.LogSettingsResponse.SettingsEntry
-	(*tritonpb.ModelConfig)(nil),             // 65: inference.ModelConfig
+	(*TraceSettingRequest)(nil),                          // 45: inference.TraceSettingRequest
+	(*TraceSettingResponse)(nil),                         // 46: inference.TraceSettingResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 47: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 48: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 49: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 50: inference.ModelInferRequest.ParametersEntry
+	nil, // 51: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 52: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 53: inference.ModelInferResponse.InferOutputTensor
+	nil, // 54: inference.ModelInferResponse.ParametersEntry
+	nil, // 55: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 56: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 57: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 58: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*SystemSharedMemoryStatusResponse_RegionStatus)(nil), // 59: inference.SystemSharedMemoryStatusResponse.RegionStatus
+	nil, // 60: inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	(*CudaSharedMemoryStatusResponse_RegionStatus)(nil), // 61: inference.CudaSharedMemoryStatusResponse.RegionStatus
+	nil,                                      // 62: inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	(*LogSettingsRequest_SettingValue)(nil),  // 63: inference.LogSettingsRequest.SettingValue
+	nil,                                      // 64: inference.LogSettingsRequest.SettingsEntry
+	(*LogSettingsResponse_SettingValue)(nil), // 65: inference.LogSettingsResponse.SettingValue
+	nil,                                      // 66: inference.LogSettingsResponse.SettingsEntry
+	(*TraceSettingRequest_SettingValue)(nil), // 67: inference.TraceSettingRequest.SettingValue
+	nil,                                      // 68: inference.TraceSettingRequest.SettingsEntry
+	(*TraceSettingResponse_SettingValue)(nil), // 69: inference.TraceSettingResponse.SettingValue
+	nil,                          // 70: inference.TraceSettingResponse.SettingsEntry
+	(*tritonpb.ModelConfig)(nil), // 71: inference.ModelConfig
 }
 var file_api_inference_grpc_service_proto_depIdxs = []int32{
-	45, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	45, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	48, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	46, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	47, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	52, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	51, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	47, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	47, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	50, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	48, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	49, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	54, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	53, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	13, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
-	65, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	71, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
 	18, // 9: inference.InferStatistics.success:type_name -> inference.StatisticDuration
 	18, // 10: inference.InferStatistics.fail:type_name -> inference.StatisticDuration
 	18, // 11: inference.InferStatistics.queue:type_name -> inference.StatisticDuration
@@ -3745,72 +3957,78 @@ var file_api_inference_grpc_service_proto_depIdxs = []int32{
 	20, // 19: inference.ModelStatistics.batch_stats:type_name -> inference.InferBatchStatistics
 	22, // 20: inference.ModelStatistics.slo:type_name -> inference.SLOStatistics
 	21, // 21: inference.ModelStatisticsResponse.model_stats:type_name -> inference.ModelStatistics
-	54, // 22: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	55, // 23: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	56, // 24: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	58, // 25: inference.SystemSharedMemoryStatusResponse.regions:type_name -> inference.SystemSharedMemoryStatusResponse.RegionsEntry
-	60, // 26: inference.CudaSharedMemoryStatusResponse.regions:type_name -> inference.CudaSharedMemoryStatusResponse.RegionsEntry
-	62, // 27: inference.LogSettingsRequest.settings:type_name -> inference.LogSettingsRequest.SettingsEntry
-	64, // 28: inference.LogSettingsResponse.settings:type_name -> inference.LogSettingsResponse.SettingsEntry
-	49, // 29: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 30: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	50, // 31: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 32: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 33: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 34: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	53, // 35: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 36: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 37: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 38: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	24, // 39: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	24, // 40: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	57, // 41: inference.SystemSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.SystemSharedMemoryStatusResponse.RegionStatus
-	59, // 42: inference.CudaSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.CudaSharedMemoryStatusResponse.RegionStatus
-	61, // 43: inference.LogSettingsRequest.SettingsEntry.value:type_name -> inference.LogSettingsRequest.SettingValue
-	63, // 44: inference.LogSettingsResponse.SettingsEntry.value:type_name -> inference.LogSettingsResponse.SettingValue
-	0,  // 45: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 46: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 47: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 48: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 49: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 50: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	12, // 51: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
-	15, // 52: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
-	17, // 53: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
-	25, // 54: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	27, // 55: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	29, // 56: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	31, // 57: inference.GRPCInferenceService.SystemSharedMemoryStatus:input_type -> inference.SystemSharedMemoryStatusRequest
-	33, // 58: inference.GRPCInferenceService.SystemSharedMemoryRegister:input_type -> inference.SystemSharedMemoryRegisterRequest
-	35, // 59: inference.GRPCInferenceService.SystemSharedMemoryUnregister:input_type -> inference.SystemSharedMemoryUnregisterRequest
-	37, // 60: inference.GRPCInferenceService.CudaSharedMemoryStatus:input_type -> inference.CudaSharedMemoryStatusRequest
-	39, // 61: inference.GRPCInferenceService.CudaSharedMemoryRegister:input_type -> inference.CudaSharedMemoryRegisterRequest
-	41, // 62: inference.GRPCInferenceService.CudaSharedMemoryUnregister:input_type -> inference.CudaSharedMemoryUnregisterRequest
-	43, // 63: inference.GRPCInferenceService.LogSettings:input_type -> inference.LogSettingsRequest
-	1,  // 64: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 65: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 66: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 67: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 68: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 69: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	14, // 70: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
-	16, // 71: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
-	23, // 72: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
-	26, // 73: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	28, // 74: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	30, // 75: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	32, // 76: inference.GRPCInferenceService.SystemSharedMemoryStatus:output_type -> inference.SystemSharedMemoryStatusResponse
-	34, // 77: inference.GRPCInferenceService.SystemSharedMemoryRegister:output_type -> inference.SystemSharedMemoryRegisterResponse
-	36, // 78: inference.GRPCInferenceService.SystemSharedMemoryUnregister:output_type -> inference.SystemSharedMemoryUnregisterResponse
-	38, // 79: inference.GRPCInferenceService.CudaSharedMemoryStatus:output_type -> inference.CudaSharedMemoryStatusResponse
-	40, // 80: inference.GRPCInferenceService.CudaSharedMemoryRegister:output_type -> inference.CudaSharedMemoryRegisterResponse
-	42, // 81: inference.GRPCInferenceService.CudaSharedMemoryUnregister:output_type -> inference.CudaSharedMemoryUnregisterResponse
-	44, // 82: inference.GRPCInferenceService.LogSettings:output_type -> inference.LogSettingsResponse
-	64, // [64:83] is the sub-list for method output_type
-	45, // [45:64] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	56, // 22: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	57, // 23: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	58, // 24: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	60, // 25: inference.SystemSharedMemoryStatusResponse.regions:type_name -> inference.SystemSharedMemoryStatusResponse.RegionsEntry
+	62, // 26: inference.CudaSharedMemoryStatusResponse.regions:type_name -> inference.CudaSharedMemoryStatusResponse.RegionsEntry
+	64, // 27: inference.LogSettingsRequest.settings:type_name -> inference.LogSettingsRequest.SettingsEntry
+	66, // 28: inference.LogSettingsResponse.settings:type_name -> inference.LogSettingsResponse.SettingsEntry
+	68, // 29: inference.TraceSettingRequest.settings:type_name -> inference.TraceSettingRequest.SettingsEntry
+	70, // 30: inference.TraceSettingResponse.settings:type_name -> inference.TraceSettingResponse.SettingsEntry
+	51, // 31: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 32: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	52, // 33: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 34: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 35: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 36: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	55, // 37: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 38: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 39: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 40: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	24, // 41: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	24, // 42: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	59, // 43: inference.SystemSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.SystemSharedMemoryStatusResponse.RegionStatus
+	61, // 44: inference.CudaSharedMemoryStatusResponse.RegionsEntry.value:type_name -> inference.CudaSharedMemoryStatusResponse.RegionStatus
+	63, // 45: inference.LogSettingsRequest.SettingsEntry.value:type_name -> inference.LogSettingsRequest.SettingValue
+	65, // 46: inference.LogSettingsResponse.SettingsEntry.value:type_name -> inference.LogSettingsResponse.SettingValue
+	67, // 47: inference.TraceSettingRequest.SettingsEntry.value:type_name -> inference.TraceSettingRequest.SettingValue
+	69, // 48: inference.TraceSettingResponse.SettingsEntry.value:type_name -> inference.TraceSettingResponse.SettingValue
+	0,  // 49: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 50: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 51: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 52: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 53: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	12, // 54: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	12, // 55: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	15, // 56: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	17, // 57: inference.GRPCInferenceService.ModelStatistics:input_type -> inference.ModelStatisticsRequest
+	25, // 58: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	27, // 59: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	29, // 60: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	31, // 61: inference.GRPCInferenceService.SystemSharedMemoryStatus:input_type -> inference.SystemSharedMemoryStatusRequest
+	33, // 62: inference.GRPCInferenceService.SystemSharedMemoryRegister:input_type -> inference.SystemSharedMemoryRegisterRequest
+	35, // 63: inference.GRPCInferenceService.SystemSharedMemoryUnregister:input_type -> inference.SystemSharedMemoryUnregisterRequest
+	37, // 64: inference.GRPCInferenceService.CudaSharedMemoryStatus:input_type -> inference.CudaSharedMemoryStatusRequest
+	39, // 65: inference.GRPCInferenceService.CudaSharedMemoryRegister:input_type -> inference.CudaSharedMemoryRegisterRequest
+	41, // 66: inference.GRPCInferenceService.CudaSharedMemoryUnregister:input_type -> inference.CudaSharedMemoryUnregisterRequest
+	43, // 67: inference.GRPCInferenceService.LogSettings:input_type -> inference.LogSettingsRequest
+	45, // 68: inference.GRPCInferenceService.TraceSetting:input_type -> inference.TraceSettingRequest
+	1,  // 69: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 70: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 71: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 72: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 73: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	13, // 74: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	14, // 75: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	16, // 76: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	23, // 77: inference.GRPCInferenceService.ModelStatistics:output_type -> inference.ModelStatisticsResponse
+	26, // 78: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	28, // 79: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	30, // 80: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	32, // 81: inference.GRPCInferenceService.SystemSharedMemoryStatus:output_type -> inference.SystemSharedMemoryStatusResponse
+	34, // 82: inference.GRPCInferenceService.SystemSharedMemoryRegister:output_type -> inference.SystemSharedMemoryRegisterResponse
+	36, // 83: inference.GRPCInferenceService.SystemSharedMemoryUnregister:output_type -> inference.SystemSharedMemoryUnregisterResponse
+	38, // 84: inference.GRPCInferenceService.CudaSharedMemoryStatus:output_type -> inference.CudaSharedMemoryStatusResponse
+	40, // 85: inference.GRPCInferenceService.CudaSharedMemoryRegister:output_type -> inference.CudaSharedMemoryRegisterResponse
+	42, // 86: inference.GRPCInferenceService.CudaSharedMemoryUnregister:output_type -> inference.CudaSharedMemoryUnregisterResponse
+	44, // 87: inference.GRPCInferenceService.LogSettings:output_type -> inference.LogSettingsResponse
+	46, // 88: inference.GRPCInferenceService.TraceSetting:output_type -> inference.TraceSettingResponse
+	69, // [69:89] is the sub-list for method output_type
+	49, // [49:69] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_api_inference_grpc_service_proto_init() }
@@ -3831,12 +4049,12 @@ func file_api_inference_grpc_service_proto_init() {
 		(*ModelRepositoryParameter_StringParam)(nil),
 		(*ModelRepositoryParameter_BytesParam)(nil),
 	}
-	file_api_inference_grpc_service_proto_msgTypes[61].OneofWrappers = []any{
+	file_api_inference_grpc_service_proto_msgTypes[63].OneofWrappers = []any{
 		(*LogSettingsRequest_SettingValue_BoolParam)(nil),
 		(*LogSettingsRequest_SettingValue_Uint32Param)(nil),
 		(*LogSettingsRequest_SettingValue_StringParam)(nil),
 	}
-	file_api_inference_grpc_service_proto_msgTypes[63].OneofWrappers = []any{
+	file_api_inference_grpc_service_proto_msgTypes[65].OneofWrappers = []any{
 		(*LogSettingsResponse_SettingValue_BoolParam)(nil),
 		(*LogSettingsResponse_SettingValue_Uint32Param)(nil),
 		(*LogSettingsResponse_SettingValue_StringParam)(nil),
@@ -3847,7 +4065,7 @@ func file_api_inference_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_inference_grpc_service_proto_rawDesc), len(file_api_inference_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   65,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

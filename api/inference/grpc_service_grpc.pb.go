@@ -51,6 +51,7 @@ const (
 	GRPCInferenceService_CudaSharedMemoryRegister_FullMethodName     = "/inference.GRPCInferenceService/CudaSharedMemoryRegister"
 	GRPCInferenceService_CudaSharedMemoryUnregister_FullMethodName   = "/inference.GRPCInferenceService/CudaSharedMemoryUnregister"
 	GRPCInferenceService_LogSettings_FullMethodName                  = "/inference.GRPCInferenceService/LogSettings"
+	GRPCInferenceService_TraceSetting_FullMethodName                 = "/inference.GRPCInferenceService/TraceSetting"
 )
 
 // GRPCInferenceServiceClient is the client API for GRPCInferenceService service.
@@ -97,6 +98,9 @@ type GRPCInferenceServiceClient interface {
 	// Triton's logging extension: the server's log settings, changed first
 	// by those the request names (none: only read them).
 	LogSettings(ctx context.Context, in *LogSettingsRequest, opts ...grpc.CallOption) (*LogSettingsResponse, error)
+	// Triton's trace extension: the trace settings, changed first by those
+	// the request names (none: only read them).
+	TraceSetting(ctx context.Context, in *TraceSettingRequest, opts ...grpc.CallOption) (*TraceSettingResponse, error)
 }
 
 type gRPCInferenceServiceClient struct {
@@ -300,6 +304,16 @@ func (c *gRPCInferenceServiceClient) LogSettings(ctx context.Context, in *LogSet
 	return out, nil
 }
 
+func (c *gRPCInferenceServiceClient) TraceSetting(ctx context.Context, in *TraceSettingRequest, opts ...grpc.CallOption) (*TraceSettingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TraceSettingResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_TraceSetting_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GRPCInferenceServiceServer is the server API for GRPCInferenceService service.
 // All implementations must embed UnimplementedGRPCInferenceServiceServer
 // for forward compatibility.
@@ -344,6 +358,9 @@ type GRPCInferenceServiceServer interface {
 	// Triton's logging extension: the server's log settings, changed first
 	// by those the request names (none: only read them).
 	LogSettings(context.Context, *LogSettingsRequest) (*LogSettingsResponse, error)
+	// Triton's trace extension: the trace settings, changed first by those
+	// the request names (none: only read them).
+	TraceSetting(context.Context, *TraceSettingRequest) (*TraceSettingResponse, error)
 	mustEmbedUnimplementedGRPCInferenceServiceServer()
 }
 
@@ -410,6 +427,9 @@ func (UnimplementedGRPCInferenceServiceServer) CudaSharedMemoryUnregister(contex
 }
 func (UnimplementedGRPCInferenceServiceServer) LogSettings(context.Context, *LogSettingsRequest) (*LogSettingsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method LogSettings not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) TraceSetting(context.Context, *TraceSettingRequest) (*TraceSettingResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method TraceSetting not implemented")
 }
 func (UnimplementedGRPCInferenceServiceServer) mustEmbedUnimplementedGRPCInferenceServiceServer() {}
 func (UnimplementedGRPCInferenceServiceServer) testEmbeddedByValue()                              {}
@@ -763,6 +783,24 @@ func _GRPCInferenceService_LogSettings_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GRPCInferenceService_TraceSetting_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TraceSettingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).TraceSetting(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_TraceSetting_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).TraceSetting(ctx, req.(*TraceSettingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GRPCInferenceService_ServiceDesc is the grpc.ServiceDesc for GRPCInferenceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -841,6 +879,10 @@ var GRPCInferenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LogSettings",
 			Handler:    _GRPCInferenceService_LogSettings_Handler,
+		},
+		{
+			MethodName: "TraceSetting",
+			Handler:    _GRPCInferenceService_TraceSetting_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
