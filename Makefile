@@ -39,6 +39,8 @@ test: export SLOSERVE_REQUIRE_PROMETHEUS := 1
 test: export SLOSERVE_REQUIRE_CHROMIUM := 1
 # And helm: the deploy package renders the chart with it.
 test: export SLOSERVE_REQUIRE_HELM := 1
+# And jaeger: the tracing e2e test exports to it.
+test: export SLOSERVE_REQUIRE_JAEGER := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles

@@ -5,6 +5,9 @@
 #   chromium-driver  /usr/bin/chromedriver
 #   helm             .tools/bin/helm, pinned, built with `go install` through
 #                    the Go module proxy (the deploy package renders the chart)
+#   jaeger           .tools/bin/jaeger, pinned by tools/jaeger/go.mod and
+#                    go.sum, built through the Go module proxy (the tracing
+#                    e2e test's OTLP collector and query API)
 # One apt run for the Debian packages; nothing happens when every binary is
 # there at the right version.
 # The packages' daemons are not started: the tests run their own Prometheus
@@ -31,6 +34,25 @@ else
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   got=$("$BIN/helm" version --template '{{.Version}}')
   [ "$got" = "$HELM_VERSION" ] || die "helm version says '$got', want $HELM_VERSION"
+fi
+
+# jaeger: its go.mod has a replace directive, so `go install jaeger@version`
+# refuses it; tools/jaeger is a module of its own that requires it as a tool
+# and pins every dependency in its go.sum. `go version -m` reads the version
+# the binary was built from.
+JAEGER_VERSION=v1.76.0
+jaeger_built() {
+  [ -x "$BIN/jaeger" ] &&
+    go version -m "$BIN/jaeger" 2>/dev/null | grep -Eq "^[[:space:]]+(mod|dep)[[:space:]]+github.com/jaegertracing/jaeger[[:space:]]+$JAEGER_VERSION([[:space:]]|\$)"
+}
+if command -v go >/dev/null 2>&1 && jaeger_built; then
+  log "jaeger $JAEGER_VERSION already installed"
+else
+  need go
+  mkdir -p "$BIN"
+  log "go build jaeger $JAEGER_VERSION (tools/jaeger; several minutes the first time)"
+  (cd "$ROOT/tools/jaeger" && go build -o "$BIN/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
+  jaeger_built || die "$BIN/jaeger is not jaeger $JAEGER_VERSION: $(go version -m "$BIN/jaeger" 2>&1 | grep jaegertracing/jaeger)"
 fi
 
 # binary -> the package that ships it.
