@@ -42,6 +42,8 @@ test: export SLOSERVE_REQUIRE_HELM := 1
 # And the Kubernetes API server (kube-apiserver, etcd, CRDs) the manifests
 # are applied to.
 test: export SLOSERVE_REQUIRE_KUBE := 1
+# And jaeger: the tracing e2e test exports to it.
+test: export SLOSERVE_REQUIRE_JAEGER := 1
 # Profiles the servers under test measure are cached for the run's later
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles

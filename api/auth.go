@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
 )
 
 // AuthOptions say which bearer tokens the server takes and what they
@@ -51,8 +53,9 @@ type AuthOptions struct {
 //     the inference token with RequireTokenForHealth;
 //   - admin (REST POST /v2/repository/models/{m}/load and /unload, PUT and
 //     DELETE /v2/models/{m}/share, POST /v2/config/reload, POST
-//     /v2/logging; gRPC
-//     RepositoryModelLoad, RepositoryModelUnload): the admin token when one
+//     /v2/logging, POST /v2/trace/setting; gRPC RepositoryModelLoad,
+//     RepositoryModelUnload, and LogSettings and TraceSetting when they
+//     name a setting to change): the admin token when one
 //     is configured; otherwise a loopback peer (and the inference token
 //     when one is configured);
 //   - the dashboard page's static files (/dashboard, /dashboard/*): nothing;
@@ -316,6 +319,10 @@ func restAccess(method, fullPath string) access {
 		if method != http.MethodGet {
 			return accessAdmin // changes what the server logs
 		}
+	case "/v2/trace/setting":
+		if method != http.MethodGet {
+			return accessAdmin // changes what the server traces
+		}
 	case "/dashboard", "/dashboard/*file":
 		return accessOpen
 	}
@@ -554,9 +561,27 @@ func grpcAccess(fullMethod string) access {
 	return accessInference
 }
 
-// grpcCheck decides a gRPC call from its metadata and peer.
-func (a *Auth) grpcCheck(ctx context.Context, fullMethod string) error {
-	need := grpcAccess(fullMethod)
+// grpcUnaryAccess is what a unary call needs, its message read: a
+// LogSettings call that changes a setting is an admin call, as POST
+// /v2/logging is; one that only reads them is not, as GET /v2/logging.
+func grpcUnaryAccess(fullMethod string, req any) access {
+	if r, ok := req.(*inference.LogSettingsRequest); ok && fullMethod == inference.GRPCInferenceService_LogSettings_FullMethodName {
+		if len(r.GetSettings()) > 0 {
+			return accessAdmin
+		}
+		return accessInference
+	}
+	if r, ok := req.(*inference.TraceSettingRequest); ok && fullMethod == inference.GRPCInferenceService_TraceSetting_FullMethodName {
+		if len(r.GetSettings()) > 0 {
+			return accessAdmin
+		}
+		return accessInference
+	}
+	return grpcAccess(fullMethod)
+}
+
+// grpcCheck decides a gRPC call that needs need from its metadata and peer.
+func (a *Auth) grpcCheck(ctx context.Context, fullMethod string, need access) error {
 	// One key, not a copy of all the call's metadata.
 	values := metadata.ValueFromIncomingContext(ctx, "authorization")
 	header := ""
@@ -584,7 +609,7 @@ func (a *Auth) grpcCheck(ctx context.Context, fullMethod string) error {
 // UnaryInterceptor checks unary calls.
 func (a *Auth) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if err := a.grpcCheck(ctx, info.FullMethod); err != nil {
+		if err := a.grpcCheck(ctx, info.FullMethod, grpcUnaryAccess(info.FullMethod, req)); err != nil {
 			return nil, err
 		}
 		return handler(ctx, req)
@@ -594,7 +619,7 @@ func (a *Auth) UnaryInterceptor() grpc.UnaryServerInterceptor {
 // StreamInterceptor checks streaming calls (health Watch, reflection).
 func (a *Auth) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := a.grpcCheck(ss.Context(), info.FullMethod); err != nil {
+		if err := a.grpcCheck(ss.Context(), info.FullMethod, grpcAccess(info.FullMethod)); err != nil {
 			return err
 		}
 		return handler(srv, ss)

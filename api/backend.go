@@ -19,12 +19,15 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/limiter"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/tracing"
 )
 
 // Backend is what the protocol handlers serve. The server package implements
@@ -131,6 +134,15 @@ type Limits struct {
 	// extension (GET and POST /v2/logging) reads and sets; nil turns the
 	// extension off.
 	LogLevel *slog.LevelVar
+	// Tracer makes the spans of inference requests (infer, answer; the
+	// scheduler and the runner add theirs under them), with a client's W3C
+	// traceparent (REST header, gRPC metadata) as their parent; nil: no
+	// spans.
+	Tracer trace.TracerProvider
+	// Trace holds Triton's trace settings, which the trace extension (GET
+	// and POST /v2/trace/setting, gRPC TraceSetting) reads and changes;
+	// nil turns the extension off.
+	Trace *tracing.Settings
 }
 
 // ServerName is the name sloserve gives in server metadata.

@@ -197,16 +197,19 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	}
 	in.Arrival = arrival
 	name := meshModelName(ctx, req.GetModelName())
+	ctx, tr := startInferTrace(ctx, s.lim.Tracer, grpcTraceCarrier(ctx), arrival, "grpc", name, req.GetModelVersion())
 	out, version, err := s.b.Infer(ctx, name, req.GetModelVersion(), in)
+	defer func() { tr.end(err) }()
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
+	tr.answering(ctx, version)
 	// The outputs, and their copy in the message gRPC encodes.
-	if err := mem.Grow(2*outputBytes(out.Outputs), "the response"); err != nil {
+	if err = mem.Grow(2*outputBytes(out.Outputs), "the response"); err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
 	msg := encodeGRPCInferResponse(name, version, req.GetId(), out)
-	if err := writeGRPCShmOutputs(msg, out.Outputs, targets); err != nil {
+	if err = writeGRPCShmOutputs(msg, out.Outputs, targets); err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
 	return msg, nil

@@ -36,7 +36,7 @@ func TestGRPCCallMetadataAllocations(t *testing.T) {
 		max  float64
 	}{
 		{"grpcCheck", func() {
-			if err := a.grpcCheck(ctx, infer); err != nil {
+			if err := a.grpcCheck(ctx, infer, grpcAccess(infer)); err != nil {
 				t.Fatal(err)
 			}
 		}, 1},

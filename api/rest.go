@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/sloserve/sloserve/models"
 )
@@ -87,6 +88,12 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	if lim.LogLevel != nil {
 		e.GET("/v2/logging", s.logSettings)
 		e.POST("/v2/logging", s.updateLogSettings)
+	}
+	if lim.Trace != nil {
+		e.GET("/v2/trace/setting", s.traceSetting)
+		e.POST("/v2/trace/setting", s.updateTraceSetting)
+		e.GET("/v2/models/:model/trace/setting", s.modelTraceSetting)
+		e.POST("/v2/models/:model/trace/setting", s.modelTraceSetting)
 	}
 	e.GET("/dashboard", s.dashboardPage)
 	e.GET("/dashboard/*file", dashboardFiles())
@@ -533,16 +540,19 @@ func (s *restServer) infer(c *gin.Context) {
 	rr := req.runtimeRequest()
 	rr.Deadline = requestDeadline(arrival, req.timeout, headerTimeout)
 	rr.Arrival = arrival
-	resp, version, err := s.b.Infer(c.Request.Context(), name, version, rr)
+	ctx, tr := startInferTrace(c.Request.Context(), s.lim.Tracer, propagation.HeaderCarrier(c.Request.Header), arrival, "rest", name, version)
+	resp, version, err := s.b.Infer(ctx, name, version, rr)
+	defer func() { tr.end(err) }()
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
+	tr.answering(ctx, version)
 
 	// The outputs (in memory already) and their JSON are reserved before the
 	// JSON is written, at its largest, then shrunk to what it took.
 	held := mem.Size()
-	if err := mem.Grow(outputBytes(resp.Outputs)+restResponseBound(req, resp.Outputs), "the response"); err != nil {
+	if err = mem.Grow(outputBytes(resp.Outputs)+restResponseBound(req, resp.Outputs), "the response"); err != nil {
 		s.writeError(c, fmt.Errorf("model %q: %w", name, err))
 		return
 	}

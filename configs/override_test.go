@@ -33,6 +33,7 @@ func TestKeys(t *testing.T) {
 		"auth.inference_token_file", "auth.admin_token_file", "auth.inference_token", "auth.admin_token",
 		"auth.require_token_for_health", "auth.require_token_for_metrics", "auth.allowed_hosts",
 		"log.format", "log.level",
+		"tracing.endpoint", "tracing.rate", "tracing.count", "tracing.service_name",
 	}
 	keys := Keys()
 	if !slices.Equal(keys, want) {

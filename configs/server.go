@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -66,6 +67,7 @@ type Server struct {
 	TLS          TLS       `yaml:"tls"`
 	Auth         Auth      `yaml:"auth"`
 	Log          Log       `yaml:"log"`
+	Tracing      Tracing   `yaml:"tracing"`
 
 	File string `yaml:"-"` // the config file, as named in error messages
 
@@ -326,6 +328,24 @@ type Log struct {
 	Level  string `yaml:"level"`
 }
 
+// Tracing configures OpenTelemetry traces of inference requests, exported
+// over OTLP/HTTP, and the starting values of Triton's trace settings
+// (/v2/trace/setting changes them while the server runs).
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP collector's base URL (http://host:4318;
+	// traces go to its /v1/traces, unless the URL names a path); empty
+	// turns tracing off.
+	Endpoint string `yaml:"endpoint"`
+	// Rate traces one request in Rate (Triton's trace_rate): a sampling
+	// ratio of 1/Rate.
+	Rate int64 `yaml:"rate"`
+	// Count is how many requests to trace before stopping (Triton's
+	// trace_count); -1 is no limit.
+	Count int64 `yaml:"count"`
+	// ServiceName is the service.name of the traces.
+	ServiceName string `yaml:"service_name"`
+}
+
 // SlogLevel is Level as a slog.Level (info when Level is not valid).
 func (l Log) SlogLevel() slog.Level {
 	var lv slog.Level
@@ -402,9 +422,10 @@ func DefaultServer() *Server {
 			Window:           10 * time.Second,
 			AttainmentTarget: 0.99,
 		},
-		TLS:  TLS{MinVersion: TLSVersion12},
-		Auth: Auth{AllowedHosts: []string{}},
-		Log:  Log{Format: LogFormatText, Level: "info"},
+		TLS:     TLS{MinVersion: TLSVersion12},
+		Auth:    Auth{AllowedHosts: []string{}},
+		Log:     Log{Format: LogFormatText, Level: "info"},
+		Tracing: Tracing{Rate: 1000, Count: -1, ServiceName: "sloserve"},
 	}
 }
 
@@ -609,6 +630,7 @@ func (s *Server) validate() problems {
 
 	p.oneOf("log.format", s.Log.Format, LogFormatText, LogFormatJSON)
 	p.oneOf("log.level", s.Log.Level, "debug", "info", "warn", "error")
+	s.Tracing.validate(&p)
 	return p
 }
 
@@ -738,4 +760,27 @@ func (l *Listen) validate(p *problems) {
 
 func wildcard(host string) bool {
 	return host == "" || host == "0.0.0.0" || host == "::"
+}
+
+func (t *Tracing) validate(p *problems) {
+	if t.Endpoint != "" {
+		u, err := url.Parse(t.Endpoint)
+		switch {
+		case err != nil:
+			p.add("tracing.endpoint", "not a URL: %v", err)
+		case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+			p.add("tracing.endpoint", "must be an http:// or https:// URL with a host (the OTLP/HTTP collector), got %q", t.Endpoint)
+		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+			p.add("tracing.endpoint", "must have no user, query or fragment, got %q", t.Endpoint)
+		}
+	}
+	if t.Rate < 1 {
+		p.add("tracing.rate", "must be >= 1 (one request in rate is traced), got %d", t.Rate)
+	}
+	if t.Count < -1 {
+		p.add("tracing.count", "must be >= 0, or -1 for no limit, got %d", t.Count)
+	}
+	if t.ServiceName == "" {
+		p.add("tracing.service_name", "must not be empty")
+	}
 }

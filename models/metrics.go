@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		versions: map[[2]string]*versionMetrics{},
 	}
 	cs := []prometheus.Collector{m.loadDuration, m.restarts, m.oomKills, m.retries, m.evictions,
-		m.loads, m.loadFailures, &usageCollector{r: r}, &stateCollector{r: r}}
+		m.loads, m.loadFailures, &usageCollector{r: r}, &stateCollector{r: r}, &tritonCollector{r: r}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("models: registering metrics"), err)

@@ -71,7 +71,7 @@ func (v *version) statistics() Statistics {
 	s.SLO = &SLOStatistics{
 		Class: string(q.Class), LatencyTarget: v.cfg.LatencyTarget(),
 		Arrived: q.Arrived, Good: q.Good, Late: q.Late, Rejected: q.Rejected,
-		Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled,
+		Dropped: q.Dropped, Failed: q.Failed, Canceled: q.Canceled, Invalid: q.Invalid,
 		QueueDepth: q.QueueDepth, Goodput: q.Goodput, Attainment: q.Attainment,
 		MeanQueueDelay: q.MeanQueueDelay,
 	}

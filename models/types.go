@@ -89,10 +89,13 @@ type SLOStatistics struct {
 	Class                                                    string
 	LatencyTarget                                            time.Duration // 0: none
 	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
-	QueueDepth                                               int
-	Goodput                                                  float64 // good requests per second over the window
-	Attainment                                               float64 // good / settled over the window
-	MeanQueueDelay                                           time.Duration
+	// Invalid counts the requests refused as invalid (inputs that do not
+	// match the model): not arrivals, but failed requests in Fail.
+	Invalid        uint64
+	QueueDepth     int
+	Goodput        float64 // good requests per second over the window
+	Attainment     float64 // good / settled over the window
+	MeanQueueDelay time.Duration
 }
 
 // notFoundError is ErrModelNotFound or ErrVersionNotFound worded first as

@@ -495,7 +495,7 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 	ctx, cancel := context.WithCancel(s.runCtx)
 	e.cancel = cancel
 	s.execs.Add(1)
-	return e, ctx
+	return e, traceDispatchLocked(ctx, e, now)
 }
 
 // chargeLocked advances a best-effort model's virtual time by the

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -27,6 +29,10 @@ type request struct {
 	exec  *execution  // while running
 	leave func()      // takes it out of the Gate; nil: not in it
 	done  chan result // capacity 1; receives exactly one result
+
+	// span is the caller's span when it is recording (trace.go), and
+	// batchSpan the span of its execution while it runs; nil: not traced.
+	span, batchSpan trace.Span
 }
 
 type requestState int

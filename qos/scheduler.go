@@ -765,6 +765,7 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 		deadline: o.Deadline,
 		rank:     priorityRank(cmp.Or(o.Priority, m.spec.Priority)),
 		done:     make(chan result, 1),
+		span:     traceOf(ctx),
 	}
 	if req != nil && !req.Arrival.IsZero() && req.Arrival.Before(now) {
 		// The SLO counts from when the request reached the server.
@@ -815,6 +816,7 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 		r.leave()
 		r.leave = nil
 	}
+	traceFinishLocked(r, o, now, res.err)
 	m := r.m
 	m.counts[o]++
 	m.requests.record(r, o, now, res)

@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -809,7 +812,13 @@ func (r *Runner) LogValue() slog.Value {
 // the process dies during the call. A request the runner rejects fails
 // with ErrInvalidTensor (and ErrInference); an ONNX Runtime failure with
 // ErrInference. Both keep the runner's message.
-func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, error) {
+func (r *Runner) Infer(ctx context.Context, req *InferRequest) (resp *InferResponse, err error) {
+	if parent := trace.SpanFromContext(ctx); parent.IsRecording() {
+		var span trace.Span
+		ctx, span = parent.TracerProvider().Tracer("github.com/sloserve/sloserve/runtime").Start(ctx, "runner",
+			trace.WithAttributes(attribute.String("sloserve.runner", r.cfg.Name)))
+		defer func() { endRunnerSpan(span, resp, err) }()
+	}
 	p, err := r.servingProcess()
 	if err != nil {
 		return nil, err
@@ -832,19 +841,19 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (*InferResponse, 
 		}
 		return nil, fmt.Errorf("runner %s: %w", r.cfg.Name, err)
 	}
-	resp, err := p.stream.call(ctx, msg, call)
+	reply, err := p.stream.call(ctx, msg, call)
 	if call.hasSlot && !call.abandoned {
 		// Read the outputs before the slot can be handed out again.
 		defer p.arena.free(call.slot)
 	}
 	if err == nil {
-		err = replyStatus(resp)
+		err = replyStatus(reply)
 	}
 	if err != nil {
 		return nil, r.inferError(ctx, p, err)
 	}
 	p.answered.Store(true)
-	out, err := readResponse(resp, mem, region)
+	out, err := readResponse(reply, mem, region)
 	if err != nil {
 		// A runner that answers with descriptors outside its call's region
 		// is broken; it is not trusted with further calls.
@@ -1070,3 +1079,19 @@ type remoteError struct {
 
 func (e remoteError) Error() string { return e.msg }
 func (e remoteError) Unwrap() error { return e.kind }
+
+// endRunnerSpan ends the span of one call to a runner with the times the
+// runner measured: copying the inputs in, the session's run, copying the
+// outputs out (Triton's compute_input, compute_infer, compute_output).
+func endRunnerSpan(span trace.Span, resp *InferResponse, err error) {
+	if err != nil {
+		span.SetStatus(otelcodes.Error, err.Error())
+	} else if resp != nil {
+		span.SetAttributes(
+			attribute.Int64("sloserve.compute_input_us", resp.Timing.Input.Microseconds()),
+			attribute.Int64("sloserve.compute_infer_us", resp.Timing.Infer.Microseconds()),
+			attribute.Int64("sloserve.compute_output_us", resp.Timing.Output.Microseconds()),
+		)
+	}
+	span.End()
+}

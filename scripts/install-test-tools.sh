@@ -10,6 +10,9 @@
 #                    (the deploy package applies the manifests to them)
 #   CRDs             .tools/crds/: KServe's, KEDA's and prometheus-operator's
 #                    CustomResourceDefinitions, from their Go modules, pinned
+#   jaeger           .tools/bin/jaeger, pinned by tools/jaeger/go.mod and
+#                    go.sum, built through the Go module proxy (the tracing
+#                    e2e test's OTLP collector and query API)
 # One apt run for the Debian packages; nothing happens when every binary is
 # there at the right version.
 # The packages' daemons are not started: the tests run their own Prometheus
@@ -84,6 +87,25 @@ for c in "${crds[@]}"; do
   install_file "$dir/$path" "$dest"
   log "installed $key"
 done
+
+# jaeger: its go.mod has a replace directive, so `go install jaeger@version`
+# refuses it; tools/jaeger is a module of its own that requires it as a tool
+# and pins every dependency in its go.sum. `go version -m` reads the version
+# the binary was built from.
+JAEGER_VERSION=v1.76.0
+jaeger_built() {
+  [ -x "$BIN/jaeger" ] &&
+    go version -m "$BIN/jaeger" 2>/dev/null | grep -Eq "^[[:space:]]+(mod|dep)[[:space:]]+github.com/jaegertracing/jaeger[[:space:]]+$JAEGER_VERSION([[:space:]]|\$)"
+}
+if command -v go >/dev/null 2>&1 && jaeger_built; then
+  log "jaeger $JAEGER_VERSION already installed"
+else
+  need go
+  mkdir -p "$BIN"
+  log "go build jaeger $JAEGER_VERSION (tools/jaeger; several minutes the first time)"
+  (cd "$ROOT/tools/jaeger" && go build -o "$BIN/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
+  jaeger_built || die "$BIN/jaeger is not jaeger $JAEGER_VERSION: $(go version -m "$BIN/jaeger" 2>&1 | grep jaegertracing/jaeger)"
+fi
 
 # binary -> the package that ships it.
 bins=(prometheus promtool chromium chromedriver)

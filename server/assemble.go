@@ -300,7 +300,16 @@ func (h *house) buildServing(rl Reloading) error {
 	if err != nil {
 		return err
 	}
+	// Spans still buffered are exported at clean-up, after the listeners
+	// have drained.
+	trace, err := startTracing(context.Background(), cfg.Tracing, h.be.ServerVersion(), logger)
+	if err != nil {
+		return err
+	}
+	h.closers = append(h.closers, func() { trace.stop(cfg.Limits.GracePeriod) })
 	lim := api.Limits{
+		Tracer:            trace.tracer(),
+		Trace:             trace.settings,
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
 		BodyTimeout:       cfg.Limits.BodyTimeout,
