@@ -63,7 +63,7 @@ testmodels:
 
 # Tools the tests run: prometheus (promtool), chromium, chromedriver from
 # Debian; helm, pinned, through the Go module proxy into .tools/bin;
-# kube-apiserver and etcd built from their Go modules (scripts/kube-tools),
+# kube-apiserver and etcd built from their Go modules (tools/kube),
 # and the CRDs the manifests use, into .tools/.
 test-tools:
 	scripts/install-test-tools.sh

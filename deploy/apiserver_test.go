@@ -24,7 +24,7 @@ import (
 
 // A real Kubernetes API server for the manifests: kube-apiserver and etcd,
 // built by `make test-tools` from Kubernetes' and etcd's own Go modules
-// (scripts/kube-tools), with the CRDs of KServe, KEDA and
+// (tools/kube), with the CRDs of KServe, KEDA and
 // prometheus-operator from their modules. Objects are applied server-side
 // with strict field validation, as `kubectl apply --server-side
 // --validate=strict` does: an unknown or misspelt field, a wrong type or a

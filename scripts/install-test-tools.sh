@@ -6,7 +6,7 @@
 #   helm             .tools/bin/helm, pinned, built with `go install` through
 #                    the Go module proxy (the deploy package renders the chart)
 #   kube-apiserver,  .tools/bin/, built from Kubernetes' and etcd's own Go
-#   etcd             modules at the versions scripts/kube-tools/go.mod pins
+#   etcd             modules at the versions tools/kube/go.mod pins
 #                    (the deploy package applies the manifests to them)
 #   CRDs             .tools/crds/: KServe's, KEDA's and prometheus-operator's
 #                    CustomResourceDefinitions, from their Go modules, pinned
@@ -41,10 +41,10 @@ else
   [ "$got" = "$HELM_VERSION" ] || die "helm version says '$got', want $HELM_VERSION"
 fi
 
-# kube-apiserver and etcd: built from the tools module in scripts/kube-tools
+# kube-apiserver and etcd: built from the tools module in tools/kube
 # (its go.sum pins every module); rebuilt when that module changes. About
 # ten minutes on two cores the first time.
-KUBE_TOOLS="$ROOT/scripts/kube-tools"
+KUBE_TOOLS="$ROOT/tools/kube"
 # Kubernetes' own build stamps its version into component-base; without it
 # the server says v0.0.0 and emulates no release.
 kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$KUBE_TOOLS/go.mod")
@@ -56,7 +56,7 @@ if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ] && [ "$(cat "$BIN/.kube-to
 else
   need go
   mkdir -p "$BIN"
-  log "go build kube-apiserver $kube_version and etcd (scripts/kube-tools)"
+  log "go build kube-apiserver $kube_version and etcd (tools/kube)"
   (cd "$KUBE_TOOLS" && go build -ldflags "$kube_ldflags" -o "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
     && go build -o "$BIN/etcd" ./etcd)
   echo "$kube_sum" >"$BIN/.kube-tools.sum"

@@ -1,4 +1,4 @@
-module github.com/sloserve/sloserve/scripts/kube-tools
+module github.com/sloserve/sloserve/tools/kube
 
 go 1.26.0
 
