@@ -196,6 +196,7 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	// start at once and health answers while models load.
 	var (
 		httpSrv, metricsSrv *http.Server
+		restLn              *api.DrainingListener
 		grpcSrv             *grpc.Server
 		meshSrv             *grpc.Server
 		serveErr            = make(chan error, 4)
@@ -207,7 +208,11 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		}
 		restLog := logger.With("component", "rest")
 		httpSrv = newRESTServer(api.NewREST(be, lim, restLog, sec.auth.REST()), cfg.Limits, ln, restLog)
-		go func() { serveErr <- ignoreClosed(httpSrv.Serve(sec.listener(ln, "h2", "http/1.1"))) }()
+		// Closed by the drain, the socket answers 503 until restLn.Stop.
+		restLn = api.NewDrainingListener(sec.listener(ln, "h2", "http/1.1"), restLog)
+		httpSrv.ConnState = restLn.ConnState
+		defer restLn.Stop(context.Background(), 0) // a failed start too
+		go func() { serveErr <- ignoreClosed(httpSrv.Serve(restLn)) }()
 		logger.Info("REST listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}
 	if addr := cfg.Listen.GRPC; addr != "" {
@@ -296,6 +301,9 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 	var drain sync.WaitGroup
 	if httpSrv != nil {
 		drain.Go(func() {
+			// New connections are refused first, and those accepted
+			// have their requests read, before Shutdown.
+			restLn.Refuse(grace)
 			if err := httpSrv.Shutdown(grace); err != nil {
 				logger.Warn("REST shutdown", "err", err)
 			}
@@ -317,6 +325,11 @@ func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloa
 		drain.Go(meshSrv.Stop)
 	}
 	drain.Wait()
+	if restLn != nil {
+		// REST clients still sending are answered 503 for as long as the
+		// delay, then new connections are refused.
+		restLn.Stop(grace, delay)
+	}
 	be.stopping.Store(true)
 	stopLoads()
 	<-started
