@@ -47,7 +47,13 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		mem.message = math.MaxInt32 // grpc-go's own cap on a message
 	}
 	mem.reading = 2 * mem.message
-	codec := newGRPCDecodeCodec(lim.Memory)
+	// A request its model would refuse anyway is refused before it is
+	// decoded, as REST refuses one before its body is read. The deadline
+	// is the model's SLO from now; the call's own deadline and timeout
+	// parameter are checked at admission, once it is decoded.
+	codec := newGRPCDecodeCodec(lim.Memory, func(name, version string) error {
+		return b.Preadmit(context.Background(), name, version, time.Time{})
+	})
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),

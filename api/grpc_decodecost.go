@@ -126,22 +126,43 @@ func packedCount(b []byte, k protoreflect.Kind) int64 {
 // would reach the client as INTERNAL). Other messages, small by nature,
 // are refused by an error when their cost does not fit and give their
 // reservation back once decoded.
+//
+// A ModelInferRequest is asked about first (preadmit, when set) with the
+// model name and version read from its first bytes: a request its model
+// would refuse anyway (queue full, one row predicted to miss its SLO, the
+// server at its limit on requests in flight) is neither copied out of the
+// receive buffers nor decoded, and its handler refuses it with that error.
+// Under overload most calls are such refusals, and decoding them (a copy
+// and an allocation of the whole tensor each, and the garbage collection
+// after) took the CPU the admitted ones need.
 type grpcDecodeCodec struct {
 	encoding.CodecV2
 	budget *MemoryBudget
+	// preadmit says, from a ModelInferRequest's model name and version,
+	// whether its model would refuse it now (Backend.Preadmit); nil: no
+	// request is refused before it is decoded.
+	preadmit func(name, version string) error
 	// decoded holds, per received ModelInferRequest, its *Reservation or
 	// the error that refused it, until its handler takes it.
 	decoded sync.Map
 }
 
-func newGRPCDecodeCodec(budget *MemoryBudget) *grpcDecodeCodec {
-	return &grpcDecodeCodec{CodecV2: encoding.GetCodecV2(grpcproto.Name), budget: budget}
+func newGRPCDecodeCodec(budget *MemoryBudget, preadmit func(name, version string) error) *grpcDecodeCodec {
+	return &grpcDecodeCodec{CodecV2: encoding.GetCodecV2(grpcproto.Name), budget: budget, preadmit: preadmit}
 }
 
 func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return c.CodecV2.Unmarshal(data, v)
+	}
+	if req, isInfer := v.(*inference.ModelInferRequest); isInfer && c.preadmit != nil && len(data) > 0 {
+		if name, version, ok := peekInferModel(data[0].ReadOnlyData()); ok {
+			if err := c.preadmit(name, version); err != nil {
+				c.decoded.Store(req, err)
+				return nil
+			}
+		}
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
@@ -188,3 +209,38 @@ func (c *grpcDecodeCodec) takeDecoded(req *inference.ModelInferRequest) (*Reserv
 }
 
 var _ encoding.CodecV2 = (*grpcDecodeCodec)(nil)
+
+// Field numbers of ModelInferRequest's model_name and model_version.
+const (
+	inferModelNameField    = 1
+	inferModelVersionField = 2
+)
+
+// peekInferModel reads the model name and version of a ModelInferRequest
+// from the start of its wire form b, without decoding the rest. Encoders
+// write fields in the order of their numbers (Go's, C++'s and Python's
+// do), so model_name comes first and model_version, when set, second. ok
+// is false when b does not start with a model name (a field order of its
+// own), or a name or version is cut off by the end of b: the caller then asks nothing
+// and decodes as usual. The version is "" when it is not there.
+func peekInferModel(b []byte) (name, version string, ok bool) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || num != inferModelNameField || typ != protowire.BytesType {
+		return "", "", false
+	}
+	b = b[n:]
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return "", "", false
+	}
+	name, b = string(v), b[n:]
+	num, typ, n = protowire.ConsumeTag(b)
+	if n < 0 || num != inferModelVersionField || typ != protowire.BytesType {
+		return name, "", true
+	}
+	v, n = protowire.ConsumeBytes(b[n:])
+	if n < 0 {
+		return "", "", false // the version is cut off
+	}
+	return name, string(v), true
+}

@@ -58,7 +58,7 @@ func NewREST(b Backend, lim Limits, logger *slog.Logger, middleware ...gin.Handl
 	// No proxy is trusted: a client's address is the connection's peer,
 	// never what X-Forwarded-For claims.
 	_ = e.SetTrustedProxies(nil)
-	e.Use(s.recoverPanic, s.overflowGuard, s.releaseMemory)
+	e.Use(s.recoverPanic, s.overflowGuard, s.closeWhileNotReady, s.releaseMemory)
 	e.Use(middleware...)
 	e.NoRoute(s.noRoute)
 	e.NoMethod(s.noMethod)
@@ -140,6 +140,21 @@ func (s *restServer) overflowGuard(c *gin.Context) {
 	c.Header("Retry-After", "1")
 	s.writeError(c, fmt.Errorf("%w: the server has its %d connections open; retry later", errTooManyConnections, l.Max()))
 	c.Abort()
+}
+
+// closeWhileNotReady closes a connection after its response while the
+// server is not ready: starting, or draining after SIGTERM. During the
+// shutdown delay every client with a request in flight then moves to a new
+// connection, which the server still accepts and the listener's close
+// later refuses, so that no keep-alive connection is left for the drain to
+// close while a request the server never read is on its way (an HTTP
+// client sees that as the connection closing under a sent request, EOF,
+// and retries it only if it knows the request to be idempotent).
+func (s *restServer) closeWhileNotReady(c *gin.Context) {
+	if !s.b.Ready() {
+		c.Header("Connection", "close")
+	}
+	c.Next()
 }
 
 func (s *restServer) noRoute(c *gin.Context) {

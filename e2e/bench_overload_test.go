@@ -465,7 +465,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		cpu            cpuUse
 	)
 	for b.Loop() {
-		s := startServer(b, overloadRepo(b, cal.sloMS), "")
+		s := startServer(b, overloadRepo(b, cal.sloMS), "", benchProfiling()...)
 		// Half the capacity for a while: the control loop learns the
 		// models and the baseline is a working server's.
 		warm := startClosedLoop(s, ovLCInfer(1), 1)

@@ -741,18 +741,22 @@ type termOutcome int
 
 const (
 	termOK      termOutcome = iota // answered 200 / OK
-	termRefused                    // refused before admission: connection refused, not ready
+	termRefused                    // refused before admission: connection refused, 503 shutting down
 	termLost                       // anything else: an admitted request cut off or failed
 )
 
 // classifyTerm sorts an answer of a request sent around a SIGTERM. A
-// request was refused before admission when it never reached a listener:
-// the connection was refused (the listener had closed), or an idle
-// keep-alive connection was closed under it before the server read it.
-func classifyTerm(code int, err error) termOutcome {
+// request was refused before admission when it never reached a listener
+// or was answered that the server is shutting down: the connection was
+// refused (the listener had closed), the draining listener answered 503,
+// or an idle keep-alive connection was closed under it before the server
+// read it (the client's own retry of an idempotent request).
+func classifyTerm(code int, body string, err error) termOutcome {
 	switch {
 	case err == nil && code == http.StatusOK:
 		return termOK
+	case err == nil && code == http.StatusServiceUnavailable && strings.Contains(body, "the server is shutting down"):
+		return termRefused
 	case err != nil && (strings.Contains(err.Error(), "connection refused") ||
 		strings.Contains(err.Error(), "server closed idle connection")):
 		return termRefused
@@ -761,15 +765,23 @@ func classifyTerm(code int, err error) termOutcome {
 }
 
 // SIGTERM under REST and gRPC load: readiness turns false at once while
-// requests are still served for limits.shutdown_delay; then the listeners
-// close and new connections are refused; every request that was admitted
+// requests are still served for limits.shutdown_delay, each REST response
+// closing its connection; then the listeners close: new REST requests are
+// answered 503 "shutting down" until the drain ends, new connections are
+// refused after it; every request that was admitted
 // is answered 200 (none is cut off or failed), all within the grace
 // period; the runners stop and the server exits 0.
 func TestE2ESIGTERMUnderLoad(t *testing.T) {
 	repo := t.TempDir()
+	// Both models are latency-critical with an SLO no request comes near,
+	// so admission refuses nothing: a best-effort runner sits in the idle
+	// class and gets no CPU while other processes on a busy host want it
+	// (under two CPU burners nothing was served during the shutdown delay,
+	// and the drain waited seconds), which is not what this test is about.
+	const slo = "slo: {latency_ms: 600000, class: latency-critical}\n"
 	writeRepo(t, repo,
-		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"},
-		repoModel{"det", demoModel(t, "ocr-det"), "max_batch_size: 1\n"},
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n" + slo},
+		repoModel{"det", demoModel(t, "ocr-det"), "max_batch_size: 1\n" + slo},
 	)
 	const delay, grace = 2 * time.Second, 10 * time.Second
 	s := startServer(t, repo, "", withSet("limits.shutdown_delay="+delay.String(), "limits.grace_period="+grace.String()))
@@ -784,6 +796,8 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 		done    time.Time
 		what    string
 		message string
+		rest    bool
+		closed  bool // a REST response that closed its connection
 	}
 	var (
 		mu      sync.Mutex
@@ -814,16 +828,17 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 			}
 			sent := time.Now()
 			resp, err := client.Do(req)
-			code, msg := 0, ""
+			code, msg, closed := 0, "", false
 			if err == nil {
 				b, rerr := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				code, msg, err = resp.StatusCode, string(b), rerr
+				code, msg, err, closed = resp.StatusCode, string(b), rerr, resp.Close
 			}
 			if err != nil {
 				msg = err.Error()
 			}
-			r := result{kind: classifyTerm(code, err), sent: sent, done: time.Now(), what: "REST " + model, message: fmt.Sprintf("%d %s", code, msg)}
+			r := result{kind: classifyTerm(code, msg, err), sent: sent, done: time.Now(), what: "REST " + model, message: fmt.Sprintf("%d %s", code, msg),
+				rest: true, closed: closed}
 			record(r)
 			if r.kind == termRefused {
 				return
@@ -891,7 +906,7 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 	<-readyDone
 
 	counts := map[termOutcome]int{}
-	var okAfterTerm, drained int
+	var okAfterTerm, drained, kept int
 	var firstRefused time.Time
 	for _, r := range results {
 		counts[r.kind]++
@@ -899,6 +914,11 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 		case termOK:
 			if r.sent.After(termAt) {
 				okAfterTerm++
+			}
+			// Sent once readiness said false: its connection must not be
+			// kept for the drain to close under the client's next request.
+			if r.rest && !r.closed && !notReadyAt.IsZero() && r.sent.After(notReadyAt) {
+				kept++
 			}
 		case termRefused:
 			if firstRefused.IsZero() || r.done.Before(firstRefused) {
@@ -920,6 +940,9 @@ func TestE2ESIGTERMUnderLoad(t *testing.T) {
 	}
 	if counts[termLost] > 0 {
 		t.Errorf("%d requests lost", counts[termLost])
+	}
+	if kept > 0 {
+		t.Errorf("%d REST responses to requests sent while not ready kept their connection open, want every one closed", kept)
 	}
 	if counts[termRefused] != 6 {
 		t.Errorf("%d clients refused, want all 6", counts[termRefused])

@@ -290,6 +290,7 @@ func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir s
 		obs:         r.metrics.forVersion(cfg.Name, label),
 		share:       share,
 	}
+	v.retiring, v.retire = context.WithCancel(context.Background())
 	if r.opts.Limiter != nil {
 		v.lim = r.opts.Limiter(v.device)
 	}
@@ -366,6 +367,7 @@ func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 
 // stopVersion stops the instances of a version no request can reach.
 func (r *Registry) stopVersion(ctx context.Context, v *version) {
+	v.stopSwaps()
 	v.pool.Stop(ctx)
 }
 
@@ -373,6 +375,9 @@ func (r *Registry) stopVersion(ctx context.Context, v *version) {
 // timeout), takes it out of its scheduler unless a version in next replaced
 // it there, then stops its instances.
 func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]*version) {
+	// No request reaches the version any more: a swap still starting its
+	// replacement gives up now.
+	v.stopSwaps()
 	done := make(chan struct{})
 	go func() { v.inflight.Wait(); close(done) }()
 	timeout := time.Duration(r.drainTimeout.Load())
@@ -386,7 +391,7 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 	}
 	// A share swap in progress finishes first; later ones see the version
 	// retired, so none starts an instance that would outlive it.
-	v.shareMu.Lock()
+	lockShare(v)
 	v.retired = true
 	v.shareMu.Unlock()
 	r.unschedule(context.WithoutCancel(ctx), v, next)

@@ -169,8 +169,13 @@ func (r *Registry) Move(ctx context.Context, key, device string) error {
 // simulated time (testing/synctest) is not stalled by a goroutine blocked
 // on a mutex.
 func waitShare(v *version) {
+	lockShare(v)
+	v.shareMu.Unlock()
+}
+
+// lockShare takes the version's share lock, polling as waitShare does.
+func lockShare(v *version) {
 	for !v.shareMu.TryLock() {
 		time.Sleep(5 * time.Millisecond)
 	}
-	v.shareMu.Unlock()
 }

@@ -137,6 +137,8 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.
+			ctx, done := v.swapContext(ctx)
+			defer done()
 			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
 				return 0, err
 			}

@@ -197,6 +197,13 @@ type version struct {
 
 	shareMu sync.Mutex  // serialises share changes and swaps
 	retired bool        // guarded by shareMu: being stopped, no more swaps
+	// retiring ends when the version starts to be stopped (retire): a
+	// swap that holds shareMu (SetShare, profiling) then abandons the
+	// replacement it is starting instead of holding the stop until that
+	// replacement is ready (up to runtime.ready_timeout). nil in versions
+	// made by tests.
+	retiring context.Context
+	retire   context.CancelFunc
 	moving  atomic.Bool // moving to another device (place.go): no more swaps
 
 	resizeMu  sync.Mutex // guards the fields below (RequestShare)

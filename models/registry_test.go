@@ -92,6 +92,9 @@ type fakeFactory struct {
 	fail      map[string]error                // model name -> start error
 	inputs    map[string][]runtime.TensorSpec // model name -> its file's inputs, when not the sum's
 	onStart   func(spec InstanceSpec)         // called first by start, without the lock
+	// onStartCtx, when set, is called after onStart with start's ctx; its
+	// error fails the start.
+	onStartCtx func(ctx context.Context, spec InstanceSpec) error
 }
 
 func (f *fakeFactory) gate() chan struct{} {
@@ -102,10 +105,15 @@ func (f *fakeFactory) gate() chan struct{} {
 
 func (f *fakeFactory) start(ctx context.Context, spec InstanceSpec) (Instance, error) {
 	f.mu.Lock()
-	hook := f.onStart
+	hook, hookCtx := f.onStart, f.onStartCtx
 	f.mu.Unlock()
 	if hook != nil {
 		hook(spec)
+	}
+	if hookCtx != nil {
+		if err := hookCtx(ctx, spec); err != nil {
+			return nil, err
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -87,6 +87,27 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		}
 	}
 	u.threads = v.threadsFor(s)
+	// A start abandoned (its swap superseded or cancelled, the version or
+	// the server stopping) kills a process that may still be loading in a
+	// capped unit: the cap is lifted first, as stopMember lifts a running
+	// instance's, so that the process gets the CPU to exit. Behind busy
+	// processes a killed runner in the idle class took seconds to exit,
+	// and held the server's stop meanwhile.
+	liftDone := func() {}
+	if l, ok := v.lim.(limiter.ComputeLifter); ok {
+		lifted := make(chan struct{})
+		stopLift := context.AfterFunc(ctx, func() {
+			defer close(lifted)
+			if err := l.LiftCompute(u.id); err != nil {
+				r.log.Warn("lifting an abandoned start's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
+			}
+		})
+		liftDone = func() {
+			if !stopLift() {
+				<-lifted // it ran: the unit is not released under it
+			}
+		}
+	}
 	inst, err := r.opts.NewInstance(ctx, InstanceSpec{
 		Model: v.model, Version: v.number, Index: i, Path: v.path, Config: v.cfg,
 		Placement: pl, IntraOpThreads: u.threads,
@@ -99,6 +120,7 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		},
 		MemoryEvents: r.memoryEvents(v, u),
 	})
+	liftDone()
 	if err != nil {
 		r.release(v, u)
 		return nil, err
@@ -213,12 +235,33 @@ func (r *Registry) SetShare(ctx context.Context, key string, s limiter.Share) er
 	if err != nil {
 		return err
 	}
+	ctx, done := v.swapContext(ctx)
+	defer done()
 	v.shareMu.Lock()
 	defer v.shareMu.Unlock()
 	if v.moving.Load() {
 		return fmt.Errorf("%w: %s", ErrMoving, key)
 	}
 	return r.setShareLocked(ctx, v, s, swapAlways)
+}
+
+// swapContext is ctx, ended too when the version starts to be stopped, for
+// a swap that holds shareMu: the stop waits for shareMu, and must not wait
+// for a replacement that is still loading.
+func (v *version) swapContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if v.retiring == nil {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(v.retiring, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// stopSwaps ends the swaps in progress that hold shareMu (swapContext).
+func (v *version) stopSwaps() {
+	if v.retire != nil {
+		v.retire()
+	}
 }
 
 // swapPolicy says when setShareLocked may replace an instance by one

@@ -335,12 +335,23 @@ func (h *house) buildServing(rl Reloading) error {
 		}
 		restLog := logger.With("component", "rest")
 		srv := newRESTServer(api.NewREST(h.be, lim, restLog, sec.auth.REST()), cfg.Limits, ln, restLog)
+		// Closed by the drain, the socket answers 503 until restLn.Stop.
+		restLn := api.NewDrainingListener(sec.listener(ln, "h2", "http/1.1"), restLog)
+		srv.ConnState = restLn.ConnState
+		h.closers = append(h.closers, func() { restLn.Stop(context.Background(), 0) }) // a failed start too
+		delay := cfg.Limits.ShutdownDelay
 		h.servers = append(h.servers, listening{name: "REST",
-			serve: func() error { return ignoreClosed(srv.Serve(sec.listener(ln, "h2", "http/1.1"))) },
+			serve: func() error { return ignoreClosed(srv.Serve(restLn)) },
 			interrupt: func(ctx context.Context) {
+				// New connections are refused first, and those accepted
+				// have their requests read, before Shutdown.
+				restLn.Refuse(ctx)
 				if err := srv.Shutdown(ctx); err != nil {
 					logger.Warn("REST shutdown", "err", err)
 				}
+				// Clients still sending are answered 503 for as long as
+				// the delay, then new connections are refused.
+				restLn.Stop(ctx, delay)
 			}})
 		logger.Info("REST listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
 	}

@@ -1,0 +1,142 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// gatedListener holds Accept until open is closed, so that connections wait
+// in the kernel's accept queue, as they do on a busy host.
+type gatedListener struct {
+	net.Listener
+	open chan struct{}
+}
+
+func (g gatedListener) Accept() (net.Conn, error) {
+	<-g.open
+	return g.Listener.Accept()
+}
+
+// Connections that reached the socket but were not accepted when the REST
+// server's drain closed its listener are answered 503 "shutting down" with
+// the connection closed after it, each request read first; a bare listener
+// would have been closed under them, and the clients, their requests sent,
+// would have read a reset or EOF. Once stopped, the socket refuses new
+// connections.
+func TestDrainingListenerRefusesQueuedConnections(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := gatedListener{Listener: inner, open: make(chan struct{})}
+	ln := NewDrainingListener(gate, slog.New(slog.DiscardHandler))
+	defer ln.Stop(context.Background(), 0)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "served") })}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	const queued = 8
+	conns := make([]net.Conn, queued)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", inner.Addr().String()); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	if err := srv.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != http.ErrServerClosed {
+		t.Fatalf("Serve: %v, want ErrServerClosed", err)
+	}
+	close(gate.open)
+	for i, c := range conns {
+		fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Errorf("connection %d, queued when the server closed its listener: %v, want a 503", i, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close || !strings.Contains(string(body), "shutting down") {
+			t.Errorf("connection %d: %d close=%v %s, want 503, closed, shutting down", i, resp.StatusCode, resp.Close, body)
+		}
+	}
+	ln.Stop(t.Context(), 0)
+	if c, err := net.Dial("tcp", inner.Addr().String()); err == nil {
+		c.Close()
+		t.Error("a connection after Stop was accepted")
+	}
+}
+
+// A connection the server accepted before the drain, whose client sends its
+// request only as the drain begins, is served: Refuse waits for that
+// request to be read before Shutdown, which would drop it unanswered
+// (net/http closes a connection whose request it reads while shutting
+// down).
+func TestDrainingListenerRefuseKeepsAcceptedRequests(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := NewDrainingListener(inner, slog.New(slog.DiscardHandler))
+	defer ln.Stop(context.Background(), 0)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "served")
+	}), ConnState: ln.ConnState}
+	shutdownBegan := make(chan struct{})
+	srv.RegisterOnShutdown(func() { close(shutdownBegan) })
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	c, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for { // the server has the connection, no request read
+		n := 0
+		ln.fresh.Range(func(any, any) bool { n++; return true })
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	drained := make(chan error, 1)
+	go func() {
+		ln.Refuse(context.Background())
+		drained <- srv.Shutdown(context.Background())
+	}()
+	<-ln.refusing
+	// Shutdown would begin now if nothing held it.
+	select {
+	case <-shutdownBegan:
+	case <-time.After(100 * time.Millisecond):
+	}
+	fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the request sent on the accepted connection as the drain began: %v, want it served", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "served" {
+		t.Errorf("got %d %s, want 200 served", resp.StatusCode, body)
+	}
+	if err := <-drained; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if err := <-served; err != http.ErrServerClosed {
+		t.Errorf("Serve: %v", err)
+	}
+}

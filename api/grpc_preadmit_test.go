@@ -1,0 +1,148 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/qos"
+)
+
+// peekInferModel reads model_name and model_version from the first bytes
+// only when the message starts with them.
+func TestPeekInferModel(t *testing.T) {
+	wire := func(m *inference.ModelInferRequest) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	full := wire(&inference.ModelInferRequest{ModelName: "det", ModelVersion: "3", Id: "x",
+		RawInputContents: [][]byte{make([]byte, 100)}})
+	noVersion := wire(&inference.ModelInferRequest{ModelName: "det", Id: "x"})
+	noName := wire(&inference.ModelInferRequest{ModelVersion: "3", Id: "x"})
+	// The same fields, written version first (an encoder of its own).
+	reordered := append(wire(&inference.ModelInferRequest{ModelVersion: "3"}), wire(&inference.ModelInferRequest{ModelName: "det"})...)
+	for _, tc := range []struct {
+		name       string
+		b          []byte
+		model, ver string
+		ok         bool
+	}{
+		{"name and version", full, "det", "3", true},
+		{"name only", noVersion, "det", "", true},
+		{"cut after the name's tag", full[:3], "", "", false},
+		{"cut in the version", full[:7], "", "", false},
+		{"no name", noName, "", "", false},
+		{"another field order", reordered, "", "", false},
+		{"empty", nil, "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			model, ver, ok := peekInferModel(tc.b)
+			if model != tc.model || ver != tc.ver || ok != tc.ok {
+				t.Errorf("got %q %q %v, want %q %q %v", model, ver, ok, tc.model, tc.ver, tc.ok)
+			}
+		})
+	}
+}
+
+// A ModelInferRequest its model would refuse is neither copied nor decoded:
+// the codec asks the model from the message's first bytes, and the handler
+// gets the refusal. Measured in bytes allocated per message, against the
+// same message for a model that admits it: a refusal costs well under a
+// hundredth of a decode, which allocates at least the tensor.
+func TestGRPCRefusedMessageIsNotDecoded(t *testing.T) {
+	refused := fmt.Errorf("%w: model busy", qos.ErrQueueFull)
+	var asked []string
+	c := newGRPCDecodeCodec(NewMemoryBudget(1<<40), func(name, version string) error {
+		asked = append(asked, name+"/"+version)
+		if name == "busy" {
+			return refused
+		}
+		return nil
+	})
+	const tensor = 4 << 20
+	wire := func(model string) mem.BufferSlice {
+		b, err := proto.Marshal(&inference.ModelInferRequest{ModelName: model, ModelVersion: "1",
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1 << 20}}},
+			RawInputContents: [][]byte{make([]byte, tensor)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}
+	}
+	bytesPer := func(model string) (int64, *inference.ModelInferRequest, error) {
+		const runs = 20
+		data := wire(model)
+		var req *inference.ModelInferRequest
+		var err error
+		var before, after goruntime.MemStats
+		goruntime.GC()
+		goruntime.ReadMemStats(&before)
+		for range runs {
+			req = &inference.ModelInferRequest{}
+			if uerr := c.Unmarshal(data, req); uerr != nil {
+				t.Fatal(uerr)
+			}
+			var res *Reservation
+			res, err = c.takeDecoded(req)
+			res.Release()
+		}
+		goruntime.ReadMemStats(&after)
+		return int64(after.TotalAlloc-before.TotalAlloc) / runs, req, err
+	}
+	admittedBytes, req, err := bytesPer("sum")
+	if err != nil || len(req.GetRawInputContents()) != 1 || len(req.GetRawInputContents()[0]) != tensor {
+		t.Fatalf("admitted: %v, decoded %d raw inputs", err, len(req.GetRawInputContents()))
+	}
+	refusedBytes, req, err := bytesPer("busy")
+	if !errors.Is(err, qos.ErrQueueFull) {
+		t.Fatalf("refused: %v, want the model's refusal", err)
+	}
+	if req.GetModelName() != "" || req.GetRawInputContents() != nil {
+		t.Errorf("the refused message was decoded: model %q, %d raw inputs", req.GetModelName(), len(req.GetRawInputContents()))
+	}
+	if admittedBytes < tensor {
+		t.Fatalf("an admitted message allocated %d bytes, less than its %d-byte tensor: the measure is broken", admittedBytes, tensor)
+	}
+	if refusedBytes*100 > admittedBytes {
+		t.Errorf("a refused message allocated %d bytes, an admitted one %d: want under 1/100", refusedBytes, admittedBytes)
+	}
+	if len(asked) != 40 || asked[0] != "sum/1" || asked[39] != "busy/1" {
+		t.Errorf("preadmit asked %d times (%v ... ), want 40, with the model and version", len(asked), asked[:min(2, len(asked))])
+	}
+	t.Logf("bytes allocated per message: admitted %d, refused %d", admittedBytes, refusedBytes)
+}
+
+// Over gRPC, a ModelInfer call its model would refuse is answered
+// RESOURCE_EXHAUSTED with the model's reason and never reaches Infer.
+func TestGRPCPreadmitRefusesBeforeInfer(t *testing.T) {
+	fb := newFakeBackend()
+	fb.preadmitErr = fmt.Errorf("%w: model sum: 256 queued", qos.ErrQueueFull)
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, fb, grpcTestLimits))
+	req := &inference.ModelInferRequest{ModelName: "sum",
+		Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 4},
+			Contents: &inference.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4}}}}}
+	_, err := c.ModelInfer(t.Context(), req)
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != fb.preadmitErr.Error() {
+		t.Errorf("refused call: %v, want RESOURCE_EXHAUSTED %q", err, fb.preadmitErr)
+	}
+	fb.mu.Lock()
+	calls, last := fb.preadmitCalls, fb.lastReq
+	fb.preadmitErr = nil
+	fb.mu.Unlock()
+	if calls != 1 || last != nil {
+		t.Errorf("preadmit asked %d times, Infer saw %v; want 1, nothing", calls, last)
+	}
+	if _, err := c.ModelInfer(t.Context(), req); err != nil {
+		t.Errorf("the same call once the model admits: %v", err)
+	}
+}
