@@ -942,6 +942,9 @@ type clientTestBackend struct {
 
 func (b *clientTestBackend) Preadmit(context.Context, string, string, time.Time) error { return nil }
 
+// Ready: the server is serving (REST closes its connections while not).
+func (b *clientTestBackend) Ready() bool { return true }
+
 func (b *clientTestBackend) Metadata(name, _ string) (models.Metadata, error) {
 	md, ok := b.models[name]
 	if !ok {

@@ -88,10 +88,13 @@ type listening struct {
 // assemble builds the server's parts from cfg. On an error it undoes what
 // it built.
 func assemble(cfg *configs.Server, logger *slog.Logger, a assembly) (h *house, err error) {
-	h = &house{log: logger, prom: a.reg, stopRecovery: func() {}}
+	// The deferred undo keeps its own reference: an error return names no
+	// house.
+	built := &house{log: logger, prom: a.reg, stopRecovery: func() {}}
+	h = built
 	defer func() {
 		if err != nil {
-			h.close()
+			built.close()
 		}
 	}()
 	cfg, keepStaged, unstage, staged, err := singleModel(cfg)

@@ -34,7 +34,10 @@ func TestStageModel(t *testing.T) {
 	}{
 		{name: "model.onnx", files: map[string]string{"model.onnx": "m", "model.onnx.data": "d", "other.onnx": "o"}, versions: []int64{1}, model: "m"},
 		{name: "one other onnx", files: map[string]string{"resnet.onnx": "r", "README": "x"}, versions: []int64{1}, model: "r"},
-		{name: "versions", files: map[string]string{"2/model.onnx": "two", "7/model.onnx": "seven", "config.pbtxt": "ignored"}, versions: []int64{2, 7}, model: "two"},
+		{name: "versions", files: map[string]string{"2/model.onnx": "two", "7/model.onnx": "seven"}, versions: []int64{2, 7}, model: "two"},
+		{name: "triton config", files: map[string]string{"1/model.onnx": "m", "config.pbtxt": "name: \"old\"\nplatform: \"onnxruntime_onnx\"\nparameters { key: \"slo.latency_ms\" value: { string_value: \"40\" } }\n"}, versions: []int64{1}, model: "m", slo: 40},
+		{name: "own config over a triton one", files: map[string]string{"1/model.onnx": "m", "config.yaml": "slo: {latency_ms: 30, class: latency-critical}\n", "config.pbtxt": "name: \"old\"\n"}, versions: []int64{1}, model: "m", slo: 30},
+		{name: "bad triton config", files: map[string]string{"model.onnx": "m", "config.pbtxt": "ignored"}, wantErr: "not a valid Triton model config"},
 		{name: "triton layout", files: map[string]string{"served/3/model.onnx": "three"}, versions: []int64{3}, model: "three"},
 		{name: "own config", files: map[string]string{"model.onnx": "m", "config.yaml": "# keep\nname: other\nslo: {latency_ms: 40, class: latency-critical}\n"}, versions: []int64{1}, model: "m", slo: 40},
 		{name: "own config without a name", files: map[string]string{"1/model.onnx": "m", "config.yml": "max_batch_size: 4\n"}, versions: []int64{1}, model: "m"},
