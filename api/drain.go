@@ -102,6 +102,9 @@ func (l *DrainingListener) pump() {
 func (l *DrainingListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
+		// Fresh from here, not only from the server's StateNew hook: a
+		// Refuse between this return and the hook would miss it.
+		l.fresh.Store(c, struct{}{})
 		return c, nil
 	case err := <-l.errs:
 		l.errs <- err
