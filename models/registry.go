@@ -195,8 +195,8 @@ type version struct {
 	maxElements int64
 	pool        *runtime.Pool // the instances; the scheduler executes on it
 
-	shareMu sync.Mutex  // serialises share changes and swaps
-	retired bool        // guarded by shareMu: being stopped, no more swaps
+	shareMu sync.Mutex // serialises share changes and swaps
+	retired bool       // guarded by shareMu: being stopped, no more swaps
 	// retiring ends when the version starts to be stopped (retire): a
 	// swap that holds shareMu (SetShare, profiling) then abandons the
 	// replacement it is starting instead of holding the stop until that
@@ -204,7 +204,7 @@ type version struct {
 	// made by tests.
 	retiring context.Context
 	retire   context.CancelFunc
-	moving  atomic.Bool // moving to another device (place.go): no more swaps
+	moving   atomic.Bool // moving to another device (place.go): no more swaps
 
 	resizeMu  sync.Mutex // guards the fields below (RequestShare)
 	resizing  *resize    // the latest request whose replacements run; nil: none
