@@ -21,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -97,24 +96,7 @@ func startPrometheus(t *testing.T, bin, promtool, target, rulesFile string) *pro
 		"--web.listen-address="+addr,
 		"--log.level=warn")
 	cmd.Stdout, cmd.Stderr = p.log, p.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("prometheus log:\n%s", p.log.String())
-		}
-	})
+	exited, exitErr := startTool(t, "prometheus", cmd, p.log)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(p.url + "/-/ready")
@@ -125,7 +107,8 @@ func startPrometheus(t *testing.T, bin, promtool, target, rulesFile string) *pro
 			}
 		}
 		select {
-		case err := <-exited:
+		case <-exited:
+			err := *exitErr
 			t.Fatalf("prometheus exited before ready: %v\n%s", err, p.log.String())
 		default:
 		}

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -91,31 +90,15 @@ exporters:
 	}
 	cmd := exec.Command(bin, "--config", path)
 	cmd.Stdout, cmd.Stderr = j.log, j.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("jaeger log:\n%s", j.log.String())
-		}
-	})
+	exited, exitErr := startTool(t, "jaeger", cmd, j.log)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if code, _ := j.get("/api/services"); code == 200 {
 			return j
 		}
 		select {
-		case err := <-exited:
+		case <-exited:
+			err := *exitErr
 			t.Fatalf("jaeger exited before ready: %v\n%s", err, j.log.String())
 		default:
 		}

@@ -768,3 +768,31 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// startTool starts a helper program (a collector, a Prometheus) in a
+// process group of its own, and stops the group when the test ends:
+// SIGTERM, then SIGKILL after 10 s. Its log is printed if the test failed.
+// The returned channel is closed when the program has exited, with its
+// exit error in *exitErr.
+func startTool(t *testing.T, name string, cmd *exec.Cmd, log *syncBuffer) (exited <-chan struct{}, exitErr *error) {
+	t.Helper()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done, werr := make(chan struct{}), new(error)
+	go func() { *werr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, log.String())
+		}
+	})
+	return done, werr
+}
