@@ -48,12 +48,22 @@ test: export SLOSERVE_REQUIRE_JAEGER := 1
 # servers, inside the checkout.
 test bench: export SLOSERVE_CONTROL_PROFILE_CACHE_DIR := $(CURDIR)/.cache/profiles
 
-.PHONY: setup test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal bench-colocation bench-gpu-day clean distclean
+.PHONY: setup setup-gpu gpu-check test-tools onnxruntime models testmodels proto-tools proto build run test bench bench-diurnal bench-colocation bench-gpu-day clean distclean
 
 setup: onnxruntime models testmodels
 
 onnxruntime:
 	scripts/fetch-onnxruntime.sh
+
+# On a machine with an NVIDIA GPU (CUDA 12, cuDNN 9): the CUDA build of
+# ONNX Runtime in deps/onnxruntime-gpu/ (docs/gpu.md), then the GPU day for
+# real on GPU 0 under MPS, every policy, POLICY_RUNS times. Never run here:
+# our machines have no GPU.
+setup-gpu: setup
+	scripts/fetch-onnxruntime-gpu.sh
+
+gpu-check: setup-gpu build
+	POLICY_RUNS=$(POLICY_RUNS) scripts/gpu-check.sh
 
 models:
 	scripts/fetch-models.sh

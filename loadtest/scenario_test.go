@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sloserve/sloserve/configs"
 )
 
 // The project's own scenarios must stay valid.
@@ -23,8 +25,21 @@ func TestShippedScenarios(t *testing.T) {
 				t.Fatal(err)
 			}
 			if sc.Server.Repository != "" {
-				if _, err := os.Stat(sc.Path(sc.Server.Repository)); err != nil {
+				repo := sc.Path(sc.Server.Repository)
+				if _, err := os.Stat(repo); err != nil {
 					t.Errorf("server.repository: %v", err)
+				}
+				// Every model config in it is one the server accepts:
+				// a scenario that only runs elsewhere (gpu-day-cuda on a
+				// real GPU) is checked here too.
+				dirs, _ := os.ReadDir(repo)
+				for _, d := range dirs {
+					if !d.IsDir() {
+						continue
+					}
+					if _, err := configs.LoadModel(filepath.Join(repo, d.Name())); err != nil {
+						t.Errorf("server.repository %s: %v", d.Name(), err)
+					}
 				}
 			}
 			// A trace the scenario replays ships with the project.
