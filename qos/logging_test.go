@@ -19,8 +19,8 @@ type lockProbe struct {
 }
 
 func (p *lockProbe) Enabled(context.Context, slog.Level) bool { return true }
-func (p *lockProbe) WithAttrs([]slog.Attr) slog.Handler         { return p }
-func (p *lockProbe) WithGroup(string) slog.Handler              { return p }
+func (p *lockProbe) WithAttrs([]slog.Attr) slog.Handler       { return p }
+func (p *lockProbe) WithGroup(string) slog.Handler            { return p }
 func (p *lockProbe) Handle(_ context.Context, r slog.Record) error {
 	line := r.Message
 	if s := p.s; s != nil {
