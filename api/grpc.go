@@ -57,7 +57,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
-		grpc.StatsHandler(grpcMemoryStats{}),
+		grpc.StatsHandler(grpcMemoryStats{codec: codec}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),

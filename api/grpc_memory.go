@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
+
+	"github.com/sloserve/sloserve/api/inference"
 )
 
 // gRPC and the memory budget.
@@ -27,14 +29,27 @@ import (
 // and reserves each message it holds on top. The stats handler
 // gives everything back when the call ends, however it ends.
 
-// grpcMemoryKey keys a call's reservation in its context.
-type grpcMemoryKey struct{}
+// grpcCallKey keys a call's grpcCall in its context.
+type grpcCallKey struct{}
+
+// grpcCall is what a call holds until it ends, whatever ends it: its
+// memory reservation, and the ModelInferRequest the codec decoded for it,
+// whose reservation waits in the codec for the handler (takeDecoded). A
+// call refused between the two (an interceptor that refuses it, such as
+// authentication) never runs its handler: the stats handler gives both
+// back at the call's end.
+type grpcCall struct {
+	res   *Reservation
+	infer atomic.Pointer[inference.ModelInferRequest]
+}
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
 // nil.
 func grpcCallMemory(ctx context.Context) *Reservation {
-	r, _ := ctx.Value(grpcMemoryKey{}).(*Reservation)
-	return r
+	if c, _ := ctx.Value(grpcCallKey{}).(*grpcCall); c != nil {
+		return c.res
+	}
+	return nil
 }
 
 // grpcHealthPrefix is the standard health service's method prefix: its
@@ -71,34 +86,42 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 }
 
 // reserve takes the memory of a call to method whose headers have arrived:
-// the largest message it may send. It returns ctx with the reservation, or
-// errMemory.
+// the largest message it may send. It returns ctx with the call's
+// grpcCall, or errMemory.
 func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Context, error) {
-	if m == nil || m.budget == nil {
+	if m == nil {
 		return ctx, nil
 	}
 	methods := m.methods.Load()
 	if methods == nil || !(*methods)[method] {
 		return ctx, nil
 	}
-	if strings.HasPrefix(method, grpcHealthPrefix) {
+	call := &grpcCall{}
+	switch {
+	case m.budget == nil:
+	case strings.HasPrefix(method, grpcHealthPrefix):
 		if m.health.Add(1) > grpcHealthReading {
 			m.health.Add(-1)
 			return ctx, errMemoryHealth
 		}
 		var once sync.Once
-		r := m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
-		return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+		call.res = m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
+	default:
+		r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
+		if err != nil {
+			return ctx, err
+		}
+		call.res = r
 	}
-	r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
-	if err != nil {
-		return ctx, err
-	}
-	return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+	return context.WithValue(ctx, grpcCallKey{}, call), nil
 }
 
-// grpcMemoryStats gives a call's reservation back when the call ends.
-type grpcMemoryStats struct{}
+// grpcMemoryStats gives a call's reservations back when the call ends:
+// its own, and that of the last ModelInferRequest the codec decoded for it
+// if its handler did not take it.
+type grpcMemoryStats struct {
+	codec *grpcDecodeCodec
+}
 
 var _ stats.Handler = grpcMemoryStats{}
 
@@ -107,8 +130,21 @@ func (grpcMemoryStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) contex
 	return ctx
 }
 func (grpcMemoryStats) HandleConn(context.Context, stats.ConnStats) {}
-func (grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if _, ok := s.(*stats.End); ok {
-		grpcCallMemory(ctx).Release()
+func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	call, _ := ctx.Value(grpcCallKey{}).(*grpcCall)
+	if call == nil {
+		return
+	}
+	switch s := s.(type) {
+	case *stats.InPayload:
+		if req, ok := s.Payload.(*inference.ModelInferRequest); ok {
+			call.infer.Store(req)
+		}
+	case *stats.End:
+		call.res.Release()
+		if req := call.infer.Swap(nil); req != nil {
+			res, _ := h.codec.takeDecoded(req)
+			res.Release()
+		}
 	}
 }

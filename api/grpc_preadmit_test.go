@@ -1,11 +1,15 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	goruntime "runtime"
+	"sync/atomic"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -144,5 +148,46 @@ func TestGRPCPreadmitRefusesBeforeInfer(t *testing.T) {
 	}
 	if _, err := c.ModelInfer(t.Context(), req); err != nil {
 		t.Errorf("the same call once the model admits: %v", err)
+	}
+}
+
+// A ModelInferRequest that an interceptor refuses (authentication does)
+// never reaches its handler, which is what takes the codec's reservation
+// of its decoded form: the call's end gives it back, and nothing of the
+// call stays in the budget or in the codec.
+func TestGRPCRefusedByInterceptorLeavesNothing(t *testing.T) {
+	lim := Limits{MaxRequestBytes: 8 << 20, Memory: NewMemoryBudget(1 << 30)}
+	denied := status.Error(codes.Unauthenticated, "no credentials")
+	var refused atomic.Int64
+	refuse := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == inference.GRPCInferenceService_ModelInfer_FullMethodName {
+			refused.Add(1)
+			return nil, denied
+		}
+		return h(ctx, req)
+	})
+	srv := NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler), refuse)
+	client := inference.NewGRPCInferenceServiceClient(serveGRPC(t, srv))
+	const calls = 20
+	req := &inference.ModelInferRequest{ModelName: "m", ModelVersion: "1",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1 << 18}}},
+		RawInputContents: [][]byte{make([]byte, 1<<20)}}
+	for range calls {
+		if _, err := client.ModelInfer(t.Context(), req); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("ModelInfer: %v, want Unauthenticated", err)
+		}
+	}
+	if refused.Load() != calls {
+		t.Fatalf("the interceptor refused %d calls, want %d", refused.Load(), calls)
+	}
+	// The stats handler's End runs after the status is written: a
+	// graceful stop waits for every call's end.
+	srv.GracefulStop()
+	held := lim.Memory.Used()
+	if held != 0 {
+		t.Errorf("after %d refused calls of 1 MiB the budget holds %d bytes (%.1f per call), want 0", calls, held, float64(held)/calls)
+	}
+	if lim.Memory.Peak() < 1<<20 {
+		t.Errorf("peak %d bytes: the calls never reserved their messages", lim.Memory.Peak())
 	}
 }
