@@ -184,8 +184,8 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	// holds what its decoded form took (reserved by the codec) and
 	// reserves its response's before handing it to gRPC.
 	mem := grpcCallMemory(ctx)
+	decoded, err := s.codec.takeDecoded(ctx, req)
 	mem.ShrinkTo(0)
-	decoded, err := s.codec.takeDecoded(req)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}

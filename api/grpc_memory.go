@@ -143,8 +143,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	case *stats.End:
 		call.res.Release()
 		if req := call.infer.Swap(nil); req != nil {
-			res, _ := h.codec.takeDecoded(req)
-			res.Release()
+			h.codec.discard(req)
 		}
 	}
 }

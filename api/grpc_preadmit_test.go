@@ -1,16 +1,20 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	goruntime "runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -97,7 +101,7 @@ func TestGRPCRefusedMessageIsNotDecoded(t *testing.T) {
 				t.Fatal(uerr)
 			}
 			var res *Reservation
-			res, err = c.takeDecoded(req)
+			res, err = c.takeDecoded(t.Context(), req)
 			res.Release()
 		}
 		goruntime.ReadMemStats(&after)
@@ -189,5 +193,68 @@ func TestGRPCRefusedByInterceptorLeavesNothing(t *testing.T) {
 	}
 	if lim.Memory.Peak() < 1<<20 {
 		t.Errorf("peak %d bytes: the calls never reserved their messages", lim.Memory.Peak())
+	}
+}
+
+// busyBackend refuses every request for one model before its message is
+// decoded, as a model whose queue is full does.
+type busyBackend struct {
+	*fakeBackend
+	busy string
+}
+
+func (b busyBackend) Preadmit(_ context.Context, name, _ string, _ time.Time) error {
+	if name == b.busy {
+		return fmt.Errorf("%w: %s holds 8 requests", qos.ErrQueueFull, name)
+	}
+	return nil
+}
+
+// ModelMesh names the model a call is for in its mm-model-id (or
+// mm-model-id-bin) header, whatever the message's model_name says. The
+// refusal from the message's first bytes is about the model the message
+// names: when the header names another, the message is decoded and served
+// by the header's model, not refused for the other's queue.
+func TestGRPCPeekRefusalFollowsModelMeshHeader(t *testing.T) {
+	fb := newFakeBackend()
+	lim := grpcTestLimits
+	lim.Memory = NewMemoryBudget(1 << 30)
+	srv := NewGRPC(busyBackend{fakeBackend: fb, busy: "echo"}, lim, slog.New(slog.DiscardHandler))
+	c := inference.NewGRPCInferenceServiceClient(serveGRPC(t, srv))
+	req := grpcSumRequest(true)
+	req.ModelName = "echo" // busy; the header names sum
+	for _, tc := range []struct {
+		name string
+		md   metadata.MD
+		code codes.Code
+	}{
+		{"no header: refused for echo", nil, codes.ResourceExhausted},
+		{"mm-model-id names sum", metadata.Pairs(ModelMeshModelIDHeader, "sum"), codes.OK},
+		{"mm-model-id-bin names sum", metadata.Pairs(ModelMeshModelIDBinHeader, "sum"), codes.OK},
+		{"mm-model-id names echo", metadata.Pairs(ModelMeshModelIDHeader, "echo"), codes.ResourceExhausted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			if tc.md != nil {
+				ctx = metadata.NewOutgoingContext(ctx, tc.md)
+			}
+			resp, err := c.ModelInfer(ctx, req)
+			if status.Code(err) != tc.code {
+				t.Fatalf("%v, want %v", err, tc.code)
+			}
+			if tc.code == codes.ResourceExhausted && !strings.Contains(err.Error(), "echo holds 8 requests") {
+				t.Errorf("%v, want echo's refusal", err)
+			}
+			if tc.code == codes.OK {
+				if resp.GetModelName() != "sum" || len(resp.GetRawOutputContents()) == 0 ||
+					!bytes.Equal(resp.GetRawOutputContents()[0], grpcFP32Bytes(10, 26)) {
+					t.Errorf("response %v, want sum's y = [10 26]", resp)
+				}
+			}
+		})
+	}
+	srv.GracefulStop()
+	if held := lim.Memory.Used(); held != 0 {
+		t.Errorf("the budget holds %d bytes after the calls, want 0", held)
 	}
 }
