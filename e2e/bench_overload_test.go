@@ -467,6 +467,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		cpu            cpuUse
 		gen            generatorLoad
 		elapsed        time.Duration
+		memRefused     float64 // limits.max_memory refusals over the load
+		memPeak        float64 // bytes reserved at most
 	)
 	for b.Loop() {
 		// At info level (SLOSERVE_OVERLOAD_LOG_LEVEL): the harness pipes
@@ -482,6 +484,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		warm.stop()
 		before = sampleProcs(b, s, 0, true)
 		first := detectorOutcomes(b, s)
+		memRefused0 := s.scrape(b)["sloserve_memory_refused_total"]
 
 		var sendLC, sendBE func(context.Context) error
 		if proto == "grpc" {
@@ -539,6 +542,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		jail.leave()
 		cpu = cpuUse{cpu1.server - cpu0.server, cpu1.lc - cpu0.lc, cpu1.be - cpu0.be, cpu1.generator - cpu0.generator}
 		last := detectorOutcomes(b, s)
+		m := s.scrape(b)
+		memRefused, memPeak = m["sloserve_memory_refused_total"]-memRefused0, m["sloserve_memory_reserved_peak_bytes"]
 		server = overloadOutcomes{last.good - first.good, last.late - first.late, last.rejected - first.rejected, last.dropped - first.dropped}
 
 		// Recovery: how long until a detector request is good again.
@@ -600,6 +605,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
 		mib(before.serverRSS), mib(maxServer), mib(after.serverRSS),
 		mib(before.runnerRSS), mib(maxRunners), mib(after.runnerRSS), before.goroutines, after.goroutines)
+	fmt.Fprintf(&sb, "memory budget (limits.max_memory): %.0f requests refused over the load, at most %.0f MiB reserved\n", memRefused, memPeak/(1<<20))
 	fmt.Fprintf(&sb, "recovery: a detector request within its SLO %.0f ms after the load stopped\n", ms(recovery))
 	writeExamples(&sb, "detector", lc)
 	writeExamples(&sb, "recogniser", be)
