@@ -42,11 +42,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "grpc")
-	mem := &grpcMemory{budget: lim.Memory, message: lim.MaxRequestBytes}
-	if mem.message <= 0 || mem.message > math.MaxInt32 {
-		mem.message = math.MaxInt32 // grpc-go's own cap on a message
-	}
-	mem.reading = 2 * mem.message
+	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes)
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline
 	// is the model's SLO from now; the call's own deadline and timeout

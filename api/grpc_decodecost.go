@@ -174,6 +174,30 @@ func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 // unmarshal decodes data into m within the budget: see Unmarshal.
 func (c *grpcDecodeCodec) unmarshal(data mem.BufferSlice, m proto.Message) error {
+	req, isInfer := m.(*inference.ModelInferRequest)
+	refuse := func(err error) error {
+		if isInfer {
+			c.decoded.Store(req, err)
+			return nil
+		}
+		return err
+	}
+	// The call's own reservation covers the buffers its message was
+	// received in. A compressed message is decompressed into buffers of
+	// its own, and a message in more than one buffer is gathered into one
+	// first: both are reserved here from the message's actual length
+	// (once, and once more when gathered; an uncompressed message counts
+	// twice), rather than for every call from the largest message a call
+	// may send.
+	n := int64(data.Len())
+	if len(data) > 1 {
+		n *= 2
+	}
+	copies, err := c.budget.Reserve(n, fmt.Sprintf("receiving a message of %d bytes", data.Len()))
+	if err != nil {
+		return refuse(err)
+	}
+	defer copies.Release()
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
@@ -182,13 +206,8 @@ func (c *grpcDecodeCodec) unmarshal(data mem.BufferSlice, m proto.Message) error
 		return err
 	}
 	res, err := c.budget.Reserve(cost, fmt.Sprintf("decoding a message of %d bytes", len(b)))
-	req, isInfer := m.(*inference.ModelInferRequest)
 	if err != nil {
-		if isInfer {
-			c.decoded.Store(req, err)
-			return nil
-		}
-		return err
+		return refuse(err)
 	}
 	if err := proto.Unmarshal(b, m); err != nil {
 		res.Release()

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,11 +20,13 @@ import (
 // limits.max_request_bytes), and grants the client flow-control window for
 // all of it once the handler asks for the message; before that, up to the
 // stream's window is buffered. No hook sees the declared size, so a call is
-// given the most its message can take, limits.max_request_bytes, when its
-// headers arrive (the tap handle, before anything is read), twice over: the
-// protobuf decoder copies every bytes field out of the received buffers,
-// which are given back only when it is done. A call that does not fit is
-// refused there with RESOURCE_EXHAUSTED. A unary call gives back what its
+// given the most its received buffers can take, limits.max_request_bytes,
+// when its headers arrive (the tap handle, before anything is read). A
+// call that does not fit is refused there with RESOURCE_EXHAUSTED. What
+// decoding adds once the message is in is reserved by the codec from the
+// message itself: the copy that gathers a message received in pieces into
+// one buffer, and the decoded structures with their copies of every bytes
+// field (grpcDecodeCodec). A unary call gives back what its
 // message did not take when the handler starts (the message is in); a
 // stream keeps it for its whole life, as the buffer of the next message,
 // and reserves each message it holds on top. The stats handler
@@ -65,13 +68,24 @@ const grpcHealthReading = 16
 type grpcMemory struct {
 	budget  *MemoryBudget
 	message int64 // the largest message a call may send
-	reading int64 // what a call reserves while its message is read: 2 x message
+	reading int64 // what a call reserves while its message is read: message
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
 	// sure to end with a stats.End that gives the reservation back.
 	methods atomic.Pointer[map[string]bool]
 	health  atomic.Int64 // health calls reserved now, over the budget
+}
+
+// newGRPCMemory reserves calls' memory in budget for messages of at most
+// maxMessage bytes (<= 0: grpc-go's own cap).
+func newGRPCMemory(budget *MemoryBudget, maxMessage int64) *grpcMemory {
+	m := &grpcMemory{budget: budget, message: maxMessage}
+	if m.message <= 0 || m.message > math.MaxInt32 {
+		m.message = math.MaxInt32 // grpc-go's own cap on a message
+	}
+	m.reading = m.message
+	return m
 }
 
 // setMethods records the methods srv serves.

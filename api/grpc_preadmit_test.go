@@ -258,3 +258,70 @@ func TestGRPCPeekRefusalFollowsModelMeshHeader(t *testing.T) {
 		t.Errorf("the budget holds %d bytes after the calls, want 0", held)
 	}
 }
+
+// A call being read reserves the largest message it may send once: what
+// decoding adds is reserved by the codec from the message itself, its
+// decompressed or gathered copies by its length and the decoded
+// structures by their estimate. (Twice the largest message per
+// call let 32 calls be read at once in the default 4 GiB; at 10x overload
+// over gRPC the detector's own slow-arriving calls filled it and 6,518 of
+// 7,107 were refused at their headers.)
+func TestGRPCReadingReservesOneMessage(t *testing.T) {
+	const message = 16 << 20
+	budget := NewMemoryBudget(3 * message)
+	m := newGRPCMemory(budget, message)
+	m.methods.Store(&map[string]bool{inference.GRPCInferenceService_ModelInfer_FullMethodName: true})
+	var calls []*Reservation
+	for i := range 3 {
+		ctx, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err != nil {
+			t.Fatalf("call %d of 3 in a budget of three messages: %v", i+1, err)
+		}
+		calls = append(calls, grpcCallMemory(ctx))
+	}
+	if _, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName); !errors.Is(err, errMemory) {
+		t.Errorf("a fourth call: %v, want errMemory", err)
+	}
+	if got := budget.Used(); got != 3*message {
+		t.Errorf("three calls being read hold %d bytes, want %d", got, 3*message)
+	}
+	for _, r := range calls {
+		r.Release()
+	}
+
+	b, err := proto.Marshal(&inference.ModelInferRequest{ModelName: "m",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1 << 20}}},
+		RawInputContents: [][]byte{make([]byte, 4<<20)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for the message (decompressed, had it been compressed) and
+	// its decoded copy, not also for a gathered one.
+	small := NewMemoryBudget(int64(len(b)) * 5 / 2)
+	c := newGRPCDecodeCodec(small, nil)
+	for _, tc := range []struct {
+		name string
+		data mem.BufferSlice
+		want string // "" when decoded
+	}{
+		{"one buffer", mem.BufferSlice{mem.SliceBuffer(b)}, ""},
+		// Received in pieces, gathered and decoded: 12 MiB, over the 10.
+		{"two pieces", mem.BufferSlice{mem.SliceBuffer(b[:len(b)/2]), mem.SliceBuffer(b[len(b)/2:])}, "limits.max_memory"},
+	} {
+		req := &inference.ModelInferRequest{}
+		if err := c.Unmarshal(tc.data, req); err != nil {
+			t.Fatalf("%s: Unmarshal: %v", tc.name, err)
+		}
+		res, err := c.takeDecoded(t.Context(), req)
+		switch {
+		case tc.want == "" && (err != nil || len(req.GetRawInputContents()) != 1 || len(req.GetRawInputContents()[0]) != 4<<20):
+			t.Errorf("%s: %v, want decoded with its 4 MiB tensor", tc.name, err)
+		case tc.want != "" && (!errors.Is(err, errMemory) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want errMemory %q", tc.name, err, tc.want)
+		}
+		res.Release()
+		if small.Used() != 0 {
+			t.Errorf("%s: %d bytes still reserved", tc.name, small.Used())
+		}
+	}
+}
