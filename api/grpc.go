@@ -42,11 +42,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "grpc")
-	mem := &grpcMemory{budget: lim.Memory, message: lim.MaxRequestBytes}
-	if mem.message <= 0 || mem.message > math.MaxInt32 {
-		mem.message = math.MaxInt32 // grpc-go's own cap on a message
-	}
-	mem.reading = 2 * mem.message
+	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes)
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline
 	// is the model's SLO from now; the call's own deadline and timeout
@@ -57,7 +53,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
-		grpc.StatsHandler(grpcMemoryStats{}),
+		grpc.StatsHandler(grpcMemoryStats{codec: codec}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
@@ -184,8 +180,8 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	// holds what its decoded form took (reserved by the codec) and
 	// reserves its response's before handing it to gRPC.
 	mem := grpcCallMemory(ctx)
+	decoded, err := s.codec.takeDecoded(ctx, req)
 	mem.ShrinkTo(0)
-	decoded, err := s.codec.takeDecoded(req)
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}

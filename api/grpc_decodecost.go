@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -159,11 +160,44 @@ func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if req, isInfer := v.(*inference.ModelInferRequest); isInfer && c.preadmit != nil && len(data) > 0 {
 		if name, version, ok := peekInferModel(data[0].ReadOnlyData()); ok {
 			if err := c.preadmit(name, version); err != nil {
-				c.decoded.Store(req, err)
+				// Kept, not decoded, until the handler has seen the
+				// call's metadata: a ModelMesh header may name another
+				// model (takeDecoded).
+				data.Ref()
+				c.decoded.Store(req, &grpcPeekRefusal{err: err, model: name, data: data})
 				return nil
 			}
 		}
 	}
+	return c.unmarshal(data, m)
+}
+
+// unmarshal decodes data into m within the budget: see Unmarshal.
+func (c *grpcDecodeCodec) unmarshal(data mem.BufferSlice, m proto.Message) error {
+	req, isInfer := m.(*inference.ModelInferRequest)
+	refuse := func(err error) error {
+		if isInfer {
+			c.decoded.Store(req, err)
+			return nil
+		}
+		return err
+	}
+	// The call's own reservation covers the buffers its message was
+	// received in. A compressed message is decompressed into buffers of
+	// its own, and a message in more than one buffer is gathered into one
+	// first: both are reserved here from the message's actual length
+	// (once, and once more when gathered; an uncompressed message counts
+	// twice), rather than for every call from the largest message a call
+	// may send.
+	n := int64(data.Len())
+	if len(data) > 1 {
+		n *= 2
+	}
+	copies, err := c.budget.Reserve(n, fmt.Sprintf("receiving a message of %d bytes", data.Len()))
+	if err != nil {
+		return refuse(err)
+	}
+	defer copies.Release()
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
@@ -172,13 +206,8 @@ func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return err
 	}
 	res, err := c.budget.Reserve(cost, fmt.Sprintf("decoding a message of %d bytes", len(b)))
-	req, isInfer := v.(*inference.ModelInferRequest)
 	if err != nil {
-		if isInfer {
-			c.decoded.Store(req, err)
-			return nil
-		}
-		return err
+		return refuse(err)
 	}
 	if err := proto.Unmarshal(b, m); err != nil {
 		res.Release()
@@ -192,9 +221,21 @@ func (c *grpcDecodeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
+// grpcPeekRefusal is a ModelInferRequest refused from the model name at
+// the start of its message, which is kept undecoded until its handler
+// takes it.
+type grpcPeekRefusal struct {
+	err   error
+	model string // the name the message starts with
+	data  mem.BufferSlice
+}
+
 // takeDecoded returns the reservation of a ModelInferRequest this codec
-// decoded, or the error that refused to decode it.
-func (c *grpcDecodeCodec) takeDecoded(req *inference.ModelInferRequest) (*Reservation, error) {
+// decoded, or the error that refused to decode it. A request refused from
+// its first bytes is refused for the model its message names; when the
+// call's ModelMesh header names another model (meshModelName), the
+// refusal was about the wrong model, and the message is decoded now.
+func (c *grpcDecodeCodec) takeDecoded(ctx context.Context, req *inference.ModelInferRequest) (*Reservation, error) {
 	if c == nil {
 		return nil, nil
 	}
@@ -202,10 +243,38 @@ func (c *grpcDecodeCodec) takeDecoded(req *inference.ModelInferRequest) (*Reserv
 	if !ok {
 		return nil, nil
 	}
-	if err, ok := v.(error); ok {
-		return nil, err
+	switch v := v.(type) {
+	case *grpcPeekRefusal:
+		defer v.data.Free()
+		if meshModelName(ctx, v.model) == v.model {
+			return nil, v.err
+		}
+		if err := c.unmarshal(v.data, req); err != nil {
+			return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+		}
+		return c.takeDecoded(ctx, req)
+	case error:
+		return nil, v
 	}
 	return v.(*Reservation), nil
+}
+
+// discard gives back what the codec holds for req, if its handler did not
+// take it.
+func (c *grpcDecodeCodec) discard(req *inference.ModelInferRequest) {
+	if c == nil {
+		return
+	}
+	v, ok := c.decoded.LoadAndDelete(req)
+	if !ok {
+		return
+	}
+	switch v := v.(type) {
+	case *grpcPeekRefusal:
+		v.data.Free()
+	case *Reservation:
+		v.Release()
+	}
 }
 
 var _ encoding.CodecV2 = (*grpcDecodeCodec)(nil)

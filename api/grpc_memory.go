@@ -2,12 +2,15 @@ package api
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
+
+	"github.com/sloserve/sloserve/api/inference"
 )
 
 // gRPC and the memory budget.
@@ -17,24 +20,39 @@ import (
 // limits.max_request_bytes), and grants the client flow-control window for
 // all of it once the handler asks for the message; before that, up to the
 // stream's window is buffered. No hook sees the declared size, so a call is
-// given the most its message can take, limits.max_request_bytes, when its
-// headers arrive (the tap handle, before anything is read), twice over: the
-// protobuf decoder copies every bytes field out of the received buffers,
-// which are given back only when it is done. A call that does not fit is
-// refused there with RESOURCE_EXHAUSTED. A unary call gives back what its
+// given the most its received buffers can take, limits.max_request_bytes,
+// when its headers arrive (the tap handle, before anything is read). A
+// call that does not fit is refused there with RESOURCE_EXHAUSTED. What
+// decoding adds once the message is in is reserved by the codec from the
+// message itself: the copy that gathers a message received in pieces into
+// one buffer, and the decoded structures with their copies of every bytes
+// field (grpcDecodeCodec). A unary call gives back what its
 // message did not take when the handler starts (the message is in); a
 // stream keeps it for its whole life, as the buffer of the next message,
 // and reserves each message it holds on top. The stats handler
 // gives everything back when the call ends, however it ends.
 
-// grpcMemoryKey keys a call's reservation in its context.
-type grpcMemoryKey struct{}
+// grpcCallKey keys a call's grpcCall in its context.
+type grpcCallKey struct{}
+
+// grpcCall is what a call holds until it ends, whatever ends it: its
+// memory reservation, and the ModelInferRequest the codec decoded for it,
+// whose reservation waits in the codec for the handler (takeDecoded). A
+// call refused between the two (an interceptor that refuses it, such as
+// authentication) never runs its handler: the stats handler gives both
+// back at the call's end.
+type grpcCall struct {
+	res   *Reservation
+	infer atomic.Pointer[inference.ModelInferRequest]
+}
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
 // nil.
 func grpcCallMemory(ctx context.Context) *Reservation {
-	r, _ := ctx.Value(grpcMemoryKey{}).(*Reservation)
-	return r
+	if c, _ := ctx.Value(grpcCallKey{}).(*grpcCall); c != nil {
+		return c.res
+	}
+	return nil
 }
 
 // grpcHealthPrefix is the standard health service's method prefix: its
@@ -50,13 +68,24 @@ const grpcHealthReading = 16
 type grpcMemory struct {
 	budget  *MemoryBudget
 	message int64 // the largest message a call may send
-	reading int64 // what a call reserves while its message is read: 2 x message
+	reading int64 // what a call reserves while its message is read: message
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
 	// sure to end with a stats.End that gives the reservation back.
 	methods atomic.Pointer[map[string]bool]
 	health  atomic.Int64 // health calls reserved now, over the budget
+}
+
+// newGRPCMemory reserves calls' memory in budget for messages of at most
+// maxMessage bytes (<= 0: grpc-go's own cap).
+func newGRPCMemory(budget *MemoryBudget, maxMessage int64) *grpcMemory {
+	m := &grpcMemory{budget: budget, message: maxMessage}
+	if m.message <= 0 || m.message > math.MaxInt32 {
+		m.message = math.MaxInt32 // grpc-go's own cap on a message
+	}
+	m.reading = m.message
+	return m
 }
 
 // setMethods records the methods srv serves.
@@ -71,34 +100,42 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 }
 
 // reserve takes the memory of a call to method whose headers have arrived:
-// the largest message it may send. It returns ctx with the reservation, or
-// errMemory.
+// the largest message it may send. It returns ctx with the call's
+// grpcCall, or errMemory.
 func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Context, error) {
-	if m == nil || m.budget == nil {
+	if m == nil {
 		return ctx, nil
 	}
 	methods := m.methods.Load()
 	if methods == nil || !(*methods)[method] {
 		return ctx, nil
 	}
-	if strings.HasPrefix(method, grpcHealthPrefix) {
+	call := &grpcCall{}
+	switch {
+	case m.budget == nil:
+	case strings.HasPrefix(method, grpcHealthPrefix):
 		if m.health.Add(1) > grpcHealthReading {
 			m.health.Add(-1)
 			return ctx, errMemoryHealth
 		}
 		var once sync.Once
-		r := m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
-		return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+		call.res = m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
+	default:
+		r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
+		if err != nil {
+			return ctx, err
+		}
+		call.res = r
 	}
-	r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
-	if err != nil {
-		return ctx, err
-	}
-	return context.WithValue(ctx, grpcMemoryKey{}, r), nil
+	return context.WithValue(ctx, grpcCallKey{}, call), nil
 }
 
-// grpcMemoryStats gives a call's reservation back when the call ends.
-type grpcMemoryStats struct{}
+// grpcMemoryStats gives a call's reservations back when the call ends:
+// its own, and that of the last ModelInferRequest the codec decoded for it
+// if its handler did not take it.
+type grpcMemoryStats struct {
+	codec *grpcDecodeCodec
+}
 
 var _ stats.Handler = grpcMemoryStats{}
 
@@ -107,8 +144,20 @@ func (grpcMemoryStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) contex
 	return ctx
 }
 func (grpcMemoryStats) HandleConn(context.Context, stats.ConnStats) {}
-func (grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if _, ok := s.(*stats.End); ok {
-		grpcCallMemory(ctx).Release()
+func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	call, _ := ctx.Value(grpcCallKey{}).(*grpcCall)
+	if call == nil {
+		return
+	}
+	switch s := s.(type) {
+	case *stats.InPayload:
+		if req, ok := s.Payload.(*inference.ModelInferRequest); ok {
+			call.infer.Store(req)
+		}
+	case *stats.End:
+		call.res.Release()
+		if req := call.infer.Swap(nil); req != nil {
+			h.codec.discard(req)
+		}
 	}
 }

@@ -80,7 +80,7 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 		}
 		// The stream's own reservation (the tap's) is the buffer of the
 		// next message; each request read holds its own until answered.
-		mem, err := s.codec.takeDecoded(req)
+		mem, err := s.codec.takeDecoded(ctx, req)
 		workers.Add(1)
 		go func() {
 			defer workers.Done()

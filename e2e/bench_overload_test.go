@@ -350,9 +350,11 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // fresh server after one calibration. The generator (this process, with
 // its prober and sampler) runs confined to SLOSERVE_OVERLOAD_GENERATOR_CPUS
 // (0.5; 0: unconfined) in a cgroup of its own, as clients on other
-// machines would be; the server's own counts split the late requests into
-// those that finished late in the scheduler and those that became late on
-// the way back.
+// machines would be, and the run fails when the generator's cgroup used
+// more than 10% over that quota over the load; the server's own counts
+// split the late requests into those that finished late in the scheduler
+// and those that became late on the way back. The server logs at
+// SLOSERVE_OVERLOAD_LOG_LEVEL (info).
 func BenchmarkOverload(b *testing.B) {
 	factor := envFloat(b, "SLOSERVE_OVERLOAD_FACTOR", 10)
 	dur := envDuration(b, "SLOSERVE_OVERLOAD_DURATION", time.Minute)
@@ -463,9 +465,18 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		server         overloadOutcomes
 		confined       string
 		cpu            cpuUse
+		gen            generatorLoad
+		elapsed        time.Duration
+		memRefused     float64 // limits.max_memory refusals over the load
+		memPeak        float64 // bytes reserved at most
 	)
 	for b.Loop() {
-		s := startServer(b, overloadRepo(b, cal.sloMS), "", benchProfiling()...)
+		// At info level (SLOSERVE_OVERLOAD_LOG_LEVEL): the harness pipes
+		// the server's log into this process, and at debug the server
+		// writes a line for every refusal, thousands a second at 10x,
+		// which the confined generator would have to read.
+		level := cmp.Or(os.Getenv("SLOSERVE_OVERLOAD_LOG_LEVEL"), "info")
+		s := startServer(b, overloadRepo(b, cal.sloMS), "", append(benchProfiling(), withFlags("--log-level", level))...)
 		// Half the capacity for a while: the control loop learns the
 		// models and the baseline is a working server's.
 		warm := startClosedLoop(s, ovLCInfer(1), 1)
@@ -473,6 +484,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		warm.stop()
 		before = sampleProcs(b, s, 0, true)
 		first := detectorOutcomes(b, s)
+		memRefused0 := s.scrape(b)["sloserve_memory_refused_total"]
 
 		var sendLC, sendBE func(context.Context) error
 		if proto == "grpc" {
@@ -492,12 +504,20 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 			sendBE = restSender(s, newClient(), ovBEName, 1, 3, 48, 320)
 		}
 
-		leave := func() {}
-		confined = "generator unconfined (SLOSERVE_OVERLOAD_GENERATOR_CPUS=0)"
-		if genCPUs > 0 {
-			leave, confined = generatorCgroup(b, genCPUs)
+		jail := &confinement{
+			note:  "generator unconfined (SLOSERVE_OVERLOAD_GENERATOR_CPUS=0)",
+			usage: func() (time.Duration, bool) { return 0, false },
+			stats: func() (int64, int64) { return 0, 0 },
+			leave: func() {},
 		}
+		if genCPUs > 0 {
+			jail = generatorCgroup(b, genCPUs)
+		}
+		confined = jail.note
 		cpu0 := readCPU(b, s)
+		gen0, genKnown := jail.usage()
+		thr0, per0 := jail.stats()
+		start := time.Now()
 		probe = startProber(s)
 		sm := startSampler(b, s, ovSampleEvery, false)
 		var wg sync.WaitGroup
@@ -508,12 +528,22 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 			beRecs = openLoopWith(sendBE, factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
 		})
 		wg.Wait()
+		// The load lasts until its last request has ended, which is
+		// later than dur when requests queue: CPU is measured over that.
+		elapsed = time.Since(start)
+		cpu1 := readCPU(b, s)
+		gen1, genKnown1 := jail.usage()
+		thr1, per1 := jail.stats()
+		gen = generatorLoad{elapsed: elapsed, cgroup: gen1 - gen0, cgroupKnown: genKnown && genKnown1,
+			process:   time.Duration((cpu1.generator - cpu0.generator) * float64(time.Second)),
+			throttled: thr1 - thr0, period: per1 - per0}
 		mem = sm.stop()
 		probe.stop()
-		leave()
-		cpu1 := readCPU(b, s)
+		jail.leave()
 		cpu = cpuUse{cpu1.server - cpu0.server, cpu1.lc - cpu0.lc, cpu1.be - cpu0.be, cpu1.generator - cpu0.generator}
 		last := detectorOutcomes(b, s)
+		m := s.scrape(b)
+		memRefused, memPeak = m["sloserve_memory_refused_total"]-memRefused0, m["sloserve_memory_reserved_peak_bytes"]
 		server = overloadOutcomes{last.good - first.good, last.late - first.late, last.rejected - first.rejected, last.dropped - first.dropped}
 
 		// Recovery: how long until a detector request is good again.
@@ -549,7 +579,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	b.ReportMetric(server.good/dur.Seconds()/cal.lcCapacity, "lc-server-good/capacity")
 	b.ReportMetric(pctMS(probes, 0.99), "ready-p99-ms")
 	b.ReportMetric(mib(maxServer), "server-max-rss-MiB")
-	b.ReportMetric(cpu.server/dur.Seconds(), "server-cores")
+	b.ReportMetric(cpu.server/elapsed.Seconds(), "server-cores")
+	b.ReportMetric(gen.cores(), "generator-cores")
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v over %s, detector SLO %.0f ms; %s\n", b.Name(), factor, dur, proto, cal.sloMS, confined)
@@ -566,18 +597,22 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	tw.Flush()
 	fmt.Fprintf(&sb, "detector in the server's scheduler: %.0f good, %.0f late, %.0f rejected, %.0f dropped; good/capacity %.3f (the client saw %d good: %.0f on time in the scheduler became late on the way back)\n",
 		server.good, server.late, server.rejected, server.dropped, server.good/dur.Seconds()/cal.lcCapacity, lc.counts[lcGood], max(0, server.good-float64(lc.counts[lcGood])))
-	secs := dur.Seconds()
-	fmt.Fprintf(&sb, "CPU in cores over the load: server %.2f, detector runner %.2f, recogniser runner %.2f, generator %.2f (of %d)\n",
-		cpu.server/secs, cpu.lc/secs, cpu.be/secs, cpu.generator/secs, goruntime.NumCPU())
+	secs := elapsed.Seconds()
+	fmt.Fprintf(&sb, "CPU in cores over the load (%v, until its last request ended): server %.2f, detector runner %.2f, recogniser runner %.2f, %s (of %d)\n",
+		elapsed.Round(100*time.Millisecond), cpu.server/secs, cpu.lc/secs, cpu.be/secs, gen, goruntime.NumCPU())
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
 		mib(before.serverRSS), mib(maxServer), mib(after.serverRSS),
 		mib(before.runnerRSS), mib(maxRunners), mib(after.runnerRSS), before.goroutines, after.goroutines)
+	fmt.Fprintf(&sb, "memory budget (limits.max_memory): %.0f requests refused over the load, at most %.0f MiB reserved\n", memRefused, memPeak/(1<<20))
 	fmt.Fprintf(&sb, "recovery: a detector request within its SLO %.0f ms after the load stopped\n", ms(recovery))
 	writeExamples(&sb, "detector", lc)
 	writeExamples(&sb, "recogniser", be)
 	fmt.Print(sb.String())
+	if err := gen.check(genCPUs); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkSoak offers each model SLOSERVE_SOAK_LOAD of its capacity for

@@ -198,10 +198,11 @@ func TestE2EMemoryCeiling(t *testing.T) {
 
 	t.Run("large gRPC messages at once", func(t *testing.T) {
 		// 16 calls on one connection, each sending a 60 MiB message at
-		// once: each call being read holds twice max_request_bytes of the
-		// budget (the message and its decoded copy), so two are read at a
-		// time and the rest are refused on their headers, before a byte of
-		// their message is buffered.
+		// once: each call being read holds max_request_bytes of the budget,
+		// so four are read at a time and the rest are refused on their
+		// headers, before a byte of their message is buffered; a message
+		// that is in needs its copies and decoded form on top, and is
+		// refused when they do not fit.
 		base := resetPeakRSS(t, pid)
 		msg, err := proto.Marshal(&inference.ModelInferRequest{
 			ModelName: "nosuch",

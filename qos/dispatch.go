@@ -232,7 +232,7 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 			} else {
 				err = fmt.Errorf("%w: %s left, execution takes %s", ErrDropped, millis(r.deadline.Sub(now)), millis(e))
 			}
-			m.log.Debug("request dropped", "error", err, "queued", now.Sub(r.arrival))
+			s.logLocked(m.log, "request dropped", "error", err, "queued", now.Sub(r.arrival))
 			m.refused++
 			s.finishLocked(r, outcomeDropped, now, result{err: err})
 			dropped = true
@@ -449,7 +449,7 @@ func (s *Scheduler) startInlineLocked(m *model, r *request, now time.Time) (*exe
 func (s *Scheduler) executeInline(ctx, ectx context.Context, e *execution, r *request) (*runtime.InferResponse, error) {
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
-		defer s.mu.Unlock()
+		defer s.unlock()
 		if r.state != stateRunning {
 			return
 		}
@@ -568,7 +568,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	}
 	s.finalizeLocked(m)
 	queued := s.anyQueuedLocked()
-	s.mu.Unlock()
+	s.unlock()
 	if queued {
 		// The slot is free for what waits; with nothing queued the
 		// dispatcher would find nothing to do.

@@ -185,6 +185,37 @@ type Scheduler struct {
 	// mu): 48 device slots on an MPS GPU made them most of the bytes a
 	// request allocated.
 	scratch [2]slots
+	// logs are the per-request log lines written under mu (logLocked),
+	// emitted by unlock once mu is free: a log handler takes a lock of its
+	// own and writes to a file or pipe, and under overload thousands of
+	// refusals a second queued behind it while holding mu stalled every
+	// arrival and the dispatcher with them.
+	logs []pendingLog
+}
+
+// pendingLog is a log line waiting for the scheduler's lock to be free.
+type pendingLog struct {
+	log  *slog.Logger
+	msg  string
+	args []any
+}
+
+// logLocked logs msg at debug level once mu is released.
+func (s *Scheduler) logLocked(log *slog.Logger, msg string, args ...any) {
+	if !log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	s.logs = append(s.logs, pendingLog{log, msg, args})
+}
+
+// unlock releases mu, then writes the log lines logged under it.
+func (s *Scheduler) unlock() {
+	logs := s.logs
+	s.logs = nil
+	s.mu.Unlock()
+	for _, l := range logs {
+		l.log.Debug(l.msg, l.args...)
+	}
 }
 
 // model is one model's queue and accounting.
@@ -346,7 +377,7 @@ func (s *Scheduler) AddModel(spec ModelSpec) error {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if old, ok := s.models[spec.Name]; ok {
 		if old.removing {
 			return fmt.Errorf("qos: model %s is still being removed", spec.Name)
@@ -379,7 +410,7 @@ func (s *Scheduler) UpdateModel(spec ModelSpec) error {
 	s.mu.Lock()
 	m, ok := s.models[spec.Name]
 	if !ok || m.removing {
-		s.mu.Unlock()
+		s.unlock()
 		return fmt.Errorf("%w: %s", ErrUnknownModel, spec.Name)
 	}
 	if spec.Class != m.spec.Class {
@@ -387,7 +418,7 @@ func (s *Scheduler) UpdateModel(spec ModelSpec) error {
 	}
 	m.spec = spec
 	m.log.Info("model updated", "spec", spec)
-	s.mu.Unlock()
+	s.unlock()
 	s.kick()
 	return nil
 }
@@ -395,7 +426,7 @@ func (s *Scheduler) UpdateModel(spec ModelSpec) error {
 // HasModel reports whether a model has been added and not removed.
 func (s *Scheduler) HasModel(name string) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	m, ok := s.models[name]
 	return ok && !m.removing
 }
@@ -464,7 +495,7 @@ func (s *Scheduler) RemoveModel(ctx context.Context, name string) error {
 	s.mu.Lock()
 	m, ok := s.models[name]
 	if !ok {
-		s.mu.Unlock()
+		s.unlock()
 		return fmt.Errorf("qos: %w: %s", ErrUnknownModel, name)
 	}
 	if !m.removing {
@@ -472,7 +503,7 @@ func (s *Scheduler) RemoveModel(ctx context.Context, name string) error {
 		m.log.Info("removing model", "queued", m.q.len(), "running", m.running)
 	}
 	s.finalizeLocked(m)
-	s.mu.Unlock()
+	s.unlock()
 	s.kick()
 
 	select {
@@ -487,7 +518,7 @@ func (s *Scheduler) RemoveModel(ctx context.Context, name string) error {
 	}
 	m.q.items = nil
 	s.finalizeLocked(m)
-	s.mu.Unlock()
+	s.unlock()
 	select {
 	case <-m.drained:
 		return nil
@@ -533,32 +564,32 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	m, ok := s.models[name]
 	switch {
 	case s.stopped:
-		s.mu.Unlock()
+		s.unlock()
 		return nil, ErrStopped
 	case !ok:
-		s.mu.Unlock()
+		s.unlock()
 		return nil, fmt.Errorf("%w: %s", ErrUnknownModel, name)
 	case m.removing:
-		s.mu.Unlock()
+		s.unlock()
 		return nil, fmt.Errorf("%w: %s", ErrModelRemoved, name)
 	}
 	r, err := newRequest(ctx, m, req, o, now)
 	if err != nil {
 		s.countInvalidLocked(m, r.arrival, now)
-		s.mu.Unlock()
+		s.unlock()
 		return nil, err
 	}
 	if err := s.arriveLocked(m, r, now); err != nil {
-		s.mu.Unlock()
+		s.unlock()
 		return nil, err
 	}
 	s.wakeLocked(m)
 	m.q.push(r)
 	if e, ectx := s.startInlineLocked(m, r, now); e != nil {
-		s.mu.Unlock()
+		s.unlock()
 		return s.executeInline(ctx, ectx, e, r)
 	}
-	s.mu.Unlock()
+	s.unlock()
 	s.kick()
 
 	select {
@@ -570,7 +601,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 	now = time.Now()
 	switch r.state {
 	case stateDone: // the result came as ctx ended
-		s.mu.Unlock()
+		s.unlock()
 		res := <-r.done
 		return res.resp, res.err
 	case stateQueued:
@@ -588,7 +619,7 @@ func (s *Scheduler) Submit(ctx context.Context, name string, req *runtime.InferR
 			e.cancel() // nobody waits for this execution any more
 		}
 	}
-	s.mu.Unlock()
+	s.unlock()
 	s.kick()
 	return nil, ctx.Err()
 }
@@ -617,7 +648,7 @@ func (s *Scheduler) arriveLocked(m *model, r *request, now time.Time) error {
 func (s *Scheduler) CountInvalid(name string, arrival time.Time) {
 	now := time.Now()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if m, ok := s.models[name]; ok {
 		s.countInvalidLocked(m, arrival, now)
 	}
@@ -655,7 +686,7 @@ func (s *Scheduler) rejectLocked(m *model, r *request, now time.Time, err error)
 	case errors.Is(err, ErrOverloaded):
 		m.overloaded++
 	}
-	m.log.Debug("request rejected", "error", err)
+	s.logLocked(m.log, "request rejected", "error", err)
 	s.finishLocked(r, outcomeRejected, now, result{err: err})
 }
 
@@ -673,7 +704,7 @@ func (s *Scheduler) refusalLocked(m *model, r *request, now time.Time) error {
 	// An admitted request is a probe too while the model is starved by
 	// predictions, so that the dispatcher does not drop it as hopeless.
 	if (err != nil || m.refused > 0) && s.probeDueLocked(m, r, now) {
-		m.log.Debug("admitted as a probe: nothing has run for a while", "would be", err)
+		s.logLocked(m.log, "admitted as a probe: nothing has run for a while", "would be", err)
 		r.probe = true
 		return nil
 	}
@@ -729,7 +760,7 @@ func (s *Scheduler) probeDueLocked(m *model, r *request, now time.Time) bool {
 func (s *Scheduler) Preadmit(ctx context.Context, name string, o RequestOptions) error {
 	now := time.Now()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	m, ok := s.models[name]
 	switch {
 	case s.stopped:
@@ -841,11 +872,11 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 func (s *Scheduler) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.started {
-		s.mu.Unlock()
+		s.unlock()
 		return errors.New("qos: Run called twice")
 	}
 	s.started, s.runCtx = true, ctx
-	s.mu.Unlock()
+	s.unlock()
 	defer s.shutdown()
 
 	timer := time.NewTimer(0)
@@ -854,7 +885,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.mu.Lock()
 		now := time.Now()
 		wake := s.dispatchLocked(now)
-		s.mu.Unlock()
+		s.unlock()
 		if wake.IsZero() {
 			timer.Stop()
 		} else {
@@ -880,7 +911,7 @@ func (s *Scheduler) shutdown() {
 		m.q.items = nil
 		s.finalizeLocked(m)
 	}
-	s.mu.Unlock()
+	s.unlock()
 	s.execs.Wait()
 	s.log.Info("scheduler stopped")
 }
@@ -888,7 +919,7 @@ func (s *Scheduler) shutdown() {
 // Stats returns a model's statistics; false if no such model.
 func (s *Scheduler) Stats(name string) (Stats, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	m, ok := s.models[name]
 	if !ok {
 		return Stats{}, false
@@ -899,7 +930,7 @@ func (s *Scheduler) Stats(name string) (Stats, bool) {
 // AllStats returns every model's statistics, by name.
 func (s *Scheduler) AllStats() []Stats {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	out := make([]Stats, 0, len(s.models))
 	for _, m := range s.models {
@@ -912,7 +943,7 @@ func (s *Scheduler) AllStats() []Stats {
 // ClassStats aggregates the queues of the models of one class.
 func (s *Scheduler) ClassStats(c Class) ClassStats {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	cs := ClassStats{Class: c}
 	var sum time.Duration
