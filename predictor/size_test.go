@@ -149,25 +149,24 @@ func TestCorrectionPerSize(t *testing.T) {
 	}
 }
 
-// A bucket's own correction takes over from its size's once it has seen
-// enough executions, so that a batch size with its own error (here batch 8
-// runs 1.5x slower than the curve, batch 1 as profiled) is learnt apart.
+// Each (size, batch, share) bucket keeps a correction of its own: batch 8
+// running 3x slower than the curve while batch 1 runs as profiled raises
+// batch 8's bucket's drift alarm alone. Predictions stay at the size's
+// correction (see correctionAt for why).
 func TestCorrectionPerBatchBucket(t *testing.T) {
-	p := newPredictor(t, Options{})
+	var alarms []Drift
+	p := newPredictor(t, Options{OnDrift: func(d Drift) { alarms = append(alarms, d) }})
 	p.SetProfile("m", Profile{Curve: Curve{K2: 0.01, Elements: 100}})
 	for i := range 300 {
 		b := []int{1, 8}[i%2]
-		f := map[int]float64{1: 1, 8: 1.5}[b]
+		f := map[int]float64{1: 1, 8: 3}[b]
 		p.ObserveSize("m", b, 100, seconds(0.01*float64(b)*f))
 	}
-	for b, f := range map[int]float64{1: 1, 8: 1.5} {
-		got, _ := p.EstimateSize("m", b, 100)
-		if e := relErr(got.Seconds(), 0.01*float64(b)*f); e > 0.01 {
-			t.Errorf("batch %d: estimate %v, want %.3fs", b, got, 0.01*float64(b)*f)
-		}
+	if a := p.Accuracy("m"); a.Buckets != 2 || a.DriftBuckets != 1 {
+		t.Errorf("%d buckets, %d in drift; want 2 and 1", a.Buckets, a.DriftBuckets)
 	}
-	if a := p.Accuracy("m"); a.Buckets != 2 {
-		t.Errorf("%d buckets, want 2", a.Buckets)
+	if len(alarms) != 1 || alarms[0].Batch != 8 || !(alarms[0].Correction > 2) {
+		t.Errorf("alarms %+v, want one, for batch 8", alarms)
 	}
 }
 
@@ -254,5 +253,32 @@ func TestSweepShapes(t *testing.T) {
 	}
 	if m := MAPE(c, pts); m > 0.02 || math.IsNaN(m) {
 		t.Errorf("MAPE %.3f of a fit of a noiseless sweep", m)
+	}
+}
+
+// A size not seen in the model's last Window executions is stale: what
+// it learnt under the conditions of then gives way to the model's current
+// correction. Size 800 ran 3x slow once; then only size 100 runs, as
+// profiled, and size 800 is predicted as profiled again.
+func TestCorrectionStaleSize(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.SetProfile("m", Profile{Curve: Curve{K2: 0.01, Elements: 100}})
+	for range 60 {
+		p.ObserveSize("m", 1, 800, seconds(3*0.08))
+	}
+	if got, _ := p.EstimateSize("m", 1, 800); relErr(got.Seconds(), 0.24) > 0.05 {
+		t.Fatalf("size 800 after its executions: %v, want about 240ms", got)
+	}
+	for range Window - 1 {
+		p.ObserveSize("m", 1, 100, seconds(0.01))
+	}
+	if got, _ := p.EstimateSize("m", 1, 800); relErr(got.Seconds(), 0.24) > 0.05 {
+		t.Errorf("size 800 while still fresh: %v, want about 240ms", got)
+	}
+	for range 60 {
+		p.ObserveSize("m", 1, 100, seconds(0.01))
+	}
+	if got, _ := p.EstimateSize("m", 1, 800); relErr(got.Seconds(), 0.08) > 0.05 {
+		t.Errorf("size 800 when stale: %v, want about 80ms (the model's current correction)", got)
 	}
 }
