@@ -52,7 +52,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		if _, err := reg.ModelReady(model, ""); err != nil {
 			return err
 		}
-		return errors.New("the model was loaded but not profiled: its inputs need profile.shapes in its config, " +
+		return errors.New("the model was loaded but not profiled: an input has BYTES data or is over limits.max_tensor_elements, " +
 			"or shares are not enforced here (control.limiter none, or no writable cgroups); the log above says which")
 	}
 	return nil
