@@ -53,12 +53,15 @@ func (s *testServer) predictionMAPE(t *testing.T, model string) (float64, int) {
 }
 
 // TestE2EPredictorMixedShapes is issue 29's reproduction: the classifier
-// served at two input shapes in turn, 48x320 and 48x1600, neither of them
-// profiled (the profile is at widths 192 and 960, so 320 is interpolated
-// and 1600 extrapolated). The MAPE of recent executions that /v2/control
-// reports must stay near the one of the same server serving one shape:
-// with one correction scalar for all shapes it was 87%, the correction
-// relearning at every change of shape.
+// served at two input shapes in turn, 48x240 and 48x3840, neither of them
+// profiled (the profile is at widths 192 and 960, so 240 is interpolated
+// and 3840 extrapolated). The MAPE of recent executions that /v2/control
+// reports must stay near the one of the same server serving one shape.
+// With one correction for all shapes and a curve blind to size (before
+// issue 29) both shapes were predicted alike, between the two: the issue
+// measured 87% at 48x320 and 48x1600 on a quiet machine. The shapes here
+// are further apart (16x the elements) so that that error stands out of
+// the noise of a busy machine, which the single-shape MAPE measures.
 func TestE2EPredictorMixedShapes(t *testing.T) {
 	const model = "cls"
 	repo := t.TempDir()
@@ -87,18 +90,20 @@ profile:
 			}
 		}
 	}
-	run(320)
+	run(240)
 	single, n := s.predictionMAPE(t, key)
-	t.Logf("one shape (48x320): MAPE %.1f%% over %d executions", 100*single, n)
-	run(320, 1600)
+	t.Logf("one shape (48x240): MAPE %.1f%% over %d executions", 100*single, n)
+	run(240, 3840)
 	mixed, n := s.predictionMAPE(t, key)
-	t.Logf("two shapes in turn (48x320, 48x1600): MAPE %.1f%% over %d executions", 100*mixed, n)
+	t.Logf("two shapes in turn (48x240, 48x3840): MAPE %.1f%% over %d executions", 100*mixed, n)
 	if n < 100 {
 		t.Fatalf("%d executions in the window, want 100", n)
 	}
-	// Each shape's own correction: the mix is predicted about as well as
-	// one shape; the noise of a busy machine is in both.
-	if bound := 2*single + 0.10; mixed > bound {
-		t.Errorf("MAPE under two shapes %.1f%%, over %.1f%% (twice one shape's %.1f%%, plus 10 points)", 100*mixed, 100*bound, 100*single)
+	// Each shape predicted at its size, with its own correction: the mix
+	// is predicted about as well as one shape. The margin is for the
+	// noise of a busy machine; a size-blind predictor is off by about
+	// 200% here on top of it.
+	if bound := 1.5*single + 0.5; mixed > bound {
+		t.Errorf("MAPE under two shapes %.1f%%, over %.1f%% (1.5 times one shape's %.1f%%, plus 50 points)", 100*mixed, 100*bound, 100*single)
 	}
 }
