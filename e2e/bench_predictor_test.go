@@ -50,8 +50,8 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // shapes, then measures it again at shapes the profile never saw (between
 // and beyond them), and reports the fitted curve's MAPE on those per
 // model and shape: how well the predictor knows input size. (The share of
-// admitted requests that finished late under mixed shapes is measured by
-// TestE2EPredictorMixedShapes's server, not here.)
+// admitted requests that finished late under mixed shapes is not measured
+// yet: it needs a load run at mixed shapes against an SLO.)
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
