@@ -367,7 +367,7 @@ func TestModelFields(t *testing.T) {
 			MaxQueueSize:    256,
 			SLO:             SLO{LatencyMS: 500, Class: ClassLatencyCritical, Priority: 1},
 			Resources:       Resources{MemoryLimit: 512 * MiB, MinComputeShare: 0.2, MaxComputeShare: 1},
-			Profile:         ModelProfile{Shapes: map[string][]int64{"x": {1, 3, 640, 640}}, BatchSizes: []int{1, 2, 4}},
+			Profile:         ModelProfile{Shapes: ProfileShapes{{"x": {1, 3, 640, 640}}}, BatchSizes: []int{1, 2, 4}},
 			File:            "examples/model.yaml",
 		}
 		if !reflect.DeepEqual(m, want) {

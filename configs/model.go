@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/sloserve/sloserve/runtime"
 	"github.com/sloserve/sloserve/simgpu"
 )
@@ -294,14 +296,78 @@ type Resources struct {
 type ModelProfile struct {
 	// Shapes gives concrete shapes, batch dimension included (it is
 	// replaced by each profiled batch size), for inputs with dynamic
-	// dimensions; without them such a model is not profiled.
-	Shapes map[string][]int64 `yaml:"shapes,omitempty"`
+	// dimensions: one set of input shapes, or a list of them to profile
+	// each (the predictor's curve is then in input size). Without them a
+	// model with dynamic dimensions is profiled at shapes chosen from its
+	// declared dimensions (models.DefaultProfileDims).
+	Shapes ProfileShapes `yaml:"shapes,omitempty"`
 	// BatchSizes to profile; default 1, max_batch_size/2, max_batch_size.
 	BatchSizes []int `yaml:"batch_sizes,omitempty"`
 }
 
 // IsZero reports whether nothing is set, so YAML output leaves it out.
 func (p ModelProfile) IsZero() bool { return len(p.Shapes) == 0 && len(p.BatchSizes) == 0 }
+
+// ProfileShapes are the input shapes a model is profiled at: each entry
+// maps input names to a shape. In YAML it is one mapping (one set of
+// shapes, `shapes: {x: [1, 3, 320, 320]}`) or a list of them
+// (`shapes: [{x: [1, 3, 320, 320]}, {x: [1, 3, 640, 640]}]`).
+type ProfileShapes []map[string][]int64
+
+// UnmarshalYAML implements yaml.Unmarshaler: a mapping or a list of them.
+// Dimensions must be integers (YAML would truncate 2.5 into an int64).
+func (ps *ProfileShapes) UnmarshalYAML(n *yaml.Node) error {
+	if bad := nonInteger(n); bad != nil {
+		return fmt.Errorf("line %d: profile.shapes: dimensions must be integers, got %q", bad.Line, bad.Value)
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		var one map[string][]int64
+		if err := n.Decode(&one); err != nil {
+			return err
+		}
+		*ps = ProfileShapes{one}
+	case yaml.SequenceNode:
+		var many []map[string][]int64
+		if err := n.Decode(&many); err != nil {
+			return err
+		}
+		*ps = many
+	default:
+		return fmt.Errorf("line %d: profile.shapes must be a mapping of input names to shapes, or a list of them", n.Line)
+	}
+	return nil
+}
+
+// nonInteger returns the first scalar in the shapes' sequences that is not
+// an integer, or nil.
+func nonInteger(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.SequenceNode {
+		for _, c := range n.Content {
+			if c.Kind == yaml.ScalarNode && c.Tag != "!!int" {
+				return c
+			}
+		}
+	}
+	for i, c := range n.Content {
+		if n.Kind == yaml.MappingNode && i%2 == 0 {
+			continue // a key
+		}
+		if bad := nonInteger(c); bad != nil {
+			return bad
+		}
+	}
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler: one set of shapes is written as
+// a mapping, as it is usually read.
+func (ps ProfileShapes) MarshalYAML() (any, error) {
+	if len(ps) == 1 {
+		return ps[0], nil
+	}
+	return []map[string][]int64(ps), nil
+}
 
 // LatencyTarget is the SLO latency, 0 when the model has none.
 func (m *Model) LatencyTarget() time.Duration {
@@ -656,10 +722,22 @@ func (mp *ModelProfile) validate(p *problems, m *Model) {
 			p.add(fmt.Sprintf("profile.batch_sizes[%d]", i), "must be between 1 and max_batch_size (%d), got %d", max(m.MaxBatchSize, 1), b)
 		}
 	}
-	names := slices.Sorted(maps.Keys(mp.Shapes))
-	for _, name := range names {
-		path := "profile.shapes." + name
-		shape := mp.Shapes[name]
+	for i, set := range mp.Shapes {
+		prefix := "profile.shapes."
+		if len(mp.Shapes) > 1 {
+			prefix = fmt.Sprintf("profile.shapes[%d].", i)
+		}
+		if len(set) == 0 {
+			p.add(strings.TrimSuffix(prefix, "."), "must name at least one input")
+		}
+		mp.validateSet(p, m, prefix, set)
+	}
+}
+
+func (mp *ModelProfile) validateSet(p *problems, m *Model, prefix string, set map[string][]int64) {
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		path := prefix + name
+		shape := set[name]
 		if len(m.Inputs) > 0 && !slices.ContainsFunc(m.Inputs, func(t TensorConfig) bool { return t.Name == name }) {
 			p.add(path, "no input named %q", name)
 			continue

@@ -27,7 +27,7 @@ import (
 //   - A field with no effect on what a client gets back (a label file, an
 //     image format hint, pinned memory on a CPU server) is a warning.
 //   - A field not declared in model_config.proto (sequence_batching,
-//     ensemble_scheduling, model_warmup, ...) fails the parse, named.
+//     ensemble_scheduling, ...) fails the parse, named.
 //
 // sloserve's own settings that Triton has no field for (SLO, class, share
 // limits, threads) travel as parameters, keyed by their config.yaml path.
@@ -154,6 +154,34 @@ type tritonReader struct {
 
 func (t *tritonReader) fail(path, format string, args ...any) { t.errs.add(path, format, args...) }
 
+// readWarmup reads model_warmup: each sample's input shapes are a set of
+// profile shapes (profile.shapes), the batch dimension put in front when
+// the model batches (profiling replaces it by each batch size). sloserve
+// profiles and warms up with zeros, so the samples' data, batch size and
+// count do not matter; a data file is a warning. Shapes are validated as
+// profile.shapes are.
+func (t *tritonReader) readWarmup(ws []*tritonpb.ModelWarmup, m *Model) {
+	for i, w := range ws {
+		path := fmt.Sprintf("model_warmup[%d]", i)
+		if len(w.GetInputs()) == 0 {
+			t.fail(path+".inputs", "must name at least one input")
+			continue
+		}
+		set := map[string][]int64{}
+		for name, in := range w.GetInputs() {
+			shape := slices.Clone(in.GetDims())
+			if m.MaxBatchSize > 0 {
+				shape = append([]int64{1}, shape...)
+			}
+			set[name] = shape
+			if in.GetInputDataFile() != "" {
+				t.warn(path+".inputs."+name+".input_data_file", "ignored: the model is warmed up and profiled with zeros at this shape")
+			}
+		}
+		m.Profile.Shapes = append(m.Profile.Shapes, set)
+	}
+}
+
 func (t *tritonReader) warn(path, format string, args ...any) {
 	t.warnings = append(t.warnings, fmt.Sprintf("%s: %s: ", t.file, path)+fmt.Sprintf(format, args...))
 }
@@ -210,6 +238,7 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 	t.readInstanceGroups(tc.GetInstanceGroup(), m)
 	params := t.readParameters(tc.GetParameters(), m)
 	t.readDynamicBatching(tc, m, params)
+	t.readWarmup(tc.GetModelWarmup(), m)
 	t.readOptimization(tc.GetOptimization(), m, params)
 
 	if f := tc.GetDefaultModelFilename(); f != "" && f != ModelFile {
@@ -522,6 +551,15 @@ var tritonPaths = []struct{ yaml, pbtxt string }{
 }
 
 func tritonPath(p string) string {
+	// Profile shapes come from model_warmup: profile.shapes.x (one
+	// sample) or profile.shapes[i].x.
+	if rest, ok := strings.CutPrefix(p, "profile.shapes"); ok {
+		i, name := "0", strings.TrimPrefix(rest, ".")
+		if strings.HasPrefix(rest, "[") {
+			i, name, _ = strings.Cut(rest[1:], "].")
+		}
+		return "model_warmup[" + i + "].inputs." + name
+	}
 	for _, tp := range tritonPaths {
 		if p == tp.yaml || strings.HasPrefix(p, tp.yaml+".") || strings.HasPrefix(p, tp.yaml+"[") {
 			return tp.pbtxt + strings.TrimPrefix(p, tp.yaml)
@@ -640,6 +678,18 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 	}
 	if ex.Isolation == IsolationInProcess {
 		tc.Parameters[paramIsolation] = tritonParam(ex.Isolation)
+	}
+	for i, set := range m.Profile.Shapes {
+		w := &tritonpb.ModelWarmup{Name: fmt.Sprintf("profile_%d", i), BatchSize: 1, Count: 1, Inputs: map[string]*tritonpb.ModelWarmup_Input{}}
+		for name, shape := range set {
+			dt := tritonpb.DataType_TYPE_INVALID
+			if j := slices.IndexFunc(m.Inputs, func(t TensorConfig) bool { return t.Name == name }); j >= 0 {
+				dt = tritonDataType(m.Inputs[j].DataType)
+			}
+			w.Inputs[name] = &tritonpb.ModelWarmup_Input{DataType: dt, Dims: tritonDims(shape, m.MaxBatchSize),
+				InputDataType: &tritonpb.ModelWarmup_Input_ZeroData{ZeroData: true}}
+		}
+		tc.ModelWarmup = append(tc.ModelWarmup, w)
 	}
 	return tc
 }

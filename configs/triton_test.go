@@ -135,7 +135,7 @@ func TestTritonConfigBad(t *testing.T) {
 		{"cc files", `cc_model_filenames { key: "7.5" value: "a.onnx" }`, []string{"cc_model_filenames: not supported"}},
 		{"custom ops", `model_operations { op_library_filename: "libops.so" }`, []string{"model_operations.op_library_filename: not supported"}},
 		{"decoupled", `model_transaction_policy { decoupled: true }`, []string{"model_transaction_policy.decoupled: not supported: a request gets exactly one response"}},
-		{"warmup", `model_warmup [ { name: "w" } ]`, []string{"model_warmup: not supported by sloserve"}},
+		{"warmup without inputs", `model_warmup [ { name: "w" } ]`, []string{"model_warmup[0].inputs: must name at least one input"}},
 		{"not a number", `parameters { key: "slo.latency_ms" value: { string_value: "fast" } }`, []string{`parameters["slo.latency_ms"]: must be a number, got "fast"`}},
 		{"bad class", `parameters { key: "slo.class" value: { string_value: "gold" } }`, []string{`parameters["slo.class"]: must be one of latency-critical, best-effort; got "gold"`}},
 		{"typo in our parameter", `parameters { key: "slo.latency" value: { string_value: "5" } }`, []string{`parameters["slo.latency"]: unknown sloserve parameter`}},
@@ -262,7 +262,9 @@ func TestTritonConfigRoundTrip(t *testing.T) {
 				t.Fatalf("%v\n%s", err, text)
 			}
 			want := *m
-			want.Profile, want.File, want.Dir = ModelProfile{}, "config.pbtxt", "" // Triton has no profiling sweep
+			// Profile shapes travel as model_warmup; Triton has no field
+			// for the profiled batch sizes.
+			want.Profile.BatchSizes, want.File, want.Dir = nil, "config.pbtxt", ""
 			if want.Execution.Isolation == "" {
 				want.Execution.Isolation = IsolationProcess // the default, as parsing sets it
 			}
@@ -303,6 +305,40 @@ func TestParseTritonModelJSON(t *testing.T) {
 		_, err := ParseTritonModelJSON("override", []byte(tc.json), dir)
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v, want ErrInvalid naming %q", tc.json, err, tc.msg)
+		}
+	}
+}
+
+// model_warmup samples are profile shapes: one set per sample, the batch
+// dimension put in front when the model batches; bad shapes are refused
+// as profile.shapes are, and a data file is a warning.
+func TestTritonModelWarmup(t *testing.T) {
+	const head = `name: "m"
+max_batch_size: 4
+input { name: "x" data_type: TYPE_FP32 dims: [3, -1, -1] }
+`
+	m, err := ParseTritonModel("config.pbtxt", []byte(head+`
+model_warmup { name: "small" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [3, 256, 256] zero_data: true } } }
+model_warmup { name: "large" batch_size: 2 count: 3 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [3, 640, 640] input_data_file: "img" } } }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ProfileShapes{{"x": {1, 3, 256, 256}}, {"x": {1, 3, 640, 640}}}
+	if !reflect.DeepEqual(m.Profile.Shapes, want) {
+		t.Errorf("profile shapes %v, want %v", m.Profile.Shapes, want)
+	}
+	if !slices.ContainsFunc(m.Warnings, func(w string) bool { return strings.Contains(w, "model_warmup[1].inputs.x.input_data_file: ignored") }) {
+		t.Errorf("warnings %q, want one about the data file", m.Warnings)
+	}
+	for pbtxt, msg := range map[string]string{
+		`model_warmup { name: "w" inputs { key: "y" value: { data_type: TYPE_FP32 dims: [3, 8, 8] zero_data: true } } }`: `model_warmup[0].inputs.y: no input named "y"`,
+		`model_warmup { name: "w" inputs { key: "x" value: { data_type: TYPE_FP32 dims: [3, 0, 8] zero_data: true } } }`: "model_warmup[0].inputs.x: dimensions must be between 1 and 1048576, got [1 3 0 8]",
+		`model_warmup { name: "w" }`: "model_warmup[0].inputs: must name at least one input",
+	} {
+		_, err := ParseTritonModel("config.pbtxt", []byte(head+pbtxt))
+		if err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%s: error %v, want %q", pbtxt, err, msg)
 		}
 	}
 }

@@ -189,7 +189,7 @@ profile: {shapes: {x: [1, 3, 1000, 1000]}}
 // only at the batch sizes whose request is within the element limit, and
 // not at all when batch 1 is over it (a model file's own static shape).
 func TestSamplesWithinElementLimit(t *testing.T) {
-	cfg := &configs.Model{Profile: configs.ModelProfile{Shapes: map[string][]int64{"x": {1, 3, 10, 10}}}}
+	cfg := &configs.Model{Profile: configs.ModelProfile{Shapes: configs.ProfileShapes{{"x": {1, 3, 10, 10}}}}}
 	v := &version{cfg: cfg, maxBatch: 4, maxElements: 1000,
 		inputs: []runtime.TensorSpec{{Name: "x", DataType: runtime.FP32, Shape: []int64{-1, 3, -1, -1}}}}
 	sample, sizes := warmupRequests(v) // 300 elements a row: batch 4 is 1200
@@ -200,7 +200,7 @@ func TestSamplesWithinElementLimit(t *testing.T) {
 		t.Errorf("sample at batch 1 has %d bytes, want 1200", len(req.Inputs[0].Data))
 	}
 	cfg.Profile.BatchSizes = []int{1, 2, 3, 4}
-	if _, sizes := profileRequests(v); fmt.Sprint(sizes) != "[1 2 3]" {
+	if _, _, sizes := profileRequests(v); fmt.Sprint(sizes) != "[1 2 3]" {
 		t.Errorf("profile sizes = %v, want [1 2 3]", sizes)
 	}
 	huge := &version{cfg: &configs.Model{}, maxBatch: 4, maxElements: 1000,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
+	"github.com/sloserve/sloserve/qos"
 	"github.com/sloserve/sloserve/runtime"
 )
 
@@ -15,13 +16,19 @@ import (
 // sample requests that profiling, warm-ups and swaps run.
 
 // warmupRequests returns requests of zeros for the warm-up at batch sizes 1
-// and the maximum, or nil when an input has BYTES data or a dynamic
-// dimension other than the batch that profile.shapes does not fill, or
-// when even batch 1 is over limits.max_tensor_elements. A batch size
-// whose request would be over the limit is left out: a client could not
-// send it either.
+// and the maximum, at the first of the config's profile.shapes, or nil
+// when an input has BYTES data or a dynamic dimension other than the batch
+// that profile.shapes does not fill (the default profile shapes are not
+// used: a model may refuse them, and a failed warm-up fails a resize), or
+// when even batch 1 is over limits.max_tensor_elements. A batch size whose
+// request would be over the limit is left out: a client could not send it
+// either.
 func warmupRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample, fits := samplesFor(v, v.cfg.Profile.Shapes)
+	var given map[string][]int64
+	if len(v.cfg.Profile.Shapes) > 0 {
+		given = v.cfg.Profile.Shapes[0]
+	}
+	sample, fits := samplesFor(v, given)
 	if sample == nil {
 		return nil, nil
 	}
@@ -99,14 +106,28 @@ type ProfileRun struct {
 	// shares ("cgroup-v1", "unprivileged", ...): the same share measures
 	// differently under each, so it is part of a cached profile's key.
 	Limiter string
-	// Measure sets the version's compute share and returns the median
-	// execution time of runs executions of a batch, after one unmeasured
-	// run.
+	// Elements are the row sizes of the profile shapes (profileShapeSets):
+	// the elements of all inputs of a batch-1 request at each.
+	Elements []int64
+	// MeasureShape sets the version's compute share and returns the
+	// median execution time of runs executions of a batch at the profile
+	// shape of index shape, after one unmeasured run.
+	MeasureShape func(ctx context.Context, shape, batch int, share float64, runs int) (time.Duration, error)
+	// Measure is MeasureShape at the first shape.
 	Measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)
 	// Memory is the peak memory of one instance so far, in bytes (0
 	// unknown): read after each point, it gives each batch size's
 	// working set (predictor.SweepOptions.Memory).
 	Memory func() int64
+}
+
+// MeasureAt measures a point at a shape: MeasureShape, or Measure when
+// only that is set (one shape). It is a predictor.Measure.
+func (run ProfileRun) MeasureAt(ctx context.Context, shape, batch int, share float64, runs int) (time.Duration, error) {
+	if run.MeasureShape != nil {
+		return run.MeasureShape(ctx, shape, batch, share, runs)
+	}
+	return run.Measure(ctx, batch, share, runs)
 }
 
 // profile runs Options.Profile for a fresh version, before it takes
@@ -118,9 +139,9 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	if r.opts.Profile == nil {
 		return
 	}
-	sample, sizes := profileRequests(v)
-	if sample == nil {
-		r.log.Info("not profiled: an input has dynamic dimensions and no profile.shapes entry, or its requests would be over limits.max_tensor_elements", "model", v.model, "version", v.label)
+	samples, elements, sizes := profileRequests(v)
+	if samples == nil {
+		r.log.Info("not profiled: an input has BYTES data, or its requests would be over limits.max_tensor_elements", "model", v.model, "version", v.label)
 		return
 	}
 	if v.lim == nil || !v.lim.Capabilities().Enforces {
@@ -133,8 +154,8 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	run := ProfileRun{
 		Key: v.key, Device: v.device, Path: v.path, Config: v.cfg,
 		Threads: v.unitOf(v.pool.Members()[0]).threads, MaxShare: v.usefulShare(), BatchSizes: sizes,
-		Memory: v.workingSetReader(), Limiter: v.lim.Kind(),
-		Measure: func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
+		Memory: v.workingSetReader(), Limiter: v.lim.Kind(), Elements: elements,
+		MeasureShape: func(ctx context.Context, shape, batch int, share float64, runs int) (time.Duration, error) {
 			// An instance per share where the limiter cannot resize a
 			// running one (MPS): each point is measured at its share.
 			ctx, done := v.swapContext(ctx)
@@ -142,7 +163,7 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
 				return 0, err
 			}
-			req := sample(batch)
+			req := samples[shape](batch)
 			took := make([]time.Duration, 0, runs)
 			for i := range runs + 1 {
 				start := time.Now()
@@ -157,6 +178,9 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 			return took[len(took)/2], nil
 		},
 	}
+	run.Measure = func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error) {
+		return run.MeasureShape(ctx, 0, batch, share, runs)
+	}
 	start := time.Now()
 	if err := r.opts.Profile(ctx, run); err != nil {
 		r.log.Warn("profiling failed; estimates come from observed executions", "model", v.model, "version", v.label, "err", err)
@@ -168,14 +192,12 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 	}
 }
 
-// profileRequests is warmupRequests with the model's profile.shapes filled
-// in for dynamic dimensions and its profile.batch_sizes (default 1,
-// max/2, max).
-func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) {
-	sample, fits := samplesFor(v, v.cfg.Profile.Shapes)
-	if sample == nil {
-		return nil, nil
-	}
+// profileRequests returns a request builder per profile shape that can be
+// profiled (profileShapeSets; a shape whose batch-1 request is over
+// limits.max_tensor_elements is left out), each shape's row size (see
+// qos.RowElements) and the batch sizes, profile.batch_sizes (default 1, max/2,
+// max) less those over the limit at some shape; nil when no shape can be.
+func profileRequests(v *version) ([]func(batch int) *runtime.InferRequest, []int64, []int) {
 	sizes := slices.Clone(v.cfg.Profile.BatchSizes)
 	if len(sizes) == 0 {
 		sizes = []int{1}
@@ -184,10 +206,69 @@ func profileRequests(v *version) (func(batch int) *runtime.InferRequest, []int) 
 		}
 	}
 	slices.Sort(sizes)
-	if sizes = slices.DeleteFunc(slices.Compact(sizes), func(b int) bool { return !fits(b) }); len(sizes) == 0 {
-		return nil, nil
+	sizes = slices.Compact(sizes)
+	var samples []func(batch int) *runtime.InferRequest
+	var elements []int64
+	for _, set := range profileShapeSets(v) {
+		sample, fits := samplesFor(v, set)
+		if sample == nil {
+			continue
+		}
+		sizes = slices.DeleteFunc(sizes, func(b int) bool { return !fits(b) })
+		samples = append(samples, sample)
+		elements = append(elements, qos.RowElements(sample(1), false))
 	}
-	return sample, sizes
+	if len(samples) == 0 || len(sizes) == 0 {
+		return nil, nil, nil
+	}
+	return samples, elements, sizes
+}
+
+// DefaultProfileDims are the values a dynamic dimension other than the
+// batch takes in the profile shapes of a model whose config lists none:
+// one set of shapes per value, every dynamic dimension of every input at
+// that value. 64 and 256 are multiples of 32 (what image networks with
+// strided convolutions, such as the OCR detector, need), far enough apart
+// for the curve to learn how time grows with the input, and small enough
+// to profile quickly; list profile.shapes to profile at the sizes served.
+var DefaultProfileDims = []int64{64, 256}
+
+// profileShapeSets are the sets of input shapes a version is profiled at:
+// the config's profile.shapes, else, when an input has a dynamic dimension
+// other than the batch, one set per DefaultProfileDims value, else one
+// set of the declared shapes (nil).
+func profileShapeSets(v *version) []map[string][]int64 {
+	if len(v.cfg.Profile.Shapes) > 0 {
+		return v.cfg.Profile.Shapes
+	}
+	dynamic := false
+	for _, in := range v.inputs {
+		for d, n := range in.Shape {
+			if n < 0 && !(d == 0 && v.maxBatch > 0) {
+				dynamic = true
+			}
+		}
+	}
+	if !dynamic {
+		return []map[string][]int64{nil}
+	}
+	sets := make([]map[string][]int64, 0, len(DefaultProfileDims))
+	for _, dim := range DefaultProfileDims {
+		set := map[string][]int64{}
+		for _, in := range v.inputs {
+			shape := slices.Clone(in.Shape)
+			for d, n := range shape {
+				if d == 0 && v.maxBatch > 0 {
+					shape[d] = 1
+				} else if n < 0 {
+					shape[d] = dim
+				}
+			}
+			set[in.Name] = shape
+		}
+		sets = append(sets, set)
+	}
+	return sets
 }
 
 // sampleShape is a tensor's shape for a sample request: the config's

@@ -156,8 +156,14 @@ func checkShapeLimit(cfg *configs.Model, limit int64) error {
 	for i, in := range cfg.Inputs {
 		check(fmt.Sprintf("inputs[%d].shape", i), in.Shape, cfg.MaxBatchSize > 0)
 	}
-	for _, name := range slices.Sorted(maps.Keys(cfg.Profile.Shapes)) {
-		check("profile.shapes."+name, cfg.Profile.Shapes[name], cfg.MaxBatchSize > 0)
+	for i, set := range cfg.Profile.Shapes {
+		prefix := "profile.shapes."
+		if len(cfg.Profile.Shapes) > 1 {
+			prefix = fmt.Sprintf("profile.shapes[%d].", i)
+		}
+		for _, name := range slices.Sorted(maps.Keys(set)) {
+			check(prefix+name, set[name], cfg.MaxBatchSize > 0)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -154,7 +154,9 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 	h := sha256.New()
 	// v2: profiles hold each point's peak memory; a v1 profile, without
 	// it, is measured again rather than leave memory shares unsized.
-	h.Write([]byte("sloserve-profile-v2\x00"))
+	// v3: points hold their row size and curves are in size; a v2
+	// profile is measured again at every profile shape.
+	h.Write([]byte("sloserve-profile-v3\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

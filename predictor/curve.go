@@ -15,6 +15,12 @@ type Point struct {
 	Batch   int
 	Share   float64       // compute share of the device, (0,1]
 	Latency time.Duration // execution time of one batch (median of the runs)
+	// Elements is the size of one row of the batch's input: the elements
+	// of all inputs of a batch-1 request (of the whole request for a model
+	// that does not batch); 0 unknown, which counts as the curve's
+	// reference size. See Curve.
+	Elements int64 `json:",omitempty"`
+	shape    int   // index of the shape in the sweep, for Sweep only
 	// Memory is the instance's peak memory in bytes by the end of this
 	// point's runs (SweepOptions.Memory); 0 unknown. See WorkingSet.
 	Memory int64 `json:",omitempty"`
@@ -25,13 +31,23 @@ func (pt Point) usable() bool {
 	return pt.Batch >= 1 && pt.Share > 0 && pt.Share <= 1 && pt.Latency > 0
 }
 
-// Curve is t(b, s) = (K1*b^2 + K2*b + K3)/(s + K4) + K5 seconds: a batch
-// costs a fixed part plus a part that grows with the batch, the compute part
-// shrinks as the share grows (K4 models the part that does not scale with
-// it), and K5 is time no share buys back (launch, copies). Curves from Fit
-// have all coefficients non-negative, so predictions never decrease with the
-// batch nor increase with the share.
-type Curve struct{ K1, K2, K3, K4, K5 float64 }
+// Curve is t(b, s, n) = (K1*w^2 + K2*w + K6*b + K3)/(s + K4) + K5 seconds
+// with w = b*n/Elements, the batch's work in rows of the reference size: a
+// batch costs a fixed part, a part that grows with its elements (w), a part
+// per row whatever its size (K6: per-row launches, pre- and post-processing
+// of each row) and, at large batches, a superlinear part (K1); the compute
+// part shrinks as the share grows (K4 models the part that does not scale
+// with it), and K5 is time no share buys back (launch, copies). Elements is
+// the per-row element count w is measured in (the smallest profiled); 0, or
+// a request of unknown size (n = 0), means w = b: the curve of a model
+// profiled at one shape, as before sizes were known. Curves from Fit have
+// all coefficients non-negative, so predictions never decrease with the
+// batch or the input size nor increase with the share.
+type Curve struct {
+	K1, K2, K3, K4, K5 float64
+	K6                 float64 `json:",omitempty"`
+	Elements           float64 `json:",omitempty"`
+}
 
 // Bounds Predict keeps its arguments and result in.
 const (
@@ -44,25 +60,40 @@ const (
 // whole device, and a share below 0.001 as 0.001. The result is at least a
 // nanosecond and at most about 11 days, whatever the coefficients.
 func (c Curve) Predict(batch int, share float64) time.Duration {
-	return seconds(c.seconds(batch, share))
+	return seconds(c.seconds(batch, share, 0))
 }
 
-func (c Curve) seconds(batch int, share float64) float64 {
+// PredictSize is Predict for a batch whose rows have elements elements
+// each (see Point.Elements); 0 or less means the reference size.
+func (c Curve) PredictSize(batch int, share float64, elements int64) time.Duration {
+	return seconds(c.seconds(batch, share, elements))
+}
+
+func (c Curve) seconds(batch int, share float64, elements int64) float64 {
 	b := float64(max(batch, 1))
+	w := c.work(b, elements)
 	s := normShare(share)
-	return (c.K1*b*b+c.K2*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
+	return (c.K1*w*w+c.K2*w+c.K6*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
+}
+
+// work is a batch's work in rows of the reference size.
+func (c Curve) work(b float64, elements int64) float64 {
+	if elements <= 0 || !(c.Elements > 0) {
+		return b
+	}
+	return b * float64(elements) / c.Elements
 }
 
 // valid reports whether the curve can predict: finite, non-negative
 // coefficients, not all of the latency terms zero.
 func (c Curve) valid() bool {
-	ks := [...]float64{c.K1, c.K2, c.K3, c.K4, c.K5}
+	ks := [...]float64{c.K1, c.K2, c.K3, c.K4, c.K5, c.K6, c.Elements}
 	for _, k := range ks {
 		if !(k >= 0) || math.IsInf(k, 0) {
 			return false
 		}
 	}
-	return c.K1 > 0 || c.K2 > 0 || c.K3 > 0 || c.K5 > 0
+	return c.K1 > 0 || c.K2 > 0 || c.K3 > 0 || c.K5 > 0 || c.K6 > 0
 }
 
 // normShare maps a share to (0, 1]: outside that range (0 and NaN
@@ -93,7 +124,7 @@ func MAPE(c Curve, points []Point) float64 {
 			continue
 		}
 		t := pt.Latency.Seconds()
-		sum += math.Abs(c.Predict(pt.Batch, pt.Share).Seconds()-t) / t
+		sum += math.Abs(c.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds()-t) / t
 		n++
 	}
 	if n == 0 {
@@ -104,16 +135,18 @@ func MAPE(c Curve, points []Point) float64 {
 
 // The fit's columns: the coefficient each multiplies.
 const (
-	colK1 = iota // b^2/(s+K4)
-	colK2        // b/(s+K4)
+	colK1 = iota // w^2/(s+K4)
+	colK2        // w/(s+K4)
 	colK3        // 1/(s+K4)
 	colK5        // 1
+	colK6        // b/(s+K4)
 	numCols
 )
 
 // subsets lists the column subsets Fit tries, smallest first and, among
-// equals, those without the quadratic term first, so that when the data
-// cannot tell two shapes apart the simpler, linear one wins.
+// equals, those without the quadratic or the per-row term first, so that
+// when the data cannot tell two shapes apart the simpler one, linear in
+// the work, wins.
 var subsets = func() []int {
 	var s []int
 	for m := 1; m < 1<<numCols; m++ {
@@ -130,7 +163,8 @@ var subsets = func() []int {
 		if d := pop(a) - pop(b); d != 0 {
 			return d
 		}
-		return (a & (1 << colK1)) - (b & (1 << colK1))
+		extra := func(m int) int { return m & (1<<colK1 | 1<<colK6) }
+		return pop(extra(a)) - pop(extra(b))
 	})
 	return s
 }()
@@ -150,48 +184,68 @@ var k4Grid = func() []float64 {
 
 // Fit fits a Curve to profile points by least squares on the relative
 // error, so that a 1 ms batch counts as much as a 100 ms one. For each K4 on
-// a grid the model is linear in K1, K2, K3 and K5; Fit solves that
-// non-negative least-squares problem exactly (every subset of the four
+// a grid the model is linear in K1, K2, K3, K5 and K6; Fit solves that
+// non-negative least-squares problem exactly (every subset of the five
 // columns, the best feasible one wins) and keeps the K4 with the least
 // error, refined between grid points. All coefficients are therefore
-// non-negative.
+// non-negative. The curve's Elements is the smallest positive
+// Point.Elements (0 when no point has one): points at several input sizes
+// fit one surface in batch, share and size.
 //
 // Points with a batch below 1, a share outside (0, 1] or a non-positive
 // latency are ignored; with none left Fit returns ErrNoPoints. The full
-// model needs at least two shares and two batch sizes (three for the
-// quadratic term). With less, Fit degrades to the pessimistic shapes
+// model needs at least two shares and two work values (batch times size;
+// three for the quadratic term), and the per-row term K6 two batch sizes
+// and two input sizes. With less, Fit degrades to the pessimistic shapes
 // instead of guessing:
 //   - one share: K4 = 0 and K5 = 0, so time is inversely proportional to the
 //     share (perfect scaling; the only assumption one share allows);
-//   - one batch size: only K2 (and K4 from the shares), so time is
-//     proportional to the batch, the case of no batching gain;
+//   - one work value (one batch size at one input size): only K2 (and K4
+//     from the shares), so time is proportional to the batch, the case of
+//     no batching gain;
 //   - one point, or both of the above: t = K2*b/s.
 func Fit(points []Point) (Curve, error) {
 	pts := make([]Point, 0, len(points))
 	shares := map[float64]bool{}
 	batches := map[int]bool{}
+	sizes := map[int64]bool{}
+	var ref int64
 	for _, pt := range points {
 		if pt.usable() {
 			pts = append(pts, pt)
 			shares[pt.Share] = true
 			batches[pt.Batch] = true
+			if pt.Elements > 0 {
+				sizes[pt.Elements] = true
+				if ref == 0 || pt.Elements < ref {
+					ref = pt.Elements
+				}
+			}
 		}
 	}
 	if len(pts) == 0 {
 		return Curve{}, ErrNoPoints
 	}
-	allowed := 1<<colK1 | 1<<colK2 | 1<<colK3 | 1<<colK5
-	if len(batches) < 2 {
+	ref0 := Curve{Elements: float64(ref)}
+	works := map[float64]bool{}
+	for _, pt := range pts {
+		works[ref0.work(float64(pt.Batch), pt.Elements)] = true
+	}
+	allowed := 1<<colK1 | 1<<colK2 | 1<<colK3 | 1<<colK5 | 1<<colK6
+	if len(works) < 2 {
 		allowed = 1 << colK2
 	}
-	f := newFitter(pts, allowed)
+	if len(batches) < 2 || len(sizes) < 2 {
+		allowed &^= 1 << colK6 // the per-row term is the work term or the fixed one
+	}
+	f := newFitter(pts, allowed, ref0)
 	if len(shares) < 2 {
 		allowed &^= 1 << colK5
 		f.allowed = allowed
 		if c, _, ok := f.solve(0); ok {
 			return c, nil
 		}
-		return proportional(pts), nil
+		return proportional(pts, ref0), nil
 	}
 	best, bestErr, bestI := Curve{}, math.Inf(1), -1
 	for i, k4 := range k4Grid {
@@ -200,7 +254,7 @@ func Fit(points []Point) (Curve, error) {
 		}
 	}
 	if bestI < 0 {
-		return proportional(pts), nil
+		return proportional(pts, ref0), nil
 	}
 	// Golden-section search between the best grid point's neighbours.
 	lo := k4Grid[max(bestI-1, 0)]
@@ -236,13 +290,13 @@ func Fit(points []Point) (Curve, error) {
 	return best, nil
 }
 
-// proportional is the last resort: t = K2*b/s with K2 the mean of t*s/b.
-func proportional(pts []Point) Curve {
+// proportional is the last resort: t = K2*w/s with K2 the mean of t*s/w.
+func proportional(pts []Point, ref Curve) Curve {
 	var k float64
 	for _, pt := range pts {
-		k += pt.Latency.Seconds() * pt.Share / float64(pt.Batch)
+		k += pt.Latency.Seconds() * pt.Share / ref.work(float64(pt.Batch), pt.Elements)
 	}
-	return Curve{K2: k / float64(len(pts))}
+	return Curve{K2: k / float64(len(pts)), Elements: ref.Elements}
 }
 
 // fitter holds the points of one Fit and scratch space for its solves.
@@ -250,11 +304,12 @@ type fitter struct {
 	pts     []Point
 	t       []float64 // latencies in seconds
 	allowed int       // bit mask of the columns that may be used
+	ref     Curve     // holds the reference size work is measured in
 	x       [][numCols]float64
 }
 
-func newFitter(pts []Point, allowed int) *fitter {
-	f := &fitter{pts: pts, allowed: allowed, t: make([]float64, len(pts)), x: make([][numCols]float64, len(pts))}
+func newFitter(pts []Point, allowed int, ref Curve) *fitter {
+	f := &fitter{pts: pts, allowed: allowed, ref: ref, t: make([]float64, len(pts)), x: make([][numCols]float64, len(pts))}
 	for i, pt := range pts {
 		f.t[i] = pt.Latency.Seconds()
 	}
@@ -270,8 +325,9 @@ func (f *fitter) solve(k4 float64) (Curve, float64, bool) {
 	for i, pt := range f.pts {
 		u := 1 / (pt.Share + k4)
 		b := float64(pt.Batch)
+		wk := f.ref.work(b, pt.Elements)
 		w := 1 / f.t[i]
-		f.x[i] = [numCols]float64{b * b * u * w, b * u * w, u * w, w}
+		f.x[i] = [numCols]float64{wk * wk * u * w, wk * u * w, u * w, w, b * u * w}
 		for j, v := range f.x[i] {
 			norm[j] += v * v
 		}
@@ -332,6 +388,9 @@ func (f *fitter) solve(k4 float64) (Curve, float64, bool) {
 		K3: best[colK3] / norm[colK3],
 		K4: k4,
 		K5: best[colK5] / norm[colK5],
+		K6: best[colK6] / norm[colK6],
+
+		Elements: f.ref.Elements,
 	}
 	if !c.valid() {
 		return Curve{}, 0, false

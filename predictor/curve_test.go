@@ -21,7 +21,7 @@ func synth(c Curve, batches []int, shares []float64, noise float64, seed uint64)
 	var pts []Point
 	for _, s := range shares {
 		for _, b := range batches {
-			t := c.seconds(b, s) * (1 + noise*(2*rng.Float64()-1))
+			t := c.seconds(b, s, 0) * (1 + noise*(2*rng.Float64()-1))
 			pts = append(pts, Point{Batch: b, Share: s, Latency: seconds(t)})
 		}
 	}

@@ -1,8 +1,10 @@
 // Package predictor holds the latency and load models of sloserve's control
 // loop.
 //
-// Latency: Sweep profiles a model over batch sizes and compute shares, Fit
-// fits the curve t(b, s) = (K1*b^2 + K2*b + K3)/(s + K4) + K5 to the points,
+// Latency: Sweep profiles a model over batch sizes, compute shares and
+// input shapes, Fit fits the curve t(b, s, n) = (K1*w^2 + K2*w + K6*b +
+// K3)/(s + K4) + K5, w = b*n/Elements, to the points (n is a row's size in
+// elements; one shape gives w = b),
 // and Cache keeps the resulting Profile on disk under a Key made of the model
 // file's hash, the machine and the runtime settings, so that a restart does
 // not profile again. Sweep measures again a point slower than the same
@@ -15,11 +17,13 @@
 // control loop sizes memory shares.
 //
 // A Predictor holds each loaded model's curve and scales it by an online
-// correction (an EWMA of observed/predicted execution time) and an
-// interference factor (how oversubscribed the device is). It answers the
-// QoS scheduler as its Estimator at the model's current share, and the
-// adjuster through Latency at any share. Until a model has a curve it falls
-// back to an EWMA of the observed time per batch size.
+// correction (an EWMA of observed/predicted execution time, per row size;
+// per (size, batch, share) bucket for drift alarms) and an interference
+// factor (how oversubscribed the device is). It answers the QoS scheduler
+// as its SizedEstimator at the model's current share and each request's
+// size, and the adjuster through Latency at any share and the model's
+// typical size. Until a model has a curve it falls back to an EWMA of the
+// observed time per row size and batch size.
 //
 // Load: from samples of each model's cumulative arrival counter the
 // Predictor forecasts the arrival rate with Holt's linear smoothing, adding

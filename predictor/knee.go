@@ -23,16 +23,24 @@ type knees struct {
 	at      []float64 // the knee of batches[i]
 }
 
-// findKnees reads the knees from a profile's points.
+// findKnees reads the knees from a profile's points. A profile at several
+// input sizes has a knee per batch and size; a batch's knee is the largest
+// of its sizes' (a larger input fills more of the device), and none when
+// one of its sizes showed none.
 func findKnees(points []Point) knees {
-	byBatch := map[int][]Point{}
+	type group struct {
+		batch    int
+		elements int64
+	}
+	byGroup := map[group][]Point{}
 	for _, pt := range points {
 		if pt.usable() {
-			byBatch[pt.Batch] = append(byBatch[pt.Batch], pt)
+			g := group{pt.Batch, pt.Elements}
+			byGroup[g] = append(byGroup[g], pt)
 		}
 	}
-	var k knees
-	for b, pts := range byBatch {
+	knee := map[int]float64{} // per batch; 2 means one of its sizes has none
+	for g, pts := range byGroup {
 		slices.SortFunc(pts, func(x, y Point) int {
 			switch {
 			case x.Share < y.Share:
@@ -46,14 +54,22 @@ func findKnees(points []Point) knees {
 		for _, pt := range pts {
 			best = min(best, pt.Latency)
 		}
+		at := 2.0
 		for i, pt := range pts {
 			if float64(pt.Latency) <= float64(best)*(1+KneeTolerance) {
 				if i < len(pts)-1 { // a larger share was measured no faster
-					k.batches = append(k.batches, b)
-					k.at = append(k.at, pt.Share)
+					at = pt.Share
 				}
 				break
 			}
+		}
+		knee[g.batch] = max(knee[g.batch], at)
+	}
+	var k knees
+	for b, at := range knee {
+		if at <= 1 {
+			k.batches = append(k.batches, b)
+			k.at = append(k.at, at)
 		}
 	}
 	// Sort the pairs by batch.

@@ -75,7 +75,7 @@ func TestSweepRemeasuresDisturbedPoints(t *testing.T) {
 		}
 		return 10400 * time.Microsecond, nil
 	}
-	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{0.25, 0.5, 1}}, measure)
+	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{0.25, 0.5, 1}}, oneShape(measure))
 	if err != nil {
 		t.Fatal(err)
 	}

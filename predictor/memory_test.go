@@ -20,7 +20,7 @@ func TestSweepRecordsWorkingSets(t *testing.T) {
 			peak = max(peak, weights+int64(b)*perRow)
 			return d.measure(ctx, b, s, runs)
 		}
-		pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 4, 8}, Memory: func() int64 { return peak }}, measure)
+		pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 4, 8}, Memory: func() int64 { return peak }}, oneShape(measure))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 type collector struct {
 	p *Predictor
 
-	predicted, observed, mape, profileMAPE, correction, drift, interference, forecastRate, observedRate *prometheus.Desc
+	predicted, observed, mape, profileMAPE, correction, drift, driftBuckets, driftAlarms, interference, forecastRate, observedRate *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -33,6 +33,8 @@ func newCollector(p *Predictor, device string) *collector {
 		profileMAPE:  desc("profile_mape", "Mean absolute percentage error of the fitted curve on its profile points."),
 		correction:   desc("correction", "Online correction factor: smoothed observed/predicted execution time."),
 		drift:        desc("drift", "1 when the online correction is over 2x either way: the profile does not describe what the model serves (profile it at the served input shapes)."),
+		driftBuckets: desc("drift_buckets", "Buckets (input size, batch size, share) whose online correction is over 2x either way now."),
+		driftAlarms:  desc("drift_alarms_total", "Times a bucket's online correction moved over 2x either way: the profile does not describe executions of that input size, batch and share."),
 		interference: desc("interference", "Interference factor from co-located models' utilisation (1 is none)."),
 		forecastRate: desc("forecast_rate", "Forecast arrival rate one second ahead, requests/s."),
 		observedRate: desc("observed_rate", "Arrival rate over the latest counter interval, requests/s."),
@@ -48,7 +50,7 @@ func registerCollector(reg prometheus.Registerer, c *collector) error {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.profileMAPE, c.correction, c.drift, c.interference, c.forecastRate, c.observedRate} {
+	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.profileMAPE, c.correction, c.drift, c.driftBuckets, c.driftAlarms, c.interference, c.forecastRate, c.observedRate} {
 		ch <- d
 	}
 }
@@ -89,6 +91,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			drift = 1
 		}
 		gauge(c.drift, drift, name)
+		gauge(c.driftBuckets, float64(a.DriftBuckets), name)
+		ch <- prometheus.MustNewConstMetric(c.driftAlarms, prometheus.CounterValue, float64(a.DriftAlarms), name)
 		gauge(c.interference, a.Interference, name)
 		gauge(c.forecastRate, a.ForecastRate, name)
 		gauge(c.observedRate, a.ObservedRate, name)

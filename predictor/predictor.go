@@ -16,9 +16,19 @@ type Estimator interface {
 	Observe(model string, batch int, took time.Duration)
 }
 
+// SizedEstimator is an Estimator that also takes the size of a batch's
+// rows: the elements of one row of its input (Point.Elements). The QoS
+// scheduler passes each request's own size to one (qos.SizedEstimator has
+// the same method set).
+type SizedEstimator interface {
+	Estimator
+	EstimateSize(model string, batch int, elements int64) (time.Duration, bool)
+	ObserveSize(model string, batch int, elements int64, took time.Duration)
+}
+
 var (
-	_ Estimator = (*Predictor)(nil)
-	_ Estimator = (*batchEWMA)(nil)
+	_ SizedEstimator = (*Predictor)(nil)
+	_ Estimator      = (*batchEWMA)(nil)
 )
 
 // Defaults of Options.
@@ -38,13 +48,58 @@ const (
 // the profile no longer describes what the model serves: Accuracy.Drift
 // says so (and the metric sloserve_predictor_drift), so that an operator
 // profiles at the served shapes (the model config's profile.shapes).
+//
+// Corrections are kept per row size (predictions use them, see
+// correctionAt) and per bucket (see bucket; at most maxBuckets a model;
+// they raise the drift alarms).
 const (
 	stepRatio       = 4
 	minCorrection   = 1.0 / 64
 	maxCorrection   = 64
-	driftRatio      = 2
+	driftRatio      = 2.0 // a float: 1/driftRatio must not be integer division
 	maxInterference = 4
+	maxBuckets      = 4096
+	// minBucketSamples is how many executions a bucket must have seen
+	// before its correction can raise a drift alarm.
+	minBucketSamples = 10
+	// freshExecutions is how recent a bucket's latest execution must be
+	// (in the model's executions) for its correction to be used.
+	freshExecutions = Window
+	// typicalWeight is the weight of a new execution's row size in the
+	// model's typical size, which predictions of unknown size use.
+	typicalWeight = 0.05
 )
+
+// bucket is where an online correction applies: a half-octave of the row
+// size (round(2*log2(elements)); -1 unknown), the batch size, and the
+// share in steps of 1/20. Within a bucket the curve's error is about one
+// factor; across shapes it is not, and one correction for all of a model's
+// shapes relearns each time the shape changes.
+type bucket struct {
+	size, batch, share int
+}
+
+func sizeBucket(elements int64) int {
+	if elements <= 0 {
+		return -1
+	}
+	return int(math.Round(2 * math.Log2(float64(elements))))
+}
+
+func newBucket(batch int, share float64, elements int64) bucket {
+	return bucket{size: sizeBucket(elements), batch: max(batch, 1), share: int(math.Round(normShare(share) * 20))}
+}
+
+// Drift is a drift alarm: a bucket's online correction moved outside
+// [1/2, 2], so the profile no longer describes executions of that shape,
+// batch and share.
+type Drift struct {
+	Model      string
+	Elements   int64 // the row size of the execution that raised it; 0 unknown
+	Batch      int
+	Share      float64
+	Correction float64
+}
 
 // Options configure a Predictor.
 type Options struct {
@@ -63,6 +118,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Device is the const label "device" on the metrics; empty means none.
 	Device string
+	// OnDrift, when set, is called (outside the predictor's locks) each
+	// time a bucket's correction moves into drift; it must not block.
+	OnDrift func(Drift)
 }
 
 // Predictor predicts each model's execution time from its fitted curve,
@@ -76,6 +134,7 @@ type Predictor struct {
 	season   time.Duration
 	fallback Estimator
 	forget   func(model string) // the built-in fallback's; nil for a given one
+	onDrift  func(Drift)
 
 	mu     sync.RWMutex
 	models map[string]*model
@@ -92,11 +151,25 @@ type model struct {
 	profileMAPE float64
 	share       float64 // normalised, (0, 1]
 	othersUtil  float64
-	correction  float64
+	correction  float64 // the model's, over all buckets
+	buckets     map[bucket]*bucketCorrection
+	sizes       map[int]*bucketCorrection // per size bucket, over batches and shares
+	typical     float64                   // EWMA of the observed row sizes; 0 none
+	alarms      uint64                    // drift alarms raised
+	seq         uint64                    // executions observed with a curve
 	recent      [Window]pair
 	next, n     int
 	rate        *rateModel
 	busy        float64 // seconds of execution observed, cumulative
+}
+
+// bucketCorrection is one size's or one bucket's online correction; drift
+// is whether the bucket's correction in force is out of bounds.
+type bucketCorrection struct {
+	v     float64
+	n     int    // executions seen
+	last  uint64 // model.seq at the latest
+	drift bool
 }
 
 // pair is one execution: what was predicted for it and what it took, in
@@ -109,6 +182,7 @@ func New(opts Options) (*Predictor, error) {
 		alpha:    opts.Alpha,
 		season:   opts.Season,
 		fallback: opts.Fallback,
+		onDrift:  opts.OnDrift,
 		models:   map[string]*model{},
 	}
 	if !(p.alpha > 0 && p.alpha <= 1) {
@@ -171,6 +245,7 @@ func (p *Predictor) SetProfile(name string, prof Profile) {
 	m := p.ensure(name)
 	m.mu.Lock()
 	m.curve, m.hasCurve, m.profileMAPE, m.correction = c, true, pm, 1
+	m.buckets, m.sizes = nil, nil
 	m.knees = findKnees(prof.Points)
 	m.memory = findWorkingSets(prof.Points)
 	m.mu.Unlock()
@@ -220,11 +295,13 @@ func interference(share, othersUtil float64) float64 {
 }
 
 // Latency predicts the execution time of a batch at a share (normalised as
-// in SetShare): the curve's prediction times the online correction times
-// the interference factor at that share. A model without a curve answers
-// from the fallback, whose observations were made at the current share;
-// for another share it is scaled by current/share (time inversely
-// proportional to the share). False means neither is known.
+// in SetShare) at the model's typical row size (the recent executions'
+// mean; the curve's reference size before any): the curve's prediction
+// times the online correction times the interference factor at that share.
+// A model without a curve answers from the fallback, whose observations
+// were made at the current share; for another share it is scaled by
+// current/share (time inversely proportional to the share). False means
+// neither is known.
 func (p *Predictor) Latency(name string, batch int, share float64) (time.Duration, bool) {
 	m := p.get(name)
 	if m == nil {
@@ -233,7 +310,8 @@ func (p *Predictor) Latency(name string, batch int, share float64) (time.Duratio
 	s := normShare(share)
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, m.knees.clamp(batch, s)) * m.correction * interference(s, m.othersUtil)
+		n := int64(m.typical)
+		v := m.base(batch, s, n) * m.correctionAt(newBucket(batch, s, n))
 		m.mu.Unlock()
 		return seconds(v), true
 	}
@@ -246,31 +324,87 @@ func (p *Predictor) Latency(name string, batch int, share float64) (time.Duratio
 	return seconds(d.Seconds() * cur / s), true
 }
 
+// base is the curve's prediction with interference, without correction.
+// The caller holds m.mu and has checked m.hasCurve.
+func (m *model) base(batch int, share float64, elements int64) float64 {
+	return m.curve.seconds(batch, m.knees.clamp(batch, share), elements) * interference(share, m.othersUtil)
+}
+
+// correctionAt is the correction in force for a bucket: its size's
+// (learnt from every execution at that size, so that a shape's persistent
+// error is learnt as fast as one scalar learnt it), or the model's when
+// the size was not seen in the model's last freshExecutions executions
+// (what it learnt, under the interference of then, is stale; the model's
+// is current).
+//
+// The bucket's own correction (batch and share too) is kept, and raises
+// the drift alarms, but does not predict: on the simulated GPU day
+// (server's TestSimulatedGPUDayAdaptive) predicting from it took the
+// latency-critical attainment from over 0.95 to 0.86, fresh buckets only
+// or not. Much of what a correction learns is interference that changes
+// by the second, and a bucket, fed a fraction of the executions, follows
+// it later than a correction that every execution at the size feeds.
+func (m *model) correctionAt(k bucket) float64 {
+	if sc := m.sizes[k.size]; sc != nil && m.seq-sc.last < freshExecutions {
+		return sc.v
+	}
+	return m.correction
+}
+
 // Estimate predicts the execution time of a batch at the model's current
-// share. It implements qos.Estimator.
+// share and its typical row size. It implements qos.Estimator.
 func (p *Predictor) Estimate(name string, batch int) (time.Duration, bool) {
+	return p.EstimateSize(name, batch, 0)
+}
+
+// EstimateSize predicts the execution time of a batch whose rows have
+// elements elements each (0: unknown, the model's typical size) at the
+// model's current share, corrected by that bucket's online correction. It
+// implements qos.SizedEstimator. Without a curve it answers from the
+// fallback (size-aware when built in).
+func (p *Predictor) EstimateSize(name string, batch int, elements int64) (time.Duration, bool) {
 	m := p.get(name)
 	if m == nil {
-		return p.fallback.Estimate(name, batch)
+		return p.fallbackEstimate(name, batch, elements)
 	}
 	m.mu.Lock()
 	if m.hasCurve {
-		v := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * m.correction * interference(m.share, m.othersUtil)
+		if elements <= 0 {
+			elements = int64(m.typical)
+		}
+		v := m.base(batch, m.share, elements) * m.correctionAt(newBucket(batch, m.share, elements))
 		m.mu.Unlock()
 		return seconds(v), true
 	}
 	m.mu.Unlock()
+	return p.fallbackEstimate(name, batch, elements)
+}
+
+func (p *Predictor) fallbackEstimate(name string, batch int, elements int64) (time.Duration, bool) {
+	if f, ok := p.fallback.(*batchEWMA); ok {
+		return f.estimateSize(name, batch, elements)
+	}
 	return p.fallback.Estimate(name, batch)
 }
 
-// Observe reports an execution of a batch at the model's current share. It
-// implements qos.Estimator. With a curve, the ratio of the observed time to
-// the curve's prediction (interference included, correction not), clamped
-// to within 4x of the correction in force so that one outlier cannot swing
-// it, feeds the correction's EWMA. The execution and what Estimate predicted for it join the recent
-// window Accuracy reports on. The fallback sees every execution, so it is
-// current should the curve be forgotten.
+// Observe reports an execution of a batch of unknown row size at the
+// model's current share; see ObserveSize.
 func (p *Predictor) Observe(name string, batch int, took time.Duration) {
+	p.ObserveSize(name, batch, 0, took)
+}
+
+// ObserveSize reports an execution of a batch whose rows have elements
+// elements each (0 unknown) at the model's current share. It implements
+// qos.SizedEstimator. With a curve, the ratio of the observed time to the
+// curve's prediction (interference included, correction not), clamped to
+// within 4x of the correction in force so that one outlier cannot swing
+// it, feeds the EWMA of the execution's bucket, of its size bucket and of
+// the model. A bucket whose correction leaves [1/2, 2] raises a drift
+// alarm (Options.OnDrift, Accuracy.DriftAlarms). The execution and what
+// EstimateSize predicted for it join the recent window Accuracy reports
+// on. The fallback sees every execution, so it is current should the
+// curve be forgotten.
+func (p *Predictor) ObserveSize(name string, batch int, elements int64, took time.Duration) {
 	if batch < 1 || took <= 0 {
 		return
 	}
@@ -278,21 +412,75 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 	m := p.ensure(name)
 	m.mu.Lock()
 	m.busy += obs
+	if elements > 0 {
+		if m.typical == 0 {
+			m.typical = float64(elements)
+		} else {
+			m.typical += typicalWeight * (float64(elements) - m.typical)
+		}
+	}
 	if m.hasCurve {
-		base := m.curve.seconds(batch, m.knees.clamp(batch, m.share)) * interference(m.share, m.othersUtil)
-		m.record(seconds(base*m.correction).Seconds(), obs)
-		ratio := min(max(obs/base, m.correction/stepRatio), m.correction*stepRatio)
-		m.correction = min(max(p.alpha*ratio+(1-p.alpha)*m.correction, minCorrection), maxCorrection)
+		n := elements
+		if n <= 0 {
+			n = int64(m.typical)
+		}
+		k := newBucket(batch, m.share, n)
+		base := m.base(batch, m.share, n)
+		in := m.correctionAt(k)
+		m.record(seconds(base*in).Seconds(), obs)
+		step := func(c float64) float64 {
+			ratio := min(max(obs/base, c/stepRatio), c*stepRatio)
+			return min(max(p.alpha*ratio+(1-p.alpha)*c, minCorrection), maxCorrection)
+		}
+		// A size or a bucket seen for the first time starts from the
+		// correction it was predicted with, and learns at the same pace.
+		sc := m.sizes[k.size]
+		if sc == nil {
+			if m.sizes == nil {
+				m.sizes = map[int]*bucketCorrection{}
+			}
+			sc = &bucketCorrection{v: in}
+			m.sizes[k.size] = sc
+		}
+		bc := m.buckets[k]
+		if bc == nil && len(m.buckets) < maxBuckets {
+			if m.buckets == nil {
+				m.buckets = map[bucket]*bucketCorrection{}
+			}
+			bc = &bucketCorrection{v: in}
+			m.buckets[k] = bc
+		}
+		m.seq++
+		sc.v, sc.n, sc.last = step(sc.v), sc.n+1, m.seq
+		m.correction = step(m.correction)
+		var alarm *Drift
+		if bc != nil {
+			bc.v, bc.n, bc.last = step(bc.v), bc.n+1, m.seq
+			c := bc.v
+			drift := bc.n >= minBucketSamples && (c > driftRatio || c < 1/driftRatio)
+			if drift && !bc.drift {
+				m.alarms++
+				alarm = &Drift{Model: name, Elements: elements, Batch: batch, Share: m.share, Correction: c}
+			}
+			bc.drift = drift
+		}
 		m.mu.Unlock()
+		if alarm != nil && p.onDrift != nil {
+			p.onDrift(*alarm)
+		}
 	} else {
 		m.mu.Unlock()
-		if d, ok := p.fallback.Estimate(name, batch); ok {
+		if d, ok := p.fallbackEstimate(name, batch, elements); ok {
 			m.mu.Lock()
 			m.record(d.Seconds(), obs)
 			m.mu.Unlock()
 		}
 	}
-	p.fallback.Observe(name, batch, took)
+	if f, ok := p.fallback.(*batchEWMA); ok {
+		f.observeSize(name, batch, elements, took)
+	} else {
+		p.fallback.Observe(name, batch, took)
+	}
 }
 
 // Busy is the execution time observed of a model since it was first seen,
@@ -345,8 +533,11 @@ type Accuracy struct {
 	Predicted, Observed time.Duration // means over the last Window executions
 	MAPE                float64       // of those executions, predicted vs observed (0.07 is 7%)
 	ProfileMAPE         float64       // of the fitted curve on its own profile points
-	Correction          float64       // current online correction factor
-	Drift               bool          // the correction is over 2x either way: the profile does not fit what the model serves
+	Correction          float64       // the model's online correction factor, over all its buckets
+	Drift               bool          // the model's or a bucket's correction is over 2x either way: the profile does not fit what the model serves
+	DriftBuckets        int           // buckets (shape, batch, share) whose correction is over 2x either way now
+	DriftAlarms         uint64        // times a bucket's correction moved into drift
+	Buckets             int           // buckets with a correction of their own
 	Interference        float64       // current interference factor
 	ForecastRate        float64       // forecast for 1s after the latest counter sample, requests/s
 	ObservedRate        float64       // rate of the latest counter interval, requests/s
@@ -371,12 +562,20 @@ func (m *model) accuracy() Accuracy {
 		ProfileMAPE:  m.profileMAPE,
 		Correction:   m.correction,
 		Drift:        m.correction > driftRatio || m.correction < 1/driftRatio,
+		DriftAlarms:  m.alarms,
+		Buckets:      len(m.buckets),
 		Interference: interference(m.share, m.othersUtil),
 		ForecastRate: m.rate.forecast(time.Second),
 		ObservedRate: m.rate.lastRate,
 		Samples:      m.n,
 		HasCurve:     m.hasCurve,
 	}
+	for _, c := range m.buckets {
+		if c.drift {
+			a.DriftBuckets++
+		}
+	}
+	a.Drift = a.Drift || a.DriftBuckets > 0
 	if m.n == 0 {
 		return a
 	}
@@ -392,30 +591,43 @@ func (m *model) accuracy() Accuracy {
 }
 
 // batchEWMA is the built-in fallback: an exponentially weighted average of
-// the observed time per model and batch size. For an unseen batch size it
-// scales from the nearest smaller one proportionally to the batch (the
-// pessimistic case of no batching gain) but no slower than the nearest
-// larger one, or, below all known sizes, takes the smallest one's time.
+// the observed time per model, row-size bucket (sizeBucket) and batch
+// size. For an unseen batch size it scales from the nearest smaller one
+// proportionally to the batch (the pessimistic case of no batching gain)
+// but no slower than the nearest larger one, or, below all known sizes,
+// takes the smallest one's time. A row size never seen takes the nearest
+// seen size's estimate scaled by the ratio of the sizes (time proportional
+// to the elements).
 type batchEWMA struct {
 	alpha  float64
 	mu     sync.Mutex
-	models map[string]map[int]float64
+	models map[string]map[int]map[int]float64 // model -> size bucket -> batch -> seconds
 }
 
 func newBatchEWMA(alpha float64) *batchEWMA {
-	return &batchEWMA{alpha: alpha, models: map[string]map[int]float64{}}
+	return &batchEWMA{alpha: alpha, models: map[string]map[int]map[int]float64{}}
 }
 
 func (e *batchEWMA) Observe(name string, batch int, took time.Duration) {
+	e.observeSize(name, batch, 0, took)
+}
+
+func (e *batchEWMA) observeSize(name string, batch int, elements int64, took time.Duration) {
 	if batch < 1 || took <= 0 {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	m := e.models[name]
+	bySize := e.models[name]
+	if bySize == nil {
+		bySize = map[int]map[int]float64{}
+		e.models[name] = bySize
+	}
+	k := sizeBucket(elements)
+	m := bySize[k]
 	if m == nil {
 		m = map[int]float64{}
-		e.models[name] = m
+		bySize[k] = m
 	}
 	if v, ok := m[batch]; ok {
 		m[batch] = e.alpha*took.Seconds() + (1-e.alpha)*v
@@ -425,15 +637,39 @@ func (e *batchEWMA) Observe(name string, batch int, took time.Duration) {
 }
 
 func (e *batchEWMA) Estimate(name string, batch int) (time.Duration, bool) {
+	return e.estimateSize(name, batch, 0)
+}
+
+func (e *batchEWMA) estimateSize(name string, batch int, elements int64) (time.Duration, bool) {
 	batch = max(batch, 1)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	m := e.models[name]
-	if len(m) == 0 {
+	bySize := e.models[name]
+	if len(bySize) == 0 {
 		return 0, false
 	}
+	k := sizeBucket(elements)
+	scale := 1.0
+	if _, ok := bySize[k]; !ok {
+		// The nearest seen size; an unknown size is the nearest to any.
+		near, best := 0, math.Inf(1)
+		for s := range bySize {
+			d := math.Abs(float64(s - k))
+			if k < 0 || s < 0 {
+				d = 1e9 + float64(s)
+			}
+			if d < best {
+				near, best = s, d
+			}
+		}
+		if k >= 0 && near >= 0 {
+			scale = math.Exp2(float64(k-near) / 2)
+		}
+		k = near
+	}
+	m := bySize[k]
 	if v, ok := m[batch]; ok {
-		return seconds(v), true
+		return seconds(v * scale), true
 	}
 	below, above := 0, 0
 	for b := range m {
@@ -445,13 +681,13 @@ func (e *batchEWMA) Estimate(name string, batch int) (time.Duration, bool) {
 		}
 	}
 	if below == 0 {
-		return seconds(m[above]), true
+		return seconds(m[above] * scale), true
 	}
 	v := m[below] * float64(batch) / float64(below)
 	if above > 0 {
 		v = max(min(v, m[above]), m[below])
 	}
-	return seconds(v), true
+	return seconds(v * scale), true
 }
 
 func (e *batchEWMA) forget(name string) {

@@ -228,6 +228,7 @@ func TestAccuracy(t *testing.T) {
 		MAPE:         (0.5 + 0.5 + 0.25) / 3,
 		ProfileMAPE:  0.1,
 		Correction:   1.125,
+		Buckets:      1,
 		Interference: 1,
 		Samples:      3,
 		HasCurve:     true,

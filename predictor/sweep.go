@@ -14,6 +14,10 @@ import (
 // full model.
 var ErrBudget = errors.New("predictor: profiling budget exhausted")
 
+// Measure measures one point of a sweep: the median of runs executions of
+// a batch at a share and at the input shape of index shape.
+type Measure func(ctx context.Context, shape, batch int, share float64, runs int) (time.Duration, error)
+
 // Sweep defaults.
 const (
 	DefaultRuns   = 3
@@ -26,9 +30,13 @@ var DefaultShares = []float64{0.25, 0.5, 1.0}
 
 // SweepOptions say what Sweep measures.
 type SweepOptions struct {
-	Batches  []int         // default {1, MaxBatch/2, MaxBatch} deduplicated
-	MaxBatch int           // used when Batches is empty; below 1 means 1
-	Shares   []float64     // default DefaultShares; each in (0, 1]
+	Batches  []int     // default {1, MaxBatch/2, MaxBatch} deduplicated
+	MaxBatch int       // used when Batches is empty; below 1 means 1
+	Shares   []float64 // default DefaultShares; each in (0, 1]
+	// Elements are the row sizes (Point.Elements) of the input shapes to
+	// measure, one per shape, in the order measure's shape index counts;
+	// empty means one shape of unknown size.
+	Elements []int64
 	Runs     int           // timed runs per point, default DefaultRuns
 	Budget   time.Duration // for the whole sweep, default DefaultBudget
 	// Memory, when set, is read after each point's runs: the peak memory
@@ -68,19 +76,21 @@ func (o SweepOptions) withDefaults() (SweepOptions, error) {
 	return o, nil
 }
 
-// Sweep profiles a model. For each share and batch size it calls measure,
-// which sets the share, runs the batch once unmeasured and then runs times,
-// and returns the median execution time. Calls go share-major, shares from
-// the largest down and batch sizes from the smallest up: the share changes
-// as rarely as possible (on a GPU each change restarts a runner), and when
-// the budget runs short the fast points are the ones already measured.
+// Sweep profiles a model. For each share, input shape and batch size it
+// calls measure, which sets the share, runs the batch at that shape (an
+// index into opts.Elements; 0 when it is empty) once unmeasured and then
+// runs times, and returns the median execution time. Calls go share-major,
+// shares from the largest down, then shapes in the order given and batch
+// sizes from the smallest up: the share changes as rarely as possible (on
+// a GPU each change restarts a runner), and when the budget runs short the
+// fast points are the ones already measured.
 //
 // measure gets a context that ends when ctx does or the budget is used up.
 // Sweep starts no new measurement once the budget is used up and returns the
 // points it has; the error then wraps ErrBudget only if fewer than two shares
 // with two batch sizes each were measured. A measurement error or the end of
 // ctx stops the sweep and is returned, wrapped, with the points so far.
-func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)) ([]Point, error) {
+func Sweep(ctx context.Context, opts SweepOptions, measure Measure) ([]Point, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -94,29 +104,35 @@ func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Cont
 		}
 		return fmt.Errorf("%w after %v with %d points", ErrBudget, opts.Budget, len(points))
 	}
+	elements := opts.Elements
+	if len(elements) == 0 {
+		elements = []int64{0}
+	}
 	for _, s := range opts.Shares {
-		for _, b := range opts.Batches {
-			if err := ctx.Err(); err != nil {
-				return points, fmt.Errorf("predictor: sweep: %w", err)
-			}
-			if bctx.Err() != nil {
-				return points, short()
-			}
-			t, err := measure(bctx, b, s, opts.Runs)
-			if err != nil {
-				if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrBudget) {
+		for shape, n := range elements {
+			for _, b := range opts.Batches {
+				if err := ctx.Err(); err != nil {
+					return points, fmt.Errorf("predictor: sweep: %w", err)
+				}
+				if bctx.Err() != nil {
 					return points, short()
 				}
-				return points, fmt.Errorf("predictor: measuring batch %d at share %g: %w", b, s, err)
+				t, err := measure(bctx, shape, b, s, opts.Runs)
+				if err != nil {
+					if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrBudget) {
+						return points, short()
+					}
+					return points, fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: %w", b, s, shape, err)
+				}
+				if t <= 0 {
+					return points, fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: non-positive time %v", b, s, shape, t)
+				}
+				pt := Point{Batch: b, Share: s, Latency: t, Elements: max(n, 0), shape: shape}
+				if opts.Memory != nil {
+					pt.Memory = max(opts.Memory(), 0)
+				}
+				points = append(points, pt)
 			}
-			if t <= 0 {
-				return points, fmt.Errorf("predictor: measuring batch %d at share %g: non-positive time %v", b, s, t)
-			}
-			pt := Point{Batch: b, Share: s, Latency: t}
-			if opts.Memory != nil {
-				pt.Memory = max(opts.Memory(), 0)
-			}
-			points = append(points, pt)
 		}
 	}
 	remeasureDisturbed(bctx, points, opts.Runs, measure)
@@ -130,12 +146,12 @@ func Sweep(ctx context.Context, opts SweepOptions, measure func(ctx context.Cont
 // (its knee). The faster of the two measurements is kept. It stops, keeping
 // what it has, when the budget runs out or a measurement fails: the first
 // pass's points stand.
-func remeasureDisturbed(ctx context.Context, points []Point, runs int, measure func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)) {
+func remeasureDisturbed(ctx context.Context, points []Point, runs int, measure Measure) {
 	for i := range points {
 		pt := &points[i]
 		disturbed := false
 		for _, o := range points {
-			if o.Batch == pt.Batch && o.Share < pt.Share && float64(pt.Latency) > float64(o.Latency)*(1+KneeTolerance) {
+			if o.Batch == pt.Batch && o.shape == pt.shape && o.Share < pt.Share && float64(pt.Latency) > float64(o.Latency)*(1+KneeTolerance) {
 				disturbed = true
 			}
 		}
@@ -145,7 +161,7 @@ func remeasureDisturbed(ctx context.Context, points []Point, runs int, measure f
 		if ctx.Err() != nil {
 			return
 		}
-		t, err := measure(ctx, pt.Batch, pt.Share, runs)
+		t, err := measure(ctx, pt.shape, pt.Batch, pt.Share, runs)
 		if err != nil {
 			return
 		}
@@ -155,14 +171,19 @@ func remeasureDisturbed(ctx context.Context, points []Point, runs int, measure f
 	}
 }
 
-// enough reports whether points hold two shares with two batch sizes each.
+// enough reports whether points hold two shares with two batch sizes (or
+// two shapes) each.
 func enough(points []Point) bool {
-	perShare := map[float64]map[int]bool{}
+	type at struct {
+		batch int
+		shape int
+	}
+	perShare := map[float64]map[at]bool{}
 	for _, pt := range points {
 		if perShare[pt.Share] == nil {
-			perShare[pt.Share] = map[int]bool{}
+			perShare[pt.Share] = map[at]bool{}
 		}
-		perShare[pt.Share][pt.Batch] = true
+		perShare[pt.Share][at{pt.Batch, pt.shape}] = true
 	}
 	n := 0
 	for _, bs := range perShare {

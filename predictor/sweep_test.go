@@ -36,7 +36,7 @@ func (d *fakeDevice) measure(ctx context.Context, b int, s float64, runs int) (t
 func TestSweepOrderAndDefaults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &fakeDevice{curve: Curve{K2: 0.01}}
-		pts, err := Sweep(t.Context(), SweepOptions{MaxBatch: 8}, d.measure)
+		pts, err := Sweep(t.Context(), SweepOptions{MaxBatch: 8}, oneShape(d.measure))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func TestSweepOptions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := &fakeDevice{curve: Curve{K2: 0.01}}
-				_, err := Sweep(t.Context(), tt.opts, d.measure)
+				_, err := Sweep(t.Context(), tt.opts, oneShape(d.measure))
 				if (err != nil) != tt.wantErr {
 					t.Fatalf("err = %v", err)
 				}
@@ -91,7 +91,7 @@ func TestSweepOptions(t *testing.T) {
 func TestSweepRuns(t *testing.T) {
 	var got []int
 	_, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{1}, Runs: 7},
-		func(_ context.Context, _ int, _ float64, runs int) (time.Duration, error) {
+		func(_ context.Context, _, _ int, _ float64, runs int) (time.Duration, error) {
 			got = append(got, runs)
 			return time.Millisecond, nil
 		})
@@ -100,7 +100,7 @@ func TestSweepRuns(t *testing.T) {
 	}
 	got = nil
 	Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{1}},
-		func(_ context.Context, _ int, _ float64, runs int) (time.Duration, error) {
+		func(_ context.Context, _, _ int, _ float64, runs int) (time.Duration, error) {
 			got = append(got, runs)
 			return time.Millisecond, nil
 		})
@@ -133,7 +133,7 @@ func TestSweepBudget(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := &fakeDevice{curve: curve}
 				start := time.Now()
-				pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 2}, Budget: tt.budget}, d.measure)
+				pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 2}, Budget: tt.budget}, oneShape(d.measure))
 				if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
 				}
@@ -154,7 +154,7 @@ func TestSweepBudgetChecksBeforeEachCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		calls := 0
 		pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 2, 3}, Budget: 5 * time.Second},
-			func(_ context.Context, _ int, _ float64, _ int) (time.Duration, error) {
+			func(_ context.Context, _, _ int, _ float64, _ int) (time.Duration, error) {
 				calls++
 				time.Sleep(2 * time.Second)
 				return time.Millisecond, nil
@@ -175,7 +175,7 @@ func TestSweepCancel(t *testing.T) {
 			time.Sleep(time.Second)
 			cancel()
 		}()
-		pts, err := Sweep(ctx, SweepOptions{Batches: []int{1, 2}}, d.measure)
+		pts, err := Sweep(ctx, SweepOptions{Batches: []int{1, 2}}, oneShape(d.measure))
 		if !errors.Is(err, context.Canceled) || errors.Is(err, ErrBudget) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
@@ -190,7 +190,7 @@ func TestSweepMeasureError(t *testing.T) {
 	boom := errors.New("runner crashed")
 	synctest.Test(t, func(t *testing.T) {
 		d := &fakeDevice{curve: Curve{K2: 0.1}, err: map[string]error{"s=0.5 b=2": boom}}
-		pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 2}}, d.measure)
+		pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 2}}, oneShape(d.measure))
 		if !errors.Is(err, boom) {
 			t.Fatalf("err = %v, want %v", err, boom)
 		}
@@ -198,7 +198,7 @@ func TestSweepMeasureError(t *testing.T) {
 			t.Errorf("points %v, want the 3 before the failure", pts)
 		}
 	})
-	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}}, func(context.Context, int, float64, int) (time.Duration, error) {
+	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}}, func(context.Context, int, int, float64, int) (time.Duration, error) {
 		return 0, nil
 	})
 	if err == nil || len(pts) != 0 {
@@ -211,7 +211,7 @@ func TestSweepMeasureError(t *testing.T) {
 func TestSweepFitCacheEstimate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &fakeDevice{curve: truth}
-		pts, err := Sweep(t.Context(), SweepOptions{MaxBatch: 16}, d.measure)
+		pts, err := Sweep(t.Context(), SweepOptions{MaxBatch: 16}, oneShape(d.measure))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,4 +241,12 @@ func TestSweepFitCacheEstimate(t *testing.T) {
 			t.Errorf("accuracy %+v", a)
 		}
 	})
+}
+
+// oneShape adapts a measure of batch and share to Sweep's Measure, for
+// sweeps at one shape.
+func oneShape(f func(ctx context.Context, batch int, share float64, runs int) (time.Duration, error)) Measure {
+	return func(ctx context.Context, _, batch int, share float64, runs int) (time.Duration, error) {
+		return f(ctx, batch, share, runs)
+	}
 }

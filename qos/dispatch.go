@@ -26,14 +26,16 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 	}
 	per := m.typicalBatch()
 	rows := r.batch
+	work := float64(r.batch) * float64(r.elements)
 	for _, x := range m.q.items {
 		if !before(x, r) {
 			break
 		}
 		rows += x.batch
+		work += float64(x.batch) * float64(x.elements)
 	}
 	full := (rows - 1) / per // batches of r's model that run before r's
-	own, ok := s.est.Estimate(m.spec.Name, rows-full*per)
+	own, ok := s.est.EstimateSize(m.spec.Name, rows-full*per, r.elements)
 	if !ok {
 		return nil
 	}
@@ -68,7 +70,8 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		}
 	}
 	if full > 0 {
-		e, _ := s.est.Estimate(m.spec.Name, per)
+		// The batches ahead, of whatever shapes, at their rows' mean size.
+		e, _ := s.est.EstimateSize(m.spec.Name, per, int64(work/float64(rows)))
 		for range full {
 			at := laterOf(device.earliest(), mine.earliest())
 			device.run(at, e)
@@ -159,27 +162,32 @@ func laterOf(a, b time.Time) time.Time {
 // (all of them when all is set), in batches of the size m's executions
 // have recently had.
 func (s *Scheduler) queuedBatchesLocked(m *model, r *request, all bool) []time.Duration {
-	rows := 0
+	rows, work := 0, 0.0
 	for _, x := range m.q.items {
 		if !all && !before(x, r) {
 			break
 		}
 		rows += x.batch
+		work += float64(x.batch) * float64(x.elements)
 	}
 	if rows == 0 {
 		return nil
 	}
+	// Requests of several shapes run in batches of one shape each; their
+	// time is about that of batches of the rows' mean size, the work
+	// being about linear in the elements.
+	elements := int64(work / float64(rows))
 	per := m.typicalBatch()
 	var out []time.Duration
 	if full := rows / per; full > 0 {
-		if e, ok := s.est.Estimate(m.spec.Name, per); ok {
+		if e, ok := s.est.EstimateSize(m.spec.Name, per, elements); ok {
 			for range full {
 				out = append(out, e)
 			}
 		}
 	}
 	if rest := rows % per; rest > 0 {
-		if e, ok := s.est.Estimate(m.spec.Name, rest); ok {
+		if e, ok := s.est.EstimateSize(m.spec.Name, rest, elements); ok {
 			out = append(out, e)
 		}
 	}
@@ -220,7 +228,7 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 			if r.deadline.IsZero() || r.probe {
 				continue
 			}
-			e, _ := s.est.Estimate(m.spec.Name, r.batch) // 0 when unknown
+			e, _ := s.est.EstimateSize(m.spec.Name, r.batch, r.elements) // 0 when unknown
 			hopeless := r.deadline.Add(-e)
 			if !now.After(hopeless) {
 				wake = earliest(wake, hopeless.Add(time.Nanosecond))
@@ -367,13 +375,13 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 		}
 		if !s.fifo && !head.deadline.IsZero() {
 			// The head has the batch's earliest deadline: queue order.
-			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && now.Add(e).After(head.deadline) {
+			if e, ok := s.est.EstimateSize(m.spec.Name, size+r.batch, head.elements); ok && now.Add(e).After(head.deadline) {
 				complete = true
 				break
 			}
 		}
 		if bound := s.opts.MaxBestEffortExecution; !s.fifo && bound > 0 && m.spec.Class != ClassLatencyCritical {
-			if e, ok := s.est.Estimate(m.spec.Name, size+r.batch); ok && e > bound {
+			if e, ok := s.est.EstimateSize(m.spec.Name, size+r.batch, head.elements); ok && e > bound {
 				complete = true
 				break
 			}
@@ -397,7 +405,7 @@ func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) 
 		until := head.arrival.Add(m.spec.MaxQueueDelay)
 		if !s.fifo && !head.deadline.IsZero() {
 			// Wait no longer than the batch we have could still start.
-			e, _ := s.est.Estimate(m.spec.Name, size)
+			e, _ := s.est.EstimateSize(m.spec.Name, size, head.elements)
 			until = earliest(until, head.deadline.Add(-e))
 		}
 		if now.Before(until) {
@@ -431,7 +439,7 @@ func (s *Scheduler) startInlineLocked(m *model, r *request, now time.Time) (*exe
 		}
 	}
 	if !s.fifo && !r.deadline.IsZero() && !r.probe {
-		if e, _ := s.est.Estimate(m.spec.Name, r.batch); now.After(r.deadline.Add(-e)) {
+		if e, _ := s.est.EstimateSize(m.spec.Name, r.batch, r.elements); now.After(r.deadline.Add(-e)) {
 			return nil, nil
 		}
 	}
@@ -468,7 +476,7 @@ func (s *Scheduler) executeInline(ctx, ectx context.Context, e *execution, r *re
 // and the execution's context, for execute.
 func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, context.Context) {
 	m := batch[0].m
-	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch)}
+	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch), elements: batch[0].elements}
 	for _, r := range batch {
 		e.size += r.batch
 		r.state, r.exec, r.started = stateRunning, e, now
@@ -483,7 +491,7 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 	} else {
 		m.recentBatch = m.recentBatch*(1-batchSizeWeight) + float64(e.size)*batchSizeWeight
 	}
-	e.predicted, _ = s.est.Estimate(m.spec.Name, e.size)
+	e.predicted, _ = s.est.EstimateSize(m.spec.Name, e.size, e.elements)
 	m.mm.batchSize.Observe(float64(e.size))
 	m.running++
 	s.running++
@@ -597,7 +605,7 @@ func (s *Scheduler) run(ctx context.Context, e *execution) (parts []*runtime.Inf
 		if err != nil {
 			return nil, runtime.Timing{}, nil, err
 		}
-		s.est.Observe(e.name, e.size, time.Since(start))
+		s.est.ObserveSize(e.name, e.size, e.elements, time.Since(start))
 		return []*runtime.InferResponse{resp}, resp.Timing, nil, nil
 	}
 	reqs := make([]*runtime.InferRequest, len(e.reqs))
@@ -613,7 +621,7 @@ func (s *Scheduler) run(ctx context.Context, e *execution) (parts []*runtime.Inf
 	if err != nil {
 		return nil, runtime.Timing{}, nil, err
 	}
-	s.est.Observe(e.name, e.size, time.Since(start))
+	s.est.ObserveSize(e.name, e.size, e.elements, time.Since(start))
 	parts, err = splitResponse(resp, sizes)
 	if err != nil {
 		return nil, runtime.Timing{}, nil, fmt.Errorf("qos: splitting the response of a batch of %d: %w", e.size, err)

@@ -24,7 +24,37 @@ type Estimator interface {
 	Observe(model string, batch int, took time.Duration)
 }
 
+// SizedEstimator is an Estimator that also takes the size of a batch's
+// rows (RowElements): a model served at several input shapes runs each at
+// its own speed, and the scheduler passes each request's own size. The
+// predictor package's Predictor is one. Sizes are per row, so that a batch
+// of n rows of size e is EstimateSize(model, n, e); 0 means unknown.
+type SizedEstimator interface {
+	Estimator
+	EstimateSize(model string, batch int, elements int64) (time.Duration, bool)
+	ObserveSize(model string, batch int, elements int64, took time.Duration)
+}
+
 var _ Estimator = (*EWMAEstimator)(nil)
+
+// sizeBlind adapts an Estimator without sizes: they are ignored.
+type sizeBlind struct{ Estimator }
+
+func (b sizeBlind) EstimateSize(model string, batch int, _ int64) (time.Duration, bool) {
+	return b.Estimate(model, batch)
+}
+
+func (b sizeBlind) ObserveSize(model string, batch int, _ int64, took time.Duration) {
+	b.Observe(model, batch, took)
+}
+
+// sized returns est as a SizedEstimator.
+func sized(est Estimator) SizedEstimator {
+	if s, ok := est.(SizedEstimator); ok {
+		return s
+	}
+	return sizeBlind{est}
+}
 
 // EWMAEstimator keeps an exponentially weighted moving average of the
 // observed execution time per model and batch size. For a batch size it has
@@ -123,6 +153,25 @@ func (e *EWMAEstimator) Estimate(model string, batch int) (time.Duration, bool) 
 	return positive(v), true
 }
 
+// RowElements is the size of one row of a request: the elements of all
+// its inputs divided by the batch size when the model batches (batched),
+// all of them when it does not. A SizedEstimator's sizes are in it (the
+// predictor's curves are: predictor.Point.Elements).
+func RowElements(req *runtime.InferRequest, batched bool) int64 {
+	var n int64
+	for _, in := range req.Inputs {
+		e := int64(1)
+		for d, x := range in.Shape {
+			if d == 0 && batched {
+				continue
+			}
+			e *= max(x, 0)
+		}
+		n += e
+	}
+	return n
+}
+
 // positive converts seconds to a duration of at least a nanosecond.
 func positive(seconds float64) time.Duration {
 	return max(time.Duration(seconds*float64(time.Second)), time.Nanosecond)
@@ -133,6 +182,12 @@ func positive(seconds float64) time.Duration {
 // is not observed: it pays one-off costs such as memory allocation). Batch
 // sizes the model cannot run are the caller's to leave out.
 func Warmup(ctx context.Context, model string, exec Executor, est Estimator, sizes []int, runs int, sample func(batch int) *runtime.InferRequest) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	// Row size: of a batch-1 request, whether the model batches or not.
+	elements := RowElements(sample(1), false)
+	sest := sized(est)
 	for _, b := range sizes {
 		for i := range runs + 1 {
 			start := time.Now()
@@ -140,7 +195,7 @@ func Warmup(ctx context.Context, model string, exec Executor, est Estimator, siz
 				return fmt.Errorf("qos: warming up %s at batch %d: %w", model, b, err)
 			}
 			if i > 0 {
-				est.Observe(model, b, time.Since(start))
+				sest.ObserveSize(model, b, elements, time.Since(start))
 			}
 		}
 	}

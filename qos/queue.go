@@ -16,6 +16,7 @@ type request struct {
 	req      *runtime.InferRequest
 	batch    int    // rows it adds to a batch; 1 for models that do not batch
 	key      string // requests with equal keys can be merged
+	elements int64  // elements of one row (RowElements); 0 unknown (Preadmit)
 	arrival  time.Time
 	started  time.Time // when its execution started; zero: not yet
 	deadline time.Time // effective deadline; zero: none

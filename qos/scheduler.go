@@ -165,7 +165,7 @@ type Scheduler struct {
 	fifo     bool
 	separate bool // Options.SeparateClasses, and not fifo
 	floor    float64
-	est      Estimator
+	est      SizedEstimator
 	log      *slog.Logger
 	metrics  *metrics
 	trigger  chan struct{} // capacity 1: dispatch passes collapse
@@ -305,6 +305,7 @@ type execution struct {
 	exec      Executor // the model's executor when the batch started
 	reqs      []*request
 	size      int
+	elements  int64 // per row, as its requests' (one merge key: one shape); 0 unknown
 	start     time.Time
 	predicted time.Duration // 0: unknown
 	live      int           // members whose clients still wait
@@ -350,7 +351,7 @@ func NewScheduler(opts Options) (*Scheduler, error) {
 		fifo:     opts.Policy == PolicyFIFO,
 		separate: opts.SeparateClasses && opts.Policy != PolicyFIFO,
 		floor:    opts.BestEffortFloor,
-		est:      opts.Estimator,
+		est:      sized(opts.Estimator),
 		log:      opts.Logger.With("component", "qos", "policy", opts.Policy),
 		trigger:  make(chan struct{}, 1),
 		models:   map[string]*model{},
@@ -738,14 +739,14 @@ func (s *Scheduler) probeDueLocked(m *model, r *request, now time.Time) bool {
 	if m.spec.SLO <= 0 || m.running > 0 || m.q.len() > 0 || now.Sub(laterOf(m.lastStart, m.added)) < probeEvery {
 		return false
 	}
-	e, ok := s.est.Estimate(m.spec.Name, 1)
+	e, ok := s.est.EstimateSize(m.spec.Name, 1, r.elements)
 	if ok && e >= m.spec.SLO {
 		return true
 	}
 	if m.refused == 0 {
 		return false
 	}
-	own, _ := s.est.Estimate(m.spec.Name, r.batch)
+	own, _ := s.est.EstimateSize(m.spec.Name, r.batch, r.elements)
 	return r.deadline.IsZero() || r.deadline.Sub(now) >= own
 }
 
@@ -820,6 +821,9 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 			return r, fmt.Errorf("%w: batch of %d is over the maximum %d of %s", ErrInvalidRequest, b, m.spec.MaxBatchSize, m.spec.Name)
 		}
 		r.batch, r.key = b, mergeKey(req)
+	}
+	if req != nil {
+		r.elements = RowElements(req, m.spec.MaxBatchSize > 0)
 	}
 	return r, nil
 }

@@ -107,6 +107,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		fmt.Sprintf("shares=%v", profileShares(run.Device, run.MaxShare)),
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
+		fmt.Sprintf("elements=%v", run.Elements),
 		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter}
 	if sim := p.simulated(run); sim != "" {
 		parts = append(parts, sim)
@@ -144,7 +145,8 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		Runs:     p.cfg.Runs,
 		Budget:   p.cfg.Budget,
 		Memory:   run.Memory,
-	}, run.Measure)
+		Elements: run.Elements,
+	}, run.MeasureAt)
 	unlock()
 	if err != nil && !errors.Is(err, predictor.ErrBudget) {
 		return err

@@ -52,7 +52,7 @@ func Profile(ctx context.Context, cfg *configs.Server, model string, fresh bool,
 		if _, err := reg.ModelReady(model, ""); err != nil {
 			return err
 		}
-		return errors.New("the model was loaded but not profiled: its inputs need profile.shapes in its config, " +
+		return errors.New("the model was loaded but not profiled: an input has BYTES data or is over limits.max_tensor_elements, " +
 			"or shares are not enforced here (control.limiter none, or no writable cgroups); the log above says which")
 	}
 	return nil
@@ -71,15 +71,22 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	}
 	fmt.Fprintf(w, "profile %s\n\n", src)
 	memory := slices.ContainsFunc(p.Points, func(pt predictor.Point) bool { return pt.Memory > 0 })
+	sizes := slices.ContainsFunc(p.Points, func(pt predictor.Point) bool { return pt.Elements != p.Points[0].Elements })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	header := "batch\tshare\tmeasured ms\tcurve ms\terror\t"
+	if sizes {
+		header = "elements\t" + header // of one row: the input shape's size
+	}
 	if memory {
 		header += "peak MiB\t" // the instance's peak memory so far: the working sets
 	}
 	fmt.Fprintln(tw, header)
 	for _, pt := range p.Points {
-		pred := p.Curve.Predict(pt.Batch, pt.Share)
+		pred := p.Curve.PredictSize(pt.Batch, pt.Share, pt.Elements)
 		errPct := 100 * (float64(pred) - float64(pt.Latency)) / float64(pt.Latency)
+		if sizes {
+			fmt.Fprintf(tw, "%d\t", pt.Elements)
+		}
 		fmt.Fprintf(tw, "%d\t%.3f\t%.2f\t%.2f\t%+.1f%%\t", pt.Batch, pt.Share, millis(pt.Latency), millis(pred), errPct)
 		if memory {
 			fmt.Fprintf(tw, "%.1f\t", float64(pt.Memory)/(1<<20))
@@ -89,6 +96,9 @@ func writeProfile(w io.Writer, run models.ProfileRun, p predictor.Profile, cache
 	tw.Flush()
 	c := p.Curve
 	fmt.Fprintf(w, "\nt(b, s) = (%.4g*b^2 + %.4g*b + %.4g) / (s + %.4g) + %.4g seconds\n", c.K1, c.K2, c.K3, c.K4, c.K5)
+	if c.Elements > 0 {
+		fmt.Fprintf(w, "in size: b stands for w = b*n/%.0f (n: elements of a row), plus %.4g*b / (s + %.4g) per row\n", c.Elements, c.K6, c.K4)
+	}
 	fmt.Fprintf(w, "MAPE %.1f%% over %d points\n", 100*p.MAPE, len(p.Points))
 }
 

@@ -5,7 +5,7 @@
 // Triton's public model_config.proto, so that Triton clients decode
 // ModelConfigResponse and a Triton config.pbtxt parses unchanged. Only the
 // part sloserve serves is declared: a config.pbtxt that sets a field left
-// out here (sequence_batching, ensemble_scheduling, model_warmup, ...) is
+// out here (sequence_batching, ensemble_scheduling, ...) is
 // refused at load, naming the field. Fields declared here that sloserve
 // cannot honour are refused or warned about by package configs, field by
 // field (docs/model-management.md has the table).
@@ -1156,6 +1156,76 @@ func (x *ModelResponseCache) GetEnable() bool {
 	return false
 }
 
+// A warm-up request Triton runs at load. sloserve reads its input shapes
+// as profile shapes (profile.shapes): the shapes the model is profiled at.
+type ModelWarmup struct {
+	state         protoimpl.MessageState        `protogen:"open.v1"`
+	Name          string                        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	BatchSize     uint32                        `protobuf:"varint,2,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	Inputs        map[string]*ModelWarmup_Input `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Count         uint32                        `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelWarmup) Reset() {
+	*x = ModelWarmup{}
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelWarmup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelWarmup) ProtoMessage() {}
+
+func (x *ModelWarmup) ProtoReflect() protoreflect.Message {
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelWarmup.ProtoReflect.Descriptor instead.
+func (*ModelWarmup) Descriptor() ([]byte, []int) {
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ModelWarmup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelWarmup) GetBatchSize() uint32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *ModelWarmup) GetInputs() map[string]*ModelWarmup_Input {
+	if x != nil {
+		return x.Inputs
+	}
+	return nil
+}
+
+func (x *ModelWarmup) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type ModelConfig struct {
 	state                protoimpl.MessageState   `protogen:"open.v1"`
 	Name                 string                   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1174,6 +1244,7 @@ type ModelConfig struct {
 	//	*ModelConfig_DynamicBatching
 	SchedulingChoice       isModelConfig_SchedulingChoice `protobuf_oneof:"scheduling_choice"`
 	Parameters             map[string]*ModelParameter     `protobuf:"bytes,14,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ModelWarmup            []*ModelWarmup                 `protobuf:"bytes,16,rep,name=model_warmup,json=modelWarmup,proto3" json:"model_warmup,omitempty"`
 	Backend                string                         `protobuf:"bytes,17,opt,name=backend,proto3" json:"backend,omitempty"`
 	ModelOperations        *ModelOperations               `protobuf:"bytes,18,opt,name=model_operations,json=modelOperations,proto3" json:"model_operations,omitempty"`
 	ModelTransactionPolicy *ModelTransactionPolicy        `protobuf:"bytes,19,opt,name=model_transaction_policy,json=modelTransactionPolicy,proto3" json:"model_transaction_policy,omitempty"`
@@ -1185,7 +1256,7 @@ type ModelConfig struct {
 
 func (x *ModelConfig) Reset() {
 	*x = ModelConfig{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1268,7 @@ func (x *ModelConfig) String() string {
 func (*ModelConfig) ProtoMessage() {}
 
 func (x *ModelConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1281,7 @@ func (x *ModelConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfig.ProtoReflect.Descriptor instead.
 func (*ModelConfig) Descriptor() ([]byte, []int) {
-	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelConfig) GetName() string {
@@ -1313,6 +1384,13 @@ func (x *ModelConfig) GetParameters() map[string]*ModelParameter {
 	return nil
 }
 
+func (x *ModelConfig) GetModelWarmup() []*ModelWarmup {
+	if x != nil {
+		return x.ModelWarmup
+	}
+	return nil
+}
+
 func (x *ModelConfig) GetBackend() string {
 	if x != nil {
 		return x.Backend
@@ -1367,7 +1445,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1457,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1488,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1500,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1525,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1537,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1570,7 @@ type ModelOptimizationPolicy_Graph struct {
 
 func (x *ModelOptimizationPolicy_Graph) Reset() {
 	*x = ModelOptimizationPolicy_Graph{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1582,7 @@ func (x *ModelOptimizationPolicy_Graph) String() string {
 func (*ModelOptimizationPolicy_Graph) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_Graph) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1615,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1627,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators) String() string {
 func (*ModelOptimizationPolicy_ExecutionAccelerators) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1666,7 @@ type ModelOptimizationPolicy_PinnedMemoryBuffer struct {
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) Reset() {
 	*x = ModelOptimizationPolicy_PinnedMemoryBuffer{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1678,7 @@ func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) String() string {
 func (*ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1711,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators_Accelerator struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators_Accelerator{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1723,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) String() str
 func (*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,6 +1752,120 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) GetParameter
 	}
 	return nil
 }
+
+type ModelWarmup_Input struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	DataType DataType               `protobuf:"varint,1,opt,name=data_type,json=dataType,proto3,enum=inference.DataType" json:"data_type,omitempty"`
+	Dims     []int64                `protobuf:"varint,2,rep,packed,name=dims,proto3" json:"dims,omitempty"`
+	// Types that are valid to be assigned to InputDataType:
+	//
+	//	*ModelWarmup_Input_ZeroData
+	//	*ModelWarmup_Input_RandomData
+	//	*ModelWarmup_Input_InputDataFile
+	InputDataType isModelWarmup_Input_InputDataType `protobuf_oneof:"input_data_type"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelWarmup_Input) Reset() {
+	*x = ModelWarmup_Input{}
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelWarmup_Input) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelWarmup_Input) ProtoMessage() {}
+
+func (x *ModelWarmup_Input) ProtoReflect() protoreflect.Message {
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelWarmup_Input.ProtoReflect.Descriptor instead.
+func (*ModelWarmup_Input) Descriptor() ([]byte, []int) {
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12, 0}
+}
+
+func (x *ModelWarmup_Input) GetDataType() DataType {
+	if x != nil {
+		return x.DataType
+	}
+	return DataType_TYPE_INVALID
+}
+
+func (x *ModelWarmup_Input) GetDims() []int64 {
+	if x != nil {
+		return x.Dims
+	}
+	return nil
+}
+
+func (x *ModelWarmup_Input) GetInputDataType() isModelWarmup_Input_InputDataType {
+	if x != nil {
+		return x.InputDataType
+	}
+	return nil
+}
+
+func (x *ModelWarmup_Input) GetZeroData() bool {
+	if x != nil {
+		if x, ok := x.InputDataType.(*ModelWarmup_Input_ZeroData); ok {
+			return x.ZeroData
+		}
+	}
+	return false
+}
+
+func (x *ModelWarmup_Input) GetRandomData() bool {
+	if x != nil {
+		if x, ok := x.InputDataType.(*ModelWarmup_Input_RandomData); ok {
+			return x.RandomData
+		}
+	}
+	return false
+}
+
+func (x *ModelWarmup_Input) GetInputDataFile() string {
+	if x != nil {
+		if x, ok := x.InputDataType.(*ModelWarmup_Input_InputDataFile); ok {
+			return x.InputDataFile
+		}
+	}
+	return ""
+}
+
+type isModelWarmup_Input_InputDataType interface {
+	isModelWarmup_Input_InputDataType()
+}
+
+type ModelWarmup_Input_ZeroData struct {
+	ZeroData bool `protobuf:"varint,3,opt,name=zero_data,json=zeroData,proto3,oneof"`
+}
+
+type ModelWarmup_Input_RandomData struct {
+	RandomData bool `protobuf:"varint,4,opt,name=random_data,json=randomData,proto3,oneof"`
+}
+
+type ModelWarmup_Input_InputDataFile struct {
+	InputDataFile string `protobuf:"bytes,5,opt,name=input_data_file,json=inputDataFile,proto3,oneof"`
+}
+
+func (*ModelWarmup_Input_ZeroData) isModelWarmup_Input_InputDataType() {}
+
+func (*ModelWarmup_Input_RandomData) isModelWarmup_Input_InputDataType() {}
+
+func (*ModelWarmup_Input_InputDataFile) isModelWarmup_Input_InputDataType() {}
 
 var File_configs_tritonpb_model_config_proto protoreflect.FileDescriptor
 
@@ -1780,7 +1972,24 @@ const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	"\x16ModelTransactionPolicy\x12\x1c\n" +
 	"\tdecoupled\x18\x01 \x01(\bR\tdecoupled\",\n" +
 	"\x12ModelResponseCache\x12\x16\n" +
-	"\x06enable\x18\x01 \x01(\bR\x06enable\"\x96\n" +
+	"\x06enable\x18\x01 \x01(\bR\x06enable\"\xba\x03\n" +
+	"\vModelWarmup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\x02 \x01(\rR\tbatchSize\x12:\n" +
+	"\x06inputs\x18\x03 \x03(\v2\".inference.ModelWarmup.InputsEntryR\x06inputs\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\x1a\xcc\x01\n" +
+	"\x05Input\x120\n" +
+	"\tdata_type\x18\x01 \x01(\x0e2\x13.inference.DataTypeR\bdataType\x12\x12\n" +
+	"\x04dims\x18\x02 \x03(\x03R\x04dims\x12\x1d\n" +
+	"\tzero_data\x18\x03 \x01(\bH\x00R\bzeroData\x12!\n" +
+	"\vrandom_data\x18\x04 \x01(\bH\x00R\n" +
+	"randomData\x12(\n" +
+	"\x0finput_data_file\x18\x05 \x01(\tH\x00R\rinputDataFileB\x11\n" +
+	"\x0finput_data_type\x1aW\n" +
+	"\vInputsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x122\n" +
+	"\x05value\x18\x02 \x01(\v2\x1c.inference.ModelWarmup.InputR\x05value:\x028\x01\"\xd1\n" +
 	"\n" +
 	"\vModelConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
@@ -1799,7 +2008,8 @@ const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	"\x10dynamic_batching\x18\v \x01(\v2\x1f.inference.ModelDynamicBatchingH\x00R\x0fdynamicBatching\x12F\n" +
 	"\n" +
 	"parameters\x18\x0e \x03(\v2&.inference.ModelConfig.ParametersEntryR\n" +
-	"parameters\x12\x18\n" +
+	"parameters\x129\n" +
+	"\fmodel_warmup\x18\x10 \x03(\v2\x16.inference.ModelWarmupR\vmodelWarmup\x12\x18\n" +
 	"\abackend\x18\x11 \x01(\tR\abackend\x12E\n" +
 	"\x10model_operations\x18\x12 \x01(\v2\x1a.inference.ModelOperationsR\x0fmodelOperations\x12[\n" +
 	"\x18model_transaction_policy\x18\x13 \x01(\v2!.inference.ModelTransactionPolicyR\x16modelTransactionPolicy\x12D\n" +
@@ -1850,7 +2060,7 @@ func file_configs_tritonpb_model_config_proto_rawDescGZIP() []byte {
 }
 
 var file_configs_tritonpb_model_config_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_configs_tritonpb_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_configs_tritonpb_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_configs_tritonpb_model_config_proto_goTypes = []any{
 	(DataType)(0),                                                     // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                                      // 1: inference.ModelInstanceGroup.Kind
@@ -1869,19 +2079,22 @@ var file_configs_tritonpb_model_config_proto_goTypes = []any{
 	(*ModelOperations)(nil),                                           // 14: inference.ModelOperations
 	(*ModelTransactionPolicy)(nil),                                    // 15: inference.ModelTransactionPolicy
 	(*ModelResponseCache)(nil),                                        // 16: inference.ModelResponseCache
-	(*ModelConfig)(nil),                                               // 17: inference.ModelConfig
-	(*ModelVersionPolicy_Latest)(nil),                                 // 18: inference.ModelVersionPolicy.Latest
-	(*ModelVersionPolicy_All)(nil),                                    // 19: inference.ModelVersionPolicy.All
-	(*ModelVersionPolicy_Specific)(nil),                               // 20: inference.ModelVersionPolicy.Specific
-	(*ModelOptimizationPolicy_Graph)(nil),                             // 21: inference.ModelOptimizationPolicy.Graph
-	(*ModelOptimizationPolicy_ExecutionAccelerators)(nil),             // 22: inference.ModelOptimizationPolicy.ExecutionAccelerators
-	(*ModelOptimizationPolicy_PinnedMemoryBuffer)(nil),                // 23: inference.ModelOptimizationPolicy.PinnedMemoryBuffer
-	(*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator)(nil), // 24: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	nil, // 25: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
-	nil, // 26: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	nil, // 27: inference.ModelConfig.CcModelFilenamesEntry
-	nil, // 28: inference.ModelConfig.MetricTagsEntry
-	nil, // 29: inference.ModelConfig.ParametersEntry
+	(*ModelWarmup)(nil),                                               // 17: inference.ModelWarmup
+	(*ModelConfig)(nil),                                               // 18: inference.ModelConfig
+	(*ModelVersionPolicy_Latest)(nil),                                 // 19: inference.ModelVersionPolicy.Latest
+	(*ModelVersionPolicy_All)(nil),                                    // 20: inference.ModelVersionPolicy.All
+	(*ModelVersionPolicy_Specific)(nil),                               // 21: inference.ModelVersionPolicy.Specific
+	(*ModelOptimizationPolicy_Graph)(nil),                             // 22: inference.ModelOptimizationPolicy.Graph
+	(*ModelOptimizationPolicy_ExecutionAccelerators)(nil),             // 23: inference.ModelOptimizationPolicy.ExecutionAccelerators
+	(*ModelOptimizationPolicy_PinnedMemoryBuffer)(nil),                // 24: inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	(*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator)(nil), // 25: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	nil,                       // 26: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
+	nil,                       // 27: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	(*ModelWarmup_Input)(nil), // 28: inference.ModelWarmup.Input
+	nil,                       // 29: inference.ModelWarmup.InputsEntry
+	nil,                       // 30: inference.ModelConfig.CcModelFilenamesEntry
+	nil,                       // 31: inference.ModelConfig.MetricTagsEntry
+	nil,                       // 32: inference.ModelConfig.ParametersEntry
 }
 var file_configs_tritonpb_model_config_proto_depIdxs = []int32{
 	1,  // 0: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
@@ -1890,39 +2103,43 @@ var file_configs_tritonpb_model_config_proto_depIdxs = []int32{
 	6,  // 3: inference.ModelInput.reshape:type_name -> inference.ModelTensorReshape
 	0,  // 4: inference.ModelOutput.data_type:type_name -> inference.DataType
 	6,  // 5: inference.ModelOutput.reshape:type_name -> inference.ModelTensorReshape
-	18, // 6: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
-	19, // 7: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
-	20, // 8: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
-	21, // 9: inference.ModelOptimizationPolicy.graph:type_name -> inference.ModelOptimizationPolicy.Graph
+	19, // 6: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
+	20, // 7: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
+	21, // 8: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
+	22, // 9: inference.ModelOptimizationPolicy.graph:type_name -> inference.ModelOptimizationPolicy.Graph
 	3,  // 10: inference.ModelOptimizationPolicy.priority:type_name -> inference.ModelOptimizationPolicy.ModelPriority
-	22, // 11: inference.ModelOptimizationPolicy.execution_accelerators:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators
-	23, // 12: inference.ModelOptimizationPolicy.input_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
-	23, // 13: inference.ModelOptimizationPolicy.output_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	23, // 11: inference.ModelOptimizationPolicy.execution_accelerators:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators
+	24, // 12: inference.ModelOptimizationPolicy.input_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	24, // 13: inference.ModelOptimizationPolicy.output_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
 	4,  // 14: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
 	11, // 15: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
-	26, // 16: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	9,  // 17: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
-	7,  // 18: inference.ModelConfig.input:type_name -> inference.ModelInput
-	8,  // 19: inference.ModelConfig.output:type_name -> inference.ModelOutput
-	5,  // 20: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
-	27, // 21: inference.ModelConfig.cc_model_filenames:type_name -> inference.ModelConfig.CcModelFilenamesEntry
-	28, // 22: inference.ModelConfig.metric_tags:type_name -> inference.ModelConfig.MetricTagsEntry
-	10, // 23: inference.ModelConfig.optimization:type_name -> inference.ModelOptimizationPolicy
-	12, // 24: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
-	29, // 25: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
-	14, // 26: inference.ModelConfig.model_operations:type_name -> inference.ModelOperations
-	15, // 27: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
-	16, // 28: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
-	24, // 29: inference.ModelOptimizationPolicy.ExecutionAccelerators.gpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	24, // 30: inference.ModelOptimizationPolicy.ExecutionAccelerators.cpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	25, // 31: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.parameters:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
-	11, // 32: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
-	13, // 33: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
-	34, // [34:34] is the sub-list for method output_type
-	34, // [34:34] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	27, // 16: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	29, // 17: inference.ModelWarmup.inputs:type_name -> inference.ModelWarmup.InputsEntry
+	9,  // 18: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
+	7,  // 19: inference.ModelConfig.input:type_name -> inference.ModelInput
+	8,  // 20: inference.ModelConfig.output:type_name -> inference.ModelOutput
+	5,  // 21: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
+	30, // 22: inference.ModelConfig.cc_model_filenames:type_name -> inference.ModelConfig.CcModelFilenamesEntry
+	31, // 23: inference.ModelConfig.metric_tags:type_name -> inference.ModelConfig.MetricTagsEntry
+	10, // 24: inference.ModelConfig.optimization:type_name -> inference.ModelOptimizationPolicy
+	12, // 25: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
+	32, // 26: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	17, // 27: inference.ModelConfig.model_warmup:type_name -> inference.ModelWarmup
+	14, // 28: inference.ModelConfig.model_operations:type_name -> inference.ModelOperations
+	15, // 29: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
+	16, // 30: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
+	25, // 31: inference.ModelOptimizationPolicy.ExecutionAccelerators.gpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	25, // 32: inference.ModelOptimizationPolicy.ExecutionAccelerators.cpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	26, // 33: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.parameters:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
+	11, // 34: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
+	0,  // 35: inference.ModelWarmup.Input.data_type:type_name -> inference.DataType
+	28, // 36: inference.ModelWarmup.InputsEntry.value:type_name -> inference.ModelWarmup.Input
+	13, // 37: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	38, // [38:38] is the sub-list for method output_type
+	38, // [38:38] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_configs_tritonpb_model_config_proto_init() }
@@ -1935,8 +2152,13 @@ func file_configs_tritonpb_model_config_proto_init() {
 		(*ModelVersionPolicy_All_)(nil),
 		(*ModelVersionPolicy_Specific_)(nil),
 	}
-	file_configs_tritonpb_model_config_proto_msgTypes[12].OneofWrappers = []any{
+	file_configs_tritonpb_model_config_proto_msgTypes[13].OneofWrappers = []any{
 		(*ModelConfig_DynamicBatching)(nil),
+	}
+	file_configs_tritonpb_model_config_proto_msgTypes[23].OneofWrappers = []any{
+		(*ModelWarmup_Input_ZeroData)(nil),
+		(*ModelWarmup_Input_RandomData)(nil),
+		(*ModelWarmup_Input_InputDataFile)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1944,7 +2166,7 @@ func file_configs_tritonpb_model_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_configs_tritonpb_model_config_proto_rawDesc), len(file_configs_tritonpb_model_config_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   25,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

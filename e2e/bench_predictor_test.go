@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sloserve/sloserve/predictor"
+)
+
+// profileShapes runs `sloserve profile --fresh` on a demo model served
+// from a repository of its own whose profile.shapes are shapes, and
+// returns the profile it cached: the points (each with its row size) and
+// the fitted curve.
+func profileShapes(b *testing.B, model, config string, shapes []string) predictor.Profile {
+	b.Helper()
+	repo, cache := b.TempDir(), b.TempDir()
+	sets := make([]string, len(shapes))
+	for i, s := range shapes {
+		sets[i] = "{x: " + s + "}"
+	}
+	writeRepo(b, repo, repoModel{model, demoModel(b, model), config + "profile:\n  shapes: [" + strings.Join(sets, ", ") + "]\n"})
+	out, errOut, err := runSloserve("profile", "--fresh", "--repository", repo,
+		"--set", "runtime.onnxruntime_library="+need(b, "SLOSERVE_ONNXRUNTIME_LIBRARY"), "--set", "control.profile.cache_dir="+cache,
+		"--set", "control.profile.budget=300s", model)
+	if err != nil {
+		b.Fatalf("sloserve profile %s: %v\n%s%s", model, err, out, errOut)
+	}
+	files, _ := filepath.Glob(filepath.Join(cache, "*.json"))
+	if len(files) != 1 {
+		b.Fatalf("profile cache holds %v:\n%s", files, out)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var p predictor.Profile
+	if err := json.Unmarshal(data, &p); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// BenchmarkPredictorHeldOutShapes profiles each demo model at some input
+// shapes, then measures it again at shapes the profile never saw (between
+// and beyond them), and reports the fitted curve's MAPE on those per
+// model and shape: how well the predictor knows input size. (The share of
+// admitted requests that finished late under mixed shapes is not measured
+// yet: it needs a load run at mixed shapes against an SLO.)
+func BenchmarkPredictorHeldOutShapes(b *testing.B) {
+	for _, tc := range []struct {
+		model, config string
+		train, held   []string
+	}{
+		{"ocr-cls", "max_batch_size: 8\ninputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, -1]}]\nexecution: {intra_op_threads: 1}\n",
+			[]string{"[1, 3, 48, 192]", "[1, 3, 48, 960]"}, []string{"[1, 3, 48, 320]", "[1, 3, 48, 1600]"}},
+		{"ocr-det", "max_batch_size: 4\ninputs: [{name: x, datatype: FP32, shape: [-1, 3, -1, -1]}]\nexecution: {intra_op_threads: 1}\n",
+			[]string{"[1, 3, 128, 128]", "[1, 3, 320, 320]"}, []string{"[1, 3, 256, 256]", "[1, 3, 480, 480]"}},
+	} {
+		b.Run(tc.model, func(b *testing.B) {
+			perShape := map[int64][]float64{}
+			for b.Loop() {
+				fitted := profileShapes(b, tc.model, tc.config, tc.train)
+				fresh := profileShapes(b, tc.model, tc.config, tc.held)
+				errs := map[int64][]float64{}
+				for _, pt := range fresh.Points {
+					got := fitted.Curve.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds()
+					errs[pt.Elements] = append(errs[pt.Elements], math.Abs(got-pt.Latency.Seconds())/pt.Latency.Seconds())
+				}
+				var sb strings.Builder
+				fmt.Fprintf(&sb, "%s: curve %+v (profile MAPE %.1f%%)\n  elements batch share measured(ms) predicted(ms)\n", tc.model, fitted.Curve, 100*fitted.MAPE)
+				for _, pt := range fresh.Points {
+					fmt.Fprintf(&sb, "  %d %d %.3f %.1f %.1f\n", pt.Elements, pt.Batch, pt.Share, 1000*pt.Latency.Seconds(),
+						1000*fitted.Curve.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds())
+				}
+				b.Log(sb.String())
+				for n, e := range errs {
+					perShape[n] = append(perShape[n], mean(e))
+				}
+			}
+			for _, n := range slices.Sorted(func(yield func(int64) bool) {
+				for n := range perShape {
+					if !yield(n) {
+						return
+					}
+				}
+			}) {
+				b.ReportMetric(100*median(perShape[n]), fmt.Sprintf("mape%%@%d", n))
+			}
+		})
+	}
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(max(len(xs), 1))
+}
