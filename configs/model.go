@@ -331,7 +331,9 @@ func defaultCUDA() *CUDA {
 // decodes strictly and validates, including that the name is the folder's.
 // A folder without either is read from a Triton config.pbtxt (see
 // ParseTritonModel); when both kinds are there, config.yaml wins and the
-// returned model carries a warning saying so.
+// returned model carries a warning saying so. A folder with neither but
+// with a version folder is read as an empty config.pbtxt, completed from
+// the model file as Triton completes one.
 func LoadModel(dir string) (*Model, error) {
 	var file string
 	var data []byte
@@ -353,6 +355,11 @@ func LoadModel(dir string) (*Model, error) {
 	if file == "" {
 		b, err := ReadFile(pbtxt)
 		if errors.Is(err, fs.ErrNotExist) {
+			// No config at all: a Triton model folder whose config is
+			// completed from its model file, as Triton does.
+			if vs, verr := ListVersions(dir); verr == nil && len(vs) > 0 {
+				return parseTritonModel(noConfigFile(dir), nil, dir)
+			}
 			return nil, fmt.Errorf("%s: no %s or %s: %w", dir, ModelConfigFile, ModelConfigPbtxt, fs.ErrNotExist)
 		}
 		if err != nil {

@@ -119,6 +119,9 @@ func mapTritonModel(tc *tritonpb.ModelConfig, file, dir string) (*Model, error) 
 	m.File, m.Dir = file, dir
 	t := tritonReader{file: file}
 	t.read(tc, &m)
+	if dir != "" && len(t.errs) == 0 {
+		t.completeFromModel(tc, &m, dir)
+	}
 	if m.Execution.Provider != ProviderCUDA {
 		m.Execution.CUDA = nil // CUDA options come with a GPU instance group
 	}

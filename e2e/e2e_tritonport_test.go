@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/configs/tritonpb"
+)
+
+// tritonFolder adds a model folder to a repository as a Triton repository
+// has it: version 1's model.onnx and, unless pbtxt is "", a config.pbtxt.
+func tritonFolder(t *testing.T, repo, name, model, pbtxt string) {
+	t.Helper()
+	dir := filepath.Join(repo, name)
+	if err := os.MkdirAll(filepath.Join(dir, "1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(model, filepath.Join(dir, "1", "model.onnx")); err != nil {
+		t.Fatal(err)
+	}
+	if pbtxt != "" {
+		if err := os.WriteFile(filepath.Join(dir, "config.pbtxt"), []byte(pbtxt), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A Triton model folder without a config is served with the config Triton
+// would complete from the model: named after the folder, its tensors read
+// from the model file, max_batch_size 4 (Triton's default) because every
+// tensor's first dimension is dynamic; one whose config.pbtxt gives only
+// max_batch_size is completed the same way.
+func TestE2ETritonAutoComplete(t *testing.T) {
+	repo := t.TempDir()
+	tritonFolder(t, repo, "auto", testModel(t, "example_dynamic_axes.onnx"), "")
+	tritonFolder(t, repo, "partial", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 2\n")
+	tritonFolder(t, repo, "fixed", testModel(t, "example_unicode.onnx"), "")
+	s := startServer(t, repo, "")
+	rng := rand.New(rand.NewPCG(3, 1))
+
+	for _, tc := range []struct {
+		model    string
+		maxBatch int32
+	}{{"auto", 4}, {"partial", 2}} {
+		t.Run(tc.model, func(t *testing.T) {
+			resp, err := s.grpc.ModelConfig(t.Context(), &inference.ModelConfigRequest{Name: tc.model})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := resp.GetConfig()
+			in, out := c.GetInput(), c.GetOutput()
+			if c.GetName() != tc.model || c.GetPlatform() != "onnxruntime_onnx" || c.GetMaxBatchSize() != tc.maxBatch ||
+				len(in) != 1 || in[0].GetName() != "input_vectors" || in[0].GetDataType() != tritonpb.DataType_TYPE_FP32 || !slices.Equal(in[0].GetDims(), []int64{10}) ||
+				len(out) != 1 || out[0].GetName() != "output_scalars" || out[0].GetDataType() != tritonpb.DataType_TYPE_FP32 || len(out[0].GetDims()) != 0 ||
+				c.GetDynamicBatching() == nil {
+				t.Errorf("gRPC config %v", c)
+			}
+			var rest struct {
+				Name         string `json:"name"`
+				Platform     string `json:"platform"`
+				MaxBatchSize int32  `json:"max_batch_size"`
+				Input        []struct {
+					Name     string  `json:"name"`
+					DataType string  `json:"data_type"`
+					Dims     []int64 `json:"dims"`
+				} `json:"input"`
+			}
+			code, body, _ := s.do(t, "GET", "/v2/models/"+tc.model+"/config", nil)
+			if err := json.Unmarshal(body, &rest); code != 200 || err != nil || rest.Name != tc.model || rest.Platform != "onnxruntime_onnx" ||
+				rest.MaxBatchSize != tc.maxBatch || len(rest.Input) != 1 || rest.Input[0].DataType != "TYPE_FP32" || !slices.Equal(rest.Input[0].Dims, []int64{10}) {
+				t.Errorf("REST config %d %s: %v", code, body, err)
+			}
+
+			// Inference over both protocols, up to the completed batch size.
+			rows := int(tc.maxBatch)
+			m, flat := randomRows(rng, rows, 10)
+			var jr jsonInferResponse
+			if code := s.json(t, "POST", "/v2/models/"+tc.model+"/infer", jsonInferRequest{
+				Inputs: []jsonTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{int64(rows), 10}, Data: flat}},
+			}, &jr); code != 200 {
+				t.Fatalf("REST infer: %d %s", code, jr.Error)
+			}
+			closeTo(t, "REST row sums", jr.Outputs[0].Data, rowSums(m), 1e-5)
+			gr, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{ModelName: tc.model, Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+				Name: "input_vectors", Datatype: "FP32", Shape: []int64{int64(rows), 10},
+			}}, RawInputContents: [][]byte{f32bytes(flat)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeTo(t, "gRPC row sums", bytesF32(gr.GetRawOutputContents()[0]), rowSums(m), 1e-5)
+			// One row over the completed max_batch_size is refused.
+			if _, err := s.grpc.ModelInfer(t.Context(), grpcDyn(tc.model, rows+1)); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("%d rows: %v, want InvalidArgument", rows+1, err)
+			}
+		})
+	}
+
+	t.Run("fixed", func(t *testing.T) {
+		// A model whose first dimension is fixed does not batch: its dims
+		// are the model's whole shape.
+		resp, err := s.grpc.ModelConfig(t.Context(), &inference.ModelConfigRequest{Name: "fixed"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := resp.GetConfig()
+		if c.GetMaxBatchSize() != 0 || len(c.GetInput()) != 1 || c.GetInput()[0].GetName() != "in" ||
+			c.GetInput()[0].GetDataType() != tritonpb.DataType_TYPE_INT32 || !slices.Equal(c.GetInput()[0].GetDims(), []int64{1, 2}) {
+			t.Errorf("config %v", c)
+		}
+		var jr jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/fixed/infer", jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "in", Datatype: "INT32", Shape: []int64{1, 2}, Data: []int32{3, 4}}},
+		}, &jr); code != 200 || len(jr.Outputs) != 1 || !slices.Equal(jr.Outputs[0].Shape, []int64{1}) {
+			t.Errorf("infer: %d %+v", code, jr)
+		}
+	})
+}
