@@ -169,7 +169,11 @@ type Execution struct {
 	// config.yaml, instance_group.gpus in config.pbtxt): with
 	// gpu.placement on, such a model is pinned there; one without is
 	// placed by the server.
-	DeviceGiven       bool   `yaml:"-"`
+	DeviceGiven bool `yaml:"-"`
+	// Auto says the config leaves the device to the server: the GPU when
+	// the server has one, else the CPU (Triton's KIND_AUTO; see
+	// Model.OnDevice). Provider is cpu until resolved.
+	Auto              bool   `yaml:"-"`
 	IntraOpThreads    int    `yaml:"intra_op_threads"` // 0: ONNX Runtime's default
 	InterOpThreads    int    `yaml:"inter_op_threads"` // 0: ONNX Runtime's default
 	GraphOptimization string `yaml:"graph_optimization"`

@@ -273,10 +273,13 @@ func (t *tritonReader) tensor(path, name string, dt tritonpb.DataType, dims []in
 
 func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup, m *Model) {
 	if len(groups) == 0 {
+		// Triton's default: one instance where the server has room, a GPU
+		// when there is one.
+		m.Execution.Auto = true
 		return
 	}
 	total := 0
-	kind := tritonpb.ModelInstanceGroup_KIND_AUTO
+	explicit := tritonpb.ModelInstanceGroup_KIND_AUTO // the first CPU or GPU group's kind
 	gpu := int32(-1)
 	for i, g := range groups {
 		path := fmt.Sprintf("instance_group[%d]", i)
@@ -289,11 +292,12 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 			continue
 		}
 		switch k := g.GetKind(); k {
-		case tritonpb.ModelInstanceGroup_KIND_AUTO, tritonpb.ModelInstanceGroup_KIND_CPU, tritonpb.ModelInstanceGroup_KIND_GPU:
-			if i > 0 && groupDevice(k) != groupDevice(kind) {
-				t.fail(path+".kind", "all instance groups must run on the same kind of device, got %s and %s", kind, k)
+		case tritonpb.ModelInstanceGroup_KIND_AUTO:
+		case tritonpb.ModelInstanceGroup_KIND_CPU, tritonpb.ModelInstanceGroup_KIND_GPU:
+			if explicit != tritonpb.ModelInstanceGroup_KIND_AUTO && k != explicit {
+				t.fail(path+".kind", "all instance groups must run on the same kind of device, got %s and %s", explicit, k)
 			}
-			kind = k
+			explicit = k
 		default:
 			t.fail(path+".kind", "must be KIND_CPU, KIND_GPU or KIND_AUTO, got %s", k)
 		}
@@ -301,7 +305,7 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_CPU && len(gpus) > 0:
 			t.fail(path+".gpus", "not allowed with KIND_CPU")
 		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_AUTO && len(gpus) > 0:
-			t.fail(path+".gpus", "with KIND_AUTO sloserve runs on the CPU; give kind KIND_GPU to run on a GPU")
+			t.fail(path+".gpus", "not allowed with KIND_AUTO (the server picks the device); give kind KIND_GPU to name a GPU")
 		case len(gpus) > 1:
 			t.fail(path+".gpus", "a model runs on one GPU, got %v", gpus)
 		case len(gpus) == 1:
@@ -325,21 +329,29 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 		total += n
 	}
 	m.Instances = total
-	if groupDevice(kind) == ProviderCUDA {
+	switch explicit {
+	case tritonpb.ModelInstanceGroup_KIND_GPU:
 		m.Execution.Provider = ProviderCUDA
 		m.Execution.CUDA = defaultCUDA()
 		m.Execution.DeviceID = int(max(gpu, 0))
 		m.Execution.DeviceGiven = gpu >= 0
+	case tritonpb.ModelInstanceGroup_KIND_AUTO: // every group KIND_AUTO
+		m.Execution.Auto = true
 	}
 }
 
-// groupDevice is the provider an instance group kind runs on. KIND_AUTO
-// runs on the CPU here: sloserve uses a GPU only when told to.
-func groupDevice(k tritonpb.ModelInstanceGroup_Kind) string {
-	if k == tritonpb.ModelInstanceGroup_KIND_GPU {
-		return ProviderCUDA
+// OnDevice resolves a device the config leaves to the server
+// (Execution.Auto: Triton's KIND_AUTO, or a config.pbtxt without
+// instance_group): a copy on the GPU (provider cuda, placed by the
+// server) when the server has one, else m itself, on the CPU.
+func (m *Model) OnDevice(serverHasGPU bool) *Model {
+	if !m.Execution.Auto || !serverHasGPU || m.Execution.Provider == ProviderCUDA {
+		return m
 	}
-	return ProviderCPU
+	c := *m
+	c.Execution.Provider = ProviderCUDA
+	c.Execution.CUDA = defaultCUDA()
+	return &c
 }
 
 // readParameters reads sloserve's settings from parameters and returns

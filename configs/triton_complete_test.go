@@ -125,7 +125,9 @@ func TestTritonAutoComplete(t *testing.T) {
 			if m.Name != "auto" || m.Platform != PlatformONNX || m.MaxBatchSize != tc.maxBatch {
 				t.Errorf("name %q platform %q max_batch_size %d, want auto, onnx, %d", m.Name, m.Platform, m.MaxBatchSize, tc.maxBatch)
 			}
-			eq := func(a, b TensorConfig) bool { return a.Name == b.Name && a.DataType == b.DataType && slices.Equal(a.Shape, b.Shape) }
+			eq := func(a, b TensorConfig) bool {
+				return a.Name == b.Name && a.DataType == b.DataType && slices.Equal(a.Shape, b.Shape)
+			}
 			if !slices.EqualFunc(m.Inputs, tc.io[0], eq) || !slices.EqualFunc(m.Outputs, tc.io[1], eq) {
 				t.Errorf("inputs %+v outputs %+v, want %+v %+v", m.Inputs, m.Outputs, tc.io[0], tc.io[1])
 			}
@@ -149,3 +151,43 @@ func TestTritonAutoComplete(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// KIND_AUTO, and no instance_group at all, leave the device to the server:
+// the GPU when it has one, else the CPU. A CPU or GPU group beside an
+// AUTO one decides for it.
+func TestTritonKindAuto(t *testing.T) {
+	for _, tc := range []struct {
+		name, pbtxt string
+		auto        bool
+		onGPU       string // provider when the server has a GPU
+	}{
+		{"no instance_group", ``, true, ProviderCUDA},
+		{"KIND_AUTO", `instance_group [ { count: 2, kind: KIND_AUTO } ]`, true, ProviderCUDA},
+		{"KIND_CPU", `instance_group [ { kind: KIND_CPU } ]`, false, ProviderCPU},
+		{"KIND_AUTO and KIND_CPU", `instance_group [ { kind: KIND_AUTO }, { kind: KIND_CPU } ]`, false, ProviderCPU},
+		{"KIND_AUTO and KIND_GPU", `instance_group [ { kind: KIND_AUTO }, { kind: KIND_GPU, gpus: [ 1 ] } ]`, false, ProviderCUDA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := ParseTritonModel("config.pbtxt", []byte(`name: "m" `+tc.pbtxt))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Execution.Auto != tc.auto {
+				t.Errorf("auto %v, want %v", m.Execution.Auto, tc.auto)
+			}
+			if cpu := m.OnDevice(false); cpu.Execution.Provider != ProviderCPU && tc.onGPU == ProviderCPU {
+				t.Errorf("without a GPU: provider %s", cpu.Execution.Provider)
+			}
+			gpu := m.OnDevice(true)
+			if gpu.Execution.Provider != tc.onGPU {
+				t.Errorf("with a GPU: provider %s, want %s", gpu.Execution.Provider, tc.onGPU)
+			}
+			if gpu.Execution.Provider == ProviderCUDA && (gpu.Execution.CUDA == nil || gpu.Validate() != nil) {
+				t.Errorf("with a GPU: cuda options %+v, %v", gpu.Execution.CUDA, gpu.Validate())
+			}
+			if tc.auto && (m.Execution.Provider != ProviderCPU || gpu.Execution.DeviceGiven) {
+				t.Errorf("auto: %s before resolving, device given %v after", m.Execution.Provider, gpu.Execution.DeviceGiven)
+			}
+		})
+	}
+}

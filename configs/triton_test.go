@@ -119,7 +119,7 @@ func TestTritonConfigBad(t *testing.T) {
 		{"bad dim", `input { name: "x" data_type: TYPE_FP32 dims: [0] }`, []string{"input[0].shape[0]: must be -1 (dynamic) or >= 1, got 0"}},
 		{"two gpus", `instance_group { kind: KIND_GPU gpus: [0, 1] }`, []string{"instance_group[0].gpus: a model runs on one GPU, got [0 1]"}},
 		{"cpu and gpu", `instance_group { kind: KIND_CPU } instance_group { kind: KIND_GPU }`, []string{"instance_group[1].kind: all instance groups must run on the same kind of device"}},
-		{"auto with gpus", `instance_group { gpus: [0] }`, []string{"instance_group[0].gpus: with KIND_AUTO sloserve runs on the CPU"}},
+		{"auto with gpus", `instance_group { gpus: [0] }`, []string{"instance_group[0].gpus: not allowed with KIND_AUTO"}},
 		{"kind model", `instance_group { kind: KIND_MODEL }`, []string{"instance_group[0].kind: must be KIND_CPU, KIND_GPU or KIND_AUTO, got KIND_MODEL"}},
 		{"too many instances", `instance_group { count: 65 }`, []string{"instance_group.count: must be between 1 and 64, got 65"}},
 		{"passive", `instance_group { passive: true }`, []string{"instance_group[0].passive: not supported"}},

@@ -123,3 +123,50 @@ func TestE2ETritonAutoComplete(t *testing.T) {
 		}
 	})
 }
+
+// KIND_AUTO (and a config without instance_group, Triton's default) runs
+// a model on the GPU when the server has one, else on the CPU. On the
+// simulated GPU the outputs are zeros of the model's shape; on the CPU
+// they are the model's (row sums): the numbers say where it ran.
+func TestE2ETritonKindAuto(t *testing.T) {
+	repo := t.TempDir()
+	tritonFolder(t, repo, "auto", testModel(t, "example_dynamic_axes.onnx"), "instance_group [ { count: 1, kind: KIND_AUTO } ]\n")
+	tritonFolder(t, repo, "none", testModel(t, "example_dynamic_axes.onnx"), "")
+	tritonFolder(t, repo, "cpu", testModel(t, "example_dynamic_axes.onnx"), "instance_group [ { kind: KIND_CPU } ]\n")
+	for _, tc := range []struct {
+		name, extra string
+		kind        tritonpb.ModelInstanceGroup_Kind
+	}{
+		{"no GPU", "", tritonpb.ModelInstanceGroup_KIND_CPU},
+		{"simulated GPU", "gpu:\n  simulator: {devices: 1, sms: 80, memory: 16GiB}\n", tritonpb.ModelInstanceGroup_KIND_GPU},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, repo, tc.extra)
+			m, flat := randomRows(rand.New(rand.NewPCG(5, 5)), 2, 10)
+			for _, model := range []string{"auto", "none", "cpu"} {
+				want := tc.kind
+				if model == "cpu" {
+					want = tritonpb.ModelInstanceGroup_KIND_CPU
+				}
+				resp, err := s.grpc.ModelConfig(t.Context(), &inference.ModelConfigRequest{Name: model})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if g := resp.GetConfig().GetInstanceGroup(); len(g) != 1 || g[0].GetKind() != want || g[0].GetCount() != 1 {
+					t.Errorf("%s: instance groups %v, want one of kind %s", model, g, want)
+				}
+				var jr jsonInferResponse
+				if code := s.json(t, "POST", "/v2/models/"+model+"/infer", jsonInferRequest{
+					Inputs: []jsonTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{2, 10}, Data: flat}},
+				}, &jr); code != 200 {
+					t.Fatalf("%s: infer %d %s", model, code, jr.Error)
+				}
+				sums := rowSums(m)
+				if want == tritonpb.ModelInstanceGroup_KIND_GPU {
+					sums = []float64{0, 0} // the simulator's outputs
+				}
+				closeTo(t, model+" outputs", jr.Outputs[0].Data, sums, 1e-5)
+			}
+		})
+	}
+}

@@ -110,6 +110,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 		cfg, err = configs.LoadModel(m.dir)
 	}
 	if err == nil {
+		cfg = cfg.OnDevice(r.opts.HasGPU)
 		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
 	}
 	if err == nil {

@@ -111,6 +111,11 @@ type Options struct {
 	// It is called for the cuda models that name one too, and must
 	// return that one.
 	Place func(model string, cfg *configs.Model) (int, error)
+	// HasGPU says the server has a GPU (a real or a simulated one): a
+	// model whose config leaves the device to the server
+	// (configs.Execution.Auto, Triton's KIND_AUTO) runs there, else on
+	// the CPU.
+	HasGPU bool
 	// Forget, when set, is called with a version's scheduler name
 	// ("model/N") once the version is gone for good: replaced by other
 	// versions, unloaded through the API, or its model removed from the
