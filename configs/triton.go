@@ -184,8 +184,8 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 		if in.GetFormat() != tritonpb.ModelInput_FORMAT_NONE {
 			t.warn(path+".format", "ignored: %s is a hint for clients; the tensor is passed as it comes", in.GetFormat())
 		}
-		if in.GetReshape() != nil {
-			t.fail(path+".reshape", "not supported: the model must take the tensor in the shape clients send")
+		if r := in.GetReshape(); r != nil {
+			m.Inputs[i].Reshape = reshapeOf(r, m.MaxBatchSize)
 		}
 		if in.GetIsShapeTensor() {
 			t.fail(path+".is_shape_tensor", "not supported (shape tensors are a TensorRT feature)")
@@ -203,8 +203,8 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 		if out.GetLabelFilename() != "" {
 			t.warn(path+".label_filename", "ignored: sloserve has no classification extension")
 		}
-		if out.GetReshape() != nil {
-			t.fail(path+".reshape", "not supported: the output is returned in the shape the model gives")
+		if r := out.GetReshape(); r != nil {
+			m.Outputs[i].Reshape = reshapeOf(r, m.MaxBatchSize)
 		}
 		if out.GetIsShapeTensor() {
 			t.fail(path+".is_shape_tensor", "not supported (shape tensors are a TensorRT feature)")
@@ -233,6 +233,15 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 	if tc.GetResponseCache().GetEnable() {
 		t.warn("response_cache.enable", "ignored: sloserve has no response cache; every request is executed")
 	}
+}
+
+// reshapeOf is a Triton reshape in sloserve's terms: the batch dimension
+// -1 in front when the model batches; never nil.
+func reshapeOf(r *tritonpb.ModelTensorReshape, maxBatch int) []int64 {
+	if maxBatch > 0 {
+		return append([]int64{-1}, r.GetShape()...)
+	}
+	return append([]int64{}, r.GetShape()...)
 }
 
 func (t *tritonReader) readVersionPolicy(vp *tritonpb.ModelVersionPolicy, m *Model) {
@@ -576,11 +585,17 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Latest_{Latest: &tritonpb.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
 	}
 	tc.VersionPolicy = vp
+	reshape := func(t TensorConfig) *tritonpb.ModelTensorReshape {
+		if t.Reshape == nil {
+			return nil
+		}
+		return &tritonpb.ModelTensorReshape{Shape: tritonDims(t.Reshape, m.MaxBatchSize)}
+	}
 	for _, in := range m.Inputs {
-		tc.Input = append(tc.Input, &tritonpb.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize)})
+		tc.Input = append(tc.Input, &tritonpb.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize), Reshape: reshape(in)})
 	}
 	for _, out := range m.Outputs {
-		tc.Output = append(tc.Output, &tritonpb.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize)})
+		tc.Output = append(tc.Output, &tritonpb.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize), Reshape: reshape(out)})
 	}
 	g := &tritonpb.ModelInstanceGroup{Name: m.Name, Count: int32(m.Instances), Kind: tritonpb.ModelInstanceGroup_KIND_CPU}
 	if m.Execution.Provider == ProviderCUDA {

@@ -24,7 +24,8 @@ const TritonDefaultMaxBatchSize = 4
 // so its max_batch_size is taken as written.
 //
 // The model file read is the latest version the policy selects; without
-// one nothing is completed (the load then fails on the missing version).
+// one, or when it does not parse, nothing is completed (the load then
+// fails on the missing version or the file).
 func (t *tritonReader) completeFromModel(tc *tritonpb.ModelConfig, m *Model, dir string) {
 	needIn, needOut := len(tc.GetInput()) == 0, len(tc.GetOutput()) == 0
 	if !needIn && !needOut {
@@ -41,7 +42,8 @@ func (t *tritonReader) completeFromModel(tc *tritonpb.ModelConfig, m *Model, dir
 	file := filepath.Join(dir, strconv.FormatInt(selected[len(selected)-1], 10), ModelFile)
 	ins, outs, err := runtime.ReadSignature(file)
 	if err != nil {
-		t.fail("input", "not given, and cannot be completed from the model file: %v", err)
+		// Left as written: the load reports the model file as ONNX
+		// Runtime sees it.
 		return
 	}
 	batches := true

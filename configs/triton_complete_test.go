@@ -103,7 +103,7 @@ func TestTritonAutoComplete(t *testing.T) {
 		{name: "instance group only", model: batchingModel, pbtxt: ptr(`instance_group [ { count: 2 } ]`), maxBatch: TritonDefaultMaxBatchSize, io: batchingIO},
 		{name: "batching asked of a fixed model", model: fixedModel, pbtxt: ptr(`max_batch_size: 8`),
 			err: `max_batch_size: is 8, but "in" in`},
-		{name: "not an ONNX file", model: []byte("\xff\xff\xff"), err: "input: not given, and cannot be completed from the model file"},
+		{name: "not an ONNX file is left to the load", model: []byte("\xff\xff\xff")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,5 +189,40 @@ func TestTritonKindAuto(t *testing.T) {
 				t.Errorf("auto: %s before resolving, device given %v after", m.Execution.Provider, gpu.Execution.DeviceGiven)
 			}
 		})
+	}
+}
+
+// A reshape reads the same from config.yaml and config.pbtxt, writes back
+// in Triton's shape, and must keep the elements.
+func TestReshapeConfig(t *testing.T) {
+	y, err := ParseModel("config.yaml", []byte("name: m\nmax_batch_size: 4\ninputs: [{name: v, datatype: FP32, shape: [-1, 2, 5], reshape: [-1, 10]}]\noutputs: [{name: s, datatype: FP32, shape: [-1, 1], reshape: [-1]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParseTritonModel("config.pbtxt", []byte(`name: "m" max_batch_size: 4
+input [ { name: "v", data_type: TYPE_FP32, dims: [ 2, 5 ], reshape: { shape: [ 10 ] } } ]
+output [ { name: "s", data_type: TYPE_FP32, dims: [ 1 ], reshape: { shape: [ ] } } ]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Model{y, p} {
+		if !slices.Equal(m.Inputs[0].Reshape, []int64{-1, 10}) || !slices.Equal(m.Inputs[0].ModelShape(), []int64{-1, 10}) ||
+			!slices.Equal(m.Outputs[0].Reshape, []int64{-1}) || !slices.Equal(m.Outputs[0].Shape, []int64{-1, 1}) {
+			t.Errorf("%s: inputs %+v outputs %+v", m.File, m.Inputs, m.Outputs)
+		}
+	}
+	tc := TritonConfig(p)
+	if r := tc.GetInput()[0].GetReshape(); r == nil || !slices.Equal(r.GetShape(), []int64{10}) || tc.GetOutput()[0].GetReshape() == nil {
+		t.Errorf("Triton's shape: %v", tc)
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"inputs: [{name: v, datatype: FP32, shape: [-1, 2, 5], reshape: [-1, 9]}]", "inputs[0].reshape: [-1 9] holds 9 elements, shape [-1 2 5] holds 10"},
+		{"inputs: [{name: v, datatype: FP32, shape: [-1, 2, 5], reshape: [10]}]", "inputs[0].reshape[0]: must be -1 (the batch dimension)"},
+		{"inputs: [{name: v, datatype: FP32, shape: [-1, -1], reshape: [-1, 10]}]", "inputs[0].shape[1]: must be fixed (>= 1) when the tensor is reshaped"},
+	} {
+		_, err := ParseModel("config.yaml", []byte("name: m\nmax_batch_size: 4\n"+bad.yaml+"\n"))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want %q", bad.yaml, err, bad.want)
+		}
 	}
 }

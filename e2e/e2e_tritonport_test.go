@@ -170,3 +170,89 @@ func TestE2ETritonKindAuto(t *testing.T) {
 		})
 	}
 }
+
+// reshape: clients send and get a tensor in the config's dims, the model
+// gets and gives its own. The numbers are the model's; only the shapes
+// differ from those of the same model served without reshape.
+func TestE2ETritonReshape(t *testing.T) {
+	repo := t.TempDir()
+	tritonFolder(t, repo, "batched", testModel(t, "example_dynamic_axes.onnx"), `max_batch_size: 8
+input [ { name: "input_vectors", data_type: TYPE_FP32, dims: [ 2, 5 ], reshape: { shape: [ 10 ] } } ]
+output [ { name: "output_scalars", data_type: TYPE_FP32, dims: [ 1 ], reshape: { shape: [ ] } } ]
+`)
+	tritonFolder(t, repo, "single", testModel(t, "example_unicode.onnx"), `input [ { name: "in", data_type: TYPE_INT32, dims: [ 2 ], reshape: { shape: [ 1, 2 ] } } ]
+output [ { name: "out", data_type: TYPE_INT32, dims: [ ], reshape: { shape: [ 1 ] } } ]
+`)
+	tritonFolder(t, repo, "plain", testModel(t, "example_unicode.onnx"), "")
+	s := startServer(t, repo, "")
+
+	t.Run("metadata and config", func(t *testing.T) {
+		var md struct {
+			Inputs  []struct{ Shape []int64 } `json:"inputs"`
+			Outputs []struct{ Shape []int64 } `json:"outputs"`
+		}
+		if code := s.json(t, "GET", "/v2/models/batched", nil, &md); code != 200 || len(md.Inputs) != 1 ||
+			!slices.Equal(md.Inputs[0].Shape, []int64{-1, 2, 5}) || !slices.Equal(md.Outputs[0].Shape, []int64{-1, 1}) {
+			t.Errorf("metadata %d %+v, want the clients' shapes [-1 2 5] and [-1 1]", code, md)
+		}
+		resp, err := s.grpc.ModelConfig(t.Context(), &inference.ModelConfigRequest{Name: "batched"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, out := resp.GetConfig().GetInput()[0], resp.GetConfig().GetOutput()[0]
+		if !slices.Equal(in.GetDims(), []int64{2, 5}) || in.GetReshape() == nil || !slices.Equal(in.GetReshape().GetShape(), []int64{10}) ||
+			!slices.Equal(out.GetDims(), []int64{1}) || out.GetReshape() == nil || len(out.GetReshape().GetShape()) != 0 {
+			t.Errorf("config input %v output %v", in, out)
+		}
+	})
+
+	t.Run("batched", func(t *testing.T) {
+		m, flat := randomRows(rand.New(rand.NewPCG(7, 7)), 3, 10)
+		var jr jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/batched/infer", jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{3, 2, 5}, Data: flat}},
+		}, &jr); code != 200 {
+			t.Fatalf("infer: %d %s", code, jr.Error)
+		}
+		if o := jr.Outputs[0]; o.Name != "output_scalars" || !slices.Equal(o.Shape, []int64{3, 1}) {
+			t.Errorf("output %+v, want shape [3 1]", o)
+		}
+		closeTo(t, "row sums", jr.Outputs[0].Data, rowSums(m), 1e-5)
+		// gRPC, binary: the same.
+		gr, err := s.grpc.ModelInfer(t.Context(), &inference.ModelInferRequest{ModelName: "batched", Inputs: []*inference.ModelInferRequest_InferInputTensor{{
+			Name: "input_vectors", Datatype: "FP32", Shape: []int64{3, 2, 5},
+		}}, RawInputContents: [][]byte{f32bytes(flat)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := gr.GetOutputs()[0]; !slices.Equal(o.GetShape(), []int64{3, 1}) {
+			t.Errorf("gRPC output shape %v, want [3 1]", o.GetShape())
+		}
+		closeTo(t, "gRPC row sums", bytesF32(gr.GetRawOutputContents()[0]), rowSums(m), 1e-5)
+		// The model's own shape is not the clients'.
+		var bad jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/batched/infer", jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "input_vectors", Datatype: "FP32", Shape: []int64{3, 10}, Data: flat}},
+		}, &bad); code != 400 || bad.Error == "" {
+			t.Errorf("a request in the model's shape: %d %q, want 400 naming the shape", code, bad.Error)
+		}
+	})
+
+	t.Run("not batched", func(t *testing.T) {
+		var plain, reshaped jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/plain/infer", jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "in", Datatype: "INT32", Shape: []int64{1, 2}, Data: []int32{7, -3}}},
+		}, &plain); code != 200 {
+			t.Fatalf("plain: %d %s", code, plain.Error)
+		}
+		if code := s.json(t, "POST", "/v2/models/single/infer", jsonInferRequest{
+			Inputs: []jsonTensor{{Name: "in", Datatype: "INT32", Shape: []int64{2}, Data: []int32{7, -3}}},
+		}, &reshaped); code != 200 {
+			t.Fatalf("reshaped: %d %s", code, reshaped.Error)
+		}
+		if !slices.Equal(plain.Outputs[0].Shape, []int64{1}) || len(reshaped.Outputs[0].Shape) != 0 ||
+			!slices.Equal(reshaped.Outputs[0].Data, plain.Outputs[0].Data) || len(plain.Outputs[0].Data) != 1 {
+			t.Errorf("plain %+v, reshaped %+v: want the same value, shapes [1] and []", plain.Outputs, reshaped.Outputs)
+		}
+	})
+}

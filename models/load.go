@@ -348,6 +348,7 @@ func (v *version) checkModelFile(first Instance) error {
 	if v.outputs, err = checkDeclared("output", toSpecs(cfg.Outputs), first.Outputs()); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
 	}
+	v.wireInputs, v.wireOutputs = wireSpecs(v.inputs, cfg.Inputs), wireSpecs(v.outputs, cfg.Outputs)
 	if v.maxBatch > 0 {
 		for _, s := range slices.Concat(first.Inputs(), first.Outputs()) {
 			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
@@ -358,10 +359,38 @@ func (v *version) checkModelFile(first Instance) error {
 	return nil
 }
 
+// toSpecs are the tensors a config declares, in the model file's shapes.
 func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 	out := make([]runtime.TensorSpec, len(ts))
 	for i, t := range ts {
-		out[i] = runtime.TensorSpec{Name: t.Name, DataType: runtime.DataType(t.DataType), Shape: t.Shape}
+		out[i] = runtime.TensorSpec{Name: t.Name, DataType: runtime.DataType(t.DataType), Shape: t.ModelShape()}
+	}
+	return out
+}
+
+// wire are the version's inputs and outputs as clients see them.
+func (v *version) wire() (inputs, outputs []runtime.TensorSpec) {
+	inputs, outputs = v.wireInputs, v.wireOutputs
+	if inputs == nil {
+		inputs = v.inputs
+	}
+	if outputs == nil {
+		outputs = v.outputs
+	}
+	return inputs, outputs
+}
+
+// wireSpecs are the model's tensors as clients see them: a reshaped
+// one's shape is the config's. Without reshapes, specs itself.
+func wireSpecs(specs []runtime.TensorSpec, ts []configs.TensorConfig) []runtime.TensorSpec {
+	if !slices.ContainsFunc(ts, func(t configs.TensorConfig) bool { return t.Reshape != nil }) {
+		return specs
+	}
+	out := slices.Clone(specs)
+	for i := range out {
+		if j := slices.IndexFunc(ts, func(t configs.TensorConfig) bool { return t.Name == out[i].Name }); j >= 0 && ts[j].Reshape != nil {
+			out[i].Shape = ts[j].Shape
+		}
 	}
 	return out
 }
