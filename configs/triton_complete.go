@@ -3,6 +3,7 @@ package configs
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/sloserve/sloserve/configs/tritonpb"
@@ -46,27 +47,20 @@ func (t *tritonReader) completeFromModel(tc *tritonpb.ModelConfig, m *Model, dir
 		// Runtime sees it.
 		return
 	}
-	batches := true
-	for _, s := range append(append([]runtime.TensorSpec{}, ins...), outs...) {
-		if len(s.Shape) == 0 || s.Shape[0] >= 0 {
-			batches = false
-		}
-	}
-	if needIn && needOut && tc.GetMaxBatchSize() == 0 && batches {
+	// The model batches when no tensor's first dimension is fixed.
+	fixed := slices.IndexFunc(slices.Concat(ins, outs), func(s runtime.TensorSpec) bool { return len(s.Shape) == 0 || s.Shape[0] >= 0 })
+	if needIn && needOut && tc.GetMaxBatchSize() == 0 && fixed < 0 {
 		m.MaxBatchSize = TritonDefaultMaxBatchSize
 	}
-	if m.MaxBatchSize > 0 && !batches {
-		for _, s := range append(append([]runtime.TensorSpec{}, ins...), outs...) {
-			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
-				t.fail("max_batch_size", "is %d, but %q in %s has no dynamic first dimension (shape %v), so the model cannot batch", m.MaxBatchSize, s.Name, file, s.Shape)
-				return
-			}
-		}
+	if m.MaxBatchSize > 0 && fixed >= 0 {
+		s := slices.Concat(ins, outs)[fixed]
+		t.fail("max_batch_size", "is %d, but %q in %s has no dynamic first dimension (shape %v), so the model cannot batch", m.MaxBatchSize, s.Name, file, s.Shape)
+		return
 	}
 	conv := func(specs []runtime.TensorSpec) []TensorConfig {
 		out := make([]TensorConfig, len(specs))
 		for i, s := range specs {
-			out[i] = TensorConfig{Name: s.Name, DataType: string(s.DataType), Shape: append([]int64{}, s.Shape...)}
+			out[i] = TensorConfig{Name: s.Name, DataType: string(s.DataType), Shape: slices.Clone(s.Shape)}
 			if m.MaxBatchSize > 0 {
 				out[i].Shape[0] = -1
 			}

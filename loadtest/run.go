@@ -223,9 +223,12 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 			run.Records = append(run.Records, r)
 		}
 	}
-	// The adjuster's decisions over the run, by model.
-	events, err := fetchEvents(context.WithoutCancel(ctx), hc, opts.HTTPBase, start.Add(-sc.Warmup))
-	if err == nil && ctl != nil {
+	// The adjuster's decisions over the run, by model (sloserve only).
+	if ctl != nil {
+		events, err := fetchEvents(context.WithoutCancel(ctx), hc, opts.HTTPBase, start.Add(-sc.Warmup))
+		if err != nil {
+			events = nil // a run without them is still a run
+		}
 		for _, e := range events {
 			idx := -1
 			for i, d := range drivers {
