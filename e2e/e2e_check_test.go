@@ -92,6 +92,16 @@ func TestE2ECheck(t *testing.T) {
 		}
 	})
 
+	t.Run("usage and a missing repository", func(t *testing.T) {
+		if out, code := checkOutput(t, "extra"); code != 1 || !strings.Contains(out, `sloserve check: unexpected arguments ["extra"]`) || strings.Contains(out, "Checking") {
+			t.Errorf("an argument: exit %d:\n%s", code, out)
+		}
+		missing := filepath.Join(t.TempDir(), "nothere")
+		if out, code := checkOutput(t, "--repository", missing); code != 1 || !strings.Contains(out, "Checking repository "+missing+"\n  FAILED\n    open "+missing+": no such file or directory") {
+			t.Errorf("a missing repository: exit %d:\n%s", code, out)
+		}
+	})
+
 	bad := t.TempDir()
 	writeRepo(t, bad, repoModel{"yamltypo", dyn, "max_batch: 4\nslo: {latency_ms: -1}\n"})
 	tritonFolder(t, bad, "unsupported", dyn, "max_batch_size: 4\nsequence_batching {}\n")

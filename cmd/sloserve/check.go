@@ -39,8 +39,8 @@ Flags:
 		fs.PrintDefaults()
 	}
 	cfg, _, err := loadConfig(fs, args, 0)
-	if errors.Is(err, flag.ErrHelp) {
-		return err
+	if errors.Is(err, flag.ErrHelp) || (fs.Parsed() && fs.NArg() > 0) {
+		return err // a usage error, not a finding
 	}
 	source := "the embedded default"
 	if f := fs.Lookup("config"); f != nil && f.Value.String() != "" {
@@ -68,7 +68,7 @@ Flags:
 	for _, repo := range cfg.Repositories {
 		entries, err := os.ReadDir(repo)
 		if err != nil {
-			fmt.Fprintf(stdout, "Checking repository %s\n", repo)
+			fmt.Fprintf(stdout, "Checking repository %s\n  FAILED\n", repo)
 			printProblems(stdout, err)
 			failed = true
 			continue
