@@ -161,6 +161,21 @@ type TensorConfig struct {
 	Name     string  `yaml:"name"`
 	DataType string  `yaml:"datatype"`
 	Shape    []int64 `yaml:"shape"`
+	// Reshape is the tensor's shape in the model file when clients send
+	// or get it in another one (Shape): the same elements in the same
+	// order, the batch dimension first as in Shape. Every other dimension
+	// of both must be fixed. nil: the model's shape is Shape; [] (no
+	// batching) is a scalar.
+	Reshape []int64 `yaml:"reshape,omitempty"`
+}
+
+// ModelShape is the tensor's shape in the model file: Reshape when set,
+// else Shape.
+func (t TensorConfig) ModelShape() []int64 {
+	if t.Reshape != nil {
+		return t.Reshape
+	}
+	return t.Shape
 }
 
 // Execution configures the ONNX Runtime session.
@@ -171,7 +186,11 @@ type Execution struct {
 	// config.yaml, instance_group.gpus in config.pbtxt): with
 	// gpu.placement on, such a model is pinned there; one without is
 	// placed by the server.
-	DeviceGiven       bool   `yaml:"-"`
+	DeviceGiven bool `yaml:"-"`
+	// Auto says the config leaves the device to the server: the GPU when
+	// the server has one, else the CPU (Triton's KIND_AUTO; see
+	// Model.OnDevice). Provider is cpu until resolved.
+	Auto              bool   `yaml:"-"`
 	IntraOpThreads    int    `yaml:"intra_op_threads"` // 0: ONNX Runtime's default
 	InterOpThreads    int    `yaml:"inter_op_threads"` // 0: ONNX Runtime's default
 	GraphOptimization string `yaml:"graph_optimization"`
@@ -397,7 +416,9 @@ func defaultCUDA() *CUDA {
 // decodes strictly and validates, including that the name is the folder's.
 // A folder without either is read from a Triton config.pbtxt (see
 // ParseTritonModel); when both kinds are there, config.yaml wins and the
-// returned model carries a warning saying so.
+// returned model carries a warning saying so. A folder with neither but
+// with a version folder is read as an empty config.pbtxt, completed from
+// the model file as Triton completes one.
 func LoadModel(dir string) (*Model, error) {
 	var file string
 	var data []byte
@@ -419,6 +440,11 @@ func LoadModel(dir string) (*Model, error) {
 	if file == "" {
 		b, err := ReadFile(pbtxt)
 		if errors.Is(err, fs.ErrNotExist) {
+			// No config at all: a Triton model folder whose config is
+			// completed from its model file, as Triton does.
+			if vs, verr := ListVersions(dir); verr == nil && len(vs) > 0 {
+				return parseTritonModel(noConfigFile(dir), nil, dir)
+			}
 			return nil, fmt.Errorf("%s: no %s or %s: %w", dir, ModelConfigFile, ModelConfigPbtxt, fs.ErrNotExist)
 		}
 		if err != nil {
@@ -635,6 +661,45 @@ func validateTensors(p *problems, field string, ts []TensorConfig, maxBatch int)
 				p.add(dp, "must be -1 (dynamic) or >= 1, got %d", dim)
 			}
 		}
+		if t.Reshape != nil {
+			validateReshape(p, path, t, batched)
+		}
+	}
+}
+
+// validateReshape checks that a reshape keeps the elements: both shapes
+// fixed but for the batch dimension, with the same element count.
+func validateReshape(p *problems, path string, t TensorConfig, batched bool) {
+	count := func(field string, shape []int64) (int64, bool) {
+		n := int64(1)
+		for d, dim := range shape {
+			if batched && d == 0 {
+				if dim != -1 {
+					p.add(fmt.Sprintf("%s.%s[0]", path, field), "must be -1 (the batch dimension) when max_batch_size > 0, got %d", dim)
+					return 0, false
+				}
+				continue
+			}
+			if dim < 1 || dim > 1<<31 {
+				p.add(fmt.Sprintf("%s.%s[%d]", path, field, d), "must be fixed (>= 1) when the tensor is reshaped, got %d", dim)
+				return 0, false
+			}
+			if n > math.MaxInt64/dim {
+				p.add(path+"."+field, "has too many elements: %v", shape)
+				return 0, false
+			}
+			n *= dim
+		}
+		if batched && len(shape) == 0 {
+			p.add(path+"."+field, "must start with the batch dimension -1 when max_batch_size > 0")
+			return 0, false
+		}
+		return n, true
+	}
+	from, ok1 := count("shape", t.Shape)
+	to, ok2 := count("reshape", t.Reshape)
+	if ok1 && ok2 && from != to {
+		p.add(path+".reshape", "%v holds %d elements, shape %v holds %d; a reshape keeps them all", t.Reshape, to, t.Shape, from)
 	}
 }
 

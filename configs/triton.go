@@ -119,6 +119,9 @@ func mapTritonModel(tc *tritonpb.ModelConfig, file, dir string) (*Model, error) 
 	m.File, m.Dir = file, dir
 	t := tritonReader{file: file}
 	t.read(tc, &m)
+	if dir != "" && len(t.errs) == 0 {
+		t.completeFromModel(tc, &m, dir)
+	}
 	if m.Execution.Provider != ProviderCUDA {
 		m.Execution.CUDA = nil // CUDA options come with a GPU instance group
 	}
@@ -209,8 +212,8 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 		if in.GetFormat() != tritonpb.ModelInput_FORMAT_NONE {
 			t.warn(path+".format", "ignored: %s is a hint for clients; the tensor is passed as it comes", in.GetFormat())
 		}
-		if in.GetReshape() != nil {
-			t.fail(path+".reshape", "not supported: the model must take the tensor in the shape clients send")
+		if r := in.GetReshape(); r != nil {
+			m.Inputs[i].Reshape = reshapeOf(r, m.MaxBatchSize)
 		}
 		if in.GetIsShapeTensor() {
 			t.fail(path+".is_shape_tensor", "not supported (shape tensors are a TensorRT feature)")
@@ -228,8 +231,8 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 		if out.GetLabelFilename() != "" {
 			t.warn(path+".label_filename", "ignored: sloserve has no classification extension")
 		}
-		if out.GetReshape() != nil {
-			t.fail(path+".reshape", "not supported: the output is returned in the shape the model gives")
+		if r := out.GetReshape(); r != nil {
+			m.Outputs[i].Reshape = reshapeOf(r, m.MaxBatchSize)
 		}
 		if out.GetIsShapeTensor() {
 			t.fail(path+".is_shape_tensor", "not supported (shape tensors are a TensorRT feature)")
@@ -259,6 +262,15 @@ func (t *tritonReader) read(tc *tritonpb.ModelConfig, m *Model) {
 	if tc.GetResponseCache().GetEnable() {
 		t.warn("response_cache.enable", "ignored: sloserve has no response cache; every request is executed")
 	}
+}
+
+// reshapeOf is a Triton reshape in sloserve's terms: the batch dimension
+// -1 in front when the model batches; never nil.
+func reshapeOf(r *tritonpb.ModelTensorReshape, maxBatch int) []int64 {
+	if maxBatch > 0 {
+		return append([]int64{-1}, r.GetShape()...)
+	}
+	return append([]int64{}, r.GetShape()...)
 }
 
 func (t *tritonReader) readVersionPolicy(vp *tritonpb.ModelVersionPolicy, m *Model) {
@@ -299,10 +311,13 @@ func (t *tritonReader) tensor(path, name string, dt tritonpb.DataType, dims []in
 
 func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup, m *Model) {
 	if len(groups) == 0 {
+		// Triton's default: one instance where the server has room, a GPU
+		// when there is one.
+		m.Execution.Auto = true
 		return
 	}
 	total := 0
-	kind := tritonpb.ModelInstanceGroup_KIND_AUTO
+	explicit := tritonpb.ModelInstanceGroup_KIND_AUTO // the first CPU or GPU group's kind
 	gpu := int32(-1)
 	for i, g := range groups {
 		path := fmt.Sprintf("instance_group[%d]", i)
@@ -315,11 +330,12 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 			continue
 		}
 		switch k := g.GetKind(); k {
-		case tritonpb.ModelInstanceGroup_KIND_AUTO, tritonpb.ModelInstanceGroup_KIND_CPU, tritonpb.ModelInstanceGroup_KIND_GPU:
-			if i > 0 && groupDevice(k) != groupDevice(kind) {
-				t.fail(path+".kind", "all instance groups must run on the same kind of device, got %s and %s", kind, k)
+		case tritonpb.ModelInstanceGroup_KIND_AUTO:
+		case tritonpb.ModelInstanceGroup_KIND_CPU, tritonpb.ModelInstanceGroup_KIND_GPU:
+			if explicit != tritonpb.ModelInstanceGroup_KIND_AUTO && k != explicit {
+				t.fail(path+".kind", "all instance groups must run on the same kind of device, got %s and %s", explicit, k)
 			}
-			kind = k
+			explicit = k
 		default:
 			t.fail(path+".kind", "must be KIND_CPU, KIND_GPU or KIND_AUTO, got %s", k)
 		}
@@ -327,7 +343,7 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_CPU && len(gpus) > 0:
 			t.fail(path+".gpus", "not allowed with KIND_CPU")
 		case g.GetKind() == tritonpb.ModelInstanceGroup_KIND_AUTO && len(gpus) > 0:
-			t.fail(path+".gpus", "with KIND_AUTO sloserve runs on the CPU; give kind KIND_GPU to run on a GPU")
+			t.fail(path+".gpus", "not allowed with KIND_AUTO (the server picks the device); give kind KIND_GPU to name a GPU")
 		case len(gpus) > 1:
 			t.fail(path+".gpus", "a model runs on one GPU, got %v", gpus)
 		case len(gpus) == 1:
@@ -351,21 +367,29 @@ func (t *tritonReader) readInstanceGroups(groups []*tritonpb.ModelInstanceGroup,
 		total += n
 	}
 	m.Instances = total
-	if groupDevice(kind) == ProviderCUDA {
+	switch explicit {
+	case tritonpb.ModelInstanceGroup_KIND_GPU:
 		m.Execution.Provider = ProviderCUDA
 		m.Execution.CUDA = defaultCUDA()
 		m.Execution.DeviceID = int(max(gpu, 0))
 		m.Execution.DeviceGiven = gpu >= 0
+	case tritonpb.ModelInstanceGroup_KIND_AUTO: // every group KIND_AUTO
+		m.Execution.Auto = true
 	}
 }
 
-// groupDevice is the provider an instance group kind runs on. KIND_AUTO
-// runs on the CPU here: sloserve uses a GPU only when told to.
-func groupDevice(k tritonpb.ModelInstanceGroup_Kind) string {
-	if k == tritonpb.ModelInstanceGroup_KIND_GPU {
-		return ProviderCUDA
+// OnDevice resolves a device the config leaves to the server
+// (Execution.Auto: Triton's KIND_AUTO, or a config.pbtxt without
+// instance_group): a copy on the GPU (provider cuda, placed by the
+// server) when the server has one, else m itself, on the CPU.
+func (m *Model) OnDevice(serverHasGPU bool) *Model {
+	if !m.Execution.Auto || !serverHasGPU || m.Execution.Provider == ProviderCUDA {
+		return m
 	}
-	return ProviderCPU
+	c := *m
+	c.Execution.Provider = ProviderCUDA
+	c.Execution.CUDA = defaultCUDA()
+	return &c
 }
 
 // readParameters reads sloserve's settings from parameters and returns
@@ -599,11 +623,17 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Latest_{Latest: &tritonpb.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
 	}
 	tc.VersionPolicy = vp
+	reshape := func(t TensorConfig) *tritonpb.ModelTensorReshape {
+		if t.Reshape == nil {
+			return nil
+		}
+		return &tritonpb.ModelTensorReshape{Shape: tritonDims(t.Reshape, m.MaxBatchSize)}
+	}
 	for _, in := range m.Inputs {
-		tc.Input = append(tc.Input, &tritonpb.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize)})
+		tc.Input = append(tc.Input, &tritonpb.ModelInput{Name: in.Name, DataType: tritonDataType(in.DataType), Dims: tritonDims(in.Shape, m.MaxBatchSize), Reshape: reshape(in)})
 	}
 	for _, out := range m.Outputs {
-		tc.Output = append(tc.Output, &tritonpb.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize)})
+		tc.Output = append(tc.Output, &tritonpb.ModelOutput{Name: out.Name, DataType: tritonDataType(out.DataType), Dims: tritonDims(out.Shape, m.MaxBatchSize), Reshape: reshape(out)})
 	}
 	g := &tritonpb.ModelInstanceGroup{Name: m.Name, Count: int32(m.Instances), Kind: tritonpb.ModelInstanceGroup_KIND_CPU}
 	if m.Execution.Provider == ProviderCUDA {

@@ -406,6 +406,7 @@ svg.chart { width: 100%; height: auto; background: #fff; border: 1px solid #eee;
 <section id="{{.ID}}">
 <h2>{{.Label}}</h2>
 {{with .Summary}}{{$models := len .Models}}<p class="meta">Policy {{or .Policy "unknown"}}, {{ms .DurationS}} s measured, {{.Total.Requests}} requests, goodput {{rate .Total.Goodput}}/s, attainment {{pct .Total.Attainment}}.</p>
+{{if .Unfilled}}<p class="note">Not filled, the server has no GET /v2/control (it is not sloserve): {{range $i, $u := .Unfilled}}{{if $i}}; {{end}}{{$u}}{{end}}. Those columns show – or 0.</p>{{end}}
 {{if .Generator.Behind}}<p class="warn">The generator fell behind its schedule (lag p99 {{ms .Generator.LagP99ms}} ms): the load generator, not the server, may have limited this run.</p>{{end}}
 <table class="models">
 <caption>Per model (latency in ms of answered requests; goodput in requests/s; shares: mean, min and max of the limited samples, – when never limited)</caption>

@@ -60,6 +60,14 @@ func FetchMetadata(ctx context.Context, hc *http.Client, baseURL, model, version
 // getJSON reads a JSON answer of the server into v. A status other than
 // 200 is an error carrying the status and the server's {"error": ...} text;
 // bodies over inputMaxMetadataBytes are refused.
+// httpStatusError is an answer other than 200 OK.
+type httpStatusError struct {
+	code int
+	msg  string
+}
+
+func (e *httpStatusError) Error() string { return e.msg }
+
 func getJSON(ctx context.Context, hc *http.Client, u string, v any) error {
 	if hc == nil {
 		hc = http.DefaultClient
@@ -81,7 +89,7 @@ func getJSON(ctx context.Context, hc *http.Client, u string, v any) error {
 		return fmt.Errorf("the response has more than %d bytes", inputMaxMetadataBytes)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", resp.Status, clientErrorText(body))
+		return &httpStatusError{code: resp.StatusCode, msg: fmt.Sprintf("%s: %s", resp.Status, clientErrorText(body))}
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return fmt.Errorf("decoding the response: %w", err)

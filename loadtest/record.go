@@ -134,6 +134,10 @@ type Run struct {
 	Records  []Record // in no particular order
 	Shares   []ShareSample
 	Events   []Event
+	// Unfilled names the parts of the report the server could not fill
+	// (UnfilledWithoutControl against a server that is not sloserve); nil:
+	// all filled.
+	Unfilled []string
 }
 
 // WriteRecordsCSV writes every record of a run, one row per request, in

@@ -138,7 +138,13 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 	}
 	defer hc.CloseIdleConnections()
 	ctl, err := awaitControl(ctx, hc, opts.HTTPBase, sc.Models, 15*time.Second)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoControl):
+		// Another OIP v2 server: SLO and class come from the scenario,
+		// and what only sloserve reports stays empty, said so.
+		ctl = nil
+		opts.SharePeriod = -1
+	case err != nil:
 		return nil, err
 	}
 	var conn *grpc.ClientConn
@@ -155,7 +161,12 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 		}
 	}
 
-	run := &Run{Scenario: sc.Name, Policy: ctl.Policy, Duration: sc.Duration}
+	run := &Run{Scenario: sc.Name, Duration: sc.Duration}
+	if ctl != nil {
+		run.Policy = ctl.Policy
+	} else {
+		run.Unfilled = slices.Clone(UnfilledWithoutControl)
+	}
 	drivers := make([]*driver, len(sc.Models))
 	for i := range sc.Models {
 		d, err := newDriver(ctx, sc, i, opts, hc, conn, ctl)
@@ -212,9 +223,12 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 			run.Records = append(run.Records, r)
 		}
 	}
-	// The adjuster's decisions over the run, by model.
-	events, err := fetchEvents(context.WithoutCancel(ctx), hc, opts.HTTPBase, start.Add(-sc.Warmup))
-	if err == nil {
+	// The adjuster's decisions over the run, by model (sloserve only).
+	if ctl != nil {
+		events, err := fetchEvents(context.WithoutCancel(ctx), hc, opts.HTTPBase, start.Add(-sc.Warmup))
+		if err != nil {
+			events = nil // a run without them is still a run
+		}
 		for _, e := range events {
 			idx := -1
 			for i, d := range drivers {
@@ -263,7 +277,11 @@ func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.
 		return nil, err
 	}
 	info := ModelInfo{Name: m.Model, Class: m.Class, SLO: m.SLO, Protocol: m.Protocol}
-	if mc, ok := controlModel(ctl, m.Model, m.Version); ok {
+	if ctl == nil {
+		if info.SLO <= 0 {
+			return nil, errors.New("no SLO: the server has no GET /v2/control (not sloserve), so the scenario must give slo")
+		}
+	} else if mc, ok := controlModel(ctl, m.Model, m.Version); ok {
 		if info.Class == "" {
 			info.Class = mc.Class
 		}
@@ -457,11 +475,35 @@ func versionLess(a, b string) bool {
 	return va < vb
 }
 
+// errNoControl is fetchControl's answer from a server that has no GET
+// /v2/control: any Open Inference Protocol server but sloserve.
+var errNoControl = errors.New("the server has no GET /v2/control")
+
+// UnfilledWithoutControl are the parts of a run's report that only
+// sloserve's GET /v2/control and /v2/control/events fill: against another
+// server they stay empty, and the report says so.
+var UnfilledWithoutControl = []string{
+	"policy",
+	"share (share_mean, share_min, share_max)",
+	"share_changes",
+	"timeline compute_share, target_share, forecast_rate, predicted_ms, observed_ms, events",
+	"adjuster events",
+}
+
+// noControlStatuses are the answers of a server without the endpoint: not
+// found as most servers say it, and the other refusals of a path a server
+// does not route (Triton's HTTP frontend answers 400 for one).
+var noControlStatuses = []int{http.StatusNotFound, http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusNotImplemented}
+
 func fetchControl(ctx context.Context, hc *http.Client, base string) (*api.ControlStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var c api.ControlStatus
 	if err := getJSON(ctx, hc, base+"/v2/control", &c); err != nil {
+		var se *httpStatusError
+		if errors.As(err, &se) && slices.Contains(noControlStatuses, se.code) {
+			return nil, fmt.Errorf("%w (%w)", errNoControl, err)
+		}
 		return nil, err
 	}
 	return &c, nil

@@ -104,6 +104,9 @@ type Summary struct {
 	Classes   []ClassSummary `json:"classes"`
 	Total     Stats          `json:"total"`
 	Generator Generator      `json:"generator"`
+	// Unfilled names what the server could not report (Run.Unfilled):
+	// those fields are zero, not measured.
+	Unfilled []string `json:"unfilled,omitempty"`
 }
 
 // Summarize computes a run's summary over its window, [0, r.Duration):
@@ -114,6 +117,7 @@ func Summarize(r *Run) *Summary {
 	s := &Summary{
 		Scenario:  r.Scenario,
 		Policy:    r.Policy,
+		Unfilled:  slices.Clone(r.Unfilled),
 		Started:   r.Started,
 		DurationS: r.Duration.Seconds(),
 		Models:    make([]ModelSummary, len(r.Models)),

@@ -81,7 +81,8 @@ func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 	if err != nil {
 		return Metadata{}, err
 	}
-	md := Metadata{Name: name, Platform: "onnxruntime_onnx", Inputs: v.inputs, Outputs: v.outputs}
+	ins, outs := v.wire()
+	md := Metadata{Name: name, Platform: "onnxruntime_onnx", Inputs: ins, Outputs: outs}
 	for _, sv := range m.serving {
 		md.Versions = append(md.Versions, sv.label)
 	}
@@ -101,15 +102,21 @@ func (r *Registry) ModelConfig(name, ver string) (*configs.Model, error) {
 		return nil, err
 	}
 	cfg := *v.cfg
-	cfg.Inputs, cfg.Outputs = tensorConfigs(v.inputs), tensorConfigs(v.outputs)
+	ins, outs := v.wire()
+	cfg.Inputs, cfg.Outputs = tensorConfigs(ins, v.cfg.Inputs), tensorConfigs(outs, v.cfg.Outputs)
 	cfg.Warnings = nil
 	return &cfg, nil
 }
 
-func tensorConfigs(specs []runtime.TensorSpec) []configs.TensorConfig {
+// tensorConfigs are the tensors clients see, with the reshapes the
+// config declares.
+func tensorConfigs(specs []runtime.TensorSpec, declared []configs.TensorConfig) []configs.TensorConfig {
 	out := make([]configs.TensorConfig, len(specs))
 	for i, s := range specs {
 		out[i] = configs.TensorConfig{Name: s.Name, DataType: string(s.DataType), Shape: slices.Clone(s.Shape)}
+		if j := slices.IndexFunc(declared, func(t configs.TensorConfig) bool { return t.Name == s.Name }); j >= 0 {
+			out[i].Reshape = slices.Clone(declared[j].Reshape)
+		}
 	}
 	return out
 }

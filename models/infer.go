@@ -138,9 +138,11 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 			req.Deadline = dl
 		}
 	}
+	v.toModelShapes(req)
 	resp, err := v.sched.Submit(ctx, v.key, req, qos.RequestOptions{Deadline: req.Deadline, Priority: req.Priority})
 	if err != nil {
 		return nil, v.label, fmt.Errorf("model %s version %s: %w", v.model, v.label, err)
 	}
+	v.toWireShapes(resp)
 	return resp, v.label, nil
 }

@@ -103,43 +103,22 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 		r.mu.RUnlock()
 	}
 	fp := fingerprint(m.dir)
-	var cfg *configs.Model
-	if len(override) > 0 {
-		cfg, err = configs.ParseTritonModelJSON("the load request's config", override, m.dir)
-	} else {
-		cfg, err = configs.LoadModel(m.dir)
-	}
-	if err == nil {
-		err = checkBatchLimit(cfg, r.opts.MaxBatchSize)
-	}
-	if err == nil {
-		err = checkShapeLimit(cfg, r.opts.MaxTensorElements)
-	}
+	cfg, err := readModelConfig(m.dir, override, r.checkOptions())
 	if err == nil {
 		cfg, err = r.placed(name, cfg)
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
 	}
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		r.setFailed(m, nil, err, fp)
 		return err
 	}
 	for _, w := range cfg.Warnings {
 		log.Warn("model config: " + w)
 	}
-	available, err := configs.ListVersions(m.dir)
+	selected, err := selectVersions(cfg, m.dir)
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
-		r.setFailed(m, nil, err, fp)
-		return err
-	}
-	selected := cfg.SelectVersions(available)
-	if len(selected) == 0 {
-		err := fmt.Errorf("%w: %s: no version folder with a model.onnx matches the version policy (found %v)", ErrBadConfig, m.dir, available)
-		r.setFailed(m, nil, err, fp)
-		return err
-	}
-	if err := checkVersionLimit(cfg, selected); err != nil {
-		err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		r.setFailed(m, nil, err, fp)
 		return err
 	}
@@ -339,28 +318,67 @@ func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir s
 // version's first instance reports them, against its config, and records
 // them.
 func (v *version) checkModelFile(first Instance) error {
-	cfg := v.cfg
 	var err error
-	if v.inputs, err = checkDeclared("input", toSpecs(cfg.Inputs), first.Inputs()); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+	v.inputs, v.outputs, err = checkSignature(v.cfg, first.Inputs(), first.Outputs())
+	if err != nil {
+		return err
 	}
-	if v.outputs, err = checkDeclared("output", toSpecs(cfg.Outputs), first.Outputs()); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
-	}
-	if v.maxBatch > 0 {
-		for _, s := range slices.Concat(first.Inputs(), first.Outputs()) {
-			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
-				return fmt.Errorf("%w: %s: max_batch_size is %d but %q has no dynamic first dimension in the model file (shape %v)", ErrBadConfig, cfg.File, v.maxBatch, s.Name, s.Shape)
-			}
-		}
-	}
+	v.wireInputs, v.wireOutputs = wireSpecs(v.inputs, v.cfg.Inputs), wireSpecs(v.outputs, v.cfg.Outputs)
 	return nil
 }
 
+// checkSignature checks a model file's inputs and outputs against its
+// config and returns them as the config declares them (in the file's
+// shapes).
+func checkSignature(cfg *configs.Model, ins, outs []runtime.TensorSpec) (inputs, outputs []runtime.TensorSpec, err error) {
+	if inputs, err = checkDeclared("input", toSpecs(cfg.Inputs), ins); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+	}
+	if outputs, err = checkDeclared("output", toSpecs(cfg.Outputs), outs); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
+	}
+	if cfg.MaxBatchSize > 0 {
+		for _, s := range slices.Concat(ins, outs) {
+			if len(s.Shape) == 0 || s.Shape[0] >= 0 {
+				return nil, nil, fmt.Errorf("%w: %s: max_batch_size is %d but %q has no dynamic first dimension in the model file (shape %v)", ErrBadConfig, cfg.File, cfg.MaxBatchSize, s.Name, s.Shape)
+			}
+		}
+	}
+	return inputs, outputs, nil
+}
+
+// toSpecs are the tensors a config declares, in the model file's shapes.
 func toSpecs(ts []configs.TensorConfig) []runtime.TensorSpec {
 	out := make([]runtime.TensorSpec, len(ts))
 	for i, t := range ts {
-		out[i] = runtime.TensorSpec{Name: t.Name, DataType: runtime.DataType(t.DataType), Shape: t.Shape}
+		out[i] = runtime.TensorSpec{Name: t.Name, DataType: runtime.DataType(t.DataType), Shape: t.ModelShape()}
+	}
+	return out
+}
+
+// wire are the version's inputs and outputs as clients see them.
+func (v *version) wire() (inputs, outputs []runtime.TensorSpec) {
+	inputs, outputs = v.wireInputs, v.wireOutputs
+	if inputs == nil {
+		inputs = v.inputs
+	}
+	if outputs == nil {
+		outputs = v.outputs
+	}
+	return inputs, outputs
+}
+
+// wireSpecs are the model's tensors as clients see them: a reshaped
+// one's shape is the config's. Without reshapes, specs itself.
+func wireSpecs(specs []runtime.TensorSpec, ts []configs.TensorConfig) []runtime.TensorSpec {
+	if !slices.ContainsFunc(ts, func(t configs.TensorConfig) bool { return t.Reshape != nil }) {
+		return specs
+	}
+	out := slices.Clone(specs)
+	for i := range out {
+		if j := slices.IndexFunc(ts, func(t configs.TensorConfig) bool { return t.Name == out[i].Name }); j >= 0 && ts[j].Reshape != nil {
+			out[i].Shape = ts[j].Shape
+		}
 	}
 	return out
 }

@@ -111,6 +111,11 @@ type Options struct {
 	// It is called for the cuda models that name one too, and must
 	// return that one.
 	Place func(model string, cfg *configs.Model) (int, error)
+	// HasGPU says the server has a GPU (a real or a simulated one): a
+	// model whose config leaves the device to the server
+	// (configs.Execution.Auto, Triton's KIND_AUTO) runs there, else on
+	// the CPU.
+	HasGPU bool
 	// Forget, when set, is called with a version's scheduler name
 	// ("model/N") once the version is gone for good: replaced by other
 	// versions, unloaded through the API, or its model removed from the
@@ -178,18 +183,24 @@ type model struct {
 // version is one loaded model version: its config, metadata and the pool
 // of its instances.
 type version struct {
-	model    string
-	number   int64
-	label    string
-	key      string         // model/version, the scheduler's name for it
-	sched    *qos.Scheduler // set once it is scheduled; runs and counts its requests
-	cfg      *configs.Model
-	path     string // the model.onnx file
-	device   string // "cpu" or "cuda:N"
-	lim      limiter.Limiter
-	inputs   []runtime.TensorSpec
-	outputs  []runtime.TensorSpec
-	maxBatch int
+	model   string
+	number  int64
+	label   string
+	key     string         // model/version, the scheduler's name for it
+	sched   *qos.Scheduler // set once it is scheduled; runs and counts its requests
+	cfg     *configs.Model
+	path    string // the model.onnx file
+	device  string // "cpu" or "cuda:N"
+	lim     limiter.Limiter
+	inputs  []runtime.TensorSpec // as the model file has them
+	outputs []runtime.TensorSpec
+	// wireInputs and wireOutputs are the tensors as clients send and get
+	// them: inputs and outputs but for the shapes of reshaped ones
+	// (configs.TensorConfig.Reshape); nil: the same as the model's. Read
+	// them through wire.
+	wireInputs  []runtime.TensorSpec
+	wireOutputs []runtime.TensorSpec
+	maxBatch    int
 	// maxElements is the server's limits.max_tensor_elements: no sample
 	// request the version builds (warm-up, profiling) is larger.
 	maxElements int64

@@ -16,7 +16,7 @@ import (
 // compatible, data sized for the shape, requested outputs known. It returns
 // the request's batch size (1 for models without batching).
 func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, error) {
-	md := v.inputs
+	md, wireOutputs := v.wire()
 	if len(req.Inputs) != len(md) {
 		var missing []string
 		for _, spec := range md {
@@ -78,7 +78,7 @@ func (v *version) validate(req *runtime.InferRequest, maxElements int64) (int, e
 		}
 	}
 	for _, name := range req.Outputs {
-		if !slices.ContainsFunc(v.outputs, func(s runtime.TensorSpec) bool { return s.Name == name }) {
+		if !slices.ContainsFunc(wireOutputs, func(s runtime.TensorSpec) bool { return s.Name == name }) {
 			return 0, fmt.Errorf("%w: unknown output %q for model %s", ErrInvalidInput, name, v.model)
 		}
 	}

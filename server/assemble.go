@@ -58,6 +58,7 @@ type house struct {
 	gate    *qos.Gate // the one admission limit on requests in flight
 	use     *prometheus.GaugeVec
 	devs    *device.Set
+	gpus    int              // the GPUs the devices include, simulated or real
 	rec     *device.Recovery // nil: no simulated GPUs to recover
 	// stopRecovery ends the recoveries under way and waits for them;
 	// safe to call again.
@@ -208,7 +209,9 @@ func (h *house) buildDevices() error {
 		tel.Close()
 		gpus = len(infos)
 	}
-	h.devs = device.NewSet(device.Names(h.sim, gpus), device.Options{
+	names := device.Names(h.sim, gpus)
+	h.gpus = len(names) - 1 // all but the CPU
+	h.devs = device.NewSet(names, device.Options{
 		QoS: h.cfg.QoS, Control: h.cfg.Control, Predictor: h.pred, Gate: h.gate, Sim: h.sim,
 		Registerer: h.prom, UseGauge: h.use, Logger: h.log,
 	})
@@ -250,6 +253,7 @@ func (h *house) buildModels() error {
 		Estimator:         h.pred,
 		Limiter:           h.devs.Limiter,
 		Forget:            h.pred.Forget,
+		HasGPU:            h.gpus > 0,
 	}
 	if cfg.Control.Profile.Enabled {
 		opts.Profile = h.prof.run

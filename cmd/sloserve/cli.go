@@ -28,14 +28,17 @@ Usage:
                              drive models with a scenario's load and report
                              goodput, attainment and latency; --compare runs
                              it under each share policy side by side
+  sloserve check [flags]     validate the server config and every model
+                             folder of its repositories (config.yaml or
+                             config.pbtxt) without serving; exit 1 on errors
   sloserve cleanup           remove what servers killed without cleaning up
                              (SIGKILL, a crash) left: their cgroups and their
                              runners' socket folders
   sloserve version           print the version
   sloserve help              this text
 
-Run "sloserve serve -h", "sloserve profile -h" or "sloserve loadtest -h" for
-their flags.
+Run "sloserve serve -h", "sloserve check -h", "sloserve profile -h" or
+"sloserve loadtest -h" for their flags.
 `
 
 // run dispatches a subcommand and returns the process exit code.
@@ -60,6 +63,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		stopProfiles := profileRunner(logger)
 		err = runtime.RunnerMain(ctx, args[1:], logger)
 		stopProfiles()
+	case "check":
+		err = check(args[1:], stdout, stderr)
+		if errors.Is(err, errCheckFailed) {
+			return 1 // the problems are printed
+		}
 	case "cleanup":
 		err = cleanup(args[1:], stdout, stderr)
 	case "version", "--version", "-version":

@@ -249,8 +249,15 @@ func writeComparison(dir string, runs []*loadtest.Run, sums []*loadtest.Summary,
 func printSummary(w io.Writer, s *loadtest.Summary) {
 	fmt.Fprintf(w, "%-18s %-16s %8s %8s %9s %8s %8s %8s %7s\n", "model", "class", "requests", "goodput", "attain", "p50ms", "p99ms", "rejected", "share")
 	for _, m := range s.Models {
-		fmt.Fprintf(w, "%-18s %-16s %8d %8.2f %8.2f%% %8.1f %8.1f %8d %7.2f\n", m.Name, m.Class, m.Requests, m.Goodput,
-			100*m.Attainment, m.P50ms, m.P99ms, m.Outcomes["rejected"], m.ShareMean)
+		share := fmt.Sprintf("%7.2f", m.ShareMean)
+		if len(s.Unfilled) > 0 {
+			share = fmt.Sprintf("%7s", "-")
+		}
+		fmt.Fprintf(w, "%-18s %-16s %8d %8.2f %8.2f%% %8.1f %8.1f %8d %s\n", m.Name, m.Class, m.Requests, m.Goodput,
+			100*m.Attainment, m.P50ms, m.P99ms, m.Outcomes["rejected"], share)
+	}
+	if len(s.Unfilled) > 0 {
+		fmt.Fprintf(w, "not filled (the server has no GET /v2/control: not sloserve): %s\n", strings.Join(s.Unfilled, "; "))
 	}
 	if s.Generator.Behind {
 		fmt.Fprintf(w, "warning: the generator fell behind (p99 lag %.1f ms, max %.1f ms): the client limited this run\n", s.Generator.LagP99ms, s.Generator.LagMaxms)
