@@ -513,3 +513,29 @@ func TestAppendJSONHalfMatchesReference(t *testing.T) {
 		})
 	}
 }
+
+// restWakewordBody is a request like the demo wake-word model's: 25x96 FP32
+// values in [-1, 1), written with the fewest digits, as the load generator
+// writes them.
+func restWakewordBody() []byte {
+	rng := rand.New(rand.NewPCG(7, 8))
+	b := []byte(`{"inputs":[{"name":"onnx::Flatten_0","shape":[1,25,96],"datatype":"FP32","data":[`)
+	for i := range 25 * 96 {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, float64(float32(rng.Float64()*2-1)), 'g', -1, 32)
+	}
+	return append(b, `]}]}`...)
+}
+
+func BenchmarkDecodeRESTWakeword(b *testing.B) {
+	body := restWakewordBody()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := decodeRESTInfer(body, -1, restLimits); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
