@@ -259,20 +259,9 @@ func decodeGRPCInput(in *inference.ModelInferRequest_InferInputTensor, raw []byt
 			return runtime.Tensor{}, fmt.Errorf("%w: input %q: parameter %q is not supported", errBadRequest, name, k)
 		}
 	}
-	if in.GetDatatype() == "" {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no datatype", errBadRequest, name)
-	}
-	dt, ok := runtime.ParseDataType(in.GetDatatype())
-	if !ok {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
-	}
-	shape := in.GetShape()
-	if len(shape) == 0 {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
-	}
-	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	dt, shape, n, err := grpcCheckInput(in, lim)
 	if err != nil {
-		return runtime.Tensor{}, fmt.Errorf("input %q: %w", name, err)
+		return runtime.Tensor{}, err
 	}
 	t := runtime.Tensor{Name: name, DataType: dt, Shape: shape}
 
@@ -302,6 +291,28 @@ func decodeGRPCInput(in *inference.ModelInferRequest_InferInputTensor, raw []byt
 		return runtime.Tensor{}, fmt.Errorf("%w: input %q: %v", errBadRequest, name, err)
 	}
 	return t, nil
+}
+
+// grpcCheckInput checks an input's datatype and shape, wherever its data
+// comes from, and returns them with its element count.
+func grpcCheckInput(in *inference.ModelInferRequest_InferInputTensor, lim Limits) (runtime.DataType, []int64, int64, error) {
+	name := in.GetName()
+	if in.GetDatatype() == "" {
+		return "", nil, 0, fmt.Errorf("%w: input %q has no datatype", errBadRequest, name)
+	}
+	dt, ok := runtime.ParseDataType(in.GetDatatype())
+	if !ok {
+		return "", nil, 0, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
+	}
+	shape := in.GetShape()
+	if len(shape) == 0 {
+		return "", nil, 0, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
+	}
+	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	if err != nil {
+		return "", nil, 0, fmt.Errorf("input %q: %w", name, err)
+	}
+	return dt, shape, n, nil
 }
 
 // grpcElementCount is the number of elements of shape. A negative dimension, or
