@@ -42,22 +42,18 @@ const (
 	grpcBytesContents  = "bytes_contents"
 )
 
-// grpcContentsField names the typed contents field that carries each datatype.
-// FP16 and BF16 have none: they travel in raw_input_contents only.
-var grpcContentsField = map[runtime.DataType]string{
-	runtime.Bool:   grpcBoolContents,
-	runtime.Int8:   grpcIntContents,
-	runtime.Int16:  grpcIntContents,
-	runtime.Int32:  grpcIntContents,
-	runtime.Int64:  grpcInt64Contents,
-	runtime.Uint8:  grpcUintContents,
-	runtime.Uint16: grpcUintContents,
-	runtime.Uint32: grpcUintContents,
-	runtime.Uint64: grpcUint64Contents,
-	runtime.FP32:   grpcFP32Contents,
-	runtime.FP64:   grpcFP64Contents,
-	runtime.Bytes:  grpcBytesContents,
-}
+// grpcContentsField names the typed contents field that carries each
+// datatype (runtime's datatype table). FP16 and BF16 have none: they travel
+// in raw_input_contents only.
+var grpcContentsField = func() map[runtime.DataType]string {
+	m := make(map[runtime.DataType]string)
+	for _, t := range runtime.DataTypes() {
+		if t.GRPCContents != "" {
+			m[t.Name] = t.GRPCContents
+		}
+	}
+	return m
+}()
 
 // decodeGRPCInfer validates a ModelInferRequest and converts its inputs to
 // runtime tensors, as Triton does: every input names its datatype and shape;

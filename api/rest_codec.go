@@ -1182,14 +1182,6 @@ func appendRESTResponse(buf []byte, model, version string, req *restRequest, out
 	return buf, parts, nil
 }
 
-// restJSONElementBytes is the most bytes appendJSONData writes for one
-// element of each fixed-size datatype, its separator included.
-var restJSONElementBytes = map[runtime.DataType]int64{
-	runtime.Bool: 6, runtime.Uint8: 4, runtime.Int8: 5, runtime.Uint16: 6, runtime.Int16: 7,
-	runtime.Uint32: 11, runtime.Int32: 12, runtime.Uint64: 21, runtime.Int64: 21,
-	runtime.FP16: 16, runtime.BF16: 16, runtime.FP32: 24, runtime.FP64: 28,
-}
-
 // restResponseBound is the most bytes appendRESTResponse can write for
 // outs: what to reserve before encoding them.
 func restResponseBound(req *restRequest, outs []runtime.Tensor) int64 {
@@ -1206,8 +1198,8 @@ func restResponseBound(req *restRequest, outs []runtime.Tensor) int64 {
 			n += 6*int64(len(t.Data)) + 2
 			continue
 		}
-		if es := int64(t.DataType.Size()); es > 0 {
-			n += int64(len(t.Data))/es*restJSONElementBytes[t.DataType] + 2
+		if info, _ := t.DataType.Info(); info.Size > 0 {
+			n += int64(len(t.Data))/int64(info.Size)*int64(info.JSONMaxBytes) + 2
 		}
 	}
 	return n
