@@ -42,22 +42,18 @@ const (
 	grpcBytesContents  = "bytes_contents"
 )
 
-// grpcContentsField names the typed contents field that carries each datatype.
-// FP16 and BF16 have none: they travel in raw_input_contents only.
-var grpcContentsField = map[runtime.DataType]string{
-	runtime.Bool:   grpcBoolContents,
-	runtime.Int8:   grpcIntContents,
-	runtime.Int16:  grpcIntContents,
-	runtime.Int32:  grpcIntContents,
-	runtime.Int64:  grpcInt64Contents,
-	runtime.Uint8:  grpcUintContents,
-	runtime.Uint16: grpcUintContents,
-	runtime.Uint32: grpcUintContents,
-	runtime.Uint64: grpcUint64Contents,
-	runtime.FP32:   grpcFP32Contents,
-	runtime.FP64:   grpcFP64Contents,
-	runtime.Bytes:  grpcBytesContents,
-}
+// grpcContentsField names the typed contents field that carries each
+// datatype (runtime's datatype table). FP16 and BF16 have none: they travel
+// in raw_input_contents only.
+var grpcContentsField = func() map[runtime.DataType]string {
+	m := make(map[runtime.DataType]string)
+	for _, t := range runtime.DataTypes() {
+		if t.GRPCContents != "" {
+			m[t.Name] = t.GRPCContents
+		}
+	}
+	return m
+}()
 
 // decodeGRPCInfer validates a ModelInferRequest and converts its inputs to
 // runtime tensors, as Triton does: every input names its datatype and shape;
@@ -259,20 +255,9 @@ func decodeGRPCInput(in *inference.ModelInferRequest_InferInputTensor, raw []byt
 			return runtime.Tensor{}, fmt.Errorf("%w: input %q: parameter %q is not supported", errBadRequest, name, k)
 		}
 	}
-	if in.GetDatatype() == "" {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no datatype", errBadRequest, name)
-	}
-	dt, ok := runtime.ParseDataType(in.GetDatatype())
-	if !ok {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
-	}
-	shape := in.GetShape()
-	if len(shape) == 0 {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
-	}
-	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	dt, shape, n, err := grpcCheckInput(in, lim)
 	if err != nil {
-		return runtime.Tensor{}, fmt.Errorf("input %q: %w", name, err)
+		return runtime.Tensor{}, err
 	}
 	t := runtime.Tensor{Name: name, DataType: dt, Shape: shape}
 
@@ -302,6 +287,28 @@ func decodeGRPCInput(in *inference.ModelInferRequest_InferInputTensor, raw []byt
 		return runtime.Tensor{}, fmt.Errorf("%w: input %q: %v", errBadRequest, name, err)
 	}
 	return t, nil
+}
+
+// grpcCheckInput checks an input's datatype and shape, wherever its data
+// comes from, and returns them with its element count.
+func grpcCheckInput(in *inference.ModelInferRequest_InferInputTensor, lim Limits) (runtime.DataType, []int64, int64, error) {
+	name := in.GetName()
+	if in.GetDatatype() == "" {
+		return "", nil, 0, fmt.Errorf("%w: input %q has no datatype", errBadRequest, name)
+	}
+	dt, ok := runtime.ParseDataType(in.GetDatatype())
+	if !ok {
+		return "", nil, 0, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
+	}
+	shape := in.GetShape()
+	if len(shape) == 0 {
+		return "", nil, 0, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
+	}
+	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	if err != nil {
+		return "", nil, 0, fmt.Errorf("input %q: %w", name, err)
+	}
+	return dt, shape, n, nil
 }
 
 // grpcElementCount is the number of elements of shape. A negative dimension, or

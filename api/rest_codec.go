@@ -3,8 +3,9 @@ package api
 // The REST codec: inference requests from JSON (with the binary tensor data
 // extension) into runtime tensors, and inference responses back to JSON.
 //
-// encoding/json checks the request's syntax and decodes its small structure
-// into plain structs (so field names match as encoding/json matches them, and
+// The request's small structure is read into plain structs by a one-pass
+// parser for the common shape (rest_parse.go), else by encoding/json, which
+// checks the syntax (field names match as encoding/json matches them, and
 // unknown fields are ignored as the protocol allows). The "data" arrays, which
 // hold nearly all of the bytes, stay raw: a small scanner flattens each
 // already checked value and parses it straight into the tensor's
@@ -176,15 +177,11 @@ func decodeRESTInferMem(body []byte, headerLen int64, lim Limits, shm *shmUse, m
 		return nil, err
 	}
 	var rj restRequestJSON
-	dec := json.NewDecoder(bytes.NewReader(jsonPart))
-	if err := dec.Decode(&rj); err != nil {
-		return nil, restJSONError(err)
-	}
-	if len(bytes.TrimSpace(jsonPart[dec.InputOffset():])) != 0 {
-		return nil, restBadRequest("malformed JSON: data after the request object")
-	}
-	if key, dup := duplicateJSONKey(jsonPart); dup {
-		return nil, restBadRequest("malformed JSON: key %q appears twice in one object", clipValue(key))
+	if !parseRESTFast(jsonPart, &rj) {
+		rj = restRequestJSON{}
+		if err := decodeRESTStructure(jsonPart, &rj); err != nil {
+			return nil, err
+		}
 	}
 	if rj.Inputs == nil {
 		return nil, restBadRequest("the request has no inputs")
@@ -265,6 +262,22 @@ func decodeRESTInferMem(body []byte, headerLen int64, lim Limits, shm *shmUse, m
 		req.outputs[i] = o
 	}
 	return req, nil
+}
+
+// decodeRESTStructure decodes the structure of a request with encoding/json,
+// for requests parseRESTFast does not read.
+func decodeRESTStructure(jsonPart []byte, rj *restRequestJSON) error {
+	dec := json.NewDecoder(bytes.NewReader(jsonPart))
+	if err := dec.Decode(rj); err != nil {
+		return restJSONError(err)
+	}
+	if len(bytes.TrimSpace(jsonPart[dec.InputOffset():])) != 0 {
+		return restBadRequest("malformed JSON: data after the request object")
+	}
+	if key, dup := duplicateJSONKey(jsonPart); dup {
+		return restBadRequest("malformed JSON: key %q appears twice in one object", clipValue(key))
+	}
+	return nil
 }
 
 // restTimeoutParam reads the request parameter timeout, in microseconds.
@@ -709,12 +722,18 @@ func appendJSONElement(out []byte, dt runtime.DataType, tok []byte) ([]byte, err
 		}
 		return appendUintLE(out, v, dt.Size()), nil
 	case runtime.FP32:
+		if f, ok := parseFloat32Fast(tok); ok {
+			return le.AppendUint32(out, math.Float32bits(f)), nil
+		}
 		f, err := strconv.ParseFloat(string(tok), 32)
 		if err != nil {
 			return out, jsonFloatError(tok, dt, err)
 		}
 		return le.AppendUint32(out, math.Float32bits(float32(f))), nil
 	case runtime.FP64:
+		if f, ok := parseFloat64Fast(tok); ok {
+			return le.AppendUint64(out, math.Float64bits(f)), nil
+		}
 		f, err := strconv.ParseFloat(string(tok), 64)
 		if err != nil {
 			return out, jsonFloatError(tok, dt, err)
@@ -737,6 +756,95 @@ func appendJSONElement(out []byte, dt runtime.DataType, tok []byte) ([]byte, err
 		return le.AppendUint16(out, h), nil
 	}
 	return out, fmt.Errorf("datatype %s cannot be decoded", dt)
+}
+
+// parseFloat64Fast converts a JSON number token with at most 19 significant
+// digits whose value is m * 10^e with m < 2^53 and |e| <= 22 (nearly every
+// number a client writes) to the nearest float64: m and 10^e are exact
+// float64s, so one multiplication or division rounds once, correctly
+// (Clinger's fast path, as strconv takes it after a slower scan). ok is
+// false for any other token; strconv.ParseFloat then decides.
+func parseFloat64Fast(tok []byte) (f float64, ok bool) {
+	i := 0
+	neg := len(tok) > 0 && tok[0] == '-'
+	if neg {
+		i++
+	}
+	var m uint64
+	digits, exp := 0, 0
+	for ; i < len(tok) && tok[i] >= '0' && tok[i] <= '9'; i++ {
+		if m != 0 || tok[i] != '0' {
+			digits++
+		}
+		m = m*10 + uint64(tok[i]-'0')
+	}
+	if i < len(tok) && tok[i] == '.' {
+		for i++; i < len(tok) && tok[i] >= '0' && tok[i] <= '9'; i++ {
+			if m != 0 || tok[i] != '0' {
+				digits++
+			}
+			m = m*10 + uint64(tok[i]-'0')
+			exp--
+		}
+	}
+	if digits > 19 {
+		return 0, false
+	}
+	if i < len(tok) && (tok[i] == 'e' || tok[i] == 'E') {
+		i++
+		eneg := i < len(tok) && tok[i] == '-'
+		if i < len(tok) && (tok[i] == '-' || tok[i] == '+') {
+			i++
+		}
+		start, e := i, 0
+		for ; i < len(tok) && tok[i] >= '0' && tok[i] <= '9' && e < 1000; i++ {
+			e = e*10 + int(tok[i]-'0')
+		}
+		if i == start {
+			return 0, false
+		}
+		if eneg {
+			e = -e
+		}
+		exp += e
+	}
+	if i != len(tok) || i == 0 || tok[i-1] == '-' {
+		return 0, false
+	}
+	switch {
+	case m == 0:
+		f = 0
+	case m >= 1<<53 || exp < -22 || exp > 22:
+		return 0, false
+	case exp >= 0:
+		f = float64(m) * pow10Table[exp]
+	default:
+		f = float64(m) / pow10Table[-exp]
+	}
+	if neg {
+		f = -f
+	}
+	return f, true
+}
+
+// parseFloat32Fast is parseFloat64Fast for float32. The float64 nearest the
+// number rounds to the float32 nearest it unless it lies exactly halfway
+// between two float32s (rounding twice could then go the wrong way): a
+// float64 cannot pass over such a midpoint, which it represents, on the way
+// to the nearest float64. Those give ok false, as do values a float32
+// cannot hold.
+func parseFloat32Fast(tok []byte) (float32, bool) {
+	f, ok := parseFloat64Fast(tok)
+	if !ok {
+		return 0, false
+	}
+	if b := math.Float64bits(f); b&(1<<29-1) == 1<<28 {
+		return 0, false // a float32 midpoint
+	}
+	if a := math.Abs(f); a != 0 && (a < math.SmallestNonzeroFloat32*(1<<23) || a > math.MaxFloat32) {
+		return 0, false // subnormal or out of range: strconv decides
+	}
+	return float32(f), true
 }
 
 // halfInfBits is the bit pattern of +Inf in a 16-bit floating-point type.
@@ -1074,14 +1182,6 @@ func appendRESTResponse(buf []byte, model, version string, req *restRequest, out
 	return buf, parts, nil
 }
 
-// restJSONElementBytes is the most bytes appendJSONData writes for one
-// element of each fixed-size datatype, its separator included.
-var restJSONElementBytes = map[runtime.DataType]int64{
-	runtime.Bool: 6, runtime.Uint8: 4, runtime.Int8: 5, runtime.Uint16: 6, runtime.Int16: 7,
-	runtime.Uint32: 11, runtime.Int32: 12, runtime.Uint64: 21, runtime.Int64: 21,
-	runtime.FP16: 16, runtime.BF16: 16, runtime.FP32: 24, runtime.FP64: 28,
-}
-
 // restResponseBound is the most bytes appendRESTResponse can write for
 // outs: what to reserve before encoding them.
 func restResponseBound(req *restRequest, outs []runtime.Tensor) int64 {
@@ -1098,8 +1198,8 @@ func restResponseBound(req *restRequest, outs []runtime.Tensor) int64 {
 			n += 6*int64(len(t.Data)) + 2
 			continue
 		}
-		if es := int64(t.DataType.Size()); es > 0 {
-			n += int64(len(t.Data))/es*restJSONElementBytes[t.DataType] + 2
+		if info, _ := t.DataType.Info(); info.Size > 0 {
+			n += int64(len(t.Data))/int64(info.Size)*int64(info.JSONMaxBytes) + 2
 		}
 	}
 	return n

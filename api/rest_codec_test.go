@@ -513,3 +513,66 @@ func TestAppendJSONHalfMatchesReference(t *testing.T) {
 		})
 	}
 }
+
+// restWakewordBody is a request like the demo wake-word model's: 25x96 FP32
+// values in [-1, 1), written with the fewest digits, as the load generator
+// writes them.
+func restWakewordBody() []byte {
+	rng := rand.New(rand.NewPCG(7, 8))
+	b := []byte(`{"inputs":[{"name":"onnx::Flatten_0","shape":[1,25,96],"datatype":"FP32","data":[`)
+	for i := range 25 * 96 {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, float64(float32(rng.Float64()*2-1)), 'g', -1, 32)
+	}
+	return append(b, `]}]}`...)
+}
+
+func BenchmarkDecodeRESTWakeword(b *testing.B) {
+	body := restWakewordBody()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := decodeRESTInfer(body, -1, restLimits); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// No element of a fixed-size datatype takes more JSON than the datatype
+// table's JSONMaxBytes, which sizes the response's reservation.
+func TestJSONMaxBytesBoundsElements(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, info := range runtime.DataTypes() {
+		if info.Size == 0 {
+			continue
+		}
+		const n = 4096
+		data := make([]byte, n*info.Size)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		// The extremes: all ones (-1, the largest unsigned, a NaN), the
+		// most negative integer, the smallest subnormal.
+		for i := range info.Size {
+			data[i] = 0xff
+			data[info.Size+i] = 0
+			data[2*info.Size+i] = 0
+		}
+		data[2*info.Size-1] = 0x80
+		data[2*info.Size] = 1
+		tn := runtime.Tensor{Name: "y", DataType: info.Name, Shape: []int64{n}, Data: data}
+		out := appendJSONData(nil, &tn, n)
+		per := int64(len(out)-2) / n
+		for _, el := range strings.Split(string(out[1:len(out)-1]), ",") {
+			if len(el)+1 > info.JSONMaxBytes {
+				t.Errorf("%s: element %s takes %d bytes with its separator; the table says at most %d", info.Name, el, len(el)+1, info.JSONMaxBytes)
+				break
+			}
+		}
+		if per > int64(info.JSONMaxBytes) {
+			t.Errorf("%s: %d bytes per element", info.Name, per)
+		}
+	}
+}

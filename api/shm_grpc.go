@@ -71,17 +71,9 @@ func grpcShmInput(u *shmUse, in *inference.ModelInferRequest_InferInputTensor, l
 	if set := grpcSetContents(in.GetContents()); len(set) > 0 {
 		return runtime.Tensor{}, fmt.Errorf("%w: input %q has both %s and %s", errBadRequest, name, set[0], paramShmRegion)
 	}
-	dt, ok := runtime.ParseDataType(in.GetDatatype())
-	if !ok {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q: unknown datatype %q", errBadRequest, name, in.GetDatatype())
-	}
-	shape := in.GetShape()
-	if len(shape) == 0 {
-		return runtime.Tensor{}, fmt.Errorf("%w: input %q has no shape", errBadRequest, name)
-	}
-	n, err := grpcElementCount(shape, lim.MaxTensorElements, dt)
+	dt, shape, n, err := grpcCheckInput(in, lim)
 	if err != nil {
-		return runtime.Tensor{}, fmt.Errorf("input %q: %w", name, err)
+		return runtime.Tensor{}, err
 	}
 	p, err := grpcShmParams("input", name, in.GetParameters())
 	if err != nil {

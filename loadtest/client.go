@@ -41,6 +41,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // Protocols a Client can speak.
@@ -327,58 +328,21 @@ func clientAppendJSONString(b []byte, s string) []byte {
 	return append(b, q...)
 }
 
-// clientAppendJSONData appends a checked tensor's data as a flat JSON array.
+// clientAppendJSONData appends a checked tensor's data as a flat JSON array,
+// reading each element as runtime's datatype table describes it.
 func clientAppendJSONData(b []byte, t *Tensor) ([]byte, error) {
 	le := binary.LittleEndian
+	info, _ := runtime.DataType(t.DataType).Info()
+	if info.Kind == runtime.KindFloat && info.Size < 4 || info.Kind == 0 {
+		return nil, fmt.Errorf("input %q: %s data cannot be sent as JSON; use %s", t.Name, t.DataType, ProtoRESTBinary)
+	}
 	raw := t.Raw
 	b = append(b, '[')
 	for i := 0; len(raw) > 0; i++ {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		switch t.DataType {
-		case "BOOL":
-			b = strconv.AppendBool(b, raw[0] != 0)
-			raw = raw[1:]
-		case "UINT8":
-			b = strconv.AppendUint(b, uint64(raw[0]), 10)
-			raw = raw[1:]
-		case "INT8":
-			b = strconv.AppendInt(b, int64(int8(raw[0])), 10)
-			raw = raw[1:]
-		case "UINT16":
-			b = strconv.AppendUint(b, uint64(le.Uint16(raw)), 10)
-			raw = raw[2:]
-		case "INT16":
-			b = strconv.AppendInt(b, int64(int16(le.Uint16(raw))), 10)
-			raw = raw[2:]
-		case "UINT32":
-			b = strconv.AppendUint(b, uint64(le.Uint32(raw)), 10)
-			raw = raw[4:]
-		case "INT32":
-			b = strconv.AppendInt(b, int64(int32(le.Uint32(raw))), 10)
-			raw = raw[4:]
-		case "UINT64":
-			b = strconv.AppendUint(b, le.Uint64(raw), 10)
-			raw = raw[8:]
-		case "INT64":
-			b = strconv.AppendInt(b, int64(le.Uint64(raw)), 10)
-			raw = raw[8:]
-		case "FP32":
-			f := math.Float32frombits(le.Uint32(raw))
-			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-				return nil, fmt.Errorf("input %q: element %d is %v, which JSON cannot carry; use %s", t.Name, i, f, ProtoRESTBinary)
-			}
-			b = strconv.AppendFloat(b, float64(f), 'g', -1, 32)
-			raw = raw[4:]
-		case "FP64":
-			f := math.Float64frombits(le.Uint64(raw))
-			if math.IsNaN(f) || math.IsInf(f, 0) {
-				return nil, fmt.Errorf("input %q: element %d is %v, which JSON cannot carry; use %s", t.Name, i, f, ProtoRESTBinary)
-			}
-			b = strconv.AppendFloat(b, f, 'g', -1, 64)
-			raw = raw[8:]
-		case "BYTES":
+		if info.Kind == runtime.KindString {
 			l := le.Uint32(raw)
 			s := raw[4 : 4+l]
 			if !utf8.Valid(s) {
@@ -386,8 +350,37 @@ func clientAppendJSONData(b []byte, t *Tensor) ([]byte, error) {
 			}
 			b = clientAppendJSONString(b, string(s))
 			raw = raw[4+l:]
-		default:
-			return nil, fmt.Errorf("input %q: %s data cannot be sent as JSON; use %s", t.Name, t.DataType, ProtoRESTBinary)
+			continue
+		}
+		var v uint64
+		switch info.Size {
+		case 1:
+			v = uint64(raw[0])
+		case 2:
+			v = uint64(le.Uint16(raw))
+		case 4:
+			v = uint64(le.Uint32(raw))
+		case 8:
+			v = le.Uint64(raw)
+		}
+		raw = raw[info.Size:]
+		switch info.Kind {
+		case runtime.KindBool:
+			b = strconv.AppendBool(b, v != 0)
+		case runtime.KindUnsigned:
+			b = strconv.AppendUint(b, v, 10)
+		case runtime.KindSigned:
+			shift := 64 - 8*info.Size
+			b = strconv.AppendInt(b, int64(v<<shift)>>shift, 10) // sign-extended
+		case runtime.KindFloat:
+			f, bits := math.Float64frombits(v), 64
+			if info.Size == 4 {
+				f, bits = float64(math.Float32frombits(uint32(v))), 32
+			}
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return nil, fmt.Errorf("input %q: element %d is %v, which JSON cannot carry; use %s", t.Name, i, f, ProtoRESTBinary)
+			}
+			b = strconv.AppendFloat(b, f, 'g', -1, bits)
 		}
 	}
 	return append(b, ']'), nil

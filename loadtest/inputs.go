@@ -20,6 +20,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // TensorMeta is one input or output as GET /v2/models/{m} describes it. A
@@ -147,19 +149,8 @@ const inputMaxRandomString = 16
 // BYTES, whose elements vary. ok is false for datatypes the load generator
 // does not know.
 func inputElementSize(dt string) (size int, ok bool) {
-	switch dt {
-	case "BOOL", "UINT8", "INT8":
-		return 1, true
-	case "UINT16", "INT16", "FP16", "BF16":
-		return 2, true
-	case "UINT32", "INT32", "FP32":
-		return 4, true
-	case "UINT64", "INT64", "FP64":
-		return 8, true
-	case "BYTES":
-		return 0, true
-	}
-	return 0, false
+	info, ok := runtime.DataType(dt).Info()
+	return info.Size, ok
 }
 
 // BuildInputs makes the inputs of one request to the model md, in md's input

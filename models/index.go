@@ -17,16 +17,9 @@ import (
 
 // ModelReady reports whether a version ("" = any) of the model can serve.
 func (r *Registry) ModelReady(name, ver string) (bool, error) {
-	if err := validName(name); err != nil {
-		return false, modelNotFound(name, "")
-	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return false, modelNotFound(name, "")
-	}
-	v, err := m.resolve(ver)
+	_, v, err := r.findLocked(name, ver)
 	if errors.Is(err, ErrNotReady) {
 		return false, nil
 	}
@@ -68,16 +61,9 @@ func (v *version) ready() bool { return v.pool.Ready() }
 
 // Metadata describes a model; ver "" describes its highest ready version.
 func (r *Registry) Metadata(name, ver string) (Metadata, error) {
-	if err := validName(name); err != nil {
-		return Metadata{}, modelNotFound(name, "")
-	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return Metadata{}, modelNotFound(name, "")
-	}
-	v, err := m.resolve(ver)
+	m, v, err := r.findLocked(name, ver)
 	if err != nil {
 		return Metadata{}, err
 	}

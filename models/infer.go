@@ -72,16 +72,9 @@ func (m *model) notReady() error {
 // acquire finds a serving version and counts a request in flight on it, so
 // that an unload waits for the request.
 func (r *Registry) acquire(name, ver string) (*version, error) {
-	if err := validName(name); err != nil {
-		return nil, modelNotFound(name, "")
-	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	m, ok := r.models[name]
-	if !ok {
-		return nil, modelNotFound(name, "")
-	}
-	v, err := m.resolve(ver)
+	_, v, err := r.findLocked(name, ver)
 	if err != nil {
 		return nil, err
 	}

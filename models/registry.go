@@ -406,19 +406,15 @@ func (r *Registry) lookup(name string) (*model, error) {
 		return nil, err
 	}
 	r.mu.RLock()
-	m, ok := r.models[name]
+	m, err := r.modelLocked(name)
 	r.mu.RUnlock()
-	if ok {
+	if err == nil {
 		return m, nil
 	}
 	r.scan()
 	r.mu.RLock()
-	m, ok = r.models[name]
-	r.mu.RUnlock()
-	if !ok {
-		return nil, modelNotFound(name, "")
-	}
-	return m, nil
+	defer r.mu.RUnlock()
+	return r.modelLocked(name)
 }
 
 // versionByKey finds a serving version by its scheduler name "model/N".
@@ -432,16 +428,37 @@ func (r *Registry) versionByKey(key string) (*version, error) {
 
 // serving finds a serving version of a model ("" = the default one).
 func (r *Registry) serving(name, ver string) (*version, error) {
-	if err := validName(name); err != nil {
-		return nil, modelNotFound(name, "")
-	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	_, v, err := r.findLocked(name, ver)
+	return v, err
+}
+
+// findLocked is the one lookup of a model version by name ("" = the
+// model's default version) on the request path: the model, and its serving
+// version or why there is none (ErrModelNotFound for a name that is not
+// valid or not known; resolve's errors for the version). The caller holds
+// r.mu, for reading at least.
+func (r *Registry) findLocked(name, ver string) (*model, *version, error) {
+	m, err := r.modelLocked(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := m.resolve(ver)
+	return m, v, err
+}
+
+// modelLocked is the model named name, or ErrModelNotFound for a name
+// that is not valid or not known. The caller holds r.mu.
+func (r *Registry) modelLocked(name string) (*model, error) {
+	if validName(name) != nil {
+		return nil, modelNotFound(name, "")
+	}
 	m, ok := r.models[name]
 	if !ok {
 		return nil, modelNotFound(name, "")
 	}
-	return m.resolve(ver)
+	return m, nil
 }
 
 // VersionKey resolves a model and version ("" = the default version) to

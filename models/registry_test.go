@@ -288,6 +288,27 @@ func TestRegistryLoadsAndServes(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Errorf("err = %v, want %v", err, tc.want)
 			}
+			// Every entry point finds a model version the same way.
+			_, mdErr := r.Metadata(tc.model, tc.version)
+			_, cfgErr := r.ModelConfig(tc.model, tc.version)
+			_, _, keyErr := r.VersionKey(tc.model, tc.version)
+			ready, readyErr := r.ModelReady(tc.model, tc.version)
+			for what, err := range map[string]error{"Metadata": mdErr, "ModelConfig": cfgErr, "VersionKey": keyErr} {
+				if !errors.Is(err, tc.want) {
+					t.Errorf("%s: %v, want %v", what, err, tc.want)
+				}
+			}
+			if tc.want == ErrNotReady { // not ready is an answer, not an error
+				readyErr = fmt.Errorf("%w", ErrNotReady)
+			}
+			if ready || !errors.Is(readyErr, tc.want) {
+				t.Errorf("ModelReady: %v, %v, want false and %v", ready, readyErr, tc.want)
+			}
+			if tc.version != "" || tc.want == ErrModelNotFound {
+				if _, err := r.Statistics(tc.model, tc.version); !errors.Is(err, tc.want) {
+					t.Errorf("Statistics: %v, want %v", err, tc.want)
+				}
+			}
 		})
 	}
 	// Triton's words first, where clients and scripts match them.

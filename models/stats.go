@@ -19,19 +19,18 @@ func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
 		for _, m := range r.models {
 			ms = append(ms, m)
 		}
+	} else if ver != "" {
+		_, v, err := r.findLocked(name, ver)
+		if err != nil {
+			return nil, err
+		}
+		return []Statistics{v.statistics()}, nil
 	} else {
-		m, ok := r.models[name]
-		if !ok {
-			return nil, modelNotFound(name, "")
+		m, err := r.modelLocked(name)
+		if err != nil {
+			return nil, err
 		}
 		ms = []*model{m}
-		if ver != "" {
-			v, err := m.resolve(ver)
-			if err != nil {
-				return nil, err
-			}
-			return []Statistics{v.statistics()}, nil
-		}
 	}
 	var out []Statistics
 	for _, m := range ms {

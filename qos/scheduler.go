@@ -286,16 +286,20 @@ const tailZ = 2
 // wrong, which the estimator's correction mends.
 const maxTailRatio = 3
 
-// tailRatio is a high quantile of the model's executions' time over their
-// prediction (mean plus tailZ standard deviations, measured online), at
-// least 1; 1 until enough executions have been seen.
-func (m *model) tailRatio() float64 {
+// tailRatio is a high quantile of the time of n executions of the model
+// over their prediction, at least 1; 1 until enough executions have been
+// seen. One execution's ratio has the mean and standard deviation measured
+// online; the errors of n executions in a row partly cancel, so their sum's
+// ratio is the mean plus tailZ standard deviations over sqrt(n). (Charging
+// one execution's tail to each of n queued ones refused sixteen closed-loop
+// clients of a 1 ms model against a 40 ms SLO: 12 ms ahead at 3x.)
+func (m *model) tailRatio(n int) float64 {
 	v := &m.service
 	if v.n < minMoments || v.mean <= 0 {
 		return 1
 	}
 	sd := v.mean * math.Sqrt(v.scv())
-	return min(max(v.mean+tailZ*sd, 1), maxTailRatio)
+	return min(max(v.mean+tailZ*sd/math.Sqrt(float64(max(n, 1))), 1), maxTailRatio)
 }
 
 // execution is one batch in progress.

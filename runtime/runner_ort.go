@@ -34,23 +34,16 @@ type ortSession struct {
 	preallocate []bool
 }
 
-// ortElementTypes maps ONNX Runtime element types to runtime.DataType.
-var ortElementTypes = map[ort.TensorElementDataType]DataType{
-	ort.TensorElementDataTypeFloat:    FP32,
-	ort.TensorElementDataTypeDouble:   FP64,
-	ort.TensorElementDataTypeFloat16:  FP16,
-	ort.TensorElementDataTypeBFloat16: BF16,
-	ort.TensorElementDataTypeInt8:     Int8,
-	ort.TensorElementDataTypeInt16:    Int16,
-	ort.TensorElementDataTypeInt32:    Int32,
-	ort.TensorElementDataTypeInt64:    Int64,
-	ort.TensorElementDataTypeUint8:    Uint8,
-	ort.TensorElementDataTypeUint16:   Uint16,
-	ort.TensorElementDataTypeUint32:   Uint32,
-	ort.TensorElementDataTypeUint64:   Uint64,
-	ort.TensorElementDataTypeBool:     Bool,
-	ort.TensorElementDataTypeString:   Bytes,
-}
+// ortElementTypes maps ONNX Runtime element types to runtime.DataType,
+// from the datatype table (ONNX Runtime numbers its element types as ONNX
+// does).
+var ortElementTypes = func() map[ort.TensorElementDataType]DataType {
+	m := make(map[ort.TensorElementDataType]DataType, len(dataTypes))
+	for _, t := range dataTypes {
+		m[ort.TensorElementDataType(t.ONNX)] = t.Name
+	}
+	return m
+}()
 
 // dataTypeToORT is the inverse of ortElementTypes.
 var dataTypeToORT = func() map[DataType]ort.TensorElementDataType {

@@ -29,26 +29,91 @@ const (
 	Bytes  DataType = "BYTES"
 )
 
-var elementSizes = map[DataType]int{
-	Bool: 1, Uint8: 1, Uint16: 2, Uint32: 4, Uint64: 8,
-	Int8: 1, Int16: 2, Int32: 4, Int64: 8,
-	FP16: 2, FP32: 4, FP64: 8, BF16: 2,
-	Bytes: 0,
+// DataKind is how the bits of a datatype's element are read.
+type DataKind uint8
+
+const (
+	KindBool     DataKind = iota + 1 // one byte, 0 or 1
+	KindUnsigned                     // an unsigned integer
+	KindSigned                       // a two's complement integer
+	KindFloat                        // an IEEE 754 binary float, or bfloat16
+	KindString                       // BYTES: a 4-byte length, then the bytes
+)
+
+// DataTypeInfo describes one datatype: the one table of them that the wire
+// codecs (api), the runners (runtime) and the load generator read.
+type DataTypeInfo struct {
+	Name DataType
+	// Size is the bytes of one element; 0 for BYTES, whose elements vary.
+	Size int
+	Kind DataKind
+	// ONNX is the element type's number in ONNX (TensorProto.DataType),
+	// which ONNX Runtime's element types share.
+	ONNX int
+	// GRPCContents is the InferTensorContents field that carries the
+	// datatype over gRPC; "" when none does (FP16 and BF16 travel in
+	// raw_input_contents only).
+	GRPCContents string
+	// JSONMaxBytes is the most bytes one element takes as a JSON number or
+	// literal with its separator, as the REST codec writes it; 0 for BYTES.
+	JSONMaxBytes int
+}
+
+// dataTypes is the table, in the protocol's order.
+var dataTypes = [...]DataTypeInfo{
+	{Bool, 1, KindBool, 9, "bool_contents", 6},
+	{Uint8, 1, KindUnsigned, 2, "uint_contents", 4},
+	{Uint16, 2, KindUnsigned, 4, "uint_contents", 6},
+	{Uint32, 4, KindUnsigned, 12, "uint_contents", 11},
+	{Uint64, 8, KindUnsigned, 13, "uint64_contents", 21},
+	{Int8, 1, KindSigned, 3, "int_contents", 5},
+	{Int16, 2, KindSigned, 5, "int_contents", 7},
+	{Int32, 4, KindSigned, 6, "int_contents", 12},
+	{Int64, 8, KindSigned, 7, "int64_contents", 21},
+	{FP16, 2, KindFloat, 10, "", 16},
+	{FP32, 4, KindFloat, 1, "fp32_contents", 24},
+	{FP64, 8, KindFloat, 11, "fp64_contents", 28},
+	{BF16, 2, KindFloat, 16, "", 23}, // up to 21 digits in plain notation below 1e21
+	{Bytes, 0, KindString, 8, "bytes_contents", 0},
+}
+
+// DataTypes lists every datatype's description.
+func DataTypes() []DataTypeInfo { return dataTypes[:] }
+
+// dataTypeIndex finds a datatype's row in dataTypes.
+var dataTypeIndex = func() map[DataType]int {
+	m := make(map[DataType]int, len(dataTypes))
+	for i, t := range dataTypes {
+		m[t.Name] = i
+	}
+	return m
+}()
+
+// Info describes d; ok is false when d is not a known datatype.
+func (d DataType) Info() (info DataTypeInfo, ok bool) {
+	i, ok := dataTypeIndex[d]
+	if !ok {
+		return DataTypeInfo{}, false
+	}
+	return dataTypes[i], true
 }
 
 // ParseDataType returns the DataType named s, or false when s names none.
 func ParseDataType(s string) (DataType, bool) {
 	d := DataType(s)
-	_, ok := elementSizes[d]
-	return d, ok
+	return d, d.Valid()
 }
 
-// Size is the size of one element in bytes; 0 for BYTES, whose elements vary.
-func (d DataType) Size() int { return elementSizes[d] }
+// Size is the size of one element in bytes; 0 for BYTES, whose elements
+// vary, and for unknown datatypes.
+func (d DataType) Size() int {
+	info, _ := d.Info()
+	return info.Size
+}
 
 // Valid reports whether d is a known element type.
 func (d DataType) Valid() bool {
-	_, ok := elementSizes[d]
+	_, ok := d.Info()
 	return ok
 }
 
