@@ -689,6 +689,15 @@ func (r *Runner) suspectProcess(only *process, why string) {
 	}
 }
 
+// Checking reports whether the runner is out of service only while a
+// health check decides whether it hangs (see Suspect): a pool lets a call
+// wait for the check's end rather than fail it at once.
+func (r *Runner) Checking() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == RunnerChecking && !r.stopping
+}
+
 // suspicion says why the runner was paused for a check, and whether it
 // still is.
 func (r *Runner) suspicion() (string, bool) {
