@@ -197,14 +197,38 @@ func (p *Pool) Execute(ctx context.Context, req *InferRequest) (*InferResponse, 
 // check its health; the call timeout always does.
 const suspectAfter = time.Second
 
+// StarvationMeter is implemented by members that can tell a call
+// without an answer because they are starved (of CPU: see Runner.Starved)
+// from one without an answer because they hang: a call on a member
+// starved at the call timeout is not abandoned while it stays starved,
+// only at its own deadline, as a request queued behind busy work.
+type StarvationMeter interface {
+	// Starved reports whether the member is starved over the window
+	// from now (it blocks up to window, or until done is closed).
+	Starved(window time.Duration, done <-chan struct{}) bool
+}
+
 // call runs one request on one member under the call timeout. A call that
 // gets no answer in time makes the member check its health at once, so
-// that a hung runner is found without waiting for the periodic checks.
+// that a hung runner is found without waiting for the periodic checks. A
+// member starved at the call timeout (StarvationMeter) is given the call
+// timeout's quarter again, and again, while it stays starved.
 func (p *Pool) call(ctx context.Context, m Member, req *InferRequest) (*InferResponse, error) {
 	start := time.Now()
 	limit := p.opts.CallTimeout
-	cctx, cancel := context.WithTimeout(ctx, limit)
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var starvedFor atomic.Int64
+	timer := time.AfterFunc(limit, func() {
+		if meter, ok := m.(StarvationMeter); ok {
+			window := limit / starvedShare
+			for t := time.Now(); meter.Starved(window, cctx.Done()); t = time.Now() {
+				starvedFor.Add(int64(time.Since(t)))
+			}
+		}
+		cancel()
+	})
+	defer timer.Stop()
 	resp, err := m.Infer(cctx, req)
 	if err == nil || cctx.Err() == nil {
 		return resp, err
@@ -219,6 +243,9 @@ func (p *Pool) call(ctx context.Context, m Member, req *InferRequest) (*InferRes
 		s.Suspect(why)
 	}
 	if timedOut {
+		if d := time.Duration(starvedFor.Load()); d > 0 {
+			return nil, fmt.Errorf("%w: no answer within the call timeout of %s and %s more while the instance was starved", ErrUnavailable, limit, d.Round(time.Millisecond))
+		}
 		return nil, fmt.Errorf("%w: no answer within the call timeout of %s", ErrUnavailable, limit)
 	}
 	return nil, err
