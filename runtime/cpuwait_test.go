@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -280,4 +281,52 @@ func startSpinner(t *testing.T) *exec.Cmd {
 		cmd.Wait()
 	})
 	return cmd
+}
+
+// A runner that starts in the idle class while busy processes hold every
+// CPU gets none to load its model: its ready timeout stands still
+// meanwhile, and it is ready once they stop, though that is several times
+// the timeout after its start.
+func TestRunnerStarvedAtStartIsNotTimedOut(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/sloserve-test-idle-%d", os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("a cpu cgroup in the idle class: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte("1"), 0o644); err != nil {
+		t.Skipf("a cpu cgroup in the idle class: %v", err)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var burners []*exec.Cmd
+	for cpu := range 1024 {
+		if set.IsSet(cpu) {
+			burners = append(burners, burn(t, cpu, 1)...)
+		}
+	}
+	const timeout, starve = time.Second, 4 * time.Second
+	time.AfterFunc(starve, func() {
+		for _, b := range burners {
+			b.Process.Kill()
+		}
+	})
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.ReadyTimeout = timeout
+	cfg.JoinCgroups = []string{filepath.Join(dir, "cgroup.procs")}
+	start := time.Now()
+	r, err := StartRunner(t.Context(), cfg)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("a runner starved at its start, after %v: %v", took.Round(time.Millisecond), err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	t.Logf("ready %v after its start (ready timeout %v, starved for about %v)", took.Round(time.Millisecond), timeout, starve)
+	if took < 2*timeout {
+		t.Errorf("ready after %v: it was not starved at its start (the burners ran %v)", took, starve)
+	}
 }
