@@ -90,14 +90,16 @@ func bgMedian(d []time.Duration) time.Duration {
 // p50 of 1.62 ms alone and 0.70 ms beside a second client), for a
 // best-effort and a latency-critical model. Rounds of one and two clients
 // alternate, and the medians over the rounds are compared: ratios in one
-// run, no absolute bound.
+// run, no absolute bound. The best-effort runner is in the idle class: on
+// a host whose CPUs other work keeps busy it yields, by design, and the
+// test then takes as long as that work leaves it no CPU.
 func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 	s := startServer(t, bgRepo(t), "")
 	requireCgroups(t, s.control(t))
 	for _, model := range []string{"be", "lc"} {
 		t.Run(model, func(t *testing.T) {
-			bgClosedLoop(t, s, model, 2, 200) // warm, and let the loop settle
-			const rounds, n = 5, 300
+			bgClosedLoop(t, s, model, 2, 100) // warm, and let the loop settle
+			const rounds, n = 3, 200
 			var one, two []time.Duration
 			for range rounds {
 				one = append(one, bgMedian(bgClosedLoop(t, s, model, 1, n)))

@@ -679,6 +679,11 @@ func (r *Runner) suspectProcess(only *process, why string) {
 	}
 }
 
+var (
+	_ Checker         = (*Runner)(nil)
+	_ StarvationMeter = (*Runner)(nil)
+)
+
 // Starved reports whether the serving process is starved of CPU over the
 // window from now: a thread of it is runnable (it wants a CPU), and over
 // the window it runs for less than a quarter of it while it waits for a

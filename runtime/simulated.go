@@ -82,6 +82,7 @@ var (
 	_ Instance                     = (*Simulated)(nil)
 	_ interface{ Suspect(string) } = (*Simulated)(nil)
 	_ Checker                      = (*Simulated)(nil)
+	_ StarvationMeter              = (*Simulated)(nil)
 )
 
 // StartSimulated reads the model file's signature and starts an MPS client
@@ -415,6 +416,26 @@ func (s *Simulated) isStopped() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.stopped
+}
+
+// Starved reports whether the client is starved of SMs over the window
+// from now: it holds less than one SM on average and finishes no
+// execution meanwhile (see probe). It returns early, false, when done is
+// closed.
+func (s *Simulated) Starved(window time.Duration, done <-chan struct{}) bool {
+	c := s.client.Load()
+	sm0, done0 := c.SMSeconds(), s.done.Load()
+	t := time.NewTimer(window)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-done:
+		return false
+	case <-c.Done():
+		return false
+	}
+	held := (c.SMSeconds() - sm0) / window.Seconds() * float64(c.Device().SMs())
+	return held < 1 && s.done.Load() == done0
 }
 
 // Checking reports whether the instance is out of service for a check

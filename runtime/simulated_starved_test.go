@@ -149,3 +149,72 @@ func TestSimulatedStarvedClientIsNotHung(t *testing.T) {
 		}
 	})
 }
+
+// A call on a below-normal client starved of SMs at the call timeout is
+// not abandoned while the client stays starved: it is answered once the
+// normal work stops, though that is several call timeouts later.
+func TestSimulatedStarvedCallIsNotAbandoned(t *testing.T) {
+	path := testModel(t, "example_dynamic_axes.onnx")
+	synctest.Test(t, func(t *testing.T) {
+		sim, err := simgpu.New(simgpu.Spec{Devices: 1, SMs: 100, Memory: 16 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev := sim.Devices()[0]
+		be, err := StartSimulated(t.Context(), SimulatedConfig{
+			Name: "batch", ModelPath: path, Device: dev, Model: simgpu.Presets["mobilenet"], Batched: true,
+			Env:    []string{"CUDA_MPS_CLIENT_PRIORITY=1"},
+			Logger: testLogger(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { be.Stop(context.Background()) })
+		const callTimeout = time.Second
+		pool, err := NewPool([]Member{be}, PoolOptions{CallTimeout: callTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := be.Inputs()[0]
+		req := &InferRequest{Inputs: []Tensor{{Name: in.Name, DataType: in.DataType, Shape: []int64{1, 10}, Data: make([]byte, 10*in.DataType.Size())}}}
+		if _, err := pool.Execute(t.Context(), req); err != nil {
+			t.Fatal(err) // warm
+		}
+		hog := simgpu.Model{Name: "hog", Fixed: 50 * time.Millisecond, Saturation: 1, Weights: 100 << 20, ActivationPerItem: 1 << 20}
+		const starve = 5 * callTimeout
+		var stop atomic.Bool
+		var hogs sync.WaitGroup
+		t.Cleanup(func() { stop.Store(true); hogs.Wait() })
+		for i := range 2 {
+			c, err := dev.StartClient(t.Context(), simgpu.ClientSpec{Name: "hog", Model: hog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			hogs.Go(func() {
+				time.Sleep(time.Duration(i) * hog.Fixed / 2)
+				for !stop.Load() {
+					if _, err := c.Execute(t.Context(), 1); err != nil {
+						if !stop.Load() {
+							t.Error(err)
+						}
+						return
+					}
+				}
+			})
+		}
+		time.AfterFunc(starve, func() { stop.Store(true) })
+		start := time.Now()
+		_, err = pool.Execute(t.Context(), req)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("a call on the starved client, after %v: %v", took, err)
+		}
+		if took < starve {
+			t.Errorf("answered after %v, before the normal work stopped (%v): it was not starved", took, starve)
+		}
+		if n := be.Failed(); n != 0 {
+			t.Errorf("%d calls answered ErrUnavailable", n)
+		}
+	})
+}
