@@ -122,14 +122,52 @@ func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 // requests sent meanwhile are answered once the burners stop: none fails.
 func TestE2EStarvedBestEffortRunnerIsNotRestarted(t *testing.T) {
 	repo := t.TempDir()
-	writeRepo(t, repo, repoModel{"be", testModel(t, "example_dynamic_axes.onnx"),
-		"max_batch_size: 8\nslo: {latency_ms: 120000, class: best-effort}\n"})
-	s := startServer(t, repo, "", withSet("runtime.health_interval=200ms", "runtime.call_timeout=1s"))
+	writeRepo(t, repo, repoModel{"be", testModel(t, "example_dynamic_axes.onnx"), starvedBEConfig})
+	s := startServer(t, repo, "", withSet(starvedSets...))
 	requireCgroups(t, s.control(t))
-	before := s.runnerPids(t, filepath.Join(repo, "be"))
-	if len(before) != 1 {
-		t.Fatalf("want 1 runner for be, found %v", before)
+	starvedNotRestarted(t, s, repo)
+}
+
+// The same without root: the unprivileged limiter puts the best-effort
+// runner's threads in SCHED_IDLE, which two burners starve as the idle
+// class of a cgroup does. (A short name: the runner's socket lives in a
+// folder named after the test, and a socket path has 107 bytes.)
+func TestE2EUnprivStarvedBE(t *testing.T) {
+	w := newNobodyWorld(t, -1)
+	repo := filepath.Join(w.dir, "repo")
+	writeRepo(t, repo, repoModel{"be", w.readable(t, testModel(t, "example_dynamic_axes.onnx")), starvedBEConfig})
+	if err := filepath.WalkDir(repo, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chmod(p, map[bool]os.FileMode{true: 0o755, false: 0o644}[d.IsDir()])
+	}); err != nil {
+		t.Fatal(err)
 	}
+	t.Setenv("SLOSERVE_ONNXRUNTIME_LIBRARY", w.readable(t, need(t, "SLOSERVE_ONNXRUNTIME_LIBRARY")))
+	s := startServer(t, repo, "", withCommand(w.bin, w.wrap, w.env...), withSet(starvedSets...))
+	if c := s.control(t); len(c.Devices) == 0 || c.Devices[0].Limiter != "unprivileged" {
+		t.Fatalf("limiter %+v, want unprivileged", c.Devices)
+	}
+	starvedNotRestarted(t, s, repo)
+}
+
+const starvedBEConfig = "max_batch_size: 8\nslo: {latency_ms: 120000, class: best-effort}\n"
+
+// starvedSets check a runner's health every 200 ms and abandon a call
+// after 1 s: a starved runner fails many checks and outlasts a call.
+var starvedSets = []string{"runtime.health_interval=200ms", "runtime.call_timeout=1s"}
+
+// starvedNotRestarted starves s's best-effort runner of model be with
+// burners at normal priority, sends requests meanwhile, and checks that
+// the runner was not killed and that every request was answered.
+func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
+	t.Helper()
+	var before []int
+	waitFor(t, "one runner of be", 30*time.Second, func() bool {
+		before = s.runnerPids(t, "be/1/model.onnx")
+		return len(before) == 1
+	})
 	req := grpcDynRequest()
 	req.ModelName = "be"
 	alone := bgMedian(bgClosedLoop(t, s, "be", 1, 50))
@@ -186,7 +224,7 @@ func TestE2EStarvedBestEffortRunnerIsNotRestarted(t *testing.T) {
 	}
 	// The control loop may have started a runner of another share beside
 	// it (a swap); the starved one must not have been killed.
-	if after := s.runnerPids(t, filepath.Join(repo, "be")); !slices.Contains(after, before[0]) {
+	if after := s.runnerPids(t, "be/1/model.onnx"); !slices.Contains(after, before[0]) {
 		t.Errorf("runners %v, were %v: the starved runner was killed", after, before)
 	}
 	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="be",version="1"}`); v != 0 {
