@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,20 +22,22 @@ import (
 
 func TestParseSchedstat(t *testing.T) {
 	for _, c := range []struct {
-		in   string
-		want time.Duration
-		ok   bool
+		in        string
+		run, wait time.Duration
+		ok        bool
 	}{
-		{"92405289888 22926744544 56534\n", 22926744544, true},
-		{"0 0 1", 0, true},
-		{"1 2", 0, false},
-		{"1 x 3", 0, false},
-		{"1 -5 3", 0, false},
-		{"", 0, false},
+		{"92405289888 22926744544 56534\n", 92405289888, 22926744544, true},
+		{"0 0 1", 0, 0, true},
+		{"1 2", 0, 0, false},
+		{"1 x 3", 0, 0, false},
+		{"x 1 3", 0, 0, false},
+		{"1 -5 3", 0, 0, false},
+		{"-1 5 3", 0, 0, false},
+		{"", 0, 0, false},
 	} {
-		got, err := parseSchedstat([]byte(c.in))
-		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("parseSchedstat(%q) = %v, %v; want %v, ok %v", c.in, got, err, c.want, c.ok)
+		run, wait, err := parseSchedstat([]byte(c.in))
+		if (err == nil) != c.ok || run != c.run || wait != c.wait {
+			t.Errorf("parseSchedstat(%q) = %v, %v, %v; want %v, %v, ok %v", c.in, run, wait, err, c.run, c.wait, c.ok)
 		}
 	}
 }
@@ -121,28 +124,68 @@ func TestRunnerStarvedIsNotHung(t *testing.T) {
 	waitFor(t, 30*time.Second, "a new runner", func() bool { return r.Pid() != 0 && r.Pid() != pid })
 }
 
-// A failed check while starved is not counted, up to starvedChecks in a
-// row: from then on it counts, as a process whose threads spin without
-// ever answering looks starved too. (A runner really starved answers now
-// and then, which ends the run: see TestRunnerStarvedIsNotHung.) A check
-// with the CPU it needed ends the run.
-func TestStarvedChecksCountInTheEnd(t *testing.T) {
-	run, counted := 0, 0
-	for i := 1; i <= starvedChecks+2; i++ {
-		var c bool
-		c, run = countsAsFailed(true, run)
-		if c {
-			counted++
-		}
-		if want := i >= starvedChecks; c != want {
-			t.Errorf("starved check %d counted %v, want %v", i, c, want)
-		}
+// A process that spins without answering (a livelock) has the CPU: it
+// is not starved, so its failed checks count and it is found hung. The
+// same process in the idle class behind three busy ones on its CPU is
+// starved; frozen there, it is not (no thread wants a CPU).
+func TestStarvationTellsSpinningFromStarved(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
 	}
-	if counted != 3 {
-		t.Errorf("%d of %d starved checks in a row counted, want 3", counted, starvedChecks+2)
+	cpu := lastCPU(t)
+	over := func(pid int) (bool, string) {
+		s := startStarvation(pid, nil)
+		time.Sleep(400 * time.Millisecond)
+		return s.starved()
 	}
-	if c, run2 := countsAsFailed(false, run); !c || run2 != 0 {
-		t.Errorf("a check failed with the CPU: counted %v, run %d; want counted and the run ended", c, run2)
+	spinner := startSpinner(t)
+	pin(t, spinner.Process.Pid, cpu, false)
+	// The highest weight, so that it has its CPU however busy the host:
+	// a cgroup of its own at the top of the cpu hierarchy.
+	heavy(t, spinner)
+	if starved, why := over(spinner.Process.Pid); starved {
+		t.Errorf("a spinning process counted as starved: %s", why)
+	}
+
+	starving := startSpinner(t)
+	burners := burn(t, cpu, 3)
+	syscall.Kill(spinner.Process.Pid, syscall.SIGSTOP) // three burners, not four
+	pin(t, starving.Process.Pid, cpu, true)
+	if starved, why := over(starving.Process.Pid); !starved {
+		t.Errorf("an idle-class process behind three busy ones not counted as starved: %s", why)
+	}
+	// It needs its CPU to take the stop signal: the burners pause.
+	for _, b := range burners {
+		b.Process.Signal(syscall.SIGSTOP)
+	}
+	freeze(t, starving.Process.Pid)
+	for _, b := range burners {
+		b.Process.Signal(syscall.SIGCONT)
+	}
+	if starved, why := over(starving.Process.Pid); starved {
+		t.Errorf("a frozen process counted as starved: %s", why)
+	}
+}
+
+// heavy moves cmd's process into a cgroup v1 cpu group of its own at the
+// top with the highest weight, so that it has its CPU however busy the
+// host; it skips the test where that cannot be done.
+func heavy(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/sloserve-test-heavy-%d", cmd.Process.Pid)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("a cpu cgroup of the highest weight: %v", err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(dir)
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte("262144"), 0o644); err != nil {
+		t.Skipf("a cpu cgroup of the highest weight: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatalf("moving %d into %s: %v", cmd.Process.Pid, dir, err)
 	}
 }
 
@@ -238,4 +281,52 @@ func startSpinner(t *testing.T) *exec.Cmd {
 		cmd.Wait()
 	})
 	return cmd
+}
+
+// A runner that starts in the idle class while busy processes hold every
+// CPU gets none to load its model: its ready timeout stands still
+// meanwhile, and it is ready once they stop, though that is several times
+// the timeout after its start.
+func TestRunnerStarvedAtStartIsNotTimedOut(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/sloserve-test-idle-%d", os.Getpid())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("a cpu cgroup in the idle class: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte("1"), 0o644); err != nil {
+		t.Skipf("a cpu cgroup in the idle class: %v", err)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var burners []*exec.Cmd
+	for cpu := range 1024 {
+		if set.IsSet(cpu) {
+			burners = append(burners, burn(t, cpu, 1)...)
+		}
+	}
+	const timeout, starve = time.Second, 4 * time.Second
+	time.AfterFunc(starve, func() {
+		for _, b := range burners {
+			b.Process.Kill()
+		}
+	})
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.ReadyTimeout = timeout
+	cfg.JoinCgroups = []string{filepath.Join(dir, "cgroup.procs")}
+	start := time.Now()
+	r, err := StartRunner(t.Context(), cfg)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("a runner starved at its start, after %v: %v", took.Round(time.Millisecond), err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	t.Logf("ready %v after its start (ready timeout %v, starved for about %v)", took.Round(time.Millisecond), timeout, starve)
+	if took < 2*timeout {
+		t.Errorf("ready after %v: it was not starved at its start (the burners ran %v)", took, starve)
+	}
 }

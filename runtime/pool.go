@@ -19,6 +19,16 @@ type Member interface {
 	Stop(ctx context.Context) error
 }
 
+// Checker is implemented by members that can say they are out of service
+// only while a check runs (Suspect's): alive, serving again or replaced
+// soon. A call that finds no other member serving waits for the check's
+// end (or its own deadline) instead of failing at once: a member starved
+// of CPU or SMs may be checked for as long as it is starved, and its
+// requests stay queued meanwhile, as they would behind a busy one.
+type Checker interface {
+	Checking() bool
+}
+
 // Suspecter is implemented by members that can be told that a call on them
 // got no answer in time, so that they check themselves at once (see
 // Runner.Suspect).
@@ -187,14 +197,38 @@ func (p *Pool) Execute(ctx context.Context, req *InferRequest) (*InferResponse, 
 // check its health; the call timeout always does.
 const suspectAfter = time.Second
 
+// StarvationMeter is implemented by members that can tell a call
+// without an answer because they are starved (of CPU: see Runner.Starved)
+// from one without an answer because they hang: a call on a member
+// starved at the call timeout is not abandoned while it stays starved,
+// only at its own deadline, as a request queued behind busy work.
+type StarvationMeter interface {
+	// Starved reports whether the member is starved over the window
+	// from now (it blocks up to window, or until done is closed).
+	Starved(window time.Duration, done <-chan struct{}) bool
+}
+
 // call runs one request on one member under the call timeout. A call that
 // gets no answer in time makes the member check its health at once, so
-// that a hung runner is found without waiting for the periodic checks.
+// that a hung runner is found without waiting for the periodic checks. A
+// member starved at the call timeout (StarvationMeter) is given the call
+// timeout's quarter again, and again, while it stays starved.
 func (p *Pool) call(ctx context.Context, m Member, req *InferRequest) (*InferResponse, error) {
 	start := time.Now()
 	limit := p.opts.CallTimeout
-	cctx, cancel := context.WithTimeout(ctx, limit)
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var starvedFor atomic.Int64
+	timer := time.AfterFunc(limit, func() {
+		if meter, ok := m.(StarvationMeter); ok {
+			window := limit / starvedShare
+			for t := time.Now(); meter.Starved(window, cctx.Done()); t = time.Now() {
+				starvedFor.Add(int64(time.Since(t)))
+			}
+		}
+		cancel()
+	})
+	defer timer.Stop()
 	resp, err := m.Infer(cctx, req)
 	if err == nil || cctx.Err() == nil {
 		return resp, err
@@ -209,6 +243,9 @@ func (p *Pool) call(ctx context.Context, m Member, req *InferRequest) (*InferRes
 		s.Suspect(why)
 	}
 	if timedOut {
+		if d := time.Duration(starvedFor.Load()); d > 0 {
+			return nil, fmt.Errorf("%w: no answer within the call timeout of %s and %s more while the instance was starved", ErrUnavailable, limit, d.Round(time.Millisecond))
+		}
 		return nil, fmt.Errorf("%w: no answer within the call timeout of %s", ErrUnavailable, limit)
 	}
 	return nil, err
@@ -222,8 +259,9 @@ const parkPoll = 20 * time.Millisecond
 // serve now and, for a retry, another than avoid. The slots of a member that
 // cannot serve (restarting, being checked, failed) leave the rotation while
 // another member can serve, and come back when it can. When no other member
-// can serve, the slot is used anyway: the call then fails at once, with the
-// member's reason.
+// can serve, the slot is used anyway: a member being checked (Checker) is
+// waited for until the check ends, and a call on a member that still
+// cannot serve fails at once, with its reason.
 func (p *Pool) pick(ctx context.Context, avoid Member) (Member, error) {
 	for skipped := 0; ; skipped++ {
 		var m Member
@@ -236,7 +274,18 @@ func (p *Pool) pick(ctx context.Context, avoid Member) (Member, error) {
 		}
 		ok := ready(m)
 		if skipped >= cap(p.idle) || (ok && m != avoid) || !p.otherReady(m) {
-			return m, nil
+			if ok {
+				return m, nil
+			}
+			if err := p.awaitCheck(ctx, m); err != nil {
+				p.idle <- m
+				return nil, err
+			}
+			if ready(m) || !p.otherReady(m) {
+				return m, nil
+			}
+			p.park(m) // another member serves now: take its slot
+			continue
 		}
 		if ok {
 			p.idle <- m // avoid: a last resort
@@ -244,6 +293,31 @@ func (p *Pool) pick(ctx context.Context, avoid Member) (Member, error) {
 		}
 		p.park(m)
 	}
+}
+
+// awaitCheck waits, holding m's slot, while m is out of service for a
+// check (see Checker) and no other member serves; it returns ctx's error
+// when ctx ends first, ErrPoolStopped when the pool stops.
+func (p *Pool) awaitCheck(ctx context.Context, m Member) error {
+	c, ok := m.(Checker)
+	if !ok {
+		return nil
+	}
+	var t *time.Ticker
+	for c.Checking() && !p.otherReady(m) && p.current(m) {
+		if t == nil {
+			t = time.NewTicker(parkPoll)
+			defer t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.stopped:
+			return ErrPoolStopped
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // putBack returns an execution slot after a call: to the pool, or parked

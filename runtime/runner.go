@@ -104,13 +104,9 @@ const (
 	defaultMaxRestarts    = 5
 	// hungAfter consecutive failed health checks of a live process mean
 	// it is hung. A check failed while the process was starved of CPU
-	// (see starvation) does not count.
+	// or made progress (see starvation) does not count: a runner is
+	// found hung only when it had the CPU and answered nothing.
 	hungAfter = 3
-	// starvedChecks is how many failed health checks in a row a runner
-	// starved of CPU is given before they count all the same: a process
-	// whose threads spin without answering (a livelock) looks starved,
-	// and must not stay out of service, or in it unanswering, for ever.
-	starvedChecks = 10
 	// maxHealthTimeout caps one health check.
 	maxHealthTimeout = 2 * time.Second
 	// defaultStopGrace applies when Stop's context has no deadline.
@@ -307,7 +303,9 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	r.live.Store(p)
 	r.log.Debug("runner process started", "pid", p.pid, "socket", socket)
 
-	readyCtx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
+	// The ready timeout runs only while the process is not starved of
+	// CPU (readyClock).
+	readyCtx, cancel, stood := readyClock(ctx, p.pid, r.cfg.ReadyTimeout)
 	defer cancel()
 	stop := context.AfterFunc(p.exitCtx, cancel)
 	defer stop()
@@ -343,7 +341,11 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	case ctx.Err() != nil:
 		err = fmt.Errorf("runner %s: start abandoned: %w", r.cfg.Name, context.Cause(ctx))
 	case readyCtx.Err() != nil:
-		err = fmt.Errorf("runner %s not ready within %s (pid %d killed)%s", r.cfg.Name, r.cfg.ReadyTimeout, p.pid, tail)
+		starved := ""
+		if d := stood(); d > 0 {
+			starved = fmt.Sprintf(" of time it had the CPU (and %s starved of CPU besides)", d.Round(time.Millisecond))
+		}
+		err = fmt.Errorf("runner %s not ready within %s%s (pid %d killed)%s", r.cfg.Name, r.cfg.ReadyTimeout, starved, p.pid, tail)
 	default:
 		err = fmt.Errorf("runner %s: describe: %w%s", r.cfg.Name, err, tail)
 	}
@@ -489,17 +491,18 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			// fails a check it had the CPU for: it is out of service
 			// meanwhile, but alive.
 			var err error
-			for run := 0; ; {
-				var starved, counts bool
+			for checks := 1; ; checks++ {
+				var starved bool
 				var waits string
 				starved, waits, err = r.check(p, timeout)
-				if err == nil || p.hasExited() || r.ctx.Err() != nil {
+				if err == nil || p.hasExited() || r.ctx.Err() != nil || !starved {
 					break
 				}
-				if counts, run = countsAsFailed(starved, run); counts {
-					break
+				level := slog.LevelDebug
+				if checks == 1 || checks%10 == 0 {
+					level = slog.LevelWarn
 				}
-				r.log.Warn("runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "err", err, "waits", waits)
+				r.log.Log(r.ctx, level, "runner health check failed, but the runner was starved of CPU; checking again", "pid", p.pid, "call", why, "checks", checks, "err", err, "waits", waits)
 				// A check that failed at once must not make this a busy loop.
 				select {
 				case <-p.exited:
@@ -539,13 +542,13 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 			if p.hasExited() || r.ctx.Err() != nil {
 				continue // the other cases of the select handle these
 			}
-			var counts bool
-			counts, starvedRun = countsAsFailed(starved, starvedRun)
-			if !counts {
-				// Neither a sign of life nor of a hang: not counted.
+			if starved {
+				// Neither a sign of a hang nor of life: not counted.
+				starvedRun++
 				r.log.Warn("runner health check failed, but the runner was starved of CPU; not counted", "pid", p.pid, "failures", failed, "starved", starvedRun, "err", err, "waits", waits)
 				continue
 			}
+			starvedRun = 0
 			failed++
 			r.log.Warn("runner health check failed", "pid", p.pid, "failures", failed, "err", err, "waits", waits)
 			if failed >= hungAfter {
@@ -558,24 +561,11 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 	}
 }
 
-// countsAsFailed says whether a failed health check counts toward
-// hungAfter, given whether the runner was starved of CPU during it and how
-// many failed checks in a row were starved before it (run), and returns
-// the run after it: a starved check counts only as the starvedChecks-th
-// of a run or later.
-func countsAsFailed(starved bool, run int) (bool, int) {
-	if !starved {
-		return true, 0
-	}
-	run++
-	return run >= starvedChecks, run
-}
-
 // check runs one health check of p. When it fails, starved says whether
 // p was starved of CPU meanwhile (see starvation), and waits how long p
 // and the server waited for a CPU, for the log.
 func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits string, err error) {
-	s := startStarvation(p.pid)
+	s := startStarvation(p.pid, p.answers.Load)
 	if err = p.checkHealth(r.ctx, timeout); err != nil {
 		starved, waits = s.starved()
 	}
@@ -687,6 +677,47 @@ func (r *Runner) suspectProcess(only *process, why string) {
 	case r.suspect <- struct{}{}:
 	default: // a wake-up is pending; it finds this pause
 	}
+}
+
+var (
+	_ Checker         = (*Runner)(nil)
+	_ StarvationMeter = (*Runner)(nil)
+)
+
+// Starved reports whether the serving process is starved of CPU over the
+// window from now: a thread of it is runnable (it wants a CPU), and over
+// the window it runs for less than a quarter of it while it waits for a
+// CPU at least that long or has a thread still runnable at the end. A
+// frozen or deadlocked process has no runnable thread and is not starved;
+// one that spins has the CPU and is not. It returns false at once without
+// a serving process or when the kernel does not say, and early, false,
+// when done is closed.
+func (r *Runner) Starved(window time.Duration, done <-chan struct{}) bool {
+	p := r.live.Load()
+	if p == nil || !runnable(p.pid) {
+		return false
+	}
+	s := startStarvation(p.pid, nil)
+	t := time.NewTimer(window)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-done:
+		return false
+	case <-p.exited:
+		return false
+	}
+	starved, _ := s.starved()
+	return starved
+}
+
+// Checking reports whether the runner is out of service only while a
+// health check decides whether it hangs (see Suspect): a pool lets a call
+// wait for the check's end rather than fail it at once.
+func (r *Runner) Checking() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == RunnerChecking && !r.stopping
 }
 
 // suspicion says why the runner was paused for a check, and whether it
@@ -853,6 +884,7 @@ func (r *Runner) Infer(ctx context.Context, req *InferRequest) (resp *InferRespo
 		return nil, r.inferError(ctx, p, err)
 	}
 	p.answered.Store(true)
+	p.answers.Add(1)
 	out, err := readResponse(reply, mem, region)
 	if err != nil {
 		// A runner that answers with descriptors outside its call's region

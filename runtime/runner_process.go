@@ -71,6 +71,7 @@ type process struct {
 	inflight       atomic.Int64
 	inflightAtExit int64
 	answered       atomic.Bool
+	answers        atomic.Int64 // calls answered: the runner's progress
 	exitCtx        context.Context
 	exitCancel     context.CancelFunc
 	// tmp is the process's TMPDIR (RunnerTempPrefix), removed by run once

@@ -66,6 +66,7 @@ type Simulated struct {
 
 	client atomic.Pointer[simgpu.Client]
 	failed atomic.Int64  // calls answered ErrUnavailable
+	done   atomic.Int64  // executions that finished: progress
 	warm   atomic.Uint64 // bit b-1: batch size b (up to 64) has run
 
 	restartMu sync.Mutex // serialises replacing the client
@@ -80,6 +81,8 @@ type Simulated struct {
 var (
 	_ Instance                     = (*Simulated)(nil)
 	_ interface{ Suspect(string) } = (*Simulated)(nil)
+	_ Checker                      = (*Simulated)(nil)
+	_ StarvationMeter              = (*Simulated)(nil)
 )
 
 // StartSimulated reads the model file's signature and starts an MPS client
@@ -337,9 +340,16 @@ func (s *Simulated) warmUp(ctx context.Context, c *simgpu.Client) error {
 
 // Suspect tells the instance that a call on it got no answer in time (why
 // says which). It stops serving, probes its client with one execution
-// under ProbeTimeout, and serves again when the probe answers; a probe
+// under ProbeTimeout, and serves again when the probe answers. A probe
 // without an answer means a hung client, which is replaced on the same
-// device. The rest of the device is left alone: a hang is not a fault.
+// device, only when the client held SMs meanwhile and finished nothing:
+// a hung kernel keeps its SMs. A client that held (on average) less than
+// one SM over the probe was starved (a below-normal client that normal
+// work leaves no SM), and one that finished an execution meanwhile made
+// progress: neither is hung, and it is probed again, out of service (its
+// calls wait for the check's end; see Checking), until it answers or
+// is found hung. The rest of the device is left alone: a hang is not a
+// fault.
 func (s *Simulated) Suspect(why string) {
 	s.mu.Lock()
 	if s.stopped || s.checking || s.state != "" {
@@ -352,14 +362,23 @@ func (s *Simulated) Suspect(why string) {
 	since, failed := time.Now(), s.failed.Load()
 	go func() {
 		c := s.client.Load()
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ProbeTimeout)
-		_, err := c.Execute(ctx, 1)
-		cancel()
+		var err error
+		for probes := 1; ; probes++ {
+			var starved bool
+			var waits string
+			starved, waits, err = s.probe(c)
+			if err == nil || c.Err() != nil || !starved || s.isStopped() {
+				break
+			}
+			if probes == 1 {
+				s.cfg.Logger.Warn("simulated client did not answer its probe, but it was starved of SMs or made progress; not hung, checking again", "why", why, "probe", err, "waits", waits)
+			}
+		}
 		s.mu.Lock()
 		s.checking = false
 		s.state = ""
 		s.mu.Unlock()
-		if err == nil || c.Err() != nil {
+		if err == nil || c.Err() != nil || s.isStopped() {
 			return // it answers, or a fault took it down: Recover's
 		}
 		s.cfg.Logger.Warn("simulated client hung: replacing it", "why", why, "probe", err)
@@ -371,6 +390,61 @@ func (s *Simulated) Suspect(why string) {
 			s.cfg.Logger.Warn("replacing a hung simulated client", "err", err)
 		}
 	}()
+}
+
+// probe runs one execution on c under ProbeTimeout. When it gets no
+// answer, starved says whether c is not hung all the same: it held less
+// than one SM on average meanwhile (MPS hands out whole SMs, so a hung
+// kernel holds at least one all along), or an execution of the
+// instance's finished meanwhile.
+func (s *Simulated) probe(c *simgpu.Client) (starved bool, waits string, err error) {
+	start, sm0, done0 := time.Now(), c.SMSeconds(), s.done.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ProbeTimeout)
+	_, err = c.Execute(ctx, 1)
+	cancel()
+	if err == nil {
+		s.done.Add(1)
+		return false, "", nil
+	}
+	took := time.Since(start)
+	held := (c.SMSeconds() - sm0) / max(took.Seconds(), 1e-9) * float64(c.Device().SMs())
+	progress := s.done.Load() - done0
+	return held < 1 || progress > 0, fmt.Sprintf("probe took %v, the client held %.2f SMs on average meanwhile, %d executions finished", took.Round(time.Millisecond), held, progress), err
+}
+
+func (s *Simulated) isStopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// Starved reports whether the client is starved of SMs over the window
+// from now: it holds less than one SM on average and finishes no
+// execution meanwhile (see probe). It returns early, false, when done is
+// closed.
+func (s *Simulated) Starved(window time.Duration, done <-chan struct{}) bool {
+	c := s.client.Load()
+	sm0, done0 := c.SMSeconds(), s.done.Load()
+	t := time.NewTimer(window)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-done:
+		return false
+	case <-c.Done():
+		return false
+	}
+	held := (c.SMSeconds() - sm0) / window.Seconds() * float64(c.Device().SMs())
+	return held < 1 && s.done.Load() == done0
+}
+
+// Checking reports whether the instance is out of service for a check
+// (Suspect's probe) only: alive, and back soon or replaced. A pool lets a
+// call wait for the check's end rather than fail it at once.
+func (s *Simulated) Checking() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checking && !s.stopped
 }
 
 // Infer checks the request against the model's inputs, waits for the
@@ -394,6 +468,7 @@ func (s *Simulated) Infer(ctx context.Context, req *InferRequest) (*InferRespons
 	took, err := s.client.Load().Execute(ctx, batch)
 	switch {
 	case err == nil:
+		s.done.Add(1)
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	case errors.Is(err, simgpu.ErrOutOfMemory):

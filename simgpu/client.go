@@ -171,6 +171,18 @@ func (c *Client) Memory() int64 {
 	return c.mem
 }
 
+// SMSeconds is the integral over time of the fraction of the device's SMs
+// the client's running kernels have held since it started: its share of
+// Device.SMSeconds, what NVML's per-process utilisation samples. A hung
+// kernel holds its SMs, so this grows; a below-normal client that normal
+// work leaves no SM holds none, so it stands still.
+func (c *Client) SMSeconds() float64 {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	c.d.advanceLocked(time.Now())
+	return c.d.smSeconds[c.pid]
+}
+
 // Err is why the client is gone (ErrDeviceFault, ErrClientClosed), nil
 // while it serves.
 func (c *Client) Err() error {
