@@ -156,7 +156,9 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 	// it, is measured again rather than leave memory shares unsized.
 	// v3: points hold their row size and curves are in size; a v2
 	// profile is measured again at every profile shape.
-	h.Write([]byte("sloserve-profile-v3\x00"))
+	// v4: curves hold the largest work they were fitted on (MaxWork);
+	// a v3 curve would extrapolate its square past it.
+	h.Write([]byte("sloserve-profile-v4\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

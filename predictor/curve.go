@@ -47,6 +47,13 @@ type Curve struct {
 	K1, K2, K3, K4, K5 float64
 	K6                 float64 `json:",omitempty"`
 	Elements           float64 `json:",omitempty"`
+	// MaxWork is the largest work (w) the curve was fitted on; 0:
+	// unknown. Past it the superlinear part was never measured, and a
+	// square extrapolated far out (a 1600x1600 image against a profile
+	// at 64 and 256 is 40x the work) predicted a detection at 27 s that
+	// takes one: there the w^2 term goes on along its tangent at MaxWork,
+	// so time grows linearly at the largest slope measured.
+	MaxWork float64 `json:",omitempty"`
 }
 
 // Bounds Predict keeps its arguments and result in.
@@ -73,7 +80,11 @@ func (c Curve) seconds(batch int, share float64, elements int64) float64 {
 	b := float64(max(batch, 1))
 	w := c.work(b, elements)
 	s := normShare(share)
-	return (c.K1*w*w+c.K2*w+c.K6*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
+	sq := w * w
+	if c.MaxWork > 0 && w > c.MaxWork {
+		sq = c.MaxWork * (2*w - c.MaxWork)
+	}
+	return (c.K1*sq+c.K2*w+c.K6*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
 }
 
 // work is a batch's work in rows of the reference size.
@@ -87,7 +98,7 @@ func (c Curve) work(b float64, elements int64) float64 {
 // valid reports whether the curve can predict: finite, non-negative
 // coefficients, not all of the latency terms zero.
 func (c Curve) valid() bool {
-	ks := [...]float64{c.K1, c.K2, c.K3, c.K4, c.K5, c.K6, c.Elements}
+	ks := [...]float64{c.K1, c.K2, c.K3, c.K4, c.K5, c.K6, c.Elements, c.MaxWork}
 	for _, k := range ks {
 		if !(k >= 0) || math.IsInf(k, 0) {
 			return false
@@ -205,6 +216,19 @@ var k4Grid = func() []float64 {
 //     no batching gain;
 //   - one point, or both of the above: t = K2*b/s.
 func Fit(points []Point) (Curve, error) {
+	c, err := fit(points)
+	if err != nil {
+		return c, err
+	}
+	for _, pt := range points {
+		if pt.usable() {
+			c.MaxWork = max(c.MaxWork, Curve{Elements: c.Elements}.work(float64(pt.Batch), pt.Elements))
+		}
+	}
+	return c, nil
+}
+
+func fit(points []Point) (Curve, error) {
 	pts := make([]Point, 0, len(points))
 	shares := map[float64]bool{}
 	batches := map[int]bool{}
