@@ -105,6 +105,21 @@ func parseRESTFast(body []byte, rj *restRequestJSON) bool {
 	return p.i == len(p.b)
 }
 
+// stringOnce reads a plain string into *dst; a second one (a key given
+// twice) is left to encoding/json's path, which names it.
+func (p *fastJSON) stringOnce(dst **string) bool {
+	if *dst != nil {
+		return false
+	}
+	s, ok := p.plainString()
+	if !ok {
+		return false
+	}
+	v := string(s)
+	*dst = &v
+	return true
+}
+
 // input parses one entry of "inputs".
 func (p *fastJSON) input(ij *restInputJSON) bool {
 	if !p.byte('{') {
@@ -114,25 +129,9 @@ func (p *fastJSON) input(ij *restInputJSON) bool {
 	return p.members(func(key []byte) bool {
 		switch string(key) {
 		case "name":
-			if ij.Name != nil {
-				return false
-			}
-			s, ok := p.plainString()
-			if !ok {
-				return false
-			}
-			name := string(s)
-			ij.Name = &name
+			return p.stringOnce(&ij.Name)
 		case "datatype":
-			if ij.DataType != nil {
-				return false
-			}
-			s, ok := p.plainString()
-			if !ok {
-				return false
-			}
-			dt := string(s)
-			ij.DataType = &dt
+			return p.stringOnce(&ij.DataType)
 		case "shape":
 			if seenShape {
 				return false
@@ -163,7 +162,6 @@ func (p *fastJSON) input(ij *restInputJSON) bool {
 		default:
 			return false
 		}
-		return true
 	})
 }
 
@@ -176,15 +174,7 @@ func (p *fastJSON) output(oj *restOutputJSON) bool {
 	return p.members(func(key []byte) bool {
 		switch string(key) {
 		case "name":
-			if oj.Name != nil {
-				return false
-			}
-			s, ok := p.plainString()
-			if !ok {
-				return false
-			}
-			name := string(s)
-			oj.Name = &name
+			return p.stringOnce(&oj.Name)
 		case "parameters":
 			if seenParams {
 				return false
@@ -196,7 +186,6 @@ func (p *fastJSON) output(oj *restOutputJSON) bool {
 		default:
 			return false
 		}
-		return true
 	})
 }
 
