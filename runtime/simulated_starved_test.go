@@ -69,24 +69,7 @@ func TestSimulatedStarvedClientIsNotHung(t *testing.T) {
 		starve := 3 * DefaultProbeTimeout
 		var stop atomic.Bool
 		var hogs sync.WaitGroup
-		for i := range 2 {
-			c, err := dev.StartClient(t.Context(), simgpu.ClientSpec{Name: "hog", Model: hog})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			hogs.Go(func() {
-				time.Sleep(time.Duration(i) * hog.Fixed / 2)
-				for !stop.Load() {
-					if _, err := c.Execute(t.Context(), 1); err != nil {
-						if !stop.Load() {
-							t.Error(err)
-						}
-						return
-					}
-				}
-			})
-		}
+		hogSMs(t, dev, hog, &stop, &hogs)
 		t.Cleanup(func() { stop.Store(true); hogs.Wait() })
 		began := time.Now()
 		time.AfterFunc(starve, func() { stop.Store(true) })
@@ -185,24 +168,7 @@ func TestSimulatedStarvedCallIsNotAbandoned(t *testing.T) {
 		var stop atomic.Bool
 		var hogs sync.WaitGroup
 		t.Cleanup(func() { stop.Store(true); hogs.Wait() })
-		for i := range 2 {
-			c, err := dev.StartClient(t.Context(), simgpu.ClientSpec{Name: "hog", Model: hog})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			hogs.Go(func() {
-				time.Sleep(time.Duration(i) * hog.Fixed / 2)
-				for !stop.Load() {
-					if _, err := c.Execute(t.Context(), 1); err != nil {
-						if !stop.Load() {
-							t.Error(err)
-						}
-						return
-					}
-				}
-			})
-		}
+		hogSMs(t, dev, hog, &stop, &hogs)
 		time.AfterFunc(starve, func() { stop.Store(true) })
 		start := time.Now()
 		_, err = pool.Execute(t.Context(), req)
@@ -217,4 +183,29 @@ func TestSimulatedStarvedCallIsNotAbandoned(t *testing.T) {
 			t.Errorf("%d calls answered ErrUnavailable", n)
 		}
 	})
+}
+
+// hogSMs starts two normal-priority clients of hog on dev that run back to
+// back, half an execution apart, until stop is set: with hog wanting the
+// whole device, one of them always holds every SM.
+func hogSMs(t *testing.T, dev *simgpu.Device, hog simgpu.Model, stop *atomic.Bool, hogs *sync.WaitGroup) {
+	t.Helper()
+	for i := range 2 {
+		c, err := dev.StartClient(t.Context(), simgpu.ClientSpec{Name: "hog", Model: hog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		hogs.Go(func() {
+			time.Sleep(time.Duration(i) * hog.Fixed / 2)
+			for !stop.Load() {
+				if _, err := c.Execute(t.Context(), 1); err != nil {
+					if !stop.Load() {
+						t.Error(err)
+					}
+					return
+				}
+			}
+		})
+	}
 }
