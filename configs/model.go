@@ -106,6 +106,9 @@ type Model struct {
 	Resources    Resources `yaml:"resources"`
 	// Profile tells the predictor's profiling sweep how to build requests.
 	Profile ModelProfile `yaml:"profile,omitempty"`
+	// Ensemble is the pipeline of an ensemble (PlatformEnsemble, read
+	// from a Triton config.pbtxt only); nil for a model of its own.
+	Ensemble *Ensemble `yaml:"-"`
 
 	Dir  string `yaml:"-"` // the model folder, when loaded by LoadModel
 	File string `yaml:"-"` // the config file, as named in error messages

@@ -27,7 +27,9 @@ import (
 //   - A field with no effect on what a client gets back (a label file, an
 //     image format hint, pinned memory on a CPU server) is a warning.
 //   - A field not declared in model_config.proto (sequence_batching,
-//     ensemble_scheduling, ...) fails the parse, named.
+//     batch_input, ...) fails the parse, named.
+//   - An ensemble (platform "ensemble", ensemble_scheduling) is read by
+//     mapTritonEnsemble (triton_ensemble.go).
 //
 // sloserve's own settings that Triton has no field for (SLO, class, share
 // limits, threads) travel as parameters, keyed by their config.yaml path.
@@ -115,6 +117,9 @@ func ParseTritonModelJSON(file string, data []byte, dir string) (*Model, error) 
 
 // mapTritonModel maps a decoded Triton config onto a validated Model.
 func mapTritonModel(tc *tritonpb.ModelConfig, file, dir string) (*Model, error) {
+	if isTritonEnsemble(tc) {
+		return mapTritonEnsemble(tc, file, dir)
+	}
 	m := defaultModel()
 	m.File, m.Dir = file, dir
 	t := tritonReader{file: file}
@@ -602,6 +607,9 @@ func tritonPath(p string) string {
 // m's inputs and outputs should be complete (the loaded model's, when the
 // config leaves them out).
 func TritonConfig(m *Model) *tritonpb.ModelConfig {
+	if m.Ensemble != nil {
+		return tritonEnsembleConfig(m)
+	}
 	tc := &tritonpb.ModelConfig{
 		Name:         m.Name,
 		Platform:     TritonPlatformONNX,
@@ -609,20 +617,7 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 		MaxBatchSize: int32(min(m.MaxBatchSize, math.MaxInt32)),
 		Parameters:   map[string]*tritonpb.ModelParameter{},
 	}
-	vp := &tritonpb.ModelVersionPolicy{}
-	switch p := m.VersionPolicy; {
-	case p.All != nil:
-		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_All_{All: &tritonpb.ModelVersionPolicy_All{}}
-	case p.Specific != nil:
-		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Specific_{Specific: &tritonpb.ModelVersionPolicy_Specific{Versions: slices.Clone(p.Specific.Versions)}}
-	default:
-		n := 1
-		if p.Latest != nil {
-			n = p.Latest.NumVersions
-		}
-		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Latest_{Latest: &tritonpb.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
-	}
-	tc.VersionPolicy = vp
+	tc.VersionPolicy = tritonVersionPolicy(m.VersionPolicy)
 	reshape := func(t TensorConfig) *tritonpb.ModelTensorReshape {
 		if t.Reshape == nil {
 			return nil
@@ -722,6 +717,24 @@ func TritonConfig(m *Model) *tritonpb.ModelConfig {
 		tc.ModelWarmup = append(tc.ModelWarmup, w)
 	}
 	return tc
+}
+
+// tritonVersionPolicy is a version policy in Triton's shape.
+func tritonVersionPolicy(p VersionPolicy) *tritonpb.ModelVersionPolicy {
+	vp := &tritonpb.ModelVersionPolicy{}
+	switch {
+	case p.All != nil:
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_All_{All: &tritonpb.ModelVersionPolicy_All{}}
+	case p.Specific != nil:
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Specific_{Specific: &tritonpb.ModelVersionPolicy_Specific{Versions: slices.Clone(p.Specific.Versions)}}
+	default:
+		n := 1
+		if p.Latest != nil {
+			n = p.Latest.NumVersions
+		}
+		vp.PolicyChoice = &tritonpb.ModelVersionPolicy_Latest_{Latest: &tritonpb.ModelVersionPolicy_Latest{NumVersions: uint32(max(n, 0))}}
+	}
+	return vp
 }
 
 func tritonParam(v string) *tritonpb.ModelParameter {

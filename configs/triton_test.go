@@ -107,7 +107,7 @@ func TestTritonConfigBad(t *testing.T) {
 		{"not protobuf text", "max_batch_size: eight\n", []string{"config.pbtxt: not a valid Triton model config"}},
 		{"unsupported field", "max_batch_size: 0\nsequence_batching { }\n",
 			[]string{"config.pbtxt: sequence_batching: not supported by sloserve (or not a Triton model config field) (line 2)"}},
-		{"ensemble", `platform: "ensemble"` + "\nensemble_scheduling { }\n", []string{"ensemble_scheduling: not supported by sloserve"}},
+		{"ensemble", `platform: "ensemble"` + "\nensemble_scheduling { }\n", []string{"ensemble_scheduling.step: an ensemble needs at least one step"}},
 		{"other platform", `platform: "tensorflow_savedmodel"`, []string{`platform: sloserve serves only "onnxruntime_onnx" models, got "tensorflow_savedmodel"`}},
 		{"other backend", `backend: "python"`, []string{`backend: sloserve serves only the "onnxruntime" backend, got "python"`}},
 		{"runtime", `runtime: "libtriton_onnxruntime.so"`, []string{"runtime: a backend library cannot be chosen"}},

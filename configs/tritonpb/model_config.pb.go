@@ -5,7 +5,7 @@
 // Triton's public model_config.proto, so that Triton clients decode
 // ModelConfigResponse and a Triton config.pbtxt parses unchanged. Only the
 // part sloserve serves is declared: a config.pbtxt that sets a field left
-// out here (sequence_batching, ensemble_scheduling, ...) is
+// out here (sequence_batching, batch_input, ...) is
 // refused at load, naming the field. Fields declared here that sloserve
 // cannot honour are refused or warned about by package configs, field by
 // field (docs/model-management.md has the table).
@@ -1156,6 +1156,62 @@ func (x *ModelResponseCache) GetEnable() bool {
 	return false
 }
 
+// The steps of an ensemble (platform "ensemble"): each runs one model,
+// its inputs taken from ensemble tensors (input_map: model input ->
+// ensemble tensor) and its outputs named as ensemble tensors (output_map:
+// model output -> ensemble tensor).
+type ModelEnsembling struct {
+	state                protoimpl.MessageState  `protogen:"open.v1"`
+	Step                 []*ModelEnsembling_Step `protobuf:"bytes,1,rep,name=step,proto3" json:"step,omitempty"`
+	MaxInflightResponses uint32                  `protobuf:"varint,2,opt,name=max_inflight_responses,json=maxInflightResponses,proto3" json:"max_inflight_responses,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *ModelEnsembling) Reset() {
+	*x = ModelEnsembling{}
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelEnsembling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelEnsembling) ProtoMessage() {}
+
+func (x *ModelEnsembling) ProtoReflect() protoreflect.Message {
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelEnsembling.ProtoReflect.Descriptor instead.
+func (*ModelEnsembling) Descriptor() ([]byte, []int) {
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ModelEnsembling) GetStep() []*ModelEnsembling_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *ModelEnsembling) GetMaxInflightResponses() uint32 {
+	if x != nil {
+		return x.MaxInflightResponses
+	}
+	return 0
+}
+
 // A warm-up request Triton runs at load. sloserve reads its input shapes
 // as profile shapes (profile.shapes): the shapes the model is profiled at.
 type ModelWarmup struct {
@@ -1170,7 +1226,7 @@ type ModelWarmup struct {
 
 func (x *ModelWarmup) Reset() {
 	*x = ModelWarmup{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1238,7 @@ func (x *ModelWarmup) String() string {
 func (*ModelWarmup) ProtoMessage() {}
 
 func (x *ModelWarmup) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[12]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1251,7 @@ func (x *ModelWarmup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelWarmup.ProtoReflect.Descriptor instead.
 func (*ModelWarmup) Descriptor() ([]byte, []int) {
-	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelWarmup) GetName() string {
@@ -1242,6 +1298,7 @@ type ModelConfig struct {
 	// Types that are valid to be assigned to SchedulingChoice:
 	//
 	//	*ModelConfig_DynamicBatching
+	//	*ModelConfig_EnsembleScheduling
 	SchedulingChoice       isModelConfig_SchedulingChoice `protobuf_oneof:"scheduling_choice"`
 	Parameters             map[string]*ModelParameter     `protobuf:"bytes,14,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	ModelWarmup            []*ModelWarmup                 `protobuf:"bytes,16,rep,name=model_warmup,json=modelWarmup,proto3" json:"model_warmup,omitempty"`
@@ -1256,7 +1313,7 @@ type ModelConfig struct {
 
 func (x *ModelConfig) Reset() {
 	*x = ModelConfig{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1325,7 @@ func (x *ModelConfig) String() string {
 func (*ModelConfig) ProtoMessage() {}
 
 func (x *ModelConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[13]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1338,7 @@ func (x *ModelConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelConfig.ProtoReflect.Descriptor instead.
 func (*ModelConfig) Descriptor() ([]byte, []int) {
-	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{13}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ModelConfig) GetName() string {
@@ -1377,6 +1434,15 @@ func (x *ModelConfig) GetDynamicBatching() *ModelDynamicBatching {
 	return nil
 }
 
+func (x *ModelConfig) GetEnsembleScheduling() *ModelEnsembling {
+	if x != nil {
+		if x, ok := x.SchedulingChoice.(*ModelConfig_EnsembleScheduling); ok {
+			return x.EnsembleScheduling
+		}
+	}
+	return nil
+}
+
 func (x *ModelConfig) GetParameters() map[string]*ModelParameter {
 	if x != nil {
 		return x.Parameters
@@ -1434,7 +1500,13 @@ type ModelConfig_DynamicBatching struct {
 	DynamicBatching *ModelDynamicBatching `protobuf:"bytes,11,opt,name=dynamic_batching,json=dynamicBatching,proto3,oneof"`
 }
 
+type ModelConfig_EnsembleScheduling struct {
+	EnsembleScheduling *ModelEnsembling `protobuf:"bytes,15,opt,name=ensemble_scheduling,json=ensembleScheduling,proto3,oneof"`
+}
+
 func (*ModelConfig_DynamicBatching) isModelConfig_SchedulingChoice() {}
+
+func (*ModelConfig_EnsembleScheduling) isModelConfig_SchedulingChoice() {}
 
 type ModelVersionPolicy_Latest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1445,7 +1517,7 @@ type ModelVersionPolicy_Latest struct {
 
 func (x *ModelVersionPolicy_Latest) Reset() {
 	*x = ModelVersionPolicy_Latest{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1529,7 @@ func (x *ModelVersionPolicy_Latest) String() string {
 func (*ModelVersionPolicy_Latest) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Latest) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[14]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1560,7 @@ type ModelVersionPolicy_All struct {
 
 func (x *ModelVersionPolicy_All) Reset() {
 	*x = ModelVersionPolicy_All{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1572,7 @@ func (x *ModelVersionPolicy_All) String() string {
 func (*ModelVersionPolicy_All) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_All) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[15]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1597,7 @@ type ModelVersionPolicy_Specific struct {
 
 func (x *ModelVersionPolicy_Specific) Reset() {
 	*x = ModelVersionPolicy_Specific{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1609,7 @@ func (x *ModelVersionPolicy_Specific) String() string {
 func (*ModelVersionPolicy_Specific) ProtoMessage() {}
 
 func (x *ModelVersionPolicy_Specific) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[16]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1642,7 @@ type ModelOptimizationPolicy_Graph struct {
 
 func (x *ModelOptimizationPolicy_Graph) Reset() {
 	*x = ModelOptimizationPolicy_Graph{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1654,7 @@ func (x *ModelOptimizationPolicy_Graph) String() string {
 func (*ModelOptimizationPolicy_Graph) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_Graph) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[17]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +1687,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1699,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators) String() string {
 func (*ModelOptimizationPolicy_ExecutionAccelerators) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[18]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1738,7 @@ type ModelOptimizationPolicy_PinnedMemoryBuffer struct {
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) Reset() {
 	*x = ModelOptimizationPolicy_PinnedMemoryBuffer{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1750,7 @@ func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) String() string {
 func (*ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_PinnedMemoryBuffer) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[19]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1783,7 @@ type ModelOptimizationPolicy_ExecutionAccelerators_Accelerator struct {
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) Reset() {
 	*x = ModelOptimizationPolicy_ExecutionAccelerators_Accelerator{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1795,7 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) String() str
 func (*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoMessage() {}
 
 func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[20]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,6 +1825,83 @@ func (x *ModelOptimizationPolicy_ExecutionAccelerators_Accelerator) GetParameter
 	return nil
 }
 
+type ModelEnsembling_Step struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ModelName string                 `protobuf:"bytes,1,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	// -1 (or unset): the model's default version.
+	ModelVersion   int64             `protobuf:"varint,2,opt,name=model_version,json=modelVersion,proto3" json:"model_version,omitempty"`
+	InputMap       map[string]string `protobuf:"bytes,3,rep,name=input_map,json=inputMap,proto3" json:"input_map,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	OutputMap      map[string]string `protobuf:"bytes,4,rep,name=output_map,json=outputMap,proto3" json:"output_map,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ModelNamespace string            `protobuf:"bytes,5,opt,name=model_namespace,json=modelNamespace,proto3" json:"model_namespace,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ModelEnsembling_Step) Reset() {
+	*x = ModelEnsembling_Step{}
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelEnsembling_Step) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelEnsembling_Step) ProtoMessage() {}
+
+func (x *ModelEnsembling_Step) ProtoReflect() protoreflect.Message {
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelEnsembling_Step.ProtoReflect.Descriptor instead.
+func (*ModelEnsembling_Step) Descriptor() ([]byte, []int) {
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12, 0}
+}
+
+func (x *ModelEnsembling_Step) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+func (x *ModelEnsembling_Step) GetModelVersion() int64 {
+	if x != nil {
+		return x.ModelVersion
+	}
+	return 0
+}
+
+func (x *ModelEnsembling_Step) GetInputMap() map[string]string {
+	if x != nil {
+		return x.InputMap
+	}
+	return nil
+}
+
+func (x *ModelEnsembling_Step) GetOutputMap() map[string]string {
+	if x != nil {
+		return x.OutputMap
+	}
+	return nil
+}
+
+func (x *ModelEnsembling_Step) GetModelNamespace() string {
+	if x != nil {
+		return x.ModelNamespace
+	}
+	return ""
+}
+
 type ModelWarmup_Input struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	DataType DataType               `protobuf:"varint,1,opt,name=data_type,json=dataType,proto3,enum=inference.DataType" json:"data_type,omitempty"`
@@ -1769,7 +1918,7 @@ type ModelWarmup_Input struct {
 
 func (x *ModelWarmup_Input) Reset() {
 	*x = ModelWarmup_Input{}
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[23]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1930,7 @@ func (x *ModelWarmup_Input) String() string {
 func (*ModelWarmup_Input) ProtoMessage() {}
 
 func (x *ModelWarmup_Input) ProtoReflect() protoreflect.Message {
-	mi := &file_configs_tritonpb_model_config_proto_msgTypes[23]
+	mi := &file_configs_tritonpb_model_config_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1943,7 @@ func (x *ModelWarmup_Input) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelWarmup_Input.ProtoReflect.Descriptor instead.
 func (*ModelWarmup_Input) Descriptor() ([]byte, []int) {
-	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{12, 0}
+	return file_configs_tritonpb_model_config_proto_rawDescGZIP(), []int{13, 0}
 }
 
 func (x *ModelWarmup_Input) GetDataType() DataType {
@@ -1972,7 +2121,24 @@ const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	"\x16ModelTransactionPolicy\x12\x1c\n" +
 	"\tdecoupled\x18\x01 \x01(\bR\tdecoupled\",\n" +
 	"\x12ModelResponseCache\x12\x16\n" +
-	"\x06enable\x18\x01 \x01(\bR\x06enable\"\xba\x03\n" +
+	"\x06enable\x18\x01 \x01(\bR\x06enable\"\x88\x04\n" +
+	"\x0fModelEnsembling\x123\n" +
+	"\x04step\x18\x01 \x03(\v2\x1f.inference.ModelEnsembling.StepR\x04step\x124\n" +
+	"\x16max_inflight_responses\x18\x02 \x01(\rR\x14maxInflightResponses\x1a\x89\x03\n" +
+	"\x04Step\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\x01 \x01(\tR\tmodelName\x12#\n" +
+	"\rmodel_version\x18\x02 \x01(\x03R\fmodelVersion\x12J\n" +
+	"\tinput_map\x18\x03 \x03(\v2-.inference.ModelEnsembling.Step.InputMapEntryR\binputMap\x12M\n" +
+	"\n" +
+	"output_map\x18\x04 \x03(\v2..inference.ModelEnsembling.Step.OutputMapEntryR\toutputMap\x12'\n" +
+	"\x0fmodel_namespace\x18\x05 \x01(\tR\x0emodelNamespace\x1a;\n" +
+	"\rInputMapEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eOutputMapEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x03\n" +
 	"\vModelWarmup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -1989,8 +2155,7 @@ const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	"\x0finput_data_type\x1aW\n" +
 	"\vInputsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x122\n" +
-	"\x05value\x18\x02 \x01(\v2\x1c.inference.ModelWarmup.InputR\x05value:\x028\x01\"\xd1\n" +
-	"\n" +
+	"\x05value\x18\x02 \x01(\v2\x1c.inference.ModelWarmup.InputR\x05value:\x028\x01\"\xa0\v\n" +
 	"\vModelConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bplatform\x18\x02 \x01(\tR\bplatform\x12D\n" +
@@ -2005,7 +2170,8 @@ const file_configs_tritonpb_model_config_proto_rawDesc = "" +
 	" \x03(\v2&.inference.ModelConfig.MetricTagsEntryR\n" +
 	"metricTags\x12F\n" +
 	"\foptimization\x18\f \x01(\v2\".inference.ModelOptimizationPolicyR\foptimization\x12L\n" +
-	"\x10dynamic_batching\x18\v \x01(\v2\x1f.inference.ModelDynamicBatchingH\x00R\x0fdynamicBatching\x12F\n" +
+	"\x10dynamic_batching\x18\v \x01(\v2\x1f.inference.ModelDynamicBatchingH\x00R\x0fdynamicBatching\x12M\n" +
+	"\x13ensemble_scheduling\x18\x0f \x01(\v2\x1a.inference.ModelEnsemblingH\x00R\x12ensembleScheduling\x12F\n" +
 	"\n" +
 	"parameters\x18\x0e \x03(\v2&.inference.ModelConfig.ParametersEntryR\n" +
 	"parameters\x129\n" +
@@ -2060,7 +2226,7 @@ func file_configs_tritonpb_model_config_proto_rawDescGZIP() []byte {
 }
 
 var file_configs_tritonpb_model_config_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_configs_tritonpb_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_configs_tritonpb_model_config_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_configs_tritonpb_model_config_proto_goTypes = []any{
 	(DataType)(0),                                                     // 0: inference.DataType
 	(ModelInstanceGroup_Kind)(0),                                      // 1: inference.ModelInstanceGroup.Kind
@@ -2079,22 +2245,26 @@ var file_configs_tritonpb_model_config_proto_goTypes = []any{
 	(*ModelOperations)(nil),                                           // 14: inference.ModelOperations
 	(*ModelTransactionPolicy)(nil),                                    // 15: inference.ModelTransactionPolicy
 	(*ModelResponseCache)(nil),                                        // 16: inference.ModelResponseCache
-	(*ModelWarmup)(nil),                                               // 17: inference.ModelWarmup
-	(*ModelConfig)(nil),                                               // 18: inference.ModelConfig
-	(*ModelVersionPolicy_Latest)(nil),                                 // 19: inference.ModelVersionPolicy.Latest
-	(*ModelVersionPolicy_All)(nil),                                    // 20: inference.ModelVersionPolicy.All
-	(*ModelVersionPolicy_Specific)(nil),                               // 21: inference.ModelVersionPolicy.Specific
-	(*ModelOptimizationPolicy_Graph)(nil),                             // 22: inference.ModelOptimizationPolicy.Graph
-	(*ModelOptimizationPolicy_ExecutionAccelerators)(nil),             // 23: inference.ModelOptimizationPolicy.ExecutionAccelerators
-	(*ModelOptimizationPolicy_PinnedMemoryBuffer)(nil),                // 24: inference.ModelOptimizationPolicy.PinnedMemoryBuffer
-	(*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator)(nil), // 25: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	nil,                       // 26: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
-	nil,                       // 27: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	(*ModelWarmup_Input)(nil), // 28: inference.ModelWarmup.Input
-	nil,                       // 29: inference.ModelWarmup.InputsEntry
-	nil,                       // 30: inference.ModelConfig.CcModelFilenamesEntry
-	nil,                       // 31: inference.ModelConfig.MetricTagsEntry
-	nil,                       // 32: inference.ModelConfig.ParametersEntry
+	(*ModelEnsembling)(nil),                                           // 17: inference.ModelEnsembling
+	(*ModelWarmup)(nil),                                               // 18: inference.ModelWarmup
+	(*ModelConfig)(nil),                                               // 19: inference.ModelConfig
+	(*ModelVersionPolicy_Latest)(nil),                                 // 20: inference.ModelVersionPolicy.Latest
+	(*ModelVersionPolicy_All)(nil),                                    // 21: inference.ModelVersionPolicy.All
+	(*ModelVersionPolicy_Specific)(nil),                               // 22: inference.ModelVersionPolicy.Specific
+	(*ModelOptimizationPolicy_Graph)(nil),                             // 23: inference.ModelOptimizationPolicy.Graph
+	(*ModelOptimizationPolicy_ExecutionAccelerators)(nil),             // 24: inference.ModelOptimizationPolicy.ExecutionAccelerators
+	(*ModelOptimizationPolicy_PinnedMemoryBuffer)(nil),                // 25: inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	(*ModelOptimizationPolicy_ExecutionAccelerators_Accelerator)(nil), // 26: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	nil,                          // 27: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
+	nil,                          // 28: inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	(*ModelEnsembling_Step)(nil), // 29: inference.ModelEnsembling.Step
+	nil,                          // 30: inference.ModelEnsembling.Step.InputMapEntry
+	nil,                          // 31: inference.ModelEnsembling.Step.OutputMapEntry
+	(*ModelWarmup_Input)(nil),    // 32: inference.ModelWarmup.Input
+	nil,                          // 33: inference.ModelWarmup.InputsEntry
+	nil,                          // 34: inference.ModelConfig.CcModelFilenamesEntry
+	nil,                          // 35: inference.ModelConfig.MetricTagsEntry
+	nil,                          // 36: inference.ModelConfig.ParametersEntry
 }
 var file_configs_tritonpb_model_config_proto_depIdxs = []int32{
 	1,  // 0: inference.ModelInstanceGroup.kind:type_name -> inference.ModelInstanceGroup.Kind
@@ -2103,43 +2273,47 @@ var file_configs_tritonpb_model_config_proto_depIdxs = []int32{
 	6,  // 3: inference.ModelInput.reshape:type_name -> inference.ModelTensorReshape
 	0,  // 4: inference.ModelOutput.data_type:type_name -> inference.DataType
 	6,  // 5: inference.ModelOutput.reshape:type_name -> inference.ModelTensorReshape
-	19, // 6: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
-	20, // 7: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
-	21, // 8: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
-	22, // 9: inference.ModelOptimizationPolicy.graph:type_name -> inference.ModelOptimizationPolicy.Graph
+	20, // 6: inference.ModelVersionPolicy.latest:type_name -> inference.ModelVersionPolicy.Latest
+	21, // 7: inference.ModelVersionPolicy.all:type_name -> inference.ModelVersionPolicy.All
+	22, // 8: inference.ModelVersionPolicy.specific:type_name -> inference.ModelVersionPolicy.Specific
+	23, // 9: inference.ModelOptimizationPolicy.graph:type_name -> inference.ModelOptimizationPolicy.Graph
 	3,  // 10: inference.ModelOptimizationPolicy.priority:type_name -> inference.ModelOptimizationPolicy.ModelPriority
-	23, // 11: inference.ModelOptimizationPolicy.execution_accelerators:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators
-	24, // 12: inference.ModelOptimizationPolicy.input_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
-	24, // 13: inference.ModelOptimizationPolicy.output_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	24, // 11: inference.ModelOptimizationPolicy.execution_accelerators:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators
+	25, // 12: inference.ModelOptimizationPolicy.input_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
+	25, // 13: inference.ModelOptimizationPolicy.output_pinned_memory:type_name -> inference.ModelOptimizationPolicy.PinnedMemoryBuffer
 	4,  // 14: inference.ModelQueuePolicy.timeout_action:type_name -> inference.ModelQueuePolicy.TimeoutAction
 	11, // 15: inference.ModelDynamicBatching.default_queue_policy:type_name -> inference.ModelQueuePolicy
-	27, // 16: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
-	29, // 17: inference.ModelWarmup.inputs:type_name -> inference.ModelWarmup.InputsEntry
-	9,  // 18: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
-	7,  // 19: inference.ModelConfig.input:type_name -> inference.ModelInput
-	8,  // 20: inference.ModelConfig.output:type_name -> inference.ModelOutput
-	5,  // 21: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
-	30, // 22: inference.ModelConfig.cc_model_filenames:type_name -> inference.ModelConfig.CcModelFilenamesEntry
-	31, // 23: inference.ModelConfig.metric_tags:type_name -> inference.ModelConfig.MetricTagsEntry
-	10, // 24: inference.ModelConfig.optimization:type_name -> inference.ModelOptimizationPolicy
-	12, // 25: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
-	32, // 26: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
-	17, // 27: inference.ModelConfig.model_warmup:type_name -> inference.ModelWarmup
-	14, // 28: inference.ModelConfig.model_operations:type_name -> inference.ModelOperations
-	15, // 29: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
-	16, // 30: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
-	25, // 31: inference.ModelOptimizationPolicy.ExecutionAccelerators.gpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	25, // 32: inference.ModelOptimizationPolicy.ExecutionAccelerators.cpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
-	26, // 33: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.parameters:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
-	11, // 34: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
-	0,  // 35: inference.ModelWarmup.Input.data_type:type_name -> inference.DataType
-	28, // 36: inference.ModelWarmup.InputsEntry.value:type_name -> inference.ModelWarmup.Input
-	13, // 37: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	28, // 16: inference.ModelDynamicBatching.priority_queue_policy:type_name -> inference.ModelDynamicBatching.PriorityQueuePolicyEntry
+	29, // 17: inference.ModelEnsembling.step:type_name -> inference.ModelEnsembling.Step
+	33, // 18: inference.ModelWarmup.inputs:type_name -> inference.ModelWarmup.InputsEntry
+	9,  // 19: inference.ModelConfig.version_policy:type_name -> inference.ModelVersionPolicy
+	7,  // 20: inference.ModelConfig.input:type_name -> inference.ModelInput
+	8,  // 21: inference.ModelConfig.output:type_name -> inference.ModelOutput
+	5,  // 22: inference.ModelConfig.instance_group:type_name -> inference.ModelInstanceGroup
+	34, // 23: inference.ModelConfig.cc_model_filenames:type_name -> inference.ModelConfig.CcModelFilenamesEntry
+	35, // 24: inference.ModelConfig.metric_tags:type_name -> inference.ModelConfig.MetricTagsEntry
+	10, // 25: inference.ModelConfig.optimization:type_name -> inference.ModelOptimizationPolicy
+	12, // 26: inference.ModelConfig.dynamic_batching:type_name -> inference.ModelDynamicBatching
+	17, // 27: inference.ModelConfig.ensemble_scheduling:type_name -> inference.ModelEnsembling
+	36, // 28: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	18, // 29: inference.ModelConfig.model_warmup:type_name -> inference.ModelWarmup
+	14, // 30: inference.ModelConfig.model_operations:type_name -> inference.ModelOperations
+	15, // 31: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
+	16, // 32: inference.ModelConfig.response_cache:type_name -> inference.ModelResponseCache
+	26, // 33: inference.ModelOptimizationPolicy.ExecutionAccelerators.gpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	26, // 34: inference.ModelOptimizationPolicy.ExecutionAccelerators.cpu_execution_accelerator:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+	27, // 35: inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.parameters:type_name -> inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.ParametersEntry
+	11, // 36: inference.ModelDynamicBatching.PriorityQueuePolicyEntry.value:type_name -> inference.ModelQueuePolicy
+	30, // 37: inference.ModelEnsembling.Step.input_map:type_name -> inference.ModelEnsembling.Step.InputMapEntry
+	31, // 38: inference.ModelEnsembling.Step.output_map:type_name -> inference.ModelEnsembling.Step.OutputMapEntry
+	0,  // 39: inference.ModelWarmup.Input.data_type:type_name -> inference.DataType
+	32, // 40: inference.ModelWarmup.InputsEntry.value:type_name -> inference.ModelWarmup.Input
+	13, // 41: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	42, // [42:42] is the sub-list for method output_type
+	42, // [42:42] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_configs_tritonpb_model_config_proto_init() }
@@ -2152,10 +2326,11 @@ func file_configs_tritonpb_model_config_proto_init() {
 		(*ModelVersionPolicy_All_)(nil),
 		(*ModelVersionPolicy_Specific_)(nil),
 	}
-	file_configs_tritonpb_model_config_proto_msgTypes[13].OneofWrappers = []any{
+	file_configs_tritonpb_model_config_proto_msgTypes[14].OneofWrappers = []any{
 		(*ModelConfig_DynamicBatching)(nil),
+		(*ModelConfig_EnsembleScheduling)(nil),
 	}
-	file_configs_tritonpb_model_config_proto_msgTypes[23].OneofWrappers = []any{
+	file_configs_tritonpb_model_config_proto_msgTypes[27].OneofWrappers = []any{
 		(*ModelWarmup_Input_ZeroData)(nil),
 		(*ModelWarmup_Input_RandomData)(nil),
 		(*ModelWarmup_Input_InputDataFile)(nil),
@@ -2166,7 +2341,7 @@ func file_configs_tritonpb_model_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_configs_tritonpb_model_config_proto_rawDesc), len(file_configs_tritonpb_model_config_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
