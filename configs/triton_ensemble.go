@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"google.golang.org/protobuf/encoding/prototext"
 
 	"github.com/sloserve/sloserve/configs/tritonpb"
 )
@@ -333,4 +336,24 @@ func tritonEnsembleConfig(m *Model) *tritonpb.ModelConfig {
 	}
 	tc.SchedulingChoice = &tritonpb.ModelConfig_EnsembleScheduling{EnsembleScheduling: es}
 	return tc
+}
+
+// IsEnsembleFolder tells, cheaply, whether the model folder dir holds an
+// ensemble: a config.pbtxt (and no config.yaml) that says so. A config
+// that does not parse is not an ensemble here; its load reports it.
+func IsEnsembleFolder(dir string) bool {
+	for _, name := range []string{ModelConfigFile, ModelConfigFileAlt} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+			return false
+		}
+	}
+	b, err := ReadFile(filepath.Join(dir, ModelConfigPbtxt))
+	if err != nil {
+		return false
+	}
+	var tc tritonpb.ModelConfig
+	if prototext.Unmarshal(b, &tc) != nil {
+		return false
+	}
+	return isTritonEnsemble(&tc)
 }

@@ -19,6 +19,13 @@ import (
 func (r *Registry) ModelReady(name, ver string) (bool, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	if e, ok, err := r.ensembleLocked(name, ver); ok {
+		if err != nil {
+			return false, err
+		}
+		ready, _ := r.stepsReadyLocked(e)
+		return ready, nil
+	}
 	_, v, err := r.findLocked(name, ver)
 	if errors.Is(err, ErrNotReady) {
 		return false, nil
@@ -63,6 +70,12 @@ func (v *version) ready() bool { return v.pool.Ready() }
 func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	if e, ok, err := r.ensembleLocked(name, ver); ok {
+		if err != nil {
+			return Metadata{}, err
+		}
+		return Metadata{Name: name, Versions: []string{e.label}, Platform: configs.PlatformEnsemble, Inputs: e.inputs, Outputs: e.outputs}, nil
+	}
 	m, v, err := r.findLocked(name, ver)
 	if err != nil {
 		return Metadata{}, err
@@ -83,6 +96,14 @@ func (r *Registry) Metadata(name, ver string) (Metadata, error) {
 // with, its inputs and outputs those of the loaded model. The copy shares
 // its lists and policies with the version's: read it, do not change it.
 func (r *Registry) ModelConfig(name, ver string) (*configs.Model, error) {
+	if e, ok, err := r.ensemble(name, ver); ok {
+		if err != nil {
+			return nil, err
+		}
+		cfg := *e.cfg
+		cfg.Warnings = nil
+		return &cfg, nil
+	}
 	v, err := r.serving(name, ver)
 	if err != nil {
 		return nil, err
@@ -130,6 +151,11 @@ func (r *Registry) IndexKnown(readyOnly bool) []IndexEntry {
 			continue
 		}
 		for n, e := range m.states {
+			if m.ens != nil && m.ens.number == n && e.State == StateReady {
+				if ready, why := r.stepsReadyLocked(m.ens); !ready {
+					e = IndexEntry{Name: e.Name, Version: e.Version, State: StateUnavailable, Reason: why}
+				}
+			}
 			if v, ok := m.serving[n]; ok && e.State == StateReady {
 				if !v.ready() {
 					e = IndexEntry{Name: e.Name, Version: e.Version, State: StateUnavailable, Reason: v.notes()}

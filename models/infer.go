@@ -106,6 +106,12 @@ func (r *Registry) Preadmit(ctx context.Context, name, ver string, deadline time
 // admits, runs and counts it; a request that does not match the model's
 // metadata is counted there as invalid.
 func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
+	if e, ok, err := r.ensemble(name, ver); ok {
+		if err != nil {
+			return nil, "", err
+		}
+		return r.inferEnsemble(ctx, e, req)
+	}
 	start := time.Now()
 	v, err := r.acquire(name, ver)
 	if errors.As(err, new(evictedError)) {

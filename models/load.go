@@ -111,11 +111,14 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 		}
 	}
 	if err != nil {
-		r.setFailed(m, nil, err, fp)
+		r.setEnsembleFailed(m, nil, err, fp)
 		return err
 	}
 	for _, w := range cfg.Warnings {
 		log.Warn("model config: " + w)
+	}
+	if cfg.Ensemble != nil {
+		return r.loadEnsemble(ctx, m, cfg, override, fp)
 	}
 	selected, err := selectVersions(cfg, m.dir)
 	if err != nil {
@@ -182,6 +185,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 	r.mu.Lock()
 	old := m.serving
 	m.serving = fresh
+	m.ens = nil
 	m.cfg = cfg
 	m.override = nil
 	if len(override) > 0 {
@@ -434,6 +438,14 @@ func (r *Registry) unload(ctx context.Context, name, reason string, forget bool)
 	m.serving = map[int64]*version{}
 	for n, v := range old {
 		m.states[n] = IndexEntry{Name: name, Version: v.label, State: StateUnloading}
+	}
+	if e := m.ens; e != nil {
+		// An ensemble holds no instances: its steps' models drain
+		// their own requests.
+		m.ens = nil
+		m.states[e.number] = IndexEntry{Name: name, Version: e.label, State: StateUnavailable, Reason: reason}
+		m.reason, m.loadFailed = reason, false
+		r.log.Info("ensemble unloaded", "model", name, "reason", reason)
 	}
 	r.mu.Unlock()
 	for _, v := range old {

@@ -155,6 +155,14 @@ func (r *Registry) pollOnce(ctx context.Context) {
 	}
 	slices.Sort(gone)
 	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.name, b.name) })
+	// Ensembles load after the models they run.
+	ensembles := map[string]bool{}
+	for _, c := range changes {
+		ensembles[c.name] = r.isEnsemble(c.name)
+	}
+	slices.SortStableFunc(changes, func(a, b change) int {
+		return compareBool(ensembles[a.name], ensembles[b.name])
+	})
 	for _, name := range gone {
 		r.log.Info("model folder removed; unloading", "model", name)
 		if err := r.unload(ctx, name, "removed from the repository", true); err != nil {

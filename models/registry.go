@@ -162,6 +162,7 @@ type model struct {
 	// Guarded by Registry.mu.
 	cfg         *configs.Model
 	serving     map[int64]*version
+	ens         *ensemble            // the loaded ensemble, when the model is one (ensemble.go); serving is then empty
 	states      map[int64]IndexEntry // last known state of each version
 	reason      string               // why the model as a whole is not serving
 	fingerprint string               // of the files that the last load read
@@ -306,15 +307,18 @@ func (r *Registry) Start(ctx context.Context) error {
 			names = r.opts.StartupModels
 		}
 	}
-	var wg sync.WaitGroup
-	for _, name := range names {
-		wg.Go(func() {
-			if err := r.load(ctx, name); err != nil {
-				r.log.Error("model failed to load", "model", name, "err", err)
-			}
-		})
+	// Ensembles load once the models they run have.
+	for _, wave := range r.ensemblesLast(names) {
+		var wg sync.WaitGroup
+		for _, name := range wave {
+			wg.Go(func() {
+				if err := r.load(ctx, name); err != nil {
+					r.log.Error("model failed to load", "model", name, "err", err)
+				}
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	r.started.Store(true)
 	if r.opts.Control != ControlExplicit {
 		r.watchDone = make(chan struct{})

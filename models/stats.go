@@ -19,6 +19,11 @@ func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
 		for _, m := range r.models {
 			ms = append(ms, m)
 		}
+	} else if e, ok, err := r.ensembleLocked(name, ver); ok {
+		if err != nil {
+			return nil, err
+		}
+		return []Statistics{e.statistics()}, nil
 	} else if ver != "" {
 		_, v, err := r.findLocked(name, ver)
 		if err != nil {
@@ -36,6 +41,9 @@ func (r *Registry) Statistics(name, ver string) ([]Statistics, error) {
 	for _, m := range ms {
 		for _, v := range m.serving {
 			out = append(out, v.statistics())
+		}
+		if m.ens != nil {
+			out = append(out, m.ens.statistics())
 		}
 	}
 	slices.SortFunc(out, func(a, b Statistics) int {
