@@ -77,6 +77,14 @@ func CheckFolder(dir string, o CheckOptions) (*configs.Model, []int64, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if cfg.Ensemble != nil {
+		// Its steps are checked against the step models when it loads.
+		available, err := configs.EnsembleVersions(dir)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		return cfg, cfg.SelectVersions(available), nil
+	}
 	selected, err := selectVersions(cfg, dir)
 	if err != nil {
 		return cfg, nil, err

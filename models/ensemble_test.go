@@ -176,3 +176,13 @@ func TestEnsembleLoadErrors(t *testing.T) {
 		})
 	}
 }
+
+// sloserve check reads an ensemble's folder, which holds no model file.
+func TestEnsembleCheckFolder(t *testing.T) {
+	repo := t.TempDir()
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	cfg, versions, err := CheckFolder(filepath.Join(repo, "ens"), CheckOptions{MaxTensorElements: 1 << 20})
+	if err != nil || cfg.Ensemble == nil || !slices.Equal(versions, []int64{1}) {
+		t.Errorf("CheckFolder = %v, %v, %v", cfg, versions, err)
+	}
+}
