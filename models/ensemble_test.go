@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/qos"
 )
 
 // fanOut is an ensemble of two sum models side by side on one input; its
@@ -184,5 +186,50 @@ func TestEnsembleCheckFolder(t *testing.T) {
 	cfg, versions, err := CheckFolder(filepath.Join(repo, "ens"), CheckOptions{MaxTensorElements: 1 << 20})
 	if err != nil || cfg.Ensemble == nil || !slices.Equal(versions, []int64{1}) {
 		t.Errorf("CheckFolder = %v, %v, %v", cfg, versions, err)
+	}
+}
+
+// Every step carries the request's deadline: one that has passed refuses
+// the first step, named, and the ensemble counts a failure.
+func TestEnsembleDeadlineCoversSteps(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum_a", fmt.Sprintf(sumConfig, "sum_a", 1, 1), 1)
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	r, _, _ := newTestRegistry(t, ControlNone, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	req := sumRequest([4]float32{1, 2, 3, 4})
+	req.Inputs[0].Name = "IN"
+	if _, _, err := r.Infer(t.Context(), "ens", "", req); err != nil {
+		t.Fatalf("without a deadline: %v", err)
+	}
+	req.Deadline = time.Now().Add(-time.Millisecond)
+	_, _, err := r.Infer(t.Context(), "ens", "", req)
+	if err == nil || !strings.Contains(err.Error(), "ensemble ens step ") {
+		t.Fatalf("with a deadline passed: %v", err)
+	}
+	if !errors.Is(err, qos.ErrRejected) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("with a deadline passed: %v, want a rejection or a deadline error", err)
+	}
+}
+
+// At start an ensemble loads once the models it runs have, however slow
+// their instances are to start.
+func TestEnsembleLoadsAfterItsSteps(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum_a", fmt.Sprintf(sumConfig, "sum_a", 1, 1), 1)
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	r, f, _ := newTestRegistry(t, ControlNone, repo)
+	f.onStart = func(InstanceSpec) { time.Sleep(50 * time.Millisecond) }
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	if ready, err := r.ModelReady("ens", ""); err != nil || !ready {
+		t.Errorf("ensemble ready after Start = %v, %v; index %+v", ready, err, r.IndexKnown(false))
 	}
 }
