@@ -380,4 +380,3 @@ func floatsOf(b []byte) []float32 {
 	}
 	return out
 }
-
