@@ -419,3 +419,24 @@ func compareBool(a, b bool) int {
 	}
 	return -1
 }
+
+// retryEnsembles loads again, after a poll pass loaded models, the
+// ensembles whose last load failed and that the pass did not load
+// (tried): a step model they missed may be there now.
+func (r *Registry) retryEnsembles(ctx context.Context, tried map[string]bool) {
+	var retry []string
+	r.mu.RLock()
+	for name, m := range r.models {
+		if _, done := tried[name]; !done && m.loadFailed && !m.removed && len(m.serving) == 0 && m.ens == nil {
+			retry = append(retry, name)
+		}
+	}
+	r.mu.RUnlock()
+	slices.Sort(retry)
+	for _, name := range retry {
+		if r.isEnsemble(name) {
+			r.log.Info("models loaded; loading an ensemble that failed before again", "model", name)
+			_ = r.load(ctx, name)
+		}
+	}
+}

@@ -233,3 +233,25 @@ func TestEnsembleLoadsAfterItsSteps(t *testing.T) {
 		t.Errorf("ensemble ready after Start = %v, %v; index %+v", ready, err, r.IndexKnown(false))
 	}
 }
+
+// In poll mode an ensemble that failed for want of a step model loads
+// once a later pass brings the model, without its own folder changing.
+func TestEnsembleRetriedWhenStepsArrive(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum_a", fmt.Sprintf(sumConfig, "sum_a", 1, 1), 1)
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	r, _, _ := newTestRegistry(t, ControlPoll, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	if ready, _ := r.ModelReady("ens", ""); ready {
+		t.Fatal("ensemble ready without sum_b")
+	}
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	r.pollOnce(t.Context())
+	if ready, err := r.ModelReady("ens", ""); err != nil || !ready {
+		t.Errorf("ensemble ready = %v, %v once sum_b is there; index %+v", ready, err, r.IndexKnown(false))
+	}
+	r.pollOnce(t.Context()) // nothing changed: nothing loads again
+}

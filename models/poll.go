@@ -180,6 +180,9 @@ func (r *Registry) pollOnce(ctx context.Context) {
 		// A failure is logged, counted and shown in the index by load.
 		_ = r.load(ctx, c.name)
 	}
+	if len(changes) > 0 {
+		r.retryEnsembles(ctx, ensembles)
+	}
 }
 
 // fingerprint summarises what a load of a model folder reads: the config
