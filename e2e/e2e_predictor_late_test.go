@@ -149,14 +149,15 @@ profile:
 	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions",
 		100*one.lateShare(), 100*mixed.lateShare(), 100*mape, n)
 	// The same mean work is served about as well mixed as at one shape.
-	// A predictor blind to size refused twice as many of the mix
-	// (measured: 109 executed against 209 at one shape; sized, 0.87 to
-	// 1.13 times the one shape's in three runs on a busy machine).
-	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.7*float64(exOne) {
-		t.Errorf("%d mixed-shape requests executed, under 0.7 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	// A predictor blind to size executed half as many of the mix
+	// (measured once: 109 against 209 at one shape); sized, 0.70 to 1.6
+	// times the one shape's in 13 runs on a busy machine (load average
+	// 10-20 on 2 cores). The margin is thin: the machine's noise is wide.
+	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.6*float64(exOne) {
+		t.Errorf("%d mixed-shape requests executed, under 0.6 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
 	}
 	// The late shares are reported, not bounded: on a machine shared with
-	// other work, stalls decide them (3.6 to 11.5% at one shape in three
-	// runs, 3.1 to 8.3% mixed), and a size-blind predictor measured no
+	// other work, stalls decide them (in 10 runs 3.2 to 11.2% at one
+	// shape, 2.0 to 7.7% mixed), and a size-blind predictor measured no
 	// worse (6.7% and 8.3%): it refused the requests it mispredicted.
 }
