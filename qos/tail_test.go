@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -148,3 +149,40 @@ func (f fixedEstimator) Estimate(_ string, batch int) (time.Duration, bool) {
 }
 
 func (fixedEstimator) Observe(string, int, time.Duration) {}
+
+// BenchmarkTailObserve is the cost one execution adds under the
+// scheduler's lock: a ratio into the window, and every tailRefresh a
+// sort of it.
+func BenchmarkTailObserve(b *testing.B) {
+	b.ReportAllocs()
+	var tl tail
+	rng := rand.New(rand.NewPCG(1, 2))
+	for b.Loop() {
+		tl.observe(0.5 + rng.Float64())
+	}
+}
+
+// selectNth finds what a sort would put at every index, with duplicates
+// and any order.
+func TestSelectNth(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for n := 1; n <= 300; n += 7 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(rng.IntN(20)) // duplicates
+		}
+		sorted := slices.Clone(xs)
+		slices.Sort(sorted)
+		for k := range n {
+			work := slices.Clone(xs)
+			if got := selectNth(work, k); got != sorted[k] {
+				t.Fatalf("n=%d k=%d: %v, want %v", n, k, got, sorted[k])
+			}
+			for i := range k {
+				if work[i] > work[k] {
+					t.Fatalf("n=%d k=%d: %v before it at %d", n, k, work[i], i)
+				}
+			}
+		}
+	}
+}
