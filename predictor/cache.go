@@ -158,7 +158,11 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 	// profile is measured again at every profile shape.
 	// v4: curves hold the largest work they were fitted on (MaxWork);
 	// a v3 curve would extrapolate its square past it.
-	h.Write([]byte("sloserve-profile-v4\x00"))
+	// v5: a point is the median of windows of back-to-back runs (each
+	// the mean over at least 50 ms), not of single runs, and points far
+	// above the fit are measured again; a v4 profile of a short batch
+	// under a CPU quota held either of two speeds.
+	h.Write([]byte("sloserve-profile-v5\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

@@ -8,7 +8,8 @@
 // and Cache keeps the resulting Profile on disk under a Key made of the model
 // file's hash, the machine and the runtime settings, so that a restart does
 // not profile again. Sweep measures again a point slower than the same
-// batch at a smaller share (it was disturbed). Where the profile shows a
+// batch at a smaller share, or more than OutlierRatio slower than the
+// curve fitted to all points (it was disturbed). Where the profile shows a
 // knee, a share past which a batch ran no faster (a GPU model whose kernels
 // cannot fill the device), predictions clamp the share at it: the smooth
 // curve would otherwise promise speed-ups no share gives. Where the sweep

@@ -89,3 +89,56 @@ func TestSweepRemeasuresDisturbedPoints(t *testing.T) {
 		t.Errorf("knee %v, want 0.5", k)
 	}
 }
+
+// A point a burst of other work slowed, though no point at a smaller
+// share shows it, is far off the curve fitted to the others: the sweep
+// measures it again and keeps the faster time. A point that is really
+// that slow measures so again and stays.
+func TestSweepRemeasuresOutliers(t *testing.T) {
+	truth := Curve{K2: 0.002, K3: 0.001, K5: 0.0002}
+	for _, tc := range []struct {
+		name      string
+		second    float64 // the second measurement of the disturbed point, over the truth
+		wantRatio float64 // the point kept, over the truth
+		wantCalls int
+	}{
+		{"disturbed once", 1, 1, 10},
+		{"really slow", 1.6, 1.6, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			seen := false
+			measure := func(_ context.Context, b int, s float64, _ int) (time.Duration, error) {
+				calls++
+				d := truth.Predict(b, s)
+				// A build ran beside the first measurement at the smallest
+				// share, where no smaller share shows it up.
+				if b == 4 && s == 0.25 {
+					f := 1.6
+					if seen {
+						f = tc.second
+					}
+					seen = true
+					d = time.Duration(float64(d) * f)
+				}
+				return d, nil
+			}
+			pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 4, 8}, Shares: []float64{0.25, 0.5, 1}}, oneShape(measure))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if calls != tc.wantCalls {
+				t.Errorf("%d measurements, want %d: each point once and the disturbed one again", calls, tc.wantCalls)
+			}
+			for _, pt := range pts {
+				want := truth.Predict(pt.Batch, pt.Share)
+				if pt.Batch == 4 && pt.Share == 0.25 {
+					want = time.Duration(float64(want) * tc.wantRatio)
+				}
+				if pt.Latency != want {
+					t.Errorf("point b=%d s=%g: %v, want %v", pt.Batch, pt.Share, pt.Latency, want)
+				}
+			}
+		})
+	}
+}

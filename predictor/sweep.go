@@ -85,6 +85,11 @@ func (o SweepOptions) withDefaults() (SweepOptions, error) {
 // a GPU each change restarts a runner), and when the budget runs short the
 // fast points are the ones already measured.
 //
+// Then it measures again, once, each point slower than the same batch at a
+// smaller share (remeasureDisturbed) and each point more than
+// OutlierRatio slower than the curve fitted to them all
+// (remeasureOutliers), and keeps the faster measurement.
+//
 // measure gets a context that ends when ctx does or the budget is used up.
 // Sweep starts no new measurement once the budget is used up and returns the
 // points it has; the error then wraps ErrBudget only if fewer than two shares
@@ -136,7 +141,51 @@ func Sweep(ctx context.Context, opts SweepOptions, measure Measure) ([]Point, er
 		}
 	}
 	remeasureDisturbed(bctx, points, opts.Runs, measure)
+	remeasureOutliers(bctx, points, opts.Runs, measure)
 	return points, nil
+}
+
+// OutlierRatio is how much slower than the curve fitted to all of a
+// sweep's points a point must have run for the sweep to measure it
+// again: a burst of other work on the machine (a build, another model's
+// load) slows a point by more than the spread of its runs, and the fit
+// then bends towards it and is wrong at every point around it.
+const OutlierRatio = 1.25
+
+// remeasureOutliers fits the points and measures again, once, each point
+// that ran more than OutlierRatio slower than the fit says (the slowest
+// first), keeping the faster of the two measurements. A point that was
+// really that slow measures so again and stays. It stops, keeping what
+// it has, when the budget runs out or a measurement fails.
+func remeasureOutliers(ctx context.Context, points []Point, runs int, measure Measure) {
+	c, err := Fit(points)
+	if err != nil {
+		return
+	}
+	type outlier struct {
+		i     int
+		ratio float64
+	}
+	var out []outlier
+	for i, pt := range points {
+		if r := float64(pt.Latency) / float64(c.PredictSize(pt.Batch, pt.Share, pt.Elements)); r > OutlierRatio {
+			out = append(out, outlier{i, r})
+		}
+	}
+	slices.SortFunc(out, func(a, b outlier) int { return cmp.Compare(b.ratio, a.ratio) })
+	for _, o := range out {
+		if ctx.Err() != nil {
+			return
+		}
+		pt := &points[o.i]
+		t, err := measure(ctx, pt.shape, pt.Batch, pt.Share, runs)
+		if err != nil {
+			return
+		}
+		if t > 0 && t < pt.Latency {
+			pt.Latency = t
+		}
+	}
 }
 
 // remeasureDisturbed measures again, once, each point that ran slower than

@@ -552,7 +552,9 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	if err == nil {
 		m.recordExecution(e.size, timing)
 		if e.predicted > 0 {
-			m.service.observe(now.Sub(e.start).Seconds() / e.predicted.Seconds())
+			ratio := now.Sub(e.start).Seconds() / e.predicted.Seconds()
+			m.service.observe(ratio)
+			m.tail.observe(ratio)
 		}
 	}
 	m.running--

@@ -107,21 +107,21 @@ func TestAdmissionRoomForError(t *testing.T) {
 		h.seed("a", 1, constant(30*ms))
 		h.run()
 		ctx := t.Context()
-		// Executions took 1x or 2x their prediction: mean 1.5, sd 0.5,
-		// room 1.5 + 2*0.5 = 2.5x.
+		// Executions took 1x or 2x their prediction: median 1, 95th
+		// percentile 2, room 1 + 1.216*(2-1) = 2.22x for one execution.
 		h.s.mu.Lock()
 		m := h.s.models["a"]
-		for i := range 2 * minMoments {
-			m.service.observe(float64(1 + i%2))
+		for i := range 2 * minTail {
+			m.tail.observe(float64(1 + i%2))
 		}
 		f, f4 := m.tailRatio(1), m.tailRatio(4)
 		h.s.mu.Unlock()
-		if f < 2.45 || f > 2.55 {
-			t.Fatalf("tailRatio(1) = %.3f, want 2.5", f)
+		if f < 2.21 || f > 2.22 {
+			t.Fatalf("tailRatio(1) = %.3f, want 2.216", f)
 		}
-		// Four executions in a row: 1.5 + 2*0.5/sqrt(4) = 2x.
-		if f4 < 1.95 || f4 > 2.05 {
-			t.Fatalf("tailRatio(4) = %.3f, want 2", f4)
+		// Four executions in a row: 1 + 1.216*(2-1)/sqrt(4) = 1.61x.
+		if f4 < 1.60 || f4 > 1.61 {
+			t.Fatalf("tailRatio(4) = %.3f, want 1.608", f4)
 		}
 
 		first := h.submit(ctx, "a", RequestOptions{}) // starts at once although 30ms*2.5 is near the SLO
@@ -130,11 +130,11 @@ func TestAdmissionRoomForError(t *testing.T) {
 		// ahead + 30ms own = 59ms).
 		second := h.submit(ctx, "a", RequestOptions{}, 2)
 		// Behind a queued one too: 29 + 30 + 30 = 89ms fits the mean;
-		// the room of two executions in a row, 1.5 + 2*0.5/sqrt(2) =
-		// 2.21x, does not.
+		// the room of two executions in a row, 1 + 1.216*(2-1)/sqrt(2)
+		// = 1.86x, does not.
 		p := h.submit(ctx, "a", RequestOptions{}, 3)
 		<-p.done
-		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "2.21x error bound") {
+		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "1.86x error bound") {
 			t.Errorf("behind a backlog: %v, want a refusal for room", p.err)
 		}
 		mustSucceed(t, first, second)

@@ -252,6 +252,7 @@ type model struct {
 	// needs: the inter-arrival times, and each execution's time over its
 	// prediction.
 	gaps, service moments
+	tail          tail // the same ratios, for admission's room for error
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
@@ -277,30 +278,16 @@ func (m *model) typicalBatch() int {
 	return min(max(int(m.recentBatch+0.5), 1), maxBatch)
 }
 
-// tailZ is how many standard deviations of the executions' error over
-// their predictions admission leaves as room behind a backlog (see
-// admitLocked): about the 98th percentile for normal errors.
-const tailZ = 2
-
 // maxTailRatio bounds the room: past it, the predictions themselves are
 // wrong, which the estimator's correction mends.
 const maxTailRatio = 3
 
-// tailRatio is a high quantile of the time of n executions of the model
-// over their prediction, at least 1; 1 until enough executions have been
-// seen. One execution's ratio has the mean and standard deviation measured
-// online; the errors of n executions in a row partly cancel, so their sum's
-// ratio is the mean plus tailZ standard deviations over sqrt(n). (Charging
-// one execution's tail to each of n queued ones refused sixteen closed-loop
-// clients of a 1 ms model against a 40 ms SLO: 12 ms ahead at 3x.)
-func (m *model) tailRatio(n int) float64 {
-	v := &m.service
-	if v.n < minMoments || v.mean <= 0 {
-		return 1
-	}
-	sd := v.mean * math.Sqrt(v.scv())
-	return min(max(v.mean+tailZ*sd/math.Sqrt(float64(max(n, 1))), 1), maxTailRatio)
-}
+// tailRatio is the room admission leaves for the error of n executions of
+// the model in a row over their predictions (see tail.ratio): quantiles of
+// the recent ratios, so that rare stalls of a busy host do not hold it at
+// its cap. (The mean plus two standard deviations did: sixteen
+// closed-loop clients of a 1 ms model got 429s against a 40 ms SLO.)
+func (m *model) tailRatio(n int) float64 { return m.tail.ratio(n) }
 
 // execution is one batch in progress.
 type execution struct {

@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// sloCounts is a model's SLO accounting from GET /v2/models/{m}/stats.
+type sloCounts struct {
+	Arrived, Good, Late, Rejected, Dropped, Failed, Canceled uint64
+}
+
+func (s *testServer) sloCounts(t *testing.T, model string) sloCounts {
+	t.Helper()
+	var st struct {
+		ModelStats []struct {
+			SLO *sloCounts `json:"slo"`
+		} `json:"model_stats"`
+	}
+	if code := s.json(t, "GET", "/v2/models/"+model+"/stats", nil, &st); code != 200 || len(st.ModelStats) != 1 || st.ModelStats[0].SLO == nil {
+		t.Fatalf("GET /v2/models/%s/stats: %d %+v", model, code, st)
+	}
+	return *st.ModelStats[0].SLO
+}
+
+// mixedLoad is one phase of closed-loop load: clients each send each
+// requests, client c's i-th at widths[(c+i) % len(widths)], and the
+// server's SLO counts of the phase.
+type mixedLoad struct {
+	server                         sloCounts // the phase's difference
+	ok, refused, dropped, slowSeen uint64    // as the clients saw them (slowSeen: answered after the SLO)
+}
+
+func (l mixedLoad) lateShare() float64 {
+	return float64(l.server.Late) / float64(max(l.server.Good+l.server.Late, 1))
+}
+
+func (s *testServer) closedLoop(t *testing.T, model string, slo time.Duration, clients, each int, widths ...int) mixedLoad {
+	t.Helper()
+	before := s.sloCounts(t, model)
+	var (
+		mu    sync.Mutex
+		l     mixedLoad
+		other []error
+	)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := range each {
+				start := time.Now()
+				_, err := s.grpc.ModelInfer(t.Context(), clsInfer(model, widths[(c+i)%len(widths)]))
+				took := time.Since(start)
+				mu.Lock()
+				switch status.Code(err) {
+				case codes.OK:
+					l.ok++
+					if took > slo {
+						l.slowSeen++
+					}
+				case codes.ResourceExhausted:
+					l.refused++
+				case codes.DeadlineExceeded:
+					l.dropped++
+				default:
+					other = append(other, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(other) > 0 {
+		t.Fatalf("%d requests failed otherwise, first: %v", len(other), other[0])
+	}
+	after := s.sloCounts(t, model)
+	l.server = sloCounts{
+		Arrived: after.Arrived - before.Arrived, Good: after.Good - before.Good, Late: after.Late - before.Late,
+		Rejected: after.Rejected - before.Rejected, Dropped: after.Dropped - before.Dropped,
+		Failed: after.Failed - before.Failed, Canceled: after.Canceled - before.Canceled,
+	}
+	d := l.server
+	t.Logf("widths %v, %d clients x %d: server counted good %d late %d rejected %d dropped %d failed %d: late %.2f%% of executed; "+
+		"clients saw %d answered (%d after %v), %d refused, %d dropped",
+		widths, clients, each, d.Good, d.Late, d.Rejected, d.Dropped, d.Failed, 100*l.lateShare(), l.ok, l.slowSeen, slo, l.refused, l.dropped)
+	n := uint64(clients * each)
+	if d.Arrived != n || d.Good+d.Late+d.Rejected+d.Dropped+d.Failed+d.Canceled != d.Arrived {
+		t.Errorf("server counted %+v for %d requests: they do not add up", d, n)
+	}
+	if d.Good+d.Late != l.ok || d.Rejected != l.refused || d.Dropped != l.dropped {
+		t.Errorf("server: %d executed, %d rejected, %d dropped; clients: %d answered, %d refused, %d dropped",
+			d.Good+d.Late, d.Rejected, d.Dropped, l.ok, l.refused, l.dropped)
+	}
+	// The server counts its own time, the clients theirs, which is
+	// longer: the server cannot count more late.
+	if d.Late > l.slowSeen {
+		t.Errorf("server counted %d late, more than the %d answers the clients saw after %v", d.Late, l.slowSeen, slo)
+	}
+	return l
+}
+
+// TestE2EPredictorMixedShapesLate is issue 29's second aim under mixed
+// shapes, read from the server's own counters: the share of admitted
+// requests that finished late. The classifier, latency-critical at a 100
+// ms SLO and profiled at widths 192 and 960, is driven by closed-loop
+// clients, enough that requests queue and batch: first all at width 960,
+// then alternating 320 and 1600 (neither profiled; the same mean work,
+// 5x apart). It logs the share of executed requests that finished late
+// in each phase (issue 29 aims at 0.5% of admitted). Admission and
+// batching predict each request at its own size, so the mix is served
+// about as well as the one shape; a predictor blind to size predicts
+// both widths as the mean of the two, and refused half of the mix.
+func TestE2EPredictorMixedShapesLate(t *testing.T) {
+	const model = "cls"
+	const slo = 100 * time.Millisecond
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{model, demoModel(t, "ocr-cls"), `max_batch_size: 8
+inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, -1]}]
+execution: {intra_op_threads: 1}
+slo: {latency_ms: 100, class: latency-critical}
+resources: {compute_share: 1}
+profile:
+  shapes: [{x: [1, 3, 48, 192]}, {x: [1, 3, 48, 960]}]
+`})
+	dir := t.TempDir()
+	s := startServer(t, repo, fmt.Sprintf("control: {profile: {budget: 120s, cache_dir: %q}}\n", dir),
+		withCommand("", nil, "SLOSERVE_CONTROL_PROFILE_CACHE_DIR="+dir))
+	requireCgroups(t, s.control(t))
+	if !s.logHas("profiled", model+"/1") {
+		t.Fatalf("the model was not profiled:\n%s", s.log.String())
+	}
+	// Warm the online correction at each size, one request at a time. A
+	// busy machine may hold a request long enough before the server reads
+	// it that it is refused or dropped: that is no error here.
+	for i := range 60 {
+		_, err := s.grpc.ModelInfer(t.Context(), clsInfer(model, []int{960, 320, 1600}[i%3]))
+		if c := status.Code(err); c != codes.OK && c != codes.ResourceExhausted && c != codes.DeadlineExceeded {
+			t.Fatalf("warm-up: %v", err)
+		}
+	}
+	const clients, each = 8, 60
+	one := s.closedLoop(t, model, slo, clients, each, 960)
+	mixed := s.closedLoop(t, model, slo, clients, each, 320, 1600)
+	mape, n := s.predictionMAPE(t, model+"/1")
+	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions",
+		100*one.lateShare(), 100*mixed.lateShare(), 100*mape, n)
+	// The same mean work is served about as well mixed as at one shape.
+	// A predictor blind to size executed half as many of the mix
+	// (measured once: 109 against 209 at one shape); sized, 0.70 to 1.6
+	// times the one shape's in 13 runs on a busy machine (load average
+	// 10-20 on 2 cores). The margin is thin: the machine's noise is wide.
+	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.6*float64(exOne) {
+		t.Errorf("%d mixed-shape requests executed, under 0.6 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	}
+	// The late shares are reported, not bounded: on a machine shared with
+	// other work, stalls decide them (in 10 runs 3.2 to 11.2% at one
+	// shape, 2.0 to 7.7% mixed), and a size-blind predictor measured no
+	// worse (6.7% and 8.3%): it refused the requests it mispredicted.
+}

@@ -1,0 +1,86 @@
+package models
+
+import (
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// quotaExec is a batch of cpu CPU time that runs under a CFS quota of
+// quota per period, as a runner at a share under cgroups: it runs at full
+// speed while the period's quota lasts and waits for the next period when
+// it is spent.
+type quotaExec struct {
+	cpu, quota, period time.Duration
+	periodStart        time.Time
+	used               time.Duration
+}
+
+func (q *quotaExec) run() error {
+	for left := q.cpu; left > 0; {
+		now := time.Now()
+		if start := now.Truncate(q.period); !start.Equal(q.periodStart) {
+			q.periodStart, q.used = start, 0
+		}
+		end := q.periodStart.Add(q.period)
+		if q.used >= q.quota {
+			time.Sleep(end.Sub(now))
+			continue
+		}
+		d := min(left, q.quota-q.used, end.Sub(now))
+		time.Sleep(d)
+		q.used += d
+		left -= d
+	}
+	return nil
+}
+
+// A batch shorter than the quota's period is measured at the speed its
+// share gives: 1 ms of CPU at a quota of a quarter of the period takes 4
+// ms a run, back to back. Single runs take 1 ms until the period's quota
+// is spent and then wait up to 7.5 ms; the median of three of them (the
+// profile before) measured 1 ms, four times too fast, and the next point
+// 8.5 ms.
+func TestMeasurePointUnderQuota(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		cpu, quota, want time.Duration
+	}{
+		{"short batch, quarter share", time.Millisecond, 2500 * time.Microsecond, 4 * time.Millisecond},
+		{"short batch, half share", 1500 * time.Microsecond, 5 * time.Millisecond, 3 * time.Millisecond},
+		{"long batch, quarter share", 30 * time.Millisecond, 2500 * time.Microsecond, 120 * time.Millisecond},
+		{"whole period", time.Millisecond, 10 * time.Millisecond, time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := &quotaExec{cpu: tc.cpu, quota: tc.quota, period: 10 * time.Millisecond}
+				got, err := measurePoint(3, q.run)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := float64(got) / float64(tc.want); r < 0.9 || r > 1.1 {
+					t.Errorf("measured %v, want %v within 10%%", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// A failing run fails the measurement, whichever run it is.
+func TestMeasurePointError(t *testing.T) {
+	boom := errors.New("boom")
+	for fail := range 4 {
+		n := 0
+		_, err := measurePoint(3, func() error {
+			n++
+			if n > fail {
+				return boom
+			}
+			return nil
+		})
+		if !errors.Is(err, boom) {
+			t.Errorf("failing from run %d: %v, want boom", fail+1, err)
+		}
+	}
+}
