@@ -19,12 +19,19 @@ import (
 // Where every share is a cap (CapsOnly: MPS) a client's pinned memory is
 // fixed at its start and an arena cannot grow past it (the batch would
 // fail), and a change is a new client that takes seconds to start. There
+// the share follows load, as on the CPU, for a model whose instances bound
+// their batches by their memory (MemoryBatchBounder: the scheduler forms
+// batches within what an instance holds, so a burst after idleness runs in
+// smaller batches until the share has grown, and fails none): the working
+// set of the largest batch expected next period, and never below the
+// largest request of late. What the instance holds now is no floor there:
+// a new share is a new client, whose arena starts empty. For other models
 // the share follows the working set of the largest batch the model may run
-// (max_batch_size), so it grows only when the instance holds more than
-// was measured, and a shrink rides along with a compute resize (which
+// (max_batch_size), so it grows only when the instance holds more than was
+// measured. Either way a shrink rides along with a compute resize (which
 // starts a new client anyway) unless it gives back at least half of the
-// share: a model whose memory_limit is far above its working set frees
-// that room for its neighbours and their shadows at the cost of one swap.
+// share: it frees that room for the neighbours and their shadows at the
+// cost of one swap.
 
 // WorkingSetPredictor is the part of a Predictor that knows each model's
 // memory: the bytes one instance needs to run batches up to a size, false
@@ -42,6 +49,17 @@ type WorkingSetPredictor interface {
 // first share asked for was under what the runner held.)
 type InstanceMemoryReader interface {
 	InstanceMemory(model string) int64
+}
+
+// MemoryBatchBounder is the part of an Actuator that says whether a
+// model's instances bound their batches by their memory: the scheduler
+// forms each batch within what every instance holds now, and refuses a
+// request larger than that once it has waited for growth (qos.MemoryBound,
+// runtime.BatchCapacity). Where every share is a cap (MPS) the adaptive
+// policy sizes such a model's memory from its load; any other model keeps
+// the working set of its largest batch, which a smaller share would fail.
+type MemoryBatchBounder interface {
+	BoundsBatchesByMemory(model string) bool
 }
 
 // Defaults of the memory sizing.
@@ -118,7 +136,8 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 		return 0, "", false
 	}
 	batch, because := max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
-	if !a.opts.CapsOnly {
+	byLoad := !a.opts.CapsOnly || a.boundsBatches(spec.Name)
+	if byLoad {
 		batch, because = a.nextBatch(st, compute, d.rate)
 	}
 	set, ok := ws.WorkingSet(spec.Name, batch)
@@ -127,7 +146,7 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 	}
 	target := int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
 	why := fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
-	if reader != nil {
+	if reader != nil && !(a.opts.CapsOnly && byLoad) { // there a new share is a new client, its arena empty
 		if held := reader.InstanceMemory(spec.Name); held > 0 {
 			if floor := held + (held+residentMargin-1)/residentMargin; floor > target {
 				target = floor
@@ -141,6 +160,13 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 		why += fmt.Sprintf("; at most the limit %s", formatBytes(hi))
 	}
 	return target, why, true
+}
+
+// boundsBatches reports whether the model's instances bound their batches
+// by their memory (MemoryBatchBounder).
+func (a *Adjuster) boundsBatches(model string) bool {
+	b, ok := a.opts.Actuator.(MemoryBatchBounder)
+	return ok && b.BoundsBatchesByMemory(model)
 }
 
 // shrinkNow reports whether a memory share mem may apply now where every
@@ -159,19 +185,25 @@ func shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
 }
 
 // nextBatch is the largest batch the model is expected to run over the
-// next period, and why: what is queued now (one dispatch takes it as one
-// batch) or, from the forecast, the batch the queue holds at the Quantile
-// when an instance frees up, whichever is larger; 1 for an idle model.
+// next period, and why: the rows queued now (one dispatch takes them as
+// one batch), the largest request of late (it is one batch at least) or,
+// from the forecast, the batch the queue holds at the Quantile when an
+// instance frees up, whichever is largest; 1 for an idle model.
 //
 // Arrivals over one execution of a batch b at the forecast rate are
 // taken as Poisson with mean n = rate·t(b)/slots; b is enough when their
 // quantile, about n + z·√n + 1, is within it.
 func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, string) {
 	top := max(st.Spec.MaxBatchSize, 1)
-	queued := min(st.QueueDepth, top)
+	rows := max(st.QueueDepth, st.QueuedRows)
+	queued := min(rows, top)
+	why := fmt.Sprintf("%d queued", rows)
+	if big := min(st.LargestRequest, top); big > queued {
+		queued, why = big, fmt.Sprintf("a request of %d", st.LargestRequest)
+	}
 	if rate < rateEpsilon {
 		if queued > 1 {
-			return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+			return queued, why
 		}
 		return 1, "idle"
 	}
@@ -191,7 +223,7 @@ func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, str
 		}
 	}
 	if queued > fromRate {
-		return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+		return queued, why
 	}
 	return fromRate, fmt.Sprintf("forecast %.1f req/s", rate)
 }

@@ -61,6 +61,11 @@ type gpuDayResult struct {
 	// smUtil is the mean SM utilisation of the devices over the window:
 	// the fraction of their SMs running kernels held (simgpu.SMSeconds).
 	smUtil float64
+	// memPeak and memMean are the device memory in use (contexts, weights,
+	// arenas, shadows), sampled once a second over the window: the largest
+	// on any device and the mean over devices and samples; memTotal is one
+	// device's capacity.
+	memPeak, memMean, memTotal int64
 	// notReady says why the day did not run: a model did not load.
 	notReady string
 }
@@ -309,12 +314,22 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 			time.Sleep(time.Until(end))
 			res.smUtil = (smSeconds() - from) / sc.Duration.Seconds() / float64(len(devs.sim.Devices()))
 		})
-		// Sample each model's share and device once a second.
+		// Sample each model's share and device, and the devices' memory,
+		// once a second.
+		res.memTotal = devs.sim.Devices()[0].MemoryTotal()
 		wg.Go(func() {
+			var memSum, memSamples int64
+			defer func() { res.memMean = memSum / max(memSamples, 1) }()
 			for time.Now().Before(end) {
 				time.Sleep(time.Second)
 				if time.Now().Before(origin) {
 					continue
+				}
+				for _, d := range devs.sim.Devices() {
+					used := d.MemoryUsed()
+					memSum += used
+					memSamples++
+					res.memPeak = max(res.memPeak, used)
 				}
 				for _, dm := range res.models {
 					s, err := reg.Share(dm.name + "/1")
@@ -351,6 +366,9 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 	})
 	return res
 }
+
+// gib is bytes in GiB.
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
 
 func (r gpuDayResult) log(t *testing.T) {
 	for _, m := range r.models {
@@ -578,8 +596,8 @@ func TestSimulatedGPUsNeeded(t *testing.T) {
 			d.failed += m.failed
 		}
 		d.ok = d.att >= 0.95 && d.failed == 0
-		t.Logf("%s on %d GPUs: LC attainment %.4f, BE %.1f requests/s, failed %d, mean SM utilisation %.3f",
-			policy, n, d.att, float64(r.be())/r.window.Seconds(), d.failed, d.sm)
+		t.Logf("%s on %d GPUs: LC attainment %.4f, BE %.1f requests/s, failed %d, mean SM utilisation %.3f, device memory in use mean %.2f GiB, peak %.2f GiB of %.0f GiB",
+			policy, n, d.att, float64(r.be())/r.window.Seconds(), d.failed, d.sm, gib(r.memMean), gib(r.memPeak), gib(r.memTotal))
 		return d
 	}
 	// SLOSERVE_SIMULATED_GPUS_NEEDED_AT=N runs each policy's day on N GPUs
