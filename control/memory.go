@@ -108,9 +108,15 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 			continue
 		}
 		d, next := p.ds[name], p.next[name]
-		target, why, ok := a.memoryTarget(st, next.Compute, d, ws, reader)
+		target, need, why, ok := a.memoryTarget(st, next.Compute, d, ws, reader)
 		if !ok {
 			continue
+		}
+		if a.opts.CapsOnly && !t.firstMemory() && target > t.applied.Memory && need <= t.applied.Memory &&
+			!computeMoves(t, next) && a.boundsBatches(name) {
+			// The batch fits the share in effect, within its headroom:
+			// growth for the headroom alone would be a new client.
+			target, why = t.applied.Memory, ""
 		}
 		mem, reason := a.settleMemory(now, t, target, why)
 		if a.opts.CapsOnly && !shrinkNow(t, next, mem) {
@@ -123,17 +129,18 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 }
 
 // memoryTarget is the memory share a model should have for the next
-// period, and why; false when its working set is not known or it has no
-// memory limit to move within (no memory_limit and no MemoryBudget: it
-// stays unlimited).
-func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, ws WorkingSetPredictor, reader InstanceMemoryReader) (int64, string, bool) {
+// period, the working set of the batch it is sized for (without headroom),
+// and why; false when its working set is not known or it has no memory
+// limit to move within (no memory_limit and no MemoryBudget: it stays
+// unlimited).
+func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, ws WorkingSetPredictor, reader InstanceMemoryReader) (target, need int64, why string, ok bool) {
 	spec := st.Spec
 	hi := spec.Memory
 	if hi == 0 {
 		hi = a.opts.MemoryBudget
 	}
 	if hi <= 0 {
-		return 0, "", false
+		return 0, 0, "", false
 	}
 	batch, because := max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
 	byLoad := !a.opts.CapsOnly || a.boundsBatches(spec.Name)
@@ -142,10 +149,10 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 	}
 	set, ok := ws.WorkingSet(spec.Name, batch)
 	if !ok || set <= 0 {
-		return 0, "", false
+		return 0, 0, "", false
 	}
-	target := int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
-	why := fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
+	target = int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
+	why = fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
 	if reader != nil && !(a.opts.CapsOnly && byLoad) { // there a new share is a new client, its arena empty
 		if held := reader.InstanceMemory(spec.Name); held > 0 {
 			if floor := held + (held+residentMargin-1)/residentMargin; floor > target {
@@ -159,7 +166,7 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 	if target == hi {
 		why += fmt.Sprintf("; at most the limit %s", formatBytes(hi))
 	}
-	return target, why, true
+	return target, set, why, true
 }
 
 // boundsBatches reports whether the model's instances bound their batches
@@ -175,13 +182,16 @@ func (a *Adjuster) boundsBatches(model string) bool {
 // half of the share do; a smaller shrink waits for the next compute resize.
 func shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
 	cur := t.applied.Memory
-	if t.firstMemory() || mem >= cur {
-		return true
-	}
-	if math.Abs(limiter.LimitedOrWhole(next.Compute)-limiter.LimitedOrWhole(t.applied.Compute)) > shareEpsilon {
+	if t.firstMemory() || mem >= cur || computeMoves(t, next) {
 		return true
 	}
 	return mem <= cur/2
+}
+
+// computeMoves reports whether next changes the model's compute share (on
+// MPS: a new client whatever its memory).
+func computeMoves(t *tracked, next limiter.Share) bool {
+	return math.Abs(limiter.LimitedOrWhole(next.Compute)-limiter.LimitedOrWhole(t.applied.Compute)) > shareEpsilon
 }
 
 // nextBatch is the largest batch the model is expected to run over the

@@ -81,7 +81,9 @@ func TestMemoryFollowsLoadOnMPS(t *testing.T) {
 // A small shrink alone waits on MPS (it would start a client for little),
 // and a rate that swings back and forth within the hysteresis does not
 // move the memory share down and up: growth at once, shrink only after
-// ScaleDownAfter of smaller targets.
+// ScaleDownAfter of smaller targets. Growth for the headroom alone is not
+// made either: a larger batch whose working set still fits the share
+// leaves it (and the client) as it is.
 func TestMemoryOnMPSDoesNotThrash(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ah, held := newMemHarness(t, AdjusterOptions{CapsOnly: true, ScaleDownAfter: 3 * time.Second, Cooldown: time.Second},
@@ -102,6 +104,33 @@ func TestMemoryOnMPSDoesNotThrash(t *testing.T) {
 		}
 		if n := len(ah.act.callLog()) - resizes; n != 0 {
 			t.Errorf("%d resizes while the rate swung within the hysteresis, want none", n)
+		}
+	})
+}
+
+func TestMemoryOnMPSGrowsOnlyWhenTheBatchDoesNotFit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ah, held := newMemHarness(t, AdjusterOptions{CapsOnly: true, ScaleDownAfter: 3 * time.Second, Cooldown: time.Second},
+			qos.ModelSpec{Name: "m", Class: lc, SLO: 100 * ms, MaxBatchSize: 8, Memory: 2 << 30})
+		ah.a.opts.Actuator = boundedActuator{held}
+		ah.pred.setRate("m", 13) // compute 0.5, batch 5: 350MiB + 25% = 438MiB
+		ah.start()
+		if got := ah.act.share("m"); got.Memory != 438*mib || got.Compute != 0.5 {
+			t.Fatalf("at 13 req/s: %+v, want 0.5 and 438MiB", got)
+		}
+		resizes := len(ah.act.callLog())
+		ah.pred.setRate("m", 14) // compute 0.5, batch 6: 400MiB, within 438MiB
+		ah.tick()
+		if got := ah.act.share("m"); got.Memory != 438*mib {
+			t.Errorf("at 14 req/s: memory %dMiB, want 438MiB kept (batch 6's 400MiB fits it)", got.Memory/mib)
+		}
+		if n := len(ah.act.callLog()) - resizes; n != 0 {
+			t.Errorf("%d resizes for headroom alone, want none", n)
+		}
+		ah.pred.setRate("m", 40) // a batch that does not fit, and more compute: grows
+		ah.tick()
+		if got := ah.act.share("m"); got.Memory <= 438*mib {
+			t.Errorf("at 40 req/s: memory %dMiB, want grown", got.Memory/mib)
 		}
 	})
 }
