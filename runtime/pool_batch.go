@@ -75,7 +75,9 @@ func fits(m Member, b int) bool {
 
 // anyFits reports whether some member's memory holds a batch of b.
 func (p *Pool) anyFits(b int) bool {
-	for _, m := range p.Members() {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	for _, m := range p.members {
 		if fits(m, b) {
 			return true
 		}
@@ -107,7 +109,9 @@ func (p *Pool) enterBatch(b int) (leave func(), err error) {
 
 // membersBatch is the largest batch every member's memory holds.
 func (p *Pool) membersBatch() (n int, bounded bool) {
-	for _, m := range p.Members() {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	for _, m := range p.members {
 		if c, ok := memberBatch(m); ok && (!bounded || c < n) {
 			n, bounded = c, true
 		}
