@@ -265,8 +265,8 @@ type model struct {
 	memHeld   bool
 	bigRows   int
 	bigRowsAt time.Time
-	win           *window
-	mm            *modelMetrics
+	win       *window
+	mm        *modelMetrics
 }
 
 // batchSizeWeight is the weight of each new execution in recentBatch.

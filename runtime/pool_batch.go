@@ -85,11 +85,17 @@ func (p *Pool) anyFits(b int) bool {
 	return false
 }
 
+func noLeave() {}
+
 // enterBatch records a call of batch b in flight, or refuses it with
-// ErrBatchOverMemory when no member holds it.
+// ErrBatchOverMemory when no member holds it; a pool whose members' memory
+// bounds no batch records nothing.
 func (p *Pool) enterBatch(b int) (leave func(), err error) {
 	p.bound.mu.Lock()
 	defer p.bound.mu.Unlock()
+	if _, bounded := p.membersBatch(); !bounded {
+		return noLeave, nil // nothing to track: no member's memory bounds a batch
+	}
 	if !p.anyFits(b) {
 		n, _ := p.membersBatch()
 		return nil, fmt.Errorf("%w: a batch of %d, the members hold %d", ErrBatchOverMemory, b, n)
