@@ -33,7 +33,8 @@ var (
 // would miss its deadline, finds its model's queue full or the server at its
 // limit of requests in flight is 429 (the client may retry later or with a
 // longer timeout), one dropped from the queue when its deadline passed is
-// 504, and a scheduler that cannot take the request (model unknown to it,
+// 504, one larger than its model's instance memory holds after waiting for
+// it to grow is 503 (RESOURCE_EXHAUSTED), and a scheduler that cannot take the request (model unknown to it,
 // being removed, or stopped) is 503.
 func statusOf(err error) (int, codes.Code) {
 	switch {
@@ -45,6 +46,8 @@ func statusOf(err error) (int, codes.Code) {
 		return http.StatusServiceUnavailable, codes.Unavailable
 	case errors.Is(err, errTooLarge), errors.Is(err, models.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, codes.ResourceExhausted
+	case errors.Is(err, qos.ErrNoMemory): // the instances' memory may grow: retry later
+		return http.StatusServiceUnavailable, codes.ResourceExhausted
 	case errors.Is(err, qos.ErrRejected), errors.Is(err, qos.ErrQueueFull), errors.Is(err, qos.ErrOverloaded),
 		errors.Is(err, errMemory):
 		return http.StatusTooManyRequests, codes.ResourceExhausted

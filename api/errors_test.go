@@ -27,6 +27,8 @@ func TestStatusOf(t *testing.T) {
 		{qos.ErrUnknownModel, http.StatusServiceUnavailable, codes.Unavailable},
 		{qos.ErrModelRemoved, http.StatusServiceUnavailable, codes.Unavailable},
 		{qos.ErrStopped, http.StatusServiceUnavailable, codes.Unavailable},
+		{fmt.Errorf("%w: a batch of 8 waited 10s, the instances hold 4", qos.ErrNoMemory), http.StatusServiceUnavailable, codes.ResourceExhausted},
+		{runtime.ErrBatchOverMemory, http.StatusServiceUnavailable, codes.Unavailable},
 		// Mappings that were there before the scheduler.
 		{errTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
 		{models.ErrTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},

@@ -19,12 +19,19 @@ import (
 // Where every share is a cap (CapsOnly: MPS) a client's pinned memory is
 // fixed at its start and an arena cannot grow past it (the batch would
 // fail), and a change is a new client that takes seconds to start. There
+// the share follows load, as on the CPU, for a model whose instances bound
+// their batches by their memory (MemoryBatchBounder: the scheduler forms
+// batches within what an instance holds, so a burst after idleness runs in
+// smaller batches until the share has grown, and fails none): the working
+// set of the largest batch expected next period, and never below the
+// largest request of late. What the instance holds now is no floor there:
+// a new share is a new client, whose arena starts empty. For other models
 // the share follows the working set of the largest batch the model may run
-// (max_batch_size), so it grows only when the instance holds more than
-// was measured, and a shrink rides along with a compute resize (which
+// (max_batch_size), so it grows only when the instance holds more than was
+// measured. Either way a shrink rides along with a compute resize (which
 // starts a new client anyway) unless it gives back at least half of the
-// share: a model whose memory_limit is far above its working set frees
-// that room for its neighbours and their shadows at the cost of one swap.
+// share: it frees that room for the neighbours and their shadows at the
+// cost of one swap.
 
 // WorkingSetPredictor is the part of a Predictor that knows each model's
 // memory: the bytes one instance needs to run batches up to a size, false
@@ -42,6 +49,17 @@ type WorkingSetPredictor interface {
 // first share asked for was under what the runner held.)
 type InstanceMemoryReader interface {
 	InstanceMemory(model string) int64
+}
+
+// MemoryBatchBounder is the part of an Actuator that says whether a
+// model's instances bound their batches by their memory: the scheduler
+// forms each batch within what every instance holds now, and refuses a
+// request larger than that once it has waited for growth (qos.MemoryBound,
+// runtime.BatchCapacity). Where every share is a cap (MPS) the adaptive
+// policy sizes such a model's memory from its load; any other model keeps
+// the working set of its largest batch, which a smaller share would fail.
+type MemoryBatchBounder interface {
+	BoundsBatchesByMemory(model string) bool
 }
 
 // Defaults of the memory sizing.
@@ -90,9 +108,15 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 			continue
 		}
 		d, next := p.ds[name], p.next[name]
-		target, why, ok := a.memoryTarget(st, next.Compute, d, ws, reader)
+		target, need, why, ok := a.memoryTarget(st, next.Compute, d, ws, reader)
 		if !ok {
 			continue
+		}
+		if a.opts.CapsOnly && !t.firstMemory() && target > t.applied.Memory && need <= t.applied.Memory &&
+			!computeMoves(t, next) && a.boundsBatches(name) {
+			// The batch fits the share in effect, within its headroom:
+			// growth for the headroom alone would be a new client.
+			target, why = t.applied.Memory, ""
 		}
 		mem, reason := a.settleMemory(now, t, target, why)
 		if a.opts.CapsOnly && !shrinkNow(t, next, mem) {
@@ -105,29 +129,31 @@ func (a *Adjuster) sizeMemory(now time.Time, states []qos.ModelState, p *plan) {
 }
 
 // memoryTarget is the memory share a model should have for the next
-// period, and why; false when its working set is not known or it has no
-// memory limit to move within (no memory_limit and no MemoryBudget: it
-// stays unlimited).
-func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, ws WorkingSetPredictor, reader InstanceMemoryReader) (int64, string, bool) {
+// period, the working set of the batch it is sized for (without headroom),
+// and why; false when its working set is not known or it has no memory
+// limit to move within (no memory_limit and no MemoryBudget: it stays
+// unlimited).
+func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, ws WorkingSetPredictor, reader InstanceMemoryReader) (target, need int64, why string, ok bool) {
 	spec := st.Spec
 	hi := spec.Memory
 	if hi == 0 {
 		hi = a.opts.MemoryBudget
 	}
 	if hi <= 0 {
-		return 0, "", false
+		return 0, 0, "", false
 	}
 	batch, because := max(spec.MaxBatchSize, 1), "the largest: a client's pinned memory is fixed at its start"
-	if !a.opts.CapsOnly {
+	byLoad := !a.opts.CapsOnly || a.boundsBatches(spec.Name)
+	if byLoad {
 		batch, because = a.nextBatch(st, compute, d.rate)
 	}
 	set, ok := ws.WorkingSet(spec.Name, batch)
 	if !ok || set <= 0 {
-		return 0, "", false
+		return 0, 0, "", false
 	}
-	target := int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
-	why := fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
-	if reader != nil {
+	target = int64(math.Ceil(float64(set) * (1 + a.opts.MemoryHeadroom)))
+	why = fmt.Sprintf("batch %d (%s) needs %s + %.0f%%", batch, because, formatBytes(set), 100*a.opts.MemoryHeadroom)
+	if reader != nil && !(a.opts.CapsOnly && byLoad) { // there a new share is a new client, its arena empty
 		if held := reader.InstanceMemory(spec.Name); held > 0 {
 			if floor := held + (held+residentMargin-1)/residentMargin; floor > target {
 				target = floor
@@ -140,7 +166,14 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 	if target == hi {
 		why += fmt.Sprintf("; at most the limit %s", formatBytes(hi))
 	}
-	return target, why, true
+	return target, set, why, true
+}
+
+// boundsBatches reports whether the model's instances bound their batches
+// by their memory (MemoryBatchBounder).
+func (a *Adjuster) boundsBatches(model string) bool {
+	b, ok := a.opts.Actuator.(MemoryBatchBounder)
+	return ok && b.BoundsBatchesByMemory(model)
 }
 
 // shrinkNow reports whether a memory share mem may apply now where every
@@ -149,29 +182,38 @@ func (a *Adjuster) memoryTarget(st qos.ModelState, compute float64, d decision, 
 // half of the share do; a smaller shrink waits for the next compute resize.
 func shrinkNow(t *tracked, next limiter.Share, mem int64) bool {
 	cur := t.applied.Memory
-	if t.firstMemory() || mem >= cur {
-		return true
-	}
-	if math.Abs(limiter.LimitedOrWhole(next.Compute)-limiter.LimitedOrWhole(t.applied.Compute)) > shareEpsilon {
+	if t.firstMemory() || mem >= cur || computeMoves(t, next) {
 		return true
 	}
 	return mem <= cur/2
 }
 
+// computeMoves reports whether next changes the model's compute share (on
+// MPS: a new client whatever its memory).
+func computeMoves(t *tracked, next limiter.Share) bool {
+	return math.Abs(limiter.LimitedOrWhole(next.Compute)-limiter.LimitedOrWhole(t.applied.Compute)) > shareEpsilon
+}
+
 // nextBatch is the largest batch the model is expected to run over the
-// next period, and why: what is queued now (one dispatch takes it as one
-// batch) or, from the forecast, the batch the queue holds at the Quantile
-// when an instance frees up, whichever is larger; 1 for an idle model.
+// next period, and why: the rows queued now (one dispatch takes them as
+// one batch), the largest request of late (it is one batch at least) or,
+// from the forecast, the batch the queue holds at the Quantile when an
+// instance frees up, whichever is largest; 1 for an idle model.
 //
 // Arrivals over one execution of a batch b at the forecast rate are
 // taken as Poisson with mean n = rate·t(b)/slots; b is enough when their
 // quantile, about n + z·√n + 1, is within it.
 func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, string) {
 	top := max(st.Spec.MaxBatchSize, 1)
-	queued := min(st.QueueDepth, top)
+	rows := max(st.QueueDepth, st.QueuedRows)
+	queued := min(rows, top)
+	why := fmt.Sprintf("%d queued", rows)
+	if big := min(st.LargestRequest, top); big > queued {
+		queued, why = big, fmt.Sprintf("a request of %d", st.LargestRequest)
+	}
 	if rate < rateEpsilon {
 		if queued > 1 {
-			return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+			return queued, why
 		}
 		return 1, "idle"
 	}
@@ -191,7 +233,7 @@ func (a *Adjuster) nextBatch(st qos.ModelState, compute, rate float64) (int, str
 		}
 	}
 	if queued > fromRate {
-		return queued, fmt.Sprintf("%d queued", st.QueueDepth)
+		return queued, why
 	}
 	return fromRate, fmt.Sprintf("forecast %.1f req/s", rate)
 }

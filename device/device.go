@@ -26,6 +26,7 @@ import (
 type Models interface {
 	control.AsyncActuator
 	control.InstanceMemoryReader
+	control.MemoryBatchBounder
 	// VersionKey resolves a model version to its key and the device it
 	// runs on.
 	VersionKey(name, version string) (key, device string, err error)
@@ -294,6 +295,10 @@ func (a actuator) MemoryUsage(key string) int64 {
 	return a.models.MemoryUsage(key)
 }
 
+func (a actuator) BoundsBatchesByMemory(key string) bool {
+	return a.here(key) == nil && a.models.BoundsBatchesByMemory(key)
+}
+
 func (a actuator) InstanceMemory(key string) int64 {
 	if a.here(key) != nil {
 		return 0
@@ -301,4 +306,7 @@ func (a actuator) InstanceMemory(key string) int64 {
 	return a.models.InstanceMemory(key)
 }
 
-var _ Models = (*models.Registry)(nil)
+var (
+	_ Models                     = (*models.Registry)(nil)
+	_ control.MemoryBatchBounder = actuator{}
+)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
@@ -361,7 +362,7 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 			return nil, fmt.Errorf("starting the replacement: %w", err)
 		}
 		if sample, sizes := warmupRequests(v); sample != nil {
-			for _, b := range sizes {
+			for _, b := range withinMemory(fresh, sizes) {
 				if _, err := fresh.Infer(ctx, sample(b)); err != nil {
 					r.stopMember(context.WithoutCancel(ctx), v, fresh)
 					return nil, fmt.Errorf("warming the replacement at batch %d: %w", b, err)
@@ -370,6 +371,46 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 		}
 		return fresh, nil
 	}
+}
+
+// withinMemory is the warm-up batch sizes an instance's memory holds: a
+// size over its bound is warmed at the bound instead (a shrunk memory
+// share's client would fail it, and the scheduler sends it no larger
+// batch), and none when not even one item fits.
+func withinMemory(m runtime.Member, sizes []int) []int {
+	c, ok := m.(runtime.BatchCapacity)
+	if !ok {
+		return sizes
+	}
+	n, bounded := c.MaxBatch()
+	if !bounded {
+		return sizes
+	}
+	var out []int
+	for _, b := range sizes {
+		if b = min(b, n); b >= 1 && !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// BoundsBatchesByMemory reports whether every instance of a serving
+// version ("model/N") bounds its batches by its memory
+// (runtime.BatchCapacity: simulated MPS clients), so that the scheduler,
+// which forms batches within what they hold, keeps them within a memory
+// share sized from load.
+func (r *Registry) BoundsBatchesByMemory(key string) bool {
+	v, err := r.versionByKey(key)
+	if err != nil {
+		return false
+	}
+	for _, m := range v.pool.Members() {
+		if _, ok := m.(runtime.BatchCapacity); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // stopMember stops one instance of the version and releases its unit. The

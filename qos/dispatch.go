@@ -206,6 +206,7 @@ func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
 	if !s.fifo {
 		wake = s.dropLocked(now)
 	}
+	wake = earliest(wake, s.refuseOverMemoryLocked(now))
 	for {
 		batch, hold := s.pickLocked(now)
 		wake = earliest(wake, hold)
@@ -313,7 +314,7 @@ func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
 		}
 		return first(be), wake
 	}
-	if lcBatch == nil && len(lc) > 0 {
+	if lcBatch == nil && slices.ContainsFunc(lc, func(m *model) bool { return !m.memHeld }) {
 		return nil, wake // latency-critical work is filling a batch; keep the device for it
 	}
 	beBatch := first(be)
@@ -354,8 +355,18 @@ func order(less bool) int {
 func (s *Scheduler) planLocked(m *model, now time.Time) ([]*request, time.Time) {
 	head := m.q.head()
 	maxBatch := m.spec.MaxBatchSize
+	m.memHeld = false
 	if maxBatch <= 0 {
 		return []*request{head}, time.Time{}
+	}
+	if fit, ok := memoryBatch(m); ok {
+		if head.batch > fit {
+			// It waits for the memory to grow, or MemoryWait
+			// (refuseOverMemoryLocked); nothing is run past it.
+			m.memHeld = true
+			return nil, now.Add(memoryPoll)
+		}
+		maxBatch = min(maxBatch, fit)
 	}
 	batch, size := []*request{head}, head.batch
 	complete := size >= maxBatch

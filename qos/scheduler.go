@@ -260,8 +260,14 @@ type model struct {
 	requests      requestStats
 	executions    uint64
 	batches       map[int]*BatchStats // successful executions by batch size
-	win           *window
-	mm            *modelMetrics
+	// memHeld says the last plan held m's head for its instances' memory
+	// to grow (memory.go); bigRows and bigRowsAt are the largest request
+	// of late (observeRows).
+	memHeld   bool
+	bigRows   int
+	bigRowsAt time.Time
+	win       *window
+	mm        *modelMetrics
 }
 
 // batchSizeWeight is the weight of each new execution in recentBatch.
@@ -665,6 +671,7 @@ func (s *Scheduler) countArrivalLocked(m *model, r *request, now time.Time) {
 		m.gaps.observe(now.Sub(m.lastArrival).Seconds())
 	}
 	m.lastArrival = now
+	m.observeRows(r.batch, now)
 }
 
 // rejectLocked settles an arrived r as rejected for err.

@@ -240,6 +240,10 @@ type ModelState struct {
 	Spec                ModelSpec
 	Arrived             uint64 // since AddModel
 	QueueDepth, Running int
+	// QueuedRows is the rows (batch items) the queue holds; LargestRequest
+	// the rows of the largest request of the last minute, 0 when none
+	// arrived (a memory share must hold it).
+	QueuedRows, LargestRequest int
 	// LastActive is the last arrival, or when the model was added if
 	// nothing has arrived since.
 	LastActive time.Time
@@ -284,12 +288,14 @@ func (s *Scheduler) ModelState(name string) (ModelState, bool) {
 
 func (m *model) state(now time.Time) ModelState {
 	st := ModelState{
-		Spec:       m.spec,
-		Arrived:    m.arrived,
-		QueueDepth: m.q.len(),
-		Running:    m.running,
-		LastActive: m.added,
-		Read:       now,
+		Spec:           m.spec,
+		Arrived:        m.arrived,
+		QueueDepth:     m.q.len(),
+		Running:        m.running,
+		QueuedRows:     m.queuedRows(),
+		LargestRequest: m.largestRequest(now),
+		LastActive:     m.added,
+		Read:           now,
 	}
 	if m.lastArrival.After(st.LastActive) {
 		st.LastActive = m.lastArrival

@@ -92,6 +92,8 @@ type Pool struct {
 
 	mu      sync.RWMutex // guards members; Replace changes them
 	members []Member
+
+	bound batchBound // the batches in flight against the members' memory (pool_batch.go)
 }
 
 // NewPool returns a pool over members, at least one, each given opts.Slots
@@ -165,16 +167,19 @@ func (p *Pool) Execute(ctx context.Context, req *InferRequest) (*InferResponse, 
 		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
 		defer cancel()
 	}
+	b := rows(req)
+	leave, err := p.enterBatch(b)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	attempts := min(2, p.Len())
-	var (
-		err  error
-		last Member
-	)
+	var last Member
 	for attempt := range attempts {
 		if attempt > 0 && p.opts.OnRetry != nil {
 			p.opts.OnRetry()
 		}
-		m, perr := p.pick(ctx, last)
+		m, perr := p.pickFitting(ctx, b, last)
 		if perr != nil {
 			return nil, perr
 		}
@@ -409,6 +414,7 @@ func (p *Pool) replace(ctx context.Context, i int, start func(ctx context.Contex
 		p.stopMember(context.WithoutCancel(ctx), fresh)
 		return err
 	}
+	clearBound := p.holdFor(fresh) // no larger batch in flight reaches it
 	if switching != nil {
 		switching()
 	}
@@ -416,6 +422,7 @@ func (p *Pool) replace(ctx context.Context, i int, start func(ctx context.Contex
 	old := p.members[i]
 	p.members[i] = fresh
 	p.mu.Unlock()
+	clearBound()
 
 	for range p.opts.Slots {
 		p.idle <- fresh // the pool has room for one swap's slots

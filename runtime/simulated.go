@@ -83,6 +83,7 @@ var (
 	_ interface{ Suspect(string) } = (*Simulated)(nil)
 	_ Checker                      = (*Simulated)(nil)
 	_ StarvationMeter              = (*Simulated)(nil)
+	_ BatchCapacity                = (*Simulated)(nil)
 )
 
 // StartSimulated reads the model file's signature and starts an MPS client
@@ -204,6 +205,20 @@ func mpsPriority(env []string) (simgpu.Priority, error) {
 		}
 	}
 	return p, nil
+}
+
+// MaxBatch is the largest batch whose arena fits the client's pinned
+// memory limit beside its context and weights (the limit holds under an
+// MPS daemon only); unbounded without a limit, for a model without a batch
+// dimension, or one whose executions need no arena.
+func (s *Simulated) MaxBatch() (int, bool) {
+	c := s.client.Load()
+	pinned, per := c.Spec().PinnedMemory, s.spec.Model.ActivationPerItem
+	if pinned <= 0 || per <= 0 || !s.cfg.Batched || !c.Limited() {
+		return 0, false
+	}
+	room := pinned - simgpu.ContextMemory - s.spec.Model.Weights
+	return int(max(room, 0) / per), true
 }
 
 // Inputs are the model's inputs, from its file.

@@ -17,10 +17,10 @@ import (
 // On a simulated GPU the profiling sweep records each batch size's device
 // memory (the client's context, weights and arena, read through NVML's
 // per-process memory), so the predictor knows the model's working set per
-// batch, and the adaptive policy sizes the memory share on MPS from it: the
-// working set of the largest batch with headroom, not the memory_limit.
-// The new client runs batches of the largest size without running out of
-// its pinned memory.
+// batch, and the adaptive policy sizes the memory share on MPS from it and
+// the load: an idle model's is batch 1's working set with headroom, not
+// the memory_limit nor the largest batch's. A burst then runs in batches
+// the new client's pinned memory holds, and none runs out of it.
 func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
@@ -44,7 +44,7 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 		t.Logf("working sets: batch 1 %dMiB, batch 8 %dMiB", ws1/mib, ws8/mib)
 		time.Sleep(10 * time.Second) // a pass, and the new client's start
 		synctest.Wait()
-		want := (ws8 + ws8/4 + mib - 1) / mib * mib // + 25%, whole MiB
+		want := (ws1 + ws1/4 + mib - 1) / mib * mib // + 25%, whole MiB
 		seen := 0
 		for _, d := range devs.loops.All() {
 			if d.Adjuster() == nil {
@@ -53,7 +53,7 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 			for _, s := range d.Adjuster().Shares() {
 				seen++
 				if s.Share.Memory != want || s.MemoryTarget != want {
-					t.Errorf("%s on %s: memory share %dMiB, target %dMiB; want %dMiB (batch 8's working set + 25%%), not the 4GiB limit",
+					t.Errorf("%s on %s: memory share %dMiB, target %dMiB; want %dMiB (batch 1's working set + 25%%: idle), not the 4GiB limit",
 						s.Model, d.Device().Name(), s.Share.Memory/mib, s.MemoryTarget/mib, want/mib)
 				}
 			}
@@ -64,7 +64,8 @@ func TestSimulatedGPUProfileRecordsWorkingSets(t *testing.T) {
 		if sh, pending, err := reg.ShareInEffect("m/1"); sh.Memory != want || pending || err != nil {
 			t.Errorf("share in effect %+v (pending %v, err %v), want the runner restarted with %dMiB", sh, pending, err, want/mib)
 		}
-		// A burst that the scheduler batches by 8 fits the new client.
+		// A burst that the scheduler batches within what the new client
+		// holds (not by 8) fits it.
 		var wg sync.WaitGroup
 		for range 16 {
 			wg.Go(func() {

@@ -133,6 +133,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 // MPS daemon.
 func (c *Client) limited() bool { return c.mps }
 
+// Limited reports whether the client's limits hold: it started under an
+// MPS daemon, which enforces its percentage and pinned memory.
+func (c *Client) Limited() bool { return c.mps }
+
 // background reports whether the client's kernels run below normal: it
 // asked to and an MPS server read it.
 func (c *Client) background() bool { return c.mps && c.spec.Priority == PriorityBelowNormal }

@@ -256,6 +256,23 @@ func (d *Device) MemoryUsed() int64 {
 	return d.usedLocked()
 }
 
+// MemoryPinned is the sum of the pinned memory limits of the clients on
+// the device (what MPS holds for them whatever they use), and the memory
+// of the clients without a limit.
+func (d *Device) MemoryPinned() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n int64
+	for c := range d.clients {
+		if c.limited() && c.spec.PinnedMemory > 0 {
+			n += max(c.spec.PinnedMemory, c.mem)
+		} else {
+			n += c.mem
+		}
+	}
+	return n
+}
+
 // InjectMemory makes bytes of device memory used (negative frees them) by
 // something outside the simulated clients: another tenant, a leak.
 func (d *Device) InjectMemory(bytes int64) error {
