@@ -34,6 +34,13 @@ func pinnedDyn(n int) string {
 	return fmt.Sprintf("max_batch_size: 8\ninstances: %d\nexecution: {intra_op_threads: 1}\nresources: {compute_share: 0.5}\n", n)
 }
 
+// latencyCritical is the SLO line of a model a test needs served whatever
+// the machine's load, such as the bystander that keeps serving while
+// another model fails: a best-effort runner runs in the idle CPU class, and
+// on a busy machine (two CPU burners beside the tests) it gets nearly no
+// CPU by design, so its answers would say nothing about what is tested.
+const latencyCritical = "slo: {latency_ms: 5000, class: latency-critical}\n"
+
 // grpcDyn is a gRPC request of rows rows of zeros for a dynamic-axes model.
 func grpcDyn(model string, rows int) *inference.ModelInferRequest {
 	return &inference.ModelInferRequest{
@@ -146,13 +153,17 @@ func (s *testServer) metricAtLeast(t *testing.T, series string, want float64, ti
 }
 
 // A runner killed with SIGKILL under load: the requests on it fail fast with
-// 503, the other model keeps serving, and the runner comes back by itself.
+// 503 (as fast as the answers the same clients got before the kill, not at
+// a timeout), the other model keeps serving, and the runner comes back by
+// itself. Both models are latency-critical: what is checked is not about
+// classes, and a best-effort runner in the idle CPU class restarts and
+// answers only when the machine leaves it a CPU.
 func TestE2ERunnerKilled(t *testing.T) {
 	repo := t.TempDir()
 	dyn := testModel(t, "example_dynamic_axes.onnx")
 	writeRepo(t, repo,
-		repoModel{"dyn", dyn, "max_batch_size: 8\n"},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		repoModel{"dyn", dyn, "max_batch_size: 8\n" + latencyCritical},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	s := startServer(t, repo, "")
 	dynDir := filepath.Join(repo, "dyn")
@@ -213,14 +224,21 @@ func TestE2ERunnerKilled(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
+	// The baseline of "fast": the slowest answer the same four clients got
+	// before the kill, on this machine at this moment.
+	var before time.Duration
+	for _, r := range results {
+		if r.code == 200 && !r.started.After(killedAt) {
+			before = max(before, r.took)
+		}
+	}
 	var failed, okAfter int
+	var slowestFailed time.Duration
 	for _, r := range results {
 		switch {
 		case r.code == 503:
 			failed++
-			if r.took > time.Second {
-				t.Errorf("a request failed only after %v", r.took)
-			}
+			slowestFailed = max(slowestFailed, r.took)
 		case r.code == 200:
 			if r.started.After(killedAt) {
 				okAfter++
@@ -228,6 +246,13 @@ func TestE2ERunnerKilled(t *testing.T) {
 		default:
 			t.Errorf("unexpected status %d", r.code)
 		}
+	}
+	t.Logf("slowest 503 %v, slowest answer before the kill %v", slowestFailed, before)
+	if before == 0 {
+		t.Fatal("no answer before the kill to measure against")
+	}
+	if slowestFailed > 10*before {
+		t.Errorf("a request failed only after %v, over 10 times the slowest answer before the kill (%v)", slowestFailed, before)
 	}
 	if failed == 0 {
 		t.Error("no request saw the runner die; want 503s while it restarts")
@@ -306,10 +331,9 @@ func TestE2ERunnerHung(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2)},
-		// Latency-critical: a best-effort runner runs in the idle CPU
-		// class, and on a busy machine it can starve past the 1s call
+		// Latency-critical: a best-effort runner can starve past the 1s call
 		// timeout whatever the hung runner does.
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), "slo: {latency_ms: 5000, class: latency-critical}\n"},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	const callTimeout = time.Second
 	s := startServer(t, repo, "", withSet("runtime.call_timeout="+callTimeout.String(), "runtime.health_interval=30s"))
@@ -489,7 +513,7 @@ func TestE2ERepeatedCrashes(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	const maxRestarts = 2
 	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts)))
