@@ -251,8 +251,11 @@ func TestE2ERunnerKilled(t *testing.T) {
 	if before == 0 {
 		t.Fatal("no answer before the kill to measure against")
 	}
-	if slowestFailed > 10*before {
-		t.Errorf("a request failed only after %v, over 10 times the slowest answer before the kill (%v)", slowestFailed, before)
+	// Measured under two CPU burners: up to 4.3 times (the restart takes
+	// the CPU meanwhile); a 503 that waited for a timeout or a health
+	// check would be seconds.
+	if slowestFailed > 20*before {
+		t.Errorf("a request failed only after %v, over 20 times the slowest answer before the kill (%v)", slowestFailed, before)
 	}
 	if failed == 0 {
 		t.Error("no request saw the runner die; want 503s while it restarts")
