@@ -517,7 +517,11 @@ profile: {batch_sizes: [1]}
 	// closed loop keeping the detector busy.
 	lcBody, lcLen := clsRequest(t, nil)
 	doomedBody, doomedLen := clsRequest(t, map[string]any{"timeout": 1})
-	beBody, beLen := detRequest(t, 128, nil)
+	// The detector's requests carry a 10s timeout (well within the
+	// clients' 30s): a best-effort model is starved on a busy machine by
+	// design, and a request it cannot serve is then dropped by the server
+	// (504, counted on both sides) instead of abandoned by the client.
+	beBody, beLen := detRequest(t, 128, map[string]any{"timeout": 10_000_000})
 	load := newClientLoad(s.http)
 	ctx, stopLoad := context.WithCancel(t.Context())
 	defer func() { stopLoad(); load.wg.Wait() }()
@@ -603,7 +607,10 @@ profile: {batch_sizes: [1]}
 	// Failures the client saw that the load does not explain.
 	for _, model := range []string{"lc", "be"} {
 		st := load.stats(model, time.Time{}, time.Time{}, time.Hour)
-		if bad := st.n - st.ok - st.rejected - st.dropped; bad > 0 || st.ok == 0 {
+		// The best-effort model may get no answer at all on a busy machine
+		// (its requests are dropped at their timeout): the checks of its
+		// latency below then have nothing to check, and say so.
+		if bad := st.n - st.ok - st.rejected - st.dropped; bad > 0 || st.ok == 0 && model == "lc" {
 			load.mu.Lock()
 			var errs []string
 			for _, a := range load.answers {
@@ -735,6 +742,10 @@ profile: {batch_sizes: [1]}
 				t.Errorf("%s: the attainment rule says %.3f, the query at its evaluation %.3f", m, ruleAtt[m], attainmentTe[m])
 			}
 
+			if st.ok == 0 {
+				t.Logf("%s: no answer in the window (a best-effort model starved by a busy machine): no latency to check", m)
+				continue
+			}
 			// p99: the server's latency is part of the client's, and the
 			// histogram resolves it to within a bucket (25% apart). The
 			// test's own quantile over its two scrapes of the server must
