@@ -34,6 +34,13 @@ func pinnedDyn(n int) string {
 	return fmt.Sprintf("max_batch_size: 8\ninstances: %d\nexecution: {intra_op_threads: 1}\nresources: {compute_share: 0.5}\n", n)
 }
 
+// latencyCritical is the SLO line of a model a test needs served whatever
+// the machine's load, such as the bystander that keeps serving while
+// another model fails: a best-effort runner runs in the idle CPU class, and
+// on a busy machine (two CPU burners beside the tests) it gets nearly no
+// CPU by design, so its answers would say nothing about what is tested.
+const latencyCritical = "slo: {latency_ms: 5000, class: latency-critical}\n"
+
 // grpcDyn is a gRPC request of rows rows of zeros for a dynamic-axes model.
 func grpcDyn(model string, rows int) *inference.ModelInferRequest {
 	return &inference.ModelInferRequest{
@@ -120,6 +127,19 @@ func (d *grpcDriver) requireOK(t *testing.T, what string, limit time.Duration) i
 	return len(all)
 }
 
+// slowestAnswer is the longest an answer of a REST or gRPC driver took, the
+// baseline of a test's bounds; it fails nothing.
+func slowestAnswer(rest []answer, grpc []grpcAnswer) time.Duration {
+	var d time.Duration
+	for _, a := range rest {
+		d = max(d, a.took)
+	}
+	for _, a := range grpc {
+		d = max(d, a.took)
+	}
+	return d
+}
+
 // requireFast fails the test if an answer took longer than limit, and
 // returns the slowest.
 func requireFast(t *testing.T, what string, answers []answer, limit time.Duration) time.Duration {
@@ -146,13 +166,17 @@ func (s *testServer) metricAtLeast(t *testing.T, series string, want float64, ti
 }
 
 // A runner killed with SIGKILL under load: the requests on it fail fast with
-// 503, the other model keeps serving, and the runner comes back by itself.
+// 503 (as fast as the answers the same clients got before the kill, not at
+// a timeout), the other model keeps serving, and the runner comes back by
+// itself. Both models are latency-critical: what is checked is not about
+// classes, and a best-effort runner in the idle CPU class restarts and
+// answers only when the machine leaves it a CPU.
 func TestE2ERunnerKilled(t *testing.T) {
 	repo := t.TempDir()
 	dyn := testModel(t, "example_dynamic_axes.onnx")
 	writeRepo(t, repo,
-		repoModel{"dyn", dyn, "max_batch_size: 8\n"},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		repoModel{"dyn", dyn, "max_batch_size: 8\n" + latencyCritical},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	s := startServer(t, repo, "")
 	dynDir := filepath.Join(repo, "dyn")
@@ -213,14 +237,21 @@ func TestE2ERunnerKilled(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
+	// The baseline of "fast": the slowest answer the same four clients got
+	// before the kill, on this machine at this moment.
+	var before time.Duration
+	for _, r := range results {
+		if r.code == 200 && !r.started.After(killedAt) {
+			before = max(before, r.took)
+		}
+	}
 	var failed, okAfter int
+	var slowestFailed time.Duration
 	for _, r := range results {
 		switch {
 		case r.code == 503:
 			failed++
-			if r.took > time.Second {
-				t.Errorf("a request failed only after %v", r.took)
-			}
+			slowestFailed = max(slowestFailed, r.took)
 		case r.code == 200:
 			if r.started.After(killedAt) {
 				okAfter++
@@ -228,6 +259,16 @@ func TestE2ERunnerKilled(t *testing.T) {
 		default:
 			t.Errorf("unexpected status %d", r.code)
 		}
+	}
+	t.Logf("slowest 503 %v, slowest answer before the kill %v", slowestFailed, before)
+	if before == 0 {
+		t.Fatal("no answer before the kill to measure against")
+	}
+	// Measured under two CPU burners: up to 4.3 times (the restart takes
+	// the CPU meanwhile); a 503 that waited for a timeout or a health
+	// check would be seconds.
+	if slowestFailed > 20*before {
+		t.Errorf("a request failed only after %v, over 20 times the slowest answer before the kill (%v)", slowestFailed, before)
 	}
 	if failed == 0 {
 		t.Error("no request saw the runner die; want 503s while it restarts")
@@ -255,13 +296,15 @@ func TestE2ERunnerKilled(t *testing.T) {
 
 // A model with two instances, one runner killed with SIGKILL under REST
 // and gRPC load: not one request fails (a call on the dead runner is tried
-// again on the other; new requests go to the other while it restarts), the
-// other model serves, and the runner is restarted once.
+// again on the other; new requests go to the other while it restarts) or
+// takes much longer than the answers before the kill, the other model
+// serves, and the runner is restarted once. Both latency-critical: the
+// answers' pace is not about classes.
 func TestE2ERunnerKilledRetried(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
-		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2)},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2) + latencyCritical},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	s := startServer(t, repo, "")
 	dynDir := filepath.Join(repo, "dyn")
@@ -273,6 +316,7 @@ func TestE2ERunnerKilledRetried(t *testing.T) {
 	grpcLoad := driveGRPC(t, s, grpcDyn("dyn", 1), 2, 10*time.Second)
 	other := driveLoad(t, s, "multi", multiBody, 1)
 	rest.waitMore(t, 100)
+	baseline := slowestAnswer(rest.snapshot(), grpcLoad.snapshot())
 
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -284,9 +328,13 @@ func TestE2ERunnerKilledRetried(t *testing.T) {
 	rest.waitMore(t, 100)
 	other.waitMore(t, 20)
 
+	// At most a call on the dead runner and its retry, on a machine that
+	// also starts the new runner meanwhile.
+	limit := 20 * baseline
+	t.Logf("slowest answer before the kill %v; bound %v", baseline, limit)
 	answers := rest.requireOnly(t, "REST on dyn across the kill", http.StatusOK)
-	slowest := requireFast(t, "REST on dyn", answers, 5*time.Second)
-	calls := grpcLoad.requireOK(t, "gRPC on dyn across the kill", 5*time.Second)
+	slowest := requireFast(t, "REST on dyn", answers, limit)
+	calls := grpcLoad.requireOK(t, "gRPC on dyn across the kill", limit)
 	other.requireNoFailures(t, "multi while dyn's runner died")
 	retries, _ := s.metricValue(t, `sloserve_inference_retries_total{model="dyn",version="1"}`)
 	// The new process shows in /proc before it is ready; the restart is
@@ -305,14 +353,13 @@ func TestE2ERunnerKilledRetried(t *testing.T) {
 func TestE2ERunnerHung(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
-		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2)},
-		// Latency-critical: a best-effort runner runs in the idle CPU
-		// class, and on a busy machine it can starve past the 1s call
+		// Latency-critical: a best-effort runner can starve past the 1s call
 		// timeout whatever the hung runner does.
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), "slo: {latency_ms: 5000, class: latency-critical}\n"},
+		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(2) + latencyCritical},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
-	const callTimeout = time.Second
-	s := startServer(t, repo, "", withSet("runtime.call_timeout="+callTimeout.String(), "runtime.health_interval=30s"))
+	const callTimeout, healthInterval = time.Second, 30 * time.Second
+	s := startServer(t, repo, "", withSet("runtime.call_timeout="+callTimeout.String(), "runtime.health_interval="+healthInterval.String()))
 	dynDir := filepath.Join(repo, "dyn")
 	pids := s.runnerPids(t, dynDir)
 	if len(pids) != 2 {
@@ -323,6 +370,7 @@ func TestE2ERunnerHung(t *testing.T) {
 	grpcLoad := driveGRPC(t, s, grpcDyn("dyn", 1), 2, 5*time.Second)
 	other := driveLoad(t, s, "multi", multiBody, 1)
 	plain.waitMore(t, 100)
+	baseline := slowestAnswer(append(plain.snapshot(), timed.snapshot()...), grpcLoad.snapshot())
 
 	stoppedAt := time.Now()
 	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
@@ -338,15 +386,18 @@ func TestE2ERunnerHung(t *testing.T) {
 	plain.waitMore(t, 100)
 	other.waitMore(t, 20)
 
-	// Bounds with room for a loaded machine: one abandoned call, the retry.
-	limit := callTimeout + 3*time.Second
+	// One abandoned call, then the retry: the call timeout and some
+	// answers at the pace before the stop (the machine also starts the
+	// new runner meanwhile).
+	limit := callTimeout + 20*baseline
+	t.Logf("slowest answer before the stop %v; bound %v", baseline, limit)
 	a1 := plain.requireOnly(t, "REST without a deadline", http.StatusOK)
 	a2 := timed.requireOnly(t, "REST with a 5s timeout", http.StatusOK)
 	slowest := requireFast(t, "REST on dyn", append(a1, a2...), limit)
 	calls := grpcLoad.requireOK(t, "gRPC with a 5s deadline", limit)
 	other.requireNoFailures(t, "multi while a dyn runner hung")
-	if killedAfter > 15*time.Second {
-		t.Errorf("the hung runner was killed %v after it stopped; want well under the 3 periodic checks (90s)", killedAfter)
+	if killedAfter >= healthInterval {
+		t.Errorf("the hung runner was killed %v after it stopped; want it found by the immediate check, before the first periodic one (%v)", killedAfter, healthInterval)
 	}
 	retries := s.metricAtLeast(t, `sloserve_inference_retries_total{model="dyn",version="1"}`, 1, 5*time.Second)
 	if v := s.metricAtLeast(t, `sloserve_runner_restarts_total{model="dyn",version="1"}`, 1, 10*time.Second); v != 1 {
@@ -489,7 +540,7 @@ func TestE2ERepeatedCrashes(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
 		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)},
-		repoModel{"multi", testModel(t, "example_multitype.onnx"), ""},
+		repoModel{"multi", testModel(t, "example_multitype.onnx"), latencyCritical},
 	)
 	const maxRestarts = 2
 	s := startServer(t, repo, "model_control: explicit\nstartup_models: [\"*\"]\n", withSet("runtime.max_restarts="+strconv.Itoa(maxRestarts)))

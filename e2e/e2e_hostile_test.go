@@ -201,6 +201,7 @@ func (s *testServer) slowLoris(t *testing.T) (string, bool) {
 	for _, d := range closed {
 		// A write fails only after the server's close is seen: the
 		// timeout, plus a write or two.
+		// The upper bound is a watchdog: the writes stop at 20s anyway.
 		if d < 900*time.Millisecond || d > 10*time.Second {
 			t.Errorf("a slow connection was cut off after %v; the header timeout is 1s", d)
 		}
@@ -238,13 +239,15 @@ func medianDuration(ds []time.Duration) time.Duration {
 	return ds[len(ds)/2]
 }
 
-// stillServing checks that the server answers health quickly and serves a
-// valid inference, over REST and gRPC.
+// stillServing checks that the server still answers health and serves a
+// valid inference, over REST and gRPC. The health bound is a watchdog (a
+// server a hostile client wedged does not answer at all); the pace under
+// hostile load is measured against a baseline in slowLoris.
 func (s *testServer) stillServing(t *testing.T) {
 	t.Helper()
 	start := time.Now()
 	code, _, _ := s.do(t, "GET", "/v2/health/ready", nil)
-	if d := time.Since(start); code != 200 || d > 2*time.Second {
+	if d := time.Since(start); code != 200 || d > 10*time.Second {
 		t.Fatalf("health: %d after %v", code, d)
 	}
 	if code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 || !bytes.Contains(b, []byte(`"outputs"`)) {
@@ -436,6 +439,7 @@ func TestE2EHostile(t *testing.T) {
 			if tc.status != 431 && !strings.HasPrefix(resp.ctype, "application/json") {
 				t.Errorf("Content-Type %q", resp.ctype)
 			}
+			// A watchdog: a hostile request must be answered, not hang.
 			if d := time.Since(start); d > 10*time.Second {
 				t.Errorf("answered after %v", d)
 			}
@@ -657,22 +661,30 @@ func TestE2EConnectionLimits(t *testing.T) {
 		}
 		waitFor(t, "4 REST connections open", 10*time.Second, func() bool { return metric("sloserve_connections_open", "rest") == 4 })
 
+		// Each answered on a new connection at once: the baseline of "at
+		// once" below, on this machine now.
+		start := time.Now()
 		resp := s.rawHTTP(t, get("/v2/health/ready"), false)
 		if resp.status != 200 || !resp.close {
 			t.Errorf("health past the limit: %d close=%v", resp.status, resp.close)
 		}
+		baseline := time.Since(start)
+		start = time.Now()
 		resp = s.rawHTTP(t, post("/v2/models/dyn/infer", dynBody), false)
 		if want := "too many connections: the server has its 4 connections open; retry later"; resp.status != 503 || resp.errorMessage() != want || !resp.close {
 			t.Errorf("inference past the limit: %d %q close=%v", resp.status, resp.errorMessage(), resp.close)
 		}
+		baseline = max(baseline, time.Since(start))
 		// 64 more that say nothing fill the health-only overflow; the next
 		// one is closed at once and counted.
 		for range 64 {
 			dial(restAddr)
 		}
 		waitFor(t, "68 REST connections open", 10*time.Second, func() bool { return metric("sloserve_connections_open", "rest") == 68 })
-		if d, ok := closedSoon(dial(restAddr), 5*time.Second); !ok || d > 2*time.Second {
-			t.Errorf("a connection past the overflow: closed=%v after %v", ok, d)
+		// Closed at once, not at the overflow's 2s deadline: against the
+		// answers past the limit above.
+		if d, ok := closedSoon(dial(restAddr), 5*time.Second); !ok || d > 10*baseline {
+			t.Errorf("a connection past the overflow: closed=%v after %v, over 10 times an answer past the limit (%v)", ok, d, baseline)
 		}
 		if n := metric("sloserve_connections_refused_total", "rest"); n != 1 {
 			t.Errorf("refused = %v, want 1", n)
@@ -699,6 +711,8 @@ func TestE2EConnectionLimits(t *testing.T) {
 			t.Fatalf("keep-alive health: %v %v", resp, err)
 		}
 		resp.Body.Close()
+		// Not long before the idle timeout; the upper bound is a watchdog
+		// (a connection left open stays so until the test ends).
 		if d, ok := closedSoon(c, 15*time.Second); !ok || d < 2*time.Second || d > 10*time.Second {
 			t.Errorf("an idle keep-alive connection: closed=%v after %v, the idle timeout is 3s", ok, d)
 		}
@@ -726,6 +740,7 @@ func TestE2EConnectionLimits(t *testing.T) {
 			t.Errorf("refused = %v, want >= 1", n)
 		}
 		for _, c := range held {
+			// A watchdog: a connection left open stays so until the test ends.
 			if d, ok := closedSoon(c, 15*time.Second); !ok || d > 10*time.Second {
 				t.Errorf("a connection without a handshake: closed=%v after %v, the handshake timeout is 3s", ok, d)
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -73,8 +74,13 @@ func readSummary(t *testing.T, path string) loadtestSummary {
 }
 
 // TestE2ELoadtestAgainstServerCounters drives two models over the three
-// protocols with the real loadtest command and checks its summary against
-// the server's own counters, request by request.
+// protocols with the real loadtest command and checks its records against
+// the server's own counters, request by request, and its summary against
+// its records. It checks agreement, not performance: on a busy machine the
+// best-effort model (idle CPU class) is starved by design, and even the
+// load generator and the latency-critical model may be late, so any
+// outcome may come; what the client and the server say of each request
+// must still agree.
 func TestE2ELoadtestAgainstServerCounters(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo,
@@ -114,70 +120,115 @@ models:
 		t.Fatalf("summary has %d models, want 3:\n%s", len(sum.Models), stdout)
 	}
 	series := srv.scrape(t)
-	byModel := map[string]map[string]int{}
-	requests := map[string]int{}
-	for _, m := range sum.Models {
-		if byModel[m.Name] == nil {
-			byModel[m.Name] = map[string]int{}
-		}
-		for o, n := range m.Outcomes {
-			byModel[m.Name][o] += n
-		}
-		requests[m.Name] += m.Requests
+	recs, err := csv.NewReader(bytes.NewReader(mustRead(t, filepath.Join(out, "records.csv")))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Expected arrivals: cls 20 x 6 + 5 x 3 + 15 x 3 = 180, wake 180.
+	if len(recs) == 0 || strings.Join(recs[0], ",") != "model,scheduled_ms,sent_ms,latency_ms,outcome,detail" {
+		t.Fatalf("records.csv header %v", recs[:min(1, len(recs))])
+	}
+	// The client's view of every request, from its records: how each
+	// ended; how many it gave up on at its own timeout (the server may
+	// have ended those any way, or not seen them); how many the generator
+	// never sent; and how many were sent within the measured window, which
+	// is what the summary counts.
+	type clientView struct {
+		outcomes              map[string]int
+		gaveUp, unsent, inWin int
+	}
+	client := map[string]*clientView{}
+	for _, r := range recs[1:] {
+		c := client[r[0]]
+		if c == nil {
+			c = &clientView{outcomes: map[string]int{}}
+			client[r[0]] = c
+		}
+		switch r[5] {
+		case "client timeout":
+			c.gaveUp++
+		case "generator: too many requests in flight":
+			c.unsent++
+		default:
+			c.outcomes[r[4]]++
+		}
+		if sent, err := strconv.ParseFloat(r[2], 64); err != nil {
+			t.Fatalf("records.csv: sent_ms %q: %v", r[2], err)
+		} else if sent >= 0 && sent < 6000 {
+			c.inWin++
+		}
+	}
+	// Expected arrivals: cls 20 x 6 + 5 x 3 + 15 x 3 = 180, wake 180; the
+	// generator records each, sent or not, however late.
 	for name, want := range map[string]float64{"cls": 180, "wake": 180} {
-		got := float64(requests[name])
+		c := client[name]
+		if c == nil {
+			t.Fatalf("no records of %s", name)
+		}
+		got := float64(c.gaveUp + c.unsent)
+		for _, n := range c.outcomes {
+			got += float64(n)
+		}
 		if got < want*0.75 || got > want*1.25 {
 			t.Errorf("%s: %v requests, want about %v", name, got, want)
 		}
 	}
 	for _, name := range []string{"cls", "wake"} {
-		client, server := byModel[name], qosOutcomes(series, name)
-		t.Logf("%s: client %v, server %v", name, client, server)
-		if client["failed"] != 0 || client["dropped"] != 0 {
-			t.Errorf("%s: client saw failures or drops: %v", name, client)
+		c, server := client[name], qosOutcomes(series, name)
+		t.Logf("%s: client %v, gave up on %d, %d not sent; server %v", name, c.outcomes, c.gaveUp, c.unsent, server)
+		if c.outcomes["failed"] != 0 || server["failed"] != 0 {
+			t.Errorf("%s: failures: client %v, server %v", name, c.outcomes, server)
 		}
 		// Every request the client sent reached the server and ended there
 		// as the client saw it: answered = good + late, and the server's
-		// rejections are the client's.
-		if c, s := client["good"]+client["late"], server["good"]+server["late"]; c != s {
-			t.Errorf("%s: client answered %d, server answered %d", name, c, s)
+		// rejections and drops (at the deadline the client sent, or
+		// canceled when the client's timer fired first) are the client's.
+		// A request the client gave up on the server may have ended any
+		// way, or never seen: each such request may add one to one of the
+		// server's counts, and nothing else may.
+		pairs := []struct {
+			what           string
+			client, server int
+		}{
+			{"answered", c.outcomes["good"] + c.outcomes["late"], server["good"] + server["late"]},
+			{"rejected", c.outcomes["rejected"], server["rejected"]},
+			{"dropped", c.outcomes["dropped"], server["dropped"] + server["canceled"]},
 		}
-		if client["rejected"] != server["rejected"] {
-			t.Errorf("%s: client rejected %d, server rejected %d", name, client["rejected"], server["rejected"])
+		extra := 0
+		for _, p := range pairs {
+			if p.server < p.client {
+				t.Errorf("%s: client %s %d, server %d", name, p.what, p.client, p.server)
+			}
+			extra += max(0, p.server-p.client)
+		}
+		if extra > c.gaveUp {
+			t.Errorf("%s: the server counted %d requests more than the client saw end (%v), but the client gave up on only %d", name, extra, pairs, c.gaveUp)
 		}
 		// Latency seen by the client includes the network, so it can only
 		// call fewer requests good than the server did.
-		if client["good"] > server["good"] {
-			t.Errorf("%s: client good %d > server good %d", name, client["good"], server["good"])
+		if c.outcomes["good"] > server["good"] {
+			t.Errorf("%s: client good %d > server good %d", name, c.outcomes["good"], server["good"])
 		}
 	}
+	// The summary counts the records sent in the measured window, by model.
+	byName := map[string]int{}
 	for _, m := range sum.Models {
-		if m.Name == "cls" && m.Attainment < 0.9 {
-			t.Errorf("cls over %s: attainment %.3f at a light load", m.Protocol, m.Attainment)
+		byName[m.Name] += m.Requests
+		t.Logf("%s over %s: attainment %.3f", m.Name, m.Protocol, m.Attainment)
+	}
+	for name, c := range client {
+		if byName[name] != c.inWin {
+			t.Errorf("%s: the summary counts %d requests, records.csv has %d sent in the window", name, byName[name], c.inWin)
 		}
 	}
 
-	// The timeline has a row per model and second; the records one per
-	// request; the report names every model and draws its plots.
+	// The timeline has a row per model and second; the report names every
+	// model and draws its plots.
 	rows, err := csv.NewReader(bytes.NewReader(mustRead(t, filepath.Join(out, "timeline.csv")))).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rows) != 1+3*6 {
 		t.Errorf("timeline has %d rows, want a header and 3 models x 6 s", len(rows))
-	}
-	recs, err := csv.NewReader(bytes.NewReader(mustRead(t, filepath.Join(out, "records.csv")))).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, m := range sum.Models {
-		total += m.Requests
-	}
-	if len(recs)-1 != total {
-		t.Errorf("records.csv has %d rows, summary counts %d requests", len(recs)-1, total)
 	}
 	html := string(mustRead(t, filepath.Join(out, "report.html")))
 	for _, want := range []string{"cls", "wake", "<svg"} {

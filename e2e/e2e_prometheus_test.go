@@ -517,7 +517,11 @@ profile: {batch_sizes: [1]}
 	// closed loop keeping the detector busy.
 	lcBody, lcLen := clsRequest(t, nil)
 	doomedBody, doomedLen := clsRequest(t, map[string]any{"timeout": 1})
-	beBody, beLen := detRequest(t, 128, nil)
+	// The detector's requests carry a 10s timeout (well within the
+	// clients' 30s): a best-effort model is starved on a busy machine by
+	// design, and a request it cannot serve is then dropped by the server
+	// (504, counted on both sides) instead of abandoned by the client.
+	beBody, beLen := detRequest(t, 128, map[string]any{"timeout": 10_000_000})
 	load := newClientLoad(s.http)
 	ctx, stopLoad := context.WithCancel(t.Context())
 	defer func() { stopLoad(); load.wg.Wait() }()
@@ -603,7 +607,10 @@ profile: {batch_sizes: [1]}
 	// Failures the client saw that the load does not explain.
 	for _, model := range []string{"lc", "be"} {
 		st := load.stats(model, time.Time{}, time.Time{}, time.Hour)
-		if bad := st.n - st.ok - st.rejected - st.dropped; bad > 0 || st.ok == 0 {
+		// The best-effort model may get no answer at all on a busy machine
+		// (its requests are dropped at their timeout): the checks of its
+		// latency below then have nothing to check, and say so.
+		if bad := st.n - st.ok - st.rejected - st.dropped; bad > 0 || st.ok == 0 && model == "lc" {
 			load.mu.Lock()
 			var errs []string
 			for _, a := range load.answers {
@@ -668,7 +675,29 @@ profile: {batch_sizes: [1]}
 		attainment := prom.byModel(t, `sum by (model) (rate(sloserve_qos_requests_total{outcome="good"}`+w+`)) / sum by (model) (rate(sloserve_qos_requests_total`+w+`))`, tq)
 		p99 := prom.byModel(t, `histogram_quantile(0.99, sum by (le, model) (rate(sloserve_qos_request_duration_seconds_bucket`+w+`)))`, tq)
 		slo := prom.byModel(t, `sum by (model) (sloserve_qos_slo_seconds)`, tq)
-		// The recording rules, windows shortened to promWindow.
+		// The recording rules, windows shortened to promWindow. Their value
+		// at tq was computed at the group's last evaluation te <= tq, over
+		// (te - promWindow, te]; the queries they are compared with are
+		// evaluated at te too, over the same range. At tq they would cover
+		// a window up to an evaluation interval later, and for the
+		// best-effort model's few requests a second (fewer when a busy
+		// machine starves its idle class) one request more or less at an
+		// edge moved attainment by 0.07.
+		var te time.Time
+		for m, ts := range prom.byModel(t, `timestamp(model:sloserve_qos_slo_attainment:ratio_rate5m)`, tq) {
+			at := time.UnixMilli(int64(math.Round(ts * 1000)))
+			if !te.IsZero() && !at.Equal(te) {
+				t.Fatalf("the recording rules of one group were evaluated at %v and, for %s, at %v", te, m, at)
+			}
+			te = at
+		}
+		if te.IsZero() {
+			t.Fatal("the attainment rule has no value at the end of the window")
+		}
+		t.Logf("rules last evaluated %v before the end of the window", tq.Sub(te))
+		goodTe := prom.byModel(t, `sum by (model) (rate(sloserve_qos_requests_total{outcome="good"}`+w+`))`, te)
+		attainmentTe := prom.byModel(t, `sum by (model) (rate(sloserve_qos_requests_total{outcome="good"}`+w+`)) / sum by (model) (rate(sloserve_qos_requests_total`+w+`))`, te)
+		p99Te := prom.byModel(t, `histogram_quantile(0.99, sum by (le, model) (rate(sloserve_qos_request_duration_seconds_bucket`+w+`)))`, te)
 		ruleGood := prom.byModel(t, `model:sloserve_qos_goodput:rate1m`, tq)
 		ruleAtt := prom.byModel(t, `model:sloserve_qos_slo_attainment:ratio_rate5m`, tq)
 		ruleP99 := prom.byModel(t, `model:sloserve_qos_request_duration_seconds:p99_1m`, tq)
@@ -695,8 +724,8 @@ profile: {batch_sizes: [1]}
 			if good[m] > answered[m]+1e-9 || good[m] < 0.85*clientWithin-0.2 {
 				t.Errorf("%s: goodput %.2f/s must lie between the %.2f/s the clients saw within the SLO and the %.2f/s answered", m, good[m], clientWithin, answered[m])
 			}
-			if !within(ruleGood[m], good[m], 0.2, 0.2) {
-				t.Errorf("%s: the goodput rule says %.2f/s, the query %.2f/s", m, ruleGood[m], good[m])
+			if !within(ruleGood[m], goodTe[m], 0.2, 0.2) {
+				t.Errorf("%s: the goodput rule says %.2f/s, the query at its evaluation %.2f/s", m, ruleGood[m], goodTe[m])
 			}
 			if !within(rejected[m], clientRejected, 0.15, 0.2) {
 				t.Errorf("%s: Prometheus says %.2f rejections/s for deadline, the clients got %.2f/s", m, rejected[m], clientRejected)
@@ -705,14 +734,18 @@ profile: {batch_sizes: [1]}
 			// Attainment: between what the clients saw within the SLO and
 			// what they had answered, over everything that ended.
 			lo, hi := float64(st.okWithin)/float64(st.n), float64(st.ok)/float64(st.n)
-			t.Logf("%s: attainment %.3f (rule %.3f), clients %.3f..%.3f", m, attainment[m], ruleAtt[m], lo, hi)
+			t.Logf("%s: attainment %.3f (rule %.3f, the query at its evaluation %.3f), clients %.3f..%.3f", m, attainment[m], ruleAtt[m], attainmentTe[m], lo, hi)
 			if attainment[m] < lo-0.05 || attainment[m] > hi+0.05 {
 				t.Errorf("%s: attainment %.3f, the clients saw %.3f within the SLO and %.3f answered", m, attainment[m], lo, hi)
 			}
-			if math.Abs(ruleAtt[m]-attainment[m]) > 0.05 {
-				t.Errorf("%s: the attainment rule says %.3f, the query %.3f", m, ruleAtt[m], attainment[m])
+			if math.Abs(ruleAtt[m]-attainmentTe[m]) > 0.05 {
+				t.Errorf("%s: the attainment rule says %.3f, the query at its evaluation %.3f", m, ruleAtt[m], attainmentTe[m])
 			}
 
+			if st.ok == 0 {
+				t.Logf("%s: no answer in the window (a best-effort model starved by a busy machine): no latency to check", m)
+				continue
+			}
 			// p99: the server's latency is part of the client's, and the
 			// histogram resolves it to within a bucket (25% apart). The
 			// test's own quantile over its two scrapes of the server must
@@ -737,8 +770,8 @@ profile: {batch_sizes: [1]}
 			if slo[m] != c.slo.Seconds() {
 				t.Errorf("%s: sloserve_qos_slo_seconds = %v, want %v", m, slo[m], c.slo.Seconds())
 			}
-			if !within(ruleP99[m], p99[m], 0.6, 0) || !within(ruleRatio[m], p99[m]/slo[m], 0.6, 0) {
-				t.Errorf("%s: the p99 rules say %.2f ms and %.3f of the SLO; the query %.2f ms", m, ruleP99[m]*1e3, ruleRatio[m], p99[m]*1e3)
+			if !within(ruleP99[m], p99Te[m], 0.6, 0) || !within(ruleRatio[m], p99Te[m]/slo[m], 0.6, 0) {
+				t.Errorf("%s: the p99 rules say %.2f ms and %.3f of the SLO; the query at their evaluation %.2f ms", m, ruleP99[m]*1e3, ruleRatio[m], p99Te[m]*1e3)
 			}
 			if c.model == "lc" {
 				if !within(ruleRejected[m], clientRejected/(float64(st.n)/secs), 0.2, 0.02) {

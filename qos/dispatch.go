@@ -2,6 +2,7 @@ package qos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -577,6 +578,11 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	for i, r := range e.reqs {
 		switch {
 		case r.state != stateRunning: // its client gave up
+		case err != nil && errors.Is(err, context.DeadlineExceeded) && !r.deadline.IsZero() && !now.Before(r.deadline):
+			// The instance gave up at the request's own deadline (the
+			// pool bounds a call by it): the request was dropped at its
+			// deadline, as the client is told (504), not failed.
+			s.finishLocked(r, outcomeDropped, now, result{err: err})
 		case err != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: err})
 		case faults != nil && faults[i] != nil:

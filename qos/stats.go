@@ -16,7 +16,7 @@ const (
 	outcomeGood     outcome = iota // finished by its deadline
 	outcomeLate                    // finished after its deadline
 	outcomeRejected                // refused at admission (deadline or full queue)
-	outcomeDropped                 // deadline passed or became unreachable while queued
+	outcomeDropped                 // deadline passed or became unreachable while queued, or passed while running
 	outcomeFailed                  // the execution failed, or the model or scheduler went away
 	outcomeCanceled                // the client gave up
 	// outcomeInvalid: the request could not be scheduled as it was, or

@@ -201,6 +201,8 @@ func TestSimulatedDeviceFaultRecovers(t *testing.T) {
 		if lc.Failed != failed {
 			t.Errorf("the recovery counted %d failed LC requests, the client saw %d", lc.Failed, failed)
 		}
+		// Simulated time (synctest): 10ms is the fake clock's, the same on
+		// any machine however busy.
 		if d := time.Duration(tr.slowestFailure.Load()); d > 10*time.Millisecond {
 			t.Errorf("a failed LC request took %v: it should fail at once, not hang", d)
 		}
