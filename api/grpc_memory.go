@@ -19,10 +19,14 @@ import (
 // frame up to the size its length prefix declares (at most
 // limits.max_request_bytes), and grants the client flow-control window for
 // all of it once the handler asks for the message; before that, up to the
-// stream's window is buffered. No hook sees the declared size, so a call is
-// given the most its received buffers can take, limits.max_request_bytes,
-// when its headers arrive (the tap handle, before anything is read). A
-// call that does not fit is refused there with RESOURCE_EXHAUSTED. What
+// stream's window is buffered. No hook sees the declared size. A unary
+// call on a connection the server's LimitedListener accepted reserves what
+// a message on that connection is expected to take when its headers arrive
+// (the tap handle, before anything is read), and the connection what it
+// reads of unfinished messages beyond that (connReading, in
+// grpc_conn_budget.go); any other call is given the most its received
+// buffers can take, limits.max_request_bytes. A call that does not fit is
+// refused there with RESOURCE_EXHAUSTED. What
 // decoding adds once the message is in is reserved by the codec from the
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
