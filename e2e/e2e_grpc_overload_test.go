@@ -49,6 +49,14 @@ func (c *gatedConn) Write(p []byte) (int, error) {
 	return written, nil
 }
 
+// add lets n more bytes through.
+func (c *gatedConn) add(n int64) {
+	c.mu.Lock()
+	c.allow += n
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
 // set lets allow more bytes through (< 0: all).
 func (c *gatedConn) set(allow int64) {
 	c.mu.Lock()
@@ -107,9 +115,11 @@ func TestE2EGRPCSlowCallsLeaveRoom(t *testing.T) {
 	big := grpcDynRequest()
 	big.Inputs[0].Shape = []int64{rows, 10}
 	big.Inputs[0].Contents.Fp32Contents = make([]float32, rows*10)
-	// Less than one message gets through: none is finished.
-	const size, allowed = rows * 10 * 4, rows * 10 * 4 * 3 / 4
-	gate.set(allowed)
+	// Less than one message gets through, a tenth of one per call: none
+	// is finished. Each call is started while the link is stalled, so
+	// that its headers go first when it moves again.
+	const size, allowed = rows * 10 * 4, calls * rows * 10 * 4 / 10
+	gate.set(0)
 	defer gate.set(-1)
 	ended := make(chan error, calls)
 	for range calls {
@@ -123,15 +133,24 @@ func TestE2EGRPCSlowCallsLeaveRoom(t *testing.T) {
 			}
 			ended <- err
 		}()
+		time.Sleep(guard / 200) // the call's headers are queued
+		gate.add(allowed / calls)
 	}
+	// After six small messages, a message on the connection is expected
+	// to take 64 MiB halved six times: all eight are in when they hold
+	// that each.
+	const expected = 64 << 20 >> 6
 	var held float64
-	for deadline := time.Now().Add(guard); held < allowed/2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(guard); held < calls*expected && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		held, _ = s.metricValue(t, "sloserve_memory_reserved_bytes")
 	}
 	t.Logf("%d calls of %d KiB, %d KiB of them sent, hold %.0f KiB of the %d MiB budget", calls, size>>10, allowed>>10, held/1024, memoryBudget>>20)
 	// Each holds what a message on its connection is expected to take
 	// (after small ones: little), and its connection what has arrived
 	// beyond: under twice their whole messages.
+	if held < calls*expected {
+		t.Errorf("the stalled calls hold %.0f bytes, want at least %d each: not all of them reached the server", held, expected)
+	}
 	if held > 2*calls*size {
 		t.Errorf("the stalled calls hold %.0f bytes, over twice their whole messages' %d", held, calls*size)
 	}
