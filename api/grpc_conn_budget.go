@@ -45,6 +45,15 @@ import (
 // of the budget in messages being read (connReadingShare).
 const connReadingShareDivisor = 4
 
+// connReadingCalls is the most unary calls one connection may have being
+// read at once; past it a call is refused from its headers with
+// RESOURCE_EXHAUSTED. A connection's calls share its bandwidth while they
+// are read: under overload, a client that sends more than the link
+// carries has every message arrive late, each one's SLO spent before it
+// is in. Refusing the excess from its headers, before its message is
+// sent, keeps the calls admitted arriving at the link's pace.
+const connReadingCalls = 8
+
 // connReadingMinEstimate is the least a call on an accounted connection
 // reserves from its headers: its frames' buffers.
 const connReadingMinEstimate = 64 << 10
@@ -164,6 +173,9 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 		a.res, _ = m.budget.Reserve(0, "")
 	}
 	held := a.heldLocked()
+	if a.reading >= connReadingCalls {
+		return fmt.Errorf("too many gRPC messages being read at once on this connection: %d, the most one connection may; retry later", a.reading)
+	}
 	if a.share > 0 {
 		if promised := max(held, a.covered) + a.est; promised > a.share {
 			return fmt.Errorf("%w: a gRPC message being read needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",

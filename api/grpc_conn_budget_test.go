@@ -477,3 +477,65 @@ func TestGRPCConnectionShare(t *testing.T) {
 		t.Errorf("the flood's connection was not closed by the server (%v)", readErr)
 	}
 }
+
+// TestGRPCConnectionReadingCalls: one connection has at most
+// connReadingCalls (8) unary calls being read at once; the next is refused
+// from its headers with RESOURCE_EXHAUSTED, before its message is sent,
+// while another connection's calls are served; once one of the eight is
+// in, the connection reads a new call again. (A client sending more than
+// its link carries otherwise has every message arrive late: at 10x
+// overload over gRPC on one connection, all 7154 latency-critical calls
+// were admitted at their headers and all were rejected in the scheduler,
+// their SLO spent before their messages were in.)
+func TestGRPCConnectionReadingCalls(t *testing.T) {
+	const message, budget = 16 << 20, 256 << 20
+	srv, mem := newConnBudgetServer(message, budget)
+	addr := serveGRPCLimited(t, srv)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := inference.NewGRPCInferenceServiceClient(conn)
+	guard := 100 * grpcBaseline(t, client)
+
+	r := dialRawGRPC(t, addr)
+	r.giveUpAfter(guard)
+	warmRaw(t, r, 6)
+	const size = 1 << 20
+	var ids []uint32
+	for range connReadingCalls {
+		id := r.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err := r.send(id, prefix(size), false); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	extra := r.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+	if got := r.wait(extra); !strings.HasPrefix(got, "8 too many gRPC messages being read at once on this connection: 8") {
+		t.Fatalf("call %d on one connection: %q, want grpc-status 8 naming the %d being read", connReadingCalls+1, got, connReadingCalls)
+	}
+	if resp, err := client.ModelInfer(t.Context(), grpcSumRequest(true)); err != nil || resp.GetModelName() != "sum" {
+		t.Fatalf("another connection's call: %v, %v", resp, err)
+	}
+	// The first call's message completes (1 MiB of zeros, no valid
+	// request: its answer is its own error, not a refusal from its
+	// headers); then a new call is read.
+	if err := r.send(ids[0], make([]byte, size), true); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.wait(ids[0]); got == "" || strings.HasPrefix(got, "8 too many") {
+		t.Fatalf("the completed call: %q", got)
+	}
+	next := r.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err := r.send(next, append(prefix(size), make([]byte, size)...), true); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.wait(next); got == "" || strings.HasPrefix(got, "8 too many") {
+		t.Fatalf("a call once one of the eight is in: %q", got)
+	}
+	r.conn.Close()
+	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
+		t.Fatalf("%d bytes held after the connection closed", mem.Used())
+	}
+}
