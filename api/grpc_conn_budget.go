@@ -29,12 +29,16 @@ import (
 // grows it), and the bytes read since the oldest call still being read
 // began. When no call is being read it holds nothing.
 //
-// A connection whose read would take the budget past limits.max_memory,
-// or hold more than its share (connReadingShare), is closed: its calls end
-// UNAVAILABLE and everything they held is given back. Before that, a call
-// whose expected message does not fit in the budget or in its connection's
-// share is refused at its headers with RESOURCE_EXHAUSTED, as before. The
-// budget is a real bound: nothing is handed to grpc-go unreserved.
+// A call whose expected message does not fit in the budget, or whose
+// connection already holds or may take its share (connReadingShare), is
+// refused at its headers with RESOURCE_EXHAUSTED, as before. A connection
+// whose read would take the budget past limits.max_memory is closed: its
+// calls end UNAVAILABLE and everything they held is given back. The budget
+// is a real bound: nothing is handed to grpc-go unreserved. The share is
+// not enforced on reads: the count from above grows with the frames of
+// calls refused from their headers that a client sent before it heard
+// (grpc-go drops them as they arrive), and closing a busy connection for
+// them, under overload, would end every call on it.
 //
 // Calls on connections the server did not accept through a LimitedListener
 // (tests, in-memory listeners), streams (which keep the buffer of their
@@ -44,15 +48,6 @@ import (
 // connReadingShareDivisor: one connection may hold at most this fraction
 // of the budget in messages being read (connReadingShare).
 const connReadingShareDivisor = 4
-
-// connReadingCalls is the most unary calls one connection may have being
-// read at once; past it a call is refused from its headers with
-// RESOURCE_EXHAUSTED. A connection's calls share its bandwidth while they
-// are read: under overload, a client that sends more than the link
-// carries has every message arrive late, each one's SLO spent before it
-// is in. Refusing the excess from its headers, before its message is
-// sent, keeps the calls admitted arriving at the link's pace.
-const connReadingCalls = 8
 
 // connReadingMinEstimate is the least a call on an accounted connection
 // reserves from its headers: its frames' buffers.
@@ -119,10 +114,6 @@ func (a *connReading) arrived(n int) error {
 		return a.err
 	}
 	held := a.heldLocked()
-	if a.share > 0 && held > a.share {
-		return a.failLocked(fmt.Errorf("%w: one gRPC connection holds %s of messages being read, over the %s one connection may (limits.max_memory / %d); connection closed",
-			errMemory, formatBytes(held), formatBytes(a.share), connReadingShareDivisor))
-	}
 	if need := held - a.covered - a.res.Size(); need > 0 {
 		if err := a.res.Grow(need, "gRPC messages being read on one connection"); err != nil {
 			return a.failLocked(fmt.Errorf("%w; connection closed", err))
@@ -173,9 +164,6 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 		a.res, _ = m.budget.Reserve(0, "")
 	}
 	held := a.heldLocked()
-	if a.reading >= connReadingCalls {
-		return fmt.Errorf("too many gRPC messages being read at once on this connection: %d, the most one connection may; retry later", a.reading)
-	}
 	if a.share > 0 {
 		if promised := max(held, a.covered) + a.est; promised > a.share {
 			return fmt.Errorf("%w: a gRPC message being read needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",
