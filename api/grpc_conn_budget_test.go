@@ -482,4 +482,3 @@ func TestGRPCConnectionShare(t *testing.T) {
 		t.Errorf("the flood's connection was not closed by the server (%v)", readErr)
 	}
 }
-
