@@ -55,12 +55,13 @@ func (l *LimitedListener) Accept() (net.Conn, error) {
 		}
 		select {
 		case l.slots <- struct{}{}:
-			return &limitedConn{Conn: c, owner: l, slots: l.slots}, nil
+			return newLimitedConn(c, l, l.slots), nil
 		default:
 		}
 		select {
 		case l.spare <- struct{}{}:
-			lc := &limitedConn{Conn: c, owner: l, slots: l.spare, overflow: true, until: time.Now().Add(l.overflowTimeout)}
+			lc := newLimitedConn(c, l, l.spare)
+			lc.overflow, lc.until = true, time.Now().Add(l.overflowTimeout)
 			if err := lc.Conn.SetDeadline(lc.until); err != nil {
 				lc.Close()
 				continue
@@ -116,7 +117,9 @@ func overflowListener(ctx context.Context) *LimitedListener {
 var _ interface{ CloseWrite() error } = (*limitedConn)(nil)
 
 // limitedConn gives its slot back when closed. An overflow connection's
-// deadlines never go past until, whatever the server asks.
+// deadlines never go past until, whatever the server asks. It counts the
+// bytes read from it, for gRPC's accounting of messages being read
+// (connReading), which its remote address carries to the gRPC server.
 type limitedConn struct {
 	net.Conn
 	owner    *LimitedListener
@@ -124,11 +127,43 @@ type limitedConn struct {
 	overflow bool
 	until    time.Time
 	once     sync.Once
+	reading  connReading
+	remote   connAddr
+}
+
+func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *limitedConn {
+	lc := &limitedConn{Conn: c, owner: owner, slots: slots}
+	lc.remote = connAddr{Addr: c.RemoteAddr(), reading: &lc.reading}
+	return lc
+}
+
+// Read reads, and closes the connection when what it read does not fit in
+// the memory its gRPC calls may hold (connReading.arrived).
+func (c *limitedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		if merr := c.reading.arrived(n); merr != nil {
+			c.Close()
+			return 0, merr
+		}
+	}
+	return n, err
+}
+
+// RemoteAddr is the peer's address, carrying the connection's accounting.
+func (c *limitedConn) RemoteAddr() net.Addr {
+	if c.remote.Addr == nil {
+		return nil
+	}
+	return &c.remote
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { <-c.slots })
+	c.once.Do(func() {
+		c.reading.close()
+		<-c.slots
+	})
 	return err
 }
 

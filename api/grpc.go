@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -86,7 +87,8 @@ type grpcArrivalKey struct{}
 // ModelInfer call that refuse refuses is ended here with
 // RESOURCE_EXHAUSTED, before its message is read.
 //
-// Every call's message is given its memory here (grpcMemory.reserve): one
+// Every call's message is given its memory here (grpcMemory.reserve, by
+// its connection's accounting when the LimitedListener accepted it): one
 // that does not fit in the budget is ended with RESOURCE_EXHAUSTED.
 func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
@@ -95,7 +97,11 @@ func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 				return ctx, status.Error(codes.ResourceExhausted, err.Error())
 			}
 		}
-		ctx, err := mem.reserve(ctx, info.FullMethodName)
+		var conn *connReading
+		if p, ok := peer.FromContext(ctx); ok {
+			conn = connReadingOf(p.Addr)
+		}
+		ctx, err := mem.reserve(ctx, info.FullMethodName, conn)
 		if err != nil {
 			return ctx, status.Error(codes.ResourceExhausted, err.Error())
 		}

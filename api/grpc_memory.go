@@ -19,10 +19,14 @@ import (
 // frame up to the size its length prefix declares (at most
 // limits.max_request_bytes), and grants the client flow-control window for
 // all of it once the handler asks for the message; before that, up to the
-// stream's window is buffered. No hook sees the declared size, so a call is
-// given the most its received buffers can take, limits.max_request_bytes,
-// when its headers arrive (the tap handle, before anything is read). A
-// call that does not fit is refused there with RESOURCE_EXHAUSTED. What
+// stream's window is buffered. No hook sees the declared size. A unary
+// call on a connection the server's LimitedListener accepted reserves what
+// a message on that connection is expected to take when its headers arrive
+// (the tap handle, before anything is read), and the connection what it
+// reads of unfinished messages beyond that (connReading, in
+// grpc_conn_budget.go); any other call is given the most its received
+// buffers can take, limits.max_request_bytes. A call that does not fit is
+// refused there with RESOURCE_EXHAUSTED. What
 // decoding adds once the message is in is reserved by the codec from the
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
@@ -44,6 +48,15 @@ type grpcCallKey struct{}
 type grpcCall struct {
 	res   *Reservation
 	infer atomic.Pointer[inference.ModelInferRequest]
+
+	// Set for a unary call on a connection whose reads are accounted
+	// (connReading): where its bytes began in the connection's, what it
+	// reserved from its headers, and whether its message is in.
+	conn     *connReading
+	start    int64
+	est      int64
+	finished bool  // guarded by conn.mu
+	header   int64 // its headers' wire length
 }
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
@@ -72,7 +85,8 @@ type grpcMemory struct {
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
-	// sure to end with a stats.End that gives the reservation back.
+	// sure to end with a stats.End that gives the reservation back. The
+	// value says whether the client streams messages.
 	methods atomic.Pointer[map[string]bool]
 	health  atomic.Int64 // health calls reserved now, over the budget
 }
@@ -93,21 +107,27 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 	methods := make(map[string]bool)
 	for svc, info := range srv.GetServiceInfo() {
 		for _, mi := range info.Methods {
-			methods["/"+svc+"/"+mi.Name] = true
+			methods["/"+svc+"/"+mi.Name] = mi.IsClientStream
 		}
 	}
 	m.methods.Store(&methods)
 }
 
-// reserve takes the memory of a call to method whose headers have arrived:
-// the largest message it may send. It returns ctx with the call's
-// grpcCall, or errMemory.
-func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Context, error) {
+// reserve takes the memory of a call to method whose headers have arrived
+// on the connection accounted by conn (nil: not accounted): for a unary
+// call on an accounted connection what a message there is expected to take
+// (connReading.admit), else the largest message it may send. It returns
+// ctx with the call's grpcCall, or errMemory.
+func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReading) (context.Context, error) {
 	if m == nil {
 		return ctx, nil
 	}
 	methods := m.methods.Load()
-	if methods == nil || !(*methods)[method] {
+	if methods == nil {
+		return ctx, nil
+	}
+	streaming, known := (*methods)[method]
+	if !known {
 		return ctx, nil
 	}
 	call := &grpcCall{}
@@ -120,6 +140,10 @@ func (m *grpcMemory) reserve(ctx context.Context, method string) (context.Contex
 		}
 		var once sync.Once
 		call.res = m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
+	case conn != nil && !streaming:
+		if err := conn.admit(call, m); err != nil {
+			return ctx, err
+		}
 	default:
 		r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
 		if err != nil {
@@ -150,11 +174,19 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		return
 	}
 	switch s := s.(type) {
+	case *stats.InHeader:
+		call.header = int64(s.WireLength)
 	case *stats.InPayload:
 		if req, ok := s.Payload.(*inference.ModelInferRequest); ok {
 			call.infer.Store(req)
 		}
+		if call.conn != nil {
+			call.conn.finish(call, call.header, int64(s.WireLength))
+		}
 	case *stats.End:
+		if call.conn != nil {
+			call.conn.finish(call, call.header, 0)
+		}
 		call.res.Release()
 		if req := call.infer.Swap(nil); req != nil {
 			h.codec.discard(req)

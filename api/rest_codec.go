@@ -154,7 +154,8 @@ func decodeRESTInferShm(body []byte, headerLen int64, lim Limits, shm *shmUse) (
 }
 
 // restJSONCopies is how many copies of a request's JSON encoding/json holds
-// while it decodes: its read buffer, and the raw data arrays.
+// while it decodes: its read buffer, and the raw data arrays. The one-pass
+// parser (parseRESTFast) holds none.
 const restJSONCopies = 2
 
 // decodeRESTInferMem is decodeRESTInferShm that reserves in mem the memory
@@ -171,13 +172,15 @@ func decodeRESTInferMem(body []byte, headerLen int64, lim Limits, shm *shmUse, m
 		jsonPart, binPart = body[:headerLen], body[headerLen:]
 	}
 
-	// encoding/json checks the syntax and decodes the request's structure;
-	// the bulk of it, the data arrays, stays raw for decodeJSONData.
-	if err := mem.Grow(restJSONCopies*int64(len(jsonPart)), "decoding the request's JSON"); err != nil {
-		return nil, err
-	}
+	// The request's structure; the bulk of it, the data arrays, stays raw
+	// for decodeJSONData. parseRESTFast leaves them where they are in the
+	// body; encoding/json, for what it gives up on, holds its copies of
+	// the JSON (restJSONCopies), reserved first.
 	var rj restRequestJSON
 	if !parseRESTFast(jsonPart, &rj) {
+		if err := mem.Grow(restJSONCopies*int64(len(jsonPart)), "decoding the request's JSON"); err != nil {
+			return nil, err
+		}
 		rj = restRequestJSON{}
 		if err := decodeRESTStructure(jsonPart, &rj); err != nil {
 			return nil, err
