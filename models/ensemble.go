@@ -138,19 +138,8 @@ func (r *Registry) loadEnsemble(ctx context.Context, m *model, cfg *configs.Mode
 	}
 
 	r.mu.Lock()
-	old := m.serving
-	m.serving = map[int64]*version{}
-	m.ens = e
-	m.cfg = cfg
-	m.override = nil
-	if len(override) > 0 {
-		m.override = override
-	}
-	m.reason = ""
-	m.evicted = false
-	m.loadFailed = false
-	m.fingerprint = fp
-	m.states = map[int64]IndexEntry{n: {Name: m.name, Version: e.label, State: StateReady}}
+	old := m.serveLocked(map[int64]*version{}, e, cfg, override, fp)
+	m.states[n] = IndexEntry{Name: m.name, Version: e.label, State: StateReady}
 	r.mu.Unlock()
 	r.metrics.loads.WithLabelValues(m.name).Inc()
 	r.metrics.loadFailures.WithLabelValues(m.name)

@@ -183,19 +183,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 	}
 
 	r.mu.Lock()
-	old := m.serving
-	m.serving = fresh
-	m.ens = nil
-	m.cfg = cfg
-	m.override = nil
-	if len(override) > 0 {
-		m.override = override
-	}
-	m.reason = ""
-	m.evicted = false
-	m.loadFailed = false
-	m.fingerprint = fp
-	m.states = map[int64]IndexEntry{}
+	old := m.serveLocked(fresh, nil, cfg, override, fp)
 	for n, v := range fresh {
 		m.states[n] = IndexEntry{Name: name, Version: v.label, State: StateReady}
 	}
@@ -511,4 +499,20 @@ func (r *Registry) revive(ctx context.Context, name string) error {
 	}
 	r.log.Info("loading an evicted model on demand", "model", name)
 	return r.load(ctx, name)
+}
+
+// serveLocked makes serving (or, for an ensemble, ens) what m serves, as
+// loaded from cfg with override and the files of fingerprint fp, with no
+// version state known yet; it returns the versions served before.
+func (m *model) serveLocked(serving map[int64]*version, ens *ensemble, cfg *configs.Model, override []byte, fp string) map[int64]*version {
+	old := m.serving
+	m.serving, m.ens, m.cfg = serving, ens, cfg
+	m.override = nil
+	if len(override) > 0 {
+		m.override = override
+	}
+	m.reason, m.evicted, m.loadFailed = "", false, false
+	m.fingerprint = fp
+	m.states = map[int64]IndexEntry{}
+	return old
 }
