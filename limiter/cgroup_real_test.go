@@ -542,54 +542,21 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The background runner starts at a default weight and is moved into
-	// the idle class once it is ready: beside busy processes (two CPU
-	// burners) an idle-class runner gets no CPU to load its model by, and
-	// its start would wait for the machine to go quiet.
-	plB, err := l.Place(bg, Share{})
+	plB, err := l.Place(bg, Share{Mode: ModeBackground})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
-	// Before the runners stop (cleanups run last first), the background
-	// unit leaves the idle class, as the server lifts a runner it stops:
-	// an idle-class runner would get no CPU to exit by either, and would
-	// be killed at the stop timeout.
-	lifter, ok := l.(ComputeLifter)
-	if !ok {
-		t.Fatalf("%T cannot lift a unit's compute cap", l)
-	}
-	t.Cleanup(func() {
-		if err := lifter.LiftCompute(bg); err != nil {
-			t.Error(err)
-		}
-	})
-	for _, r := range runners {
-		timeCall(t, r, req) // warm up
-	}
-	// The runner moves home with its mode: into the background parent at
-	// a resize to background, out of it at a resize to a cap.
-	inHome := func(pl Placement, r *runtime.Runner, background bool) {
-		t.Helper()
-		parent := parentName(os.Getpid())
-		normal := strings.Replace(pl.JoinCgroups[0], parent+"-background/", parent+"/", 1) // the cpu hierarchy comes first
-		cpuProcs, other := normal, strings.Replace(normal, parent+"/", parent+"-background/", 1)
-		if background {
-			cpuProcs, other = other, cpuProcs
-		}
-		if !inProcs(t, cpuProcs, r.Pid()) || inProcs(t, other, r.Pid()) {
-			t.Errorf("runner %d: want it in %s, not in %s", r.Pid(), cpuProcs, other)
-		}
-	}
-	inHome(plB, runners[1], false)
 	// A background unit resized stays background (the kernel refuses a
 	// weight for an idle group: the limiter must not write one).
-	for _, c := range []float64{0, 0.5, 0, 0.25, 0} {
+	for _, c := range []float64{0.5, 0, 0.25, 0} {
 		if err := l.Resize(bg, Share{Compute: c, Mode: ModeBackground}); err != nil {
 			t.Fatalf("resizing a background unit to %v: %v", c, err)
 		}
 	}
-	inHome(plB, runners[1], true)
+	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
+	for _, r := range runners {
+		timeCall(t, r, req) // warm up
+	}
 	ids := [2]string{floor, bg}
 
 	busy(ids, runners, time.Second) // warm: both runners at full concurrency
@@ -600,6 +567,19 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 		}
 	}
 	even := busy(ids, runners, 3*time.Second)
+	// The runner moved home with its mode: out of the background parent
+	// at the resize to a cap, and into it again now.
+	inHome := func(pl Placement, r *runtime.Runner, background bool) {
+		t.Helper()
+		cpuProcs := pl.JoinCgroups[0] // the cpu hierarchy comes first
+		other := strings.Replace(cpuProcs, parentName(os.Getpid())+"-background/", parentName(os.Getpid())+"/", 1)
+		if !background {
+			cpuProcs, other = other, cpuProcs
+		}
+		if !inProcs(t, cpuProcs, r.Pid()) || inProcs(t, other, r.Pid()) {
+			t.Errorf("runner %d: want it in %s, not in %s", r.Pid(), cpuProcs, other)
+		}
+	}
 	inHome(plB, runners[1], false)
 	if err := l.Resize(bg, Share{Compute: 0.9, Mode: ModeBackground}); err != nil {
 		t.Fatal(err)
