@@ -696,6 +696,18 @@ func TestMarshalRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(mb, m) {
 		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", mb, m, data)
 	}
+
+	// A reshape to a scalar ([]) is not the absence of one (nil).
+	m.Inputs = append(m.Inputs, TensorConfig{Name: "scale", DataType: "FP32", Shape: []int64{1}, Reshape: []int64{}})
+	if data, err = yaml.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if mb, err = ParseModel("m.yaml", data); err != nil {
+		t.Fatalf("%v\n%s", err, data)
+	}
+	if r := mb.Inputs[len(mb.Inputs)-1].Reshape; r == nil || len(r) != 0 {
+		t.Errorf("a scalar reshape reads back as %#v, want []int64{}\n%s", r, data)
+	}
 }
 
 func TestLogLevel(t *testing.T) {

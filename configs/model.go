@@ -169,8 +169,15 @@ type TensorConfig struct {
 	// order, the batch dimension first as in Shape. Every other dimension
 	// of both must be fixed. nil: the model's shape is Shape; [] (no
 	// batching) is a scalar.
-	Reshape []int64 `yaml:"reshape,omitempty"`
+	Reshape Reshape `yaml:"reshape,omitempty"`
 }
+
+// Reshape is a tensor's shape in the model file. It is left out of YAML
+// only when nil: [] (a scalar) is written, so that it reads back as one.
+type Reshape []int64
+
+// IsZero implements yaml.IsZeroer for omitempty.
+func (r Reshape) IsZero() bool { return r == nil }
 
 // ModelShape is the tensor's shape in the model file: Reshape when set,
 // else Shape.
