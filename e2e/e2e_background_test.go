@@ -46,8 +46,14 @@ func bgRepo(t *testing.T) string {
 }
 
 // bgClosedLoop runs clients closed-loop gRPC clients on model, n requests
-// each, and returns the latencies of all.
+// each, and returns the latencies of all. Each request may take 30 s.
 func bgClosedLoop(t *testing.T, s *testServer, model string, clients, n int) []time.Duration {
+	t.Helper()
+	return bgClosedLoopWithin(t, s, model, clients, n, 30*time.Second)
+}
+
+// bgClosedLoopWithin is bgClosedLoop with each request's timeout.
+func bgClosedLoopWithin(t *testing.T, s *testServer, model string, clients, n int, timeout time.Duration) []time.Duration {
 	t.Helper()
 	req := grpcDynRequest()
 	req.ModelName = model
@@ -58,7 +64,7 @@ func bgClosedLoop(t *testing.T, s *testServer, model string, clients, n int) []t
 		wg.Go(func() {
 			mine := make([]time.Duration, 0, n)
 			for range n {
-				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				ctx, cancel := context.WithTimeout(t.Context(), timeout)
 				start := time.Now()
 				_, err := s.grpc.ModelInfer(ctx, req)
 				cancel()
@@ -232,7 +238,10 @@ func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
 	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="be",version="1"}`); v != 0 {
 		t.Errorf("restarts = %v, want 0", v)
 	}
-	if lat := bgClosedLoop(t, s, "be", 1, 50); len(lat) != 50 {
+	// Other work on the host at normal priority (a busy CI machine) may
+	// go on starving the idle class after the burners stop, by design:
+	// each request gets as long as those sent during the starvation.
+	if lat := bgClosedLoopWithin(t, s, "be", 1, 50, 2*time.Minute); len(lat) != 50 {
 		t.Errorf("after the starvation: %d of 50 answered", len(lat))
 	}
 }

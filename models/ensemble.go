@@ -39,6 +39,10 @@ type ensemble struct {
 	inputs  []runtime.TensorSpec // as the config declares them
 	outputs []runtime.TensorSpec
 
+	checkMu  sync.Mutex // guards checked and mismatch
+	checked  []*version // the step versions the steps were last checked against
+	mismatch error      // what that check found
+
 	mu    sync.Mutex // guards the counts below
 	last  time.Time
 	count uint64 // inferences, counting each batch element
@@ -105,7 +109,38 @@ func (r *Registry) stepsReadyLocked(e *ensemble) (bool, string) {
 			return false, fmt.Sprintf("step %d (model %s): %v", i, s.Model, err)
 		}
 	}
+	if err := r.stepsMatchLocked(e); err != nil {
+		return false, err.Error()
+	}
 	return true, ""
+}
+
+// stepsMatchLocked checks e's steps again when a step model serves
+// another version than the one they were last checked against (a step
+// model reloaded, maybe with other tensors), and returns what the last
+// check found: nil when the steps fit. A step without a serving version
+// is left to its own error. The caller holds r.mu, read or write.
+func (r *Registry) stepsMatchLocked(e *ensemble) error {
+	steps := e.cfg.Ensemble.Steps
+	current := make([]*version, len(steps))
+	for i, s := range steps {
+		_, v, err := r.findLocked(s.Model, s.Version)
+		if err != nil {
+			return nil
+		}
+		current[i] = v
+	}
+	e.checkMu.Lock()
+	defer e.checkMu.Unlock()
+	if slices.Equal(current, e.checked) {
+		return e.mismatch
+	}
+	e.checked, e.mismatch = current, nil
+	if err := r.checkStepsLocked(e); err != nil {
+		e.mismatch = fmt.Errorf("a step model changed and no longer fits the ensemble: %w", err)
+		r.log.Warn("ensemble out of service", "model", e.name, "error", e.mismatch)
+	}
+	return e.mismatch
 }
 
 // loadEnsemble loads an ensemble whose config has been read: it checks
@@ -130,6 +165,9 @@ func (r *Registry) loadEnsemble(ctx context.Context, m *model, cfg *configs.Mode
 		inputs: toSpecs(cfg.Inputs), outputs: toSpecs(cfg.Outputs)}
 	r.mu.RLock()
 	err = r.checkStepsLocked(e)
+	if err == nil {
+		err = r.stepsMatchLocked(e) // records the versions checked
+	}
 	r.mu.RUnlock()
 	if err != nil {
 		err = fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)

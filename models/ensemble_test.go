@@ -13,6 +13,7 @@ import (
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/runtime"
 )
 
 // fanOut is an ensemble of two sum models side by side on one input; its
@@ -254,4 +255,65 @@ func TestEnsembleRetriedWhenStepsArrive(t *testing.T) {
 		t.Errorf("ensemble ready = %v, %v once sum_b is there; index %+v", ready, err, r.IndexKnown(false))
 	}
 	r.pollOnce(t.Context()) // nothing changed: nothing loads again
+}
+
+// TestEnsembleRecheckedWhenAStepReloads: a step model reloaded with
+// tensors the ensemble cannot pass it takes the ensemble out of service,
+// saying which step no longer fits, instead of failing each request
+// inside that step; the step model reloaded as it was restores it.
+func TestEnsembleRecheckedWhenAStepReloads(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum_a", fmt.Sprintf(sumConfig, "sum_a", 1, 1), 1)
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	r, f, _ := newTestRegistry(t, ControlPoll, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	req := sumRequest([4]float32{1, 2, 3, 4})
+	req.Inputs[0].Name = "IN"
+	if _, _, err := r.Infer(t.Context(), "ens", "", req); err != nil {
+		t.Fatal(err)
+	}
+	entry := func() IndexEntry {
+		idx := r.IndexKnown(false)
+		return idx[slices.IndexFunc(idx, func(e IndexEntry) bool { return e.Name == "ens" })]
+	}
+
+	// sum_b's file now takes FP64: its config changes, so the poll reloads it.
+	f.mu.Lock()
+	f.inputs = map[string][]runtime.TensorSpec{"sum_b": {{Name: "x", DataType: runtime.FP64, Shape: []int64{-1, 4}}}}
+	f.mu.Unlock()
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 2, 1), 1)
+	r.pollOnce(t.Context())
+	if ready, _ := r.ModelReady("sum_b", ""); !ready {
+		t.Fatalf("sum_b not ready after its reload; index %+v", r.IndexKnown(false))
+	}
+	if ready, err := r.ModelReady("ens", ""); err != nil || ready {
+		t.Errorf("ensemble ready = %v, %v with a step that takes FP64 where it passes FP32", ready, err)
+	}
+	const why = `step[1] (model sum_b): input "x" takes ensemble tensor "IN", which is FP32`
+	if e := entry(); e.State != StateUnavailable || !strings.Contains(e.Reason, why) {
+		t.Errorf("index entry %+v, want UNAVAILABLE naming %q", e, why)
+	}
+	if _, _, err := r.Infer(t.Context(), "ens", "", req); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), why) {
+		t.Errorf("a request with the step changed: %v, want not ready naming %q", err, why)
+	}
+	if n := f.of("sum_a", 1)[0].calls.Load(); n != 1 {
+		t.Errorf("sum_a ran %d times, want 1: a request the ensemble cannot serve starts no step", n)
+	}
+
+	// sum_b as it was: the ensemble serves again.
+	f.mu.Lock()
+	f.inputs = nil
+	f.mu.Unlock()
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	r.pollOnce(t.Context())
+	if ready, err := r.ModelReady("ens", ""); err != nil || !ready {
+		t.Errorf("ensemble ready = %v, %v with sum_b as it was; index %+v", ready, err, entry())
+	}
+	if _, _, err := r.Infer(t.Context(), "ens", "", req); err != nil {
+		t.Errorf("after sum_b's second reload: %v", err)
+	}
 }

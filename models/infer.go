@@ -110,6 +110,14 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		if err != nil {
 			return nil, "", err
 		}
+		r.mu.RLock()
+		err = r.stepsMatchLocked(e)
+		r.mu.RUnlock()
+		if err != nil {
+			err = fmt.Errorf("%w: ensemble %s: %w", ErrNotReady, name, err)
+			e.record(cmp.Or(req.Arrival, time.Now()), 0, err)
+			return nil, e.label, err
+		}
 		return r.inferEnsemble(ctx, e, req)
 	}
 	start := time.Now()
