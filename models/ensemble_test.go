@@ -317,3 +317,44 @@ func TestEnsembleRecheckedWhenAStepReloads(t *testing.T) {
 		t.Errorf("after sum_b's second reload: %v", err)
 	}
 }
+
+// TestEnsembleVersionFolderReloads: an ensemble's versions are empty
+// numbered folders, so a new one is seen by the poll and served; an empty
+// numbered folder beside an ordinary model (a version being staged, its
+// model file not yet there) reloads nothing.
+func TestEnsembleVersionFolderReloads(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum_a", fmt.Sprintf(sumConfig, "sum_a", 1, 1), 1)
+	writeModel(t, repo, "sum_b", fmt.Sprintf(sumConfig, "sum_b", 1, 1), 1)
+	writeEnsemble(t, repo, "ens", fmt.Sprintf(fanOut, "ens", "TYPE_FP32"))
+	r, _, preg := newTestRegistry(t, ControlPoll, repo)
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	req := sumRequest([4]float32{1, 2, 3, 4})
+	req.Inputs[0].Name = "IN"
+	if _, label, err := r.Infer(t.Context(), "ens", "", req); err != nil || label != "1" {
+		t.Fatalf("version %q, %v; want 1", label, err)
+	}
+	for _, dir := range []string{"ens/2", "sum_a/2"} {
+		if err := os.MkdirAll(filepath.Join(repo, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.pollOnce(t.Context())
+	if _, label, err := r.Infer(t.Context(), "ens", "", req); err != nil || label != "2" {
+		t.Errorf("after folder ens/2 appeared: version %q, %v; want 2", label, err)
+	}
+	loads := series(t, preg)
+	if n := loads[`sloserve_model_loads_total{model="sum_a"}`]; n != 1 {
+		t.Errorf("sum_a loaded %v times, want 1: an empty version folder is no version", n)
+	}
+	if n := loads[`sloserve_model_loads_total{model="ens"}`]; n != 2 {
+		t.Errorf("ens loaded %v times, want 2", n)
+	}
+	r.pollOnce(t.Context()) // nothing changed: nothing loads again
+	if n := series(t, preg)[`sloserve_model_loads_total{model="ens"}`]; n != 2 {
+		t.Errorf("ens loaded %v times after a poll with no change, want 2", n)
+	}
+}

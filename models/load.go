@@ -102,7 +102,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 		override = m.override
 		r.mu.RUnlock()
 	}
-	fp := fingerprint(m.dir)
+	fp, ensFP := fingerprint(m.dir)
 	cfg, err := readModelConfig(m.dir, override, r.checkOptions())
 	if err == nil {
 		cfg, err = r.placed(name, cfg)
@@ -118,7 +118,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 		log.Warn("model config: " + w)
 	}
 	if cfg.Ensemble != nil {
-		return r.loadEnsemble(ctx, m, cfg, override, fp)
+		return r.loadEnsemble(ctx, m, cfg, override, ensFP)
 	}
 	selected, err := selectVersions(cfg, m.dir)
 	if err != nil {

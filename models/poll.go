@@ -134,7 +134,9 @@ func (r *Registry) pollOnce(ctx context.Context) {
 			gone = append(gone, k.name)
 			continue
 		}
-		if fp := fingerprint(k.dir); fp != k.fingerprint {
+		// A model's print is one of the two (an ensemble's counts its
+		// version folders, which hold no model file).
+		if fp, ens := fingerprint(k.dir); fp != k.fingerprint && ens != k.fingerprint {
 			why := "changed"
 			if k.fingerprint == "" {
 				why = "new"
@@ -188,8 +190,10 @@ func (r *Registry) pollOnce(ctx context.Context) {
 // fingerprint summarises what a load of a model folder reads: the config
 // file's bytes and, for every version folder a load would see (symlinked
 // ones too), the model file's real path, size and time. Other folders, such
-// as a hidden one a new version is staged in, do not count.
-func fingerprint(dir string) string {
+// as a hidden one a new version is staged in, do not count. ensemble is
+// the print of the folder as an ensemble's: the same, and the numbered
+// folders an ensemble's versions are, which hold no model file.
+func fingerprint(dir string) (model, ensemble string) {
 	h := sha256.New()
 	for _, name := range configs.ModelConfigFiles {
 		// configs.ReadFile refuses a FIFO or a device (it would hang or
@@ -217,5 +221,8 @@ func fingerprint(dir string) string {
 		real, _ := filepath.EvalSymlinks(path)
 		fmt.Fprintf(h, "|%d:%s:%d:%d", v, real, st.Size(), st.ModTime().UnixNano())
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	model = hex.EncodeToString(h.Sum(nil))
+	folders, err := configs.EnsembleVersions(dir)
+	fmt.Fprintf(h, "|ensemble versions %v %v", folders, err)
+	return model, hex.EncodeToString(h.Sum(nil))
 }
