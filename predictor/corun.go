@@ -64,11 +64,18 @@ type coRun struct {
 
 // factor is G at the use expected this period; 1 until SetCoRunning was
 // called.
-func (c *coRun) factor() float64 {
+func (c *coRun) factor() float64 { return c.factorAt(c.next) }
+
+// meanFactor is G at the mean use of the last periods (weight
+// coForecastWeight); 1 until SetCoRunning was called.
+func (c *coRun) meanFactor() float64 { return c.factorAt(c.mean) }
+
+// factorAt is G at a use u; 1 until SetCoRunning was called.
+func (c *coRun) factorAt(u float64) float64 {
 	if !c.known {
 		return 1
 	}
-	return min(math.Exp(c.slope*c.next), maxInterference)
+	return min(math.Exp(c.slope*u), maxInterference)
 }
 
 // observe records an execution whose time was ratio times the curve's

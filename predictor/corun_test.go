@@ -143,3 +143,36 @@ func TestCoRunningConstantUseLearnsNothing(t *testing.T) {
 		}
 	}
 }
+
+// The adjuster's Latency, which sizes a share for longer than a period,
+// takes the co-runners' slowdown at their mean use of the last periods;
+// the QoS scheduler's estimate, for the next executions, at the use
+// forecast for the next period. One period of a high use after many of a
+// low one moves the estimate (x1.30), the Latency less (x1.15: the
+// corrections keep what the period taught them, scaled to the forecast).
+func TestCoRunningLatencyAtMeanUse(t *testing.T) {
+	_, p := coRunDay(t, true, func(i int) int { return 3 + i%5 }, 10)
+	period := func(u float64) {
+		for range 10 {
+			p.ObserveSize("m", 1, 1000, time.Duration(0.020*(1+0.5*u)*float64(time.Second)))
+		}
+		p.SetCoRunning("m", u)
+	}
+	for range 40 {
+		period(0.1)
+	}
+	est0, _ := p.EstimateSize("m", 1, 1000)
+	lat0, _ := p.Latency("m", 1, 0.5)
+	period(0.9)
+	est1, _ := p.EstimateSize("m", 1, 1000)
+	lat1, _ := p.Latency("m", 1, 0.5)
+	a := p.Accuracy("m")
+	e, l := est1.Seconds()/est0.Seconds(), lat1.Seconds()/lat0.Seconds()
+	t.Logf("slope %.3f; after a step of the use from 0.1 to 0.9: estimate x%.3f (factor %.2f at the forecast), latency x%.3f", a.CoRunSlope, e, a.Interference, l)
+	if a.CoRunSlope < 0.33 {
+		t.Fatalf("slope %.3f, want about 0.40", a.CoRunSlope)
+	}
+	if e < 1.2 || l > e-0.1 {
+		t.Errorf("estimate moved x%.3f, Latency x%.3f: want the estimate to follow the forecast (over x1.2) and the Latency less (0.1 under it)", e, l)
+	}
+}
