@@ -23,10 +23,13 @@ import "math"
 // executions) the slope stays where it was (0 at first): a constant u
 // leaves the slowdown to the online correction, as before.
 //
-// The online correction learns observed / (curve x G(u)): what is left
-// once the co-runners' slowdown is known, so that when their use
+// Predictions take G at the use forecast for the next period (see
+// forecast); the adjuster's (Predictor.Latency) at the mean use of the
+// last periods. The online correction learns observed / (curve x G): what
+// is left once the co-runners' slowdown is known, so that when their use
 // changes the prediction follows within a control period instead of
-// after tens of executions.
+// after tens of executions; what a period taught it is rescaled when the
+// forecast moves (Predictor.SetCoRunning).
 const (
 	coPeriods    = 60
 	coMinVar     = 0.05 * 0.05
