@@ -81,7 +81,8 @@ func (l *Loop) Usage(model string) (float64, bool) { return l.usage.get(model) }
 // sample tells the predictor, once a control period, how much of the
 // device each model's co-located models used (CPU seconds of their
 // limiter units over the period, as a fraction of the device), so that its
-// predictions scale when the device is oversubscribed, and records each
+// predictions scale when the device is oversubscribed (on a GPU, so that
+// it learns how much the co-runners slow the model), and records each
 // model's use for the adjuster (usageBoard). Where the device is not the
 // CPU (limiter.MeterDeviceTime: a GPU under MPS) a model's use is what the
 // limiter measured for its runners' processes (limiter.UsageReader:
@@ -168,13 +169,16 @@ func (l *Loop) sample(done <-chan struct{}) {
 				}
 			}
 			if gpu {
-				// Not on MPS: the predictor's factor reads a share as
-				// that much of the device in use and would make a
-				// larger cap look slower. MPS caps may add up to more
-				// than the device (the adjuster lets them), and what
-				// co-running clients cost, the SMs split while they
-				// oversubscribe and their memory bandwidth, is in the
-				// online correction.
+				// Not the oversubscription factor on MPS: it reads a
+				// share as that much of the device in use and would
+				// make a larger cap look slower, and MPS caps may add
+				// up to more than the device (the adjuster lets them).
+				// What co-running clients cost (the SMs split while
+				// they oversubscribe, their memory bandwidth) the
+				// predictor learns from the others' measured use.
+				for name, u := range used {
+					pred.SetCoRunning(name, total-u)
+				}
 				continue
 			}
 			for name, u := range used {

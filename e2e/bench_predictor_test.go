@@ -64,6 +64,8 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 			[]string{"[1, 3, 48, 192]", "[1, 3, 48, 960]"}, []string{"[1, 3, 48, 320]", "[1, 3, 48, 1600]"}},
 		{"ocr-det", "max_batch_size: 4\ninputs: [{name: x, datatype: FP32, shape: [-1, 3, -1, -1]}]\nexecution: {intra_op_threads: 1}\n",
 			[]string{"[1, 3, 128, 128]", "[1, 3, 320, 320]"}, []string{"[1, 3, 256, 256]", "[1, 3, 480, 480]"}},
+		{"ocr-rec", "max_batch_size: 4\ninputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, -1]}]\nexecution: {intra_op_threads: 1}\n",
+			[]string{"[1, 3, 48, 160]", "[1, 3, 48, 640]"}, []string{"[1, 3, 48, 320]", "[1, 3, 48, 1280]"}},
 	} {
 		b.Run(tc.model, func(b *testing.B) {
 			perShape := map[int64][]float64{}

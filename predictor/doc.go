@@ -20,7 +20,10 @@
 // A Predictor holds each loaded model's curve and scales it by an online
 // correction (an EWMA of observed/predicted execution time, per row size;
 // per (size, batch, share) bucket for drift alarms) and an interference
-// factor (how oversubscribed the device is). It answers the QoS scheduler
+// factor: how oversubscribed the device is (SetInterference, on CPUs), or,
+// on a shared GPU, the slowdown the co-running work causes, learned online
+// per model as exp(slope x u) from the others' measured use u of the
+// device each control period (SetCoRunning; see corun.go). It answers the QoS scheduler
 // as its SizedEstimator at the model's current share and each request's
 // size, and the adjuster through Latency at any share and the model's
 // typical size. Until a model has a curve it falls back to an EWMA of the
