@@ -14,7 +14,7 @@ func TestKeys(t *testing.T) {
 		"repositories", "model_control", "poll_interval", "startup_models", "model_dir", "model_name", "modelmesh_dir",
 		"runtime.onnxruntime_library", "runtime.socket_dir", "runtime.ready_timeout",
 		"runtime.health_interval", "runtime.restart_backoff_initial", "runtime.restart_backoff_max",
-		"runtime.max_restarts", "runtime.call_timeout", "runtime.arena_size",
+		"runtime.max_restarts", "runtime.call_timeout", "runtime.arena_size", "runtime.call_mailbox",
 		"limits.max_request_bytes", "limits.max_tensor_elements", "limits.max_batch_size", "limits.max_inflight_requests", "limits.max_inflight_bytes",
 		"limits.grace_period", "limits.shutdown_delay", "limits.max_connections", "limits.header_timeout", "limits.body_timeout",
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_stream_inflight", "limits.grpc_connection_timeout",
@@ -156,7 +156,7 @@ func TestSetEveryKey(t *testing.T) {
 		"dashboard.window": "30s", "dashboard.attainment_target": "0.9",
 		"tls.metrics": "true", "auth.require_token_for_health": "true", "auth.require_token_for_metrics": "true",
 		"limits.max_header_bytes": "8KiB", "auth.allowed_hosts": "a.example,b.example",
-		"runtime.arena_size":       "16MiB",
+		"runtime.arena_size": "16MiB", "runtime.call_mailbox": "false",
 		"gpu.simulator.mps_daemon": "false", "gpu.simulator.mig": "true",
 		"gpu.placement.enabled": "false", "gpu.placement.period": "3s", "gpu.placement.min_residence": "3s",
 	}

@@ -246,6 +246,10 @@ type Runtime struct {
 	// process that tensors travel through; 0 turns it off (every tensor
 	// inline on the socket).
 	ArenaSize ByteSize `yaml:"arena_size"`
+	// CallMailbox sends calls that fit to a runner through shared memory
+	// after the arena, woken by futexes, instead of the socket; false sends
+	// every call on the socket. Without an arena there is no mailbox.
+	CallMailbox bool `yaml:"call_mailbox"`
 }
 
 // Limits bounds what clients may ask of the server.
@@ -372,6 +376,7 @@ func DefaultServer() *Server {
 			MaxRestarts:           5,
 			CallTimeout:           30 * time.Second,
 			ArenaSize:             64 * MiB,
+			CallMailbox:           true,
 		},
 		Limits: Limits{
 			MaxRequestBytes:       64 * MiB,

@@ -107,6 +107,11 @@ func BenchmarkServerOverhead(b *testing.B) {
 	for _, iso := range isolations {
 		b.Run("isolation="+iso, func(b *testing.B) { benchServerOverhead(b, iso) })
 	}
+	// The runner hop as it was before the call mailbox: every call on the
+	// runner's socket.
+	b.Run("isolation=process/mailbox=off", func(b *testing.B) {
+		benchServerOverhead(b, "process", withSet("runtime.call_mailbox=false"))
+	})
 }
 
 // isolations are the execution.isolation settings the server benchmarks
@@ -114,11 +119,11 @@ func BenchmarkServerOverhead(b *testing.B) {
 // the model inside the server.
 var isolations = []string{"process", "in-process"}
 
-func benchServerOverhead(b *testing.B, isolation string) {
+func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
 	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1, isolation: " + isolation + "}\n"})
-	s := startServer(b, repo, benchShared, benchProfiling()...)
+	s := startServer(b, repo, benchShared, append(opts, benchProfiling()...)...)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 
 	data := make([]float32, 10)

@@ -143,8 +143,10 @@ func (a *arenaAllocator) bytesInUse() uint64 {
 // memfd, its mapping and the allocator over it.
 type arena struct {
 	file  *os.File // the memfd; the child inherits it through ExtraFiles
-	mem   []byte
+	mem   []byte   // the arena proper, the allocator's
+	whole []byte   // the mapping: the arena, then the mailbox if any
 	alloc *arenaAllocator
+	box   *mailbox // nil: no mailbox
 
 	mu      sync.Mutex
 	users   int  // calls between acquire and release
@@ -152,26 +154,44 @@ type arena struct {
 	retired bool // the runner's stream broke: slots in flight are never reused
 }
 
-// newArena creates a memfd of size bytes and maps it.
-func newArena(name string, size int64) (*arena, error) {
+// newArena creates a memfd of size bytes, followed by a mailbox of slots
+// slots when slots > 0 (at mailboxOffset(size)), and maps it.
+func newArena(name string, size int64, slots int) (*arena, error) {
 	if size <= 0 || size > math.MaxInt32*int64(arenaAlign) {
 		return nil, fmt.Errorf("arena size %d out of range", size)
+	}
+	if slots < 0 || slots > maxMailboxSlots {
+		return nil, fmt.Errorf("mailbox of %d slots out of range", slots)
+	}
+	whole := size
+	if slots > 0 {
+		whole = mailboxOffset(size) + mailboxBytes(slots)
 	}
 	fd, err := unix.MemfdCreate("sloserve-arena-"+name, unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("create arena: memfd_create: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "sloserve-arena-"+name)
-	if err := f.Truncate(size); err != nil {
+	if err := f.Truncate(whole); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("create arena: size it to %d bytes: %w", size, err)
+		return nil, fmt.Errorf("create arena: size it to %d bytes: %w", whole, err)
 	}
-	mem, err := syscall.Mmap(fd, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(fd, 0, int(whole), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("create arena: mmap: %w", err)
 	}
-	return &arena{file: f, mem: mem, alloc: newArenaAllocator(uint64(size))}, nil
+	a := &arena{file: f, mem: mem[:size:size], whole: mem, alloc: newArenaAllocator(uint64(size))}
+	if slots > 0 {
+		bm, err := newMailboxMem(mem[mailboxOffset(size):], slots)
+		if err != nil {
+			syscall.Munmap(mem)
+			f.Close()
+			return nil, err
+		}
+		a.box = newMailbox(bm, a.acquire, a.release)
+	}
+	return a, nil
 }
 
 // acquire marks a call as using the mapping; it fails once close has been
@@ -244,9 +264,9 @@ func (a *arena) close() {
 }
 
 func (a *arena) unmap() {
-	if a.mem != nil {
-		_ = syscall.Munmap(a.mem)
-		a.mem = nil
+	if a.whole != nil {
+		_ = syscall.Munmap(a.whole)
+		a.whole, a.mem = nil, nil
 	}
 }
 

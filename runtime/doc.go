@@ -3,9 +3,10 @@
 // hosts one ONNX Runtime session. The server side, Runner, starts that
 // process, supervises it (restarts with backoff, kills it when it hangs)
 // and carries requests to it: tensors through a shared-memory arena the
-// process inherits, descriptors (runnerpb messages) framed on a Unix socket
-// pair it inherits too; Describe and health checks are gRPC on a Unix
-// socket. A model that opts in runs instead as an InProcess instance, an
+// process inherits, descriptors (runnerpb messages) in a mailbox of
+// futex-woken slots after the arena (runner_mailbox.go) or, when they do
+// not fit, framed on a Unix socket pair it inherits too, which also tells a
+// dead runner; Describe and health checks are gRPC on a Unix socket. A model that opts in runs instead as an InProcess instance, an
 // ONNX Runtime session inside the server; only those load ONNX Runtime in
 // the server process, once for all of them.
 //

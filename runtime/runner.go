@@ -52,6 +52,12 @@ type RunnerConfig struct {
 	// they fit in what is free, inline on the socket otherwise. 0 means
 	// DefaultArenaSize; negative, no arena (everything inline).
 	ArenaSize int64
+	// MailboxSlots is how many calls at once can cross to each runner
+	// process through shared memory instead of the socket
+	// (runner_mailbox.go): the slots live after the arena, so there is
+	// none without one. 0 means DefaultMailboxSlots; negative, none (every
+	// call on the socket).
+	MailboxSlots int
 	// Calls is how many calls the server runs on the process at once
 	// (execution.concurrency); 0 means 1. The runner's Go scheduler gets
 	// as many processors (GOMAXPROCS), at most the machine's CPUs: a call
@@ -152,6 +158,12 @@ func (c RunnerConfig) withDefaults() (RunnerConfig, error) {
 	}
 	if c.ArenaSize == 0 {
 		c.ArenaSize = DefaultArenaSize
+	}
+	switch {
+	case c.MailboxSlots == 0:
+		c.MailboxSlots = DefaultMailboxSlots
+	case c.MailboxSlots > maxMailboxSlots:
+		return c, fmt.Errorf("runner %s: %d mailbox slots, at most %d", c.Name, c.MailboxSlots, maxMailboxSlots)
 	}
 	setDefault(&c.ReadyTimeout, defaultReadyTimeout)
 	setDefault(&c.HealthInterval, defaultHealthInterval)

@@ -23,9 +23,14 @@ type pathCase struct {
 }
 
 func runnerWithArena(size int64) func(t *testing.T, model string) Instance {
+	return runnerWith(size, 0)
+}
+
+func runnerWith(size int64, slots int) func(t *testing.T, model string) Instance {
 	return func(t *testing.T, model string) Instance {
 		cfg := testRunnerConfig(t, model)
 		cfg.ArenaSize = size
+		cfg.MailboxSlots = slots
 		return startTestRunner(t, cfg)
 	}
 }
@@ -49,11 +54,14 @@ func startTestInProcess(t *testing.T, model string) *InProcess {
 	return ip
 }
 
-// The request paths: the arena (default size), no arena (every tensor
-// inline on the stream, as before the arena), an arena too small for the
-// larger requests (they fall back to inline), and in the server process.
+// The request paths: the arena (default size) with the calls in its
+// mailbox, the arena with the calls on the socket (as before the mailbox),
+// no arena (every tensor inline on the stream, as before the arena), an
+// arena too small for the larger requests (they fall back to inline), and
+// in the server process.
 var pathCases = []pathCase{
 	{"arena", runnerWithArena(0)},
+	{"arena without mailbox", runnerWith(0, -1)},
 	{"inline", runnerWithArena(-1)},
 	{"small arena", runnerWithArena(4096)},
 	{"in-process", func(t *testing.T, model string) Instance { return startTestInProcess(t, model) }},
@@ -373,6 +381,49 @@ func TestRunnerTensorsInArena(t *testing.T) {
 			}
 			if _, err := readResponse(resp, p.arena.mem, region); err != nil {
 				t.Error(err)
+			}
+		})
+	}
+}
+
+// A real runner takes its calls through the mailbox: each rings the
+// doorbell once, and the answers are the model's. Without a mailbox the
+// same calls go on the socket.
+func TestRunnerCallsThroughTheMailbox(t *testing.T) {
+	model := testModel(t, "example_dynamic_axes.onnx")
+	for _, tt := range []struct {
+		name  string
+		slots int
+	}{{"mailbox", 0}, {"socket", -1}} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testRunnerConfig(t, model)
+			cfg.MailboxSlots = tt.slots
+			r := startTestRunner(t, cfg)
+			rng := rand.New(rand.NewPCG(3, 3))
+			const calls = 50
+			for i := range calls {
+				req, want := rowSumsRequest(rng, 1+i%7)
+				resp, err := r.Infer(t.Context(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkRowSums(t, resp, want)
+			}
+			box := r.serving.Load().arena.box
+			if tt.slots < 0 {
+				if box != nil {
+					t.Fatal("a mailbox with MailboxSlots < 0")
+				}
+				return
+			}
+			if box == nil || box.slots != DefaultMailboxSlots {
+				t.Fatalf("mailbox %v, want %d slots", box, DefaultMailboxSlots)
+			}
+			if got := *box.doorbell(); got != calls {
+				t.Errorf("doorbell rang %d times for %d calls", got, calls)
+			}
+			if n := box.freeSlots(); n != DefaultMailboxSlots {
+				t.Errorf("%d free slots after the calls, want %d", n, DefaultMailboxSlots)
 			}
 		})
 	}

@@ -57,6 +57,9 @@ type runnerFlags struct {
 	// down; arenaFD -1: none.
 	arenaFD   int
 	arenaSize int64
+	// mailboxSlots is the size of the mailbox after the arena
+	// (runner_mailbox.go); 0: none.
+	mailboxSlots int
 	// callsFD is the inherited end of the calls' socket pair
 	// (runner_stream.go); -1: none, the runner then only describes itself.
 	callsFD int
@@ -96,6 +99,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.StringVar(&f.unit, "process-unit", "", "process unit directory whose scheduling class, affinity and data limit the runner applies to itself before loading the model")
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
+	fs.IntVar(&f.mailboxSlots, "mailbox-slots", 0, "slots of the call mailbox after the arena (0: none)")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
 	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
@@ -116,6 +120,12 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	}
 	if f.arenaFD >= 0 && f.arenaSize <= 0 {
 		errs = append(errs, errors.New("--arena-fd needs a positive --arena-size"))
+	}
+	if f.mailboxSlots < 0 || f.mailboxSlots > maxMailboxSlots {
+		errs = append(errs, fmt.Errorf("--mailbox-slots %d out of range [0, %d]", f.mailboxSlots, maxMailboxSlots))
+	}
+	if f.mailboxSlots > 0 && f.arenaFD < 0 {
+		errs = append(errs, errors.New("--mailbox-slots needs --arena-fd"))
 	}
 	errs = append(errs, f.provider.Validate())
 	return f, errors.Join(errs...)
@@ -167,12 +177,27 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		}
 	}()
 
-	var mem []byte
+	var (
+		mem []byte
+		box *mailboxMem
+	)
 	if f.arenaFD >= 0 {
-		if mem, err = mapArena(f.arenaFD, f.arenaSize); err != nil {
+		whole := f.arenaSize
+		if f.mailboxSlots > 0 {
+			whole = mailboxOffset(f.arenaSize) + mailboxBytes(f.mailboxSlots)
+		}
+		if mem, err = mapArena(f.arenaFD, whole); err != nil {
 			return err
 		}
 		defer syscall.Munmap(mem)
+		if f.mailboxSlots > 0 {
+			bm, err := newMailboxMem(mem[mailboxOffset(f.arenaSize):], f.mailboxSlots)
+			if err != nil {
+				return err
+			}
+			box = &bm
+		}
+		mem = mem[:f.arenaSize:f.arenaSize]
 	}
 
 	loadStart := time.Now()
@@ -238,7 +263,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if calls != nil {
 		go func() {
 			defer close(callsDone)
-			svc.serveCalls(calls)
+			svc.serveCalls(calls, box, max(1, f.calls))
 		}()
 	} else {
 		close(callsDone)
@@ -303,11 +328,21 @@ func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*r
 }
 
 // serveCalls answers the calls that come on conn, each in a goroutine of
-// its own that writes its answer itself, until the server closes conn or
-// the runner stops; stopping, it takes no more calls, answers those it
-// took and says goodbye (an empty frame).
-func (s *runnerService) serveCalls(conn net.Conn) {
+// its own that writes its answer itself, and those posted in box (nil:
+// none) by workers workers, until the server closes conn or the runner
+// stops; stopping, it takes no more calls, answers those it took and says
+// goodbye (an empty frame).
+func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int) {
 	w := &frameWriter{conn: conn}
+	var mw *mailboxWorkers
+	if box != nil {
+		mw = &mailboxWorkers{
+			mailboxMem: *box,
+			answer:     s.infer,
+			onSocket:   func(resp *runnerpb.InferResponse) error { return w.write(resp) },
+		}
+		mw.start(workers)
+	}
 	var wg sync.WaitGroup
 	received := make(chan struct{})
 	go func() {
@@ -341,6 +376,10 @@ func (s *runnerService) serveCalls(conn net.Conn) {
 		<-received
 	}
 	wg.Wait()
+	if mw != nil {
+		// The goodbye comes after every answer, the mailbox's too.
+		mw.stop()
+	}
 	select {
 	case <-s.stopping:
 		if err := w.writeGoodbye(); err != nil {

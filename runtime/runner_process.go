@@ -99,10 +99,16 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	var extra []*os.File
 	if cfg.ArenaSize > 0 {
 		var err error
-		if ar, err = newArena(filepath.Base(socket), cfg.ArenaSize); err != nil {
+		// The mailbox lives after the arena in the same memfd
+		// (runner_mailbox.go).
+		slots := max(0, cfg.MailboxSlots)
+		if ar, err = newArena(filepath.Base(socket), cfg.ArenaSize, slots); err != nil {
 			return nil, err
 		}
 		args = append(args, "--arena-fd", strconv.Itoa(arenaFD), "--arena-size", strconv.FormatInt(cfg.ArenaSize, 10))
+		if slots > 0 {
+			args = append(args, "--mailbox-slots", strconv.Itoa(slots))
+		}
 		extra = append(extra, ar.file)
 	}
 	// So do the calls: one end of a socket pair, made fresh for each
@@ -268,7 +274,11 @@ func (p *process) exitStatus() string {
 // that ends, or a runner that breaks its protocol, takes the process out
 // of service: it is killed, and the supervisor replaces it.
 func (p *process) openStream() error {
-	p.stream = openStream(p.calls,
+	var box *mailbox
+	if p.arena != nil {
+		box = p.arena.box
+	}
+	p.stream = openStream(p.calls, box,
 		func(c *pendingCall) {
 			if c.hasSlot {
 				p.arena.free(c.slot)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -195,11 +196,20 @@ type callStream struct {
 	// (it is stopping).
 	onBroken func(error)
 
+	// box is the runner's mailbox (runner_mailbox.go); nil: every call
+	// goes on the socket.
+	box *mailbox
+	// dead is set when the stream ends, before the mailbox's waits end.
+	dead atomic.Bool
+
 	mu      sync.Mutex
 	next    uint64
 	pending map[uint64]*pendingCall
 	err     error // why the stream ended; nil while it is open
-	done    chan struct{}
+	// protocolErr is why a caller found the runner breaking the protocol
+	// and closed the connection.
+	protocolErr error
+	done        chan struct{}
 }
 
 // pendingCall is a call sent and not yet answered.
@@ -214,10 +224,12 @@ type pendingCall struct {
 }
 
 // openStream starts receiving answers on conn, the server's end of a ready
-// runner's call pair. close ends it.
-func openStream(conn net.Conn, onAbandoned func(*pendingCall), onBroken func(error)) *callStream {
+// runner's call pair, and sends calls through box when there is one and
+// they fit. close ends it.
+func openStream(conn net.Conn, box *mailbox, onAbandoned func(*pendingCall), onBroken func(error)) *callStream {
 	c := &callStream{
 		conn:        conn,
+		box:         box,
 		w:           frameWriter{conn: conn},
 		onAbandoned: onAbandoned,
 		onBroken:    onBroken,
@@ -237,6 +249,11 @@ func (c *callStream) receive() {
 			if err == io.EOF {
 				err = errors.New("the runner's connection closed without its goodbye")
 			}
+			c.mu.Lock()
+			if c.protocolErr != nil {
+				err = c.protocolErr
+			}
+			c.mu.Unlock()
 			c.broken(err)
 			c.conn.Close()
 			return
@@ -269,6 +286,10 @@ func (c *callStream) broken(err error) {
 	}
 	if errors.Is(err, io.EOF) {
 		err = errors.New("the runner closed its stream")
+	}
+	c.dead.Store(true)
+	if c.box != nil {
+		c.box.drop()
 	}
 	c.mu.Lock()
 	if c.err == nil {
@@ -307,6 +328,16 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 	c.pending[req.Id] = call
 	c.mu.Unlock()
 
+	if c.box != nil && c.box.acquire() {
+		defer c.box.release()
+		if i, ok := c.box.get(); ok {
+			if size := proto.Size(req); size <= mailboxArea {
+				return c.callMailbox(ctx, req, call, i, size)
+			}
+			c.box.put(i)
+		}
+	}
+
 	deadline, _ := ctx.Deadline()
 	err := c.w.writeBy(req, deadline)
 	if errors.Is(err, errWriteExpired) {
@@ -328,7 +359,12 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 		}
 		return nil, c.brokenError()
 	}
+	return c.awaitReply(ctx, req, call)
+}
 
+// awaitReply waits for the answer to a call sent on the socket, or for ctx
+// to end.
+func (c *callStream) awaitReply(ctx context.Context, req *runnerpb.InferRequest, call *pendingCall) (*runnerpb.InferResponse, error) {
 	select {
 	case resp := <-call.reply:
 		if resp == nil {
@@ -351,6 +387,94 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 		return nil, c.brokenError()
 	}
 	return resp, nil
+}
+
+// callMailbox sends req, of size bytes, through slot i of the mailbox and
+// waits for its answer there (or on the socket, when it did not fit), for
+// the stream to break or for ctx to end.
+func (c *callStream) callMailbox(ctx context.Context, req *runnerpb.InferRequest, call *pendingCall, i, size int) (*runnerpb.InferResponse, error) {
+	if err := c.box.post(i, req, size); err != nil {
+		c.box.put(i)
+		c.mu.Lock()
+		delete(c.pending, req.Id)
+		c.mu.Unlock()
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { c.box.wake(i) })
+	s := c.box.await(i, &c.dead, func() bool { return ctx.Err() != nil })
+	stop()
+	if s != slotAnswered && s != slotOnSocket && !c.dead.Load() && s != slotDropped {
+		// The context ended: the answer is left to reap, unless it came
+		// just then.
+		c.mu.Lock()
+		s = atomic.LoadUint32(c.box.state(i))
+		_, pending := c.pending[req.Id]
+		if s != slotAnswered && pending {
+			call.abandoned = true
+		}
+		c.mu.Unlock()
+		if call.abandoned {
+			if c.box.acquire() {
+				go c.reap(i, req.Id, call)
+			}
+			return nil, ctx.Err()
+		}
+	}
+	switch {
+	case s == slotAnswered:
+		resp, err := c.box.answer(i, req.Id)
+		c.mu.Lock()
+		delete(c.pending, req.Id)
+		c.mu.Unlock()
+		if err == nil {
+			c.box.put(i)
+		}
+		if err != nil {
+			// A runner that breaks the protocol is not trusted with more
+			// calls: the stream ends, as for an unknown id on the socket.
+			c.mu.Lock()
+			if c.protocolErr == nil {
+				c.protocolErr = err
+			}
+			c.mu.Unlock()
+			c.conn.Close()
+			<-c.done
+			return nil, c.brokenError()
+		}
+		return resp, nil
+	case s == slotOnSocket:
+		// The runner no longer touches the slot; the answer comes on the
+		// socket.
+		c.box.put(i)
+		return c.awaitReply(ctx, req, call)
+	}
+	// The stream broke: the receiver fails the call (or hands it an
+	// answer that came on the socket first). The slot is not reused.
+	if resp := <-call.reply; resp != nil {
+		return resp, nil
+	}
+	return nil, c.brokenError()
+}
+
+// reap waits for the answer to an abandoned call in slot i, then frees
+// what the call held. The caller acquired the mailbox for it.
+func (c *callStream) reap(i int, id uint64, call *pendingCall) {
+	defer c.box.release()
+	switch c.box.await(i, &c.dead, func() bool { return false }) {
+	case slotAnswered:
+		c.mu.Lock()
+		_, pending := c.pending[id]
+		delete(c.pending, id)
+		c.mu.Unlock()
+		c.box.put(i)
+		if pending && c.onAbandoned != nil {
+			c.onAbandoned(call)
+		}
+	case slotOnSocket:
+		// The receiver disposes of the answer.
+		c.box.put(i)
+	}
+	// A broken stream: nothing is reused.
 }
 
 // close ends the stream; calls in flight fail with codes.Unavailable.

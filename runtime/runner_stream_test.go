@@ -34,7 +34,7 @@ func streamPair(t *testing.T) (*callStream, net.Conn, chan error) {
 		t.Fatal(err)
 	}
 	brokenWith := make(chan error, 1)
-	c := openStream(mine, nil, func(err error) { brokenWith <- err })
+	c := openStream(mine, nil, nil, func(err error) { brokenWith <- err })
 	t.Cleanup(func() {
 		runner.Close()
 		c.close()

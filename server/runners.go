@@ -89,6 +89,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		BackoffMax:     f.rt.RestartBackoffMax,
 		MaxRestarts:    f.rt.MaxRestarts,
 		ArenaSize:      arenaSize(f.rt.ArenaSize),
+		MailboxSlots:   mailboxSlots(f.rt.CallMailbox),
 		Calls:          max(1, ex.Concurrency),
 		Logger:         f.logger.With("runner", name),
 		OnRestart:      spec.OnRestart,
@@ -192,6 +193,15 @@ func arenaSize(n configs.ByteSize) int64 {
 		return -1
 	}
 	return int64(n)
+}
+
+// mailboxSlots turns runtime.call_mailbox into RunnerConfig.MailboxSlots,
+// where 0 means the default and a negative count none.
+func mailboxSlots(on bool) int {
+	if on {
+		return 0
+	}
+	return -1
 }
 
 // startSimulated starts an instance of a cuda model on its simulated GPU
