@@ -28,8 +28,9 @@ const (
 	LoadBandwidth = 12e9
 	// Interference is how much a kernel slows per unit of memory
 	// bandwidth its co-runners use: rate /= 1 + Interference*Σ bw of the
-	// others, each bw following the SMs its kernel runs on (bandwidth). Gpulet (ATC 2022, section 4.3) fits interference as a
-	// linear function of co-runners' memory bandwidth and L2 use; the
+	// others, each bw following the SMs its kernel runs on (bandwidth).
+	// Gpulet (ATC 2022, section 4.3) fits interference as a linear
+	// function of co-runners' memory bandwidth and L2 use; the
 	// coefficient 0.5 is an assumption that gives the 10-40% slowdowns
 	// such papers report for two co-located inference models.
 	Interference = 0.5
