@@ -76,6 +76,19 @@ func (s *Set) Limiter(name string) limiter.Limiter {
 	return nil
 }
 
+// BestEffortMode is the class a best-effort model's instances start in on
+// a device (models.Options.BestEffortMode): the background class where
+// the device's policy runs best-effort work behind the rest on a limiter
+// that has one and cannot change a running instance's class (CapsOnly:
+// MPS, where a change is a new client), else the default (ModeCap). A
+// CPU limiter moves a running instance between classes in place.
+func (s *Set) BestEffortMode(name string) limiter.Mode {
+	if d, ok := s.byName[name]; ok && d.lim.Capabilities().CapsOnly && backgroundsBestEffort(d.opts.Control.Policy, d.lim) {
+		return limiter.ModeBackground
+	}
+	return limiter.ModeCap
+}
+
 // Lookup is a device by name, nil when there is none.
 func (s *Set) Lookup(name string) *Device { return s.byName[name] }
 

@@ -95,3 +95,37 @@ func TestSetKeepsAFailedDevicesError(t *testing.T) {
 		t.Errorf("scheduler of the failed device: %v, want its limiter's error", err)
 	}
 }
+
+// A best-effort model starts in the background class on a device whose
+// policy puts it there and whose limiter cannot change a running
+// instance's class (MPS, simulated here), else in the default.
+func TestSetBestEffortMode(t *testing.T) {
+	sim, err := simgpu.New(simgpu.Spec{Devices: 1, SMs: 108, Memory: 40 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		policy string
+		want   limiter.Mode
+	}{
+		{"adaptive", limiter.ModeBackground},
+		{"static", limiter.ModeCap},
+		{"shared", limiter.ModeCap},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			opts := setOptions(t, limiter.BackendMPS, sim)
+			opts.Control.Policy = tc.policy
+			set := NewSet([]string{"cuda:0"}, opts)
+			t.Cleanup(func() { _ = set.Close() })
+			if set.Lookup("cuda:0") == nil {
+				t.Fatal("cuda:0 did not start")
+			}
+			if got := set.BestEffortMode("cuda:0"); got != tc.want {
+				t.Errorf("cuda:0: %v, want %v", got, tc.want)
+			}
+			if got := set.BestEffortMode("cuda:1"); got != limiter.ModeCap {
+				t.Errorf("a device the set does not have: %v, want the default", got)
+			}
+		})
+	}
+}

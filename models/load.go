@@ -239,7 +239,7 @@ func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 // startVersion starts every instance of one version and checks the model
 // file's inputs and outputs against the config.
 func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
-	return r.startVersionAt(ctx, cfg, dir, n, initialShare(cfg))
+	return r.startVersionAt(ctx, cfg, dir, n, r.initialShare(cfg))
 }
 
 // startVersionAt is startVersion at a given share (a move keeps the

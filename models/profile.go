@@ -161,7 +161,11 @@ func (r *Registry) profile(ctx context.Context, v *version) {
 			// running one (MPS): each point is measured at its share.
 			ctx, done := v.swapContext(ctx)
 			defer done()
-			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory}, swapRequired); err != nil {
+			// In the class the version started in: a change of
+			// class is a new client on MPS, warmed at every batch
+			// size, and the sweep reads each batch size's working set
+			// from an instance that has run no larger batch.
+			if err := r.setShareLocked(ctx, v, limiter.Share{Compute: share, Memory: initial.Memory, Mode: initial.Mode}, swapRequired); err != nil {
 				return 0, err
 			}
 			req := samples[shape](batch)

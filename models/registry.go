@@ -103,6 +103,16 @@ type Options struct {
 	// Limiter returns the share enforcer of an execution device; nil (or a
 	// nil Limiter) enforces nothing.
 	Limiter func(device string) limiter.Limiter
+	// BestEffortMode, when set, is the class (limiter.Mode) a best-effort
+	// version's instances start in on a device: the one its device's
+	// control loop will give it (limiter.ModeBackground where the policy
+	// runs best-effort work behind the rest on a limiter with a
+	// background class), so that the loop's first share is no change of
+	// class. On MPS a change of class is a new client, whose warm-up
+	// below normal priority waited behind its own predecessor's batches
+	// at normal priority for up to a minute on the simulated GPU day,
+	// with both clients' memory pinned. Nil: the limiter's default.
+	BestEffortMode func(device string) limiter.Mode
 	// Profile, when set, runs the predictor's sweep for each freshly
 	// loaded version before it takes traffic (see ProfileRun).
 	Profile func(ctx context.Context, run ProfileRun) error

@@ -31,11 +31,15 @@ func deviceOf(cfg *configs.Model) string {
 
 // initialShare is the share a version starts at: its pinned compute share,
 // else its configured maximum (the adjuster moves it within a period), and
-// its memory limit.
-func initialShare(cfg *configs.Model) limiter.Share {
+// its memory limit; a best-effort version's in the class
+// Options.BestEffortMode names for its device.
+func (r *Registry) initialShare(cfg *configs.Model) limiter.Share {
 	s := limiter.Share{Compute: cfg.Resources.MaxComputeShare, Memory: int64(cfg.Resources.MemoryLimit)}
 	if cfg.Resources.ComputeShare > 0 {
 		s.Compute = cfg.Resources.ComputeShare
+	}
+	if cfg.SLO.Class == configs.ClassBestEffort && r.opts.BestEffortMode != nil {
+		s.Mode = r.opts.BestEffortMode(deviceOf(cfg))
 	}
 	return s
 }

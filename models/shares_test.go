@@ -409,3 +409,56 @@ func TestShareNotRecordedWhenItCouldNotBeApplied(t *testing.T) {
 		t.Errorf("share recorded as %+v though no instance runs at it", got)
 	}
 }
+
+// A best-effort version starts in the class Options.BestEffortMode names
+// for its device, so that the control loop's first share is no change of
+// class (a new client on MPS); a latency-critical one in the default.
+func TestSharesBestEffortStartsInItsClass(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "be", fmt.Sprintf(sumConfig, "be", 1, 1)+"slo: {latency_ms: 1000, class: best-effort}\nresources: {memory_limit: 64MiB}\n", 1)
+	writeModel(t, repo, "lc", fmt.Sprintf(sumConfig, "lc", 1, 1)+"slo: {latency_ms: 100, class: latency-critical}\nresources: {memory_limit: 64MiB}\n", 1)
+	lim := newFakeLimiter(4)
+	f := &fakeFactory{fail: map[string]error{}}
+	var asked []string
+	var mu sync.Mutex
+	r, err := New(Options{
+		Repositories: []string{repo}, Control: ControlExplicit, StartupModels: []string{"*"},
+		MaxTensorElements: 1 << 20, DrainTimeout: 5 * time.Second, NewInstance: f.start,
+		Registerer: prometheus.NewRegistry(), Limiter: func(string) limiter.Limiter { return lim },
+		BestEffortMode: func(device string) limiter.Mode {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, device)
+			return limiter.ModeBackground
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	for model, want := range map[string]limiter.Mode{"be": limiter.ModeBackground, "lc": limiter.ModeCap} {
+		fi := f.of(model, 1)
+		if len(fi) != 1 {
+			t.Fatalf("%s: %d instances (%+v)", model, len(fi), r.Index(false))
+		}
+		if s, _ := r.Share(model + "/1"); s.Mode != want {
+			t.Errorf("%s starts at %+v, want mode %v", model, s, want)
+		}
+	}
+	var modes []limiter.Mode
+	for _, s := range lim.shares() {
+		modes = append(modes, s.Mode)
+	}
+	slices.Sort(modes)
+	if want := []limiter.Mode{limiter.ModeCap, limiter.ModeBackground}; !slices.Equal(modes, want) {
+		t.Errorf("units placed in %v, want %v", modes, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(asked, []string{"cpu"}) {
+		t.Errorf("BestEffortMode asked for %v, want the best-effort model's device once", asked)
+	}
+}

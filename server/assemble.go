@@ -252,6 +252,7 @@ func (h *house) buildModels() error {
 		Scheduler:         h.devs.Scheduler,
 		Estimator:         h.pred,
 		Limiter:           h.devs.Limiter,
+		BestEffortMode:    h.devs.BestEffortMode,
 		Forget:            h.pred.Forget,
 		HasGPU:            h.gpus > 0,
 	}

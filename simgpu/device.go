@@ -28,8 +28,9 @@ const (
 	LoadBandwidth = 12e9
 	// Interference is how much a kernel slows per unit of memory
 	// bandwidth its co-runners use: rate /= 1 + Interference*Σ bw of the
-	// others. Gpulet (ATC 2022, section 4.3) fits interference as a
-	// linear function of co-runners' memory bandwidth and L2 use; the
+	// others, each bw following the SMs its kernel runs on (bandwidth).
+	// Gpulet (ATC 2022, section 4.3) fits interference as a linear
+	// function of co-runners' memory bandwidth and L2 use; the
 	// coefficient 0.5 is an assumption that gives the 10-40% slowdowns
 	// such papers report for two co-located inference models.
 	Interference = 0.5
@@ -323,7 +324,7 @@ func (d *Device) advanceLocked(now time.Time) {
 		}
 		j.work -= j.rate * dt.Seconds()
 		d.smSeconds[j.c.pid] += j.sm * dt.Seconds()
-		bw += j.c.spec.Model.Bandwidth
+		bw += d.bandwidth(j)
 		sm += j.sm
 	}
 	if sm > 0 {
@@ -344,6 +345,22 @@ func (d *Device) demand(j *job) float64 {
 		s = math.Ceil(float64(j.c.percentage())*float64(d.sms)/100) / float64(d.sms)
 	}
 	return min(s, j.c.spec.Model.sat(j.b))
+}
+
+// bandwidth is the part of the device's memory bandwidth a running job's
+// kernels use: the model's Bandwidth (at its saturation, alone) times the
+// part of its saturation its SMs are under MPS. A kernel's memory traffic
+// per second is its work per second times the bytes per unit of work, and
+// its work per second follows the SMs its blocks run on (the curve's
+// s/sat), so a kernel on a fifth of the SMs it could use moves a fifth of
+// the bytes per second. Time-sliced (no daemon) a kernel holds the SMs it
+// uses while its slice runs, so it uses its Bandwidth then.
+func (d *Device) bandwidth(j *job) float64 {
+	bw := j.c.spec.Model.Bandwidth
+	if !d.daemon || j.sm <= 0 {
+		return bw
+	}
+	return bw * min(1, j.sm/j.c.spec.Model.sat(j.b))
 }
 
 // rescheduleLocked sets each job's SMs and rate and arms the device's one
@@ -375,7 +392,7 @@ func (d *Device) rescheduleLocked() {
 	bw := 0.0
 	for _, j := range d.jobs {
 		if j.host <= 0 && j.sm > 0 {
-			bw += j.c.spec.Model.Bandwidth
+			bw += d.bandwidth(j)
 		}
 	}
 	for _, j := range d.jobs {
@@ -393,7 +410,7 @@ func (d *Device) rescheduleLocked() {
 		} else {
 			rate = 1 / float64(d.contextsLocked())
 		}
-		rate /= 1 + Interference*(bw-j.c.spec.Model.Bandwidth)
+		rate /= 1 + Interference*(bw-d.bandwidth(j))
 		j.rate = rate
 		next = min(next, j.work/rate)
 	}

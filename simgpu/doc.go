@@ -11,7 +11,8 @@
 // warm-up. An execution takes the time of a calibrated curve of batch size
 // and SM share with a per-model saturation point, slowed when the clients
 // running at the same moment oversubscribe the device's SMs and by a
-// memory-bandwidth interference term. Device memory runs out: context,
+// memory-bandwidth interference term (a kernel's bandwidth follows the SMs
+// it runs on, as its work per second does). Device memory runs out: context,
 // weights and each client's arena count, shadows included. Faults behave as
 // MPS's do: a fatal error in one client takes down every client on its
 // device until the control daemon restarts; a client can hang while holding

@@ -35,8 +35,10 @@ type Model struct {
 	Saturation       float64
 	SaturationGrowth float64
 	// Bandwidth is the fraction of the device's memory bandwidth the
-	// model's kernels use while they run (0..1): co-running kernels slow
-	// each other by the interference term (see Interference).
+	// model's kernels use while they run at their saturation (0..1); on
+	// fewer SMs under MPS they use that part of it (Device.bandwidth).
+	// Co-running kernels slow each other by the interference term (see
+	// Interference).
 	Bandwidth float64
 	// Weights is the device memory of the loaded model; ActivationPerItem
 	// the arena an execution needs per batch item (the arena keeps its

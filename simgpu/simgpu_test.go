@@ -162,6 +162,36 @@ func TestInterference(t *testing.T) {
 	})
 }
 
+// A kernel's memory traffic follows the SMs it runs on: a co-runner on a
+// fifth of the SMs its batch could use slows its neighbour a fifth as much
+// as one at its saturation.
+func TestInterferenceFollowsSMs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newSim(t, Spec{Devices: 1, SMs: 100, Memory: 16 << 30}).Devices()[0]
+		m := flat
+		m.Saturation = 0.5
+		m.Bandwidth = 0.4
+		a := start(t, d, ClientSpec{Name: "a", Percentage: 50, Model: m})
+		wide := start(t, d, ClientSpec{Name: "wide", Percentage: 50, Model: m})
+		narrow := start(t, d, ClientSpec{Name: "narrow", Percentage: 10, Model: m})
+		execute(t, a, 1)
+		execute(t, wide, 1)
+		execute(t, narrow, 1)
+		alone := execute(t, a, 1)
+		// Beside a co-runner at its saturation (50% of 0.5): 1 + 0.5*0.4.
+		if took := concurrent(t, 1, a, wide)[0]; !near(took, time.Duration(float64(alone)*(1+Interference*0.4))) {
+			t.Errorf("beside a co-runner at saturation: %v, want %v", took, time.Duration(float64(alone)*(1+Interference*0.4)))
+		}
+		// Beside one at 10% of the SMs (a fifth of its 0.5, so it runs
+		// five times longer and overlaps all of a's execution):
+		// 1 + 0.5*0.4/5.
+		want := time.Duration(float64(alone) * (1 + Interference*0.4*0.2))
+		if took := concurrent(t, 1, a, narrow)[0]; !near(took, want) {
+			t.Errorf("beside a co-runner on a fifth of its SMs: %v, want %v", took, want)
+		}
+	})
+}
+
 func TestContextAndWarmupCosts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newSim(t, Spec{Devices: 1, SMs: 80, Memory: 16 << 30}).Devices()[0]
