@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -15,14 +16,18 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 )
 
 // runnerChildEnv makes the test binary act as a runner process.
 const runnerChildEnv = "SLOSERVE_RUNNER_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(runnerChildEnv) == "1" {
+	switch os.Getenv(runnerChildEnv) {
+	case "1":
 		os.Exit(runChild())
+	case describeFailsChild:
+		os.Exit(runDescribeFailsChild())
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -40,6 +45,34 @@ func runChild() int {
 		fmt.Fprintf(os.Stderr, "sloserve runner: %v\n", err)
 		return 1
 	}
+	return 0
+}
+
+// describeFailsChild makes the test binary a runner that serves gRPC on
+// its socket but not the runner service: Describe fails at once
+// (Unimplemented), with the process alive.
+const describeFailsChild = "describe-fails"
+
+func runDescribeFailsChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var socket string
+	for i, a := range os.Args {
+		if a == "--socket" && i+1 < len(os.Args) {
+			socket = os.Args[i+1]
+		}
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	srv := grpc.NewServer()
+	go func() {
+		<-ctx.Done()
+		srv.Stop()
+	}()
+	_ = srv.Serve(lis)
 	return 0
 }
 

@@ -319,6 +319,10 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	}
 
 	exitedFirst := p.hasExited()
+	// Whether the ready clock ran out is read before the kill: the kill
+	// ends readyCtx too (it ends with the process), and a call that failed
+	// for any other reason would then read as a timeout.
+	timedOut := errors.Is(context.Cause(readyCtx), context.DeadlineExceeded) && ctx.Err() == nil
 	p.kill()
 	<-p.exited
 	p.close()
@@ -340,7 +344,7 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 		err = fmt.Errorf("runner %s exited before it was ready (%s)%s", r.cfg.Name, p.exitStatus(), tail)
 	case ctx.Err() != nil:
 		err = fmt.Errorf("runner %s: start abandoned: %w", r.cfg.Name, context.Cause(ctx))
-	case readyCtx.Err() != nil:
+	case timedOut:
 		starved := ""
 		if d := stood(); d > 0 {
 			starved = fmt.Sprintf(" of time it had the CPU (and %s starved of CPU besides)", d.Round(time.Millisecond))
