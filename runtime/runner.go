@@ -310,6 +310,15 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	stop := context.AfterFunc(p.exitCtx, cancel)
 	defer stop()
 	desc, err := p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	// A call whose connection was lost under it (Unavailable) while the
+	// process lives and the clock runs is asked again on a new one: on a
+	// starved host (40 runners starting beside two CPU burners) the
+	// client's new connection was closed with Describe already sent on it
+	// ("use of closed network connection"), and the start failed.
+	for err != nil && status.Code(err) == codes.Unavailable && readyCtx.Err() == nil && !p.hasExited() {
+		r.log.Debug("runner's connection lost during Describe; asking again", "pid", p.pid, "err", err)
+		desc, err = p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	}
 	if err == nil {
 		err = p.openStream()
 	}
