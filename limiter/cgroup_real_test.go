@@ -1,10 +1,12 @@
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -167,6 +169,137 @@ func inProcs(t *testing.T, file string, pid int) bool {
 		t.Fatal(err)
 	}
 	return slices.Contains(pids, pid)
+}
+
+// pfExiting is the kernel's task flag for a thread that has begun to exit
+// (PF_EXITING in the flags field of /proc/<pid>/task/<tid>/stat).
+const pfExiting = 0x4
+
+// threadsElsewhere lists the threads of process pid that are not in dir
+// in the hierarchy of controller (v1; "" for v2's unified one), leaving
+// out threads that are exiting: writing a pid to cgroup.procs moves all
+// of the process's threads at once (the kernel holds off new threads
+// meanwhile), except those that have begun to exit, which stay where they
+// were until they are gone. Under cgroup v1 the process is listed in the
+// cgroup.procs of every cgroup that holds one of its threads, so such a
+// thread keeps it listed in its old cgroup for a moment: in the idle
+// class beside busy processes, for as long as the thread waits for a CPU
+// to finish exiting.
+func threadsElsewhere(t *testing.T, pid int, controller, dir string) []string {
+	t.Helper()
+	tids, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tids) == 0 {
+		t.Fatalf("threads of %d: %v (%d found)", pid, err, len(tids))
+	}
+	var away []string
+	for _, task := range tids {
+		b, err := os.ReadFile(filepath.Join(task, "cgroup"))
+		if err != nil {
+			continue // the thread is gone
+		}
+		sc := parseSelfCgroup(b)
+		p := sc.unified
+		if controller != "" {
+			p = sc.v1[controller]
+		}
+		if strings.HasSuffix(dir, p) && p != "" {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join(task, "stat"))
+		if err != nil {
+			continue // gone since
+		}
+		i := bytes.LastIndexByte(st, ')')
+		f := strings.Fields(string(st[i+1:]))
+		if len(f) < 7 {
+			t.Fatalf("%s/stat: %q", task, st)
+		}
+		flags, err := strconv.ParseUint(f[6], 10, 64)
+		if err != nil {
+			t.Fatalf("%s/stat flags: %v", task, err)
+		}
+		if flags&pfExiting != 0 {
+			continue
+		}
+		away = append(away, fmt.Sprintf("thread %s (state %s) in %s", filepath.Base(task), f[0], p))
+	}
+	return away
+}
+
+// cpuHomes are a unit's two directories in the cpu hierarchy, from a
+// placement of it outside the background class: the units' parent and
+// the background parent.
+func cpuHomes(pl Placement) (normal, background string) {
+	parent := parentName(os.Getpid())
+	normal = filepath.Dir(pl.JoinCgroups[0]) // the cpu hierarchy comes first
+	return normal, strings.Replace(normal, "/"+parent+"/", "/"+parent+"-background/", 1)
+}
+
+// A unit moved between its homes (a resize into the background class and
+// out of it) takes every thread of its process along, also while the
+// process starts and ends threads: under cgroup v1 a process is listed
+// wherever any of its threads is, and a thread left behind would keep
+// its old class. Only threads already exiting stay (threadsElsewhere).
+func TestCgroupRehomeMovesEveryThread(t *testing.T) {
+	l := realLimiter(t)
+	cl, ok := l.(*cgroupLimiter)
+	if !ok || cl.v2 {
+		t.Skipf("the background parent of a cgroup v1 cpu hierarchy is what this checks; limiter: %s", l.Describe())
+	}
+	id := fmt.Sprintf("rehome/%d", time.Now().UnixNano())
+	pl, err := l.Place(id, Share{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Release(id); err != nil {
+			t.Error(err)
+		}
+	})
+	normal, background := cpuHomes(pl)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=churn", childCgroupsEnv+"="+strings.Join(pl.JoinCgroups, ","), "GORACE=atexit_sleep_ms=0")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Out of the idle class first: a killed process needs a CPU to
+		// exit by.
+		_ = l.Resize(id, Share{})
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line := make([]byte, len("churning\n"))
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "churning\n" {
+		t.Fatalf("churn child: %q, %v", line, err)
+	}
+	pid := cmd.Process.Pid
+	lingered := 0
+	const moves = 40
+	for i := range moves {
+		s, home, other := Share{Compute: 0.5}, normal, background
+		if i%2 == 0 {
+			s, home, other = Share{Mode: ModeBackground}, background, normal
+		}
+		if err := l.Resize(id, s); err != nil {
+			t.Fatal(err)
+		}
+		if away := threadsElsewhere(t, pid, "cpu", home); len(away) > 0 {
+			t.Fatalf("move %d to %s: threads left behind: %v", i, home, away)
+		}
+		if !inProcs(t, filepath.Join(home, "cgroup.procs"), pid) {
+			t.Fatalf("move %d: process %d is not listed in %s", i, pid, home)
+		}
+		if inProcs(t, filepath.Join(other, "cgroup.procs"), pid) {
+			lingered++ // an exiting thread, not yet gone
+		}
+	}
+	t.Logf("%d moves; after %d the process was still listed in its old home for a thread that was exiting", moves, lingered)
 }
 
 // A runner given a quarter of a core runs about four times slower than
@@ -542,21 +675,60 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plB, err := l.Place(bg, Share{Mode: ModeBackground})
+	// The background runner starts at the default weight and is moved
+	// into the idle class once it is ready: beside busy processes (two CPU
+	// burners) an idle-class runner gets no CPU to load its model by, and
+	// its start would wait for the machine to go quiet.
+	plB, err := l.Place(bg, Share{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
+	// Before the runners stop (clean-ups run last first), the background
+	// unit leaves the idle class, as the server lifts a runner it stops:
+	// an idle-class runner would get no CPU to exit by either, and would
+	// be killed at the stop timeout.
+	lifter, ok := l.(ComputeLifter)
+	if !ok {
+		t.Fatalf("%T cannot lift a unit's compute cap", l)
+	}
+	t.Cleanup(func() {
+		if err := lifter.LiftCompute(bg); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, r := range runners {
+		timeCall(t, r, req) // warm up
+	}
+	// The runner moves home with its mode: into the background parent at
+	// a resize to background, out of it at a resize to a cap. Every thread
+	// moves, but one that was exiting at the move stays where it was until
+	// it is gone, and keeps the process listed there meanwhile (cgroup v1;
+	// threadsElsewhere): so the threads are checked, not the old home's
+	// cgroup.procs.
+	normal, background := cpuHomes(plB)
+	inHome := func(r *runtime.Runner, bgHome bool) {
+		t.Helper()
+		home := normal
+		if bgHome {
+			home = background
+		}
+		if away := threadsElsewhere(t, r.Pid(), "cpu", home); len(away) > 0 {
+			t.Errorf("runner %d: want every thread in %s; elsewhere: %v", r.Pid(), home, away)
+		}
+		if !inProcs(t, filepath.Join(home, "cgroup.procs"), r.Pid()) {
+			t.Errorf("runner %d: not listed in %s", r.Pid(), home)
+		}
+	}
+	inHome(runners[1], false)
 	// A background unit resized stays background (the kernel refuses a
 	// weight for an idle group: the limiter must not write one).
-	for _, c := range []float64{0.5, 0, 0.25, 0} {
+	for _, c := range []float64{0, 0.5, 0, 0.25, 0} {
 		if err := l.Resize(bg, Share{Compute: c, Mode: ModeBackground}); err != nil {
 			t.Fatalf("resizing a background unit to %v: %v", c, err)
 		}
 	}
-	runners := [2]*runtime.Runner{startRunner(t, plF), startRunner(t, plB)}
-	for _, r := range runners {
-		timeCall(t, r, req) // warm up
-	}
+	inHome(runners[1], true)
 	ids := [2]string{floor, bg}
 
 	busy(ids, runners, time.Second) // warm: both runners at full concurrency
@@ -567,24 +739,11 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 		}
 	}
 	even := busy(ids, runners, 3*time.Second)
-	// The runner moved home with its mode: out of the background parent
-	// at the resize to a cap, and into it again now.
-	inHome := func(pl Placement, r *runtime.Runner, background bool) {
-		t.Helper()
-		cpuProcs := pl.JoinCgroups[0] // the cpu hierarchy comes first
-		other := strings.Replace(cpuProcs, parentName(os.Getpid())+"-background/", parentName(os.Getpid())+"/", 1)
-		if !background {
-			cpuProcs, other = other, cpuProcs
-		}
-		if !inProcs(t, cpuProcs, r.Pid()) || inProcs(t, other, r.Pid()) {
-			t.Errorf("runner %d: want it in %s, not in %s", r.Pid(), cpuProcs, other)
-		}
-	}
-	inHome(plB, runners[1], false)
+	inHome(runners[1], false)
 	if err := l.Resize(bg, Share{Compute: 0.9, Mode: ModeBackground}); err != nil {
 		t.Fatal(err)
 	}
-	inHome(plB, runners[1], true)
+	inHome(runners[1], true)
 	if err := l.Resize(floor, Share{Compute: 0.3, Mode: ModeFloor}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,7 +22,8 @@ import (
 
 // childEnv makes the test binary act as a helper process: "runner" serves
 // a model like `sloserve runner`; "alloc" joins the cgroups listed in
-// childCgroupsEnv and then allocates memory until it is killed.
+// childCgroupsEnv and then allocates memory until it is killed; "churn"
+// joins them and then starts and ends threads until it is killed.
 const (
 	childEnv        = "SLOSERVE_LIMITER_CHILD"
 	childCgroupsEnv = "SLOSERVE_LIMITER_CHILD_CGROUPS"
@@ -33,6 +35,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runRunnerChild())
 	case "alloc":
 		os.Exit(runAllocChild())
+	case "churn":
+		os.Exit(runChurnChild())
 	case leaveIdleChild:
 		os.Exit(runLeaveIdleChild())
 	}
@@ -57,11 +61,9 @@ func runRunnerChild() int {
 // runAllocChild touches memory in 4 MiB steps up to 512 MiB, then waits.
 // Under a smaller memory limit the kernel's OOM killer ends it.
 func runAllocChild() int {
-	for f := range strings.SplitSeq(os.Getenv(childCgroupsEnv), ",") {
-		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 2
-		}
+	if err := joinChildCgroups(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
 	}
 	var hold [][]byte
 	for range 128 {
@@ -74,6 +76,43 @@ func runAllocChild() int {
 	fmt.Fprintln(os.Stderr, "allocated", len(hold)*4, "MiB without being killed")
 	time.Sleep(time.Minute)
 	return 3
+}
+
+// joinChildCgroups writes the process's pid into each cgroup.procs file
+// named in childCgroupsEnv.
+func joinChildCgroups() error {
+	for f := range strings.SplitSeq(os.Getenv(childCgroupsEnv), ",") {
+		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runChurnChild keeps threads starting and ending, as a runner's do while
+// it serves: goroutines that lock their thread and return end it. It
+// prints "churning" once it has joined its cgroups and then runs until it
+// is killed.
+func runChurnChild() int {
+	if err := joinChildCgroups(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for range 4 {
+		go func() {
+			for {
+				done := make(chan struct{})
+				go func() {
+					goruntime.LockOSThread() // not unlocked: the thread ends with the goroutine
+					time.Sleep(time.Millisecond)
+					close(done)
+				}()
+				<-done
+			}
+		}()
+	}
+	fmt.Println("churning")
+	select {}
 }
 
 // testLogger logs into the test's output.

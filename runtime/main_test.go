@@ -4,25 +4,35 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
 // runnerChildEnv makes the test binary act as a runner process.
 const runnerChildEnv = "SLOSERVE_RUNNER_CHILD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(runnerChildEnv) == "1" {
+	switch os.Getenv(runnerChildEnv) {
+	case "1":
 		os.Exit(runChild())
+	case describeFailsChild:
+		os.Exit(runDescribeFailsChild())
+	case describeOnceLostChild:
+		os.Exit(runDescribeOnceLostChild())
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -40,6 +50,98 @@ func runChild() int {
 		fmt.Fprintf(os.Stderr, "sloserve runner: %v\n", err)
 		return 1
 	}
+	return 0
+}
+
+// describeFailsChild makes the test binary a runner that serves gRPC on
+// its socket but not the runner service: Describe fails at once
+// (Unimplemented), with the process alive.
+const describeFailsChild = "describe-fails"
+
+func runDescribeFailsChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var socket string
+	for i, a := range os.Args {
+		if a == "--socket" && i+1 < len(os.Args) {
+			socket = os.Args[i+1]
+		}
+	}
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	srv := grpc.NewServer()
+	go func() {
+		<-ctx.Done()
+		srv.Stop()
+	}()
+	_ = srv.Serve(lis)
+	return 0
+}
+
+// describeOnceLostChild makes the test binary a runner whose first
+// Describe loses its connection: the server is stopped under the call,
+// as a connection closed by the client would end it, and a new one then
+// answers on the same socket. It holds its call stream open and ends on
+// SIGTERM.
+const describeOnceLostChild = "describe-once-lost"
+
+type onceLostRunner struct {
+	runnerpb.UnimplementedRunnerServer
+	asked atomic.Bool
+	held  chan struct{} // closed when the first Describe arrives
+}
+
+func (s *onceLostRunner) Describe(ctx context.Context, _ *runnerpb.DescribeRequest) (*runnerpb.DescribeResponse, error) {
+	if s.asked.CompareAndSwap(false, true) {
+		close(s.held)
+		<-ctx.Done() // until the server stops under the call
+		return nil, ctx.Err()
+	}
+	return &runnerpb.DescribeResponse{OnnxruntimeVersion: "test", Provider: "cpu"}, nil
+}
+
+func runDescribeOnceLostChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var socket string
+	for i, a := range os.Args {
+		if a == "--socket" && i+1 < len(os.Args) {
+			socket = os.Args[i+1]
+		}
+	}
+	svc := &onceLostRunner{held: make(chan struct{})}
+	serve := func() (*grpc.Server, error) {
+		_ = os.Remove(socket)
+		lis, err := net.Listen("unix", socket)
+		if err != nil {
+			return nil, err
+		}
+		srv := grpc.NewServer()
+		runnerpb.RegisterRunnerServer(srv, svc)
+		go srv.Serve(lis)
+		return srv, nil
+	}
+	srv, err := serve()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	select {
+	case <-svc.held:
+	case <-ctx.Done():
+		srv.Stop()
+		return 0
+	}
+	srv.Stop() // closes the connection under the first call
+	if srv, err = serve(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	<-ctx.Done()
+	srv.Stop()
 	return 0
 }
 

@@ -322,6 +322,15 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	stop := context.AfterFunc(p.exitCtx, cancel)
 	defer stop()
 	desc, err := p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	// A call whose connection was lost under it (Unavailable) while the
+	// process lives and the clock runs is asked again on a new one: on a
+	// starved host (40 runners starting beside two CPU burners) the
+	// client's new connection was closed with Describe already sent on it
+	// ("use of closed network connection"), and the start failed.
+	for err != nil && status.Code(err) == codes.Unavailable && readyCtx.Err() == nil && !p.hasExited() {
+		r.log.Debug("runner's connection lost during Describe; asking again", "pid", p.pid, "err", err)
+		desc, err = p.runner.Describe(readyCtx, &runnerpb.DescribeRequest{}, grpc.WaitForReady(true))
+	}
 	if err == nil {
 		err = p.openStream()
 	}
@@ -331,6 +340,10 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	}
 
 	exitedFirst := p.hasExited()
+	// Whether the ready clock ran out is read before the kill: the kill
+	// ends readyCtx too (it ends with the process), and a call that failed
+	// for any other reason would then read as a timeout.
+	timedOut := errors.Is(context.Cause(readyCtx), context.DeadlineExceeded) && ctx.Err() == nil
 	p.kill()
 	<-p.exited
 	p.close()
@@ -352,7 +365,7 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 		err = fmt.Errorf("runner %s exited before it was ready (%s)%s", r.cfg.Name, p.exitStatus(), tail)
 	case ctx.Err() != nil:
 		err = fmt.Errorf("runner %s: start abandoned: %w", r.cfg.Name, context.Cause(ctx))
-	case readyCtx.Err() != nil:
+	case timedOut:
 		starved := ""
 		if d := stood(); d > 0 {
 			starved = fmt.Sprintf(" of time it had the CPU (and %s starved of CPU besides)", d.Round(time.Millisecond))

@@ -450,6 +450,45 @@ func TestStartRunnerFailsFast(t *testing.T) {
 			t.Errorf("err = %v", err)
 		}
 	})
+	t.Run("describe fails", func(t *testing.T) {
+		// A runner that answers Describe with an error is killed, and the
+		// error says what failed. The kill ends the start's ready clock as
+		// well, which must not turn the failure into a ready timeout (it
+		// did: "not ready within 1m0s" for a runner 15 s after its start,
+		// in TestE2EStopManyIdleBestEffort).
+		cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+		cfg.Env = []string{runnerChildEnv + "=" + describeFailsChild, "GORACE=atexit_sleep_ms=0"}
+		cfg.ReadyTimeout = 10 * time.Minute
+		_, err := StartRunner(t.Context(), cfg)
+		if err == nil {
+			t.Fatal("StartRunner succeeded")
+		}
+		for _, want := range []string{"describe:", "Unimplemented"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("err = %q, want it to contain %q", err, want)
+			}
+		}
+		if strings.Contains(err.Error(), "not ready within") {
+			t.Errorf("err = %q: a failed Describe reported as the ready timeout", err)
+		}
+	})
+	t.Run("connection lost during describe", func(t *testing.T) {
+		// The first Describe loses its connection (Unavailable) while the
+		// process lives: it is asked again, and the start succeeds. On a
+		// starved host gRPC closed a connection just made, with Describe
+		// on it, and one runner in 40 failed to start
+		// (TestE2EStopManyIdleBestEffort).
+		cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+		cfg.Env = []string{runnerChildEnv + "=" + describeOnceLostChild, "GORACE=atexit_sleep_ms=0"}
+		cfg.ReadyTimeout = 10 * time.Minute
+		r, err := StartRunner(t.Context(), cfg)
+		if err != nil {
+			t.Fatalf("StartRunner: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = r.Stop(ctx) // the stand-in does not say goodbye; it ends on the signal
+	})
 	t.Run("config", func(t *testing.T) {
 		_, err := StartRunner(t.Context(), RunnerConfig{Provider: ProviderOptions{Kind: "tpu"}})
 		for _, want := range []string{"ModelPath is required", "Library is required", `"tpu"`} {
