@@ -492,7 +492,9 @@ func (clientCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return clientProto.Marshal(v)
 }
 
-func (clientCodec) Unmarshal(data mem.BufferSlice, v any) error { return clientProto.Unmarshal(data, v) }
+func (clientCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return clientProto.Unmarshal(data, v)
+}
 
 func (clientCodec) Name() string { return grpcproto.Name }
 

@@ -1093,7 +1093,7 @@ type clientTestCapture struct {
 }
 
 func (c *clientTestCapture) Marshal(v any) (mem.BufferSlice, error) { return clientProto.Marshal(v) }
-func (c *clientTestCapture) Name() string                          { return "proto" }
+func (c *clientTestCapture) Name() string                           { return "proto" }
 func (c *clientTestCapture) Unmarshal(data mem.BufferSlice, v any) error {
 	if _, ok := v.(*inference.ModelInferRequest); ok {
 		c.mu.Lock()
