@@ -456,8 +456,8 @@ func (c *Client) initGRPC(opts ClientOptions, timeoutUS int64) error {
 		for range n {
 			conn, err := grpc.NewClient(opts.GRPCAddr, dial...)
 			if err != nil {
-				for _, c := range c.grpcConns {
-					c.Close()
+				for _, open := range c.grpcConns {
+					open.Close()
 				}
 				return fmt.Errorf("client: %w", err)
 			}
@@ -500,7 +500,7 @@ func (clientCodec) Name() string { return grpcproto.Name }
 
 var _ encoding.CodecV2 = clientCodec{}
 
-// Close releases what the client made itself: its gRPC connection, its HTTP
+// Close releases what the client made itself: its gRPC connections, its HTTP
 // client's idle connections. Shared clients and connections stay open.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
