@@ -40,6 +40,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -49,6 +50,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/loadtest"
 )
 
 // Names of the two models in the overload repository.
@@ -116,7 +118,11 @@ func ovLCInfer(batch int64) *inference.ModelInferRequest {
 func ovBEInfer() *inference.ModelInferRequest { return imageInfer(ovBEName, 1, 3, 48, 320) }
 
 // overloadRepo writes the repository with the detector's SLO.
-func overloadRepo(b *testing.B, sloMS float64) string {
+func overloadRepo(b *testing.B, sloMS float64) string { return overloadRepoSLOs(b, sloMS, 60000) }
+
+// overloadRepoSLOs writes the repository with the detector's and the
+// recogniser's SLOs.
+func overloadRepoSLOs(b *testing.B, sloMS, beSLOMS float64) string {
 	repo := b.TempDir()
 	writeRepo(b, repo,
 		repoModel{ovLCName, demoModel(b, "ocr-det"), fmt.Sprintf(`max_batch_size: 4
@@ -126,13 +132,13 @@ slo: {latency_ms: %g, class: latency-critical, priority: 1}
 resources: {memory_limit: 512MiB}
 profile: {shapes: {x: [1, 3, 320, 320]}}
 `, sloMS)},
-		repoModel{ovBEName, demoModel(b, "ocr-rec"), `max_batch_size: 4
+		repoModel{ovBEName, demoModel(b, "ocr-rec"), fmt.Sprintf(`max_batch_size: 4
 inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, 320]}]
 execution: {intra_op_threads: 1}
-slo: {latency_ms: 60000, class: best-effort}
+slo: {latency_ms: %g, class: best-effort}
 resources: {memory_limit: 1GiB}
 profile: {shapes: {x: [1, 3, 48, 320]}}
-`},
+`, beSLOMS)},
 	)
 	return repo
 }
@@ -347,7 +353,12 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // capacity for SLOSERVE_OVERLOAD_DURATION and reports the detector's goodput
 // against its capacity, the readiness probe's latency and the memory used,
 // once per protocol of SLOSERVE_OVERLOAD_PROTOCOLS (grpc,rest), each on a
-// fresh server after one calibration. The generator (this process, with
+// fresh server after one calibration. Over grpc the generator sends as
+// loadtest's client does, each message marshalled once, over
+// SLOSERVE_OVERLOAD_CONNECTIONS (loadtest.DefaultConnections) connections
+// per model; grpc-generated is the client the benchmark had before, for
+// comparison: the generated client on one connection per model,
+// marshalling every call. The generator (this process, with
 // its prober and sampler) runs confined to SLOSERVE_OVERLOAD_GENERATOR_CPUS
 // (0.5; 0: unconfined) in a cgroup of its own, as clients on other
 // machines would be, and the run fails when the generator's cgroup used
@@ -371,8 +382,8 @@ func BenchmarkOverload(b *testing.B) {
 	fmt.Printf("calibration: detector p50 %.1f ms (batch 1), %.1f ms (batch 4); capacity %.1f req/s; recogniser capacity %.1f req/s; detector SLO %.0f ms\n",
 		ms(cal.solo), ms(cal.batch4), cal.lcCapacity, cal.beCapacity, cal.sloMS)
 	for _, proto := range protocols {
-		if proto != "grpc" && proto != "rest" {
-			b.Fatalf("SLOSERVE_OVERLOAD_PROTOCOLS: unknown protocol %q (grpc, rest)", proto)
+		if proto != "grpc" && proto != "rest" && proto != "grpc-generated" {
+			b.Fatalf("SLOSERVE_OVERLOAD_PROTOCOLS: unknown protocol %q (grpc, rest, grpc-generated)", proto)
 		}
 		b.Run(proto, func(b *testing.B) { overloadRun(b, proto, cal, factor, dur, genCPUs) })
 	}
@@ -454,6 +465,56 @@ func restSender(s *testServer, client *http.Client, model string, shape ...int64
 	}
 }
 
+// grpcSender sends msg's request as the load generator does
+// (loadtest.Client): marshalled once and sent as those bytes, over
+// connections of its own taken in turn; with generated, through the
+// generated client, marshalled per call, over one connection, as the
+// benchmark sent before. It returns the outcome as a gRPC status, as
+// classify reads it.
+func grpcSender(b *testing.B, s *testServer, msg *inference.ModelInferRequest, connections int, generated bool) func(context.Context) error {
+	if generated {
+		client := ownClient(b, s)
+		return func(ctx context.Context) error { _, err := client.ModelInfer(ctx, msg); return err }
+	}
+	in := msg.Inputs[0]
+	c, err := loadtest.NewClient(loadtest.ClientOptions{
+		Protocol: loadtest.ProtoGRPC, GRPCAddr: s.grpcAddr, Model: msg.ModelName,
+		Inputs:        []loadtest.Tensor{{Name: in.Name, DataType: in.Datatype, Shape: in.Shape, Raw: msg.RawInputContents[0]}},
+		ServerTimeout: -1, Connections: connections,
+		GRPCDialOptions: []grpc.DialOption{grpc.WithTransportCredentials(s.creds)},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return func(ctx context.Context) error {
+		switch o, detail := c.Infer(ctx); o {
+		case loadtest.Good:
+			return nil
+		case loadtest.Rejected:
+			return status.Error(codes.ResourceExhausted, detail)
+		case loadtest.Dropped:
+			return status.Error(codes.DeadlineExceeded, detail)
+		default:
+			return status.Error(codes.Unknown, detail)
+		}
+	}
+}
+
+// ovConnections reads SLOSERVE_OVERLOAD_CONNECTIONS: the gRPC connections
+// per model (loadtest.DefaultConnections).
+func ovConnections(b *testing.B) int {
+	v := os.Getenv("SLOSERVE_OVERLOAD_CONNECTIONS")
+	if v == "" {
+		return loadtest.DefaultConnections
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("SLOSERVE_OVERLOAD_CONNECTIONS=%q: want a count >= 1", v)
+	}
+	return n
+}
+
 func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, dur time.Duration, genCPUs float64) {
 	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
 	var (
@@ -464,6 +525,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		recovery       time.Duration
 		server         overloadOutcomes
 		confined       string
+		clientNote     = "REST with the binary tensor extension, bodies encoded once"
 		cpu            cpuUse
 		gen            generatorLoad
 		elapsed        time.Duration
@@ -487,12 +549,15 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		memRefused0 := s.scrape(b)["sloserve_memory_refused_total"]
 
 		var sendLC, sendBE func(context.Context) error
-		if proto == "grpc" {
-			lcClient, beClient := ownClient(b, s), ownClient(b, s)
-			lcReq, beReq := ovLCInfer(1), ovBEInfer()
-			sendLC = func(ctx context.Context) error { _, err := lcClient.ModelInfer(ctx, lcReq); return err }
-			sendBE = func(ctx context.Context) error { _, err := beClient.ModelInfer(ctx, beReq); return err }
-		} else {
+		switch proto {
+		case "grpc":
+			n := ovConnections(b)
+			clientNote = fmt.Sprintf("gRPC messages marshalled once, %d connections per model", n)
+			sendLC, sendBE = grpcSender(b, s, ovLCInfer(1), n, false), grpcSender(b, s, ovBEInfer(), n, false)
+		case "grpc-generated":
+			clientNote = "gRPC through the generated client, marshalled per call, one connection per model"
+			sendLC, sendBE = grpcSender(b, s, ovLCInfer(1), 1, true), grpcSender(b, s, ovBEInfer(), 1, true)
+		default:
 			// Two clients, as two applications; refusals close their
 			// connections (the body is never read), so the pools refill.
 			newClient := func() *http.Client {
@@ -583,7 +648,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	b.ReportMetric(gen.cores(), "generator-cores")
 
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v over %s, detector SLO %.0f ms; %s\n", b.Name(), factor, dur, proto, cal.sloMS, confined)
+	fmt.Fprintf(&sb, "\n%s: %gx capacity for %v over %s, detector SLO %.0f ms; %s; %s\n", b.Name(), factor, dur, proto, cal.sloMS, clientNote, confined)
 	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\toffered/s\tcapacity/s\tsent\tgood\tlate\trejected\tdropped\tfailed\tgoodput/s\tgood/capacity\tp50 ms\tp99 ms\tlag p99 ms\t")
 	row := func(name string, capacity float64, p *phaseResult) {
@@ -600,6 +665,11 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	secs := elapsed.Seconds()
 	fmt.Fprintf(&sb, "CPU in cores over the load (%v, until its last request ended): server %.2f, detector runner %.2f, recogniser runner %.2f, %s (of %d)\n",
 		elapsed.Round(100*time.Millisecond), cpu.server/secs, cpu.lc/secs, cpu.be/secs, gen, goruntime.NumCPU())
+	if sent := lc.sent + be.sent; gen.cgroupKnown && sent > 0 {
+		fmt.Fprintf(&sb, "generator: %.0f µs of CPU per request sent (%d sent); at the %.0f requests a second scheduled that needs %.2f cores\n",
+			float64(gen.cgroup.Microseconds())/float64(sent), sent, factor*(cal.lcCapacity+cal.beCapacity),
+			gen.cgroup.Seconds()/float64(sent)*factor*(cal.lcCapacity+cal.beCapacity))
+	}
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
@@ -719,4 +789,99 @@ func slope(xs, ys []float64) float64 {
 		return 0
 	}
 	return (n*sxy - sx*sy) / d
+}
+
+// BenchmarkOverloadGenerator measures what one request costs the overload
+// benchmark's load generator (this process, unconfined) in CPU time, per
+// protocol, client and model, for requests the server refuses after
+// receiving them (both models' SLOs 1 ms: at 10x about nine in ten) and
+// for requests it serves (the overload SLOs): SLOSERVE_OVERLOAD_SENDERS
+// (16) closed-loop senders for SLOSERVE_OVERLOAD_GENERATOR_WINDOW (5s)
+// each. The CPU a rate of r requests a second needs is r times the cost;
+// the overload generator has SLOSERVE_OVERLOAD_GENERATOR_CPUS. The rates
+// say what the machine carried at once, server included, on a connection
+// or several: read them as ratios within one run.
+func BenchmarkOverloadGenerator(b *testing.B) {
+	window := envDuration(b, "SLOSERVE_OVERLOAD_GENERATOR_WINDOW", 5*time.Second)
+	senders := int(envFloat(b, "SLOSERVE_OVERLOAD_SENDERS", 16))
+	type sender struct {
+		name string
+		make func(s *testServer, msg *inference.ModelInferRequest) func(context.Context) error
+	}
+	rest := func(s *testServer, msg *inference.ModelInferRequest) func(context.Context) error {
+		c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
+		b.Cleanup(c.CloseIdleConnections)
+		return restSender(s, c, msg.ModelName, msg.Inputs[0].Shape...)
+	}
+	senderKinds := []sender{
+		{"grpc generated 1 conn", func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
+			return grpcSender(b, s, m, 1, true)
+		}},
+		{"grpc pre-encoded 1 conn", func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
+			return grpcSender(b, s, m, 1, false)
+		}},
+		{fmt.Sprintf("grpc pre-encoded %d conns", loadtest.DefaultConnections), func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
+			return grpcSender(b, s, m, loadtest.DefaultConnections, false)
+		}},
+		{"rest binary", rest},
+	}
+	cpuNow := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	var sb strings.Builder
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "server\tmodel\tclient\trequests\tgood\trefused\tother\treq/s\tMB/s sent\tgenerator µs CPU/request\tserver µs CPU/request\t")
+	for b.Loop() {
+		for _, admit := range []string{"refused", "served"} {
+			lcSLO, beSLO := 1.0, 1.0
+			if admit == "served" {
+				lcSLO, beSLO = 5000, 60000
+			}
+			s := startServer(b, overloadRepoSLOs(b, lcSLO, beSLO), "", withFlags("--log-level", "info"))
+			for _, msg := range []*inference.ModelInferRequest{ovLCInfer(1), ovBEInfer()} {
+				size := float64(len(msg.RawInputContents[0]))
+				for _, k := range senderKinds {
+					send := k.make(s, msg)
+					var counts [numLCOutcomes]int
+					var n int
+					var mu sync.Mutex
+					run := func(d time.Duration, count bool) {
+						end := time.Now().Add(d)
+						var wg sync.WaitGroup
+						for range senders {
+							wg.Go(func() {
+								for time.Now().Before(end) {
+									err := send(b.Context())
+									if count {
+										mu.Lock()
+										counts[classify(err, 0, time.Hour)]++
+										n++
+										mu.Unlock()
+									}
+								}
+							})
+						}
+						wg.Wait()
+					}
+					run(time.Second, false) // connections up, pools warm
+					srv0, gen0, t0 := cpuSeconds(s.cmd.Process.Pid), cpuNow(), time.Now()
+					run(window, true)
+					el := time.Since(t0).Seconds()
+					gen, srv := cpuNow()-gen0, cpuSeconds(s.cmd.Process.Pid)-srv0
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.1f\t%.0f\t%.0f\t%.0f\t\n", admit, msg.ModelName, k.name, n,
+						counts[lcGood], counts[lcRejected], n-counts[lcGood]-counts[lcRejected], float64(n)/el,
+						float64(n)*size/el/1e6, float64(gen.Microseconds())/float64(max(n, 1)), srv*1e6/float64(max(n, 1)))
+				}
+			}
+			if err := s.stop(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	tw.Flush()
+	fmt.Printf("\n%s: %d closed-loop senders, %v a case, generator unconfined (process CPU, getrusage)\n%s", b.Name(), senders, window, sb.String())
 }

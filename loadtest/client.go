@@ -8,8 +8,11 @@ package loadtest
 // The generator must not be the bottleneck, so all the work that does not
 // depend on the request is done once in NewClient: the REST body is encoded
 // whole, the HTTP request is a template copied per send, and the gRPC
-// message is built once and sent by every request (proto messages may be
-// marshalled concurrently while nobody mutates them). Responses are read to
+// message is marshalled once and its bytes sent by every request as they
+// are (clientCodec), spread round-robin over several connections, as ghz
+// does: one HTTP/2 connection carries its calls' messages one frame at a
+// time through one writer, so large messages on one connection queue
+// behind each other. Responses are read to
 // their end, so connections are reused, but only parsed as far as needed to
 // check that they are inference responses of the right model: the JSON
 // without the contents of its data arrays (see clientSkim), and for binary
@@ -32,13 +35,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/runtime"
@@ -92,9 +100,28 @@ type ClientOptions struct {
 	// server, no overall timeout, no proxy, no compression).
 	HTTPClient *http.Client
 	// GRPCConn is a shared connection for gRPC; nil: the client dials
-	// GRPCAddr without TLS and closes the connection on Close.
+	// Connections connections to GRPCAddr with GRPCDialOptions and closes
+	// them on Close.
 	GRPCConn *grpc.ClientConn
+	// Connections is how many gRPC connections the client dials when
+	// GRPCConn is nil; its requests take them in turn. 0:
+	// DefaultConnections.
+	Connections int
+	// GRPCDialOptions are the options of the connections the client dials;
+	// nil: no TLS.
+	GRPCDialOptions []grpc.DialOption
 }
+
+// DefaultConnections is how many gRPC connections a client dials unless
+// told otherwise. One connection writes its calls' messages through one
+// writer, a frame of each in turn, so a megabyte message at hundreds of
+// calls a second waits behind all the others; a few connections let them
+// go out side by side, without the memory and handshakes of one per call.
+const DefaultConnections = 4
+
+// clientMaxConnections bounds Connections: a generator needs a few, and
+// each costs the server a slot of its limits.max_connections.
+const clientMaxConnections = 256
 
 // Client sends one model's inference requests with prepared inputs. It is
 // safe for concurrent use.
@@ -109,10 +136,12 @@ type Client struct {
 	body       []byte        // the encoded request body
 
 	// gRPC.
-	grpcConn   *grpc.ClientConn
-	ownConn    bool
-	grpcClient inference.GRPCInferenceServiceClient
-	grpcReq    *inference.ModelInferRequest // never mutated after NewClient
+	grpcConns  []*grpc.ClientConn // requests take them in turn
+	ownConns   bool
+	next       atomic.Uint32
+	grpcClient inference.GRPCInferenceServiceClient // on grpcConns[0]: the ordinary path, for tests
+	grpcReq    *inference.ModelInferRequest         // never mutated after NewClient
+	grpcMsg    *clientEncoded                       // grpcReq marshalled
 	callOpts   []grpc.CallOption
 
 	closeOnce sync.Once
@@ -386,7 +415,7 @@ func clientAppendJSONData(b []byte, t *Tensor) ([]byte, error) {
 	return append(b, ']'), nil
 }
 
-// initGRPC builds the message and the connection.
+// initGRPC builds and marshals the message and dials the connections.
 func (c *Client) initGRPC(opts ClientOptions, timeoutUS int64) error {
 	req := &inference.ModelInferRequest{
 		ModelName:        opts.Model,
@@ -403,30 +432,82 @@ func (c *Client) initGRPC(opts ClientOptions, timeoutUS int64) error {
 			"timeout": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: timeoutUS}},
 		}
 	}
-	conn := opts.GRPCConn
-	if conn == nil {
+	b, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("client: model %q: %w", opts.Model, err)
+	}
+	if opts.GRPCConn != nil {
+		c.grpcConns = []*grpc.ClientConn{opts.GRPCConn}
+	} else {
 		if opts.GRPCAddr == "" {
 			return errors.New("client: no gRPC address")
 		}
-		var err error
-		conn, err = grpc.NewClient(opts.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return fmt.Errorf("client: %w", err)
+		n := opts.Connections
+		if n == 0 {
+			n = DefaultConnections
 		}
-		c.ownConn = true
+		if n < 0 || n > clientMaxConnections {
+			return fmt.Errorf("client: connections %d: want 1 to %d", n, clientMaxConnections)
+		}
+		dial := opts.GRPCDialOptions
+		if dial == nil {
+			dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		}
+		for range n {
+			conn, err := grpc.NewClient(opts.GRPCAddr, dial...)
+			if err != nil {
+				for _, open := range c.grpcConns {
+					open.Close()
+				}
+				return fmt.Errorf("client: %w", err)
+			}
+			c.grpcConns = append(c.grpcConns, conn)
+		}
+		c.ownConns = true
 	}
-	c.grpcConn, c.grpcReq = conn, req
-	c.grpcClient = inference.NewGRPCInferenceServiceClient(conn)
-	c.callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(clientMaxMessage), grpc.MaxCallSendMsgSize(clientMaxMessage)}
+	c.grpcReq, c.grpcMsg = req, &clientEncoded{b: b}
+	c.grpcClient = inference.NewGRPCInferenceServiceClient(c.grpcConns[0])
+	c.callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(clientMaxMessage), grpc.MaxCallSendMsgSize(clientMaxMessage),
+		grpc.ForceCodecV2(clientCodec{})}
 	return nil
 }
 
-// Close releases what the client made itself: its gRPC connection, its HTTP
+// clientEncoded is a request message marshalled once, which clientCodec
+// sends as it is.
+type clientEncoded struct{ b []byte }
+
+// clientCodec is the codec of the client's calls: a *clientEncoded goes
+// out as its bytes, neither marshalled again nor copied, and anything else
+// (the responses) is protobuf as usual. Its name is protobuf's, so the
+// call's content type is the ordinary one.
+type clientCodec struct{}
+
+var clientProto = encoding.GetCodecV2(grpcproto.Name)
+
+func (clientCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if e, ok := v.(*clientEncoded); ok {
+		// A SliceBuffer's Free does nothing: the bytes outlive the call.
+		return mem.BufferSlice{mem.SliceBuffer(e.b)}, nil
+	}
+	return clientProto.Marshal(v)
+}
+
+func (clientCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return clientProto.Unmarshal(data, v)
+}
+
+func (clientCodec) Name() string { return grpcproto.Name }
+
+var _ encoding.CodecV2 = clientCodec{}
+
+// Close releases what the client made itself: its gRPC connections, its HTTP
 // client's idle connections. Shared clients and connections stay open.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
-		if c.ownConn {
-			c.closeErr = c.grpcConn.Close()
+		if c.ownConns {
+			for _, conn := range c.grpcConns {
+				c.closeErr = errors.Join(c.closeErr, conn.Close())
+			}
 		}
 		if c.ownHTTP {
 			c.httpClient.CloseIdleConnections()
@@ -452,7 +533,7 @@ func (c *Client) Infer(ctx context.Context) (o Outcome, detail string) {
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	if c.grpcReq != nil {
+	if c.grpcMsg != nil {
 		return c.inferGRPC(ctx)
 	}
 	return c.inferREST(ctx)
@@ -750,7 +831,12 @@ func (c *Client) checkModel(name, version string, outputs int) string {
 }
 
 func (c *Client) inferGRPC(ctx context.Context) (Outcome, string) {
-	resp, err := c.grpcClient.ModelInfer(ctx, c.grpcReq, c.callOpts...)
+	conn := c.grpcConns[0]
+	if len(c.grpcConns) > 1 {
+		conn = c.grpcConns[(c.next.Add(1)-1)%uint32(len(c.grpcConns))]
+	}
+	resp := new(inference.ModelInferResponse)
+	err := conn.Invoke(ctx, inference.GRPCInferenceService_ModelInfer_FullMethodName, c.grpcMsg, resp, c.callOpts...)
 	if err != nil {
 		st := status.Convert(err)
 		code, msg := st.Code(), st.Message()

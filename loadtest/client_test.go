@@ -8,19 +8,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api"
@@ -1076,6 +1081,169 @@ func TestClientDetailElidesDurations(t *testing.T) {
 	for _, c := range cases {
 		if got := clientDetail(c.what, c.msg); got != c.want {
 			t.Errorf("clientDetail(%q, %q) = %q, want %q", c.what, c.msg, got, c.want)
+		}
+	}
+}
+
+// clientTestCapture is a server codec that keeps every request message's
+// bytes as they arrived, then decodes them as protobuf.
+type clientTestCapture struct {
+	mu   sync.Mutex
+	msgs [][]byte
+}
+
+func (c *clientTestCapture) Marshal(v any) (mem.BufferSlice, error) { return clientProto.Marshal(v) }
+func (c *clientTestCapture) Name() string                           { return "proto" }
+func (c *clientTestCapture) Unmarshal(data mem.BufferSlice, v any) error {
+	if _, ok := v.(*inference.ModelInferRequest); ok {
+		c.mu.Lock()
+		c.msgs = append(c.msgs, data.Materialize())
+		c.mu.Unlock()
+	}
+	return clientProto.Unmarshal(data, v)
+}
+
+// The message marshalled once is sent as it is, and its bytes on the wire
+// are those of the ordinary generated client marshalling the same request:
+// the server decodes it the same way.
+func TestClientGRPCPreEncoded(t *testing.T) {
+	inputs := clientTestInputs(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture := &clientTestCapture{}
+	fake := &clientTestGRPC{model: "ocr-det", inputs: inputs}
+	fake.mode.Store("ok")
+	fake.timeoutUS.Store(250_000)
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(capture))
+	inference.RegisterGRPCInferenceServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	c, err := NewClient(ClientOptions{Protocol: ProtoGRPC, GRPCAddr: lis.Addr().String(), Model: "ocr-det",
+		Inputs: inputs, Timeout: 250 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 2 {
+		clientTestInfer(t, c, clientTestCase{mode: "ok", outcome: Good})
+	}
+	// The ordinary path: the generated client and grpc's protobuf codec.
+	if _, err := c.grpcClient.ModelInfer(t.Context(), c.grpcReq); err != nil {
+		t.Fatal(err)
+	}
+	capture.mu.Lock()
+	msgs := capture.msgs
+	capture.mu.Unlock()
+	if len(msgs) != 3 {
+		t.Fatalf("the server decoded %d messages, want 3", len(msgs))
+	}
+	ordinary := msgs[2]
+	if len(ordinary) < len(inputs[0].Raw) {
+		t.Fatalf("the ordinary message has %d bytes, less than its input's %d", len(ordinary), len(inputs[0].Raw))
+	}
+	for i, m := range msgs[:2] {
+		if !bytes.Equal(m, ordinary) {
+			t.Errorf("pre-encoded message %d: %d bytes differ from the ordinary encoder's %d", i, len(m), len(ordinary))
+		}
+	}
+
+	// The codec hands grpc the client's own bytes, not a copy, and
+	// marshals anything else as protobuf.
+	data, err := clientCodec{}.Marshal(c.grpcMsg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) != 1 || &data[0].ReadOnlyData()[0] != &c.grpcMsg.b[0] || data.Len() != len(c.grpcMsg.b) {
+		t.Errorf("pre-encoded message marshalled into %d buffers of %d bytes, want the client's %d bytes themselves",
+			len(data), data.Len(), len(c.grpcMsg.b))
+	}
+	data, err = clientCodec{}.Marshal(c.grpcReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := data.Materialize(); !bytes.Equal(got, ordinary) {
+		t.Errorf("a message marshalled by the codec: %d bytes, want the ordinary %d", len(got), len(ordinary))
+	}
+	data.Free()
+}
+
+// A client's requests take its connections in turn, each request on one,
+// and Close closes them all.
+func TestClientGRPCConnections(t *testing.T) {
+	inputs := clientTestInputs(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	peers := map[string]int{}
+	fake := &clientTestGRPC{model: "ocr-det", inputs: inputs}
+	fake.mode.Store("ok")
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if p, ok := peer.FromContext(ctx); ok {
+			mu.Lock()
+			peers[p.Addr.String()]++
+			mu.Unlock()
+		}
+		return h(ctx, req)
+	}))
+	inference.RegisterGRPCInferenceServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	for _, tc := range []struct {
+		connections, want int
+	}{{0, DefaultConnections}, {1, 1}, {3, 3}} {
+		t.Run(fmt.Sprint(tc.connections), func(t *testing.T) {
+			clear(peers)
+			c, err := NewClient(ClientOptions{Protocol: ProtoGRPC, GRPCAddr: lis.Addr().String(), Model: "ocr-det",
+				Inputs: inputs, Connections: tc.connections, ServerTimeout: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Sequential calls, then concurrent ones: turns, not chance.
+			const rounds = 4
+			for range rounds * tc.want {
+				clientTestInfer(t, c, clientTestCase{mode: "ok", outcome: Good})
+			}
+			var wg sync.WaitGroup
+			for range rounds * tc.want {
+				wg.Go(func() {
+					if o, detail := c.Infer(t.Context()); o != Good {
+						t.Errorf("%v %s", o, detail)
+					}
+				})
+			}
+			wg.Wait()
+			mu.Lock()
+			got := maps.Clone(peers)
+			mu.Unlock()
+			if len(got) != tc.want {
+				t.Errorf("requests came over %d connections %v, want %d", len(got), got, tc.want)
+			}
+			for addr, n := range got {
+				if n != 2*rounds {
+					t.Errorf("connection %s carried %d requests, want %d (%v)", addr, n, 2*rounds, got)
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for i, conn := range c.grpcConns {
+				if s := conn.GetState(); s != connectivity.Shutdown {
+					t.Errorf("connection %d after Close: %v", i, s)
+				}
+			}
+		})
+	}
+
+	for _, n := range []int{-1, clientMaxConnections + 1} {
+		_, err := NewClient(ClientOptions{Protocol: ProtoGRPC, GRPCAddr: lis.Addr().String(), Model: "ocr-det", Connections: n})
+		if want := fmt.Sprintf("connections %d: want 1 to %d", n, clientMaxConnections); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("connections %d: %v, want %q", n, err, want)
 		}
 	}
 }

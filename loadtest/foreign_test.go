@@ -87,7 +87,7 @@ func TestExecuteOtherServer(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 
-	run, err := Execute(t.Context(), foreignScenario(t, "    slo: 250ms\n    class: best-effort\n"), Options{HTTPBase: srv.URL, SharePeriod: 50 * time.Millisecond})
+	run, err := Execute(t.Context(), foreignScenario(t, "    slo: 30s\n    class: best-effort\n"), Options{HTTPBase: srv.URL, SharePeriod: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,12 +98,14 @@ func TestExecuteOtherServer(t *testing.T) {
 		t.Errorf("GET /v2/control asked %d times, want once (then never polled)", got)
 	}
 	m := run.Models[0]
-	if m.SLO != 250*time.Millisecond || m.Class != BestEffort {
+	if m.SLO != 30*time.Second || m.Class != BestEffort {
 		t.Errorf("model info %+v, want the scenario's SLO and class", m)
 	}
 	sum := Summarize(run)
 	ms := sum.Models[0]
-	// 40/s for 2 s: 80 arrivals; every one answered well within 250 ms.
+	// 40/s for 2 s: 80 arrivals; every one answered within the SLO, long
+	// enough for a loaded machine (a 250 ms SLO missed 2 of 82 under -race
+	// at load average 40).
 	if ms.Requests < 70 || ms.Requests > 90 || ms.Outcomes["good"] != ms.Requests || int64(ms.Requests) > fake.infers.Load() {
 		t.Errorf("requests %d, good %d, server saw %d", ms.Requests, ms.Outcomes["good"], fake.infers.Load())
 	}

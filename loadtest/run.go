@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -44,6 +45,10 @@ type Options struct {
 	// SharePeriod is how often the server's shares are read (GET
 	// /v2/control); 0: 1 s; negative: never.
 	SharePeriod time.Duration
+	// Connections is how many gRPC connections each gRPC model's requests
+	// take in turn, for models whose scenario does not say; 0:
+	// DefaultConnections.
+	Connections int
 	// Scale multiplies every open-loop model's rate (the capacity
 	// search); 0: 1.
 	Scale float64
@@ -147,17 +152,9 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 	case err != nil:
 		return nil, err
 	}
-	var conn *grpc.ClientConn
 	for _, m := range sc.Models {
-		if m.Protocol == ProtoGRPC && conn == nil {
-			if opts.GRPCAddr == "" {
-				return nil, fmt.Errorf("model %s: protocol grpc needs the server's gRPC address", m.Model)
-			}
-			conn, err = grpc.NewClient(opts.GRPCAddr, grpcDialOptions(opts)...)
-			if err != nil {
-				return nil, err
-			}
-			defer conn.Close()
+		if m.Protocol == ProtoGRPC && opts.GRPCAddr == "" {
+			return nil, fmt.Errorf("model %s: protocol grpc needs the server's gRPC address", m.Model)
 		}
 	}
 
@@ -169,7 +166,7 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 	}
 	drivers := make([]*driver, len(sc.Models))
 	for i := range sc.Models {
-		d, err := newDriver(ctx, sc, i, opts, hc, conn, ctl)
+		d, err := newDriver(ctx, sc, i, opts, hc, ctl)
 		if err != nil {
 			for _, d := range drivers[:i] {
 				d.client.Close()
@@ -262,7 +259,7 @@ type driver struct {
 	lagMax           atomic.Int64 // ns, reset each progress tick
 }
 
-func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, conn *grpc.ClientConn, ctl *api.ControlStatus) (*driver, error) {
+func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, ctl *api.ControlStatus) (*driver, error) {
 	m := &sc.Models[i]
 	md, err := FetchMetadata(ctx, hc, opts.HTTPBase, m.Model, m.Version)
 	if err != nil {
@@ -303,7 +300,8 @@ func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.
 		Protocol: m.Protocol, HTTPBase: opts.HTTPBase, GRPCAddr: opts.GRPCAddr,
 		Model: m.Model, Version: m.Version, Inputs: inputs,
 		Timeout: timeout, ServerTimeout: timeout,
-		HTTPClient: hc, GRPCConn: conn,
+		HTTPClient: hc, Connections: cmp.Or(m.Connections, opts.Connections),
+		GRPCDialOptions: grpcDialOptions(opts),
 	})
 	if err != nil {
 		return nil, err

@@ -49,6 +49,9 @@ type ModelLoad struct {
 	Model    string `yaml:"model"`
 	Version  string `yaml:"version"`
 	Protocol string `yaml:"protocol"` // rest, rest-binary or grpc (default)
+	// Connections is how many gRPC connections the model's requests take
+	// in turn; 0: the run's (--connections, DefaultConnections).
+	Connections int `yaml:"connections"`
 	// SLO and Class override what the server reports for the model when
 	// classifying outcomes; zero: the server's.
 	SLO   time.Duration `yaml:"slo"`
@@ -198,6 +201,11 @@ func (sc *Scenario) Validate() error {
 		}
 		if !slices.Contains([]string{ProtoREST, ProtoRESTBinary, ProtoGRPC}, m.Protocol) {
 			bad(f+".protocol", "want rest, rest-binary or grpc, got %q", m.Protocol)
+		}
+		if m.Connections < 0 || m.Connections > clientMaxConnections {
+			bad(f+".connections", "want 0 (the run's) to %d, got %d", clientMaxConnections, m.Connections)
+		} else if m.Connections > 0 && m.Protocol != ProtoGRPC {
+			bad(f+".connections", "only for protocol grpc (REST opens connections as its requests need them)")
 		}
 		if m.Class != "" && m.Class != LatencyCritical && m.Class != BestEffort {
 			bad(f+".class", "want latency-critical or best-effort, got %q", m.Class)

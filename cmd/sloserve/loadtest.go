@@ -59,6 +59,7 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var serverSets setFlags
 	fs.Var(&serverSets, "server-set", "with --serve/--compare: a server config override key=value (repeatable)")
 	maxInFlight := fs.Int("max-inflight", 0, "requests in flight per model before arrivals are dropped by the generator (default 2048)")
+	connections := fs.Int("connections", 0, fmt.Sprintf("gRPC connections per gRPC model, for models whose scenario does not give connections (default %d)", loadtest.DefaultConnections))
 	quiet := fs.Bool("quiet", false, "no progress line")
 	var sec clientSecurity
 	fs.StringVar(&sec.tokenFile, "token-file", "", "a file holding the bearer token to send (default: $"+tokenEnv+" when set)")
@@ -87,7 +88,10 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	opts := loadtest.Options{
 		HTTPBase: strings.TrimSuffix(*httpBase, "/"), GRPCAddr: *grpcAddr,
-		Duration: *duration, MaxInFlight: *maxInFlight,
+		Duration: *duration, MaxInFlight: *maxInFlight, Connections: *connections,
+	}
+	if *connections < 0 {
+		return fmt.Errorf("--connections %d: want 1 or more (0: %d)", *connections, loadtest.DefaultConnections)
 	}
 	if err := sec.apply(&opts, os.Getenv); err != nil {
 		return err
