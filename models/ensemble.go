@@ -121,14 +121,9 @@ func (r *Registry) stepsReadyLocked(e *ensemble) (bool, string) {
 // check found: nil when the steps fit. A step without a serving version
 // is left to its own error. The caller holds r.mu, read or write.
 func (r *Registry) stepsMatchLocked(e *ensemble) error {
-	steps := e.cfg.Ensemble.Steps
-	current := make([]*version, len(steps))
-	for i, s := range steps {
-		_, v, err := r.findLocked(s.Model, s.Version)
-		if err != nil {
-			return nil
-		}
-		current[i] = v
+	current, ok := r.stepVersionsLocked(e)
+	if !ok {
+		return nil
 	}
 	e.checkMu.Lock()
 	defer e.checkMu.Unlock()
@@ -141,6 +136,21 @@ func (r *Registry) stepsMatchLocked(e *ensemble) error {
 		r.log.Warn("ensemble out of service", "model", e.name, "error", e.mismatch)
 	}
 	return e.mismatch
+}
+
+// stepVersionsLocked returns the versions e's steps are served by now;
+// false when a step has none. The caller holds r.mu.
+func (r *Registry) stepVersionsLocked(e *ensemble) ([]*version, bool) {
+	steps := e.cfg.Ensemble.Steps
+	current := make([]*version, len(steps))
+	for i, s := range steps {
+		_, v, err := r.findLocked(s.Model, s.Version)
+		if err != nil {
+			return nil, false
+		}
+		current[i] = v
+	}
+	return current, true
 }
 
 // loadEnsemble loads an ensemble whose config has been read: it checks
@@ -165,9 +175,7 @@ func (r *Registry) loadEnsemble(ctx context.Context, m *model, cfg *configs.Mode
 		inputs: toSpecs(cfg.Inputs), outputs: toSpecs(cfg.Outputs)}
 	r.mu.RLock()
 	err = r.checkStepsLocked(e)
-	if err == nil {
-		err = r.stepsMatchLocked(e) // records the versions checked
-	}
+	e.checked, _ = r.stepVersionsLocked(e) // what was checked, not checked again
 	r.mu.RUnlock()
 	if err != nil {
 		err = fmt.Errorf("%w: %s: %w", ErrBadConfig, cfg.File, err)
