@@ -7,7 +7,8 @@ package loadtest
 //
 // The generator must not be the bottleneck, so all the work that does not
 // depend on the request is done once in NewClient: the REST body is encoded
-// whole, the HTTP request is a template copied per send, and the gRPC
+// whole and sent with its request line and headers, written once, over
+// HTTP/1.1 connections of the client's own (client_wire.go), and the gRPC
 // message is marshalled once and its bytes sent by every request as they
 // are (clientCodec), spread round-robin over several connections, as ghz
 // does: one HTTP/2 connection carries its calls' messages one frame at a
@@ -22,6 +23,7 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -95,10 +97,18 @@ type ClientOptions struct {
 	// ServerTimeout, when above 0, is sent as the "timeout" parameter
 	// instead of Timeout; below 0, no timeout parameter is sent.
 	ServerTimeout time.Duration
-	// HTTPClient is shared by the REST protocols; nil: the client makes its
-	// own, tuned for load (keep-alive, up to 1024 idle connections to the
-	// server, no overall timeout, no proxy, no compression).
+	// HTTPClient, when set, carries the REST requests through net/http
+	// (a proxy, a transport of the caller's); nil: the client sends them
+	// over HTTP/1.1 connections of its own, the same bytes net/http would
+	// write (no proxy, no compression), for a fraction of the CPU: keep-
+	// alive, up to 1024 idle connections, no overall timeout.
 	HTTPClient *http.Client
+	// TLS is the client side of TLS for an https:// HTTPBase when
+	// HTTPClient is nil; nil: the system's roots.
+	TLS *tls.Config
+	// Header holds headers every REST request carries besides its own,
+	// e.g. Authorization.
+	Header http.Header
 	// GRPCConn is a shared connection for gRPC; nil: the client dials
 	// Connections connections to GRPCAddr with GRPCDialOptions and closes
 	// them on Close.
@@ -130,10 +140,10 @@ type Client struct {
 	timeout        time.Duration
 
 	// REST.
-	httpClient *http.Client
-	ownHTTP    bool
+	httpClient *http.Client  // nil: wire
 	httpReq    *http.Request // a template: each send copies it with its context and a body
 	body       []byte        // the encoded request body
+	wire       *restWire     // without HTTPClient: the client's own connections
 
 	// gRPC.
 	grpcConns  []*grpc.ClientConn // requests take them in turn
@@ -264,18 +274,23 @@ func (c *Client) initREST(opts ClientOptions, timeoutUS int64) error {
 	} else {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	for k, v := range opts.Header {
+		req.Header[http.CanonicalHeaderKey(k)] = v
+	}
 
 	c.httpReq, c.body = req, body
 	c.httpClient = opts.HTTPClient
 	if c.httpClient == nil {
-		c.httpClient, c.ownHTTP = clientNewHTTP(), true
+		c.wire, err = newRESTWire(req, body, opts.TLS)
 	}
-	return nil
+	return err
 }
 
-// clientNewHTTP makes an HTTP client for load: many kept-alive connections
-// to one server, no overall timeout (each request has its own), no proxy
-// between generator and server, and no gzip to decode.
+// clientNewHTTP makes a net/http client for load, as the REST protocols
+// used before they had connections of their own (and the tests' reference
+// for the bytes those send): many kept-alive connections to one server, no
+// overall timeout (each request has its own), no proxy between generator
+// and server, and no gzip to decode.
 func clientNewHTTP() *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
@@ -509,8 +524,8 @@ func (c *Client) Close() error {
 				c.closeErr = errors.Join(c.closeErr, conn.Close())
 			}
 		}
-		if c.ownHTTP {
-			c.httpClient.CloseIdleConnections()
+		if c.wire != nil {
+			c.wire.close()
 		}
 	})
 	return c.closeErr
@@ -533,8 +548,11 @@ func (c *Client) Infer(ctx context.Context) (o Outcome, detail string) {
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	if c.grpcMsg != nil {
+	switch {
+	case c.grpcMsg != nil:
 		return c.inferGRPC(ctx)
+	case c.wire != nil:
+		return c.inferWire(ctx)
 	}
 	return c.inferREST(ctx)
 }

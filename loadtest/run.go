@@ -105,9 +105,6 @@ func grpcDialOptions(opts Options) []grpc.DialOption {
 	return out
 }
 
-// generatorDetail is the Detail of an arrival the generator could not send.
-const generatorDetail = "generator: too many requests in flight"
-
 // Execute runs scenario sc against a running server and returns every
 // request's record, the server's shares over the run and its adjuster's
 // decisions. Cancelling ctx ends the run early; what was recorded so far is
@@ -250,7 +247,8 @@ type driver struct {
 	clients  int             // closed loop
 	timeout  time.Duration
 	version  string
-	inflight chan struct{}
+	// maxInFlight bounds an open loop's requests in flight (Pacer).
+	maxInFlight int
 
 	mu      sync.Mutex
 	records []Record
@@ -296,18 +294,22 @@ func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.
 	if timeout == 0 {
 		timeout = max(4*info.SLO, time.Second)
 	}
+	var header http.Header
+	if opts.Token != "" {
+		header = http.Header{"Authorization": {"Bearer " + opts.Token}}
+	}
 	client, err := NewClient(ClientOptions{
 		Protocol: m.Protocol, HTTPBase: opts.HTTPBase, GRPCAddr: opts.GRPCAddr,
 		Model: m.Model, Version: m.Version, Inputs: inputs,
 		Timeout: timeout, ServerTimeout: timeout,
-		HTTPClient: hc, Connections: cmp.Or(m.Connections, opts.Connections),
+		TLS: opts.TLS, Header: header, Connections: cmp.Or(m.Connections, opts.Connections),
 		GRPCDialOptions: grpcDialOptions(opts),
 	})
 	if err != nil {
 		return nil, err
 	}
 	d := &driver{info: info, client: client, timeout: timeout, version: m.Version,
-		inflight: make(chan struct{}, opts.MaxInFlight)}
+		maxInFlight: opts.MaxInFlight}
 	if m.Concurrency > 0 {
 		d.clients = m.Concurrency
 		d.info.Load = fmt.Sprintf("closed loop, %d clients", m.Concurrency)
@@ -341,32 +343,15 @@ func (d *driver) drive(ctx context.Context, start, end time.Time) {
 		}
 		return
 	}
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for _, at := range d.arrivals {
-		if wait := time.Until(start.Add(at)); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-			}
-		} else if ctx.Err() != nil {
-			return
-		}
-		select {
-		case d.inflight <- struct{}{}:
-		default:
+	pacer := Pacer{Start: start, MaxInFlight: d.maxInFlight, MaxLag: d.timeout,
+		Send: func(_ int, at time.Duration) { d.send(ctx, start, at) },
+		Drop: func(_ int, at time.Duration, detail string) {
 			if at >= 0 {
-				d.add(Record{Scheduled: at, Sent: at, Outcome: Dropped, Detail: generatorDetail})
+				d.add(Record{Scheduled: at, Sent: at, Outcome: Dropped, Detail: detail})
 			}
-			continue
-		}
-		wg.Go(func() {
-			defer func() { <-d.inflight }()
-			d.send(ctx, start, at)
-		})
+		},
 	}
+	pacer.Run(ctx, d.arrivals)
 }
 
 // send sends one request scheduled at offset at and records it when it
@@ -429,7 +414,7 @@ func progress(ctx context.Context, w io.Writer, rewrite bool, start time.Time, t
 			if done > 0 {
 				att = fmt.Sprintf("%.0f%%", 100*float64(cur.good-prev[i].good)/float64(done))
 			}
-			fmt.Fprintf(&b, " %s %d/s good %s, in flight %d;", d.info.Name, cur.sent-prev[i].sent, att, len(d.inflight))
+			fmt.Fprintf(&b, " %s %d/s good %s, in flight %d;", d.info.Name, cur.sent-prev[i].sent, att, cur.sent-cur.done)
 			prev[i] = cur
 			behind = max(behind, time.Duration(d.lagMax.Swap(0)))
 		}

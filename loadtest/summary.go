@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sloserve/sloserve/control"
@@ -80,6 +81,15 @@ type Generator struct {
 	// Late counts records sent more than generatorLateLag after their
 	// schedule.
 	Late int `json:"late"`
+	// Dropped counts the arrivals the generator never sent (too many in
+	// flight, or behind schedule by more than the request's timeout): they
+	// are among the dropped requests, and the server never saw them.
+	Dropped int `json:"dropped"`
+	// ClientTimeouts counts the requests dropped at the client's own
+	// timeout: the server saw them and counts them as whatever became of
+	// them (often late or dropped). The other dropped requests are the
+	// server's (504 / DEADLINE_EXCEEDED).
+	ClientTimeouts int `json:"client_timeouts"`
 	// Behind is set when the p99 lag is over generatorLateLag: the
 	// generator, not the server, may have limited the run.
 	Behind bool `json:"behind"`
@@ -364,6 +374,12 @@ func summaryGenerator(recs []Record) Generator {
 		lags[i] = summaryMs(rec.Lag())
 		if rec.Lag() > generatorLateLag {
 			g.Late++
+		}
+		switch {
+		case rec.Outcome == Dropped && strings.HasPrefix(rec.Detail, "generator: "):
+			g.Dropped++
+		case rec.Outcome == Dropped && rec.Detail == "client timeout":
+			g.ClientTimeouts++
 		}
 	}
 	slices.Sort(lags)

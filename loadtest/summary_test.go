@@ -319,6 +319,13 @@ func TestSummarizeGenerator(t *testing.T) {
 		{"exactly 10 ms is not late", lags(10, 10, 10), Generator{LagP50ms: 10, LagP99ms: 10, LagMaxms: 10}},
 		{"0..99 ms", lags(zeroTo99...), Generator{LagP50ms: 49, LagP99ms: 98, LagMaxms: 99, Late: 89, Behind: true}},
 		{"a few late ones do not make it behind", lags(append(make([]float64, 99), 500)...), Generator{LagMaxms: 500, Late: 1}},
+		{"who dropped", []Record{
+			{Outcome: Dropped, Detail: generatorDetail},
+			{Outcome: Dropped, Detail: generatorLateDetail},
+			{Outcome: Dropped, Detail: "client timeout"},
+			{Outcome: Dropped, Detail: "504: request dropped"},
+			{Outcome: Failed, Detail: "transport: EOF"},
+		}, Generator{Dropped: 2, ClientTimeouts: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
