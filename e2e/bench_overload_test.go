@@ -28,8 +28,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -349,6 +351,58 @@ func writeExamples(sb *strings.Builder, name string, p *phaseResult) {
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
+// ovKind is who decided a request's outcome and what they said: the
+// outcome, then the status (HTTP or gRPC) and the start of its message, or
+// "generator" for an arrival never sent, or "client timeout".
+func ovKind(r *lcRecord) string {
+	if r.err == nil {
+		return lcOutcomeNames[r.outcome]
+	}
+	msg := r.err.Error()
+	if st, ok := status.FromError(r.err); ok {
+		msg = st.Message()
+		if !strings.HasPrefix(msg, "client timeout") && !strings.Contains(msg, ": ") {
+			msg = st.Code().String() + ": " + msg
+		}
+	}
+	if errors.Is(r.err, errGenerator) {
+		msg = "generator (never sent, the server never saw it): " + strings.TrimPrefix(msg, errGenerator.Error()+": ")
+	}
+	if len(msg) > 100 {
+		msg = msg[:100]
+	}
+	return lcOutcomeNames[r.outcome] + " " + msg
+}
+
+// writeCountsCompared writes how the client's counts of the detector's
+// requests and its scheduler's relate: the scheduler counts the requests
+// that reached admission (refusals from the headers included); the client
+// also counts what the server refused before admission (the memory
+// budget's 429 / RESOURCE_EXHAUSTED, gRPC calls refused unread: no model's
+// count has them, and both are server-wide), arrivals the generator never
+// sent, its own timeouts (the server counts those as whatever became of
+// them) and transport failures; a request good in the scheduler is late at
+// the client when its answer took too long on the way back.
+func writeCountsCompared(sb *strings.Builder, recs []*lcRecord, p *phaseResult, server overloadOutcomes, memRefused, unread float64) {
+	kinds := map[string]int{}
+	for _, r := range recs {
+		kinds[ovKind(r)]++
+	}
+	names := slices.Collect(maps.Keys(kinds))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(kinds[b]-kinds[a], strings.Compare(a, b)) })
+	fmt.Fprintf(sb, "detector, counted by the client: %d arrivals; %d good, %d late, %d rejected, %d dropped, %d failed. By the scheduler: %.0f good, %.0f late, %.0f rejected, %.0f dropped; server-wide, refused before any model's count: %.0f by the memory budget, %.0f gRPC calls unread\n",
+		p.sent, p.counts[lcGood], p.counts[lcLate], p.counts[lcRejected], p.counts[lcDropped], p.counts[lcFailed],
+		server.good, server.late, server.rejected, server.dropped, memRefused, unread)
+	fmt.Fprintf(sb, "detector at the client by kind (who decided, what they said):\n")
+	for i, k := range names {
+		if i == 10 {
+			fmt.Fprintf(sb, "  ... %d more kinds\n", len(names)-i)
+			break
+		}
+		fmt.Fprintf(sb, "  %7d  %s\n", kinds[k], k)
+	}
+}
+
 // BenchmarkOverload offers each model SLOSERVE_OVERLOAD_FACTOR times its
 // capacity for SLOSERVE_OVERLOAD_DURATION and reports the detector's goodput
 // against its capacity, the readiness probe's latency and the memory used,
@@ -358,7 +412,15 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // SLOSERVE_OVERLOAD_CONNECTIONS (loadtest.DefaultConnections) connections
 // per model; grpc-generated is the client the benchmark had before, for
 // comparison: the generated client on one connection per model,
-// marshalling every call. The generator (this process, with
+// marshalling every call. Over rest it sends as loadtest's client does
+// (rest-binary: headers and body written once, sent with one writev over
+// its own kept-alive connections); rest-nethttp is the net/http sender the
+// benchmark had before. Arrivals go through loadtest.Pacer with at most
+// SLOSERVE_OVERLOAD_MAX_INFLIGHT (256) requests per model in flight and
+// none sent over ovMaxLag late: the others are dropped by the generator,
+// counted and never sent, so a starved generator neither grows nor runs
+// on. The report compares the client's counts of the detector with its
+// scheduler's and lists the client's by kind. The generator (this process, with
 // its prober and sampler) runs confined to SLOSERVE_OVERLOAD_GENERATOR_CPUS
 // (0.5; 0: unconfined) in a cgroup of its own, as clients on other
 // machines would be, and the run fails when the generator's cgroup used
@@ -382,8 +444,8 @@ func BenchmarkOverload(b *testing.B) {
 	fmt.Printf("calibration: detector p50 %.1f ms (batch 1), %.1f ms (batch 4); capacity %.1f req/s; recogniser capacity %.1f req/s; detector SLO %.0f ms\n",
 		ms(cal.solo), ms(cal.batch4), cal.lcCapacity, cal.beCapacity, cal.sloMS)
 	for _, proto := range protocols {
-		if proto != "grpc" && proto != "rest" && proto != "grpc-generated" {
-			b.Fatalf("SLOSERVE_OVERLOAD_PROTOCOLS: unknown protocol %q (grpc, rest, grpc-generated)", proto)
+		if proto != "grpc" && proto != "rest" && proto != "grpc-generated" && proto != "rest-nethttp" {
+			b.Fatalf("SLOSERVE_OVERLOAD_PROTOCOLS: unknown protocol %q (grpc, rest, grpc-generated, rest-nethttp)", proto)
 		}
 		b.Run(proto, func(b *testing.B) { overloadRun(b, proto, cal, factor, dur, genCPUs) })
 	}
@@ -487,6 +549,31 @@ func grpcSender(b *testing.B, s *testServer, msg *inference.ModelInferRequest, c
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { c.Close() })
+	return loadtestSend(c)
+}
+
+// restClientSender sends msg's request as the load generator does over
+// REST (loadtest.Client, rest-binary): the body encoded once and written
+// with its prepared headers in one call over the client's own kept-alive
+// connections. It returns the outcome as a gRPC status, as classify reads
+// it, with the client's detail as the message.
+func restClientSender(b *testing.B, s *testServer, msg *inference.ModelInferRequest) func(context.Context) error {
+	in := msg.Inputs[0]
+	c, err := loadtest.NewClient(loadtest.ClientOptions{
+		Protocol: loadtest.ProtoRESTBinary, HTTPBase: s.http, Model: msg.ModelName,
+		Inputs:        []loadtest.Tensor{{Name: in.Name, DataType: in.Datatype, Shape: in.Shape, Raw: msg.RawInputContents[0]}},
+		ServerTimeout: -1,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return loadtestSend(c)
+}
+
+// loadtestSend turns a loadtest.Client's outcomes into the gRPC statuses
+// classify reads.
+func loadtestSend(c *loadtest.Client) func(context.Context) error {
 	return func(ctx context.Context) error {
 		switch o, detail := c.Infer(ctx); o {
 		case loadtest.Good:
@@ -515,8 +602,116 @@ func ovConnections(b *testing.B) int {
 	return n
 }
 
+// ovMaxLag is how late the overload generator may send a request: one it
+// comes to later than that is dropped by the generator, never sent.
+const ovMaxLag = time.Second
+
+// errGenerator is the error of an arrival the generator did not send.
+var errGenerator = errors.New("not sent by the generator")
+
+// ovOpenLoop is openLoopWith with its memory bounded: Poisson arrivals of
+// rate per second for d, each sent from a goroutine of its own at its time
+// (loadtest.Pacer), at most maxInFlight at once; an arrival that finds
+// maxInFlight in flight or comes over ovMaxLag late is recorded as dropped
+// with errGenerator and not sent. When the generator falls behind (too
+// little CPU, a server slow to read) it drops rather than piles up
+// goroutines, calls and their buffers, which grew a starved generator to
+// 13 GB and a run past 18 minutes.
+func ovOpenLoop(send func(context.Context) error, rate float64, d, slo time.Duration, maxInFlight int, rng *rand.Rand) []*lcRecord {
+	var arrivals []time.Duration
+	for at := time.Duration(0); ; {
+		at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		if at >= d {
+			break
+		}
+		arrivals = append(arrivals, at)
+	}
+	recs := make([]*lcRecord, len(arrivals))
+	start := time.Now()
+	p := loadtest.Pacer{Start: start, MaxInFlight: maxInFlight, MaxLag: ovMaxLag,
+		Send: func(i int, at time.Duration) {
+			sent := time.Now()
+			rec := &lcRecord{lag: sent.Sub(start.Add(at))}
+			// A safety net only: far longer than any queue here lasts.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := send(ctx)
+			rec.latency = time.Since(sent)
+			rec.outcome, rec.err = classify(err, rec.latency, slo), err
+			recs[i] = rec
+		},
+		Drop: func(i int, at time.Duration, detail string) {
+			recs[i] = &lcRecord{lag: time.Since(start.Add(at)), outcome: lcDropped,
+				err: fmt.Errorf("%w: %s", errGenerator, detail)}
+		},
+	}
+	p.Run(context.Background(), arrivals)
+	return recs
+}
+
+// genMemSample is the most the generator process held at once.
+type genMemSample struct {
+	heapInuse  uint64 // Go heap in use, bytes
+	goroutines int
+	logBytes   int // the server's output the harness keeps
+}
+
+// genMemSampler reads the generator's own memory every second until
+// stopped: what grows when it falls behind shows here.
+type genMemSampler struct {
+	stopc chan struct{}
+	done  chan struct{}
+	max   genMemSample
+}
+
+func startGenMemSampler(s *testServer) *genMemSampler {
+	g := &genMemSampler{stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			var ms goruntime.MemStats
+			goruntime.ReadMemStats(&ms)
+			s.log.mu.Lock()
+			logBytes := s.log.b.Len()
+			s.log.mu.Unlock()
+			g.max.heapInuse = max(g.max.heapInuse, ms.HeapInuse)
+			g.max.goroutines = max(g.max.goroutines, goruntime.NumGoroutine())
+			g.max.logBytes = max(g.max.logBytes, logBytes)
+			select {
+			case <-g.stopc:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return g
+}
+
+func (g *genMemSampler) stop() genMemSample {
+	close(g.stopc)
+	<-g.done
+	return g.max
+}
+
+// ovMaxInFlight reads SLOSERVE_OVERLOAD_MAX_INFLIGHT: the requests per model
+// the generator keeps in flight at most (256).
+func ovMaxInFlight(b *testing.B) int {
+	v := os.Getenv("SLOSERVE_OVERLOAD_MAX_INFLIGHT")
+	if v == "" {
+		return 256
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("SLOSERVE_OVERLOAD_MAX_INFLIGHT=%q: want a count >= 1", v)
+	}
+	return n
+}
+
 func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, dur time.Duration, genCPUs float64) {
 	slo := time.Duration(cal.sloMS * float64(time.Millisecond))
+	maxInFlight := ovMaxInFlight(b)
 	var (
 		lcRecs, beRecs []*lcRecord
 		probe          *prober
@@ -525,11 +720,13 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		recovery       time.Duration
 		server         overloadOutcomes
 		confined       string
-		clientNote     = "REST with the binary tensor extension, bodies encoded once"
+		clientNote     string
 		cpu            cpuUse
 		gen            generatorLoad
 		elapsed        time.Duration
 		memRefused     float64 // limits.max_memory refusals over the load
+		unread         float64 // gRPC calls refused unread at limits.max_inflight_requests
+		genMem         genMemSample
 		memPeak        float64 // bytes reserved at most
 	)
 	for b.Loop() {
@@ -546,7 +743,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		warm.stop()
 		before = sampleProcs(b, s, 0, true)
 		first := detectorOutcomes(b, s)
-		memRefused0 := s.scrape(b)["sloserve_memory_refused_total"]
+		m0 := s.scrape(b)
+		memRefused0, unread0 := m0["sloserve_memory_refused_total"], m0["sloserve_requests_refused_unread_total"]
 
 		var sendLC, sendBE func(context.Context) error
 		switch proto {
@@ -557,7 +755,11 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		case "grpc-generated":
 			clientNote = "gRPC through the generated client, marshalled per call, one connection per model"
 			sendLC, sendBE = grpcSender(b, s, ovLCInfer(1), 1, true), grpcSender(b, s, ovBEInfer(), 1, true)
-		default:
+		case "rest":
+			clientNote = "REST with the binary tensor extension through loadtest's client: bodies encoded once, headers written once, its own kept-alive connections"
+			sendLC, sendBE = restClientSender(b, s, ovLCInfer(1)), restClientSender(b, s, ovBEInfer())
+		default: // rest-nethttp
+			clientNote = "REST with the binary tensor extension through net/http, bodies encoded once"
 			// Two clients, as two applications; refusals close their
 			// connections (the body is never read), so the pools refill.
 			newClient := func() *http.Client {
@@ -584,13 +786,14 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 		thr0, per0 := jail.stats()
 		start := time.Now()
 		probe = startProber(s)
+		genSampler := startGenMemSampler(s)
 		sm := startSampler(b, s, ovSampleEvery, false)
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			lcRecs = openLoopWith(sendLC, factor*cal.lcCapacity, dur, slo, rand.New(rand.NewPCG(ovSeed, 1)))
+			lcRecs = ovOpenLoop(sendLC, factor*cal.lcCapacity, dur, slo, maxInFlight, rand.New(rand.NewPCG(ovSeed, 1)))
 		})
 		wg.Go(func() {
-			beRecs = openLoopWith(sendBE, factor*cal.beCapacity, dur, time.Minute, rand.New(rand.NewPCG(ovSeed, 2)))
+			beRecs = ovOpenLoop(sendBE, factor*cal.beCapacity, dur, time.Minute, maxInFlight, rand.New(rand.NewPCG(ovSeed, 2)))
 		})
 		wg.Wait()
 		// The load lasts until its last request has ended, which is
@@ -603,12 +806,14 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 			process:   time.Duration((cpu1.generator - cpu0.generator) * float64(time.Second)),
 			throttled: thr1 - thr0, period: per1 - per0}
 		mem = sm.stop()
+		genMem = genSampler.stop()
 		probe.stop()
 		jail.leave()
 		cpu = cpuUse{cpu1.server - cpu0.server, cpu1.lc - cpu0.lc, cpu1.be - cpu0.be, cpu1.generator - cpu0.generator}
 		last := detectorOutcomes(b, s)
 		m := s.scrape(b)
 		memRefused, memPeak = m["sloserve_memory_refused_total"]-memRefused0, m["sloserve_memory_reserved_peak_bytes"]
+		unread = m["sloserve_requests_refused_unread_total"] - unread0
 		server = overloadOutcomes{last.good - first.good, last.late - first.late, last.rejected - first.rejected, last.dropped - first.dropped}
 
 		// Recovery: how long until a detector request is good again.
@@ -662,6 +867,7 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	tw.Flush()
 	fmt.Fprintf(&sb, "detector in the server's scheduler: %.0f good, %.0f late, %.0f rejected, %.0f dropped; good/capacity %.3f (the client saw %d good: %.0f on time in the scheduler became late on the way back)\n",
 		server.good, server.late, server.rejected, server.dropped, server.good/dur.Seconds()/cal.lcCapacity, lc.counts[lcGood], max(0, server.good-float64(lc.counts[lcGood])))
+	writeCountsCompared(&sb, lcRecs, lc, server, memRefused, unread)
 	secs := elapsed.Seconds()
 	fmt.Fprintf(&sb, "CPU in cores over the load (%v, until its last request ended): server %.2f, detector runner %.2f, recogniser runner %.2f, %s (of %d)\n",
 		elapsed.Round(100*time.Millisecond), cpu.server/secs, cpu.lc/secs, cpu.be/secs, gen, goruntime.NumCPU())
@@ -672,6 +878,8 @@ func overloadRun(b *testing.B, proto string, cal ovCalibration, factor float64, 
 	}
 	fmt.Fprintf(&sb, "readiness probes: %d answered, %d failed (%s); latency p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
 		len(probes), probeFails, probeErr, pctMS(probes, 0.5), pctMS(probes, 0.99), pctMS(probes, 1))
+	fmt.Fprintf(&sb, "generator memory (this process, sampled each second over the load): Go heap in use at most %.0f MiB, goroutines at most %d, the server's log kept for failure messages %.1f MiB (%d generator arrivals in flight at most: %d a model)\n",
+		mib(int64(genMem.heapInuse)), genMem.goroutines, mib(int64(genMem.logBytes)), 2*maxInFlight, maxInFlight)
 	fmt.Fprintf(&sb, "memory: server RSS %.0f MiB before, max %.0f MiB during, %.0f MiB after; runners %.0f / %.0f / %.0f MiB; server goroutines %.0f before, %.0f after\n",
 		mib(before.serverRSS), mib(maxServer), mib(after.serverRSS),
 		mib(before.runnerRSS), mib(maxRunners), mib(after.runnerRSS), before.goroutines, after.goroutines)
@@ -798,7 +1006,9 @@ func slope(xs, ys []float64) float64 {
 // for requests it serves (the overload SLOs): SLOSERVE_OVERLOAD_SENDERS
 // (16) closed-loop senders for SLOSERVE_OVERLOAD_GENERATOR_WINDOW (5s)
 // each. The CPU a rate of r requests a second needs is r times the cost;
-// the overload generator has SLOSERVE_OVERLOAD_GENERATOR_CPUS. The rates
+// the overload generator has SLOSERVE_OVERLOAD_GENERATOR_CPUS.
+// SLOSERVE_OVERLOAD_GENERATOR_CLIENTS (a comma-separated list of the client
+// column's names) runs only those clients. The rates
 // say what the machine carried at once, server included, on a connection
 // or several: read them as ratios within one run.
 func BenchmarkOverloadGenerator(b *testing.B) {
@@ -823,7 +1033,35 @@ func BenchmarkOverloadGenerator(b *testing.B) {
 		{fmt.Sprintf("grpc pre-encoded %d conns", loadtest.DefaultConnections), func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
 			return grpcSender(b, s, m, loadtest.DefaultConnections, false)
 		}},
-		{"rest binary", rest},
+		{"rest binary net/http", rest},
+		{"rest binary loadtest net/http", func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
+			// loadtest's client as it sent before its own connections:
+			// through a net/http client tuned as it was.
+			tr := &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}
+			hc := &http.Client{Transport: tr}
+			b.Cleanup(hc.CloseIdleConnections)
+			in := m.Inputs[0]
+			c, err := loadtest.NewClient(loadtest.ClientOptions{
+				Protocol: loadtest.ProtoRESTBinary, HTTPBase: s.http, Model: m.ModelName, HTTPClient: hc,
+				Inputs:        []loadtest.Tensor{{Name: in.Name, DataType: in.Datatype, Shape: in.Shape, Raw: m.RawInputContents[0]}},
+				ServerTimeout: -1,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Close() })
+			return loadtestSend(c)
+		}},
+		{"rest binary loadtest", func(s *testServer, m *inference.ModelInferRequest) func(context.Context) error {
+			return restClientSender(b, s, m)
+		}},
+	}
+	if v := os.Getenv("SLOSERVE_OVERLOAD_GENERATOR_CLIENTS"); v != "" {
+		keep := strings.Split(v, ",")
+		senderKinds = slices.DeleteFunc(senderKinds, func(k sender) bool { return !slices.Contains(keep, k.name) })
+		if len(senderKinds) == 0 {
+			b.Fatalf("SLOSERVE_OVERLOAD_GENERATOR_CLIENTS=%q names none of the clients", v)
+		}
 	}
 	cpuNow := func() time.Duration {
 		var ru syscall.Rusage
