@@ -416,7 +416,7 @@ func writeCountsCompared(sb *strings.Builder, recs []*lcRecord, p *phaseResult, 
 // (rest-binary: headers and body written once, sent with one writev over
 // its own kept-alive connections); rest-nethttp is the net/http sender the
 // benchmark had before. Arrivals go through loadtest.Pacer with at most
-// SLOSERVE_OVERLOAD_MAX_INFLIGHT (256) requests per model in flight and
+// SLOSERVE_OVERLOAD_MAX_INFLIGHT (1024) requests per model in flight and
 // none sent over ovMaxLag late: the others are dropped by the generator,
 // counted and never sent, so a starved generator neither grows nor runs
 // on. The report compares the client's counts of the detector with its
@@ -696,11 +696,12 @@ func (g *genMemSampler) stop() genMemSample {
 }
 
 // ovMaxInFlight reads SLOSERVE_OVERLOAD_MAX_INFLIGHT: the requests per model
-// the generator keeps in flight at most (256).
+// the generator keeps in flight at most (1024: two models' REST
+// connections, one a request, stay within the server's 4096).
 func ovMaxInFlight(b *testing.B) int {
 	v := os.Getenv("SLOSERVE_OVERLOAD_MAX_INFLIGHT")
 	if v == "" {
-		return 256
+		return 1024
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {
