@@ -38,8 +38,9 @@ const (
 	Rejected
 	// Dropped: never answered in time: dropped from the server's queue at
 	// its deadline (HTTP 504, gRPC DEADLINE_EXCEEDED), timed out in the
-	// client, or not sent because the generator had too many requests in
-	// flight.
+	// client, or not sent by the generator (Pacer): it had too many
+	// requests in flight, or came to the arrival more than the request's
+	// timeout after its time. The server never saw those.
 	Dropped
 	// Failed: any other error (5xx, transport errors, 4xx other than 429).
 	Failed
