@@ -166,6 +166,7 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 	held := a.heldLocked()
 	if a.share > 0 {
 		if promised := max(held, a.covered) + a.est; promised > a.share {
+			a.budget.refuse()
 			return fmt.Errorf("%w: a gRPC message being read needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",
 				errMemory, formatBytes(a.est), formatBytes(promised-a.est), formatBytes(a.share), connReadingShareDivisor)
 		}

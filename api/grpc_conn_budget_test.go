@@ -399,6 +399,9 @@ func TestGRPCConnectionShare(t *testing.T) {
 	if got := mem.Used(); got != share {
 		t.Errorf("four calls on a fresh connection hold %d bytes, want its share %d", got, share)
 	}
+	if got := mem.Refused(); got != 1 {
+		t.Errorf("sloserve_memory_refused_total counts %d refusals after the fifth call was refused at the connection's share, want 1", got)
+	}
 	fresh.conn.Close()
 	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
 		t.Fatalf("%d bytes held after the fresh connection closed", mem.Used())

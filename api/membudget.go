@@ -71,6 +71,15 @@ func (b *MemoryBudget) Refused() uint64 {
 	return b.refused.Load()
 }
 
+// refuse counts a refusal decided outside the budget's own arithmetic (a
+// connection's share of it), so sloserve_memory_refused_total counts every
+// request refused for memory.
+func (b *MemoryBudget) refuse() {
+	if b != nil {
+		b.refused.Add(1)
+	}
+}
+
 // take adds n bytes when they fit (or always, with force).
 func (b *MemoryBudget) take(n int64, what string, force bool) error {
 	if b == nil || n <= 0 {
