@@ -232,8 +232,8 @@ func BenchmarkMailboxSpareProc(b *testing.B) {
 
 // voluntarySwitches is how many times the threads of process pid have
 // gone to sleep so far (voluntary_ctxt_switches over /proc/pid/task):
-// each is a wake-up the process paid for, a count no busier machine
-// changes.
+// each is a wake-up the process paid for, a count that moves far less
+// with the machine's load than a time does.
 func voluntarySwitches(t testing.TB, pid int) int64 {
 	t.Helper()
 	paths, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
