@@ -74,18 +74,21 @@ type runnerFlags struct {
 
 // goProcs is the runner's GOMAXPROCS, 0 leaving Go's default: one per
 // call the server runs at once, at most the CPUs, and with a mailbox one
-// more. A mailbox worker waits for its next call in a futex system call;
-// were its processor the only one, Go's monitor would take it from the
-// sleeping worker once it saw it asleep for a tick (no processor idle)
-// and start a thread to look for work, which finds none and sleeps
-// again, and the monitor, all processors idle, sleeps until the next
-// call's entry into ONNX Runtime wakes it: thread wake-ups on every call,
-// just as the server and its clients want the cores for the answer.
-// With a processor idle the worker keeps its own while it waits (up to
-// 10 ms; it yields before each wait, see mailboxWorkers.work), and a
-// call wakes the worker's thread. Calls on the socket gain nothing from
-// the spare (their goroutines start where the frame was read), so a
-// runner without a mailbox has none.
+// more where the CPUs allow. A mailbox worker waits for its next call in
+// a futex system call; were its processor the only one, Go's monitor
+// would take it from the sleeping worker once it saw it asleep for a tick
+// (no processor idle) and start a thread to look for work, which finds
+// none and sleeps again, and the monitor, all processors idle, sleeps
+// until the next call's entry into ONNX Runtime wakes it: thread wake-ups
+// on every call, just as the server and its clients want the cores for
+// the answer. With a processor idle the worker keeps its own while it
+// waits (up to 10 ms; it yields now and then, see mailboxWorkers.work),
+// and a call wakes the worker's thread. Not beyond the CPUs: a runner of
+// 4 calls at once on 2 CPUs with a third processor answered 0.94x the
+// calls of one with two (8 callers, the two runners' windows interleaved,
+// median of 5), and a runner that busy keeps its processors busy anyway. Calls on the
+// socket gain nothing from the spare (their goroutines start where the
+// frame was read), so a runner without a mailbox has none.
 func (f runnerFlags) goProcs() int {
 	switch {
 	case f.procs > 0:
@@ -93,7 +96,7 @@ func (f runnerFlags) goProcs() int {
 	case f.calls <= 0:
 		return 0
 	case f.mailboxSlots > 0:
-		return min(f.calls, goruntime.NumCPU()) + 1
+		return min(f.calls+1, goruntime.NumCPU())
 	default:
 		return min(f.calls, goruntime.NumCPU())
 	}
@@ -133,7 +136,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.IntVar(&f.mailboxSlots, "mailbox-slots", 0, "slots of the call mailbox after the arena (0: none)")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
 	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
-	fs.IntVar(&f.procs, "procs", 0, "the Go scheduler's processors (0: one per call, at most the CPUs, and one more with a mailbox)")
+	fs.IntVar(&f.procs, "procs", 0, "the Go scheduler's processors (0: one per call, and one more with a mailbox, at most the CPUs)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
