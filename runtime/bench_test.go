@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,4 +174,87 @@ func benchRunnerInfer(b *testing.B, arena int64, slots int) {
 			b.ReportMetric(float64(ds[len(ds)/2].Nanoseconds())/1e3, "p50-µs")
 		})
 	}
+}
+
+// BenchmarkMailboxSpareProc compares, call by call in one run, a runner
+// whose Go scheduler has a spare processor beside its mailbox worker (the
+// default, runnerFlags.goProcs) with one that has as many as its calls
+// (--procs 1, as before), on example_dynamic_axes through the mailbox.
+// It reports each one's median call, their ratio and the runner's thread
+// sleeps per call. The calls are spaced by a pause, as a server's calls
+// to one runner mostly are; back to back, the worker never sleeps long
+// enough for the difference to show.
+func BenchmarkMailboxSpareProc(b *testing.B) {
+	model := testModel(b, "example_dynamic_axes.onnx")
+	start := func(args []string) *Runner {
+		cfg := testRunnerConfig(b, model)
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		cfg.Args = args
+		cfg.HealthInterval = time.Hour
+		return startTestRunner(b, cfg)
+	}
+	runners := []*Runner{start(nil), start([]string{"runner", "--procs", "1"})}
+	names := []string{"spare", "procs=calls"}
+	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+	for range 50 {
+		for _, r := range runners {
+			if _, err := r.Infer(b.Context(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var ds [2][]time.Duration
+	var before [2]int64
+	for i, r := range runners {
+		before[i] = voluntarySwitches(b, r.Pid())
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for i, r := range runners {
+			time.Sleep(200 * time.Microsecond)
+			t0 := time.Now()
+			if _, err := r.Infer(b.Context(), req); err != nil {
+				b.Fatal(err)
+			}
+			ds[i] = append(ds[i], time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	var p50 [2]float64
+	for i, r := range runners {
+		slices.Sort(ds[i])
+		p50[i] = float64(ds[i][len(ds[i])/2].Nanoseconds()) / 1e3
+		b.ReportMetric(p50[i], names[i]+"-p50-µs")
+		b.ReportMetric(float64(voluntarySwitches(b, r.Pid())-before[i])/float64(len(ds[i])), names[i]+"-sleeps/call")
+	}
+	b.ReportMetric(p50[0]/p50[1], "spare/procs=calls-p50")
+}
+
+// voluntarySwitches is how many times the threads of process pid have
+// gone to sleep so far (voluntary_ctxt_switches over /proc/pid/task):
+// each is a wake-up the process paid for, a count that moves far less
+// with the machine's load than a time does.
+func voluntarySwitches(t testing.TB, pid int) int64 {
+	t.Helper()
+	paths, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(paths) == 0 {
+		t.Skipf("no /proc/%d/task/*/status here", pid)
+	}
+	var n int64
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				k, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					t.Fatalf("%s: %q: %v", path, line, err)
+				}
+				n += k
+			}
+		}
+	}
+	return n
 }

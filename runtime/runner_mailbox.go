@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -289,6 +290,7 @@ func (w *mailboxWorkers) stop() {
 }
 
 func (w *mailboxWorkers) work(next int) {
+	var yielded time.Time
 	for {
 		bell := atomic.LoadUint32(w.doorbell())
 		if w.quit.Load() {
@@ -296,6 +298,18 @@ func (w *mailboxWorkers) work(next int) {
 		}
 		i, ok := w.take(next)
 		if !ok {
+			// Through Go's scheduler now and then before a sleep: a
+			// goroutine that has not been scheduled for 10 ms loses its
+			// processor to Go's monitor even while it sleeps in a system
+			// call, and a worker that only loops never is. Its processor
+			// taken, the monitor sleeps (every processor idle) and the
+			// next call wakes it. Not before every sleep: yielding wakes
+			// a thread to look for work on the idle processor
+			// (runnerFlags.goProcs), one per call.
+			if now := time.Now(); now.Sub(yielded) >= workerYieldEvery {
+				goruntime.Gosched()
+				yielded = now
+			}
 			atomic.AddUint32(w.sleepers(), 1)
 			if atomic.LoadUint32(w.doorbell()) == bell && !w.quit.Load() {
 				futexWait(w.doorbell(), bell, time.Second)
@@ -307,6 +321,11 @@ func (w *mailboxWorkers) work(next int) {
 		w.serve(i)
 	}
 }
+
+// workerYieldEvery is how often at most a mailbox worker yields before
+// it sleeps: well inside the 10 ms after which Go's monitor takes the
+// processor of a goroutine that has not been scheduled.
+const workerYieldEvery = 4 * time.Millisecond
 
 // take claims the first posted slot from next on.
 func (w *mailboxWorkers) take(next int) (int, bool) {

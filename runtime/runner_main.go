@@ -66,6 +66,40 @@ type runnerFlags struct {
 	// calls is how many calls the server runs at once (RunnerConfig.Calls);
 	// 0: Go's default processors.
 	calls int
+	// procs, when positive, is the Go scheduler's processors
+	// (GOMAXPROCS) instead of the ones goProcs derives from calls: for
+	// measurements that compare the two.
+	procs int
+}
+
+// goProcs is the runner's GOMAXPROCS, 0 leaving Go's default: one per
+// call the server runs at once, at most the CPUs, and with a mailbox one
+// more where the CPUs allow. A mailbox worker waits for its next call in
+// a futex system call; were its processor the only one, Go's monitor
+// would take it from the sleeping worker once it saw it asleep for a tick
+// (no processor idle) and start a thread to look for work, which finds
+// none and sleeps again, and the monitor, all processors idle, sleeps
+// until the next call's entry into ONNX Runtime wakes it: thread wake-ups
+// on every call, just as the server and its clients want the cores for
+// the answer. With a processor idle the worker keeps its own while it
+// waits (up to 10 ms; it yields now and then, see mailboxWorkers.work),
+// and a call wakes the worker's thread. Not beyond the CPUs: a runner of
+// 4 calls at once on 2 CPUs with a third processor answered 0.94x the
+// calls of one with two (8 callers, the two runners' windows interleaved,
+// median of 5), and a runner that busy keeps its processors busy anyway. Calls on the
+// socket gain nothing from the spare (their goroutines start where the
+// frame was read), so a runner without a mailbox has none.
+func (f runnerFlags) goProcs() int {
+	switch {
+	case f.procs > 0:
+		return f.procs
+	case f.calls <= 0:
+		return 0
+	case f.mailboxSlots > 0:
+		return min(f.calls+1, goruntime.NumCPU())
+	default:
+		return min(f.calls, goruntime.NumCPU())
+	}
 }
 
 // pathList is a repeatable string flag.
@@ -102,6 +136,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.IntVar(&f.mailboxSlots, "mailbox-slots", 0, "slots of the call mailbox after the arena (0: none)")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
 	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
+	fs.IntVar(&f.procs, "procs", 0, "the Go scheduler's processors (0: one per call, and one more with a mailbox, at most the CPUs)")
 	fs.StringVar(&f.provider.CudnnConvAlgoSearch, "cudnn-conv-algo-search", ConvAlgoExhaustive, "exhaustive, heuristic or default")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -117,6 +152,9 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	}
 	if f.calls < 0 {
 		errs = append(errs, fmt.Errorf("--calls %d is negative", f.calls))
+	}
+	if f.procs < 0 {
+		errs = append(errs, fmt.Errorf("--procs %d is negative", f.procs))
 	}
 	if f.arenaFD >= 0 && f.arenaSize <= 0 {
 		errs = append(errs, errors.New("--arena-fd needs a positive --arena-size"))
@@ -147,13 +185,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if f.calls > 0 {
+	if n := f.goProcs(); n > 0 {
 		// A call's goroutine starts where its frame was read; more
 		// processors than calls only add threads to wake and to steal
-		// work between (futex wake-ups on every call). A call in ONNX
-		// Runtime releases its processor to the next within a sysmon
-		// tick, so a late call is not stuck behind it.
-		goruntime.GOMAXPROCS(min(f.calls, goruntime.NumCPU()))
+		// work between (futex wake-ups on every call), except the
+		// mailbox's spare (goProcs). A call in ONNX Runtime releases its
+		// processor to the next within a sysmon tick, so a late call is
+		// not stuck behind it.
+		goruntime.GOMAXPROCS(n)
 	}
 	log := logger.With("model", f.model)
 	// Join the instance's cgroups first: ONNX Runtime's threads and the

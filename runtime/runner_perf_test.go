@@ -32,18 +32,24 @@ func TestOutputReserveDynamicAllocatesNothing(t *testing.T) {
 }
 
 // A runner's Go scheduler gets one processor per call it runs at once, at
-// most the CPUs; a runner of one call at a time has no second thread to
-// wake for each call.
+// most the CPUs; a runner of one call at a time on the socket has no
+// second thread to wake for each call. With a mailbox it has one more
+// where the CPUs allow, so that a worker waiting in the mailbox keeps its own
+// (runnerFlags.goProcs; measured by BenchmarkMailboxSpareProc).
 func TestRunnerProcessorsFollowCalls(t *testing.T) {
 	if goruntime.NumCPU() < 2 {
 		t.Skip("needs 2 CPUs to tell 1 processor from the default")
 	}
-	for _, calls := range []int{0, 1, 2, 64} {
-		t.Run(fmt.Sprintf("calls=%d", calls), func(t *testing.T) {
+	for _, tt := range []struct {
+		calls, slots int
+		spare        int
+	}{{0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {64, 0, 1}, {1, -1, 0}, {64, -1, 0}} {
+		t.Run(fmt.Sprintf("calls=%d/mailbox=%d", tt.calls, tt.slots), func(t *testing.T) {
 			cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
-			cfg.Calls = calls
+			cfg.Calls = tt.calls
+			cfg.MailboxSlots = tt.slots
 			r := startTestRunner(t, cfg)
-			want := fmt.Sprintf("procs=%d", min(max(1, calls), goruntime.NumCPU()))
+			want := fmt.Sprintf("procs=%d", min(max(1, tt.calls)+tt.spare, goruntime.NumCPU()))
 			// The line may reach the server's copy of the output after
 			// the runner answers.
 			p := r.serving.Load()
@@ -51,6 +57,9 @@ func TestRunnerProcessorsFollowCalls(t *testing.T) {
 				return strings.Contains(p.output.Tail(outputTailLines), want)
 			})
 		})
+	}
+	if _, err := parseRunnerFlags([]string{"--socket", "s", "--model", "m", "--library", "l", "--procs", "-1"}); err == nil {
+		t.Error("--procs -1 accepted")
 	}
 	if _, err := parseRunnerFlags([]string{"--socket", "s", "--model", "m", "--library", "l", "--calls", "-1"}); err == nil {
 		t.Error("--calls -1 accepted")
