@@ -113,7 +113,9 @@ func (s *testServer) closedLoop(t *testing.T, model string, slo time.Duration, c
 // in each phase (issue 29 aims at 0.5% of admitted). Admission and
 // batching predict each request at its own size, so the mix is served
 // about as well as the one shape; a predictor blind to size predicts
-// both widths as the mean of the two, and refused half of the mix.
+// both widths as the mean of the two, and refused half of the mix. The
+// MAPE /v2/control reports after each phase must be about the same (see
+// below for the bounds and why they are wide).
 func TestE2EPredictorMixedShapesLate(t *testing.T) {
 	const model = "cls"
 	const slo = 100 * time.Millisecond
@@ -144,10 +146,11 @@ profile:
 	}
 	const clients, each = 8, 60
 	one := s.closedLoop(t, model, slo, clients, each, 960)
+	oneMAPE, nOne := s.predictionMAPE(t, model+"/1")
 	mixed := s.closedLoop(t, model, slo, clients, each, 320, 1600)
 	mape, n := s.predictionMAPE(t, model+"/1")
-	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions",
-		100*one.lateShare(), 100*mixed.lateShare(), 100*mape, n)
+	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions at one shape, %.1f%% over %d at two",
+		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*mape, n)
 	// The same mean work is served about as well mixed as at one shape.
 	// A predictor blind to size executed half as many of the mix
 	// (measured once: 109 against 209 at one shape); sized, 0.70 to 1.6
@@ -155,6 +158,35 @@ profile:
 	// 10-20 on 2 cores). The margin is thin: the machine's noise is wide.
 	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.6*float64(exOne) {
 		t.Errorf("%d mixed-shape requests executed, under 0.6 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	}
+	// The MAPE of recent executions /v2/control reports: each batch's
+	// execution in the runner (the pool call: no queueing in it),
+	// against what was predicted for its size, batch and share. Under
+	// this load on a machine shared with four builds (load average 10
+	// to 31 on 2 cores) it measured 36 to 123% at one shape and 37 to
+	// 170% mixed in 30 runs, while the predicted and observed means of
+	// the same executions agreed within 35% in every phase (within 15%
+	// in most): a batch's time there is the other processes'
+	// preemptions as much as the model's, and the MAPE is that jitter
+	// (the 90.9% this test once logged). The online correction after
+	// the one shape, 1.1 to 2.7 in those runs, is that load too; until
+	// predictions stopped at the largest profiled share it carried
+	// another 2x besides (3.0 in one run), the model (one intra-op
+	// thread, pinned at the whole device) being predicted twice as fast
+	// as it can run (predictor's TestPredictorClampsAtTheLargestProfiledShare).
+	// The mix is predicted about as well as the one shape, within twice
+	// its MAPE plus 30 points (the mixed MAPE was up to 2.6 times the one
+	// shape's: the one shape's is as noisy), and both under 300%, a
+	// sanity ceiling: predictions 4x the observed time read 300%.
+	const maxMAPE = 3.0
+	if n < 50 || nOne < 50 {
+		t.Fatalf("the MAPE covers %d and %d executions, want 50 or more", nOne, n)
+	}
+	if bound := 2*oneMAPE + 0.3; mape > bound {
+		t.Errorf("/v2/control MAPE under two shapes %.1f%%, over twice the one shape's %.1f%% plus 30 points", 100*mape, 100*oneMAPE)
+	}
+	if max(mape, oneMAPE) > maxMAPE {
+		t.Errorf("/v2/control MAPE %.1f%% at one shape, %.1f%% at two: over %.0f%%", 100*oneMAPE, 100*mape, 100*maxMAPE)
 	}
 	// The late shares are reported, not bounded: on a machine shared with
 	// other work, stalls decide them (in 10 runs 3.2 to 11.2% at one

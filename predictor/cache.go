@@ -162,7 +162,9 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 	// the mean over at least 50 ms), not of single runs, and points far
 	// above the fit are measured again; a v4 profile of a short batch
 	// under a CPU quota held either of two speeds.
-	h.Write([]byte("sloserve-profile-v5\x00"))
+	// v6: windows of at least 200 ms; a v5 point of a batch under a
+	// CPU quota was up to 7% off by the quota's phase in its window.
+	h.Write([]byte("sloserve-profile-v6\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

@@ -12,7 +12,10 @@
 // curve fitted to all points (it was disturbed). Where the profile shows a
 // knee, a share past which a batch ran no faster (a GPU model whose kernels
 // cannot fill the device), predictions clamp the share at it: the smooth
-// curve would otherwise promise speed-ups no share gives. Where the sweep
+// curve would otherwise promise speed-ups no share gives; for the same
+// reason no prediction goes past the largest profiled share (a sweep
+// stops short of the whole device where no more share is of use: one
+// intra-op thread on two CPUs). Where the sweep
 // reads the instance's peak memory after each point, the profile also holds
 // each batch size's working set (Predictor.WorkingSet), from which the
 // control loop sizes memory shares.

@@ -18,9 +18,19 @@ const KneeTolerance = 0.05
 // knees under MPS) runs no faster past its knee, while the fitted curve,
 // smooth in the share, keeps falling; predictions clamp the share at the
 // knee so that no share past it looks useful.
+//
+// Past the largest profiled share (top) nothing was measured either, and
+// a profile stops below the whole device only where the sweep was told
+// that no larger share is of use (models' usefulShare: a CPU model of one
+// intra-op thread on two CPUs runs no faster than on one), so every batch
+// is clamped there too. Predicted past it from the curve, a share of 1
+// (what a latency-critical floor is predicted at) promised such a model
+// twice the speed of half the device; the online correction learnt the
+// 2x and then carried it to every share the adjuster asked about.
 type knees struct {
 	batches []int     // ascending
 	at      []float64 // the knee of batches[i]
+	top     float64   // the largest profiled share; 0 none
 }
 
 // findKnees reads the knees from a profile's points. A profile at several
@@ -40,7 +50,11 @@ func findKnees(points []Point) knees {
 		}
 	}
 	knee := map[int]float64{} // per batch; 2 means one of its sizes has none
+	var top float64
 	for g, pts := range byGroup {
+		for _, pt := range pts {
+			top = max(top, pt.Share)
+		}
 		slices.SortFunc(pts, func(x, y Point) int {
 			switch {
 			case x.Share < y.Share:
@@ -78,7 +92,7 @@ func findKnees(points []Point) knees {
 		idx[i] = i
 	}
 	slices.SortFunc(idx, func(x, y int) int { return k.batches[x] - k.batches[y] })
-	sorted := knees{batches: make([]int, len(idx)), at: make([]float64, len(idx))}
+	sorted := knees{batches: make([]int, len(idx)), at: make([]float64, len(idx)), top: top}
 	for i, j := range idx {
 		sorted.batches[i], sorted.at[i] = k.batches[j], k.at[j]
 	}
@@ -89,8 +103,12 @@ func findKnees(points []Point) knees {
 // when share is past it. A batch size between profiled ones takes the knee
 // of the next larger one (a larger batch fills more of the device, so its
 // knee is not smaller); one past the largest profiled batch is not
-// clamped, and neither is a batch whose profile showed no knee.
+// clamped, and neither is a batch whose profile showed no knee. Every
+// batch is clamped at the largest profiled share.
 func (k knees) clamp(batch int, share float64) float64 {
+	if k.top > 0 {
+		share = min(share, k.top)
+	}
 	i, _ := slices.BinarySearch(k.batches, batch)
 	if i == len(k.batches) {
 		return share

@@ -59,6 +59,49 @@ func TestPredictorClampsAtTheKnee(t *testing.T) {
 	}
 }
 
+// A model whose sweep stopped at half the device (one intra-op thread on
+// two CPUs: the sweep's shares are 1/8, 1/4 and 1/2, and a whole-device
+// floor runs it as fast as half) is predicted at a share of 1 as at 1/2,
+// not twice as fast. Served at 1, its executions then teach the online
+// correction nothing, and the adjuster's prediction at a quarter stays
+// the profile's. Predicted past the profile from the curve, share 1
+// promised 2x the speed, the correction learnt 2x, and the prediction at a
+// quarter came out twice the truth.
+func TestPredictorClampsAtTheLargestProfiledShare(t *testing.T) {
+	const half = 8 * time.Millisecond // batch 1 at share 1/2, the model's speed on one CPU
+	truth := func(b int, s float64) time.Duration {
+		return time.Duration(float64(b) * float64(half) * 0.5 / min(s, 0.5))
+	}
+	var points []Point
+	for _, s := range []float64{0.125, 0.25, 0.5} {
+		for _, b := range []int{1, 4} {
+			points = append(points, Point{Batch: b, Share: s, Latency: truth(b, s)})
+		}
+	}
+	prof, err := NewProfile("k", points, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := New(Options{})
+	p.SetProfile("m", prof)
+	p.SetShare("m", 1)
+	if d, _ := p.Estimate("m", 1); relErr(d.Seconds(), half.Seconds()) > 0.05 {
+		t.Errorf("batch 1 at share 1 predicted %v, want %v (the speed at 1/2) within 5%%", d, half)
+	}
+	for range 100 {
+		p.Observe("m", 1, truth(1, 1))
+		p.Observe("m", 4, truth(4, 1))
+	}
+	if c := p.Accuracy("m").Correction; c < 0.95 || c > 1.05 {
+		t.Errorf("correction %.2f after executions at share 1 that ran as profiled at 1/2, want 1 within 5%%", c)
+	}
+	for _, s := range []float64{0.25, 0.5, 1} {
+		if d, _ := p.Latency("m", 4, s); relErr(d.Seconds(), truth(4, s).Seconds()) > 0.05 {
+			t.Errorf("batch 4 at share %v predicted %v, want %v within 5%%", s, d, truth(4, s))
+		}
+	}
+}
+
 // A point slower than the same batch at a smaller share was disturbed: the
 // sweep measures it again and keeps the faster time.
 func TestSweepRemeasuresDisturbedPoints(t *testing.T) {
