@@ -125,3 +125,51 @@ func TestSimulatedGPUFirstMemoryIsTheWorkingSet(t *testing.T) {
 			ws8/mib, first/mib, limit/mib, good.Load(), refused.Load(), most/mib)
 	})
 }
+
+// Placement counts a loading model at its first memory share: two models
+// whose memory_limits and a shadow's room do not fit one device load
+// there once their working sets are cached. The first server loads one of
+// them alone; the second both, on a device of 6 GiB where 2 x 2.5 GiB of
+// limits and room for a 2.5 GiB shadow would not fit.
+func TestSimulatedGPUFirstMemoryPlacesMoreModels(t *testing.T) {
+	cache := t.TempDir()
+	model := "max_batch_size: 8\nslo: {latency_ms: 200, class: latency-critical}\n" +
+		"execution: {provider: cuda, simulated: {preset: resnet50}}\nresources: {memory_limit: 2560MiB}\n"
+	server := func(t *testing.T, names ...string) *house {
+		cfg := configs.DefaultServer()
+		cfg.GPU.Simulator.Devices = 1
+		cfg.GPU.Simulator.Memory = 6 << 30
+		cfg.GPU.Placement = configs.GPUPlacement{Enabled: true, Period: 10 * time.Second, MinGain: 0.1, MinResidence: 30 * time.Second}
+		cfg.Control.Policy = control.SharePolicyAdaptive
+		cfg.Control.Profile.CacheDir = cache
+		cfgs := map[string]string{}
+		for _, n := range names {
+			cfgs[n] = model
+		}
+		_, h, _ := placedServer(t, cfg, cfgs)
+		return h
+	}
+	synctest.Test(t, func(t *testing.T) {
+		h := server(t, "a")
+		if ok, _ := h.reg.ModelReady("a", ""); !ok {
+			t.Fatal("a alone did not load")
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		h := server(t, "a", "b")
+		for _, m := range []string{"a", "b"} {
+			if ok, _ := h.reg.ModelReady(m, ""); !ok {
+				why := ""
+				for _, e := range h.reg.IndexKnown(false) {
+					if e.Name == m {
+						why = e.Reason
+					}
+				}
+				t.Fatalf("%s did not load beside the other on 6 GiB with their working sets cached: %s", m, why)
+			}
+		}
+		if got := h.sim.Devices()[0].MemoryPinned(); got >= 5<<30 {
+			t.Errorf("the device pins %d MiB after load, want the two first shares, well under 2 x 2560 MiB", got>>20)
+		}
+	})
+}
