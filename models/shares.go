@@ -58,8 +58,12 @@ func (r *Registry) initialShare(cfg *configs.Model, path string) limiter.Share {
 // set anyway starts there: the GPU day scaled to 36 models pinned 150 GiB
 // of memory_limits at load, more than four 40 GiB devices hold, and about
 // 33 GiB a minute later.
+//
+// A model whose config pins its share (compute_share) keeps its limit:
+// the pin is compute_share and memory_limit, and a smaller first share
+// would be replaced by the pin at once.
 func (r *Registry) firstMemory(path string, cfg *configs.Model) int64 {
-	if r.opts.FirstMemory == nil || path == "" {
+	if r.opts.FirstMemory == nil || path == "" || cfg.Resources.ComputeShare > 0 {
 		return 0
 	}
 	m := r.opts.FirstMemory(path, cfg)
