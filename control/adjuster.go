@@ -280,6 +280,7 @@ type tracked struct {
 	// effect yet (nil: none), with the decision that asked for it, the
 	// share it replaces and when it was asked for.
 	pending       *limiter.Share
+	firstPending  bool // pending is the model's first share (see staggerFirst)
 	pendingD      decision
 	pendingReason string
 	pendingOld    limiter.Share
@@ -567,16 +568,44 @@ func (a *Adjuster) pass(ctx context.Context) {
 		return limiter.LimitedOrWhole(p.next[name].Compute) - limiter.LimitedOrWhole(a.models[name].applied.Compute)
 	}
 	slices.SortStableFunc(order, func(x, y string) int { return cmp.Compare(delta(x), delta(y)) })
+	first := a.firstSwapping()
 	for _, name := range order {
 		if ctx.Err() != nil {
 			return
 		}
+		t := a.models[name]
+		if a.staggerFirst() && !t.hasApplied && first {
+			continue // after the first swap in flight (a later pass)
+		}
 		a.apply(ctx, now, name, p.next[name], p.ds[name])
+		first = first || t.firstPending
 	}
 	if a.policy.Forecasts() && a.opts.MemoryBudget > 0 && ctx.Err() == nil {
 		a.evictIdle(ctx, now, states, p)
 	}
 	a.publish(states, p.ds)
+}
+
+// staggerFirst reports whether the models' first shares go one at a time:
+// where every share is a cap (MPS) each is a new client started beside
+// the one load started, both pinning their memory until it takes over,
+// and the first pass after load sizes most of a device's models at once
+// (six swaps at once, 20.4 GiB pinned on one device, on the GPU day
+// scaled to 36 models on nine simulated GPUs). A model's later shares do
+// not wait: a service's growth must not queue behind its neighbours'.
+func (a *Adjuster) staggerFirst() bool {
+	_, async := a.opts.Actuator.(AsyncActuator)
+	return a.opts.CapsOnly && async
+}
+
+// firstSwapping reports whether a model's first share is still starting.
+func (a *Adjuster) firstSwapping() bool {
+	for _, t := range a.models {
+		if t.pending != nil && t.firstPending {
+			return true
+		}
+	}
+	return false
 }
 
 // notePins records the pin in effect for a model and the events of its
@@ -792,7 +821,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 		a.failed(now, name, t.applied, want, d, err)
 		return
 	}
-	old := t.applied
+	old, first := t.applied, !t.hasApplied
 	if !t.hasApplied || !sameCompute(want.Compute, old.Compute, shareEpsilon) {
 		t.lastChange = now
 	}
@@ -816,7 +845,7 @@ func (a *Adjuster) apply(ctx context.Context, now time.Time, name string, want l
 	if isAsync {
 		if _, pending, _ := async.ShareInEffect(name); pending {
 			if t.pending == nil {
-				t.pendingOld = old
+				t.pendingOld, t.firstPending = old, first
 			}
 			t.pending, t.pendingD, t.pendingReason, t.pendingFrom = &want, d, reason, now
 			return // settlePending tells the predictor once it is in effect

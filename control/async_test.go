@@ -25,7 +25,8 @@ type asyncActuator struct {
 	slow     int            // polls a request stays pending
 	swapErr  error          // the next finished request fails with it
 	lastErr  map[string]error
-	sync     int // SetShare calls: must stay 0
+	sync     int      // SetShare calls: must stay 0
+	asked    []string // the models of the RequestShare calls, in order
 }
 
 var _ AsyncActuator = (*asyncActuator)(nil)
@@ -46,6 +47,7 @@ func (f *asyncActuator) RequestShare(model string, s limiter.Share) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.want[model], f.left[model] = s, f.slow
+	f.asked = append(f.asked, model)
 	return nil
 }
 
@@ -105,6 +107,52 @@ func TestAdjusterAsyncResize(t *testing.T) {
 		}
 		if act.sync != 0 {
 			t.Errorf("%d SetShare calls", act.sync)
+		}
+	})
+}
+
+// Where every share is a new client (CapsOnly: MPS) the models' first
+// shares go one at a time: the next model's first share is asked for
+// once the one before is in effect, so that the device never holds more
+// than one first swap's two clients. A model's later shares do not wait.
+func TestAdjusterStaggersFirstSwapsOnMPS(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		act := newAsyncActuator(2)
+		ah := newAdjHarness(t, AdjusterOptions{Actuator: act, CapsOnly: true},
+			qos.ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "b", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+			qos.ModelSpec{Name: "c", Class: lc, SLO: 100 * ms, MaxBatchSize: 4},
+		)
+		for _, m := range []string{"a", "b", "c"} {
+			ah.pred.setRate(m, 10)
+		}
+		ah.start()
+		pending := func() (n int) {
+			act.mu.Lock()
+			defer act.mu.Unlock()
+			return len(act.want)
+		}
+		most := pending()
+		for range 12 {
+			ah.tick()
+			most = max(most, pending())
+		}
+		act.mu.Lock()
+		asked := append([]string(nil), act.asked...)
+		inEffect := len(act.inEffect)
+		act.mu.Unlock()
+		if most != 1 {
+			t.Errorf("%d first shares starting at once, want 1", most)
+		}
+		if inEffect != 3 {
+			t.Errorf("%d of 3 models have a share in effect after 12 passes (asked: %v), want all", inEffect, asked)
+		}
+		seen := map[string]bool{}
+		for _, m := range asked[:min(3, len(asked))] {
+			seen[m] = true
+		}
+		if len(asked) < 3 || len(seen) != 3 {
+			t.Errorf("first requests %v, want each model once before any asks again", asked)
 		}
 	})
 }

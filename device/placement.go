@@ -149,13 +149,17 @@ func (p *Placement) devices() []control.PlacementDevice {
 }
 
 // Place is the registry's Options.Place: the device of a cuda model
-// loading without a device_id, from its class and memory_limit and a prior
-// demand (nothing has forecast it yet). A model that names its device is
-// counted there.
-func (p *Placement) Place(model string, cfg *configs.Model) (int, error) {
+// loading without a device_id, from its class, the memory its instances
+// pin at load (memory per instance, its first memory share; 0: its
+// memory_limit) and a prior demand (nothing has forecast it yet). A model
+// that names its device is counted there.
+func (p *Placement) Place(model string, cfg *configs.Model, memory int64) (int, error) {
+	if memory <= 0 {
+		memory = int64(cfg.Resources.MemoryLimit)
+	}
 	m := control.PlacementModel{
 		Name: model, Class: qos.Class(cfg.SLO.Class),
-		Memory: int64(cfg.Resources.MemoryLimit) * int64(max(1, cfg.Instances)),
+		Memory: memory * int64(max(1, cfg.Instances)),
 		Risky:  p.isRisky(model),
 	}
 	m.Demand = priorDemandBE

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -105,7 +104,7 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 	fp, ensFP := fingerprint(m.dir)
 	cfg, err := readModelConfig(m.dir, override, r.checkOptions())
 	if err == nil {
-		cfg, err = r.placed(name, cfg)
+		cfg, err = r.placed(name, m.dir, cfg)
 		if err != nil {
 			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
@@ -239,7 +238,7 @@ func (r *Registry) setFailed(m *model, versions []int64, err error, fp string) {
 // startVersion starts every instance of one version and checks the model
 // file's inputs and outputs against the config.
 func (r *Registry) startVersion(ctx context.Context, cfg *configs.Model, dir string, n int64) (*version, error) {
-	return r.startVersionAt(ctx, cfg, dir, n, r.initialShare(cfg))
+	return r.startVersionAt(ctx, cfg, dir, n, r.initialShare(cfg, modelFile(dir, n)))
 }
 
 // startVersionAt is startVersion at a given share (a move keeps the
@@ -253,7 +252,7 @@ func (r *Registry) startVersionAt(ctx context.Context, cfg *configs.Model, dir s
 		label:       label,
 		key:         cfg.Name + "/" + label,
 		cfg:         cfg,
-		path:        filepath.Join(dir, label, "model.onnx"),
+		path:        modelFile(dir, n),
 		device:      deviceOf(cfg),
 		maxBatch:    cfg.MaxBatchSize,
 		maxElements: r.opts.MaxTensorElements,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,11 +31,17 @@ var ErrNotMovable = errors.New("model cannot move")
 // then names the device. Options.Place hears of the cuda models that name
 // their device too (it must return that device), so that it counts them
 // while they load.
-func (r *Registry) placed(name string, cfg *configs.Model) (*configs.Model, error) {
+func (r *Registry) placed(name, dir string, cfg *configs.Model) (*configs.Model, error) {
 	if r.opts.Place == nil || cfg.Execution.Provider != configs.ProviderCUDA {
 		return cfg, nil
 	}
-	id, err := r.opts.Place(name, cfg)
+	// The memory its instances will pin at load: the newest selected
+	// version's first memory share (0: its memory_limit).
+	var memory int64
+	if selected, err := selectVersions(cfg, dir); err == nil {
+		memory = r.firstMemory(modelFile(dir, slices.Max(selected)), cfg)
+	}
+	id, err := r.opts.Place(name, cfg, memory)
 	if err != nil {
 		return nil, fmt.Errorf("placing the model on a GPU: %w", err)
 	}

@@ -119,8 +119,17 @@ type Options struct {
 	// Place, when set, chooses the cuda device (its index) of a model
 	// whose config names none (see place.go); nil loads it on device 0.
 	// It is called for the cuda models that name one too, and must
-	// return that one.
-	Place func(model string, cfg *configs.Model) (int, error)
+	// return that one. memory is what each instance will pin at load: its
+	// first memory share (FirstMemory), 0 for its memory_limit.
+	Place func(model string, cfg *configs.Model, memory int64) (int, error)
+	// FirstMemory, when set, is the memory share (bytes per instance) a
+	// new version starts at instead of its memory_limit: the server gives
+	// one where the control loop sizes memory shares from working sets
+	// (the adaptive policy on a GPU) and a profile of the model file
+	// (path) measured them before; 0, or one not under the memory_limit,
+	// keeps the memory_limit. The profile at load runs at it, so it must
+	// hold every batch size the version runs.
+	FirstMemory func(path string, cfg *configs.Model) int64
 	// HasGPU says the server has a GPU (a real or a simulated one): a
 	// model whose config leaves the device to the server
 	// (configs.Execution.Auto, Triton's KIND_AUTO) runs there, else on

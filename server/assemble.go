@@ -15,6 +15,7 @@ import (
 
 	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/configs"
+	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/dashboard"
 	"github.com/sloserve/sloserve/device"
 	"github.com/sloserve/sloserve/limiter"
@@ -258,6 +259,14 @@ func (h *house) buildModels() error {
 	}
 	if cfg.Control.Profile.Enabled {
 		opts.Profile = h.prof.run
+		// Where the loop sizes memory shares from working sets, a GPU
+		// model whose file was profiled before starts at its working
+		// set instead of its memory_limit (firstmemory.go).
+		if p, err := control.PolicyNamed(cfg.Control.Policy); err == nil && p.Forecasts() && h.gpus > 0 {
+			if lim := h.devs.Limiter("cuda:0"); lim != nil && lim.Capabilities().Enforces {
+				opts.FirstMemory = h.prof.firstMemory(lim.Capabilities().MinMemory)
+			}
+		}
 	}
 	if place != nil {
 		opts.Place = place.Place

@@ -128,6 +128,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 	}
 	if ok {
 		p.pred.SetProfile(run.Key, prof)
+		p.storeWorkingSets(run, prof)
 		p.log.Info("profile from cache", "model", run.Key, "mape", prof.MAPE, "curve", prof.Curve)
 		if p.report != nil {
 			p.report(run, prof, true)
@@ -162,6 +163,7 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 	if err := p.cache.Store(prof); err != nil {
 		p.log.Warn("profile not cached", "model", run.Key, "err", err)
 	}
+	p.storeWorkingSets(run, prof)
 	p.log.Info("profiled", "model", run.Key, "points", len(points), "mape", prof.MAPE, "curve", prof.Curve)
 	if p.report != nil {
 		p.report(run, prof, false)

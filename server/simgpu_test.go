@@ -86,7 +86,9 @@ func assembledServer(t *testing.T, cfg *configs.Server) *house {
 	lib := filepath.Join(t.TempDir(), "libonnxruntime.so")
 	os.WriteFile(lib, nil, 0o644)
 	cfg.Runtime.ONNXRuntimeLibrary, cfg.Runtime.SocketDir = lib, t.TempDir()
-	cfg.Control.Profile.CacheDir = t.TempDir()
+	if cfg.Control.Profile.CacheDir == "" { // else profiles kept across servers
+		cfg.Control.Profile.CacheDir = t.TempDir()
+	}
 	h, err := assemble(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), assembly{})
 	if err != nil {
 		t.Fatal(err)
