@@ -153,11 +153,19 @@ profile:
 		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*mape, n)
 	// The same mean work is served about as well mixed as at one shape.
 	// A predictor blind to size executed half as many of the mix
-	// (measured once: 109 against 209 at one shape); sized, 0.70 to 1.6
-	// times the one shape's in 13 runs on a busy machine (load average
-	// 10-20 on 2 cores). The margin is thin: the machine's noise is wide.
-	if exOne, exMixed := one.server.Good+one.server.Late, mixed.server.Good+mixed.server.Late; float64(exMixed) < 0.6*float64(exOne) {
-		t.Errorf("%d mixed-shape requests executed, under 0.6 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	// (measured once: 109 against 209 at one shape); sized, 0.57 to 1.76
+	// times the one shape's in 28 runs of one phase each on a machine
+	// shared with four builds (load average 10-31 on 2 cores): the load
+	// drifting between the two phases, not the predictor. So the count
+	// runs over two more phases in the opposite order (one, mixed,
+	// mixed, one), which cancels a drift that is steady over the four.
+	mixed2 := s.closedLoop(t, model, slo, clients, each, 320, 1600)
+	one2 := s.closedLoop(t, model, slo, clients, each, 960)
+	executed := func(l mixedLoad) uint64 { return l.server.Good + l.server.Late }
+	if exOne, exMixed := executed(one)+executed(one2), executed(mixed)+executed(mixed2); float64(exMixed) < 0.6*float64(exOne) {
+		t.Errorf("%d mixed-shape requests executed over two phases, under 0.6 times the %d at one shape: admission mispredicts the mix", exMixed, exOne)
+	} else {
+		t.Logf("executed: %d and %d at one shape, %d and %d mixed", executed(one), executed(one2), executed(mixed), executed(mixed2))
 	}
 	// The MAPE of recent executions /v2/control reports: each batch's
 	// execution in the runner (the pool call: no queueing in it),
