@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -706,5 +707,63 @@ func TestRunnerDyingAfterEveryCallFails(t *testing.T) {
 	}
 	if !strings.Contains(r.Reason(), "gave up after 2 restarts") {
 		t.Errorf("Reason() = %q", r.Reason())
+	}
+}
+
+// A health check that is answered reads nothing from /proc: the CPU
+// times that tell a starved runner from a hung one are read only for a
+// check still unanswered after checkQuiet. Before, every check read the
+// schedstat of every thread of the runner and of the server (health
+// checks of 40 idle runners cost about a fifth of a core). Counted in
+// read system calls of this process (/proc/self/io), against the same
+// number of bare health calls.
+func TestHealthCheckAnsweredReadsNoProc(t *testing.T) {
+	if _, err := os.ReadFile("/proc/self/io"); err != nil {
+		t.Skipf("no /proc/self/io: %v", err)
+	}
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = time.Hour // only the test's checks
+	r := startTestRunner(t, cfg)
+	p := r.live.Load()
+	reads := func() int64 {
+		b, err := os.ReadFile("/proc/self/io")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "syscr:"); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Fatal("no syscr in /proc/self/io")
+		return 0
+	}
+	const n = 100
+	for range 10 { // warm the connection
+		if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := reads()
+	for range n {
+		if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bare := reads() - start
+	start = reads()
+	for range n {
+		if _, _, err := r.check(p, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checked := reads() - start
+	t.Logf("read system calls for %d health checks: %d bare, %d by the runner's check", n, bare, checked)
+	if checked > 2*bare+n {
+		t.Errorf("%d health checks made %d read calls, %d bare: the answered checks read /proc", n, checked, bare)
 	}
 }
