@@ -173,12 +173,14 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	}
 	// A runner that stopped as asked does not tear down its session or
 	// ONNX Runtime: the process ends as RunnerMain returns, and the
-	// kernel takes its memory and threads back at once, where the teardown
-	// spent as much CPU as the rest of the stop (exitCPU in
-	// runner_test.go); a stop of many idle runners at once waited for it.
-	// Nothing of it reaches a user: the session writes no file, and the
-	// answers, the goodbye and the logs are out before. Every other return
-	// tears down as before.
+	// kernel takes its memory and threads back at once. The teardown cost
+	// about as much CPU as the rest of the exit, most of it flushing ONNX
+	// Runtime's telemetry into one SQLite database in the user's cache
+	// folder under its file locks, which many runners stopping at once
+	// queued on (TestRunnerStopWritesNoTelemetry). Nothing of it reaches a
+	// user: the answers, the goodbye and the logs are out before, and the
+	// caller's own clean-up (the Go profiles) runs after. Every other
+	// return tears down as before.
 	exiting := false
 	defer func() {
 		if exiting {

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -765,5 +767,59 @@ func TestHealthCheckAnsweredReadsNoProc(t *testing.T) {
 	t.Logf("read system calls for %d health checks: %d bare, %d by the runner's check", n, bare, checked)
 	if checked > 2*bare+n {
 		t.Errorf("%d health checks made %d read calls, %d bare: the answered checks read /proc", n, checked, bare)
+	}
+}
+
+// A runner that stops as asked exits without tearing down its session and
+// ONNX Runtime. The teardown flushed ONNX Runtime's telemetry into one
+// SQLite database in the user's cache folder
+// ($HOME/.cache/Microsoft/DeveloperTools/.onnxruntime), under its file
+// locks: 40 idle runners stopping at once queued on them, and a stop of N
+// took about N times one. The stop writes nothing there now; the runner's
+// answers and logs are out before it exits, as the test's last call and
+// the stop's log line show.
+func TestRunnerStopWritesNoTelemetry(t *testing.T) {
+	home := t.TempDir()
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.Env = append(cfg.Env, "HOME="+home)
+	var log syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := StartRunner(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, want := rowSumsRequest(rand.New(rand.NewPCG(4, 4)), 3)
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRowSums(t, resp, want)
+	// What the process wrote under HOME while it ran, by size.
+	written := func() map[string]int64 {
+		m := map[string]int64{}
+		filepath.WalkDir(home, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if fi, err := d.Info(); err == nil {
+					m[path] = fi.Size()
+				}
+			}
+			return nil
+		})
+		return m
+	}
+	before := written()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := written()
+	for path, n := range after {
+		if before[path] != n {
+			t.Errorf("the stop wrote %s: %d bytes, were %d", path, n, before[path])
+		}
+	}
+	if !strings.Contains(log.String(), "runner stopping") {
+		t.Error("the runner's log of its stop is lost")
 	}
 }
