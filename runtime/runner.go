@@ -737,16 +737,23 @@ var (
 )
 
 // Starved reports whether the serving process is starved of CPU over the
-// window from now: a thread of it is runnable (it wants a CPU), and over
-// the window it runs for less than a quarter of it while it waits for a
-// CPU at least that long or has a thread still runnable at the end. A
-// frozen or deadlocked process has no runnable thread and is not starved;
-// one that spins has the CPU and is not. It returns false at once without
-// a serving process or when the kernel does not say, and early, false,
-// when done is closed.
+// window from now: over the window it runs for less than a quarter of it
+// while it waits for a CPU at least that long or has a thread still
+// runnable at the end. A frozen (stopped) process is not starved, and is
+// told at once; a deadlocked one has no runnable thread and is not, after
+// the window; one that spins has the CPU and is not. A process with no
+// runnable thread at the window's start is measured all the same: a Go
+// runner's call can sit for a moment between two of its threads (queued
+// while the thread holding the processor is in a system call), and one
+// look at that moment once took a starved runner for a hung one. It
+// returns false at once without a serving process or when the kernel does
+// not say, and early, false, when done is closed.
 func (r *Runner) Starved(window time.Duration, done <-chan struct{}) bool {
 	p := r.live.Load()
-	if p == nil || !runnable(p.pid) {
+	if p == nil {
+		return false
+	}
+	if _, stopped, ok := threadStates(p.pid); !ok || stopped {
 		return false
 	}
 	s := startStarvation(p.pid, nil)
