@@ -594,7 +594,8 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 // checkQuiet (a quarter of the timeout at most): reading them costs a
 // file per thread of the runner and of the server, and nearly every check
 // is answered in well under a millisecond. Starvation is then measured
-// over the rest of the check, three quarters of it at least; a check that
+// over the rest of the check (a quarter of its timeout at least, after it
+// when the server itself was too late to look sooner); a check that
 // fails sooner (refused, not serving) is no sign of starvation, only
 // progress (an answered call) excuses it.
 func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits string, err error) {
@@ -615,6 +616,16 @@ func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits s
 	s := startStarvation(p.pid, p.answers.Load)
 	s.answered = answered
 	if err = <-res; err != nil {
+		if rest := timeout/starvedShare - time.Since(s.start); rest > 0 {
+			// The check ended as its measure began (this server was late
+			// to its timer): the runner is measured a little longer,
+			// after it, rather than judged on nothing.
+			select {
+			case <-time.After(rest):
+			case <-r.ctx.Done():
+			case <-p.exited:
+			}
+		}
 		starved, waits = s.starved()
 	}
 	return starved, waits, err
