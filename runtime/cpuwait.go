@@ -166,16 +166,30 @@ func readyClock(ctx context.Context, pid int, timeout time.Duration) (_ context.
 // runnable reports whether a thread of process pid is runnable (state R:
 // running or waiting for a CPU).
 func runnable(pid int) bool {
+	run, _, _ := threadStates(pid)
+	return run
+}
+
+// threadStates reports whether a thread of process pid is runnable (state
+// R) and whether one is stopped (T, t: a frozen process); ok is false
+// when the kernel says nothing of its threads.
+func threadStates(pid int) (run, stopped, ok bool) {
 	paths, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/stat")
 	for _, path := range paths {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			continue
 		}
+		ok = true
 		// The state follows the command name, which ends at the last ')'.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
-			return true
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+			switch b[i+2] {
+			case 'R':
+				run = true
+			case 'T', 't':
+				stopped = true
+			}
 		}
 	}
-	return false
+	return run, stopped, ok
 }

@@ -330,3 +330,46 @@ func TestRunnerStarvedAtStartIsNotTimedOut(t *testing.T) {
 		t.Errorf("ready after %v: it was not starved at its start (the burners ran %v)", took, starve)
 	}
 }
+
+// Runner.Starved measures its window even when no thread of the process
+// wants a CPU as it begins: a process that waits for a moment, then wants
+// a CPU that busy processes keep from it, is starved over the window (a
+// call on it waits for CPU, and must not be abandoned as hung). Before, one
+// look at the window's start answered false at once. A frozen process is
+// still told at once, not starved.
+func TestStarvedLooksPastAMomentWithoutRunnableThread(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	cpu := lastCPU(t)
+	// The shell waits for sleep (no runnable thread), then spins.
+	cmd := exec.Command("sh", "-c", "sleep 1; while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	waitFor(t, 5*time.Second, "the shell to wait for sleep", func() bool { return !runnable(cmd.Process.Pid) })
+	burners := burn(t, cpu, 3)
+	pin(t, cmd.Process.Pid, cpu, true)
+	r := &Runner{log: testLogger(t)}
+	r.live.Store(&process{pid: cmd.Process.Pid, exited: make(chan struct{})})
+	const window = 2500 * time.Millisecond
+	if !r.Starved(window, nil) {
+		t.Error("a process that waited a moment, then wanted a CPU it could not get, was not starved over the window")
+	}
+	// Frozen: no thread wants a CPU, and it is told at once.
+	for _, b := range burners {
+		b.Process.Signal(syscall.SIGSTOP)
+	}
+	freeze(t, cmd.Process.Pid)
+	for _, b := range burners {
+		b.Process.Signal(syscall.SIGCONT)
+	}
+	start := time.Now()
+	if r.Starved(window, nil) {
+		t.Error("a frozen process was starved")
+	}
+	if took := time.Since(start); took > window/2 {
+		t.Errorf("a frozen process was told after %v, not at once (window %v)", took, window)
+	}
+}

@@ -589,13 +589,51 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 // check runs one health check of p. When it fails, starved says whether
 // p was starved of CPU meanwhile (see starvation), and waits how long p
 // and the server waited for a CPU, for the log.
+//
+// The CPU times are read only for a check still unanswered after
+// checkQuiet (a quarter of the timeout at most): reading them costs a
+// file per thread of the runner and of the server, and nearly every check
+// is answered in well under a millisecond. Starvation is then measured
+// over the rest of the check (a quarter of its timeout at least, after it
+// when the server itself was too late to look sooner); a check that
+// fails sooner (refused, not serving) is no sign of starvation, only
+// progress (an answered call) excuses it.
 func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits string, err error) {
+	answered := p.answers.Load()
+	res := make(chan error, 1)
+	go func() { res <- p.checkHealth(r.ctx, timeout) }()
+	quiet := time.NewTimer(min(checkQuiet, timeout/starvedShare))
+	select {
+	case err = <-res:
+		quiet.Stop()
+		if err == nil {
+			return false, "", nil
+		}
+		progress := p.answers.Load() - answered
+		return progress > 0, fmt.Sprintf("check failed at once, %d calls answered meanwhile", progress), err
+	case <-quiet.C:
+	}
 	s := startStarvation(p.pid, p.answers.Load)
-	if err = p.checkHealth(r.ctx, timeout); err != nil {
+	s.answered = answered
+	if err = <-res; err != nil {
+		if rest := timeout/starvedShare - time.Since(s.start); rest > 0 {
+			// The check ended as its measure began (this server was late
+			// to its timer): the runner is measured a little longer,
+			// after it, rather than judged on nothing.
+			select {
+			case <-time.After(rest):
+			case <-r.ctx.Done():
+			case <-p.exited:
+			}
+		}
 		starved, waits = s.starved()
 	}
 	return starved, waits, err
 }
+
+// checkQuiet is how long a health check runs before the runner's CPU
+// times are read for it (see check).
+const checkQuiet = 50 * time.Millisecond
 
 // terminate stops a process: SIGTERM, then SIGKILL once ctx is done (or
 // after defaultStopGrace if ctx has no deadline; at once if ctx is nil).
@@ -710,16 +748,23 @@ var (
 )
 
 // Starved reports whether the serving process is starved of CPU over the
-// window from now: a thread of it is runnable (it wants a CPU), and over
-// the window it runs for less than a quarter of it while it waits for a
-// CPU at least that long or has a thread still runnable at the end. A
-// frozen or deadlocked process has no runnable thread and is not starved;
-// one that spins has the CPU and is not. It returns false at once without
-// a serving process or when the kernel does not say, and early, false,
-// when done is closed.
+// window from now: over the window it runs for less than a quarter of it
+// while it waits for a CPU at least that long or has a thread still
+// runnable at the end. A frozen (stopped) process is not starved, and is
+// told at once; a deadlocked one has no runnable thread and is not, after
+// the window; one that spins has the CPU and is not. A process with no
+// runnable thread at the window's start is measured all the same: a Go
+// runner's call can sit for a moment between two of its threads (queued
+// while the thread holding the processor is in a system call), and one
+// look at that moment once took a starved runner for a hung one. It
+// returns false at once without a serving process or when the kernel does
+// not say, and early, false, when done is closed.
 func (r *Runner) Starved(window time.Duration, done <-chan struct{}) bool {
 	p := r.live.Load()
-	if p == nil || !runnable(p.pid) {
+	if p == nil {
+		return false
+	}
+	if _, stopped, ok := threadStates(p.pid); !ok || stopped {
 		return false
 	}
 	s := startStarvation(p.pid, nil)

@@ -210,7 +210,21 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if err := initORT(f.library); err != nil {
 		return err
 	}
+	// A runner that stopped as asked does not tear down its session or
+	// ONNX Runtime: the process ends as RunnerMain returns, and the
+	// kernel takes its memory and threads back at once. The teardown cost
+	// about as much CPU as the rest of the exit, most of it flushing ONNX
+	// Runtime's telemetry into one SQLite database in the user's cache
+	// folder under its file locks, which many runners stopping at once
+	// queued on (TestRunnerStopWritesNoTelemetry). Nothing of it reaches a
+	// user: the answers, the goodbye and the logs are out before, and the
+	// caller's own clean-up (the Go profiles) runs after. Every other
+	// return tears down as before.
+	exiting := false
 	defer func() {
+		if exiting {
+			return
+		}
 		if err := destroyORT(); err != nil {
 			log.Warn("destroy ONNX Runtime environment", "err", err)
 		}
@@ -249,7 +263,11 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		// The parent finds the sentinel's text in the output.
 		return fmt.Errorf("%w: %w", ErrModelLoad, err)
 	}
-	defer sess.destroy()
+	defer func() {
+		if !exiting {
+			sess.destroy()
+		}
+	}()
 
 	// Remove a socket left behind by a runner that was killed.
 	if err := os.Remove(f.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -345,6 +363,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 		<-stopped
 	}
 	<-serveErr
+	exiting = true
 	return nil
 }
 

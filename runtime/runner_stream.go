@@ -62,55 +62,155 @@ func newCallPair() (net.Conn, *os.File, error) {
 }
 
 // frameWriter writes frames to a connection from any goroutine, one at a
-// time, reusing one buffer.
+// time, reusing one buffer. Its zero value is ready to use.
 type frameWriter struct {
-	mu   sync.Mutex
+	once sync.Once
+	// turn holds a token while a frame is being written: a writer waiting
+	// for its turn can give up (writeCtx), as one waiting on a mutex
+	// could not.
+	turn chan struct{}
 	conn io.Writer
 	buf  []byte
 }
 
-// write marshals m into one frame and writes it in one call.
-func (w *frameWriter) write(m proto.Message) error {
-	return w.writeBy(m, time.Time{})
+// take waits for the writer's turn, or for done to be closed (false).
+func (w *frameWriter) take(done <-chan struct{}) bool {
+	w.once.Do(func() { w.turn = make(chan struct{}, 1) })
+	select {
+	case w.turn <- struct{}{}:
+		return true
+	case <-done:
+		return false
+	}
 }
 
-// writeBy is write that gives up at deadline (zero: never) when conn has
-// write deadlines: a peer that stops reading leaves the frame half
-// written, and the connection must then be closed.
-func (w *frameWriter) writeBy(m proto.Message, deadline time.Time) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		// The deadline passed while the frame waited for the writers
-		// before it: nothing is written, and the connection stays whole.
-		return errWriteExpired
-	}
-	if d, ok := w.conn.(interface{ SetWriteDeadline(time.Time) error }); ok {
-		_ = d.SetWriteDeadline(deadline)
-	}
-	b, err := proto.MarshalOptions{}.MarshalAppend(append(w.buf[:0], 0, 0, 0, 0), m)
+func (w *frameWriter) release() { <-w.turn }
+
+// write marshals m into one frame and writes it in one call.
+func (w *frameWriter) write(m proto.Message) error {
+	w.take(nil)
+	defer w.release()
+	b, err := w.frame(m)
 	if err != nil {
 		return err
 	}
-	if n := len(b) - frameHeader; n > maxMessageSize {
-		return fmt.Errorf("message of %d bytes is over the limit of %d", n, maxMessageSize)
-	}
-	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
 	_, err = w.conn.Write(b)
-	if cap(b) <= frameBufferKeep {
-		w.buf = b
-	}
+	w.keep(b)
 	return err
 }
 
-// errWriteExpired is a frame not written because its deadline had passed
-// before its turn to write came.
+// frame marshals m into the writer's buffer as one frame; the caller has
+// the turn.
+func (w *frameWriter) frame(m proto.Message) ([]byte, error) {
+	b, err := proto.MarshalOptions{}.MarshalAppend(append(w.buf[:0], 0, 0, 0, 0), m)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(b) - frameHeader; n > maxMessageSize {
+		return nil, fmt.Errorf("message of %d bytes is over the limit of %d", n, maxMessageSize)
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-frameHeader))
+	return b, nil
+}
+
+// keep holds on to a frame's buffer for the next one, unless it is large.
+func (w *frameWriter) keep(b []byte) {
+	if cap(b) <= frameBufferKeep {
+		w.buf = b
+	}
+}
+
+// writeSlice bounds one blocked write of writeCtx, so that a context that
+// ends without a deadline (cancelled) is seen within it.
+const writeSlice = 20 * time.Millisecond
+
+// writeCtx writes m as one frame, unless ctx ends first. A frame is never
+// left half written: a stream that carries one can carry nothing more,
+// and a runner that reads slowly (starved of CPU, or stopped for a while)
+// is not broken. So ctx is only asked while nothing of the frame is
+// written: a frame whose turn or first byte ctx outlasts is not written
+// (errWriteExpired: the stream is whole). A frame begun when ctx ends is
+// finished by a goroutine of its own, which keeps the turn until the
+// frame is whole or the connection fails (the runner died, or was killed
+// as hung by its health check, which looks at whether it gets the CPU);
+// writeCtx then returns errWriteUnfinished: the call is sent, and its
+// answer will come, or the stream's end. Any other error is the
+// connection's.
+func (w *frameWriter) writeCtx(ctx context.Context, m proto.Message) error {
+	if !w.take(ctx.Done()) {
+		return errWriteExpired
+	}
+	if ctx.Err() != nil {
+		// Its turn and the context's end came together.
+		w.release()
+		return errWriteExpired
+	}
+	b, err := w.frame(m)
+	if err != nil {
+		w.release()
+		return err
+	}
+	w.keep(b)
+	d, ok := w.conn.(interface{ SetWriteDeadline(time.Time) error })
+	if !ok {
+		_, err = w.conn.Write(b)
+		w.release()
+		return err
+	}
+	deadline, bounded := ctx.Deadline()
+	for off := 0; ; {
+		until := time.Now().Add(writeSlice)
+		if bounded && deadline.Before(until) {
+			until = deadline
+		}
+		_ = d.SetWriteDeadline(until)
+		n, err := w.conn.Write(b[off:])
+		off += n
+		if err == nil {
+			w.release()
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			w.release()
+			return err
+		}
+		if ctx.Err() == nil && !(bounded && !time.Now().Before(deadline)) {
+			continue // the runner reads slowly; ctx lasts
+		}
+		if off == 0 {
+			w.release()
+			return errWriteExpired
+		}
+		go w.finish(d, b[off:])
+		return errWriteUnfinished
+	}
+}
+
+// finish writes the rest of a frame whose caller has gone, with no
+// deadline, then gives up the turn; a connection that fails under it is
+// closed, so that the stream ends (its receiver fails the calls).
+func (w *frameWriter) finish(d interface{ SetWriteDeadline(time.Time) error }, rest []byte) {
+	defer w.release()
+	_ = d.SetWriteDeadline(time.Time{})
+	if _, err := w.conn.Write(rest); err != nil {
+		if c, ok := w.conn.(io.Closer); ok {
+			c.Close()
+		}
+	}
+}
+
+// errWriteExpired is a frame not written because its call's context ended
+// before its turn to write came or before the runner took any of it.
 var errWriteExpired = errors.New("the call's deadline passed before its request was written")
+
+// errWriteUnfinished is a frame begun when its call's context ended: it
+// is finished without the call (frameWriter.writeCtx).
+var errWriteUnfinished = errors.New("the call's deadline passed while its request was written; the rest follows without it")
 
 // writeGoodbye writes the empty frame that ends a runner's answers.
 func (w *frameWriter) writeGoodbye() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.take(nil)
+	defer w.release()
 	_, err := w.conn.Write(make([]byte, frameHeader))
 	return err
 }
@@ -338,20 +438,27 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 		}
 	}
 
-	deadline, _ := ctx.Deadline()
-	err := c.w.writeBy(req, deadline)
-	if errors.Is(err, errWriteExpired) {
+	err := c.w.writeCtx(ctx, req)
+	switch {
+	case errors.Is(err, errWriteExpired):
 		// Nothing was written: only this call ends.
 		c.mu.Lock()
 		delete(c.pending, req.Id)
 		c.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		return nil, context.DeadlineExceeded
-	}
-	if err != nil {
-		// A failed write ends the stream (a runner that has not taken a
-		// call by its deadline is not reading: it is hung); the receiver
-		// then fails the pending calls, this one with them unless its
-		// answer came.
+	case errors.Is(err, errWriteUnfinished):
+		// The call ends at its context, as one waiting for its answer
+		// does; the frame is finished without it, and its answer is left
+		// to onAbandoned. Whether the runner is slow or hung is for its
+		// health check to say, not for the write.
+		return c.awaitReply(ctx, req, call)
+	case err != nil:
+		// The connection failed under the write: the runner died. The
+		// receiver then fails the pending calls, this one with them
+		// unless its answer came.
 		c.conn.Close()
 		<-c.done
 		if resp := <-call.reply; resp != nil {

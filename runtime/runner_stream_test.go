@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	goruntime "runtime"
@@ -16,6 +18,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
@@ -196,29 +199,121 @@ func fcntl(fd uintptr) (int, error) {
 	return int(r), nil
 }
 
-// A runner that stops reading its calls (hung, stopped) cannot hold a
-// caller past its deadline in the write: the half-written frame ends the
-// stream, and the call fails as unavailable.
-func TestCallStreamWriteGivesUpAtDeadline(t *testing.T) {
-	c, _, brokenWith := streamPair(t) // the runner's end is never read
-	big := &runnerpb.InferRequest{Inputs: []*runnerpb.Tensor{{Name: "x", Data: make([]byte, 16<<20)}}}
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
+// startBigCall starts a call of a 16 MiB frame on c and waits until the
+// runner's end has seen its header: the frame is being written. It
+// returns the call's outcome and the frame's length; cancel ends the
+// call's context.
+func startBigCall(t *testing.T, c *callStream, runner net.Conn) (done chan error, n uint32, cancel context.CancelFunc) {
+	t.Helper()
+	big := &runnerpb.InferRequest{Inputs: []*runnerpb.Tensor{{Name: "x", Data: bytes.Repeat([]byte{7}, 16<<20)}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	done = make(chan error, 1)
 	go func() {
 		_, err := c.call(ctx, big, &pendingCall{})
 		done <- err
 	}()
+	var h [frameHeader]byte
+	if _, err := io.ReadFull(runner, h[:]); err != nil {
+		t.Fatal(err)
+	}
+	return done, binary.LittleEndian.Uint32(h[:]), cancel
+}
+
+// A runner that stops reading its calls (starved, stopped, hung) cannot
+// hold a caller past its context in the write, and does not lose its
+// stream for it: the call ends with its context, the frame it began is
+// finished once the runner reads again, whole, and the next call is
+// served on the same stream. A later caller waits for its turn no longer
+// than its own deadline (nothing of its frame is written).
+func TestCallStreamWriteGivesUpAtDeadline(t *testing.T) {
+	c, runner, brokenWith := streamPair(t)
+	done, n, cancel := startBigCall(t, c, runner) // then the runner reads no more
+	cancel()
 	select {
 	case err := <-done:
-		if status.Code(err) != codes.Unavailable {
-			t.Fatalf("call: %v, want Unavailable", err)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("call: %v, want its context's end", err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the call is stuck writing to a runner that does not read")
 	}
-	if err := <-brokenWith; errors.Is(err, io.EOF) {
-		t.Fatalf("onBroken(%v): a stream cut by the server is not the runner's goodbye", err)
+	// Behind the unfinished frame, a call with a short deadline of its
+	// own fails at it, nothing written.
+	short, cancelShort := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.call(short, &runnerpb.InferRequest{}, &pendingCall{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call behind the unfinished frame: %v, want its deadline", err)
+	}
+	select {
+	case err := <-brokenWith:
+		t.Fatalf("the stream ended at the call's end: %v", err)
+	default:
+	}
+	// The runner reads again: the frame is whole, and the next call on the
+	// stream is answered.
+	body := make([]byte, n)
+	if _, err := io.ReadFull(runner, body); err != nil {
+		t.Fatal(err)
+	}
+	got := &runnerpb.InferRequest{}
+	if err := proto.Unmarshal(body, got); err != nil {
+		t.Fatalf("the finished frame: %v", err)
+	}
+	if in := got.GetInputs(); len(in) != 1 || !bytes.Equal(in[0].GetData(), bytes.Repeat([]byte{7}, 16<<20)) {
+		t.Fatalf("the finished frame has %d inputs, not the 16 MiB of 7s sent", len(in))
+	}
+	// Its answer, its caller gone, is disposed of; the next call's is
+	// taken.
+	fr := newFrameReader(runner)
+	w := &frameWriter{conn: runner}
+	if err := w.write(&runnerpb.InferResponse{Id: got.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	next := callAsync(t, c)
+	req := &runnerpb.InferRequest{}
+	if err := fr.next(req); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.write(&runnerpb.InferResponse{Id: req.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-next; err != nil {
+		t.Fatalf("the call after the finished frame: %v", err)
+	}
+	select {
+	case err := <-brokenWith:
+		t.Fatalf("the stream ended: %v", err)
+	default:
+	}
+}
+
+// A frame being finished for a caller that has gone ends the stream when
+// the runner's end closes under it (the runner died or was killed as
+// hung): the write does not wait for ever, and the next call fails as
+// unavailable.
+func TestCallStreamUnfinishedFrameEndsWithTheRunner(t *testing.T) {
+	c, runner, brokenWith := streamPair(t)
+	done, _, cancel := startBigCall(t, c, runner)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("call: %v, want its context's end", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call is stuck writing to a runner that does not read")
+	}
+	runner.Close()
+	select {
+	case err := <-brokenWith:
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("onBroken(%v): a runner gone mid-frame did not say goodbye", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stream did not end when the runner's end closed under an unfinished frame")
+	}
+	if _, err := c.call(t.Context(), &runnerpb.InferRequest{}, &pendingCall{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("call after the end: %v, want Unavailable", err)
 	}
 }
 
@@ -281,5 +376,69 @@ func TestFrameReaderAllocatesWhatArrives(t *testing.T) {
 	}
 	if got.Id != want.Id || got.Message != want.Message {
 		t.Errorf("a 5 MiB frame read back as id %d with %d bytes of message, want id 7 with %d", got.Id, len(got.Message), len(want.Message))
+	}
+}
+
+// A runner that stops reading while a large call is written to it (here
+// stopped for a moment with SIGSTOP, as a runner of the idle class goes
+// without CPU while other work wants it) is not killed for it: the call
+// ends at its deadline, the rest of its frame is written once the runner
+// reads again, and the same process answers the next call right. One that
+// stays stopped (hung) is killed by its health checks and replaced. Before,
+// the half-written frame closed the stream and the slow runner was killed
+// with the hung one.
+func TestRunnerSlowReaderMidWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hung bool
+	}{{"stopped a while", false}, {"hung", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+			// No arena and no mailbox: the request's tensor is in its
+			// frame, megabytes that the socket's buffer cannot hold.
+			cfg.ArenaSize, cfg.MailboxSlots = -1, -1
+			cfg.HealthInterval = time.Minute // the pause is not a hang
+			if tc.hung {
+				cfg.HealthInterval = 150 * time.Millisecond
+			}
+			var log syncBuffer
+			cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
+			r := startTestRunner(t, cfg)
+			pid := r.Pid()
+			rng := rand.New(rand.NewPCG(3, 3))
+			big, _ := rowSumsRequest(rng, 1<<17) // 5 MiB of input
+			freeze(t, pid)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			_, err := r.Infer(ctx, big)
+			cancel()
+			// The hung one may be killed before the deadline.
+			if !errors.Is(err, context.DeadlineExceeded) && !(tc.hung && errors.Is(err, ErrUnavailable)) {
+				t.Fatalf("a call on the stopped runner: %v, want its deadline", err)
+			}
+			if tc.hung {
+				waitFor(t, 30*time.Second, "the hung runner to be replaced", func() bool {
+					return r.Pid() != 0 && r.Pid() != pid && r.State() == RunnerReady
+				})
+				if !strings.Contains(log.String(), "runner hung") || !processGone(pid) {
+					t.Errorf("runner %d replaced, but not killed as hung (gone: %v)", pid, processGone(pid))
+				}
+			} else {
+				if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+			}
+			req, want := rowSumsRequest(rng, 7)
+			resp, err := r.Infer(t.Context(), req)
+			if err != nil {
+				t.Fatalf("the call after: %v (state %s: %s)", err, r.State(), r.Reason())
+			}
+			checkRowSums(t, resp, want)
+			if tc.hung {
+				return
+			}
+			if r.Pid() != pid || r.Restarts() != 0 || strings.Contains(log.String(), "killing") {
+				t.Errorf("the runner stopped for a while was replaced: pid %d, was %d; %d restarts", r.Pid(), pid, r.Restarts())
+			}
+		})
 	}
 }

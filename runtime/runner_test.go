@@ -5,11 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -706,5 +710,132 @@ func TestRunnerDyingAfterEveryCallFails(t *testing.T) {
 	}
 	if !strings.Contains(r.Reason(), "gave up after 2 restarts") {
 		t.Errorf("Reason() = %q", r.Reason())
+	}
+}
+
+// A health check that is answered reads nothing from /proc: the CPU
+// times that tell a starved runner from a hung one are read only for a
+// check still unanswered after checkQuiet. Before, every check read the
+// schedstat of every thread of the runner and of the server (health
+// checks of 40 idle runners cost about a fifth of a core). Counted in
+// read system calls of this process (/proc/self/io), against the same
+// number of bare health calls.
+func TestHealthCheckAnsweredReadsNoProc(t *testing.T) {
+	if _, err := os.ReadFile("/proc/self/io"); err != nil {
+		t.Skipf("no /proc/self/io: %v", err)
+	}
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = time.Hour // only the test's checks
+	r := startTestRunner(t, cfg)
+	p := r.live.Load()
+	reads := func() int64 {
+		b, err := os.ReadFile("/proc/self/io")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "syscr:"); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Fatal("no syscr in /proc/self/io")
+		return 0
+	}
+	const n = 100
+	for range 10 { // warm the connection
+		if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := reads()
+	for range n {
+		if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bare := reads() - start
+	start = reads()
+	for range n {
+		if _, _, err := r.check(p, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checked := reads() - start
+	t.Logf("read system calls for %d health checks: %d bare, %d by the runner's check", n, bare, checked)
+	if checked > 2*bare+n {
+		t.Errorf("%d health checks made %d read calls, %d bare: the answered checks read /proc", n, checked, bare)
+	}
+}
+
+// A runner that stops as asked exits without tearing down its session and
+// ONNX Runtime. The teardown flushed ONNX Runtime's telemetry into one
+// SQLite database in the user's cache folder
+// ($HOME/.cache/Microsoft/DeveloperTools/.onnxruntime), under its file
+// locks: 40 idle runners stopping at once queued on them, and a stop of N
+// took about N times one. The stop writes nothing there now; the runner's
+// answers and logs are out before it exits, as the test's last call and
+// the stop's log line show.
+func TestRunnerStopWritesNoTelemetry(t *testing.T) {
+	if raceEnabled {
+		// The race detector's exit runs the C++ static destructors, which
+		// flush ONNX Runtime's telemetry whatever the runner does; a
+		// sloserve binary's exit does not.
+		t.Skip("a runner under the race detector flushes ONNX Runtime's telemetry as it exits")
+	}
+	home := t.TempDir()
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.Env = append(cfg.Env, "HOME="+home)
+	var log syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := StartRunner(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, want := rowSumsRequest(rand.New(rand.NewPCG(4, 4)), 3)
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRowSums(t, resp, want)
+	// What the process wrote under HOME while it ran, by size.
+	written := func() map[string]int64 {
+		m := map[string]int64{}
+		filepath.WalkDir(home, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if fi, err := d.Info(); err == nil {
+					m[path] = fi.Size()
+				}
+			}
+			return nil
+		})
+		return m
+	}
+	// ONNX Runtime writes the database at start too, from a thread of its
+	// own: what the stop writes is counted from a second in which nothing
+	// changed.
+	before := written()
+	for quiet := time.Now(); time.Since(quiet) < time.Second; {
+		time.Sleep(100 * time.Millisecond)
+		if now := written(); !maps.Equal(now, before) {
+			before, quiet = now, time.Now()
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := written()
+	for path, n := range after {
+		if before[path] != n {
+			t.Errorf("the stop wrote %s: %d bytes, were %d", path, n, before[path])
+		}
+	}
+	if !strings.Contains(log.String(), "runner stopping") {
+		t.Error("the runner's log of its stop is lost")
 	}
 }
