@@ -60,8 +60,10 @@ type RunnerConfig struct {
 	MailboxSlots int
 	// Calls is how many calls the server runs on the process at once
 	// (execution.concurrency); 0 means 1. The runner's Go scheduler gets
-	// as many processors (GOMAXPROCS), at most the machine's CPUs: a call
-	// then runs where its frame was read, with no other thread to wake.
+	// as many processors (GOMAXPROCS), and one more with a call mailbox
+	// (a worker asleep in it keeps its own), at most the machine's CPUs:
+	// a call then runs where its frame was read, with no other thread to
+	// wake.
 	Calls int
 
 	ReadyTimeout   time.Duration // how long a start may take; default 2m
