@@ -86,7 +86,10 @@ func (w *frameWriter) take(done <-chan struct{}) bool {
 
 func (w *frameWriter) release() { <-w.turn }
 
-// write marshals m into one frame and writes it in one call.
+// write marshals m into one frame and writes it in one call. It sets no
+// write deadline and clears none: a writer is used with write (the
+// runner's side) or with writeCtx (the server's), never both, since
+// writeCtx leaves its last slice's deadline on the connection.
 func (w *frameWriter) write(m proto.Message) error {
 	w.take(nil)
 	defer w.release()
