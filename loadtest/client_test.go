@@ -941,7 +941,10 @@ func BenchmarkClientInfer(b *testing.B) {
 type clientTestBackend struct {
 	api.Backend // the methods the test does not call panic
 
-	models  map[string]models.Metadata
+	models map[string]models.Metadata
+	// mu guards inputs, which the test fills once the server runs: a
+	// request's bytes on a socket order nothing for the race detector.
+	mu      sync.RWMutex
 	inputs  map[string][]Tensor
 	timeout time.Duration
 	err     atomic.Pointer[error]
@@ -961,6 +964,8 @@ func (b *clientTestBackend) Metadata(name, _ string) (models.Metadata, error) {
 }
 
 func (b *clientTestBackend) Infer(_ context.Context, name, _ string, req *runtime.InferRequest) (*runtime.InferResponse, string, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
 	want := b.inputs[name]
 	if len(req.Inputs) != len(want) {
 		return nil, "", fmt.Errorf("%w: %d inputs, want %d", models.ErrInvalidInput, len(req.Inputs), len(want))
@@ -1012,6 +1017,7 @@ func TestClientAgainstServer(t *testing.T) {
 	defer gs.Stop()
 
 	specs := map[string]map[string]InputSpec{"ocr-det": {"text": {Shape: []int64{2, 3}}}}
+	backend.mu.Lock()
 	for name := range meta {
 		md, err := FetchMetadata(t.Context(), nil, rest.URL, name, "")
 		if err != nil {
@@ -1025,6 +1031,7 @@ func TestClientAgainstServer(t *testing.T) {
 	image := backend.inputs["ocr-det"][0].Raw
 	binary.LittleEndian.PutUint32(image, math.Float32bits(math.SmallestNonzeroFloat32))
 	binary.LittleEndian.PutUint32(image[4:], math.Float32bits(-math.MaxFloat32))
+	backend.mu.Unlock()
 
 	type serverCase struct {
 		err     error
