@@ -143,6 +143,19 @@ func (s *Scheduler) playOwnLocked(m *model, r *request, device, mine slots) (beg
 	if m.spec.Class != ClassLatencyCritical {
 		bound = s.opts.MaxBestEffortExecution
 	}
+	// Estimates by batch size, asked once each: a long queue of one-row
+	// requests would otherwise ask the estimator once a request under
+	// the lock. (Rows of one shape have one size; Preadmit's r, of
+	// unknown size, is asked afresh.)
+	cache := s.estCache.reset(maxBatch)
+	s.estCache = cache
+	rowSize := key0Elements(m, n)
+	estimate := func(b int, elements int64) (time.Duration, bool) {
+		if elements != rowSize {
+			return s.est.EstimateSize(m.spec.Name, b, elements)
+		}
+		return cache.get(b, func() (time.Duration, bool) { return s.est.EstimateSize(m.spec.Name, b, elements) })
+	}
 	for i := 0; ; {
 		start := laterOf(device.earliest(), mine.earliest())
 		head := at(i)
@@ -152,13 +165,13 @@ func (s *Scheduler) playOwnLocked(m *model, r *request, device, mine slots) (beg
 			if size+x.batch > maxBatch {
 				break
 			}
-			if e, ok := s.est.EstimateSize(m.spec.Name, size+x.batch, head.elements); ok &&
+			if e, ok := estimate(size+x.batch, head.elements); ok &&
 				(!head.deadline.IsZero() && start.Add(e).After(head.deadline) || bound > 0 && e > bound) {
 				break
 			}
 			size += x.batch
 		}
-		e, ok := s.est.EstimateSize(m.spec.Name, size, head.elements)
+		e, ok := estimate(size, head.elements)
 		if i > n { // r's batch
 			return start, e, ahead, ok, true
 		}
@@ -166,6 +179,43 @@ func (s *Scheduler) playOwnLocked(m *model, r *request, device, mine slots) (beg
 		mine.run(start, e)
 		ahead++
 	}
+}
+
+// key0Elements is the row size of the first of the n requests ahead
+// (0 when none): the size playOwnLocked caches estimates for.
+func key0Elements(m *model, n int) int64 {
+	if n == 0 {
+		return 0
+	}
+	return m.q.items[0].elements
+}
+
+// estimates caches one model's estimates by batch size for one admission.
+type estimates []struct {
+	d     time.Duration
+	state int8 // 0 not asked, 1 known, -1 unknown
+}
+
+// reset makes room for batch sizes 1..n, none asked, reusing the array.
+func (c estimates) reset(n int) estimates {
+	c = slices.Grow(c[:0], n+1)[:n+1]
+	clear(c)
+	return c
+}
+
+// get returns the estimate of a batch of b, asking ask once.
+func (c estimates) get(b int, ask func() (time.Duration, bool)) (time.Duration, bool) {
+	if b <= 0 || b >= len(c) {
+		return ask()
+	}
+	if c[b].state == 0 {
+		d, ok := ask()
+		c[b].d, c[b].state = d, 1
+		if !ok {
+			c[b].state = -1
+		}
+	}
+	return c[b].d, c[b].state > 0
 }
 
 // ownBacklogLocked is playOwnLocked for queues it cannot play: the

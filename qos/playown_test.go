@@ -88,3 +88,44 @@ func TestAdmissionPlaysTheQueueAsItWillBatch(t *testing.T) {
 		}
 	})
 }
+
+// What admission costs behind a long queue of one-row requests (256, the
+// default capacity), played forward in batches of 8: estimates are asked
+// once per batch size, not once per request.
+func BenchmarkAdmitLongQueue(b *testing.B) {
+	s, err := NewScheduler(Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	est := NewEWMAEstimator(1)
+	for n := 1; n <= 8; n++ {
+		est.Observe("m", n, time.Duration(n)*time.Millisecond)
+	}
+	s.est = sized(est)
+	if err := s.AddModel(ModelSpec{Name: "m", Class: lc, SLO: time.Hour, MaxBatchSize: 8, Executor: &fakeModel{name: "m", rec: &recorder{}}}); err != nil {
+		b.Fatal(err)
+	}
+	m := s.models["m"]
+	now := time.Now()
+	for i := range DefaultQueueCapacity - 1 {
+		r, err := newRequest(b.Context(), m, idRequest(int64(i)), RequestOptions{}, now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.seq = uint64(i + 1)
+		m.q.push(r)
+	}
+	r, err := newRequest(b.Context(), m, idRequest(1000), RequestOptions{}, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.seq = DefaultQueueCapacity
+	b.ReportAllocs()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for b.Loop() {
+		if err := s.admitLocked(m, r, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -185,6 +185,8 @@ type Scheduler struct {
 	// mu): 48 device slots on an MPS GPU made them most of the bytes a
 	// request allocated.
 	scratch [2]slots
+	// estCache is playOwnLocked's estimates by batch size (guarded by mu).
+	estCache estimates
 	// logs are the per-request log lines written under mu (logLocked),
 	// emitted by unlock once mu is free: a log handler takes a lock of its
 	// own and writes to a file or pipe, and under overload thousands of
