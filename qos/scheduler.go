@@ -185,6 +185,8 @@ type Scheduler struct {
 	// mu): 48 device slots on an MPS GPU made them most of the bytes a
 	// request allocated.
 	scratch [2]slots
+	// estCache is playOwnLocked's estimates by batch size (guarded by mu).
+	estCache estimates
 	// logs are the per-request log lines written under mu (logLocked),
 	// emitted by unlock once mu is free: a log handler takes a lock of its
 	// own and writes to a file or pipe, and under overload thousands of
@@ -236,10 +238,11 @@ type model struct {
 	// prediction since lastStart: predictions nothing has corrected.
 	refused int
 	// recentBatch is a moving average of the model's execution batch
-	// sizes. Admission assumes the work queued ahead runs in batches of
-	// this size: under pressure, deadline-aware batching forms batches well
-	// below the maximum, and assuming full ones would under-predict the
-	// wait.
+	// sizes. Admission assumes the work of other models queued ahead, and
+	// a model's own queue it cannot play forward (playOwnLocked), runs in
+	// batches of this size: under pressure, deadline-aware batching forms
+	// batches well below the maximum, and assuming full ones would
+	// under-predict the wait.
 	recentBatch float64
 	// vtime is a best-effort model's virtual time: the predicted
 	// execution seconds it has been given, over its weight. The

@@ -3,6 +3,7 @@ package qos
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,36 +102,60 @@ func TestTypicalBatch(t *testing.T) {
 	}
 }
 
-// Admission assumes the queued work ahead runs in batches of the size the
-// model's executions recently had, not full ones.
+// Admission plays the model's own queue forward as the dispatcher will
+// batch it (playOwnLocked); where it cannot (requests of several shapes)
+// it assumes the queued work ahead runs in batches of the size the model's
+// executions recently had, not full ones.
 func TestAdmissionUsesRecentBatchSizes(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{DeviceSlots: 1})
-		// 10ms + 5ms per row: a batch of 4 takes 30ms, four batches of 1 take 60ms.
-		took := func(ids []int64) time.Duration { return 10*ms + time.Duration(len(ids))*5*ms }
-		h.model(ModelSpec{Name: "m", Class: lc, SLO: time.Second, MaxBatchSize: 8}, took)
-		h.run()
-		ctx := t.Context()
-		// Seed the estimates and the recent batch size (1) with single runs.
-		for i := range int64(4) {
-			mustSucceed(t, h.submit(ctx, "m", RequestOptions{}, 100+i))
+	for _, mixed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mixed=%v", mixed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { admissionRecentBatches(t, mixed) })
+		})
+	}
+}
+
+func admissionRecentBatches(t *testing.T, mixed bool) {
+	h := newHarness(t, Options{DeviceSlots: 1})
+	// 10ms + 5ms per row: a batch of 4 takes 30ms, four batches of 1 take 60ms.
+	took := func(ids []int64) time.Duration { return 10*ms + time.Duration(len(ids))*5*ms }
+	h.model(ModelSpec{Name: "m", Class: lc, SLO: time.Second, MaxBatchSize: 8}, took)
+	h.run()
+	ctx := t.Context()
+	// Seed the estimates and the recent batch size (1) with single runs.
+	for i := range int64(4) {
+		mustSucceed(t, h.submit(ctx, "m", RequestOptions{}, 100+i))
+	}
+	for b := 2; b <= 8; b++ {
+		h.s.est.Observe("m", b, 10*ms+time.Duration(b)*5*ms)
+	}
+	t0 := time.Since(h.rec.start)
+	blocker := h.submit(ctx, "m", RequestOptions{}, 1) // runs 15ms
+	synctest.Wait()
+	var queued []*pending
+	for i := range int64(3) {
+		req := idRequest(2 + i)
+		if mixed { // another shape: merged with each other, not with r
+			req.Inputs = append(req.Inputs, runtime.Tensor{Name: "z", DataType: runtime.Int64, Shape: []int64{1}, Data: make([]byte, 8)})
 		}
-		for b := 2; b <= 8; b++ {
-			h.s.est.Observe("m", b, 10*ms+time.Duration(b)*5*ms)
+		queued = append(queued, h.submitRequest(ctx, "m", RequestOptions{Deadline: time.Now().Add(65 * ms)}, req))
+	}
+	r := h.submit(ctx, "m", RequestOptions{Deadline: time.Now().Add(70 * ms)}, 9)
+	<-r.done
+	if !mixed {
+		// The dispatcher runs the three and r in one batch of 4 when the
+		// blocker ends: 15 + 30 = 45ms.
+		if r.err != nil {
+			t.Errorf("one shape: %v, want admitted (15ms + a batch of 4, 30ms)", r.err)
 		}
-		blocker := h.submit(ctx, "m", RequestOptions{}, 1) // runs 15ms
-		synctest.Wait()
-		var queued []*pending
-		for i := range int64(3) {
-			queued = append(queued, h.submit(ctx, "m", RequestOptions{Deadline: time.Now().Add(65 * ms)}, 2+i))
+		if at := r.at - t0; at != 45*ms {
+			t.Errorf("one shape: answered at %s, want 45ms", at)
 		}
+	} else {
 		// They go before r (earlier deadlines). Ahead of r: 15ms running + 3 x 15ms (batches of 1) = 60ms; r 15ms:
 		// 75ms > 70ms. With full batches it would have been 15 + 30 = 45ms.
-		r := h.submit(ctx, "m", RequestOptions{Deadline: time.Now().Add(70 * ms)}, 9)
-		<-r.done
 		if !errors.Is(r.err, ErrRejected) || !strings.Contains(r.err.Error(), "by 5.0ms") {
-			t.Errorf("got %v, want rejected by 5.0ms", r.err)
+			t.Errorf("several shapes: got %v, want rejected by 5.0ms", r.err)
 		}
-		mustSucceed(t, append(queued, blocker)...)
-	})
+	}
+	mustSucceed(t, append(queued, blocker)...)
 }

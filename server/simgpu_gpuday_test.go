@@ -545,8 +545,15 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	ag, sg, shg := median(goodput[control.SharePolicyAdaptive]), median(goodput[control.SharePolicyStatic]), median(goodput[control.SharePolicyShared])
 	t.Logf("medians of %d: LC attainment adaptive %.4f, static %.4f, shared %.4f; resizes %v", seeds, a,
 		median(attainment[control.SharePolicyStatic]), median(attainment[control.SharePolicyShared]), resizes)
-	if a < 0.95 {
-		t.Errorf("LC attainment under adaptive %.3f (median of %d), want 0.95 at least", a, seeds)
+	// Within a point of the bound, a device per model (alone, 99.96% on
+	// ten seeds since admission plays a model's own queue forward as the
+	// dispatcher will batch it: 2026-11-29). Before, admission counted
+	// the requests queued ahead in the model's typical batches (1 for
+	// services that mostly run alone), refused the second and third of
+	// a burst that one batch would have answered in time, and adaptive
+	// met 98.3-98.6% (these seeds), alone 99.7%.
+	if a < 0.99 {
+		t.Errorf("LC attainment under adaptive %.4f (median of %d), want 0.99 at least", a, seeds)
 	}
 	if ag < 1.10*shg {
 		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive 1.10x shared at least", ag, shg)
