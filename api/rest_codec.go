@@ -9,7 +9,8 @@ package api
 // unknown fields are ignored as the protocol allows). The "data" arrays, which
 // hold nearly all of the bytes, stay raw: a small scanner flattens each
 // already checked value and parses it straight into the tensor's
-// little-endian buffer. The response is written by hand into a pooled buffer
+// little-endian buffer (FP32 data in a flat array, nearly all of it, in one
+// loop of its own: decodeFlatFP32). The response is written by hand into a pooled buffer
 // with strconv.Append*. Neither direction uses reflection per element.
 // (Reading the structure with json.Decoder.Token was tried first and cost
 // more than the rest of the handler together: Token decodes every key and
