@@ -26,7 +26,8 @@ package e2e
 // client costs the same for every REST path. Per round: one closed-loop
 // client interleaving the paths (p50, p99), then 16 closed-loop clients on
 // each path in turn for SLOSERVE_REST_BENCH_WINDOW (3s) (requests a second,
-// 429s, other failures, and the server's and runner's CPU per request).
+// 429s and 504s, and the server's and runner's CPU per request; any other
+// failure ends the benchmark).
 // SLOSERVE_REST_BENCH_ROUNDS (3) rounds of SLOSERVE_REST_BENCH_CALLS (2000)
 // calls per path at one client; the medians are reported, and a
 // table of them is logged. On a shared machine read the ratios to the
