@@ -227,6 +227,12 @@ func (s *restServer) writeValue(c *gin.Context, status int, v any) {
 // read, and its limits and reservation are those of what it decompresses
 // to (compress.go).
 func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
+	return s.readBodyInto(c, nil)
+}
+
+// readBodyInto is readBody into buf's memory when the body's declared
+// length fits in it.
+func (s *restServer) readBodyInto(c *gin.Context, buf []byte) ([]byte, error) {
 	r := c.Request
 	decode, err := restContentDecoder(r.Header.Get("Content-Encoding"))
 	if err != nil {
@@ -274,7 +280,7 @@ func (s *restServer) readBody(c *gin.Context) ([]byte, error) {
 			rc = nil // not a connection with deadlines (a test recorder)
 		}
 	}
-	buf, err := restReadAll(body, declared, res)
+	buf, err = restReadAll(body, declared, res, buf)
 	if rc != nil && err == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -355,13 +361,17 @@ func (s *restServer) releaseMemory(c *gin.Context) {
 }
 
 // restReadAll reads r to its end. A body of declared length (reserved in
-// res already) is read into one buffer of that size; one of unknown length
-// (declared -1) into a buffer that doubles as the data arrives, each growth
-// reserved in res first.
-func restReadAll(r io.Reader, declared int64, res *Reservation) ([]byte, error) {
+// res already) is read into one buffer of that size, into into's memory
+// when it has room; one of unknown length (declared -1) into a buffer that
+// doubles as the data arrives, each growth reserved in res first.
+func restReadAll(r io.Reader, declared int64, res *Reservation, into []byte) ([]byte, error) {
 	var buf []byte
 	if declared >= 0 {
-		buf = make([]byte, 0, declared+1) // +1: to see the end without growing
+		if int64(cap(into)) > declared {
+			buf = into[:0]
+		} else {
+			buf = make([]byte, 0, declared+1) // +1: to see the end without growing
+		}
 	} else {
 		if err := res.Grow(512, "the request body"); err != nil {
 			return nil, err
@@ -537,7 +547,8 @@ func (s *restServer) infer(c *gin.Context) {
 		s.writeError(c, err)
 		return
 	}
-	body, err := s.readBody(c)
+	bodyBuf := getRESTBody()
+	body, err := s.readBodyInto(c, *bodyBuf)
 	if err != nil {
 		s.writeError(c, err)
 		return
@@ -551,6 +562,12 @@ func (s *restServer) infer(c *gin.Context) {
 	}
 	mem := requestMemory(c, s.lim.Memory)
 	req, err := decodeRESTInferMem(body, headerLen, s.lim, shm, mem)
+	if headerLen < 0 {
+		// Nothing decoded from a JSON body aliases it (binary inputs
+		// would): its buffer serves the next request.
+		*bodyBuf = body
+		putRESTBody(bodyBuf)
+	}
 	if err != nil {
 		s.writeError(c, err)
 		return

@@ -9,7 +9,8 @@ package api
 // unknown fields are ignored as the protocol allows). The "data" arrays, which
 // hold nearly all of the bytes, stay raw: a small scanner flattens each
 // already checked value and parses it straight into the tensor's
-// little-endian buffer. The response is written by hand into a pooled buffer
+// little-endian buffer (FP32 data in a flat array, nearly all of it, in one
+// loop of its own: decodeFlatFP32). The response is written by hand into a pooled buffer
 // with strconv.Append*. Neither direction uses reflection per element.
 // (Reading the structure with json.Decoder.Token was tried first and cost
 // more than the rest of the handler together: Token decodes every key and
@@ -627,6 +628,16 @@ func decodeJSONData(name string, raw []byte, dt runtime.DataType, n int64, maxDe
 	if n > int64(len(raw))/2+1 {
 		return nil, jsonCountMismatch(name, raw, n, maxDepth)
 	}
+	if dt == runtime.FP32 {
+		if out, ok := decodeFlatFP32(raw, n); ok {
+			return out, nil
+		}
+	}
+	return decodeJSONDataGeneral(name, raw, dt, n, maxDepth)
+}
+
+// decodeJSONDataGeneral is decodeJSONData for any data, element by element.
+func decodeJSONDataGeneral(name string, raw []byte, dt runtime.DataType, n int64, maxDepth int) ([]byte, error) {
 	s := jsonDataScanner{buf: raw, maxDepth: maxDepth}
 	if err := s.start(); err != nil {
 		return nil, restBadRequest("input %q: %v", name, err)
@@ -658,6 +669,63 @@ func decodeJSONData(name string, raw []byte, dt runtime.DataType, n int64, maxDe
 		return nil, jsonCountMismatch(name, raw, n, maxDepth)
 	}
 	return out, nil
+}
+
+// decodeFlatFP32 is decodeJSONData for the usual FP32 data: a flat array
+// (checked against the JSON grammar already) of exactly n numbers that
+// parseFloat32Fast takes, read in one loop into a new tensor buffer. For
+// anything else it reports false, and the general path decodes (or refuses)
+// the data as before.
+func decodeFlatFP32(raw []byte, n int64) ([]byte, bool) {
+	i := skipJSONSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, false
+	}
+	i = skipJSONSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		if n != 0 || skipJSONSpace(raw, i+1) != len(raw) {
+			return nil, false
+		}
+		return make([]byte, 0), true
+	}
+	out := make([]byte, 4*n)
+	var k int64
+	for {
+		begin := i
+		for i < len(raw) && raw[i] != ',' && raw[i] != ']' && raw[i] != ' ' && raw[i] != '\t' && raw[i] != '\n' && raw[i] != '\r' {
+			i++
+		}
+		if k == n {
+			return nil, false
+		}
+		f, ok := parseFloat32Fast(raw[begin:i])
+		if !ok {
+			return nil, false
+		}
+		binary.LittleEndian.PutUint32(out[4*k:], math.Float32bits(f))
+		k++
+		i = skipJSONSpace(raw, i)
+		if i >= len(raw) {
+			return nil, false
+		}
+		if raw[i] == ']' {
+			break
+		}
+		if raw[i] != ',' {
+			return nil, false
+		}
+		i = skipJSONSpace(raw, i+1)
+	}
+	return out, k == n && skipJSONSpace(raw, i+1) == len(raw)
+}
+
+// skipJSONSpace returns the index of the first byte of b at or after i that
+// is not JSON whitespace.
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // jsonCountMismatch reports data whose element count does not match the shape.
@@ -761,20 +829,16 @@ func appendJSONElement(out []byte, dt runtime.DataType, tok []byte) ([]byte, err
 	return out, fmt.Errorf("datatype %s cannot be decoded", dt)
 }
 
-// parseFloat64Fast converts a JSON number token with at most 19 significant
-// digits whose value is m * 10^e with m < 2^53 and |e| <= 22 (nearly every
-// number a client writes) to the nearest float64: m and 10^e are exact
-// float64s, so one multiplication or division rounds once, correctly
-// (Clinger's fast path, as strconv takes it after a slower scan). ok is
-// false for any other token; strconv.ParseFloat then decides.
-func parseFloat64Fast(tok []byte) (f float64, ok bool) {
+// readJSONDecimal reads a number token (checked against the JSON grammar
+// already) with at most 19 significant digits as m * 10^exp; ok is false
+// for any other token.
+func readJSONDecimal(tok []byte) (neg bool, m uint64, exp int, ok bool) {
 	i := 0
-	neg := len(tok) > 0 && tok[0] == '-'
+	neg = len(tok) > 0 && tok[0] == '-'
 	if neg {
 		i++
 	}
-	var m uint64
-	digits, exp := 0, 0
+	digits := 0
 	for ; i < len(tok) && tok[i] >= '0' && tok[i] <= '9'; i++ {
 		if m != 0 || tok[i] != '0' {
 			digits++
@@ -791,7 +855,7 @@ func parseFloat64Fast(tok []byte) (f float64, ok bool) {
 		}
 	}
 	if digits > 19 {
-		return 0, false
+		return false, 0, 0, false
 	}
 	if i < len(tok) && (tok[i] == 'e' || tok[i] == 'E') {
 		i++
@@ -804,7 +868,7 @@ func parseFloat64Fast(tok []byte) (f float64, ok bool) {
 			e = e*10 + int(tok[i]-'0')
 		}
 		if i == start {
-			return 0, false
+			return false, 0, 0, false
 		}
 		if eneg {
 			e = -e
@@ -812,9 +876,22 @@ func parseFloat64Fast(tok []byte) (f float64, ok bool) {
 		exp += e
 	}
 	if i != len(tok) || i == 0 || tok[i-1] == '-' {
-		return 0, false
+		return false, 0, 0, false
 	}
+	return neg, m, exp, true
+}
+
+// parseFloat64Fast converts a JSON number token with at most 19 significant
+// digits whose value is m * 10^e with m < 2^53 and |e| <= 22 (nearly every
+// number a client writes) to the nearest float64: m and 10^e are exact
+// float64s, so one multiplication or division rounds once, correctly
+// (Clinger's fast path, as strconv takes it after a slower scan). ok is
+// false for any other token; strconv.ParseFloat then decides.
+func parseFloat64Fast(tok []byte) (f float64, ok bool) {
+	neg, m, exp, ok := readJSONDecimal(tok)
 	switch {
+	case !ok:
+		return 0, false
 	case m == 0:
 		f = 0
 	case m >= 1<<53 || exp < -22 || exp > 22:
@@ -830,22 +907,64 @@ func parseFloat64Fast(tok []byte) (f float64, ok bool) {
 	return f, true
 }
 
-// parseFloat32Fast is parseFloat64Fast for float32. The float64 nearest the
-// number rounds to the float32 nearest it unless it lies exactly halfway
-// between two float32s (rounding twice could then go the wrong way): a
-// float64 cannot pass over such a midpoint, which it represents, on the way
-// to the nearest float64. Those give ok false, as do values a float32
-// cannot hold.
+// float32Guard is how many float64 units in the last place from a float32
+// midpoint parseFloat32Fast leaves to strconv when its float64 was rounded
+// more than once (at most four times, each by half a unit: 2 units, 4 in
+// the units of a lower binade).
+const float32Guard = 8
+
+// parseFloat32Fast converts a JSON number token with at most 19 significant
+// digits to the nearest float32, through a float64 near the number. A
+// float64 rounds to the float32 nearest the number unless the number and
+// the float64 lie on two sides of a float32 midpoint (a value halfway
+// between two float32s, which float64 represents): those float64s, the
+// ones within float32Guard units of a midpoint (exactly on it when the
+// float64 is the nearest to the number, as parseFloat64Fast's are), give ok
+// false, as do values a float32 cannot hold and exponents past +-66.
+// Python's json.dumps writes a float32 as the float64 it equals, in up to
+// 17 digits (tritonclient's JSON requests): those take the rounded path
+// here, not strconv.
 func parseFloat32Fast(tok []byte) (float32, bool) {
-	f, ok := parseFloat64Fast(tok)
+	neg, m, exp, ok := readJSONDecimal(tok)
 	if !ok {
 		return 0, false
 	}
-	if b := math.Float64bits(f); b&(1<<29-1) == 1<<28 {
-		return 0, false // a float32 midpoint
+	var f float64
+	guard := uint64(0)
+	switch {
+	case m == 0:
+	case m < 1<<53 && exp >= -22 && exp <= 22:
+		// Exact operands: one correctly rounded operation.
+		if exp >= 0 {
+			f = float64(m) * pow10Table[exp]
+		} else {
+			f = float64(m) / pow10Table[-exp]
+		}
+	case exp >= -66 && exp <= 66:
+		// m rounded to float64, then scaled by at most three exact powers
+		// of ten: within 2 units of the number.
+		f, guard = float64(m), float32Guard
+		for exp > 0 {
+			k := min(exp, 22)
+			f *= pow10Table[k]
+			exp -= k
+		}
+		for exp < 0 {
+			k := min(-exp, 22)
+			f /= pow10Table[k]
+			exp += k
+		}
+	default:
+		return 0, false
+	}
+	if low := math.Float64bits(f) & (1<<29 - 1); low+guard >= 1<<28 && low <= 1<<28+guard {
+		return 0, false // at or near a float32 midpoint
 	}
 	if a := math.Abs(f); a != 0 && (a < math.SmallestNonzeroFloat32*(1<<23) || a > math.MaxFloat32) {
 		return 0, false // subnormal or out of range: strconv decides
+	}
+	if neg {
+		f = -f
 	}
 	return float32(f), true
 }
@@ -1117,6 +1236,25 @@ var restBufPool = sync.Pool{New: func() any {
 const restMaxPooledBuffer = 1 << 20
 
 func getRESTBuffer() *[]byte { return restBufPool.Get().(*[]byte) }
+
+// restBodyPool holds the buffers of JSON inference request bodies: a
+// request decoded from JSON holds nothing of its body (tensors decoded from
+// JSON are memory of their own), so the buffer can read the next body
+// rather than be garbage, at every request, of tens of kilobytes.
+var restBodyPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// restMaxPooledBody is the largest body buffer kept for reuse.
+const restMaxPooledBody = 1 << 20
+
+func getRESTBody() *[]byte { return restBodyPool.Get().(*[]byte) }
+
+func putRESTBody(b *[]byte) {
+	if cap(*b) > restMaxPooledBody {
+		return
+	}
+	*b = (*b)[:0]
+	restBodyPool.Put(b)
+}
 
 func putRESTBuffer(b *[]byte) {
 	if cap(*b) > restMaxPooledBuffer {

@@ -576,3 +576,16 @@ func TestJSONMaxBytesBoundsElements(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecodeRESTWakewordPy is BenchmarkDecodeRESTWakeword with the
+// values as Python's json.dumps writes float32s (tritonclient).
+func BenchmarkDecodeRESTWakewordPy(b *testing.B) {
+	body := []byte(restPyBody(600))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := decodeRESTInfer(body, -1, restLimits); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -57,11 +57,64 @@ func TestParseFloatFast(t *testing.T) {
 	if accepted < len(toks)/3 {
 		t.Errorf("accepted %d of %d tokens", accepted, len(toks))
 	}
-	// What the load generator and numpy write is taken fast.
-	for _, tok := range []string{"0.123456789", "-0.87654321", "1.5e-07", "255", "0.0039215689"} {
+	// What the load generator and numpy write is taken fast, and what
+	// Python's json.dumps writes for a float32 (tritonclient): the float64
+	// it equals, in up to 17 digits.
+	for _, tok := range []string{"0.123456789", "-0.87654321", "1.5e-07", "255", "0.0039215689",
+		"0.12345679104328156", "-0.8765432238578796", "1.1920928955078125e-07", "3.3999999521443642e+38", "1.0000000031710769e-30", "1e-05"} {
 		if _, ok := parseFloat32Fast([]byte(tok)); !ok {
 			t.Errorf("parseFloat32Fast(%q) refused", tok)
 		}
+	}
+}
+
+// parseFloat32Fast gives strconv's float32 for every token it takes, those
+// of 18 to 19 digits and exponents past 22 (rounded more than once) near
+// float32 midpoints above all, and takes every float32 as Python writes it.
+func TestParseFloat32FastRounded(t *testing.T) {
+	rng := rand.New(rand.NewPCG(33, 34))
+	check := func(tok string) bool {
+		f, ok := parseFloat32Fast([]byte(tok))
+		if !ok {
+			return false
+		}
+		want, err := strconv.ParseFloat(tok, 32)
+		if err != nil || math.Float32bits(f) != math.Float32bits(float32(want)) {
+			t.Fatalf("parseFloat32Fast(%q) = %v (%#x), strconv %v (%#x, %v)", tok, f, math.Float32bits(f), float32(want), math.Float32bits(float32(want)), err)
+		}
+		return true
+	}
+	refusedPy := 0
+	for range 300000 {
+		// A float32 of any normal magnitude, as Python writes it.
+		b := rng.Uint32()&^(0xff<<23) | uint32(1+rng.IntN(254))<<23
+		v := math.Float32frombits(b)
+		if !check(strconv.FormatFloat(float64(v), 'g', -1, 64)) && math.Abs(float64(v)) >= 1e-30 && math.Abs(float64(v)) <= 1e30 {
+			refusedPy++
+		}
+		// A float32 midpoint and its float64 neighbours, in 17 to 19
+		// digits: the numbers double rounding gets wrong.
+		next := math.Float32frombits(b + 1)
+		mid := (float64(v) + float64(next)) / 2
+		for _, x := range []float64{mid, math.Nextafter(mid, 0), math.Nextafter(mid, math.Inf(1)),
+			math.Nextafter(math.Nextafter(mid, 0), 0)} {
+			for _, prec := range []int{16, 17, 18} {
+				check(strconv.FormatFloat(x, 'e', prec, 64))
+			}
+		}
+		// Decimals just off a midpoint by less than float64 resolves.
+		digits := strconv.FormatFloat(mid, 'e', 18, 64)
+		e := strings.IndexByte(digits, 'e')
+		for _, d := range []string{"1", "9"} {
+			check(digits[:e-1] + d + digits[e:])
+		}
+	}
+	if refusedPy > 0 {
+		t.Errorf("%d float32s as Python writes them refused", refusedPy)
+	}
+	for _, tok := range []string{"-0", "-0.0", "0e44", "1e44", "-1e-44", "9999999999999999999e-44", "1e-66", "1e66", "1e67", "3.4028234663852886e+38", "1e39", "1e-46", "3.4028235677973366e+38",
+		"1.401298464324817e-45", "1.1754943508222875e-38", "0.10000000149011611938"} {
+		check(tok)
 	}
 }
 
@@ -80,6 +133,17 @@ func TestParseRESTFastMatchesEncodingJSON(t *testing.T) {
 		`{"inputs":[{"name":"x","shape":[1.0],"datatype":"FP32","data":[1]}]}`,
 		`{"inputs":[{"name":"x","shape":[01],"datatype":"FP32","data":[1]}]}`,
 		`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1,]}]}`,
+		// Flat arrays of numbers (flatNumbers) and arrays that only start so.
+		`{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[ 1 , -0.0 ,2E-3 ]}]}`,
+		`{"inputs":[{"name":"x","shape":[0],"datatype":"FP32","data":[ ]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,[2]]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,"2"]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1 2]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,-]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,.5]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,NaN]}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,2}]}`,
+		`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,2`,
 		`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1 2]}]}`,
 		`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[-]}]}`,
 		`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["\x"]}]}`,
