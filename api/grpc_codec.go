@@ -491,15 +491,24 @@ func grpcBytesData(elems [][]byte, n int64) ([]byte, error) {
 // Backend must not reuse that memory once Infer has returned.
 func encodeGRPCInferResponse(model, version, id string, resp *runtime.InferResponse) *inference.ModelInferResponse {
 	outs := resp.Outputs
-	msg := &inference.ModelInferResponse{
-		ModelName:         model,
-		ModelVersion:      version,
-		Id:                id,
-		Outputs:           make([]*inference.ModelInferResponse_InferOutputTensor, len(outs)),
-		RawOutputContents: make([][]byte, len(outs)),
+	var (
+		msg     *inference.ModelInferResponse
+		tensors []inference.ModelInferResponse_InferOutputTensor
+	)
+	if len(outs) == 1 {
+		// The common case in one allocation.
+		one := new(grpcOneOutputResponse)
+		msg, tensors = &one.msg, one.tensor[:]
+		msg.Outputs, msg.RawOutputContents = one.ptr[:], one.raw[:]
+	} else {
+		msg = &inference.ModelInferResponse{
+			Outputs:           make([]*inference.ModelInferResponse_InferOutputTensor, len(outs)),
+			RawOutputContents: make([][]byte, len(outs)),
+		}
+		// One allocation for all output tensor messages.
+		tensors = make([]inference.ModelInferResponse_InferOutputTensor, len(outs))
 	}
-	// One allocation for all output tensor messages.
-	tensors := make([]inference.ModelInferResponse_InferOutputTensor, len(outs))
+	msg.ModelName, msg.ModelVersion, msg.Id = model, version, id
 	for i, t := range outs {
 		ot := &tensors[i]
 		ot.Name = t.Name
@@ -509,4 +518,12 @@ func encodeGRPCInferResponse(model, version, id string, resp *runtime.InferRespo
 		msg.RawOutputContents[i] = t.Data
 	}
 	return msg
+}
+
+// grpcOneOutputResponse is a response of one output, allocated at once.
+type grpcOneOutputResponse struct {
+	msg    inference.ModelInferResponse
+	ptr    [1]*inference.ModelInferResponse_InferOutputTensor
+	raw    [1][]byte
+	tensor [1]inference.ModelInferResponse_InferOutputTensor
 }

@@ -193,11 +193,13 @@ func (c *grpcDecodeCodec) unmarshal(data mem.BufferSlice, m proto.Message) error
 	if len(data) > 1 {
 		n *= 2
 	}
-	copies, err := c.budget.Reserve(n, fmt.Sprintf("receiving a message of %d bytes", data.Len()))
-	if err != nil {
+	// The copies end with this function: taken and given back without a
+	// Reservation. The reasons are formatted only for a refusal (each
+	// cost two allocations on every call).
+	if err := c.budget.take(n, func() string { return fmt.Sprintf("receiving a message of %d bytes", data.Len()) }, false); err != nil {
 		return refuse(err)
 	}
-	defer copies.Release()
+	defer c.budget.give(n)
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	b := buf.ReadOnlyData()
@@ -205,7 +207,7 @@ func (c *grpcDecodeCodec) unmarshal(data mem.BufferSlice, m proto.Message) error
 	if err != nil {
 		return err
 	}
-	res, err := c.budget.Reserve(cost, fmt.Sprintf("decoding a message of %d bytes", len(b)))
+	res, err := c.budget.reserveFunc(cost, func() string { return fmt.Sprintf("decoding a message of %d bytes", len(b)) })
 	if err != nil {
 		return refuse(err)
 	}

@@ -80,8 +80,9 @@ func (b *MemoryBudget) refuse() {
 	}
 }
 
-// take adds n bytes when they fit (or always, with force).
-func (b *MemoryBudget) take(n int64, what string, force bool) error {
+// take adds n bytes when they fit (or always, with force); what names
+// them in the refusal, built only then.
+func (b *MemoryBudget) take(n int64, what func() string, force bool) error {
 	if b == nil || n <= 0 {
 		return nil
 	}
@@ -90,7 +91,7 @@ func (b *MemoryBudget) take(n int64, what string, force bool) error {
 		b.used.Add(-n)
 		b.refused.Add(1)
 		return fmt.Errorf("%w: %s needs %s, and clients' requests and responses hold %s of the %s allowed (limits.max_memory); retry later",
-			errMemory, what, formatBytes(n), formatBytes(used-n), formatBytes(b.limit))
+			errMemory, what(), formatBytes(n), formatBytes(used-n), formatBytes(b.limit))
 	}
 	for {
 		p := b.peak.Load()
@@ -111,6 +112,11 @@ func (b *MemoryBudget) give(n int64) {
 // reservation, which the caller must Release; or errMemory when they do not
 // fit. A nil budget reserves nothing and never refuses.
 func (b *MemoryBudget) Reserve(n int64, what string) (*Reservation, error) {
+	return b.reserveFunc(n, func() string { return what })
+}
+
+// reserveFunc is Reserve with what built only for a refusal.
+func (b *MemoryBudget) reserveFunc(n int64, what func() string) (*Reservation, error) {
 	if err := b.take(n, what, false); err != nil {
 		return nil, err
 	}
@@ -130,7 +136,7 @@ type Reservation struct {
 // force reserves n bytes whether they fit or not, for memory whose number
 // is bounded elsewhere; done, if set, runs when it is released.
 func (b *MemoryBudget) force(n int64, done func()) *Reservation {
-	_ = b.take(n, "", true)
+	_ = b.take(n, nil, true)
 	if b == nil {
 		n = 0
 	}
@@ -144,7 +150,7 @@ func (r *Reservation) Grow(n int64, what string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := r.b.take(n, what, false); err != nil {
+	if err := r.b.take(n, func() string { return what }, false); err != nil {
 		return err
 	}
 	r.n += max(n, 0)

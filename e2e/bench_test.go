@@ -13,8 +13,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -199,7 +201,9 @@ func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 	b.ReportMetric(us(percentile(dGRPC, 0.99)-percentile(dDirect, 0.99)), "grpc-added-p99-µs")
 	b.ReportMetric(us(percentile(dREST, 0.99)-percentile(dDirect, 0.99)), "rest-added-p99-µs")
 	// Allocations in the server per call of each path, from its Go
-	// runtime's count: independent of the machine's load.
+	// runtime's count: independent of the machine's load. And the CPU
+	// time per call of the server and of its runners (their threads'
+	// schedstat, in nanoseconds), each path's calls one after another.
 	const calls = 500
 	for _, p := range []struct {
 		name string
@@ -210,11 +214,46 @@ func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 		}
 	}}, {"rest", rest}, {"grpc-live", live}} {
 		before := serverMallocs(b, s)
+		server, runners := s.cpu(b)
 		for range calls {
 			p.call()
 		}
 		b.ReportMetric((serverMallocs(b, s)-before)/calls, p.name+"-server-allocs/call")
+		server2, runners2 := s.cpu(b)
+		b.ReportMetric(us(server2-server)/calls, p.name+"-server-cpu-µs/call")
+		if isolation == "process" {
+			b.ReportMetric(us(runners2-runners)/calls, p.name+"-runner-cpu-µs/call")
+		}
 	}
+}
+
+// cpu is the CPU time the server's threads and its runners' have run so
+// far, from /proc/PID/task/*/schedstat: nanoseconds, where /proc/PID/stat
+// counts in ticks of 10 ms.
+func (s *testServer) cpu(b *testing.B) (server, runners time.Duration) {
+	server = threadsCPU(s.cmd.Process.Pid)
+	for _, pid := range s.children() {
+		runners += threadsCPU(pid)
+	}
+	return server, runners
+}
+
+// threadsCPU is the CPU time the threads of process pid have run so far;
+// 0 when it cannot be read.
+func threadsCPU(pid int) time.Duration {
+	paths, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var n int64
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			k, _ := strconv.ParseInt(f[0], 10, 64)
+			n += k
+		}
+	}
+	return time.Duration(n)
 }
 
 // serverMallocs is the server's count of heap allocations so far.

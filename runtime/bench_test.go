@@ -16,6 +16,7 @@ import (
 	"time"
 
 	ort "github.com/yalue/onnxruntime_go"
+	"golang.org/x/sys/unix"
 
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
@@ -257,4 +258,119 @@ func voluntarySwitches(t testing.TB, pid int) int64 {
 		}
 	}
 	return n
+}
+
+// BenchmarkMailboxPoll compares, in one run, a runner whose mailbox
+// polls (the caller for its answer, the worker for the next call; the
+// default) with one that only sleeps (--mailbox-spin 0 and no polling by
+// its callers), on example_dynamic_axes through the mailbox. The two
+// alternate in blocks of calls, so that the CPU time of each block (this
+// process as the server, by getrusage; the runner's threads, by their
+// schedstat) is one configuration's. It reports each one's median call,
+// their ratio, and the CPU time per call on each side. "gap=0" calls back
+// to back; "gap=200µs" spaces the calls as a server's calls to one
+// runner mostly are, so that the worker sleeps between them.
+func BenchmarkMailboxPoll(b *testing.B) {
+	model := testModel(b, "example_dynamic_axes.onnx")
+	start := func(args []string) *Runner {
+		cfg := testRunnerConfig(b, model)
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		cfg.Args = args
+		cfg.HealthInterval = time.Hour
+		return startTestRunner(b, cfg)
+	}
+	runners := []*Runner{start(nil), start([]string{"runner", "--mailbox-spin", "0"})}
+	runners[1].serving.Load().arena.box.spin = spinPolicy{}
+	names := []string{"poll", "sleep"}
+	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+	for _, gap := range []time.Duration{0, 200 * time.Microsecond} {
+		b.Run(fmt.Sprintf("gap=%v", gap), func(b *testing.B) {
+			const block = 50
+			var ds [2][]time.Duration
+			var serverCPU, runnerCPU [2]time.Duration
+			call := func(i int) {
+				if gap > 0 {
+					time.Sleep(gap)
+				}
+				t0 := time.Now()
+				if _, err := runners[i].Infer(b.Context(), req); err != nil {
+					b.Fatal(err)
+				}
+				ds[i] = append(ds[i], time.Since(t0))
+			}
+			for i := range runners {
+				for range block {
+					call(i)
+				}
+				ds[i] = ds[i][:0]
+			}
+			box := runners[0].serving.Load().arena.box
+			spins, caught, sleeps := box.stats.spins.Load(), box.stats.caught.Load(), box.stats.sleeps.Load()
+			b.ReportAllocs()
+			for b.Loop() {
+				for i, r := range runners {
+					s0, r0 := selfCPU(b), threadsCPU(b, r.Pid())
+					for range block {
+						call(i)
+					}
+					serverCPU[i] += selfCPU(b) - s0
+					runnerCPU[i] += threadsCPU(b, r.Pid()) - r0
+				}
+			}
+			b.StopTimer()
+			var p50 [2]float64
+			for i := range runners {
+				slices.Sort(ds[i])
+				p50[i] = float64(ds[i][len(ds[i])/2].Nanoseconds()) / 1e3
+				n := float64(len(ds[i]))
+				b.ReportMetric(p50[i], names[i]+"-p50-µs")
+				b.ReportMetric(float64(serverCPU[i].Nanoseconds())/1e3/n, names[i]+"-server-cpu-µs/call")
+				b.ReportMetric(float64(runnerCPU[i].Nanoseconds())/1e3/n, names[i]+"-runner-cpu-µs/call")
+			}
+			b.ReportMetric(p50[0]/p50[1], "poll/sleep-p50")
+			// How the polling runner's callers waited.
+			n := float64(len(ds[0]))
+			b.ReportMetric(float64(box.stats.spins.Load()-spins)/n, "poll-polled/call")
+			b.ReportMetric(float64(box.stats.caught.Load()-caught)/n, "poll-caught/call")
+			b.ReportMetric(float64(box.stats.sleeps.Load()-sleeps)/n, "poll-sleeps/call")
+			b.ReportMetric(float64(box.answerNs.Load())/1e3, "poll-answer-µs")
+		})
+	}
+}
+
+// selfCPU is this process's CPU time so far (user and system).
+func selfCPU(t testing.TB) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// threadsCPU is the CPU time the threads of process pid have run so far
+// (the first field of each /proc/pid/task/*/schedstat, in nanoseconds;
+// getrusage reads only this process and the children it has reaped).
+func threadsCPU(t testing.TB, pid int) time.Duration {
+	t.Helper()
+	paths, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(paths) == 0 {
+		t.Skipf("no /proc/%d/task/*/schedstat here", pid)
+	}
+	var n int64
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		k, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", path, b, err)
+		}
+		n += k
+	}
+	return time.Duration(n)
 }

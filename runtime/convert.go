@@ -68,7 +68,16 @@ func readResponse(resp *runnerpb.InferResponse, mem []byte, region *runnerpb.Are
 }
 
 func responseFromProto(resp *runnerpb.InferResponse) (*InferResponse, error) {
-	out := make([]Tensor, len(resp.GetOutputs()))
+	var r *InferResponse
+	if len(resp.GetOutputs()) == 1 {
+		// The common case in one allocation.
+		one := new(oneOutputResponse)
+		r = &one.resp
+		r.Outputs = one.out[:]
+	} else {
+		r = &InferResponse{Outputs: make([]Tensor, len(resp.GetOutputs()))}
+	}
+	out := r.Outputs
 	for i, t := range resp.GetOutputs() {
 		dt, ok := ParseDataType(t.GetDatatype())
 		if !ok {
@@ -76,14 +85,18 @@ func responseFromProto(resp *runnerpb.InferResponse) (*InferResponse, error) {
 		}
 		out[i] = Tensor{Name: t.GetName(), DataType: dt, Shape: t.GetShape(), Data: t.GetData()}
 	}
-	return &InferResponse{
-		Outputs: out,
-		Timing: Timing{
-			Input:  time.Duration(resp.GetInputNs()),
-			Infer:  time.Duration(resp.GetInferNs()),
-			Output: time.Duration(resp.GetOutputNs()),
-		},
-	}, nil
+	r.Timing = Timing{
+		Input:  time.Duration(resp.GetInputNs()),
+		Infer:  time.Duration(resp.GetInferNs()),
+		Output: time.Duration(resp.GetOutputNs()),
+	}
+	return r, nil
+}
+
+// oneOutputResponse is a response of one output, allocated at once.
+type oneOutputResponse struct {
+	resp InferResponse
+	out  [1]Tensor
 }
 
 // modelIO is a model's inputs and outputs, indexed by name.

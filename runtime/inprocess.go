@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -79,6 +80,11 @@ type InProcess struct {
 	mu      sync.RWMutex
 	stopped bool
 	calls   sync.WaitGroup // calls that still use the session
+
+	// runNs is the recent time of a run in nanoseconds, a moving average
+	// (0: none yet); it decides whether a call runs on its caller's
+	// goroutine (Infer).
+	runNs atomic.Int64
 }
 
 var _ Instance = (*InProcess)(nil)
@@ -130,7 +136,11 @@ func StartInProcess(ctx context.Context, cfg InProcessConfig) (*InProcess, error
 
 // Infer runs one request on the session in this process. The caller's
 // context ends the wait, not the run: ONNX Runtime finishes it, as a
-// runner process would. A stopped instance fails with ErrUnavailable.
+// runner process would. A call whose runs take little time against its
+// deadline (inlineRun) runs on the caller's goroutine instead, without a
+// goroutine and a hand-off: its wait ends with the run, a short time
+// after a cancellation at most. A stopped instance fails with
+// ErrUnavailable.
 func (ip *InProcess) Infer(ctx context.Context, req *InferRequest) (*InferResponse, error) {
 	ip.mu.RLock()
 	if ip.stopped {
@@ -140,6 +150,13 @@ func (ip *InProcess) Infer(ctx context.Context, req *InferRequest) (*InferRespon
 	ip.calls.Add(1)
 	ip.mu.RUnlock()
 
+	if ip.inlineRun(ctx) {
+		defer ip.calls.Done()
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("in-process %s: %w", ip.cfg.Name, err)
+		}
+		return ip.timedRun(req)
+	}
 	type result struct {
 		resp *InferResponse
 		err  error
@@ -147,7 +164,7 @@ func (ip *InProcess) Infer(ctx context.Context, req *InferRequest) (*InferRespon
 	done := make(chan result, 1)
 	go func() {
 		defer ip.calls.Done()
-		resp, err := ip.run(req)
+		resp, err := ip.timedRun(req)
 		done <- result{resp, err}
 	}()
 	select {
@@ -156,6 +173,37 @@ func (ip *InProcess) Infer(ctx context.Context, req *InferRequest) (*InferRespon
 	case <-ctx.Done():
 		return nil, fmt.Errorf("in-process %s: %w", ip.cfg.Name, ctx.Err())
 	}
+}
+
+// inlineMax bounds the recent run time of a call that runs on its
+// caller's goroutine; inlineShare is the most of the time left to its
+// deadline that it may take.
+const (
+	inlineMax   = time.Millisecond
+	inlineShare = 4
+)
+
+// inlineRun reports whether a call with ctx runs on its caller's
+// goroutine: the recent runs were short (at most inlineMax), and a
+// quarter of the time left to ctx's deadline (if any) is more than one
+// of them. The first call, with nothing learnt, takes a goroutine.
+func (ip *InProcess) inlineRun(ctx context.Context) bool {
+	est := time.Duration(ip.runNs.Load())
+	if est <= 0 || est > inlineMax {
+		return false
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < inlineShare*est {
+		return false
+	}
+	return true
+}
+
+// timedRun is run, with its time folded into runNs.
+func (ip *InProcess) timedRun(req *InferRequest) (*InferResponse, error) {
+	start := time.Now()
+	resp, err := ip.run(req)
+	learnInto(&ip.runNs, int64(time.Since(start)), inlineMax)
+	return resp, err
 }
 
 // run is one session run with the runner's checks and errors. A panic in

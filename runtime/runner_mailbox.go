@@ -122,6 +122,20 @@ func (m mailboxMem) state(i int) *uint32   { return m.word(m.slotOff(i)) }
 func (m mailboxMem) reqLen(i int) *uint32  { return m.word(m.slotOff(i) + 4) }
 func (m mailboxMem) respLen(i int) *uint32 { return m.word(m.slotOff(i) + 8) }
 
+// waiting is set by a caller before it sleeps on its slot's state: a
+// worker whose caller is not asleep (it polls, see mailbox.poll) wakes no
+// one and makes no system call.
+func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
+
+// postedAt and answeredAt are when the server posted the slot's request
+// and when the worker wrote its answer, in Unix nanoseconds (the wall
+// clock, the one both processes read the same): each side learns from
+// them how soon the other answers, whether or not it slept meanwhile.
+func (m mailboxMem) postedAt(i int) *int64   { return m.stamp(m.slotOff(i) + 16) }
+func (m mailboxMem) answeredAt(i int) *int64 { return m.stamp(m.slotOff(i) + 24) }
+
+func (m mailboxMem) stamp(off int) *int64 { return (*int64)(unsafe.Pointer(&m.mem[off])) }
+
 func (m mailboxMem) reqArea(i int) []byte {
 	off := m.slotOff(i) + mailboxSlotHeader
 	return m.mem[off : off+mailboxArea : off+mailboxArea]
@@ -161,10 +175,30 @@ type mailbox struct {
 
 	mu   sync.Mutex
 	free []int // the slots no call holds
+
+	// spin is how a caller polls for its answer before it sleeps
+	// (mailbox.poll).
+	spin spinPolicy
+	// answerNs is the recent time from a post to its answer in
+	// nanoseconds, a moving average over every call's stamps.
+	answerNs atomic.Int64
+	// stats counts what the waits did, for tests and benchmarks.
+	stats mailboxStats
+	// names interns the output names of the answers.
+	names nameCache
+}
+
+// mailboxStats counts how the calls of one side waited.
+type mailboxStats struct {
+	spins  atomic.Int64 // waits that polled
+	caught atomic.Int64 // of those, the ones that saw their event while polling
+	sleeps atomic.Int64 // futex sleeps
+	wakes  atomic.Int64 // futex wake-ups sent to the other side
 }
 
 func newMailbox(mem mailboxMem, acquire func() bool, release func()) *mailbox {
-	m := &mailbox{mailboxMem: mem, acquire: acquire, release: release, free: make([]int, 0, mem.slots)}
+	m := &mailbox{mailboxMem: mem, acquire: acquire, release: release, free: make([]int, 0, mem.slots),
+		spin: spinPolicy{limit: callerSpinCap, preempted: spinPreempted}}
 	for i := mem.slots - 1; i >= 0; i-- {
 		m.free = append(m.free, i)
 	}
@@ -192,35 +226,175 @@ func (m *mailbox) put(i int) {
 }
 
 // post writes req, of size bytes (proto.Size), into slot i and rings the
-// doorbell.
-func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) error {
+// doorbell. It returns when it posted, in Unix nanoseconds (for learn).
+func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) (int64, error) {
 	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(m.reqArea(i)[:0], req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if len(b) != size || unsafe.SliceData(b) != unsafe.SliceData(m.reqArea(i)) {
-		return fmt.Errorf("request of %d bytes did not fit its slot", len(b))
+		return 0, fmt.Errorf("request of %d bytes did not fit its slot", len(b))
 	}
+	now := time.Now().UnixNano()
 	atomic.StoreUint32(m.reqLen(i), uint32(size))
+	atomic.StoreUint32(m.waiting(i), 0)
+	atomic.StoreInt64(m.postedAt(i), now)
 	atomic.StoreUint32(m.state(i), slotPosted)
 	atomic.AddUint32(m.doorbell(), 1)
 	if atomic.LoadUint32(m.sleepers()) != 0 {
+		m.stats.wakes.Add(1)
 		futexWake(m.doorbell(), 1)
 	}
-	return nil
+	return now, nil
 }
 
+// ended reports whether state s is one a caller stops waiting at.
+func ended(s uint32) bool { return s == slotAnswered || s == slotOnSocket || s == slotDropped }
+
 // await sleeps until slot i is answered, dead is set or done says so, and
-// returns the slot's state.
+// returns the slot's state. A caller says it sleeps (the slot's waiting
+// word) before it looks at the state a last time, and the worker looks at
+// that word after it wrote the state: one of the two sees the other's
+// write, so the worker wakes every caller that sleeps, and only those.
 func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool) uint32 {
 	st := m.state(i)
 	for {
 		s := atomic.LoadUint32(st)
-		if s == slotAnswered || s == slotOnSocket || s == slotDropped || dead.Load() || done() {
+		if ended(s) || dead.Load() || done() {
 			return s
 		}
+		atomic.StoreUint32(m.waiting(i), 1)
+		if atomic.LoadUint32(st) != s {
+			continue
+		}
+		m.stats.sleeps.Add(1)
 		futexWait(st, s, mailboxRecheck)
 	}
+}
+
+// The callers' spin: a caller whose answer usually comes sooner than a
+// sleep and a wake-up take polls for it instead, for about the time the
+// recent answers took, and sleeps only if it has not come by then. On
+// this machine's virtual CPUs a cross-process futex wake-up costs tens of
+// microseconds (the woken thread's CPU has gone idle), as much as a small
+// model's whole run; polling keeps the caller's CPU awake for the answer.
+// It costs that CPU for the time it polls, so it is bounded and taken
+// only where it pays:
+//   - never longer than callerSpinCap, and not at all when the recent
+//     answers (answerNs, from the slots' stamps, so learnt whether the
+//     caller polled or slept) took longer than that;
+//   - only by a caller whose call is the only mailbox call of the server
+//     in flight (mailboxCalls): with more, the CPUs have other work;
+//   - not while spinQuietUntil holds: a poll that lost its CPU for more
+//     than spinPreempted (another thread or goroutine wanted it) turns
+//     polling off, on both sides, for spinQuiet.
+const (
+	callerSpinCap = 60 * time.Microsecond
+	// spinPreempted is a pause between two polls that says the CPU is
+	// wanted by someone else.
+	spinPreempted = 20 * time.Microsecond
+	// spinQuiet is how long polling stays off after one lost its CPU.
+	spinQuiet = 20 * time.Millisecond
+)
+
+// mailboxCalls counts the server's mailbox calls in flight, across runners.
+var mailboxCalls atomic.Int32
+
+// spinQuietUntil is when polling may start again in this process, in Unix
+// nanoseconds.
+var spinQuietUntil atomic.Int64
+
+// spinPolicy is how one side polls.
+type spinPolicy struct {
+	// limit bounds one poll; 0 or less: the side never polls.
+	limit time.Duration
+	// preempted is a pause between two reads that ends a poll, and
+	// polling on both sides for spinQuiet: the CPU is wanted elsewhere.
+	preempted time.Duration
+}
+
+// poll reads until done says so (true) or budget has passed since start
+// (false). Between reads it lets the goroutines that want the processor
+// run.
+func (p spinPolicy) poll(done func() bool, start time.Time, budget time.Duration) bool {
+	last := start
+	for {
+		if done() {
+			return true
+		}
+		goruntime.Gosched()
+		now := time.Now()
+		if now.Sub(last) > p.preempted {
+			spinQuietUntil.Store(now.Add(spinQuiet).UnixNano())
+			return false
+		}
+		if now.Sub(start) >= budget {
+			return false
+		}
+		last = now
+	}
+}
+
+// quiet reports whether polling is off at now.
+func quiet(now time.Time) bool { return now.UnixNano() < spinQuietUntil.Load() }
+
+// spinBudget is how long a caller may poll for its answer: twice the
+// recent answer time (room for its spread), at least a quarter of the cap
+// and at most the cap; 0 when the answers take longer than the cap or
+// polling is off.
+func (m *mailbox) spinBudget() time.Duration {
+	est := time.Duration(m.answerNs.Load())
+	if m.spin.limit <= 0 || est <= 0 || est > m.spin.limit {
+		return 0
+	}
+	return min(m.spin.limit, max(2*est, m.spin.limit/4))
+}
+
+// poll polls slot i for up to spinBudget while this is the only mailbox
+// call in flight (alone). It returns the slot's state and whether the
+// wait ended while polling; false: the caller sleeps on it (await).
+func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
+	budget := m.spinBudget()
+	if budget <= 0 || !alone {
+		return 0, false
+	}
+	start := time.Now()
+	if quiet(start) {
+		return 0, false
+	}
+	m.stats.spins.Add(1)
+	st := m.state(i)
+	var s uint32
+	if !m.spin.poll(func() bool { s = atomic.LoadUint32(st); return ended(s) || dead.Load() }, start, budget) {
+		return 0, false
+	}
+	m.stats.caught.Add(1)
+	return s, true
+}
+
+// learn folds the answer time of the call posted at posted into slot i
+// into answerNs, after the answer was read. Each time counts at most
+// twice the cap, so that one stall moves the average by a quarter of the
+// cap, not by the stall; a stamp out of order counts as the cap.
+func (m *mailbox) learn(i int, posted int64) {
+	learnInto(&m.answerNs, atomic.LoadInt64(m.answeredAt(i))-posted, max(m.spin.limit, callerSpinCap))
+}
+
+// learnInto folds sample d (nanoseconds) into the moving average avg
+// (weight 1/8), d clamped to [0, 2*limit]; a negative d counts as limit.
+func learnInto(avg *atomic.Int64, d int64, limit time.Duration) {
+	switch {
+	case d < 0:
+		d = int64(limit)
+	case d > 2*int64(limit):
+		d = 2 * int64(limit)
+	}
+	old := avg.Load()
+	if old == 0 {
+		avg.Store(d + 1) // 0 is "nothing learnt yet"
+		return
+	}
+	avg.Store(old + (d-old)/8)
 }
 
 // wake wakes whoever waits on slot i.
@@ -247,8 +421,8 @@ func (m *mailbox) answer(i int, id uint64) (*runnerpb.InferResponse, error) {
 	if n > mailboxArea {
 		return nil, fmt.Errorf("runner's answer in slot %d claims %d bytes, over the slot's %d", i, n, mailboxArea)
 	}
-	resp := &runnerpb.InferResponse{}
-	if err := proto.Unmarshal(m.respArea(i)[:n], resp); err != nil {
+	resp, err := decodeAnswer(m.respArea(i)[:n], &m.names)
+	if err != nil {
 		return nil, fmt.Errorf("runner's answer in slot %d: %w", i, err)
 	}
 	if resp.GetId() != id {
@@ -265,9 +439,38 @@ type mailboxWorkers struct {
 	answer func(*runnerpb.InferRequest) *runnerpb.InferResponse
 	// onSocket writes an answer too large for its slot on the socket.
 	onSocket func(*runnerpb.InferResponse) error
-	quit     atomic.Bool
-	wg       sync.WaitGroup
+	// spin is how a worker polls the doorbell after an answer before it
+	// sleeps (mailboxWorkers.poll); the zero policy never polls.
+	spin spinPolicy
+	// idleClass reports whether the runner runs in the idle scheduling
+	// class, where its workers do not poll; nil: threadIdleClass.
+	idleClass func() bool
+	quit      atomic.Bool
+	wg        sync.WaitGroup
+
+	// serving counts the workers running a call.
+	serving atomic.Int32
+	// lastAnswer is when a worker last answered, and gapNs the recent
+	// time from an answer to the next post (a moving average), both in
+	// nanoseconds.
+	lastAnswer atomic.Int64
+	gapNs      atomic.Int64
+	idle       idleCheck
+	stats      mailboxStats
 }
+
+// The workers' spin: after an answer, a worker whose next call usually
+// comes within workerSpinCap polls the doorbell for that long before it
+// sleeps, so that a call close behind the last one wakes no thread. Not
+// while another worker of the runner runs a call (the CPU is its), nor in
+// the idle scheduling class (a background runner), nor while polling is
+// quiet (spinQuietUntil), nor when the recent gaps between an answer and
+// the next post (gapNs, from the stamps) were longer than the cap.
+const workerSpinCap = 40 * time.Microsecond
+
+// maxMailboxSpin bounds --mailbox-spin: polling is for wake-ups, which
+// cost tens of microseconds, not for waits a sleep serves as well.
+const maxMailboxSpin = time.Millisecond
 
 // start starts n workers.
 func (w *mailboxWorkers) start(n int) {
@@ -298,6 +501,9 @@ func (w *mailboxWorkers) work(next int) {
 		}
 		i, ok := w.take(next)
 		if !ok {
+			if w.poll(bell) {
+				continue
+			}
 			// Through Go's scheduler now and then before a sleep: a
 			// goroutine that has not been scheduled for 10 ms loses its
 			// processor to Go's monitor even while it sleeps in a system
@@ -312,14 +518,70 @@ func (w *mailboxWorkers) work(next int) {
 			}
 			atomic.AddUint32(w.sleepers(), 1)
 			if atomic.LoadUint32(w.doorbell()) == bell && !w.quit.Load() {
+				w.stats.sleeps.Add(1)
 				futexWait(w.doorbell(), bell, time.Second)
 			}
 			atomic.AddUint32(w.sleepers(), ^uint32(0))
 			continue
 		}
 		next = (i + 1) % w.slots
+		// The time from the last answer to this post, 0 when the call
+		// was posted before it.
+		learnInto(&w.gapNs, max(atomic.LoadInt64(w.postedAt(i))-w.lastAnswer.Load(), 0), max(w.spin.limit, workerSpinCap))
+		w.serving.Add(1)
 		w.serve(i)
+		w.serving.Add(-1)
+		w.lastAnswer.Store(time.Now().UnixNano())
 	}
+}
+
+// poll polls the doorbell, still at bell, for up to the cap when the
+// next call is likely to come that soon and the CPU is not wanted
+// elsewhere; true when it rang meanwhile.
+func (w *mailboxWorkers) poll(bell uint32) bool {
+	limit := w.spin.limit
+	if gap := time.Duration(w.gapNs.Load()); limit <= 0 || gap <= 0 || gap > limit || w.serving.Load() > 0 || w.quit.Load() {
+		return false
+	}
+	start := time.Now()
+	if quiet(start) || w.idle.idle(start, w.idleClass) {
+		return false
+	}
+	w.stats.spins.Add(1)
+	if !w.spin.poll(func() bool { return atomic.LoadUint32(w.doorbell()) != bell }, start, limit) {
+		return false
+	}
+	w.stats.caught.Add(1)
+	return true
+}
+
+// idleCheck caches whether the runner runs in the idle scheduling class:
+// the limiter may move it there or out at any time, so the answer is
+// read again every idleRecheck.
+type idleCheck struct {
+	at   atomic.Int64 // when it was last read, Unix nanoseconds
+	isIt atomic.Bool
+}
+
+const idleRecheck = 100 * time.Millisecond
+
+func (c *idleCheck) idle(now time.Time, read func() bool) bool {
+	if t := now.UnixNano(); t-c.at.Load() >= int64(idleRecheck) {
+		if read == nil {
+			read = threadIdleClass
+		}
+		c.isIt.Store(read())
+		c.at.Store(t)
+	}
+	return c.isIt.Load()
+}
+
+// threadIdleClass reports whether the calling thread is in the idle
+// scheduling class (SCHED_IDLE), as the unprivileged limiter puts every
+// thread of a background runner.
+func threadIdleClass() bool {
+	attr, err := unix.SchedGetAttr(0, 0)
+	return err == nil && attr.Policy == unix.SCHED_IDLE
 }
 
 // workerYieldEvery is how often at most a mailbox worker yields before
@@ -359,7 +621,11 @@ func (w *mailboxWorkers) serve(i int) {
 		b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(w.respArea(i)[:0], resp)
 		if err == nil && len(b) == size {
 			atomic.StoreUint32(w.respLen(i), uint32(size))
-			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) {
+			atomic.StoreInt64(w.answeredAt(i), time.Now().UnixNano())
+			// A caller polling for the answer needs no wake-up (see
+			// mailbox.await for the order of the two words).
+			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) != 0 {
+				w.stats.wakes.Add(1)
 				futexWake(w.state(i), math.MaxInt32)
 			}
 			return

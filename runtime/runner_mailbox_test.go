@@ -37,6 +37,13 @@ type mailboxRig struct {
 
 func newMailboxRig(t *testing.T, slots, workers int, answer func(*runnerpb.InferRequest) *runnerpb.InferResponse) *mailboxRig {
 	t.Helper()
+	return newMailboxRigSpin(t, slots, workers, answer, spinPolicy{}, nil)
+}
+
+// newMailboxRigSpin is newMailboxRig with workers that poll by spin and
+// see the idle class as idleClass says (nil: as the thread is).
+func newMailboxRigSpin(t *testing.T, slots, workers int, answer func(*runnerpb.InferRequest) *runnerpb.InferResponse, spin spinPolicy, idleClass func() bool) *mailboxRig {
+	t.Helper()
 	ar, err := newArena("test", 4096, slots)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +65,8 @@ func newMailboxRig(t *testing.T, slots, workers int, answer func(*runnerpb.Infer
 		mailboxMem: ar.box.mailboxMem,
 		answer:     answer,
 		onSocket:   func(resp *runnerpb.InferResponse) error { return w.write(resp) },
+		spin:       spin,
+		idleClass:  idleClass,
 	}
 	rig.workers.start(workers)
 	go func() {

@@ -66,6 +66,9 @@ type runnerFlags struct {
 	// calls is how many calls the server runs at once (RunnerConfig.Calls);
 	// 0: Go's default processors.
 	calls int
+	// mailboxSpin bounds how long a mailbox worker polls for the next
+	// call after an answer (mailboxWorkers.poll); 0: it never does.
+	mailboxSpin time.Duration
 	// procs, when positive, is the Go scheduler's processors
 	// (GOMAXPROCS) instead of the ones goProcs derives from calls: for
 	// measurements that compare the two.
@@ -134,6 +137,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
 	fs.IntVar(&f.mailboxSlots, "mailbox-slots", 0, "slots of the call mailbox after the arena (0: none)")
+	fs.DurationVar(&f.mailboxSpin, "mailbox-spin", workerSpinCap, "how long at most a mailbox worker polls for the next call after an answer before it sleeps (0: never)")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
 	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
 	fs.IntVar(&f.procs, "procs", 0, "the Go scheduler's processors (0: one per call, and one more with a mailbox, at most the CPUs)")
@@ -161,6 +165,9 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	}
 	if f.mailboxSlots < 0 || f.mailboxSlots > maxMailboxSlots {
 		errs = append(errs, fmt.Errorf("--mailbox-slots %d out of range [0, %d]", f.mailboxSlots, maxMailboxSlots))
+	}
+	if f.mailboxSpin < 0 || f.mailboxSpin > maxMailboxSpin {
+		errs = append(errs, fmt.Errorf("--mailbox-spin %v out of range [0, %v]", f.mailboxSpin, maxMailboxSpin))
 	}
 	if f.mailboxSlots > 0 && f.arenaFD < 0 {
 		errs = append(errs, errors.New("--mailbox-slots needs --arena-fd"))
@@ -320,7 +327,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if calls != nil {
 		go func() {
 			defer close(callsDone)
-			svc.serveCalls(calls, box, max(1, f.calls))
+			svc.serveCalls(calls, box, max(1, f.calls), f.mailboxSpin)
 		}()
 	} else {
 		close(callsDone)
@@ -387,10 +394,11 @@ func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*r
 
 // serveCalls answers the calls that come on conn, each in a goroutine of
 // its own that writes its answer itself, and those posted in box (nil:
-// none) by workers workers, until the server closes conn or the runner
+// none) by workers workers, who poll for the next call for up to spin
+// after an answer (0: never), until the server closes conn or the runner
 // stops; stopping, it takes no more calls, answers those it took and says
 // goodbye (an empty frame).
-func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int) {
+func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int, spin time.Duration) {
 	w := &frameWriter{conn: conn}
 	var mw *mailboxWorkers
 	if box != nil {
@@ -398,6 +406,7 @@ func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int) 
 			mailboxMem: *box,
 			answer:     s.infer,
 			onSocket:   func(resp *runnerpb.InferResponse) error { return w.write(resp) },
+			spin:       spinPolicy{limit: spin, preempted: spinPreempted},
 		}
 		mw.start(workers)
 	}

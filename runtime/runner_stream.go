@@ -420,7 +420,7 @@ func (c *callStream) brokenError() error {
 // and call.slot say what the request holds in the arena: when ctx ends
 // first, the answer is left to onAbandoned. The request's id is set here.
 func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call *pendingCall) (*runnerpb.InferResponse, error) {
-	call.reply = make(chan *runnerpb.InferResponse, 1)
+	call.reply = replyChans.Get().(chan *runnerpb.InferResponse)
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -472,6 +472,10 @@ func (c *callStream) call(ctx context.Context, req *runnerpb.InferRequest, call 
 	return c.awaitReply(ctx, req, call)
 }
 
+// replyChans are pendingCall.reply channels to reuse: a call answered in
+// the mailbox gives its channel back.
+var replyChans = sync.Pool{New: func() any { return make(chan *runnerpb.InferResponse, 1) }}
+
 // awaitReply waits for the answer to a call sent on the socket, or for ctx
 // to end.
 func (c *callStream) awaitReply(ctx context.Context, req *runnerpb.InferRequest, call *pendingCall) (*runnerpb.InferResponse, error) {
@@ -503,16 +507,23 @@ func (c *callStream) awaitReply(ctx context.Context, req *runnerpb.InferRequest,
 // waits for its answer there (or on the socket, when it did not fit), for
 // the stream to break or for ctx to end.
 func (c *callStream) callMailbox(ctx context.Context, req *runnerpb.InferRequest, call *pendingCall, i, size int) (*runnerpb.InferResponse, error) {
-	if err := c.box.post(i, req, size); err != nil {
+	alone := mailboxCalls.Add(1) == 1
+	defer mailboxCalls.Add(-1)
+	posted, err := c.box.post(i, req, size)
+	if err != nil {
 		c.box.put(i)
 		c.mu.Lock()
 		delete(c.pending, req.Id)
 		c.mu.Unlock()
 		return nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { c.box.wake(i) })
-	s := c.box.await(i, &c.dead, func() bool { return ctx.Err() != nil })
-	stop()
+	// A short answer is polled for; a longer one slept on.
+	s, ok := c.box.poll(i, &c.dead, alone)
+	if !ok {
+		stop := context.AfterFunc(ctx, func() { c.box.wake(i) })
+		s = c.box.await(i, &c.dead, func() bool { return ctx.Err() != nil })
+		stop()
+	}
 	if s != slotAnswered && s != slotOnSocket && !c.dead.Load() && s != slotDropped {
 		// The context ended: the answer is left to reap, unless it came
 		// just then.
@@ -534,10 +545,19 @@ func (c *callStream) callMailbox(ctx context.Context, req *runnerpb.InferRequest
 	case s == slotAnswered:
 		resp, err := c.box.answer(i, req.Id)
 		c.mu.Lock()
+		_, mine := c.pending[req.Id]
 		delete(c.pending, req.Id)
 		c.mu.Unlock()
 		if err == nil {
+			c.box.learn(i, posted)
 			c.box.put(i)
+			if mine {
+				// Taken out of pending here, not by a broken stream: the
+				// call's channel is no one else's, and empty. The next
+				// call takes it.
+				replyChans.Put(call.reply)
+				call.reply = nil
+			}
 		}
 		if err != nil {
 			// A runner that breaks the protocol is not trusted with more

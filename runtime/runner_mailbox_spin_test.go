@@ -1,0 +1,293 @@
+package runtime
+
+import (
+	"fmt"
+	goruntime "runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sloserve/sloserve/runtime/runnerpb"
+)
+
+// The tests of the mailbox's polling (mailbox.poll, mailboxWorkers.poll)
+// give it wide limits and never count a pause as preemption: they are
+// about what polls and what sleeps, not about this machine's timings.
+
+// waitCounts are a rig's sleeps and wake-ups over some calls.
+type waitCounts struct {
+	callerSleeps, callerPolls, callerCaught int64 // the server's callers
+	answerWakes                             int64 // workers waking a caller
+	doorbellWakes                           int64 // callers waking a worker
+	workerSleeps, workerPolls               int64
+}
+
+func (r *mailboxRig) counts() waitCounts {
+	return waitCounts{
+		callerSleeps: r.box.stats.sleeps.Load(), callerPolls: r.box.stats.spins.Load(), callerCaught: r.box.stats.caught.Load(),
+		answerWakes: r.workers.stats.wakes.Load(), doorbellWakes: r.box.stats.wakes.Load(),
+		workerSleeps: r.workers.stats.sleeps.Load(), workerPolls: r.workers.stats.spins.Load(),
+	}
+}
+
+func (c waitCounts) sub(o waitCounts) waitCounts {
+	return waitCounts{c.callerSleeps - o.callerSleeps, c.callerPolls - o.callerPolls, c.callerCaught - o.callerCaught,
+		c.answerWakes - o.answerWakes, c.doorbellWakes - o.doorbellWakes, c.workerSleeps - o.workerSleeps, c.workerPolls - o.workerPolls}
+}
+
+// echoCalls makes n calls one after the other and returns what the waits
+// did meanwhile.
+func (r *mailboxRig) echoCalls(t *testing.T, n int, between time.Duration) waitCounts {
+	t.Helper()
+	before := r.counts()
+	for i := range n {
+		if between > 0 {
+			time.Sleep(between)
+		}
+		if err := echoCall(t.Context(), r.c, fmt.Sprint("x", i), []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r.counts().sub(before)
+}
+
+// wideSpin polls for long and never takes a pause for preemption.
+var wideSpin = spinPolicy{limit: 20 * time.Millisecond, preempted: time.Hour}
+
+// notIdle is an idle-class check that says the runner is not in it.
+func notIdle() bool { return false }
+
+// Calls one after the other, whose answers come soon: the caller polls
+// for its answer and the worker for the next call, so that neither sleeps
+// nor wakes the other (no futex system calls); without polling the worker
+// sleeps after every call and each call wakes it. On a busy machine a
+// poll can miss (a side loses its CPU): the best of three rounds counts.
+func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
+	spinQuietUntil.Store(0)
+	const calls = 200
+	off := newMailboxRigSpin(t, 4, 1, echo, spinPolicy{}, notIdle)
+	off.box.spin = spinPolicy{}
+	off.echoCalls(t, 20, 0)
+	base := off.echoCalls(t, calls, 0)
+	t.Logf("without polling: %+v", base)
+	if base.callerPolls != 0 || base.workerPolls != 0 {
+		t.Fatalf("polling off, yet %+v", base)
+	}
+	if base.doorbellWakes < calls/2 || base.workerSleeps < calls/2 {
+		t.Fatalf("without polling the worker slept %d times and was woken %d times in %d calls; want about once a call",
+			base.workerSleeps, base.doorbellWakes, calls)
+	}
+	on := newMailboxRigSpin(t, 4, 1, echo, wideSpin, notIdle)
+	on.box.spin = wideSpin
+	on.echoCalls(t, 20, 0) // learn how soon answers and calls come
+	var best waitCounts
+	for round := range 3 {
+		got := on.echoCalls(t, calls, 0)
+		t.Logf("round %d: %+v", round, got)
+		if round == 0 || got.callerSleeps+got.answerWakes+got.doorbellWakes < best.callerSleeps+best.answerWakes+best.doorbellWakes {
+			best = got
+		}
+	}
+	if best.callerPolls < calls/2 || best.callerCaught < calls/2 {
+		t.Errorf("%d of %d callers polled and %d caught their answer, want most", best.callerPolls, calls, best.callerCaught)
+	}
+	for _, c := range []struct {
+		what string
+		n    int64
+	}{
+		{"caller sleeps", best.callerSleeps},
+		{"wake-ups of callers", best.answerWakes},
+		{"worker sleeps", best.workerSleeps},
+		{"wake-ups of workers", best.doorbellWakes},
+	} {
+		if c.n*4 > calls {
+			t.Errorf("%s: %d in %d calls with polling, want at most a quarter", c.what, c.n, calls)
+		}
+	}
+	if n := on.box.freeSlots(); n != 4 {
+		t.Errorf("%d free slots after the calls, want 4", n)
+	}
+}
+
+// Each side polls only when what it waits for came within its limit
+// lately: a caller whose answers take longer, or a worker whose next call
+// comes later, sleeps at once; once answers and calls come soon again,
+// both poll again.
+func TestMailboxPollingAdapts(t *testing.T) {
+	spinQuietUntil.Store(0)
+	pol := spinPolicy{limit: 2 * time.Millisecond, preempted: time.Hour}
+	var slow atomic.Bool
+	rig := newMailboxRigSpin(t, 4, 1, func(req *runnerpb.InferRequest) *runnerpb.InferResponse {
+		if slow.Load() {
+			time.Sleep(2 * pol.limit)
+		}
+		return echo(req)
+	}, pol, notIdle)
+	rig.box.spin = pol
+
+	slow.Store(true)
+	if got := rig.echoCalls(t, 10, 0); got.callerPolls != 0 {
+		t.Errorf("answers of twice the limit: %d of 10 callers polled, want none", got.callerPolls)
+	}
+	slow.Store(false)
+	rig.echoCalls(t, 40, 0) // the answer time comes down
+	if got := rig.echoCalls(t, 20, 0); got.callerPolls < 15 || got.workerPolls < 15 {
+		t.Errorf("answers and calls back to back again: %d callers and %d workers of 20 polled, want nearly all", got.callerPolls, got.workerPolls)
+	}
+	// Calls spaced by twice the worker's limit: the worker sleeps at once.
+	rig.echoCalls(t, 10, 2*pol.limit) // the gap goes up
+	if got := rig.echoCalls(t, 10, 2*pol.limit); got.workerPolls != 0 {
+		t.Errorf("calls spaced by twice the limit: the worker polled %d times in 10 calls, want 0", got.workerPolls)
+	}
+}
+
+// Polling gives way when the CPUs have other work: a caller polls only
+// when its call is the only mailbox call in flight, a worker only when no
+// other worker of its runner runs a call and the runner is not in the
+// idle scheduling class.
+func TestMailboxNoPollingWhenBusy(t *testing.T) {
+	spinQuietUntil.Store(0)
+	t.Run("another call in flight", func(t *testing.T) {
+		gate := make(chan struct{})
+		held := make(chan struct{})
+		rig := newMailboxRigSpin(t, 4, 2, func(req *runnerpb.InferRequest) *runnerpb.InferResponse {
+			if req.GetInputs()[0].GetName() == "held" {
+				close(held)
+				<-gate
+			}
+			return echo(req)
+		}, wideSpin, notIdle)
+		rig.box.spin = wideSpin
+		rig.echoCalls(t, 20, 0) // both sides have learnt to poll
+		errs := make(chan error, 1)
+		go func() { errs <- echoCall(t.Context(), rig.c, "held", []byte("x")) }()
+		<-held
+		got := rig.echoCalls(t, 20, 0)
+		close(gate)
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		if got.callerPolls != 0 || got.workerPolls != 0 {
+			t.Errorf("with a call running beside them %d callers and %d workers polled, want none", got.callerPolls, got.workerPolls)
+		}
+		if got := rig.echoCalls(t, 20, 0); got.callerPolls == 0 {
+			t.Errorf("alone again, no caller polled: %+v", got)
+		}
+	})
+	t.Run("idle class", func(t *testing.T) {
+		rig := newMailboxRigSpin(t, 4, 1, echo, wideSpin, func() bool { return true })
+		rig.box.spin = wideSpin
+		rig.echoCalls(t, 20, 0)
+		if got := rig.echoCalls(t, 50, 0); got.workerPolls != 0 {
+			t.Errorf("a runner in the idle class: its worker polled %d times in 50 calls, want 0", got.workerPolls)
+		}
+	})
+}
+
+// A poll that loses its processor for longer than its policy's preempted
+// stops at once and turns polling off for spinQuiet; while it is off
+// nobody polls.
+func TestMailboxPollPreemptedGoesQuiet(t *testing.T) {
+	spinQuietUntil.Store(0)
+	defer spinQuietUntil.Store(0)
+	prev := goruntime.GOMAXPROCS(1)
+	defer goruntime.GOMAXPROCS(prev)
+	// The budget is long against the pause the hog causes, so that only a
+	// poll that gives up for the pause returns before it.
+	p := spinPolicy{limit: 400 * 50 * time.Microsecond, preempted: 50 * time.Microsecond}
+	hogged := make(chan struct{})
+	go func() {
+		// Runs when the poll yields, and keeps the only processor for
+		// twenty of the pauses the policy allows.
+		t0 := time.Now()
+		for time.Since(t0) < 20*p.preempted {
+		}
+		close(hogged)
+	}()
+	if p.poll(func() bool { return false }, time.Now(), p.limit) {
+		t.Fatal("a poll of a word nobody writes ended as answered")
+	}
+	select {
+	case <-hogged:
+	default:
+		t.Fatal("the poll never let the other goroutine run")
+	}
+	if !quiet(time.Now()) {
+		t.Fatal("polling not turned off after a poll lost its processor")
+	}
+
+	ar, err := newArena("test", 4096, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.close()
+	m := ar.box
+	m.spin = wideSpin
+	m.answerNs.Store(int64(time.Microsecond))
+	atomic.StoreUint32(m.state(0), slotAnswered)
+	var dead atomic.Bool
+	if _, ok := m.poll(0, &dead, true); ok || m.stats.spins.Load() != 0 {
+		t.Errorf("a caller polled while polling is off (polls %d)", m.stats.spins.Load())
+	}
+	spinQuietUntil.Store(0)
+	if s, ok := m.poll(0, &dead, true); !ok || s != slotAnswered || m.stats.caught.Load() != 1 {
+		t.Errorf("polling on again: poll = %d, %v (caught %d), want the answer", s, ok, m.stats.caught.Load())
+	}
+	if _, ok := m.poll(0, &dead, false); ok {
+		t.Error("a caller polled with another call in flight")
+	}
+}
+
+// threadIdleClass sees the idle scheduling class of the calling thread,
+// as the unprivileged limiter sets it on a background runner's threads.
+func TestThreadIdleClass(t *testing.T) {
+	if threadIdleClass() {
+		t.Skip("the test itself runs in the idle class")
+	}
+	type result struct {
+		idle bool
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The thread stays locked: it ends with the goroutine, and its
+		// class with it.
+		goruntime.LockOSThread()
+		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
+		if err := unix.SchedSetAttr(0, &a, 0); err != nil {
+			done <- result{err: err}
+			return
+		}
+		done <- result{idle: threadIdleClass()}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Skipf("cannot enter the idle class here: %v", r.err)
+	}
+	if !r.idle {
+		t.Error("a thread in SCHED_IDLE is not seen in the idle class")
+	}
+}
+
+// The moving average learns from each sample, counts a stall as at most
+// twice the limit and never returns to "nothing learnt".
+func TestLearnInto(t *testing.T) {
+	var avg atomic.Int64
+	const limit = 100 * time.Microsecond
+	learnInto(&avg, int64(time.Second), limit)
+	if got := time.Duration(avg.Load()); got > 2*limit+1 || got < 2*limit {
+		t.Errorf("first sample of a second: average %v, want twice the limit %v", got, 2*limit)
+	}
+	for range 100 {
+		learnInto(&avg, 0, limit)
+	}
+	if got := avg.Load(); got <= 0 || time.Duration(got) > time.Microsecond {
+		t.Errorf("after 100 samples of 0: average %d ns, want a little above 0", got)
+	}
+	learnInto(&avg, -5, limit)
+	if got := time.Duration(avg.Load()); got < limit/8-time.Microsecond || got > limit/8+time.Microsecond {
+		t.Errorf("a sample out of order counts as the limit: average %v, want about %v", got, limit/8)
+	}
+}
