@@ -122,7 +122,7 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 	}
 	start := time.Now()
 	v, err := r.acquire(name, ver)
-	if errors.As(err, new(evictedError)) {
+	if err != nil && errors.As(err, new(evictedError)) { // not asked on success: new() escapes, an allocation a call
 		if err := r.revive(ctx, name); err != nil {
 			return nil, "", fmt.Errorf("%w: %q: loading the evicted model on demand: %w", ErrNotReady, name, err)
 		}
