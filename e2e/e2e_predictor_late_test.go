@@ -146,11 +146,12 @@ profile:
 	}
 	const clients, each = 8, 60
 	one := s.closedLoop(t, model, slo, clients, each, 960)
-	oneMAPE, nOne := s.predictionMAPE(t, model+"/1")
+	pOne := s.prediction(t, model+"/1")
 	mixed := s.closedLoop(t, model, slo, clients, each, 320, 1600)
-	mape, n := s.predictionMAPE(t, model+"/1")
-	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions at one shape, %.1f%% over %d at two",
-		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*mape, n)
+	pMixed := s.prediction(t, model+"/1")
+	oneMAPE, nOne, mape, n := pOne.MAPE, pOne.Samples, pMixed.MAPE, pMixed.Samples
+	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions at one shape (jitter floor %.1f%%), %.1f%% over %d at two (floor %.1f%%)",
+		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*pOne.Floor, 100*mape, n, 100*pMixed.Floor)
 	// The same mean work is served about as well mixed as at one shape.
 	// A predictor blind to size executed half as many of the mix
 	// (measured once: 109 against 209 at one shape); sized, 0.57 to 1.76
