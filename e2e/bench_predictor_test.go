@@ -60,7 +60,12 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // the part of the held-out MAPE that no fit of the training shapes could
 // remove (on a machine shared with four builds: 8.1 to 17.0% against
 // held-out MAPEs of 9.8 to 21.6% over 9 model runs, and a point 17 to 23%
-// from the same point in the next sweep, geometric mean).
+// from the same point in the next sweep, geometric mean). How repeatable
+// the points were: point-cv% (median; point-cv-p90%, the 90th
+// percentile) is the coefficient of variation of a point's windows, one
+// a round, rounds moments apart; drift% how much slower a point's third
+// window was than its first (geometric mean); profile-s the wall time of
+// the profile command, model load included.
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
