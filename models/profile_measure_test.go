@@ -58,7 +58,7 @@ func TestMeasurePointUnderQuota(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				q := &quotaExec{cpu: tc.cpu, quota: tc.quota, period: 10 * time.Millisecond}
-				got, err := measurePoint(3, false, q.run)
+				got, err := measurePoint(3, warmRun, q.run)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -86,7 +86,7 @@ func TestMeasurePointUnderQuotaAnyPhase(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					time.Sleep(phase)
 					q := &quotaExec{cpu: cpu, quota: quota, period: period}
-					got, err := measurePoint(3, false, q.run)
+					got, err := measurePoint(3, warmRun, q.run)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -106,7 +106,7 @@ func TestMeasurePointError(t *testing.T) {
 	boom := errors.New("boom")
 	for fail := range 4 {
 		n := 0
-		_, err := measurePoint(3, false, func() error {
+		_, err := measurePoint(3, warmRun, func() error {
 			n++
 			if n > fail {
 				return boom
@@ -120,25 +120,46 @@ func TestMeasurePointError(t *testing.T) {
 }
 
 // A point measured warm (the sweep ran it at this share in an earlier
-// round) has no unmeasured run before its windows; a cold one has one.
+// round) has no unmeasured run before its windows; one measured again at
+// another share has one; one never run has a window of them: its first
+// runs are slower (here the first 10 take 3 ms, then 1 ms), and with one
+// unmeasured run its window measured 1.10 ms, 10% slow.
 func TestMeasurePointWarm(t *testing.T) {
-	for _, warm := range []bool{false, true} {
+	for _, tc := range []struct {
+		warm int
+		want time.Duration
+		runs int
+	}{
+		{warmNone, 300 * time.Millisecond, 1},
+		{warmRun, 300 * time.Millisecond, 2},
+	} {
 		synctest.Test(t, func(t *testing.T) {
 			n := 0
-			got, err := measurePoint(1, warm, func() error {
+			got, err := measurePoint(1, tc.warm, func() error {
 				n++
 				time.Sleep(300 * time.Millisecond) // longer than a window: one run a window
 				return nil
 			})
-			want := 1
-			if !warm {
-				want = 2
-			}
-			if err != nil || n != want || got != 300*time.Millisecond {
-				t.Errorf("warm %v: %d runs, measured %v, err %v; want %d runs, 300ms", warm, n, got, err, want)
+			if err != nil || n != tc.runs || got != tc.want {
+				t.Errorf("warm %d: %d runs, measured %v, err %v; want %d runs, %v", tc.warm, n, got, err, tc.runs, tc.want)
 			}
 		})
 	}
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		got, err := measurePoint(1, warmWindow, func() error {
+			n++
+			if n <= 10 {
+				time.Sleep(3 * time.Millisecond)
+			} else {
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		})
+		if err != nil || got != time.Millisecond {
+			t.Errorf("cold point measured %v (err %v), want 1ms: its slow first runs in the warm-up window", got, err)
+		}
+	})
 }
 
 // The sweep measures a share's points in rounds, a window a call: the
