@@ -145,6 +145,22 @@ func TestMeasurePointWarm(t *testing.T) {
 			}
 		})
 	}
+	// A long batch, slow for its first two runs: three unmeasured runs.
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		got, err := measurePoint(1, warmWindow, func() error {
+			n++
+			if n <= 2 {
+				time.Sleep(900 * time.Millisecond)
+			} else {
+				time.Sleep(300 * time.Millisecond)
+			}
+			return nil
+		})
+		if err != nil || got != 300*time.Millisecond || n != warmRuns+1 {
+			t.Errorf("cold long point measured %v in %d runs (err %v), want 300ms in %d", got, n, err, warmRuns+1)
+		}
+	})
 	synctest.Test(t, func(t *testing.T) {
 		n := 0
 		got, err := measurePoint(1, warmWindow, func() error {
