@@ -178,7 +178,7 @@ func TestMeasurePointWarm(t *testing.T) {
 	})
 }
 
-// The sweep measures a share's points in rounds, a window a call: the
+// The sweep measures a batch's shapes in rounds, a window a call: the
 // share is set when it changes, not at each call (each write of a CPU
 // quota refills it, and the window after would measure that as speed).
 func TestProfileSetsAShareOncePerChange(t *testing.T) {
