@@ -205,7 +205,9 @@ profile:
 	// over time, as the online correction does. Measured on a machine
 	// shared with four helpers: MAPE 33.7% over a floor of 21.5% at one
 	// shape, 45.6% over 26.3% mixed; 72.4% over 32.5%, 100.3% over
-	// 39.8%. Most of the difference is each bucket's own bias (with it
+	// 39.8%; in 10 more runs 38.8-100% over floors of 24.4-45.3% at one
+	// shape, 38.6-183% over 24.6-46.5% mixed (the floor steadier than
+	// the MAPE). Most of the difference is each bucket's own bias (with it
 	// removed in hindsight, 47.8% and 58.8% in the second run): the
 	// size's correction is shared by the batch sizes, and a batch of one
 	// is slowed by the machine more than a batch of eight.
