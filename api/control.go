@@ -62,6 +62,7 @@ type ModelControl struct {
 	PredictedMs       float64  `json:"predicted_latency_ms"` // mean prediction of recent executions
 	ObservedMs        float64  `json:"observed_latency_ms"`  // mean observed execution time
 	MAPE              float64  `json:"mape"`                 // of recent executions
+	MAPEFloor         float64  `json:"mape_floor"`           // least MAPE of one time per bucket in hindsight: jitter
 	ProfileMAPE       float64  `json:"profile_mape"`         // of the fitted curve on its profile
 	Correction        float64  `json:"correction"`           // online correction factor
 	Interference      float64  `json:"interference"`

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sloserve/sloserve/predictor"
 )
@@ -59,7 +60,12 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // the part of the held-out MAPE that no fit of the training shapes could
 // remove (on a machine shared with four builds: 8.1 to 17.0% against
 // held-out MAPEs of 9.8 to 21.6% over 9 model runs, and a point 17 to 23%
-// from the same point in the next sweep, geometric mean).
+// from the same point in the next sweep, geometric mean). How repeatable
+// the points were: point-cv% (median; point-cv-p90%, the 90th
+// percentile) is the coefficient of variation of a point's windows, one
+// a round, rounds moments apart; drift% how much slower a point's third
+// window was than its first (geometric mean); profile-s the wall time of
+// the profile command, model load included.
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
@@ -74,9 +80,33 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	} {
 		b.Run(tc.model, func(b *testing.B) {
 			perShape := map[int64][]float64{}
-			var fitMAPE, floorMAPE []float64
+			var fitMAPE, floorMAPE, cvs, drifts, took []float64
 			for b.Loop() {
+				start := time.Now()
 				all := profileShapes(b, tc.model, tc.config, append(slices.Clone(tc.train), tc.held...))
+				took = append(took, time.Since(start).Seconds())
+				// Each point's repeatability: the spread of its windows
+				// (one a round, rounds seconds apart), and the drift
+				// between its first and third round (the same place in
+				// the round's order, two rounds later).
+				for _, pt := range all.Points {
+					if len(pt.Windows) < 2 {
+						continue
+					}
+					var w []float64
+					for _, d := range pt.Windows {
+						w = append(w, d.Seconds())
+					}
+					m := mean(w)
+					var v float64
+					for _, x := range w {
+						v += (x - m) * (x - m)
+					}
+					cvs = append(cvs, math.Sqrt(v/float64(len(w)-1))/m)
+					if len(w) >= 3 {
+						drifts = append(drifts, math.Log(w[2]/w[0]))
+					}
+				}
 				// The sweep measures shapes in the order given: the
 				// first len(train) row sizes are the training ones.
 				var sizes []int64
@@ -120,10 +150,14 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 					name string
 					pts  []predictor.Point
 				}{{"fitted", train}, {"held out", held}} {
-					fmt.Fprintf(&sb, "  %s: elements batch share measured(ms) predicted(ms)\n", part.name)
+					fmt.Fprintf(&sb, "  %s: elements batch share measured(ms) predicted(ms) windows(ms)\n", part.name)
 					for _, pt := range part.pts {
-						fmt.Fprintf(&sb, "  %d %d %.3f %.3f %.3f\n", pt.Elements, pt.Batch, pt.Share, 1000*pt.Latency.Seconds(),
+						fmt.Fprintf(&sb, "  %d %d %.3f %.3f %.3f", pt.Elements, pt.Batch, pt.Share, 1000*pt.Latency.Seconds(),
 							1000*curve.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds())
+						for _, w := range pt.Windows {
+							fmt.Fprintf(&sb, " %.3f", 1000*w.Seconds())
+						}
+						sb.WriteString("\n")
 					}
 				}
 				b.Log(sb.String())
@@ -133,6 +167,15 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 			}
 			b.ReportMetric(100*median(fitMAPE), "fit-mape%")
 			b.ReportMetric(100*median(floorMAPE), "floor-mape%")
+			b.ReportMetric(median(took), "profile-s")
+			if len(cvs) > 0 {
+				b.ReportMetric(100*median(cvs), "point-cv%")
+				slices.Sort(cvs)
+				b.ReportMetric(100*cvs[len(cvs)*9/10], "point-cv-p90%")
+			}
+			if len(drifts) > 0 {
+				b.ReportMetric(100*(math.Exp(mean(drifts))-1), "drift%")
+			}
 			for _, n := range slices.Sorted(func(yield func(int64) bool) {
 				for n := range perShape {
 					if !yield(n) {

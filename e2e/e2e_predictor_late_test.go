@@ -146,11 +146,12 @@ profile:
 	}
 	const clients, each = 8, 60
 	one := s.closedLoop(t, model, slo, clients, each, 960)
-	oneMAPE, nOne := s.predictionMAPE(t, model+"/1")
+	pOne := s.prediction(t, model+"/1")
 	mixed := s.closedLoop(t, model, slo, clients, each, 320, 1600)
-	mape, n := s.predictionMAPE(t, model+"/1")
-	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions at one shape, %.1f%% over %d at two",
-		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*mape, n)
+	pMixed := s.prediction(t, model+"/1")
+	oneMAPE, nOne, mape, n := pOne.MAPE, pOne.Samples, pMixed.MAPE, pMixed.Samples
+	t.Logf("late: %.2f%% of executed at one shape, %.2f%% at two; /v2/control MAPE %.1f%% over %d executions at one shape (jitter floor %.1f%%), %.1f%% over %d at two (floor %.1f%%)",
+		100*one.lateShare(), 100*mixed.lateShare(), 100*oneMAPE, nOne, 100*pOne.Floor, 100*mape, n, 100*pMixed.Floor)
 	// The same mean work is served about as well mixed as at one shape.
 	// A predictor blind to size executed half as many of the mix
 	// (measured once: 109 against 209 at one shape); sized, 0.57 to 1.76
@@ -195,6 +196,28 @@ profile:
 	}
 	if max(mape, oneMAPE) > maxMAPE {
 		t.Errorf("/v2/control MAPE %.1f%% at one shape, %.1f%% at two: over %.0f%%", 100*oneMAPE, 100*mape, 100*maxMAPE)
+	}
+	// Beside the MAPE, /v2/control reports its jitter floor: the least
+	// MAPE one time per (size, batch, share) bucket could have had over
+	// the same executions, in hindsight. Executions on a loaded machine
+	// vary (a floor over 0), and a predictor that gives a bucket about
+	// one time cannot be much below it: only by following the load
+	// over time, as the online correction does. Measured on a machine
+	// shared with four helpers: MAPE 33.7% over a floor of 21.5% at one
+	// shape, 45.6% over 26.3% mixed; 72.4% over 32.5%, 100.3% over
+	// 39.8%; in 10 more runs 38.8-100% over floors of 24.4-45.3% at one
+	// shape, 38.6-183% over 24.6-46.5% mixed (the floor steadier than
+	// the MAPE). Most of the difference is each bucket's own bias (with it
+	// removed in hindsight, 47.8% and 58.8% in the second run): the
+	// size's correction is shared by the batch sizes, and a batch of one
+	// is slowed by the machine more than a batch of eight.
+	for _, p := range []struct {
+		name string
+		p    prediction
+	}{{"one shape", pOne}, {"two shapes", pMixed}} {
+		if !(p.p.Floor > 0) || p.p.Floor > 1.1*p.p.MAPE+0.05 {
+			t.Errorf("%s: jitter floor %.1f%%, want above 0 and not over 1.1 times the MAPE %.1f%% plus 5 points", p.name, 100*p.p.Floor, 100*p.p.MAPE)
+		}
 	}
 	// The late shares are reported, not bounded: on a machine shared with
 	// other work, stalls decide them (in 10 runs 3.2 to 11.2% at one

@@ -21,15 +21,31 @@ func clsInfer(model string, width int) *inference.ModelInferRequest {
 	}
 }
 
+// prediction is what /v2/control reports of a model's recent executions:
+// the MAPE, its jitter floor (mape_floor), the means and the count.
+type prediction struct {
+	MAPE, Floor         float64
+	Predicted, Observed float64 // ms
+	Samples             int
+}
+
 // predictionMAPE is the MAPE of recent executions /v2/control reports for
 // a model, with the number of executions it covers.
 func (s *testServer) predictionMAPE(t *testing.T, model string) (float64, int) {
+	t.Helper()
+	p := s.prediction(t, model)
+	return p.MAPE, p.Samples
+}
+
+// prediction reads a model's prediction figures from /v2/control.
+func (s *testServer) prediction(t *testing.T, model string) prediction {
 	t.Helper()
 	var c struct {
 		Devices []struct {
 			Models []struct {
 				Model      string  `json:"model"`
 				MAPE       float64 `json:"mape"`
+				Floor      float64 `json:"mape_floor"`
 				Predicted  float64 `json:"predicted_latency_ms"`
 				Observed   float64 `json:"observed_latency_ms"`
 				Correction float64 `json:"correction"`
@@ -48,8 +64,9 @@ func (s *testServer) predictionMAPE(t *testing.T, model string) (float64, int) {
 		for _, d := range c.Devices {
 			for _, m := range d.Models {
 				if m.Model == model {
-					t.Logf("%s: predicted %.1fms, observed %.1fms (means), correction %.2f, profile MAPE %.1f%%", model, m.Predicted, m.Observed, m.Correction, 100*m.Profile)
-					return m.MAPE, m.Samples
+					t.Logf("%s: predicted %.1fms, observed %.1fms (means), correction %.2f, profile MAPE %.1f%%, MAPE %.1f%% over a jitter floor of %.1f%%",
+						model, m.Predicted, m.Observed, m.Correction, 100*m.Profile, 100*m.MAPE, 100*m.Floor)
+					return prediction{MAPE: m.MAPE, Floor: m.Floor, Predicted: m.Predicted, Observed: m.Observed, Samples: m.Samples}
 				}
 			}
 		}

@@ -1,7 +1,9 @@
 package models
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"testing/synctest"
@@ -56,7 +58,7 @@ func TestMeasurePointUnderQuota(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				q := &quotaExec{cpu: tc.cpu, quota: tc.quota, period: 10 * time.Millisecond}
-				got, err := measurePoint(3, q.run)
+				got, err := measurePoint(3, warmRun, q.run)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -84,7 +86,7 @@ func TestMeasurePointUnderQuotaAnyPhase(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					time.Sleep(phase)
 					q := &quotaExec{cpu: cpu, quota: quota, period: period}
-					got, err := measurePoint(3, q.run)
+					got, err := measurePoint(3, warmRun, q.run)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -104,7 +106,7 @@ func TestMeasurePointError(t *testing.T) {
 	boom := errors.New("boom")
 	for fail := range 4 {
 		n := 0
-		_, err := measurePoint(3, func() error {
+		_, err := measurePoint(3, warmRun, func() error {
 			n++
 			if n > fail {
 				return boom
@@ -114,5 +116,96 @@ func TestMeasurePointError(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Errorf("failing from run %d: %v, want boom", fail+1, err)
 		}
+	}
+}
+
+// A point measured warm (the sweep ran it at this share in an earlier
+// round) has no unmeasured run before its windows; one measured again at
+// another share has one; one never run has a window of them: its first
+// runs are slower (here the first 10 take 3 ms, then 1 ms), and with one
+// unmeasured run its window measured 1.10 ms, 10% slow.
+func TestMeasurePointWarm(t *testing.T) {
+	for _, tc := range []struct {
+		warm int
+		want time.Duration
+		runs int
+	}{
+		{warmNone, 300 * time.Millisecond, 1},
+		{warmRun, 300 * time.Millisecond, 2},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			n := 0
+			got, err := measurePoint(1, tc.warm, func() error {
+				n++
+				time.Sleep(300 * time.Millisecond) // longer than a window: one run a window
+				return nil
+			})
+			if err != nil || n != tc.runs || got != tc.want {
+				t.Errorf("warm %d: %d runs, measured %v, err %v; want %d runs, %v", tc.warm, n, got, err, tc.runs, tc.want)
+			}
+		})
+	}
+	// A long batch, slow for its first two runs: three unmeasured runs.
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		got, err := measurePoint(1, warmWindow, func() error {
+			n++
+			if n <= 2 {
+				time.Sleep(900 * time.Millisecond)
+			} else {
+				time.Sleep(300 * time.Millisecond)
+			}
+			return nil
+		})
+		if err != nil || got != 300*time.Millisecond || n != warmRuns+1 {
+			t.Errorf("cold long point measured %v in %d runs (err %v), want 300ms in %d", got, n, err, warmRuns+1)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		got, err := measurePoint(1, warmWindow, func() error {
+			n++
+			if n <= 10 {
+				time.Sleep(3 * time.Millisecond)
+			} else {
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		})
+		if err != nil || got != time.Millisecond {
+			t.Errorf("cold point measured %v (err %v), want 1ms: its slow first runs in the warm-up window", got, err)
+		}
+	})
+}
+
+// The sweep measures a batch's shapes in rounds, a window a call: the
+// share is set when it changes, not at each call (each write of a CPU
+// quota refills it, and the window after would measure that as speed).
+func TestProfileSetsAShareOncePerChange(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
+		"execution: {intra_op_threads: 1}\nresources: {memory_limit: 1MiB}\nprofile: {batch_sizes: [1, 4]}\n", 1)
+	lim := newFakeLimiter(2)
+	resizes := func() int {
+		lim.mu.Lock()
+		defer lim.mu.Unlock()
+		return lim.resizes
+	}
+	var got int
+	newShareRegistry(t, repo, lim, func(ctx context.Context, run ProfileRun) error {
+		before := resizes()
+		for _, m := range []struct {
+			batch int
+			share float64
+		}{{1, 0.5}, {4, 0.5}, {4, 0.5}, {1, 0.5}, {1, 0.125}, {1, 0.125}} {
+			if _, err := run.MeasureAt(ctx, 0, m.batch, m.share, 1); err != nil {
+				return err
+			}
+		}
+		got = resizes() - before
+		return nil
+	})
+	if got != 2 {
+		t.Errorf("%d resizes for 6 windows at two shares, want 2", got)
 	}
 }

@@ -164,7 +164,12 @@ func Key(modelFile string, machine string, extra ...string) (string, error) {
 	// under a CPU quota held either of two speeds.
 	// v6: windows of at least 200 ms; a v5 point of a batch under a
 	// CPU quota was up to 7% off by the quota's phase in its window.
-	h.Write([]byte("sloserve-profile-v6\x00"))
+	// v7: a point's windows are taken in rounds over its batch's shapes,
+	// moments apart, and a point never run is warmed for a window; in a
+	// v6 profile the shapes listed last were measured seconds after the
+	// others (a machine slowing down meanwhile read as their size's
+	// cost), and a large point's first runs were in its first window.
+	h.Write([]byte("sloserve-profile-v7\x00"))
 	h.Write(fh.Sum(nil))
 	writeField(h, machine)
 	for _, e := range extra {

@@ -14,7 +14,7 @@ var ErrNoPoints = errors.New("predictor: no usable profile points")
 type Point struct {
 	Batch   int
 	Share   float64       // compute share of the device, (0,1]
-	Latency time.Duration // execution time of one batch (median of the runs)
+	Latency time.Duration // execution time of one batch (median of Windows)
 	// Elements is the size of one row of the batch's input: the elements
 	// of all inputs of a batch-1 request (of the whole request for a model
 	// that does not batch); 0 unknown, which counts as the curve's
@@ -24,6 +24,12 @@ type Point struct {
 	// Memory is the instance's peak memory in bytes by the end of this
 	// point's runs (SweepOptions.Memory); 0 unknown. See WorkingSet.
 	Memory int64 `json:",omitempty"`
+	// Windows are the times Sweep measured the point at, one a round, in
+	// rounds' order (each the mean of runs back to back over a window);
+	// Latency is their median, or a faster time measured again
+	// (remeasureDisturbed, remeasureOutliers). Their spread is how
+	// repeatable the point was; none for points not from Sweep.
+	Windows []time.Duration `json:",omitempty"`
 }
 
 // usable reports whether a point can take part in a fit.

@@ -7,7 +7,9 @@
 // elements; one shape gives w = b),
 // and Cache keeps the resulting Profile on disk under a Key made of the model
 // file's hash, the machine and the runtime settings, so that a restart does
-// not profile again. Sweep measures again a point slower than the same
+// not profile again. A point is the median of windows taken in rounds over
+// its batch's shapes, so that the machine's drift during a sweep moves
+// every shape alike. Sweep measures again a point slower than the same
 // batch at a smaller share, or more than OutlierRatio slower than the
 // curve fitted to all points (it was disturbed). Where the profile shows a
 // knee, a share past which a batch ran no faster (a GPU model whose kernels

@@ -118,7 +118,7 @@ func TestSweepRemeasuresDisturbedPoints(t *testing.T) {
 		}
 		return 10400 * time.Microsecond, nil
 	}
-	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{0.25, 0.5, 1}}, oneShape(measure))
+	pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1}, Shares: []float64{0.25, 0.5, 1}, Runs: 1}, oneShape(measure))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestSweepRemeasuresOutliers(t *testing.T) {
 				}
 				return d, nil
 			}
-			pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 4, 8}, Shares: []float64{0.25, 0.5, 1}}, oneShape(measure))
+			pts, err := Sweep(t.Context(), SweepOptions{Batches: []int{1, 4, 8}, Shares: []float64{0.25, 0.5, 1}, Runs: 1}, oneShape(measure))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,7 +14,11 @@ import (
 // while a later share's reading at a small batch still holds the largest
 // batch's peak (ONNX Runtime's arena keeps what it grew to). The smallest
 // reading of a batch over the shares is therefore its working set; a
-// larger batch is taken to need at least what a smaller one did.
+// larger batch is taken to need at least what a smaller one did. With
+// several input shapes, each batch size is measured at every shape before
+// the next size: a batch's reading is its own at the first
+// shape or more (the smaller batches at every shape ran before it), and
+// at most the largest of its own over the shapes.
 type workingSets struct {
 	batches []int   // ascending
 	bytes   []int64 // bytes[i] is the working set of batches[i], nondecreasing

@@ -12,7 +12,7 @@ import (
 type collector struct {
 	p *Predictor
 
-	predicted, observed, mape, profileMAPE, correction, drift, driftBuckets, driftAlarms, interference, forecastRate, observedRate *prometheus.Desc
+	predicted, observed, mape, mapeFloor, profileMAPE, correction, drift, driftBuckets, driftAlarms, interference, forecastRate, observedRate *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -30,6 +30,7 @@ func newCollector(p *Predictor, device string) *collector {
 		predicted:    desc("latency_predicted_seconds", "Mean predicted execution time over the recent executions."),
 		observed:     desc("latency_observed_seconds", "Mean observed execution time over the recent executions."),
 		mape:         desc("mape", "Mean absolute percentage error of the recent executions' predictions (0.07 is 7%)."),
+		mapeFloor:    desc("mape_floor", "Least MAPE the recent executions could have had with one time per bucket (input size, batch size, share), chosen in hindsight: their jitter; the MAPE above it is the predictor's error."),
 		profileMAPE:  desc("profile_mape", "Mean absolute percentage error of the fitted curve on its profile points."),
 		correction:   desc("correction", "Online correction factor: smoothed observed/predicted execution time."),
 		drift:        desc("drift", "1 when the online correction is over 2x either way: the profile does not describe what the model serves (profile it at the served input shapes)."),
@@ -50,7 +51,7 @@ func registerCollector(reg prometheus.Registerer, c *collector) error {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.profileMAPE, c.correction, c.drift, c.driftBuckets, c.driftAlarms, c.interference, c.forecastRate, c.observedRate} {
+	for _, d := range []*prometheus.Desc{c.predicted, c.observed, c.mape, c.mapeFloor, c.profileMAPE, c.correction, c.drift, c.driftBuckets, c.driftAlarms, c.interference, c.forecastRate, c.observedRate} {
 		ch <- d
 	}
 }
@@ -81,6 +82,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.predicted, a.Predicted.Seconds(), name)
 			gauge(c.observed, a.Observed.Seconds(), name)
 			gauge(c.mape, a.MAPE, name)
+			gauge(c.mapeFloor, a.MAPEFloor, name)
 		}
 		if a.HasCurve {
 			gauge(c.profileMAPE, a.ProfileMAPE, name)

@@ -2,6 +2,7 @@ package predictor
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -182,9 +183,12 @@ type periodStart struct {
 	n int
 }
 
-// pair is one execution: what was predicted for it and what it took, in
-// seconds.
-type pair struct{ predicted, observed float64 }
+// pair is one execution: its bucket, what was predicted for it and what it
+// took, in seconds.
+type pair struct {
+	key                 bucket
+	predicted, observed float64
+}
 
 // New returns a Predictor.
 func New(opts Options) (*Predictor, error) {
@@ -497,7 +501,7 @@ func (p *Predictor) ObserveSize(name string, batch int, elements int64, took tim
 		base := solo * m.co.factor()
 		m.co.observe(k.size, obs/solo)
 		in := m.correctionAt(k)
-		m.record(seconds(base*in).Seconds(), obs)
+		m.record(k, seconds(base*in).Seconds(), obs)
 		step := func(c float64) float64 {
 			ratio := min(max(obs/base, c/stepRatio), c*stepRatio)
 			return min(max(p.alpha*ratio+(1-p.alpha)*c, minCorrection), maxCorrection)
@@ -544,7 +548,7 @@ func (p *Predictor) ObserveSize(name string, batch int, elements int64, took tim
 		m.mu.Unlock()
 		if d, ok := p.fallbackEstimate(name, batch, elements); ok {
 			m.mu.Lock()
-			m.record(d.Seconds(), obs)
+			m.record(newBucket(batch, m.share, elements), d.Seconds(), obs)
 			m.mu.Unlock()
 		}
 	}
@@ -570,8 +574,8 @@ func (p *Predictor) Busy(name string) float64 {
 	return m.busy
 }
 
-func (m *model) record(predicted, observed float64) {
-	m.recent[m.next] = pair{predicted, observed}
+func (m *model) record(k bucket, predicted, observed float64) {
+	m.recent[m.next] = pair{k, predicted, observed}
 	m.next = (m.next + 1) % Window
 	m.n = min(m.n+1, Window)
 }
@@ -617,6 +621,16 @@ type Accuracy struct {
 	ObservedRate        float64       // rate of the latest counter interval, requests/s
 	Samples             int           // executions in the window
 	HasCurve            bool          // whether a profile is installed
+	// MAPEFloor is the least MAPE the same executions could have had
+	// with one predicted time for each bucket (row size in half-octaves,
+	// batch size, share in twentieths), chosen in hindsight (the median
+	// of the bucket's observed times weighted by 1/time): their jitter,
+	// which no prediction that knows the shape, batch and share removes
+	// (the machine's other work, preemptions). The MAPE above it is the
+	// predictor's own error; a prediction that follows the machine's load
+	// over time can be below it. A bucket with one execution in the
+	// window counts 0.
+	MAPEFloor float64
 }
 
 // Accuracy reports on a model; an unknown model gives the zero Accuracy
@@ -656,14 +670,44 @@ func (m *model) accuracy() Accuracy {
 		return a
 	}
 	var sp, so, se float64
+	byKey := make(map[bucket][]float64, 8)
 	for _, pr := range m.recent[:m.n] {
 		sp += pr.predicted
 		so += pr.observed
 		se += math.Abs(pr.predicted-pr.observed) / pr.observed
+		byKey[pr.key] = append(byKey[pr.key], pr.observed)
+	}
+	var sf float64
+	for _, obs := range byKey {
+		c := bestConstant(obs)
+		for _, o := range obs {
+			sf += math.Abs(c-o) / o
+		}
 	}
 	n := float64(m.n)
-	a.Predicted, a.Observed, a.MAPE = seconds(sp/n), seconds(so/n), se/n
+	a.Predicted, a.Observed, a.MAPE, a.MAPEFloor = seconds(sp/n), seconds(so/n), se/n, sf/n
 	return a
+}
+
+// bestConstant is the time c with the least sum of |c - o| / o over the
+// observed times obs: their median weighted by 1/o (the sum is convex and
+// piecewise linear in c, its slope at c the weight below c minus the
+// weight above).
+func bestConstant(obs []float64) float64 {
+	obs = slices.Clone(obs)
+	slices.Sort(obs)
+	var total float64
+	for _, o := range obs {
+		total += 1 / o
+	}
+	var below float64
+	for _, o := range obs {
+		below += 1 / o
+		if below >= total/2 {
+			return o
+		}
+	}
+	return obs[len(obs)-1]
 }
 
 // batchEWMA is the built-in fallback: an exponentially weighted average of

@@ -232,6 +232,7 @@ func TestAccuracy(t *testing.T) {
 		Interference: 1,
 		Samples:      3,
 		HasCurve:     true,
+		MAPEFloor:    0.5 / 3, // 10 ms, in hindsight: 20 ms off by half
 	}
 	if math.Abs(a.MAPE-want.MAPE) > 1e-9 || math.Abs(a.ProfileMAPE-want.ProfileMAPE) > 1e-9 {
 		t.Errorf("MAPE %g, profile MAPE %g; want %g, %g", a.MAPE, a.ProfileMAPE, want.MAPE, want.ProfileMAPE)
@@ -399,5 +400,46 @@ func TestPredictorBusy(t *testing.T) {
 	p.Observe("m", 0, time.Second) // not an execution
 	if got := p.Busy("m"); math.Abs(got-0.04) > 1e-12 {
 		t.Errorf("busy %v, want 0.04 s", got)
+	}
+}
+
+// Accuracy reports beside the MAPE its floor in the same window: each
+// execution against the best one time for its own bucket in hindsight.
+// Size 100 alternates 10 and 30 ms: 10 ms is the best (errors 0 and
+// 66.7%: 33.3% on average; 20 ms, their mean, has 100% and 33.3%, 66.7%
+// on average), size 1600 takes 80 ms every time (error 0): a floor of
+// 16.7%. The curve predicts 10 ms and 160 ms, so the MAPE is above it by
+// the size 1600 predictions' 100%, what the predictor itself gets wrong.
+func TestAccuracyMAPEFloor(t *testing.T) {
+	p := newPredictor(t, Options{Alpha: 1e-9}) // no correction learnt: predictions stay the curve's
+	p.SetProfile("m", Profile{Curve: Curve{K2: 0.01, Elements: 100}})
+	for i := range Window {
+		if i%2 == 0 {
+			p.ObserveSize("m", 1, 100, time.Duration(10+20*(i/2%2))*time.Millisecond)
+		} else {
+			p.ObserveSize("m", 1, 1600, 80*time.Millisecond)
+		}
+	}
+	a := p.Accuracy("m")
+	if a.Samples != Window {
+		t.Fatalf("%d samples", a.Samples)
+	}
+	if want := (2.0 / 3) / 4; math.Abs(a.MAPEFloor-want) > 1e-6 {
+		t.Errorf("MAPE floor %.4f, want %.4f", a.MAPEFloor, want)
+	}
+	// Predicted 10 ms for size 100 (errors 0 and 66.7%), 160 ms for size
+	// 1600 (100%).
+	if want := (2.0/3/2 + 1) / 2; math.Abs(a.MAPE-want) > 1e-3 {
+		t.Errorf("MAPE %.4f, want %.4f", a.MAPE, want)
+	}
+	// The same executions at one share but two batch sizes are two
+	// buckets: 40 ms at batch 2 is no jitter of 10 ms at batch 1.
+	q := newPredictor(t, Options{})
+	q.SetProfile("m", Profile{Curve: Curve{K2: 0.01}})
+	for i := range Window {
+		q.Observe("m", 1+i%2, time.Duration(10+30*(i%2))*time.Millisecond)
+	}
+	if f := q.Accuracy("m").MAPEFloor; f != 0 {
+		t.Errorf("MAPE floor %.4f of two buckets each steady, want 0", f)
 	}
 }

@@ -14,8 +14,9 @@ import (
 // full model.
 var ErrBudget = errors.New("predictor: profiling budget exhausted")
 
-// Measure measures one point of a sweep: the median of runs executions of
-// a batch at a share and at the input shape of index shape.
+// Measure measures one point of a sweep: the execution time of a batch at
+// a share and at the input shape of index shape, the median of runs
+// windows (see Sweep).
 type Measure func(ctx context.Context, shape, batch int, share float64, runs int) (time.Duration, error)
 
 // Sweep defaults.
@@ -37,10 +38,11 @@ type SweepOptions struct {
 	// measure, one per shape, in the order measure's shape index counts;
 	// empty means one shape of unknown size.
 	Elements []int64
-	Runs     int           // timed runs per point, default DefaultRuns
+	Runs     int           // rounds (timed windows) per point, default DefaultRuns
 	Budget   time.Duration // for the whole sweep, default DefaultBudget
-	// Memory, when set, is read after each point's runs: the peak memory
-	// of the instance in bytes (0 unknown), kept as the point's Memory.
+	// Memory, when set, is read after each point's first window: the
+	// peak memory of the instance in bytes (0 unknown), kept as the
+	// point's Memory.
 	Memory func() int64
 }
 
@@ -76,14 +78,24 @@ func (o SweepOptions) withDefaults() (SweepOptions, error) {
 	return o, nil
 }
 
-// Sweep profiles a model. For each share, input shape and batch size it
-// calls measure, which sets the share, runs the batch at that shape (an
-// index into opts.Elements; 0 when it is empty) once unmeasured and then
-// runs times, and returns the median execution time. Calls go share-major,
-// shares from the largest down, then shapes in the order given and batch
-// sizes from the smallest up: the share changes as rarely as possible (on
-// a GPU each change restarts a runner), and when the budget runs short the
-// fast points are the ones already measured.
+// Sweep profiles a model. For each share and batch size it measures every
+// input shape (an index into opts.Elements; 0 when it is empty), opts.Runs
+// times in rounds, and a point's time is the median of its rounds:
+// measure sets the share, runs the batch once unmeasured the first time
+// it is asked for that shape and batch at that share, and then returns
+// the mean time of the batch run back to back over a window (the median
+// of runs windows when runs is above 1). Calls go share-major, shares
+// from the largest down (the share changes as rarely as possible: on a
+// GPU each change restarts a runner), then batch sizes from the smallest
+// up (when the budget runs short the fast points are the ones already
+// measured); for each batch size each round measures the shapes in the
+// order given, every other round in reverse. So the shapes of a batch are
+// measured moments apart and alike (a machine slowing down moves them
+// all, where shape after shape the held-out shapes of a benchmark, listed
+// after the training ones, were measured seconds after them and the
+// drift read as the cost of their size), and with several shapes a
+// point's windows are not back to back, so a short burst of other work
+// is in one of them rather than in all.
 //
 // Then it measures again, once, each point slower than the same batch at a
 // smaller share (remeasureDisturbed) and each point more than
@@ -92,7 +104,8 @@ func (o SweepOptions) withDefaults() (SweepOptions, error) {
 //
 // measure gets a context that ends when ctx does or the budget is used up.
 // Sweep starts no new measurement once the budget is used up and returns the
-// points it has; the error then wraps ErrBudget only if fewer than two shares
+// points it has (a point measured in fewer rounds has the median of
+// those); the error then wraps ErrBudget only if fewer than two shares
 // with two batch sizes each were measured. A measurement error or the end of
 // ctx stops the sweep and is returned, wrapped, with the points so far.
 func Sweep(ctx context.Context, opts SweepOptions, measure Measure) ([]Point, error) {
@@ -114,35 +127,60 @@ func Sweep(ctx context.Context, opts SweepOptions, measure Measure) ([]Point, er
 		elements = []int64{0}
 	}
 	for _, s := range opts.Shares {
-		for shape, n := range elements {
-			for _, b := range opts.Batches {
-				if err := ctx.Err(); err != nil {
-					return points, fmt.Errorf("predictor: sweep: %w", err)
-				}
-				if bctx.Err() != nil {
-					return points, short()
-				}
-				t, err := measure(bctx, shape, b, s, opts.Runs)
-				if err != nil {
-					if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrBudget) {
-						return points, short()
+		for _, b := range opts.Batches {
+			first := len(points) // this batch's points start here, a shape each
+			for round := range opts.Runs {
+				for i := range elements {
+					shape := i
+					if round%2 == 1 {
+						shape = len(elements) - 1 - i
 					}
-					return points, fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: %w", b, s, shape, err)
+					if err := ctx.Err(); err != nil {
+						return finish(points), fmt.Errorf("predictor: sweep: %w", err)
+					}
+					if bctx.Err() != nil {
+						return finish(points), short()
+					}
+					t, err := measure(bctx, shape, b, s, 1)
+					if err != nil {
+						if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrBudget) {
+							return finish(points), short()
+						}
+						return finish(points), fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: %w", b, s, shape, err)
+					}
+					if t <= 0 {
+						return finish(points), fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: non-positive time %v", b, s, shape, t)
+					}
+					if round == 0 {
+						pt := Point{Batch: b, Share: s, Elements: max(elements[shape], 0), shape: shape}
+						if opts.Memory != nil {
+							pt.Memory = max(opts.Memory(), 0)
+						}
+						points = append(points, pt)
+					}
+					pt := &points[first+shape]
+					pt.Windows = append(pt.Windows, t)
 				}
-				if t <= 0 {
-					return points, fmt.Errorf("predictor: measuring batch %d at share %g, shape %d: non-positive time %v", b, s, shape, t)
-				}
-				pt := Point{Batch: b, Share: s, Latency: t, Elements: max(n, 0), shape: shape}
-				if opts.Memory != nil {
-					pt.Memory = max(opts.Memory(), 0)
-				}
-				points = append(points, pt)
 			}
 		}
 	}
+	points = finish(points)
 	remeasureDisturbed(bctx, points, opts.Runs, measure)
 	remeasureOutliers(bctx, points, opts.Runs, measure)
 	return points, nil
+}
+
+// finish sets each point's latency to the median of its windows (the
+// mean of the middle two of an even count) and returns points.
+func finish(points []Point) []Point {
+	for i := range points {
+		w := slices.Clone(points[i].Windows)
+		slices.Sort(w)
+		if n := len(w); n > 0 {
+			points[i].Latency = (w[(n-1)/2] + w[n/2]) / 2
+		}
+	}
+	return points
 }
 
 // OutlierRatio is how much slower than the curve fitted to all of a
