@@ -32,7 +32,7 @@ func newCollector(p *Predictor, device string) *collector {
 		mape:         desc("mape", "Mean absolute percentage error of the recent executions' predictions (0.07 is 7%)."),
 		mapeFloor:    desc("mape_floor", "Least MAPE the recent executions could have had with one time per bucket (input size, batch size, share), chosen in hindsight: their jitter; the MAPE above it is the predictor's error."),
 		profileMAPE:  desc("profile_mape", "Mean absolute percentage error of the fitted curve on its profile points."),
-		correction:   desc("correction", "Online correction factor: smoothed observed/predicted execution time."),
+		correction:   desc("correction", "Online correction factor: observed/predicted execution time, smoothed as a geometric mean."),
 		drift:        desc("drift", "1 when the online correction is over 2x either way: the profile does not describe what the model serves (profile it at the served input shapes)."),
 		driftBuckets: desc("drift_buckets", "Buckets (input size, batch size, share) whose online correction is over 2x either way now."),
 		driftAlarms:  desc("drift_alarms_total", "Times a bucket's online correction moved over 2x either way: the profile does not describe executions of that input size, batch and share."),

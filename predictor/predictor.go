@@ -324,9 +324,11 @@ func (p *Predictor) SetCoRunning(name string, othersUtil float64) {
 	was := m.co.factor()
 	m.co.period(othersUtil)
 	// The period's executions were compared with predictions at the use
-	// forecast for it. What they taught the corrections (an EWMA: linear
-	// in the ratios) is rescaled as if they had been compared at the use
-	// now forecast for the next period, so that a change of the
+	// forecast for it. What they taught the corrections (an EWMA of the
+	// ratios' logarithms: scaling every ratio by r scales what they
+	// taught by r to the power of their weight, 1-d) is rescaled as if
+	// they had been compared at the use now forecast for the next
+	// period, so that a change of the
 	// co-runners' use is not counted twice, once by the correction and
 	// again by the slowdown. (Rescaled to the use measured instead, the
 	// corrections forget the step a correction alone would have kept,
@@ -337,7 +339,7 @@ func (p *Predictor) SetCoRunning(name string, othersUtil float64) {
 	redo := func(v *float64, ps *periodStart) {
 		if r != 1 && ps.n > 0 {
 			d := math.Pow(1-p.alpha, float64(ps.n))
-			*v = min(max(d*ps.v+r*(*v-d*ps.v), minCorrection), maxCorrection)
+			*v = min(max(*v*math.Pow(r, 1-d), minCorrection), maxCorrection)
 		}
 		*ps = periodStart{v: *v}
 	}
@@ -502,9 +504,13 @@ func (p *Predictor) ObserveSize(name string, batch int, elements int64, took tim
 		m.co.observe(k.size, obs/solo)
 		in := m.correctionAt(k)
 		m.record(k, seconds(base*in).Seconds(), obs)
+		// The EWMA runs on the ratios' logarithms: a stall that makes one
+		// execution 4x slow moves the correction by the same factor as a
+		// burst 4x fast, so the CPU stalls of a busy host (a right tail)
+		// do not ratchet it up; the tail is the error quantile's to cover.
 		step := func(c float64) float64 {
 			ratio := min(max(obs/base, c/stepRatio), c*stepRatio)
-			return min(max(p.alpha*ratio+(1-p.alpha)*c, minCorrection), maxCorrection)
+			return min(max(math.Exp(p.alpha*math.Log(ratio)+(1-p.alpha)*math.Log(c)), minCorrection), maxCorrection)
 		}
 		// A size or a bucket seen for the first time starts from the
 		// correction it was predicted with, and learns at the same pace.

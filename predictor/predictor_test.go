@@ -103,15 +103,16 @@ func TestCorrectionConvergesAndClamps(t *testing.T) {
 	if got, _ := p.Estimate("m", 2); relErr(got.Seconds(), 0.060) > 0.01 {
 		t.Errorf("Estimate(2) = %v, want about 60ms", got)
 	}
-	// One 100x outlier moves the factor by at most alpha*(4-1)*correction.
+	// One 100x outlier moves the factor by at most 4^alpha (the EWMA runs on
+	// the ratios' logarithms).
 	before := p.Accuracy("m").Correction
 	p.Observe("m", 1, 2*time.Second)
 	after := p.Accuracy("m").Correction
-	if want := 0.1*4*before + 0.9*before; math.Abs(after-want) > 1e-9 {
+	if want := before * math.Pow(4, 0.1); math.Abs(after-want) > 1e-9 {
 		t.Errorf("after an outlier: correction %g, want %g (ratio clamped to 4x the correction)", after, want)
 	}
 	p.Observe("m", 1, time.Nanosecond)
-	if want := 0.1*after/4 + 0.9*after; math.Abs(p.Accuracy("m").Correction-want) > 1e-9 {
+	if want := after / math.Pow(4, 0.1); math.Abs(p.Accuracy("m").Correction-want) > 1e-9 {
 		t.Errorf("after a fast outlier: correction %g, want %g (ratio clamped to a quarter of the correction)", p.Accuracy("m").Correction, want)
 	}
 	// Invalid observations are ignored; a new profile resets.
@@ -217,27 +218,32 @@ func TestAccuracy(t *testing.T) {
 	}
 	pts := []Point{{Batch: 1, Share: 1, Latency: 10 * ms}, {Batch: 2, Share: 1, Latency: 25 * ms}}
 	p.SetProfile("m", Profile{Curve: flat, Points: pts, MAPE: MAPE(flat, pts)})
-	// Predicted 10, 15, 12.5 ms (correction 1, 1.5, 1.25); observed 20, 10, 10 ms.
+	// Predicted 10, 10*2^0.5, 10*2^0.25 ms (correction 1, then a geometric
+	// EWMA at alpha 0.5 of the ratios 2, 1, 1); observed 20, 10, 10 ms.
 	p.Observe("m", 1, 20*ms)
 	p.Observe("m", 1, 10*ms)
 	p.Observe("m", 1, 10*ms)
 	a := p.Accuracy("m")
 	want := Accuracy{
-		Predicted:    12500 * time.Microsecond,
+		Predicted:    seconds((0.010 + 0.010*math.Sqrt2 + 0.010*math.Pow(2, 0.25)) / 3),
 		Observed:     seconds(0.040 / 3),
-		MAPE:         (0.5 + 0.5 + 0.25) / 3,
+		MAPE:         (0.5 + (math.Sqrt2 - 1) + (math.Pow(2, 0.25) - 1)) / 3,
 		ProfileMAPE:  0.1,
-		Correction:   1.125,
+		Correction:   math.Pow(2, 0.125),
 		Buckets:      1,
 		Interference: 1,
 		Samples:      3,
 		HasCurve:     true,
 		MAPEFloor:    0.5 / 3, // 10 ms, in hindsight: 20 ms off by half
 	}
-	if math.Abs(a.MAPE-want.MAPE) > 1e-9 || math.Abs(a.ProfileMAPE-want.ProfileMAPE) > 1e-9 {
+	// Predictions are whole nanoseconds: 1e-6 of a 10 ms one is 10 ns.
+	if math.Abs(a.MAPE-want.MAPE) > 1e-6 || math.Abs(a.ProfileMAPE-want.ProfileMAPE) > 1e-9 {
 		t.Errorf("MAPE %g, profile MAPE %g; want %g, %g", a.MAPE, a.ProfileMAPE, want.MAPE, want.ProfileMAPE)
 	}
-	a.MAPE, a.ProfileMAPE = want.MAPE, want.ProfileMAPE
+	if d := a.Predicted - want.Predicted; d < -2 || d > 2 || math.Abs(a.Correction-want.Correction) > 1e-9 {
+		t.Errorf("predicted %v, correction %g; want %v, %g", a.Predicted, a.Correction, want.Predicted, want.Correction)
+	}
+	a.MAPE, a.ProfileMAPE, a.Predicted, a.Correction = want.MAPE, want.ProfileMAPE, want.Predicted, want.Correction
 	if a != want {
 		t.Errorf("accuracy\n%+v\nwant\n%+v", a, want)
 	}
@@ -271,9 +277,9 @@ func TestMetrics(t *testing.T) {
 	p.ObserveArrivals("det/1", base.Add(time.Second), 5)
 	p.ObserveArrivals("rec/1", base, 0)
 	want := `
-# HELP sloserve_predictor_correction Online correction factor: smoothed observed/predicted execution time.
+# HELP sloserve_predictor_correction Online correction factor: observed/predicted execution time, smoothed as a geometric mean.
 # TYPE sloserve_predictor_correction gauge
-sloserve_predictor_correction{device="cpu",model="det/1"} 1.1
+sloserve_predictor_correction{device="cpu",model="det/1"} 1.0717734625362931
 sloserve_predictor_correction{device="cpu",model="rec/1"} 1
 # HELP sloserve_predictor_forecast_rate Forecast arrival rate one second ahead, requests/s.
 # TYPE sloserve_predictor_forecast_rate gauge
