@@ -449,3 +449,28 @@ func TestAccuracyMAPEFloor(t *testing.T) {
 		t.Errorf("MAPE floor %.4f of two buckets each steady, want 0", f)
 	}
 }
+
+// A busy host stalls one execution in five for ten times its time: the
+// correction follows the typical execution (the error quantile is for the
+// tail), where an EWMA of the ratios themselves, each step clamped to 4x
+// the correction in force, ratchets up to 3.04 here (1.50 as it is).
+func TestCorrectionIgnoresStalls(t *testing.T) {
+	p := newPredictor(t, Options{})
+	p.SetProfile("m", Profile{Curve: flat})
+	p.SetShare("m", 1) // 10 ms per image
+	var top float64
+	for i := range 2000 {
+		took := 10 * ms
+		if i%5 == 4 {
+			took = 100 * ms
+		}
+		p.Observe("m", 1, took)
+		if i >= 1000 {
+			top = max(top, p.Accuracy("m").Correction)
+		}
+	}
+	t.Logf("highest correction over the last 1000 executions: %.2f", top)
+	if top > 1.6 {
+		t.Errorf("correction reached %.2f with four executions in five on the curve", top)
+	}
+}
