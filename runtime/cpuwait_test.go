@@ -415,25 +415,37 @@ func TestStarvationCountsQuotaThrottling(t *testing.T) {
 	}
 }
 
-// quotaCgroup moves process pid into a cpu cgroup of its own at the top
-// of the hierarchy, of the highest weight (so that it gets what its quota
-// allows however busy the host), and returns a function that sets the
-// cgroup's CPU quota (-1: none) over a period, in microseconds; it skips
-// the test where that cannot be done (not root, no cpu controller).
+// quotaCgroup moves process pid into a cpu cgroup of its own (see
+// quotaCgroupDir) and returns the function that sets its quota.
 func quotaCgroup(t *testing.T, pid int) func(quota, period int) {
+	t.Helper()
+	dir, set := quotaCgroupDir(t)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // runs before the removal
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatalf("moving %d into %s: %v", pid, dir, err)
+	}
+	return set
+}
+
+// quotaCgroupDir makes a cpu cgroup at the top of the hierarchy, of the
+// highest weight (so that what is in it gets what its quota allows however
+// busy the host), removed when the test ends, and returns it with a
+// function that sets its CPU quota (-1: none) over a period, in
+// microseconds; it skips the test where that cannot be done (not root, no
+// cpu controller).
+func quotaCgroupDir(t *testing.T) (string, func(quota, period int)) {
 	t.Helper()
 	v2 := false
 	root := "/sys/fs/cgroup/cpu"
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		v2, root = true, "/sys/fs/cgroup"
 	}
-	dir := filepath.Join(root, fmt.Sprintf("sloserve-test-quota-%d", pid))
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	dir, err := os.MkdirTemp(root, "sloserve-test-quota-")
+	if err != nil {
 		t.Skipf("a cpu cgroup with a quota: %v", err)
 	}
 	t.Cleanup(func() {
-		syscall.Kill(pid, syscall.SIGKILL)
-		waitFor(t, 5*time.Second, "the process to leave its cgroup", func() bool { return os.Remove(dir) == nil })
+		waitFor(t, 10*time.Second, "the cgroup to empty", func() bool { return os.Remove(dir) == nil })
 	})
 	weight, value := "cpu.shares", "262144"
 	if v2 {
@@ -442,10 +454,7 @@ func quotaCgroup(t *testing.T, pid int) func(quota, period int) {
 	if err := os.WriteFile(filepath.Join(dir, weight), []byte(value), 0o644); err != nil {
 		t.Skipf("a cpu cgroup with a quota: %v", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatalf("moving %d into %s: %v", pid, dir, err)
-	}
-	return func(quota, period int) {
+	return dir, func(quota, period int) {
 		t.Helper()
 		var err error
 		if v2 {
