@@ -27,15 +27,8 @@ func TestRunnerAtItsQuotaIsNotHung(t *testing.T) {
 	if _, ok := cpuWait(os.Getpid()); !ok {
 		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
 	}
+	model := demoModel(t, "ocr-rec")
 	dir, setQuota := quotaCgroupDir(t)
-	cfg := testRunnerConfig(t, demoModel(t, "ocr-rec"))
-	cfg.HealthInterval = 25 * time.Millisecond
-	cfg.JoinCgroups = []string{filepath.Join(dir, "cgroup.procs")}
-	var log syncBuffer
-	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	r := startTestRunner(t, cfg)
-	pid := r.Pid()
-
 	const batch, width = 4, 1280
 	in := make([]float32, batch*3*48*width)
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -43,13 +36,25 @@ func TestRunnerAtItsQuotaIsNotHung(t *testing.T) {
 		in[i] = rng.Float32()
 	}
 	req := &InferRequest{Inputs: []Tensor{{Name: "x", DataType: FP32, Shape: []int64{batch, 3, 48, width}, Data: f32Bytes(in)}}}
-	// The answer without a quota: the same session on one thread gives
-	// the same bytes.
-	want, err := r.Infer(t.Context(), req)
+	// The answer without a quota, from a runner of its own with the
+	// usual checks: the same model on one thread gives the same bytes.
+	ref := startTestRunner(t, testRunnerConfig(t, model))
+	want, err := ref.Infer(t.Context(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := ref.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
 	setQuota(5000, 10000)
+	cfg := testRunnerConfig(t, model)
+	cfg.HealthInterval = 25 * time.Millisecond
+	cfg.JoinCgroups = []string{filepath.Join(dir, "cgroup.procs")}
+	var log syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r := startTestRunner(t, cfg)
+	pid := r.Pid()
 	for i := range 4 {
 		start := time.Now()
 		got, err := r.Infer(t.Context(), req)
