@@ -488,3 +488,79 @@ func TestCgroupLiftCompute(t *testing.T) {
 		})
 	}
 }
+
+// Runners that stop together lift their caps at once: a lift that waits
+// on one unit's files (a FIFO nobody reads here, standing for a cgroup
+// write the kernel is slow to take on a busy host) does not hold up the
+// lift of another unit. Before, LiftCompute wrote under the limiter's
+// lock: 40 best-effort runners stopping together took their turns, the
+// last one lifted (and sent SIGTERM) 4.7 s after the first.
+func TestLiftComputeInParallel(t *testing.T) {
+	f := newFakeV1(t)
+	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, id := range []string{"a", "b"} {
+		if _, err := l.Place(id, Share{Compute: 0.05, Memory: 64 << 20, Mode: ModeBackground}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lifter := l.(ComputeLifter)
+	slow := filepath.Join(f.root, "cpu", "sloserve-4242", "a", "cpu.shares")
+	if err := os.Remove(slow); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(slow, 0o644); err != nil {
+		t.Skipf("a FIFO: %v", err)
+	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- lifter.LiftCompute("a") }()
+	// The lift of a waits in the kernel for a reader of its file.
+	waiting := func() bool {
+		wchans, _ := filepath.Glob("/proc/self/task/*/wchan")
+		for _, w := range wchans {
+			if b, err := os.ReadFile(w); err == nil && strings.Contains(string(b), "wait_for_partner") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Skip("no thread seen waiting on the FIFO (/proc/self/task/*/wchan)")
+		}
+	}
+	bDone := make(chan error, 1)
+	go func() { bDone <- lifter.LiftCompute("b") }()
+	// A deadlock detector, not a timing: b's lift takes a few file writes.
+	bEnded := false
+	select {
+	case err := <-bDone:
+		bEnded = true
+		if err != nil {
+			t.Error(err)
+		}
+	case err := <-aDone:
+		t.Fatalf("the lift of a ended before its file was read: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Error("the lift of b waited for the lift of a, stuck on its files")
+	}
+	r, err := os.Open(slow) // a's write goes through
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := <-aDone; err != nil {
+		t.Error(err)
+	}
+	if !bEnded {
+		if err := <-bDone; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, id := range []string{"a", "b"} {
+		fileHas(t, filepath.Join(f.root, "cpu", "sloserve-4242", id, "cpu.cfs_quota_us"), "-1")
+	}
+}

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -85,16 +88,60 @@ type starvation struct {
 	answers     func() int64 // the runner's answers so far; nil: not counted
 	answered    int64
 	ok          bool
+	// busy says whether the runner has a call in flight (one the server
+	// still waits for, so inside its call timeout); nil: not asked, and
+	// throttling is not read.
+	busy func() bool
+	// throttled is how many times a CPU quota throttled the runner's
+	// cgroup or one above it (cgroupThrottled); throttleOK false when the
+	// kernel does not say.
+	throttled  uint64
+	throttleOK bool
+}
+
+// selfWaitEvery is how often at most the server's own CPU wait is read
+// for the starvation measures (selfWait).
+const selfWaitEvery = 100 * time.Millisecond
+
+// selfWaitSample is the server's CPU wait as last read.
+var selfWaitSample struct {
+	sync.Mutex
+	at   time.Time
+	wait time.Duration
+	ok   bool
+}
+
+// selfWait is the server's own CPU wait (cpuWait of this process), read
+// at most once per selfWaitEvery and shared by every measure: it only
+// goes into the log, and reading it costs a file per thread of the
+// server. With 40 idle-class runners on a busy host every health check
+// outlasts checkQuiet and is measured, and reading the server's threads
+// twice per check took 60% of the server's CPU (perf, while 40 such
+// runners stopped: 1.5 of 2.4 CPU-seconds in the measures).
+func selfWait() (time.Duration, bool) {
+	s := &selfWaitSample
+	s.Lock()
+	defer s.Unlock()
+	if now := time.Now(); now.Sub(s.at) >= selfWaitEvery {
+		s.wait, s.ok = cpuWait(os.Getpid())
+		s.at = now
+	}
+	return s.wait, s.ok
 }
 
 // startStarvation samples the CPU times before a check of pid; answers,
-// when not nil, counts the calls the runner has answered (its progress).
-func startStarvation(pid int, answers func() int64) starvation {
+// when not nil, counts the calls the runner has answered (its progress);
+// busy, when not nil, says whether it has a call in flight, and the
+// throttling of its cgroup is sampled too (see starved).
+func startStarvation(pid int, answers func() int64, busy func() bool) starvation {
 	r, w, ok1 := cpuTimes(pid)
-	s, ok2 := cpuWait(os.Getpid())
-	st := starvation{pid: pid, start: time.Now(), ran: r, waited: w, self: s, ok: ok1 && ok2, answers: answers}
+	s, ok2 := selfWait()
+	st := starvation{pid: pid, start: time.Now(), ran: r, waited: w, self: s, ok: ok1 && ok2, answers: answers, busy: busy}
 	if answers != nil {
 		st.answered = answers()
+	}
+	if busy != nil {
+		st.throttled, st.throttleOK = cgroupThrottled(pid)
 	}
 	return st
 }
@@ -105,9 +152,16 @@ func startStarvation(pid int, answers func() int64) starvation {
 // meanwhile), or when it got less than 1/starvedShare of a CPU and waited
 // for one at least that long or has a thread runnable now: the kernel
 // adds a wait to the run delay only when the thread gets its CPU, so a
-// thread that has waited all along shows none yet. So a runner is found
-// hung only when it had the CPU and answered nothing (a livelock), or had
-// no runnable thread (frozen, deadlocked). Only the runner decides: a
+// thread that has waited all along shows none yet. It was starved by its
+// own quota when, with a call in flight (busy), it waited for a CPU at
+// least 1/starvedShare of the check's time while a CPU quota throttled its
+// cgroup (or one above it): a runner that runs a call at its quota's
+// limit gets all the CPU it may have, more than 1/starvedShare of one
+// under a quota of half a CPU, and is busy, not hung. So a runner is
+// found hung only when it had the CPU and answered nothing (a livelock:
+// no call in flight, or no throttling), or had no runnable thread
+// (frozen, deadlocked). A livelock under a quota during a call is found
+// once the call's timeout abandons the call. Only the runner decides: a
 // server busy on a busy host waits for a CPU all the time, and a frozen
 // runner beside it must still be found hung. When the kernel does not
 // say, no check is starved: every failed one counts, as it always did.
@@ -118,7 +172,7 @@ func (s starvation) starved() (bool, string) {
 		progress = s.answers() - s.answered
 	}
 	r, w, ok := cpuTimes(s.pid)
-	self, ok2 := cpuWait(os.Getpid())
+	self, ok2 := selfWait()
 	if !s.ok || !ok || !ok2 {
 		return progress > 0, fmt.Sprintf("check took %v, CPU times unknown, %d calls answered meanwhile", took.Round(time.Millisecond), progress)
 	}
@@ -126,8 +180,19 @@ func (s starvation) starved() (bool, string) {
 	dr, dw, ds := max(r-s.ran, 0), max(w-s.waited, 0), max(self-s.self, 0)
 	run := runnable(s.pid)
 	starved := dr*starvedShare < took && (dw*starvedShare >= took || run)
-	return starved || progress > 0, fmt.Sprintf("check took %v, the runner ran %v and waited %v for a CPU meanwhile (a thread runnable at the end: %v), answered %d calls; the server waited %v",
-		took.Round(time.Millisecond), dr.Round(time.Millisecond), dw.Round(time.Millisecond), run, progress, ds.Round(time.Millisecond))
+	quota := ""
+	if s.busy != nil && s.throttleOK {
+		if th, ok := cgroupThrottled(s.pid); ok {
+			busy := s.busy()
+			throttled := th - min(th, s.throttled)
+			if throttled > 0 && busy && dw*starvedShare >= took {
+				starved = true
+			}
+			quota = fmt.Sprintf(", throttled by a CPU quota %d times with a call in flight: %v", throttled, busy)
+		}
+	}
+	return starved || progress > 0, fmt.Sprintf("check took %v, the runner ran %v and waited %v for a CPU meanwhile (a thread runnable at the end: %v%s), answered %d calls; the server waited %v",
+		took.Round(time.Millisecond), dr.Round(time.Millisecond), dw.Round(time.Millisecond), run, quota, progress, ds.Round(time.Millisecond))
 }
 
 // readyClock is a context for a process pid's start that ends once the
@@ -143,7 +208,7 @@ func readyClock(ctx context.Context, pid int, timeout time.Duration) (_ context.
 	go func() {
 		left := timeout
 		for left > 0 {
-			s := startStarvation(pid, nil)
+			s := startStarvation(pid, nil, nil)
 			t := time.NewTimer(min(tick, left))
 			select {
 			case <-ctx.Done():
@@ -192,4 +257,175 @@ func threadStates(pid int) (run, stopped, ok bool) {
 		}
 	}
 	return run, stopped, ok
+}
+
+// cgroupThrottled is how many times CFS bandwidth control (a CPU quota:
+// cgroup v1 cpu.cfs_quota_us, v2 cpu.max) has throttled the cpu cgroup of
+// process pid and each cgroup above it, summed (nr_throttled in each
+// cpu.stat); false when the kernel does not say. A quota on a parent
+// throttles the processes below it, but only the parent counts it.
+func cgroupThrottled(pid int) (uint64, bool) {
+	dir, ok := cpuCgroupDir(pid)
+	if !ok {
+		return 0, false
+	}
+	var n uint64
+	found := false
+	for d := dir.path; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
+			if v, ok := statField(b, "nr_throttled"); ok {
+				n += v
+				found = true
+			}
+		}
+		if d == dir.mount || len(d) <= len(dir.mount) {
+			break
+		}
+	}
+	return n, found
+}
+
+// cgroupDir is a cgroup's directory and the mount point of its hierarchy.
+type cgroupDir struct{ path, mount string }
+
+// cpuCgroupDir is the directory of the cgroup of process pid that the cpu
+// controller enforces: the cgroup v1 hierarchy with cpu, else the v2 one.
+func cpuCgroupDir(pid int) (cgroupDir, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return cgroupDir{}, false
+	}
+	return cpuCgroupDirIn(cgroupMounts(), b)
+}
+
+// cpuCgroupDirIn is cpuCgroupDir for a process whose /proc/<pid>/cgroup
+// reads b, among mounts.
+func cpuCgroupDirIn(mounts []cgroupMount, b []byte) (cgroupDir, bool) {
+	var v2 string
+	v2ok := false
+	for line := range bytes.Lines(b) {
+		// hierarchy-ID:controller-list:cgroup-path
+		f := bytes.SplitN(bytes.TrimRight(line, "\n"), []byte(":"), 3)
+		if len(f) != 3 {
+			continue
+		}
+		path := string(f[2])
+		if len(f[1]) == 0 && string(f[0]) == "0" {
+			v2, v2ok = path, true
+			continue
+		}
+		for c := range bytes.SplitSeq(f[1], []byte(",")) {
+			if string(c) != "cpu" {
+				continue
+			}
+			for _, m := range mounts {
+				if !m.v2 && m.cpu {
+					if d, ok := m.dir(path); ok {
+						return d, true
+					}
+				}
+			}
+		}
+	}
+	if v2ok {
+		for _, m := range mounts {
+			if m.v2 {
+				if d, ok := m.dir(v2); ok {
+					return d, true
+				}
+			}
+		}
+	}
+	return cgroupDir{}, false
+}
+
+// cgroupMount is one mounted cgroup hierarchy.
+type cgroupMount struct {
+	root, point string // the mounted cgroup's path in the hierarchy, and where
+	v2, cpu     bool   // cgroup2; a v1 hierarchy with the cpu controller
+}
+
+// dir is the directory of the cgroup at path (as /proc/<pid>/cgroup says
+// it) under m; false when m does not hold it.
+func (m cgroupMount) dir(path string) (cgroupDir, bool) {
+	rel, ok := strings.CutPrefix(path, m.root)
+	// A cgroup outside this process's cgroup namespace reads "/../x".
+	if !ok || (rel != "" && m.root != "/" && !strings.HasPrefix(rel, "/")) || slices.Contains(strings.Split(path, "/"), "..") {
+		return cgroupDir{}, false
+	}
+	return cgroupDir{path: filepath.Join(m.point, rel), mount: m.point}, true
+}
+
+// cgroupMounts are the cgroup hierarchies mounted in this process's mount
+// namespace, read once (/proc/self/mountinfo).
+var cgroupMounts = sync.OnceValue(func() []cgroupMount {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	return parseCgroupMounts(b)
+})
+
+// parseCgroupMounts reads the cgroup mounts of a mountinfo file: "ID
+// parent major:minor root mount-point options [optional...] - type source
+// super-options".
+func parseCgroupMounts(b []byte) []cgroupMount {
+	var out []cgroupMount
+	for line := range bytes.Lines(b) {
+		pre, post, ok := bytes.Cut(bytes.TrimRight(line, "\n"), []byte(" - "))
+		if !ok {
+			continue
+		}
+		f, g := bytes.Fields(pre), bytes.Fields(post)
+		if len(f) < 5 || len(g) < 3 {
+			continue
+		}
+		m := cgroupMount{root: unescapeMount(string(f[3])), point: unescapeMount(string(f[4]))}
+		switch string(g[0]) {
+		case "cgroup2":
+			m.v2 = true
+		case "cgroup":
+			for o := range bytes.SplitSeq(g[2], []byte(",")) {
+				m.cpu = m.cpu || string(o) == "cpu"
+			}
+			if !m.cpu {
+				continue
+			}
+		default:
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// statField is the value of key in a "key value" per line file (cpu.stat).
+func statField(b []byte, key string) (uint64, bool) {
+	for line := range bytes.Lines(b) {
+		k, v, ok := bytes.Cut(bytes.TrimSpace(line), []byte(" "))
+		if ok && string(k) == key {
+			n, err := strconv.ParseUint(string(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }

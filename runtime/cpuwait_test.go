@@ -3,6 +3,7 @@ package runtime
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -134,7 +135,7 @@ func TestStarvationTellsSpinningFromStarved(t *testing.T) {
 	}
 	cpu := lastCPU(t)
 	over := func(pid int) (bool, string) {
-		s := startStarvation(pid, nil)
+		s := startStarvation(pid, nil, nil)
 		time.Sleep(400 * time.Millisecond)
 		return s.starved()
 	}
@@ -371,5 +372,147 @@ func TestStarvedLooksPastAMomentWithoutRunnableThread(t *testing.T) {
 	}
 	if took := time.Since(start); took > window/2 {
 		t.Errorf("a frozen process was told after %v, not at once (window %v)", took, window)
+	}
+}
+
+// A process that spins under a CPU quota of half a CPU runs half the
+// time and is throttled the other half. With a call in flight it is busy
+// at its own quota's limit, not hung, though it ran more than a quarter
+// of the check's time, which alone says "it had the CPU" (the ocr-rec
+// runner killed while profiled at a 0.5-CPU quota in the predictor
+// benchmark: "check took 1.947s, the runner ran 975ms and waited 4.031s
+// for a CPU"). Without a call in flight it is a livelock and still found
+// hung, and so it is with a call in flight but no quota (not throttled).
+func TestStarvationCountsQuotaThrottling(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	spinner := startSpinner(t)
+	setQuota := quotaCgroup(t, spinner.Process.Pid)
+	setQuota(5000, 10000) // half a CPU
+	pid := spinner.Process.Pid
+	over := func(busy bool) (starved bool, ranShare float64, why string) {
+		r0, _, _ := cpuTimes(pid)
+		s := startStarvation(pid, nil, func() bool { return busy })
+		time.Sleep(400 * time.Millisecond)
+		starved, why = s.starved()
+		r1, _, _ := cpuTimes(pid)
+		return starved, float64(r1-r0) / float64(time.Since(s.start)), why
+	}
+	starved, ran, why := over(true)
+	if ran*starvedShare < 1 {
+		t.Fatalf("the spinner ran %.2f of the window under a quota of half a CPU, under 1/%d: the host is too busy for the test (%s)", ran, starvedShare, why)
+	}
+	if !starved {
+		t.Errorf("a process at its quota's limit with a call in flight counted as hung: %s", why)
+	}
+	if starved, _, why := over(false); starved {
+		t.Errorf("a process spinning at its quota's limit with no call in flight (a livelock) counted as starved: %s", why)
+	}
+	setQuota(-1, 10000)
+	if starved, _, why := over(true); starved {
+		t.Errorf("a process spinning with no quota and a call in flight counted as starved: %s", why)
+	}
+}
+
+// quotaCgroup moves process pid into a cpu cgroup of its own (see
+// quotaCgroupDir) and returns the function that sets its quota.
+func quotaCgroup(t *testing.T, pid int) func(quota, period int) {
+	t.Helper()
+	dir, set := quotaCgroupDir(t)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) }) // runs before the removal
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatalf("moving %d into %s: %v", pid, dir, err)
+	}
+	return set
+}
+
+// quotaCgroupDir makes a cpu cgroup at the top of the hierarchy, of the
+// highest weight (so that what is in it gets what its quota allows however
+// busy the host), removed when the test ends, and returns it with a
+// function that sets its CPU quota (-1: none) over a period, in
+// microseconds; it skips the test where that cannot be done (not root, no
+// cpu controller).
+func quotaCgroupDir(t *testing.T) (string, func(quota, period int)) {
+	t.Helper()
+	v2 := false
+	root := "/sys/fs/cgroup/cpu"
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		v2, root = true, "/sys/fs/cgroup"
+	}
+	dir, err := os.MkdirTemp(root, "sloserve-test-quota-")
+	if err != nil {
+		t.Skipf("a cpu cgroup with a quota: %v", err)
+	}
+	t.Cleanup(func() {
+		waitFor(t, 10*time.Second, "the cgroup to empty", func() bool { return os.Remove(dir) == nil })
+	})
+	weight, value := "cpu.shares", "262144"
+	if v2 {
+		weight, value = "cpu.weight", "10000"
+	}
+	if err := os.WriteFile(filepath.Join(dir, weight), []byte(value), 0o644); err != nil {
+		t.Skipf("a cpu cgroup with a quota: %v", err)
+	}
+	return dir, func(quota, period int) {
+		t.Helper()
+		var err error
+		if v2 {
+			q := "max"
+			if quota > 0 {
+				q = strconv.Itoa(quota)
+			}
+			err = os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(q+" "+strconv.Itoa(period)), 0o644)
+		} else {
+			err = errors.Join(
+				os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0o644),
+				os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(period)), 0o644),
+				os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.Itoa(quota)), 0o644))
+		}
+		if err != nil {
+			t.Fatalf("quota %d/%d: %v", quota, period, err)
+		}
+	}
+}
+
+// The cpu cgroup of a process is found in the hierarchy mounted with the
+// cpu controller (v1), else in the unified one (v2), relative to the
+// mount's root.
+func TestCPUCgroupDir(t *testing.T) {
+	const hybrid = `30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+32 30 0:29 / /sys/fs/cgroup/cpu\040acct rw,relatime - cgroup cgroup rw,cpuacct
+40 30 0:37 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+`
+	const v2 = `25 20 0:22 /kubepods/pod1 /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw
+`
+	const joint = `31 30 0:28 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+`
+	const escaped = `31 30 0:28 / /mnt/cg\040cpu rw shared:5 - cgroup none rw,cpu
+`
+	for _, c := range []struct {
+		name, mountinfo, path string
+		want                  cgroupDir
+		ok                    bool
+	}{
+		{"v1", hybrid, "1:cpu:/sloserve-1/u", cgroupDir{"/sys/fs/cgroup/cpu/sloserve-1/u", "/sys/fs/cgroup/cpu"}, true},
+		{"v1 root", hybrid, "1:cpu:/", cgroupDir{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu"}, true},
+		{"v1 joint", joint, "3:cpuacct,cpu:/a", cgroupDir{"/sys/fs/cgroup/cpu,cpuacct/a", "/sys/fs/cgroup/cpu,cpuacct"}, true},
+		{"escaped mount point", escaped, "1:cpu:/a", cgroupDir{"/mnt/cg cpu/a", "/mnt/cg cpu"}, true},
+		{"cpuacct is not cpu", hybrid, "2:cpuacct:/a", cgroupDir{}, false},
+		{"v2 under the mount's root", v2, "0::/kubepods/pod1/c", cgroupDir{"/sys/fs/cgroup/c", "/sys/fs/cgroup"}, true},
+		{"v2 outside the mount's root", v2, "0::/kubepods/pod10/c", cgroupDir{}, false},
+		{"outside the namespace", hybrid, "1:cpu:/../x", cgroupDir{}, false},
+		{"v2 in a hybrid, no cpu line", hybrid, "0::/x", cgroupDir{"/sys/fs/cgroup/unified/x", "/sys/fs/cgroup/unified"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := cpuCgroupDirIn(parseCgroupMounts([]byte(c.mountinfo)), []byte(c.path+"\n"))
+			if got != c.want || ok != c.ok {
+				t.Errorf("got %+v, %v; want %+v, %v", got, ok, c.want, c.ok)
+			}
+		})
+	}
+	if got := parseCgroupMounts([]byte(hybrid)); len(got) != 2 || got[1].point != "/sys/fs/cgroup/unified" {
+		t.Errorf("mounts of a hybrid host: %+v, want the cpu hierarchy and the unified one", got)
 	}
 }

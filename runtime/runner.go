@@ -615,7 +615,7 @@ func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits s
 		return progress > 0, fmt.Sprintf("check failed at once, %d calls answered meanwhile", progress), err
 	case <-quiet.C:
 	}
-	s := startStarvation(p.pid, p.answers.Load)
+	s := startStarvation(p.pid, p.answers.Load, p.busy)
 	s.answered = answered
 	if err = <-res; err != nil {
 		if rest := timeout/starvedShare - time.Since(s.start); rest > 0 {
@@ -769,7 +769,7 @@ func (r *Runner) Starved(window time.Duration, done <-chan struct{}) bool {
 	if _, stopped, ok := threadStates(p.pid); !ok || stopped {
 		return false
 	}
-	s := startStarvation(p.pid, nil)
+	s := startStarvation(p.pid, nil, nil)
 	t := time.NewTimer(window)
 	defer t.Stop()
 	select {

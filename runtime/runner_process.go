@@ -225,6 +225,11 @@ func (p *process) removeTemp() {
 	}
 }
 
+// busy reports whether the process has a call in flight: one the server
+// still waits for, so inside its call timeout (or its extension while
+// starved) and its deadline.
+func (p *process) busy() bool { return p.inflight.Load() > 0 }
+
 // hasExited reports whether the process has been reaped.
 func (p *process) hasExited() bool {
 	select {
