@@ -397,7 +397,9 @@ func BenchmarkRESTTiny(b *testing.B) {
 	tw.Flush()
 	// The ratios the aims are stated in, against the floors
 	// measured beside them.
-	at := func(name string) result { return res[slices.IndexFunc(paths, func(p tinyPath) bool { return p.name == name })] }
+	at := func(name string) result {
+		return res[slices.IndexFunc(paths, func(p tinyPath) bool { return p.name == name })]
+	}
 	json, ready, grpcInfer := at("rest-json"), at("rest-ready"), at("grpc")
 	b.ReportMetric(median(json.p50)-median(ready.p50), "rest-json-added-p50-µs")
 	b.ReportMetric(median(json.p50)/median(grpcInfer.p50), "rest-json/grpc-p50")
