@@ -2,6 +2,7 @@ package predictor
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -50,9 +51,9 @@ const (
 // says so (and the metric sloserve_predictor_drift), so that an operator
 // profiles at the served shapes (the model config's profile.shapes).
 //
-// Corrections are kept per row size (predictions use them, see
-// correctionAt) and per bucket (see bucket; at most maxBuckets a model;
-// they raise the drift alarms).
+// Corrections are kept per row size and, relative to it, per (row size,
+// batch class) (predictions use both, see correctionAt), and per bucket
+// (see bucket; at most maxBuckets a model; they raise the drift alarms).
 const (
 	stepRatio       = 4
 	minCorrection   = 1.0 / 64
@@ -69,7 +70,20 @@ const (
 	// typicalWeight is the weight of a new execution's row size in the
 	// model's typical size, which predictions of unknown size use.
 	typicalWeight = 0.05
+	// minClassSamples is how many executions a (row size, batch class)
+	// must have seen before its offset from the size's correction is
+	// used; until then the size's correction predicts it alone.
+	minClassSamples = 5
 )
+
+// batchClass is a batch size's class for the online correction: its
+// octave (1, 2-3, 4-7, 8-15, ...). A busy machine slows a batch of one
+// more, relative to the curve, than a batch of eight (the fixed costs of
+// an execution wait for the CPU as its work does, and are a larger part
+// of a small batch), and the fit's error differs by batch too.
+func batchClass(batch int) int {
+	return bits.Len(uint(max(batch, 1))) - 1
+}
 
 // bucket is where an online correction applies: a half-octave of the row
 // size (round(2*log2(elements)); -1 unknown), the batch size, and the
@@ -174,6 +188,17 @@ type bucketCorrection struct {
 	last   uint64 // model.seq at the latest
 	drift  bool
 	period periodStart // sizes only
+	// classes are a size's batch classes' offsets from its correction,
+	// indexed by batchClass; sizes only (see classOffset).
+	classes []classOffset
+}
+
+// classOffset is a batch class's offset from its size's correction, with
+// the executions it saw and the latest (model.seq).
+type classOffset struct {
+	v    float64
+	n    int
+	last uint64
 }
 
 // periodStart is a correction's value at the latest SetCoRunning and the
@@ -404,10 +429,11 @@ func (m *model) solo(batch int, share float64, elements int64) float64 {
 
 // correctionAt is the correction in force for a bucket: its size's
 // (learnt from every execution at that size, so that a shape's persistent
-// error is learnt as fast as one scalar learnt it), or the model's when
-// the size was not seen in the model's last freshExecutions executions
-// (what it learnt, under the interference of then, is stale; the model's
-// is current).
+// error is learnt as fast as one scalar learnt it) times its batch
+// class's offset from it (see learnSize), or the model's when the size
+// was not seen in the model's last freshExecutions executions (what it
+// learnt, under the interference of then, is stale; the model's is
+// current).
 //
 // The bucket's own correction (batch and share too) is kept, and raises
 // the drift alarms, but does not predict: on the simulated GPU day
@@ -415,12 +441,98 @@ func (m *model) solo(batch int, share float64, elements int64) float64 {
 // latency-critical attainment from over 0.95 to 0.86, fresh buckets only
 // or not. Much of what a correction learns is interference that changes
 // by the second, and a bucket, fed a fraction of the executions, follows
-// it later than a correction that every execution at the size feeds.
+// it later than a correction that every execution at the size feeds. The
+// batch class's offset does not have that lag: the size's correction,
+// which every execution at the size feeds, follows the interference, and
+// the offset holds only how much more or less than that a class runs.
 func (m *model) correctionAt(k bucket) float64 {
 	if sc := m.sizes[k.size]; sc != nil && m.seq-sc.last < freshExecutions {
-		return sc.v
+		return sc.v * sc.offset(batchClass(k.batch))
 	}
 	return m.correction
+}
+
+// offset is the offset in force for a batch class of a size: 1 (the
+// size's correction alone) until the class has seen minClassSamples
+// executions.
+func (sc *bucketCorrection) offset(class int) float64 {
+	if class < len(sc.classes) && sc.classes[class].n >= minClassSamples {
+		return sc.classes[class].v
+	}
+	return 1
+}
+
+// learnSize moves a size's correction and its batch classes' offsets by
+// an execution of batch class class whose time was r times the curve's.
+// The size's correction times the class's offset models the error at
+// the size as a part all its batches share (the machine's load of the
+// moment, the size's own error) and a part that sets a class apart (a
+// busy machine slows a batch of one more than a batch of eight, relative
+// to the curve; the fit errs differently by batch). With e the
+// execution's error, log(r) less the logarithm of the two:
+//   - while the class is the only one of the size seen in the model's
+//     last freshExecutions executions, or the only one of them with
+//     minClassSamples executions, the size's correction learns e alone:
+//     nothing tells a class apart from the others, and a model served
+//     at one batch size learns as it did before classes;
+//   - a class with fewer executions while others run learns e into its
+//     own offset alone: its first executions do not move what the others
+//     have learnt, and it is predicted by the size's correction until it
+//     has minClassSamples;
+//   - otherwise the size's correction learns e, and the class's offset
+//     learns e times (1 - 1/K) and the K-1 other fresh classes' -e/K, K
+//     the fresh classes with minClassSamples executions: the offsets'
+//     product stays where it was, so what all classes share (a change of
+//     the machine's load) goes to the size's correction, and what sets
+//     one class apart to its offset.
+//
+// So a model served at batch 1 and 8 in turn, for long stretches each,
+// does not learn the classes' difference again at each change: a class
+// running alone keeps the offset it had, and one that comes back finds
+// its own.
+func (sc *bucketCorrection) learnSize(class int, r, alpha float64, seq uint64) {
+	for len(sc.classes) <= class {
+		sc.classes = append(sc.classes, classOffset{v: 1})
+	}
+	fresh := func(c classOffset) bool { return c.n > 0 && seq-c.last < freshExecutions }
+	var others, ready int // other fresh classes; fresh classes with minClassSamples, this one included
+	for j, c := range sc.classes {
+		if j != class && fresh(c) {
+			others++
+		}
+		if (j == class || fresh(c)) && c.n >= minClassSamples {
+			ready++
+		}
+	}
+	own := &sc.classes[class]
+	learnt := own.n >= minClassSamples
+	// e is the error on the logarithmic scale, bounded as one step of
+	// the correction is (stepRatio).
+	e := func(c float64) float64 {
+		return min(max(math.Log(r/c), -math.Log(stepRatio)), math.Log(stepRatio))
+	}
+	clampC := func(v float64) float64 { return min(max(v, minCorrection), maxCorrection) }
+	switch {
+	case others == 0 || (learnt && ready == 1):
+		sc.v = clampC(sc.v * math.Exp(alpha*e(sc.v*sc.offset(class))))
+	case !learnt:
+		own.v = clampC(own.v * math.Exp(alpha*e(sc.v*own.v)))
+	default:
+		d := alpha * e(sc.v*own.v)
+		sc.v = clampC(sc.v * math.Exp(d))
+		k := float64(ready)
+		for j := range sc.classes {
+			c := &sc.classes[j]
+			switch {
+			case j == class:
+				c.v = clampC(c.v * math.Exp(d*(1-1/k)))
+			case fresh(*c) && c.n >= minClassSamples:
+				c.v = clampC(c.v * math.Exp(-d/k))
+			}
+		}
+	}
+	own.n++
+	own.last = seq
 }
 
 // Estimate predicts the execution time of a batch at the model's current
@@ -521,6 +633,9 @@ func (p *Predictor) ObserveSize(name string, batch int, elements int64, took tim
 			}
 			sc = &bucketCorrection{v: in, period: periodStart{v: in}}
 			m.sizes[k.size] = sc
+		} else if m.seq-sc.last >= freshExecutions {
+			// Stale: it starts again from the model's, which predicted.
+			sc.v, sc.period = m.correction, periodStart{v: m.correction}
 		}
 		bc := m.buckets[k]
 		if bc == nil && len(m.buckets) < maxBuckets {
@@ -531,7 +646,8 @@ func (p *Predictor) ObserveSize(name string, batch int, elements int64, took tim
 			m.buckets[k] = bc
 		}
 		m.seq++
-		sc.v, sc.n, sc.last = step(sc.v), sc.n+1, m.seq
+		sc.learnSize(batchClass(k.batch), obs/base, p.alpha, m.seq)
+		sc.n, sc.last = sc.n+1, m.seq
 		m.correction = step(m.correction)
 		sc.period.n++
 		m.period.n++

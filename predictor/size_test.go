@@ -258,7 +258,8 @@ func TestSweepShapes(t *testing.T) {
 
 // A size not seen in the model's last Window executions is stale: what
 // it learnt under the conditions of then gives way to the model's current
-// correction. Size 800 ran 3x slow once; then only size 100 runs, as
+// correction, for its predictions and as the start of what it learns
+// next. Size 800 ran 3x slow once; then only size 100 runs, as
 // profiled, and size 800 is predicted as profiled again.
 func TestCorrectionStaleSize(t *testing.T) {
 	p := newPredictor(t, Options{})
@@ -280,5 +281,11 @@ func TestCorrectionStaleSize(t *testing.T) {
 	}
 	if got, _ := p.EstimateSize("m", 1, 800); relErr(got.Seconds(), 0.08) > 0.05 {
 		t.Errorf("size 800 when stale: %v, want about 80ms (the model's current correction)", got)
+	}
+	// When it runs again, as profiled, its correction starts from the
+	// model's that predicted it, not from what it had learnt then.
+	p.ObserveSize("m", 1, 800, seconds(0.08))
+	if got, _ := p.EstimateSize("m", 1, 800); relErr(got.Seconds(), 0.08) > 0.05 {
+		t.Errorf("size 800 run again after it was stale: %v, want about 80ms", got)
 	}
 }
