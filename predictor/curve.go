@@ -54,13 +54,21 @@ type Curve struct {
 	K6                 float64 `json:",omitempty"`
 	Elements           float64 `json:",omitempty"`
 	// MaxWork is the largest work (w) the curve was fitted on; 0:
-	// unknown. Past it the superlinear part was never measured, and a
-	// square extrapolated far out (a 1600x1600 image against a profile
-	// at 64 and 256 is 40x the work) predicted a detection at 27 s that
-	// takes one: there the w^2 term goes on along its tangent at MaxWork,
-	// so time grows linearly at the largest slope measured.
+	// unknown. Past it the superlinear part was never measured. Up to
+	// squareReach times it the w^2 term goes on as fitted: the demo
+	// models' largest batch at twice the largest profiled width ran
+	// slower than the square's tangent at MaxWork said (see
+	// TestCurveSquarePastProfiledWork). Further out a square
+	// extrapolated (a 1600x1600 image against a profile at 64 and 256 is
+	// 40x the work) predicted a detection at 27 s that takes one: there
+	// the w^2 term goes on along its tangent at squareReach x MaxWork, so
+	// time grows linearly.
 	MaxWork float64 `json:",omitempty"`
 }
+
+// squareReach is how far past the largest profiled work, as a multiple
+// of it, a curve's square goes on before its tangent takes over.
+const squareReach = 2
 
 // Bounds Predict keeps its arguments and result in.
 const (
@@ -87,8 +95,8 @@ func (c Curve) seconds(batch int, share float64, elements int64) float64 {
 	w := c.work(b, elements)
 	s := normShare(share)
 	sq := w * w
-	if c.MaxWork > 0 && w > c.MaxWork {
-		sq = c.MaxWork * (2*w - c.MaxWork)
+	if reach := squareReach * c.MaxWork; reach > 0 && w > reach {
+		sq = reach * (2*w - reach)
 	}
 	return (c.K1*sq+c.K2*w+c.K6*b+c.K3)/(max(s+c.K4, minShare)) + c.K5
 }
