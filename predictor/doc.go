@@ -23,8 +23,9 @@
 // control loop sizes memory shares.
 //
 // A Predictor holds each loaded model's curve and scales it by an online
-// correction (an EWMA of observed/predicted execution time, per row size;
-// per (size, batch, share) bucket for drift alarms) and an interference
+// correction (an EWMA of observed/predicted execution time, per row size
+// times an offset per batch class at that size; per (size, batch, share)
+// bucket for drift alarms) and an interference
 // factor: how oversubscribed the device is (SetInterference, on CPUs), or,
 // on a shared GPU, the slowdown the co-running work causes, learned online
 // per model as exp(slope x u) from the others' measured use u of the
