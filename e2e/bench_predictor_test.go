@@ -65,7 +65,12 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // percentile) is the coefficient of variation of a point's windows, one
 // a round, rounds moments apart; drift% how much slower a point's third
 // window was than its first (geometric mean); profile-s the wall time of
-// the profile command, model load included.
+// the profile command, model load included. far-bmax-ratio is measured
+// over predicted at the largest batch and the largest held-out shape
+// (geometric mean over the shares): how far past the profile the curve's
+// continuation holds, where the demo models' largest batches ran slower
+// than the square's tangent said (1.41 for ocr-rec at 48x1280 over 5
+// sweeps; 1.33 along the square to twice the profiled work).
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
@@ -80,7 +85,7 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	} {
 		b.Run(tc.model, func(b *testing.B) {
 			perShape := map[int64][]float64{}
-			var fitMAPE, floorMAPE, cvs, drifts, took []float64
+			var fitMAPE, floorMAPE, cvs, drifts, took, farRatio []float64
 			for b.Loop() {
 				start := time.Now()
 				all := profileShapes(b, tc.model, tc.config, append(slices.Clone(tc.train), tc.held...))
@@ -139,6 +144,18 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 				if whole, err := predictor.Fit(all.Points); err == nil {
 					floorMAPE = append(floorMAPE, predictor.MAPE(whole, held))
 				}
+				var bmax int
+				var nmax int64
+				for _, pt := range held {
+					bmax, nmax = max(bmax, pt.Batch), max(nmax, pt.Elements)
+				}
+				var logs []float64
+				for _, pt := range held {
+					if pt.Batch == bmax && pt.Elements == nmax {
+						logs = append(logs, math.Log(pt.Latency.Seconds()/curve.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds()))
+					}
+				}
+				farRatio = append(farRatio, math.Exp(mean(logs)))
 				errs := map[int64][]float64{}
 				for _, pt := range held {
 					got := curve.PredictSize(pt.Batch, pt.Share, pt.Elements).Seconds()
@@ -168,6 +185,7 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 			b.ReportMetric(100*median(fitMAPE), "fit-mape%")
 			b.ReportMetric(100*median(floorMAPE), "floor-mape%")
 			b.ReportMetric(median(took), "profile-s")
+			b.ReportMetric(median(farRatio), "far-bmax-ratio")
 			if len(cvs) > 0 {
 				b.ReportMetric(100*median(cvs), "point-cv%")
 				slices.Sort(cvs)
