@@ -189,7 +189,7 @@ type bucketCorrection struct {
 	drift  bool
 	period periodStart // sizes only
 	// classes are a size's batch classes' offsets from its correction,
-	// indexed by batchClass; sizes only (see classOffset).
+	// indexed by batchClass; sizes only (see learnSize).
 	classes []classOffset
 }
 
@@ -582,8 +582,8 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 // qos.SizedEstimator. With a curve, the ratio of the observed time to the
 // curve's prediction (interference included, correction not), clamped to
 // within 4x of the correction in force so that one outlier cannot swing
-// it, feeds the EWMA of the execution's bucket, of its size bucket and of
-// the model. A bucket whose correction leaves [1/2, 2] raises a drift
+// it, feeds the EWMA of the execution's bucket, of its size bucket and
+// its batch class's offset there (learnSize), and of the model. A bucket whose correction leaves [1/2, 2] raises a drift
 // alarm (Options.OnDrift, Accuracy.DriftAlarms). Its ratio to the curve
 // without the co-runners' slowdown joins the regression that learns that
 // slowdown (SetCoRunning). The execution and what
