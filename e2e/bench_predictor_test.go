@@ -69,8 +69,9 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // over predicted at the largest batch and the largest held-out shape
 // (geometric mean over the shares): how far past the profile the curve's
 // continuation holds, where the demo models' largest batches ran slower
-// than the square's tangent said (1.41 for ocr-rec at 48x1280 over 5
-// sweeps; 1.33 along the square to twice the profiled work).
+// than the square's tangent said (1.42 for ocr-rec at 48x1280 over 6
+// sweeps on a busy machine; 1.34 along the square to twice the profiled
+// work).
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
