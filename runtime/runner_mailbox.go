@@ -122,10 +122,22 @@ func (m mailboxMem) state(i int) *uint32   { return m.word(m.slotOff(i)) }
 func (m mailboxMem) reqLen(i int) *uint32  { return m.word(m.slotOff(i) + 4) }
 func (m mailboxMem) respLen(i int) *uint32 { return m.word(m.slotOff(i) + 8) }
 
-// waiting is set by a caller before it sleeps on its slot's state: a
-// worker whose caller is not asleep (it polls, see mailbox.poll) wakes no
-// one and makes no system call.
+// waiting is set by a caller before it sleeps on its slot's state (to
+// waitAnswer or waitTake): a worker whose caller is not asleep (it polls,
+// see mailbox.poll) wakes no one and makes no system call.
 func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
+
+// The values of a slot's waiting word.
+const (
+	// waitNone: the caller is not asleep.
+	waitNone uint32 = iota
+	// waitAnswer: the caller sleeps until the answer.
+	waitAnswer
+	// waitTake: the caller sleeps, and asks to be woken as soon as a
+	// worker takes the call, so that its wake-up overlaps the run
+	// instead of following it (see mailbox.await).
+	waitTake
+)
 
 // postedAt and answeredAt are when the server posted the slot's request
 // and when the worker wrote its answer, in Unix nanoseconds (the wall
@@ -133,6 +145,11 @@ func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
 // them how soon the other answers, whether or not it slept meanwhile.
 func (m mailboxMem) postedAt(i int) *int64   { return m.stamp(m.slotOff(i) + 16) }
 func (m mailboxMem) answeredAt(i int) *int64 { return m.stamp(m.slotOff(i) + 24) }
+
+// takenAt is when a worker took the slot's call, in Unix nanoseconds: the
+// caller learns from it how long a run takes (answeredAt - takenAt) and
+// how long the worker took to come (takenAt - postedAt).
+func (m mailboxMem) takenAt(i int) *int64 { return m.stamp(m.slotOff(i) + 32) }
 
 func (m mailboxMem) stamp(off int) *int64 { return (*int64)(unsafe.Pointer(&m.mem[off])) }
 
@@ -180,8 +197,10 @@ type mailbox struct {
 	// (mailbox.poll).
 	spin spinPolicy
 	// answerNs is the recent time from a post to its answer in
-	// nanoseconds, a moving average over every call's stamps.
+	// nanoseconds, a moving average over every call's stamps; runNs the
+	// same from the take to the answer.
 	answerNs atomic.Int64
+	runNs    atomic.Int64
 	// stats counts what the waits did, for tests and benchmarks.
 	stats mailboxStats
 	// names interns the output names of the answers.
@@ -194,6 +213,17 @@ type mailboxStats struct {
 	caught atomic.Int64 // of those, the ones that saw their event while polling
 	sleeps atomic.Int64 // futex sleeps
 	wakes  atomic.Int64 // futex wake-ups sent to the other side
+	// takeWakes counts, on the workers' side, the callers woken at the
+	// take (waitTake); on the server's side, the polls for the answer
+	// that began after the take (mailbox.pollRun), and takeCaught those
+	// of them that saw it.
+	takeWakes, takeCaught atomic.Int64
+	// hop sums, on the server's side, the stamps of the calls answered
+	// in their slot: nanoseconds from the post to the take (the worker's
+	// coming), from the take to the answer (the run) and from the answer
+	// to the caller's reading it (the caller's coming).
+	calls                     atomic.Int64
+	toTake, toAnswer, toSeen atomic.Int64
 }
 
 func newMailbox(mem mailboxMem, acquire func() bool, release func()) *mailbox {
@@ -237,7 +267,7 @@ func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) (int64, erro
 	}
 	now := time.Now().UnixNano()
 	atomic.StoreUint32(m.reqLen(i), uint32(size))
-	atomic.StoreUint32(m.waiting(i), 0)
+	atomic.StoreUint32(m.waiting(i), waitNone)
 	atomic.StoreInt64(m.postedAt(i), now)
 	atomic.StoreUint32(m.state(i), slotPosted)
 	atomic.AddUint32(m.doorbell(), 1)
@@ -256,20 +286,90 @@ func ended(s uint32) bool { return s == slotAnswered || s == slotOnSocket || s =
 // word) before it looks at the state a last time, and the worker looks at
 // that word after it wrote the state: one of the two sees the other's
 // write, so the worker wakes every caller that sleeps, and only those.
-func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool) uint32 {
+//
+// With early, the caller asks to be woken when a worker takes its call
+// (waitTake), and then polls for the answer for about the time the recent
+// runs took (runBudget) before it sleeps again: a sleeping thread takes
+// tens of microseconds to run again once woken (its CPU has gone idle),
+// as long as a small model's run, so woken at the take it is back about
+// when the answer is written instead of that long after.
+func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool, early bool) uint32 {
 	st := m.state(i)
 	for {
 		s := atomic.LoadUint32(st)
 		if ended(s) || dead.Load() || done() {
 			return s
 		}
-		atomic.StoreUint32(m.waiting(i), 1)
+		if early && s == slotTaken {
+			early = false
+			if s, ok := m.pollRun(i, dead); ok {
+				return s
+			}
+			continue
+		}
+		want := waitAnswer
+		if early {
+			want = waitTake
+		}
+		atomic.StoreUint32(m.waiting(i), want)
 		if atomic.LoadUint32(st) != s {
 			continue
 		}
 		m.stats.sleeps.Add(1)
 		futexWait(st, s, mailboxRecheck)
 	}
+}
+
+// runBudget is how long a caller whose call was taken may poll for its
+// answer: twice the recent run time, at least a quarter of the cap and
+// at most the cap; 0 when the runs take longer than the cap or polling is
+// off. A call's run is what remains of its wait once a worker took it.
+func (m *mailbox) runBudget() time.Duration {
+	est := time.Duration(m.runNs.Load())
+	if m.spin.limit <= 0 || est <= 0 || est > m.spin.limit {
+		return 0
+	}
+	return min(m.spin.limit, max(2*est, m.spin.limit/4))
+}
+
+// pollRun polls slot i, whose call a worker took, for up to runBudget
+// while it is the only mailbox call in flight; it returns the slot's
+// state and whether the wait ended while polling. The caller does not
+// sleep meanwhile, so the worker is told not to wake it at the answer
+// (waitNone), unless it sleeps again after.
+func (m *mailbox) pollRun(i int, dead *atomic.Bool) (uint32, bool) {
+	atomic.StoreUint32(m.waiting(i), waitNone)
+	budget := m.runBudget()
+	start := time.Now()
+	if budget <= 0 || mailboxCalls.Load() > 1 || quiet(start) {
+		return 0, false
+	}
+	m.stats.takeWakes.Add(1)
+	st := m.state(i)
+	var s uint32
+	busy := false
+	ok := m.spin.poll(func() bool {
+		s = atomic.LoadUint32(st)
+		if ended(s) || dead.Load() {
+			return true
+		}
+		// Another call came: the CPUs have other work.
+		busy = mailboxCalls.Load() > 1
+		return busy
+	}, start, budget)
+	if !ok || busy {
+		return 0, false
+	}
+	m.stats.takeCaught.Add(1)
+	return s, true
+}
+
+// early reports whether a caller that is to sleep on its answer (alone:
+// its call is the only mailbox call in flight) asks to be woken at the
+// take: only when the runs are short enough to poll for (runBudget) and
+// polling is not off.
+func (m *mailbox) early(alone bool) bool {
+	return alone && m.runBudget() > 0 && !quiet(time.Now())
 }
 
 // The callers' spin: a caller whose answer usually comes sooner than a
@@ -377,7 +477,14 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 // twice the cap, so that one stall moves the average by a quarter of the
 // cap, not by the stall; a stamp out of order counts as the cap.
 func (m *mailbox) learn(i int, posted int64) {
-	learnInto(&m.answerNs, atomic.LoadInt64(m.answeredAt(i))-posted, max(m.spin.limit, callerSpinCap))
+	limit := max(m.spin.limit, callerSpinCap)
+	answered, taken := atomic.LoadInt64(m.answeredAt(i)), atomic.LoadInt64(m.takenAt(i))
+	learnInto(&m.answerNs, answered-posted, limit)
+	learnInto(&m.runNs, answered-taken, limit)
+	m.stats.calls.Add(1)
+	m.stats.toTake.Add(taken - posted)
+	m.stats.toAnswer.Add(answered - taken)
+	m.stats.toSeen.Add(time.Now().UnixNano() - answered)
 }
 
 // learnInto folds sample d (nanoseconds) into the moving average avg
@@ -525,6 +632,13 @@ func (w *mailboxWorkers) work(next int) {
 			continue
 		}
 		next = (i + 1) % w.slots
+		// A caller that asked to be woken at the take (waitTake) wakes
+		// while this call runs.
+		atomic.StoreInt64(w.takenAt(i), time.Now().UnixNano())
+		if atomic.LoadUint32(w.waiting(i)) == waitTake {
+			w.stats.takeWakes.Add(1)
+			futexWake(w.state(i), math.MaxInt32)
+		}
 		// The time from the last answer to this post, 0 when the call
 		// was posted before it.
 		learnInto(&w.gapNs, max(atomic.LoadInt64(w.postedAt(i))-w.lastAnswer.Load(), 0), max(w.spin.limit, workerSpinCap))
