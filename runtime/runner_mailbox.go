@@ -222,7 +222,7 @@ type mailboxStats struct {
 	// in their slot: nanoseconds from the post to the take (the worker's
 	// coming), from the take to the answer (the run) and from the answer
 	// to the caller's reading it (the caller's coming).
-	calls                     atomic.Int64
+	calls                    atomic.Int64
 	toTake, toAnswer, toSeen atomic.Int64
 }
 
