@@ -280,7 +280,8 @@ func BenchmarkMailboxPoll(b *testing.B) {
 		return startTestRunner(b, cfg)
 	}
 	runners := []*Runner{start(nil), start([]string{"runner", "--mailbox-spin", "0"})}
-	runners[1].serving.Load().arena.box.spin = spinPolicy{}
+	sleeper := runners[1].serving.Load().arena.box
+	sleeper.spin, sleeper.takeSpin = spinPolicy{}, spinPolicy{}
 	names := []string{"poll", "sleep"}
 	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
 	for _, gap := range []time.Duration{0, 200 * time.Microsecond} {
@@ -334,6 +335,13 @@ func BenchmarkMailboxPoll(b *testing.B) {
 			b.ReportMetric(float64(box.stats.caught.Load()-caught)/n, "poll-caught/call")
 			b.ReportMetric(float64(box.stats.sleeps.Load()-sleeps)/n, "poll-sleeps/call")
 			b.ReportMetric(float64(box.answerNs.Load())/1e3, "poll-answer-µs")
+			// Where the polling runner's calls spent their time (means):
+			// the worker's coming, the run, the caller's coming.
+			if k := float64(box.stats.calls.Load()); k > 0 {
+				b.ReportMetric(float64(box.stats.toTake.Load())/1e3/k, "poll-to-take-µs")
+				b.ReportMetric(float64(box.stats.toAnswer.Load())/1e3/k, "poll-run-µs")
+				b.ReportMetric(float64(box.stats.toSeen.Load())/1e3/k, "poll-to-seen-µs")
+			}
 		})
 	}
 }

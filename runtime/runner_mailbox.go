@@ -194,8 +194,9 @@ type mailbox struct {
 	free []int // the slots no call holds
 
 	// spin is how a caller polls for its answer before it sleeps
-	// (mailbox.poll).
-	spin spinPolicy
+	// (mailbox.poll); takeSpin how it polls once a worker took its call
+	// (mailbox.pollRun).
+	spin, takeSpin spinPolicy
 	// answerNs is the recent time from a post to its answer in
 	// nanoseconds, a moving average over every call's stamps; runNs the
 	// same from the take to the answer.
@@ -228,7 +229,8 @@ type mailboxStats struct {
 
 func newMailbox(mem mailboxMem, acquire func() bool, release func()) *mailbox {
 	m := &mailbox{mailboxMem: mem, acquire: acquire, release: release, free: make([]int, 0, mem.slots),
-		spin: spinPolicy{limit: callerSpinCap, preempted: spinPreempted}}
+		spin:     spinPolicy{limit: callerSpinCap, preempted: spinPreempted},
+		takeSpin: spinPolicy{limit: callerSpinCap, preempted: spinPreempted}}
 	for i := mem.slots - 1; i >= 0; i-- {
 		m.free = append(m.free, i)
 	}
@@ -325,11 +327,11 @@ func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool, early bool) 
 // at most the cap; 0 when the runs take longer than the cap or polling is
 // off. A call's run is what remains of its wait once a worker took it.
 func (m *mailbox) runBudget() time.Duration {
-	est := time.Duration(m.runNs.Load())
-	if m.spin.limit <= 0 || est <= 0 || est > m.spin.limit {
+	est, limit := time.Duration(m.runNs.Load()), m.takeSpin.limit
+	if limit <= 0 || est <= 0 || est > limit {
 		return 0
 	}
-	return min(m.spin.limit, max(2*est, m.spin.limit/4))
+	return min(limit, max(2*est, limit/4))
 }
 
 // pollRun polls slot i, whose call a worker took, for up to runBudget
@@ -348,7 +350,7 @@ func (m *mailbox) pollRun(i int, dead *atomic.Bool) (uint32, bool) {
 	st := m.state(i)
 	var s uint32
 	busy := false
-	ok := m.spin.poll(func() bool {
+	ok := m.takeSpin.poll(func() bool {
 		s = atomic.LoadUint32(st)
 		if ended(s) || dead.Load() {
 			return true
@@ -473,14 +475,14 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 }
 
 // learn folds the answer time of the call posted at posted into slot i
-// into answerNs, after the answer was read. Each time counts at most
+// into answerNs, and its run time into runNs, after the answer was read,
+// and adds its stamps to stats' sums. Each time counts at most
 // twice the cap, so that one stall moves the average by a quarter of the
 // cap, not by the stall; a stamp out of order counts as the cap.
 func (m *mailbox) learn(i int, posted int64) {
-	limit := max(m.spin.limit, callerSpinCap)
 	answered, taken := atomic.LoadInt64(m.answeredAt(i)), atomic.LoadInt64(m.takenAt(i))
-	learnInto(&m.answerNs, answered-posted, limit)
-	learnInto(&m.runNs, answered-taken, limit)
+	learnInto(&m.answerNs, answered-posted, max(m.spin.limit, callerSpinCap))
+	learnInto(&m.runNs, answered-taken, max(m.takeSpin.limit, callerSpinCap))
 	m.stats.calls.Add(1)
 	m.stats.toTake.Add(taken - posted)
 	m.stats.toAnswer.Add(answered - taken)
@@ -737,8 +739,10 @@ func (w *mailboxWorkers) serve(i int) {
 			atomic.StoreUint32(w.respLen(i), uint32(size))
 			atomic.StoreInt64(w.answeredAt(i), time.Now().UnixNano())
 			// A caller polling for the answer needs no wake-up (see
-			// mailbox.await for the order of the two words).
-			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) != 0 {
+			// mailbox.await for the order of the two words), nor does
+			// one woken at the take: it has not slept since (it says
+			// waitAnswer before it sleeps again).
+			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) == waitAnswer {
 				w.stats.wakes.Add(1)
 				futexWake(w.state(i), math.MaxInt32)
 			}

@@ -22,6 +22,8 @@ type waitCounts struct {
 	answerWakes                             int64 // workers waking a caller
 	doorbellWakes                           int64 // callers waking a worker
 	workerSleeps, workerPolls               int64
+	takeWakes                               int64 // workers waking a caller at the take
+	takePolls, takeCaught                   int64 // callers polling after the take
 }
 
 func (r *mailboxRig) counts() waitCounts {
@@ -29,12 +31,14 @@ func (r *mailboxRig) counts() waitCounts {
 		callerSleeps: r.box.stats.sleeps.Load(), callerPolls: r.box.stats.spins.Load(), callerCaught: r.box.stats.caught.Load(),
 		answerWakes: r.workers.stats.wakes.Load(), doorbellWakes: r.box.stats.wakes.Load(),
 		workerSleeps: r.workers.stats.sleeps.Load(), workerPolls: r.workers.stats.spins.Load(),
+		takeWakes: r.workers.stats.takeWakes.Load(), takePolls: r.box.stats.takeWakes.Load(), takeCaught: r.box.stats.takeCaught.Load(),
 	}
 }
 
 func (c waitCounts) sub(o waitCounts) waitCounts {
 	return waitCounts{c.callerSleeps - o.callerSleeps, c.callerPolls - o.callerPolls, c.callerCaught - o.callerCaught,
-		c.answerWakes - o.answerWakes, c.doorbellWakes - o.doorbellWakes, c.workerSleeps - o.workerSleeps, c.workerPolls - o.workerPolls}
+		c.answerWakes - o.answerWakes, c.doorbellWakes - o.doorbellWakes, c.workerSleeps - o.workerSleeps, c.workerPolls - o.workerPolls,
+		c.takeWakes - o.takeWakes, c.takePolls - o.takePolls, c.takeCaught - o.takeCaught}
 }
 
 // echoCalls makes n calls one after the other and returns what the waits
@@ -68,7 +72,7 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	spinQuietUntil.Store(0)
 	const calls = 200
 	off := newMailboxRigSpin(t, 4, 1, echo, spinPolicy{}, notIdle)
-	off.box.spin = spinPolicy{}
+	off.box.spin, off.box.takeSpin = spinPolicy{}, spinPolicy{}
 	off.echoCalls(t, 20, 0)
 	base := off.echoCalls(t, calls, 0)
 	t.Logf("without polling: %+v", base)
@@ -108,6 +112,70 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	}
 	if n := on.box.freeSlots(); n != 4 {
 		t.Errorf("%d free slots after the calls, want 4", n)
+	}
+}
+
+// A caller whose answer comes too late to poll for from the post (the
+// worker sleeps between calls and takes long to come) but whose run is
+// short asks to be woken when the worker takes its call, and polls for
+// the answer through the run: the worker wakes it at the take and not at
+// the answer. Without it, the caller sleeps until the answer and is woken
+// then, after the run instead of during it.
+func TestMailboxCallerWokenAtTheTake(t *testing.T) {
+	spinQuietUntil.Store(0)
+	const calls = 100
+	// A run of 300 µs of CPU: long enough that a woken caller is back
+	// before it ends on most machines, short against wideSpin's limit.
+	run := func(req *runnerpb.InferRequest) *runnerpb.InferResponse {
+		for t0 := time.Now(); time.Since(t0) < 300*time.Microsecond; {
+		}
+		return echo(req)
+	}
+	for _, c := range []struct {
+		name  string
+		early bool
+	}{{"woken at the take", true}, {"woken at the answer", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			// The worker never polls: it sleeps between calls and every
+			// call wakes it. The caller never polls from the post.
+			rig := newMailboxRigSpin(t, 4, 1, run, spinPolicy{}, notIdle)
+			rig.box.spin, rig.box.takeSpin = spinPolicy{}, spinPolicy{}
+			if c.early {
+				rig.box.takeSpin = wideSpin
+			}
+			rig.echoCalls(t, 10, 0) // learn the run time
+			got := rig.echoCalls(t, calls, 0)
+			t.Logf("%+v", got)
+			if got.callerPolls != 0 || got.workerPolls != 0 {
+				t.Fatalf("polls from the post or after an answer: %+v", got)
+			}
+			if !c.early {
+				if got.takeWakes != 0 || got.takePolls != 0 {
+					t.Errorf("without the take poll, %d callers woken at the take and %d polls after it", got.takeWakes, got.takePolls)
+				}
+				if got.callerSleeps < calls/10 || got.answerWakes*4 < got.callerSleeps*3 {
+					t.Errorf("callers woken at the answer %d times of %d sleeps in %d calls, want most", got.answerWakes, got.callerSleeps, calls)
+				}
+				return
+			}
+			// A caller sleeps at most once a call (not at all when the
+			// worker came first) and is woken at the take; back, it sees
+			// its answer, or polls for it, so that the worker wakes
+			// nobody at the answer. How many polls catch the answer
+			// depends on how soon this machine runs a woken thread.
+			if got.callerSleeps < calls/10 || got.callerSleeps > calls*5/4 {
+				t.Fatalf("callers slept %d times in %d calls, want about once a call", got.callerSleeps, calls)
+			}
+			if got.takeWakes*4 < got.callerSleeps*3 {
+				t.Errorf("callers woken at the take %d times of %d sleeps, want most", got.takeWakes, got.callerSleeps)
+			}
+			if got.answerWakes*4 > got.callerSleeps {
+				t.Errorf("callers woken at the answer %d times of %d sleeps, want at most a quarter", got.answerWakes, got.callerSleeps)
+			}
+			if n := rig.box.freeSlots(); n != 4 {
+				t.Errorf("%d free slots after the calls, want 4", n)
+			}
+		})
 	}
 }
 
@@ -169,8 +237,9 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
-		if got.callerPolls != 0 || got.workerPolls != 0 {
-			t.Errorf("with a call running beside them %d callers and %d workers polled, want none", got.callerPolls, got.workerPolls)
+		if got.callerPolls != 0 || got.workerPolls != 0 || got.takeWakes != 0 {
+			t.Errorf("with a call running beside them %d callers and %d workers polled and %d callers were woken at the take, want none",
+				got.callerPolls, got.workerPolls, got.takeWakes)
 		}
 		if got := rig.echoCalls(t, 20, 0); got.callerPolls == 0 {
 			t.Errorf("alone again, no caller polled: %+v", got)
