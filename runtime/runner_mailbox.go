@@ -198,10 +198,13 @@ type mailbox struct {
 	// (mailbox.pollRun).
 	spin, takeSpin spinPolicy
 	// answerNs is the recent time from a post to its answer in
-	// nanoseconds, a moving average over every call's stamps; runNs the
-	// same from the take to the answer.
+	// nanoseconds, a moving average over every call's stamps.
 	answerNs atomic.Int64
-	runNs    atomic.Int64
+	// runShort is the share of the recent runs (from the take to the
+	// answer) that took at most takeSpin's limit, in units of 1/shareOne,
+	// a moving average (weight 1/8): a test of the median run, which the
+	// slow tail of a busy machine does not move as it moves a mean.
+	runShort atomic.Int64
 	// stats counts what the waits did, for tests and benchmarks.
 	stats mailboxStats
 	// names interns the output names of the answers.
@@ -290,11 +293,11 @@ func ended(s uint32) bool { return s == slotAnswered || s == slotOnSocket || s =
 // write, so the worker wakes every caller that sleeps, and only those.
 //
 // With early, the caller asks to be woken when a worker takes its call
-// (waitTake), and then polls for the answer for about the time the recent
-// runs took (runBudget) before it sleeps again: a sleeping thread takes
-// tens of microseconds to run again once woken (its CPU has gone idle),
-// as long as a small model's run, so woken at the take it is back about
-// when the answer is written instead of that long after.
+// (waitTake), and then polls for the answer for up to runBudget before it
+// sleeps again: a sleeping thread takes tens of microseconds to run again
+// once woken (its CPU has gone idle), as long as a small model's run, so
+// woken at the take it is back about when the answer is written instead
+// of that long after.
 func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool, early bool) uint32 {
 	st := m.state(i)
 	for {
@@ -323,16 +326,20 @@ func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool, early bool) 
 }
 
 // runBudget is how long a caller whose call was taken may poll for its
-// answer: twice the recent run time, at least a quarter of the cap and
-// at most the cap; 0 when the runs take longer than the cap or polling is
-// off. A call's run is what remains of its wait once a worker took it.
+// answer: takeSpin's limit while most recent runs took no longer (a
+// call's run is what remains of its wait once a worker took it), else 0.
+// Woken at the take, the caller is back after about a wake-up's time, so
+// that it mostly finds the answer written or polls for what is left of
+// the run.
 func (m *mailbox) runBudget() time.Duration {
-	est, limit := time.Duration(m.runNs.Load()), m.takeSpin.limit
-	if limit <= 0 || est <= 0 || est > limit {
+	if m.takeSpin.limit <= 0 || m.runShort.Load() < shareOne/2 {
 		return 0
 	}
-	return min(limit, max(2*est, limit/4))
+	return m.takeSpin.limit
 }
+
+// shareOne is a share of 1 in runShort.
+const shareOne = 1 << 16
 
 // pollRun polls slot i, whose call a worker took, for up to runBudget
 // while it is the only mailbox call in flight; it returns the slot's
@@ -475,14 +482,18 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 }
 
 // learn folds the answer time of the call posted at posted into slot i
-// into answerNs, and its run time into runNs, after the answer was read,
-// and adds its stamps to stats' sums. Each time counts at most
+// into answerNs, and whether its run was short into runShort, after the
+// answer was read, and adds its stamps to stats' sums. Each time counts at most
 // twice the cap, so that one stall moves the average by a quarter of the
 // cap, not by the stall; a stamp out of order counts as the cap.
 func (m *mailbox) learn(i int, posted int64) {
 	answered, taken := atomic.LoadInt64(m.answeredAt(i)), atomic.LoadInt64(m.takenAt(i))
 	learnInto(&m.answerNs, answered-posted, max(m.spin.limit, callerSpinCap))
-	learnInto(&m.runNs, answered-taken, max(m.takeSpin.limit, callerSpinCap))
+	short := int64(0)
+	if run := answered - taken; run >= 0 && run <= int64(m.takeSpin.limit) {
+		short = shareOne
+	}
+	m.runShort.Store(m.runShort.Load() + (short-m.runShort.Load())/8)
 	m.stats.calls.Add(1)
 	m.stats.toTake.Add(taken - posted)
 	m.stats.toAnswer.Add(answered - taken)
