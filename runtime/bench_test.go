@@ -280,8 +280,7 @@ func BenchmarkMailboxPoll(b *testing.B) {
 		return startTestRunner(b, cfg)
 	}
 	runners := []*Runner{start(nil), start([]string{"runner", "--mailbox-spin", "0"})}
-	sleeper := runners[1].serving.Load().arena.box
-	sleeper.spin, sleeper.takeSpin = spinPolicy{}, spinPolicy{}
+	runners[1].serving.Load().arena.box.spin = spinPolicy{}
 	names := []string{"poll", "sleep"}
 	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
 	for _, gap := range []time.Duration{0, 200 * time.Microsecond} {
@@ -307,6 +306,7 @@ func BenchmarkMailboxPoll(b *testing.B) {
 			}
 			box := runners[0].serving.Load().arena.box
 			spins, caught, sleeps := box.stats.spins.Load(), box.stats.caught.Load(), box.stats.sleeps.Load()
+			k0, take0, run0, seen0 := box.stats.calls.Load(), box.stats.toTake.Load(), box.stats.toAnswer.Load(), box.stats.toSeen.Load()
 			b.ReportAllocs()
 			for b.Loop() {
 				for i, r := range runners {
@@ -337,10 +337,10 @@ func BenchmarkMailboxPoll(b *testing.B) {
 			b.ReportMetric(float64(box.answerNs.Load())/1e3, "poll-answer-µs")
 			// Where the polling runner's calls spent their time (means):
 			// the worker's coming, the run, the caller's coming.
-			if k := float64(box.stats.calls.Load()); k > 0 {
-				b.ReportMetric(float64(box.stats.toTake.Load())/1e3/k, "poll-to-take-µs")
-				b.ReportMetric(float64(box.stats.toAnswer.Load())/1e3/k, "poll-run-µs")
-				b.ReportMetric(float64(box.stats.toSeen.Load())/1e3/k, "poll-to-seen-µs")
+			if k := float64(box.stats.calls.Load() - k0); k > 0 {
+				b.ReportMetric(float64(box.stats.toTake.Load()-take0)/1e3/k, "poll-to-take-µs")
+				b.ReportMetric(float64(box.stats.toAnswer.Load()-run0)/1e3/k, "poll-run-µs")
+				b.ReportMetric(float64(box.stats.toSeen.Load()-seen0)/1e3/k, "poll-to-seen-µs")
 			}
 		})
 	}

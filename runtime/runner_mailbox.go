@@ -122,22 +122,10 @@ func (m mailboxMem) state(i int) *uint32   { return m.word(m.slotOff(i)) }
 func (m mailboxMem) reqLen(i int) *uint32  { return m.word(m.slotOff(i) + 4) }
 func (m mailboxMem) respLen(i int) *uint32 { return m.word(m.slotOff(i) + 8) }
 
-// waiting is set by a caller before it sleeps on its slot's state (to
-// waitAnswer or waitTake): a worker whose caller is not asleep (it polls,
-// see mailbox.poll) wakes no one and makes no system call.
+// waiting is set by a caller before it sleeps on its slot's state: a
+// worker whose caller is not asleep (it polls, see mailbox.poll) wakes no
+// one and makes no system call.
 func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
-
-// The values of a slot's waiting word.
-const (
-	// waitNone: the caller is not asleep.
-	waitNone uint32 = iota
-	// waitAnswer: the caller sleeps until the answer.
-	waitAnswer
-	// waitTake: the caller sleeps, and asks to be woken as soon as a
-	// worker takes the call, so that its wake-up overlaps the run
-	// instead of following it (see mailbox.await).
-	waitTake
-)
 
 // postedAt and answeredAt are when the server posted the slot's request
 // and when the worker wrote its answer, in Unix nanoseconds (the wall
@@ -146,9 +134,10 @@ const (
 func (m mailboxMem) postedAt(i int) *int64   { return m.stamp(m.slotOff(i) + 16) }
 func (m mailboxMem) answeredAt(i int) *int64 { return m.stamp(m.slotOff(i) + 24) }
 
-// takenAt is when a worker took the slot's call, in Unix nanoseconds: the
-// caller learns from it how long a run takes (answeredAt - takenAt) and
-// how long the worker took to come (takenAt - postedAt).
+// takenAt is when a worker took the slot's call, in Unix nanoseconds: with
+// the other two stamps it splits a call's wait into the worker's coming
+// (postedAt to takenAt) and the run (takenAt to answeredAt), for
+// mailboxStats.
 func (m mailboxMem) takenAt(i int) *int64 { return m.stamp(m.slotOff(i) + 32) }
 
 func (m mailboxMem) stamp(off int) *int64 { return (*int64)(unsafe.Pointer(&m.mem[off])) }
@@ -194,17 +183,11 @@ type mailbox struct {
 	free []int // the slots no call holds
 
 	// spin is how a caller polls for its answer before it sleeps
-	// (mailbox.poll); takeSpin how it polls once a worker took its call
-	// (mailbox.pollRun).
-	spin, takeSpin spinPolicy
+	// (mailbox.poll).
+	spin spinPolicy
 	// answerNs is the recent time from a post to its answer in
 	// nanoseconds, a moving average over every call's stamps.
 	answerNs atomic.Int64
-	// runShort is the share of the recent runs (from the take to the
-	// answer) that took at most takeSpin's limit, in units of 1/shareOne,
-	// a moving average (weight 1/8): a test of the median run, which the
-	// slow tail of a busy machine does not move as it moves a mean.
-	runShort atomic.Int64
 	// stats counts what the waits did, for tests and benchmarks.
 	stats mailboxStats
 	// names interns the output names of the answers.
@@ -217,23 +200,18 @@ type mailboxStats struct {
 	caught atomic.Int64 // of those, the ones that saw their event while polling
 	sleeps atomic.Int64 // futex sleeps
 	wakes  atomic.Int64 // futex wake-ups sent to the other side
-	// takeWakes counts, on the workers' side, the callers woken at the
-	// take (waitTake); on the server's side, the polls for the answer
-	// that began after the take (mailbox.pollRun), and takeCaught those
-	// of them that saw it.
-	takeWakes, takeCaught atomic.Int64
-	// hop sums, on the server's side, the stamps of the calls answered
-	// in their slot: nanoseconds from the post to the take (the worker's
-	// coming), from the take to the answer (the run) and from the answer
-	// to the caller's reading it (the caller's coming).
+	// On the server's side, the sums over the calls answered in their
+	// slot (calls) of the nanoseconds from the post to the take (the
+	// worker's coming), from the take to the answer (the run) and from
+	// the answer to the caller having read it (the caller's coming), from
+	// the slot's stamps: where the hop's time goes.
 	calls                    atomic.Int64
 	toTake, toAnswer, toSeen atomic.Int64
 }
 
 func newMailbox(mem mailboxMem, acquire func() bool, release func()) *mailbox {
 	m := &mailbox{mailboxMem: mem, acquire: acquire, release: release, free: make([]int, 0, mem.slots),
-		spin:     spinPolicy{limit: callerSpinCap, preempted: spinPreempted},
-		takeSpin: spinPolicy{limit: callerSpinCap, preempted: spinPreempted}}
+		spin: spinPolicy{limit: callerSpinCap, preempted: spinPreempted}}
 	for i := mem.slots - 1; i >= 0; i-- {
 		m.free = append(m.free, i)
 	}
@@ -272,7 +250,7 @@ func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) (int64, erro
 	}
 	now := time.Now().UnixNano()
 	atomic.StoreUint32(m.reqLen(i), uint32(size))
-	atomic.StoreUint32(m.waiting(i), waitNone)
+	atomic.StoreUint32(m.waiting(i), 0)
 	atomic.StoreInt64(m.postedAt(i), now)
 	atomic.StoreUint32(m.state(i), slotPosted)
 	atomic.AddUint32(m.doorbell(), 1)
@@ -291,94 +269,20 @@ func ended(s uint32) bool { return s == slotAnswered || s == slotOnSocket || s =
 // word) before it looks at the state a last time, and the worker looks at
 // that word after it wrote the state: one of the two sees the other's
 // write, so the worker wakes every caller that sleeps, and only those.
-//
-// With early, the caller asks to be woken when a worker takes its call
-// (waitTake), and then polls for the answer for up to runBudget before it
-// sleeps again: a sleeping thread takes tens of microseconds to run again
-// once woken (its CPU has gone idle), as long as a small model's run, so
-// woken at the take it is back about when the answer is written instead
-// of that long after.
-func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool, early bool) uint32 {
+func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool) uint32 {
 	st := m.state(i)
 	for {
 		s := atomic.LoadUint32(st)
 		if ended(s) || dead.Load() || done() {
 			return s
 		}
-		if early && s == slotTaken {
-			early = false
-			if s, ok := m.pollRun(i, dead); ok {
-				return s
-			}
-			continue
-		}
-		want := waitAnswer
-		if early {
-			want = waitTake
-		}
-		atomic.StoreUint32(m.waiting(i), want)
+		atomic.StoreUint32(m.waiting(i), 1)
 		if atomic.LoadUint32(st) != s {
 			continue
 		}
 		m.stats.sleeps.Add(1)
 		futexWait(st, s, mailboxRecheck)
 	}
-}
-
-// runBudget is how long a caller whose call was taken may poll for its
-// answer: takeSpin's limit while most recent runs took no longer (a
-// call's run is what remains of its wait once a worker took it), else 0.
-// Woken at the take, the caller is back after about a wake-up's time, so
-// that it mostly finds the answer written or polls for what is left of
-// the run.
-func (m *mailbox) runBudget() time.Duration {
-	if m.takeSpin.limit <= 0 || m.runShort.Load() < shareOne/2 {
-		return 0
-	}
-	return m.takeSpin.limit
-}
-
-// shareOne is a share of 1 in runShort.
-const shareOne = 1 << 16
-
-// pollRun polls slot i, whose call a worker took, for up to runBudget
-// while it is the only mailbox call in flight; it returns the slot's
-// state and whether the wait ended while polling. The caller does not
-// sleep meanwhile, so the worker is told not to wake it at the answer
-// (waitNone), unless it sleeps again after.
-func (m *mailbox) pollRun(i int, dead *atomic.Bool) (uint32, bool) {
-	atomic.StoreUint32(m.waiting(i), waitNone)
-	budget := m.runBudget()
-	start := time.Now()
-	if budget <= 0 || mailboxCalls.Load() > 1 || quiet(start) {
-		return 0, false
-	}
-	m.stats.takeWakes.Add(1)
-	st := m.state(i)
-	var s uint32
-	busy := false
-	ok := m.takeSpin.poll(func() bool {
-		s = atomic.LoadUint32(st)
-		if ended(s) || dead.Load() {
-			return true
-		}
-		// Another call came: the CPUs have other work.
-		busy = mailboxCalls.Load() > 1
-		return busy
-	}, start, budget)
-	if !ok || busy {
-		return 0, false
-	}
-	m.stats.takeCaught.Add(1)
-	return s, true
-}
-
-// early reports whether a caller that is to sleep on its answer (alone:
-// its call is the only mailbox call in flight) asks to be woken at the
-// take: only when the runs are short enough to poll for (runBudget) and
-// polling is not off.
-func (m *mailbox) early(alone bool) bool {
-	return alone && m.runBudget() > 0 && !quiet(time.Now())
 }
 
 // The callers' spin: a caller whose answer usually comes sooner than a
@@ -482,18 +386,13 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 }
 
 // learn folds the answer time of the call posted at posted into slot i
-// into answerNs, and whether its run was short into runShort, after the
-// answer was read, and adds its stamps to stats' sums. Each time counts at most
-// twice the cap, so that one stall moves the average by a quarter of the
-// cap, not by the stall; a stamp out of order counts as the cap.
+// into answerNs, after the answer was read, and adds the call's stamps to
+// stats. Each time counts at most twice the cap, so that one stall moves
+// the average by a quarter of the cap, not by the stall; a stamp out of
+// order counts as the cap.
 func (m *mailbox) learn(i int, posted int64) {
 	answered, taken := atomic.LoadInt64(m.answeredAt(i)), atomic.LoadInt64(m.takenAt(i))
 	learnInto(&m.answerNs, answered-posted, max(m.spin.limit, callerSpinCap))
-	short := int64(0)
-	if run := answered - taken; run >= 0 && run <= int64(m.takeSpin.limit) {
-		short = shareOne
-	}
-	m.runShort.Store(m.runShort.Load() + (short-m.runShort.Load())/8)
 	m.stats.calls.Add(1)
 	m.stats.toTake.Add(taken - posted)
 	m.stats.toAnswer.Add(answered - taken)
@@ -645,13 +544,7 @@ func (w *mailboxWorkers) work(next int) {
 			continue
 		}
 		next = (i + 1) % w.slots
-		// A caller that asked to be woken at the take (waitTake) wakes
-		// while this call runs.
 		atomic.StoreInt64(w.takenAt(i), time.Now().UnixNano())
-		if atomic.LoadUint32(w.waiting(i)) == waitTake {
-			w.stats.takeWakes.Add(1)
-			futexWake(w.state(i), math.MaxInt32)
-		}
 		// The time from the last answer to this post, 0 when the call
 		// was posted before it.
 		learnInto(&w.gapNs, max(atomic.LoadInt64(w.postedAt(i))-w.lastAnswer.Load(), 0), max(w.spin.limit, workerSpinCap))
@@ -750,10 +643,8 @@ func (w *mailboxWorkers) serve(i int) {
 			atomic.StoreUint32(w.respLen(i), uint32(size))
 			atomic.StoreInt64(w.answeredAt(i), time.Now().UnixNano())
 			// A caller polling for the answer needs no wake-up (see
-			// mailbox.await for the order of the two words), nor does
-			// one woken at the take: it has not slept since (it says
-			// waitAnswer before it sleeps again).
-			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) == waitAnswer {
+			// mailbox.await for the order of the two words).
+			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) != 0 {
 				w.stats.wakes.Add(1)
 				futexWake(w.state(i), math.MaxInt32)
 			}

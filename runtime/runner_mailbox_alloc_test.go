@@ -72,7 +72,7 @@ func TestMailboxCallAllocations(t *testing.T) {
 		close(stop)
 		<-done
 	})
-	rig.box.spin, rig.box.takeSpin = wideSpin, wideSpin
+	rig.box.spin = wideSpin
 	req := &runnerpb.InferRequest{Inputs: []*runnerpb.Tensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 10}, Arena: &runnerpb.ArenaSlice{Offset: 0, Length: 40}}}}
 	var call pendingCall
 	one := func() {

@@ -22,8 +22,6 @@ type waitCounts struct {
 	answerWakes                             int64 // workers waking a caller
 	doorbellWakes                           int64 // callers waking a worker
 	workerSleeps, workerPolls               int64
-	takeWakes                               int64 // workers waking a caller at the take
-	takePolls, takeCaught                   int64 // callers polling after the take
 }
 
 func (r *mailboxRig) counts() waitCounts {
@@ -31,14 +29,12 @@ func (r *mailboxRig) counts() waitCounts {
 		callerSleeps: r.box.stats.sleeps.Load(), callerPolls: r.box.stats.spins.Load(), callerCaught: r.box.stats.caught.Load(),
 		answerWakes: r.workers.stats.wakes.Load(), doorbellWakes: r.box.stats.wakes.Load(),
 		workerSleeps: r.workers.stats.sleeps.Load(), workerPolls: r.workers.stats.spins.Load(),
-		takeWakes: r.workers.stats.takeWakes.Load(), takePolls: r.box.stats.takeWakes.Load(), takeCaught: r.box.stats.takeCaught.Load(),
 	}
 }
 
 func (c waitCounts) sub(o waitCounts) waitCounts {
 	return waitCounts{c.callerSleeps - o.callerSleeps, c.callerPolls - o.callerPolls, c.callerCaught - o.callerCaught,
-		c.answerWakes - o.answerWakes, c.doorbellWakes - o.doorbellWakes, c.workerSleeps - o.workerSleeps, c.workerPolls - o.workerPolls,
-		c.takeWakes - o.takeWakes, c.takePolls - o.takePolls, c.takeCaught - o.takeCaught}
+		c.answerWakes - o.answerWakes, c.doorbellWakes - o.doorbellWakes, c.workerSleeps - o.workerSleeps, c.workerPolls - o.workerPolls}
 }
 
 // echoCalls makes n calls one after the other and returns what the waits
@@ -72,7 +68,7 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	spinQuietUntil.Store(0)
 	const calls = 200
 	off := newMailboxRigSpin(t, 4, 1, echo, spinPolicy{}, notIdle)
-	off.box.spin, off.box.takeSpin = spinPolicy{}, spinPolicy{}
+	off.box.spin = spinPolicy{}
 	off.echoCalls(t, 20, 0)
 	base := off.echoCalls(t, calls, 0)
 	t.Logf("without polling: %+v", base)
@@ -84,7 +80,7 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 			base.workerSleeps, base.doorbellWakes, calls)
 	}
 	on := newMailboxRigSpin(t, 4, 1, echo, wideSpin, notIdle)
-	on.box.spin, on.box.takeSpin = wideSpin, wideSpin
+	on.box.spin = wideSpin
 	on.echoCalls(t, 20, 0) // learn how soon answers and calls come
 	var best waitCounts
 	for round := range 3 {
@@ -115,65 +111,6 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	}
 }
 
-// A caller whose answer comes too late to poll for from the post (the
-// worker sleeps between calls and takes long to come) but whose run is
-// short asks to be woken when the worker takes its call, and polls for
-// the answer through the run: the worker wakes it at the take and not at
-// the answer. Without it, the caller sleeps until the answer and is woken
-// then, after the run instead of during it.
-func TestMailboxCallerWokenAtTheTake(t *testing.T) {
-	spinQuietUntil.Store(0)
-	const calls = 100
-	// A run of 300 µs of CPU: long enough that a woken caller is back
-	// before it ends on most machines, short against wideSpin's limit.
-	run := func(req *runnerpb.InferRequest) *runnerpb.InferResponse {
-		for t0 := time.Now(); time.Since(t0) < 300*time.Microsecond; {
-		}
-		return echo(req)
-	}
-	for _, c := range []struct {
-		name  string
-		early bool
-	}{{"woken at the take", true}, {"woken at the answer", false}} {
-		t.Run(c.name, func(t *testing.T) {
-			// The worker never polls: it sleeps between calls and every
-			// call wakes it. The caller never polls from the post.
-			rig := newMailboxRigSpin(t, 4, 1, run, spinPolicy{}, notIdle)
-			rig.box.spin, rig.box.takeSpin = spinPolicy{}, spinPolicy{}
-			if c.early {
-				rig.box.takeSpin = wideSpin
-			}
-			rig.echoCalls(t, 10, 0) // learn the run time
-			got := rig.echoCalls(t, calls, 0)
-			t.Logf("%+v", got)
-			if got.callerPolls != 0 || got.workerPolls != 0 {
-				t.Fatalf("polls from the post or after an answer: %+v", got)
-			}
-			if !c.early {
-				if got.takeWakes != 0 || got.takePolls != 0 {
-					t.Errorf("without the take poll, %d callers woken at the take and %d polls after it", got.takeWakes, got.takePolls)
-				}
-				if got.answerWakes < calls/10 {
-					t.Errorf("callers woken at the answer %d times in %d calls, want at least a tenth", got.answerWakes, calls)
-				}
-				return
-			}
-			// A caller that sleeps (not every one: the worker may come
-			// first) is woken at the take; back, it sees its answer, or
-			// polls for it, so that the worker wakes almost nobody at the
-			// answer. How many polls catch the answer depends on how soon
-			// this machine runs a woken thread.
-			if got.takeWakes < calls/10 || got.answerWakes*4 > got.takeWakes {
-				t.Errorf("callers woken at the take %d times and at the answer %d times in %d calls, want at least a tenth and at most a quarter of those",
-					got.takeWakes, got.answerWakes, calls)
-			}
-			if n := rig.box.freeSlots(); n != 4 {
-				t.Errorf("%d free slots after the calls, want 4", n)
-			}
-		})
-	}
-}
-
 // Each side polls only when what it waits for came within its limit
 // lately: a caller whose answers take longer, or a worker whose next call
 // comes later, sleeps at once; once answers and calls come soon again,
@@ -188,7 +125,7 @@ func TestMailboxPollingAdapts(t *testing.T) {
 		}
 		return echo(req)
 	}, pol, notIdle)
-	rig.box.spin, rig.box.takeSpin = pol, pol
+	rig.box.spin = pol
 
 	slow.Store(true)
 	if got := rig.echoCalls(t, 10, 0); got.callerPolls != 0 {
@@ -222,7 +159,7 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 			}
 			return echo(req)
 		}, wideSpin, notIdle)
-		rig.box.spin, rig.box.takeSpin = wideSpin, wideSpin
+		rig.box.spin = wideSpin
 		rig.echoCalls(t, 20, 0) // both sides have learnt to poll
 		errs := make(chan error, 1)
 		go func() { errs <- echoCall(t.Context(), rig.c, "held", []byte("x")) }()
@@ -232,9 +169,8 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
-		if got.callerPolls != 0 || got.workerPolls != 0 || got.takeWakes != 0 {
-			t.Errorf("with a call running beside them %d callers and %d workers polled and %d callers were woken at the take, want none",
-				got.callerPolls, got.workerPolls, got.takeWakes)
+		if got.callerPolls != 0 || got.workerPolls != 0 {
+			t.Errorf("with a call running beside them %d callers and %d workers polled, want none", got.callerPolls, got.workerPolls)
 		}
 		if got := rig.echoCalls(t, 20, 0); got.callerPolls == 0 {
 			t.Errorf("alone again, no caller polled: %+v", got)
@@ -242,7 +178,7 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 	})
 	t.Run("idle class", func(t *testing.T) {
 		rig := newMailboxRigSpin(t, 4, 1, echo, wideSpin, func() bool { return true })
-		rig.box.spin, rig.box.takeSpin = wideSpin, wideSpin
+		rig.box.spin = wideSpin
 		rig.echoCalls(t, 20, 0)
 		if got := rig.echoCalls(t, 50, 0); got.workerPolls != 0 {
 			t.Errorf("a runner in the idle class: its worker polled %d times in 50 calls, want 0", got.workerPolls)

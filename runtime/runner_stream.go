@@ -521,7 +521,7 @@ func (c *callStream) callMailbox(ctx context.Context, req *runnerpb.InferRequest
 	s, ok := c.box.poll(i, &c.dead, alone)
 	if !ok {
 		stop := context.AfterFunc(ctx, func() { c.box.wake(i) })
-		s = c.box.await(i, &c.dead, func() bool { return ctx.Err() != nil }, c.box.early(alone))
+		s = c.box.await(i, &c.dead, func() bool { return ctx.Err() != nil })
 		stop()
 	}
 	if s != slotAnswered && s != slotOnSocket && !c.dead.Load() && s != slotDropped {
@@ -590,7 +590,7 @@ func (c *callStream) callMailbox(ctx context.Context, req *runnerpb.InferRequest
 // what the call held. The caller acquired the mailbox for it.
 func (c *callStream) reap(i int, id uint64, call *pendingCall) {
 	defer c.box.release()
-	switch c.box.await(i, &c.dead, func() bool { return false }, false) {
+	switch c.box.await(i, &c.dead, func() bool { return false }) {
 	case slotAnswered:
 		c.mu.Lock()
 		_, pending := c.pending[id]
