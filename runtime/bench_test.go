@@ -306,6 +306,7 @@ func BenchmarkMailboxPoll(b *testing.B) {
 			}
 			box := runners[0].serving.Load().arena.box
 			spins, caught, sleeps := box.stats.spins.Load(), box.stats.caught.Load(), box.stats.sleeps.Load()
+			k0, take0, run0, seen0 := box.stats.calls.Load(), box.stats.toTake.Load(), box.stats.toAnswer.Load(), box.stats.toSeen.Load()
 			b.ReportAllocs()
 			for b.Loop() {
 				for i, r := range runners {
@@ -334,6 +335,13 @@ func BenchmarkMailboxPoll(b *testing.B) {
 			b.ReportMetric(float64(box.stats.caught.Load()-caught)/n, "poll-caught/call")
 			b.ReportMetric(float64(box.stats.sleeps.Load()-sleeps)/n, "poll-sleeps/call")
 			b.ReportMetric(float64(box.answerNs.Load())/1e3, "poll-answer-µs")
+			// Where the polling runner's calls spent their time (means):
+			// the worker's coming, the run, the caller's coming.
+			if k := float64(box.stats.calls.Load() - k0); k > 0 {
+				b.ReportMetric(float64(box.stats.toTake.Load()-take0)/1e3/k, "poll-to-take-µs")
+				b.ReportMetric(float64(box.stats.toAnswer.Load()-run0)/1e3/k, "poll-run-µs")
+				b.ReportMetric(float64(box.stats.toSeen.Load()-seen0)/1e3/k, "poll-to-seen-µs")
+			}
 		})
 	}
 }

@@ -134,6 +134,12 @@ func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
 func (m mailboxMem) postedAt(i int) *int64   { return m.stamp(m.slotOff(i) + 16) }
 func (m mailboxMem) answeredAt(i int) *int64 { return m.stamp(m.slotOff(i) + 24) }
 
+// takenAt is when a worker took the slot's call, in Unix nanoseconds: with
+// the other two stamps it splits a call's wait into the worker's coming
+// (postedAt to takenAt) and the run (takenAt to answeredAt), for
+// mailboxStats.
+func (m mailboxMem) takenAt(i int) *int64 { return m.stamp(m.slotOff(i) + 32) }
+
 func (m mailboxMem) stamp(off int) *int64 { return (*int64)(unsafe.Pointer(&m.mem[off])) }
 
 func (m mailboxMem) reqArea(i int) []byte {
@@ -194,6 +200,13 @@ type mailboxStats struct {
 	caught atomic.Int64 // of those, the ones that saw their event while polling
 	sleeps atomic.Int64 // futex sleeps
 	wakes  atomic.Int64 // futex wake-ups sent to the other side
+	// On the server's side, the sums over the calls answered in their
+	// slot (calls) of the nanoseconds from the post to the take (the
+	// worker's coming), from the take to the answer (the run) and from
+	// the answer to the caller having read it (the caller's coming), from
+	// the slot's stamps: where the hop's time goes.
+	calls                    atomic.Int64
+	toTake, toAnswer, toSeen atomic.Int64
 }
 
 func newMailbox(mem mailboxMem, acquire func() bool, release func()) *mailbox {
@@ -373,11 +386,17 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 }
 
 // learn folds the answer time of the call posted at posted into slot i
-// into answerNs, after the answer was read. Each time counts at most
-// twice the cap, so that one stall moves the average by a quarter of the
-// cap, not by the stall; a stamp out of order counts as the cap.
+// into answerNs, after the answer was read, and adds the call's stamps to
+// stats. Each time counts at most twice the cap, so that one stall moves
+// the average by a quarter of the cap, not by the stall; a stamp out of
+// order counts as the cap.
 func (m *mailbox) learn(i int, posted int64) {
-	learnInto(&m.answerNs, atomic.LoadInt64(m.answeredAt(i))-posted, max(m.spin.limit, callerSpinCap))
+	answered, taken := atomic.LoadInt64(m.answeredAt(i)), atomic.LoadInt64(m.takenAt(i))
+	learnInto(&m.answerNs, answered-posted, max(m.spin.limit, callerSpinCap))
+	m.stats.calls.Add(1)
+	m.stats.toTake.Add(taken - posted)
+	m.stats.toAnswer.Add(answered - taken)
+	m.stats.toSeen.Add(time.Now().UnixNano() - answered)
 }
 
 // learnInto folds sample d (nanoseconds) into the moving average avg
@@ -525,6 +544,7 @@ func (w *mailboxWorkers) work(next int) {
 			continue
 		}
 		next = (i + 1) % w.slots
+		atomic.StoreInt64(w.takenAt(i), time.Now().UnixNano())
 		// The time from the last answer to this post, 0 when the call
 		// was posted before it.
 		learnInto(&w.gapNs, max(atomic.LoadInt64(w.postedAt(i))-w.lastAnswer.Load(), 0), max(w.spin.limit, workerSpinCap))

@@ -405,3 +405,41 @@ func TestMailboxDropKeepsAnswers(t *testing.T) {
 		t.Errorf("states after drop %v, want %v", got, want)
 	}
 }
+
+// The slot's three stamps split each call's wait into the worker's
+// coming, the run and the caller's coming (mailboxStats): with a run of
+// known length, the runs add up to at least that length a call, and the
+// three parts, none negative, to no more than the callers waited.
+func TestMailboxStampsSplitTheWait(t *testing.T) {
+	const run = 2 * time.Millisecond
+	rig := newMailboxRig(t, 4, 1, func(req *runnerpb.InferRequest) *runnerpb.InferResponse {
+		for t0 := time.Now(); time.Since(t0) < run; {
+		}
+		return echo(req)
+	})
+	const calls = 20
+	var waited time.Duration
+	for i := range calls {
+		t0 := time.Now()
+		if err := echoCall(t.Context(), rig.c, "x", []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+		waited += time.Since(t0)
+	}
+	st := &rig.box.stats
+	if n := st.calls.Load(); n != calls {
+		t.Fatalf("%d calls counted, want %d", n, calls)
+	}
+	toTake, toAnswer, toSeen := time.Duration(st.toTake.Load()), time.Duration(st.toAnswer.Load()), time.Duration(st.toSeen.Load())
+	t.Logf("a call: worker's coming %v, run %v, caller's coming %v; waited %v",
+		toTake/calls, toAnswer/calls, toSeen/calls, waited/calls)
+	if toTake < 0 || toSeen < 0 {
+		t.Errorf("a negative part: worker's coming %v, caller's coming %v in all", toTake, toSeen)
+	}
+	if toAnswer < calls*run {
+		t.Errorf("runs of %v in all, want at least %v (%d runs of %v)", toAnswer, calls*run, calls, run)
+	}
+	if sum := toTake + toAnswer + toSeen; sum > waited {
+		t.Errorf("the parts add up to %v, over the %v the callers waited", sum, waited)
+	}
+}
