@@ -450,7 +450,10 @@ func stateSeries(model, version, state string) string {
 // drain meets some. A client-side proxy (a 200 after the first 404) failed
 // 1 in 17 runs on a busy host: closed-loop clients whose requests were
 // still being read, not yet at the model's lookup, got their 404s only
-// after the one or two in flight had finished.
+// after the one or two in flight had finished. Under -race beside two CPU
+// burners the test's own clients are the bottleneck, not the one-slot
+// model: 9 of 19 removals in 10 runs met no request in flight (the most in
+// a row: 3), hence up to 20 tries.
 func TestE2EPollRemoveUnderLoad(t *testing.T) {
 	repo, outside := t.TempDir(), t.TempDir()
 	writeRepo(t, repo,
@@ -476,7 +479,7 @@ func TestE2EPollRemoveUnderLoad(t *testing.T) {
 		}
 		return n
 	}
-	const tries = 5
+	const tries = 20
 	met := 0
 	for try := 1; met == 0; try++ {
 		if try > tries {
