@@ -36,12 +36,6 @@ const outputTailLines = 20
 // Runtime's telemetry writes mat-debug-<pid>.log and .ses files there at
 // every start, and nothing removes them. The folder goes when the process
 // ends; the server's clean-up of a dead server's socket folder expects it.
-//
-// It is the process's XDG_CACHE_HOME too: ONNX Runtime's telemetry keeps a
-// SQLite database in $XDG_CACHE_HOME/Microsoft/DeveloperTools/.onnxruntime
-// ($HOME/.cache/... without it), written at every start. In the user's
-// home, every runner queued on that one file and wrote into a folder that
-// is not the server's (TestRunnerWritesNothingUnderHome).
 const RunnerTempPrefix = "runner-tmp-"
 
 // process is one runner child process and the client connection to it.
@@ -141,7 +135,7 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	}
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.ExtraFiles = extra
-	cmd.Env = append(append(os.Environ(), cfg.Env...), "TMPDIR="+tmp, "XDG_CACHE_HOME="+tmp)
+	cmd.Env = append(append(os.Environ(), cfg.Env...), "TMPDIR="+tmp)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:
 	// the server stops runners itself, in order. Pdeathsig kills the runner
 	// when the server dies without stopping it.
