@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -442,6 +443,17 @@ func stateSeries(model, version, state string) string {
 // Poll mode: a model folder removed under load is unloaded after the
 // requests it had admitted finish (every one 200); later requests get 404;
 // its runner exits and its series go.
+//
+// The server reports how many requests its drain met in flight ("version
+// drained ... requests=N"); the test needs N > 0 to show those answered
+// 200, and removes the folder again (after putting it back) until the
+// drain meets some. A client-side proxy (a 200 after the first 404) failed
+// 1 in 17 runs on a busy host: closed-loop clients whose requests were
+// still being read, not yet at the model's lookup, got their 404s only
+// after the one or two in flight had finished. Under -race beside two CPU
+// burners the test's own clients are the bottleneck, not the one-slot
+// model: 9 of 19 removals in 10 runs met no request in flight (the most in
+// a row: 3), hence up to 20 tries.
 func TestE2EPollRemoveUnderLoad(t *testing.T) {
 	repo, outside := t.TempDir(), t.TempDir()
 	writeRepo(t, repo,
@@ -454,46 +466,77 @@ func TestE2EPollRemoveUnderLoad(t *testing.T) {
 	s := startServer(t, repo, "model_control: poll\npoll_interval: 200ms\n")
 	body, hlen := detRequest(t, 320, nil)
 	// Eight closed-loop clients on a one-slot model keep requests queued
-	// and running at any moment, so the removal meets some in flight (with
-	// three, on a busy machine, all three were at times between requests
-	// in their clients when the removal came: queued=0 running=0).
+	// and running at most moments.
 	load := driveLoad(t, s, "det", body, 8, "Inference-Header-Content-Length", hlen)
 	load.waitMore(t, 12)
 
-	// Moved out whole, as a deployment tool would.
-	if err := os.Rename(filepath.Join(repo, "det"), filepath.Join(outside, "det")); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "requests for det to get 404", 30*time.Second, func() bool {
-		for _, a := range load.snapshot() {
-			if a.code == http.StatusNotFound {
-				return true
-			}
+	drainedLine := regexp.MustCompile(`msg="version drained" .*model=det version=1 requests=(\d+) `)
+	drains := func() []int {
+		var n []int
+		for _, m := range drainedLine.FindAllStringSubmatch(s.log.String(), -1) {
+			v, _ := strconv.Atoi(m[1])
+			n = append(n, v)
 		}
-		return false
-	})
+		return n
+	}
+	const tries = 20
+	met := 0
+	for try := 1; met == 0; try++ {
+		if try > tries {
+			t.Fatalf("in %d removals under load of 8 clients the drain met no request in flight (drains: %v)", tries, drains())
+		}
+		from, removed := len(load.snapshot()), time.Now()
+		// Moved out whole, as a deployment tool would.
+		if err := os.Rename(filepath.Join(repo, "det"), filepath.Join(outside, "det")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "requests for det to get 404", 30*time.Second, func() bool {
+			return slices.ContainsFunc(load.snapshot()[from:], func(a answer) bool { return a.code == http.StatusNotFound })
+		})
+		waitFor(t, "the drain's report", 60*time.Second, func() bool { return len(drains()) == try })
+		met = drains()[try-1]
+		t.Logf("removal %d: the drain met %d requests in flight", try, met)
+		if met > 0 {
+			// Each ended with a 200 after the removal: the drain
+			// ended after them, the client's answer soon after.
+			waitFor(t, fmt.Sprintf("%d answers of 200 after the removal", met), 30*time.Second, func() bool {
+				ok := 0
+				for _, a := range load.snapshot() {
+					if a.code == http.StatusOK && a.at.After(removed) {
+						ok++
+					}
+				}
+				return ok >= met
+			})
+			break
+		}
+		// None in flight: back in, serving again, and once more.
+		if err := os.Rename(filepath.Join(outside, "det"), filepath.Join(repo, "det")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "det to load again", 120*time.Second, func() bool {
+			e := s.entries(t, "det")
+			return len(e) == 1 && e[0].State == "READY"
+		})
+		back := len(load.snapshot())
+		waitFor(t, "det to serve again", 60*time.Second, func() bool {
+			return slices.ContainsFunc(load.snapshot()[back:], func(a answer) bool { return a.code == http.StatusOK })
+		})
+		load.waitMore(t, 12)
+	}
 	load.waitMore(t, 10)
-	answers := load.requireOnly(t, "removal under load", http.StatusOK, http.StatusNotFound)
-	var first404 time.Time
+	allowed := []int{http.StatusOK, http.StatusNotFound}
+	if len(drains()) > 1 {
+		// Put back, the model is found and loads: 503 until it is ready.
+		allowed = append(allowed, http.StatusServiceUnavailable)
+	}
+	answers := load.requireOnly(t, "removal under load", allowed...)
 	for _, a := range answers {
-		if a.code == http.StatusNotFound {
-			first404 = a.at
-			if !strings.Contains(a.msg, "model not found") {
-				t.Errorf("404 body %q", a.msg)
-			}
+		if a.code == http.StatusNotFound && !strings.Contains(a.msg, "model not found") {
+			t.Errorf("404 body %q", a.msg)
 			break
 		}
 	}
-	drained := 0
-	for _, a := range answers {
-		if a.code == http.StatusOK && a.at.After(first404) {
-			drained++
-		}
-	}
-	if drained == 0 {
-		t.Error("no request admitted before the removal finished after it; want the in-flight ones drained, not cut")
-	}
-	t.Logf("%d requests finished with 200 after the first 404", drained)
 
 	waitFor(t, "det's runner to exit", 30*time.Second, func() bool { return len(s.runnerPids(t, filepath.Join(repo, "det"))) == 0 })
 	// Serving, load, QoS, share and predictor series alike (the shares

@@ -703,7 +703,8 @@ func processCPU(pid int) (float64, error) {
 // which must get the CPU to exit even when many stop at once (capped in
 // the idle class, 85 of 100 idle best-effort runners could not within the
 // stop timeout). The unit's share is the lifted one until Resize or
-// Release.
+// Release. A lift that fails leaves the unit's share as it was, so that
+// a retry writes the files again (TestLiftComputeRetriesAfterFailure).
 //
 // The unit's files are written outside the limiter's lock: runners that
 // stop together lift their caps at once. Under the lock, 40 stopping
@@ -720,16 +721,25 @@ func (l *cgroupLimiter) LiftCompute(id string) error {
 		l.mu.Unlock()
 		return nil // no cap, no idle class: a floor keeps its weight
 	}
+	old, oldBg := u.share, u.bg
 	s := Share{Memory: u.share.Memory, Mode: ModeCap}
 	// The share first: a Stats meanwhile moves the processes the same way.
 	u.share, u.bg = s, false
 	u.io.Lock()
 	l.mu.Unlock()
-	defer u.io.Unlock()
-	if err := errors.Join(l.applyTo(u, s), l.moveHome(u, false)); err != nil {
-		return fmt.Errorf("limiter: lift the compute cap of %s: %w", id, err)
+	err = errors.Join(l.applyTo(u, s), l.moveHome(u, false))
+	u.io.Unlock()
+	if err == nil {
+		return nil
 	}
-	return nil
+	// Back to the share the files were written for, unless a Resize has
+	// set another meanwhile (the lock order is mu, then io).
+	l.mu.Lock()
+	if u.share == s && !u.bg {
+		u.share, u.bg = old, oldBg
+	}
+	l.mu.Unlock()
+	return fmt.Errorf("limiter: lift the compute cap of %s: %w", id, err)
 }
 
 // Release removes a unit. Its directories are removed outside the lock:

@@ -564,3 +564,69 @@ func TestLiftComputeInParallel(t *testing.T) {
 		fileHas(t, filepath.Join(f.root, "cpu", "sloserve-4242", id, "cpu.cfs_quota_us"), "-1")
 	}
 }
+
+// A lift that fails to write a file leaves the unit's share as it was, so
+// that a retry writes the files again. Before, the share was recorded as
+// lifted before the writes: the retry saw no cap and wrote nothing, and
+// the runner stayed capped in the idle class.
+func TestLiftComputeRetriesAfterFailure(t *testing.T) {
+	for _, v2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "v1", true: "v2"}[v2], func(t *testing.T) {
+			f := newFakeV1(t)
+			if v2 {
+				f = newFakeV2(t)
+			}
+			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			own := filepath.Join(f.root, "cpu")
+			quotaFile, lifted, failing := "cpu.cfs_quota_us", "-1", "cpu.cfs_period_us"
+			if v2 {
+				own = filepath.Join(f.root, "server")
+				quotaFile, lifted, failing = "cpu.max", "max 10000", "memory.max"
+			}
+			parent, background := filepath.Join(own, "sloserve-4242", "be"), filepath.Join(own, "sloserve-4242-background", "be")
+			if _, err := l.Place("be", Share{Compute: 0.05, Memory: 64 << 20, Mode: ModeBackground}); err != nil {
+				t.Fatal(err)
+			}
+			read := func(file string) string {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(string(b))
+			}
+			capped := read(filepath.Join(background, quotaFile))
+			if capped == lifted {
+				t.Fatalf("placed at 5%%, %s = %q", quotaFile, capped)
+			}
+			mustWrite(t, filepath.Join(background, "cgroup.procs"), "4711\n")
+			// One write fails: the file is a directory for the first lift.
+			bad := filepath.Join(parent, failing)
+			failingWas := read(bad)
+			if err := os.Remove(bad); err != nil {
+				t.Fatal(err)
+			}
+			mustMkdir(t, bad)
+			lifter := l.(ComputeLifter)
+			if err := lifter.LiftCompute("be"); err == nil {
+				t.Fatal("a lift whose write failed returned no error")
+			}
+			fileHas(t, filepath.Join(background, quotaFile), capped) // not reached
+			if err := os.Remove(bad); err != nil {
+				t.Fatal(err)
+			}
+			mustWrite(t, bad, failingWas+"\n")
+			if err := lifter.LiftCompute("be"); err != nil {
+				t.Fatalf("the retry: %v", err)
+			}
+			for _, home := range []string{parent, background} {
+				fileHas(t, filepath.Join(home, quotaFile), lifted)
+			}
+			fileHas(t, filepath.Join(parent, "cgroup.procs"), "4711")
+			fileHas(t, bad, failingWas)
+		})
+	}
+}

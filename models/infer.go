@@ -70,8 +70,10 @@ func (m *model) notReady() error {
 }
 
 // acquire finds a serving version and counts a request in flight on it, so
-// that an unload waits for the request.
-func (r *Registry) acquire(name, ver string) (*version, error) {
+// that an unload waits for the request; request says it is an inference
+// (counted in v.requests too), not a Preadmit. Under the lock that marks a
+// model removed: the drain's count holds every request that found it.
+func (r *Registry) acquire(name, ver string, request bool) (*version, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	_, v, err := r.findLocked(name, ver)
@@ -79,6 +81,9 @@ func (r *Registry) acquire(name, ver string) (*version, error) {
 		return nil, err
 	}
 	v.inflight.Add(1)
+	if request {
+		v.requests.Add(1)
+	}
 	return v, nil
 }
 
@@ -89,7 +94,7 @@ func (r *Registry) acquire(name, ver string) (*version, error) {
 // promises nothing: Infer decides on the request itself, and reports
 // unknown models and the like.
 func (r *Registry) Preadmit(ctx context.Context, name, ver string, deadline time.Time) error {
-	v, err := r.acquire(name, ver)
+	v, err := r.acquire(name, ver, false)
 	if err != nil {
 		return nil
 	}
@@ -121,17 +126,18 @@ func (r *Registry) Infer(ctx context.Context, name, ver string, req *runtime.Inf
 		return r.inferEnsemble(ctx, e, req)
 	}
 	start := time.Now()
-	v, err := r.acquire(name, ver)
+	v, err := r.acquire(name, ver, true)
 	if err != nil && errors.As(err, new(evictedError)) { // not asked on success: new() escapes, an allocation a call
 		if err := r.revive(ctx, name); err != nil {
 			return nil, "", fmt.Errorf("%w: %q: loading the evicted model on demand: %w", ErrNotReady, name, err)
 		}
-		v, err = r.acquire(name, ver)
+		v, err = r.acquire(name, ver, true)
 	}
 	if err != nil {
 		return nil, "", err
 	}
 	defer v.inflight.Done()
+	defer v.requests.Add(-1)
 
 	if _, err := v.validate(req, r.opts.MaxTensorElements); err != nil {
 		v.sched.CountInvalid(v.key, cmp.Or(req.Arrival, start))

@@ -387,6 +387,8 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 	// No request reaches the version any more: a swap still starting its
 	// replacement gives up now.
 	v.stopSwaps()
+	// Requests already past the lookup: no new one can find the version.
+	requests, start := v.requests.Load(), time.Now()
 	done := make(chan struct{})
 	go func() { v.inflight.Wait(); close(done) }()
 	timeout := time.Duration(r.drainTimeout.Load())
@@ -394,8 +396,9 @@ func (r *Registry) drainAndStop(ctx context.Context, v *version, next map[int64]
 	defer t.Stop()
 	select {
 	case <-done:
+		r.log.Info("version drained", "model", v.model, "version", v.label, "requests", requests, "waited", time.Since(start))
 	case <-t.C:
-		r.log.Warn("unload: in-flight requests did not finish in time", "model", v.model, "version", v.label, "timeout", timeout)
+		r.log.Warn("unload: in-flight requests did not finish in time", "model", v.model, "version", v.label, "timeout", timeout, "requests", requests)
 	case <-ctx.Done():
 	}
 	// A share swap in progress finishes first; later ones see the version

@@ -245,6 +245,9 @@ type version struct {
 	units    map[runtime.Member]unit // the limiter unit of each instance
 	share    limiter.Share           // the version's share of its device
 	inflight sync.WaitGroup
+	// requests counts the inferences in inflight (not Preadmit's brief
+	// holds): what a drain reports it waited for.
+	requests atomic.Int64
 	// fault is the last unexpected end of one of the version's instance
 	// processes, kept for the index once the instance serves again.
 	fault atomic.Pointer[string]
