@@ -36,7 +36,19 @@ const outputTailLines = 20
 // Runtime's telemetry writes mat-debug-<pid>.log and .ses files there at
 // every start, and nothing removes them. The folder goes when the process
 // ends; the server's clean-up of a dead server's socket folder expects it.
+//
+// It is the process's XDG_CACHE_HOME too: ONNX Runtime's telemetry keeps a
+// SQLite database in $XDG_CACHE_HOME/Microsoft/DeveloperTools/.onnxruntime
+// ($HOME/.cache/... without it), written at every start. In the user's
+// home every runner queued on that one file, wrote into a folder that is
+// not the server's, and with a read-only home left a ":memory:.ses" file
+// in the server's working folder (TestRunnerWritesNothingUnderHome).
 const RunnerTempPrefix = "runner-tmp-"
+
+// RunnerTelemetryDir is where, inside its RunnerTempPrefix folder, a
+// runner's ONNX Runtime keeps its telemetry database: the one nested folder
+// the clean-up of a dead server's socket folder accepts there.
+const RunnerTelemetryDir = "Microsoft/DeveloperTools/.onnxruntime"
 
 // process is one runner child process and the client connection to it.
 // A Runner replaces its process, never reuses it.
@@ -135,7 +147,8 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 	}
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.ExtraFiles = extra
-	cmd.Env = append(append(os.Environ(), cfg.Env...), "TMPDIR="+tmp)
+	// XDG_CACHE_HOME before cfg.Env, which may name another.
+	cmd.Env = append(append(append(os.Environ(), "XDG_CACHE_HOME="+tmp), cfg.Env...), "TMPDIR="+tmp)
 	// Its own process group keeps a terminal's Ctrl-C away from the runner:
 	// the server stops runners itself, in order. Pdeathsig kills the runner
 	// when the server dies without stopping it.

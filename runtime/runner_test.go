@@ -788,7 +788,9 @@ func TestRunnerStopWritesNoTelemetry(t *testing.T) {
 	}
 	home := t.TempDir()
 	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
-	cfg.Env = append(cfg.Env, "HOME="+home)
+	// The telemetry where the test can watch it after the runner's own
+	// folder is gone.
+	cfg.Env = append(cfg.Env, "HOME="+home, "XDG_CACHE_HOME="+filepath.Join(home, ".cache"))
 	var log syncBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r, err := StartRunner(t.Context(), cfg)
@@ -823,6 +825,9 @@ func TestRunnerStopWritesNoTelemetry(t *testing.T) {
 		if now := written(); !maps.Equal(now, before) {
 			before, quiet = now, time.Now()
 		}
+	}
+	if len(before) == 0 {
+		t.Fatal("no telemetry written at start where the test watches")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()

@@ -194,6 +194,17 @@ func ownedDir(path string) bool {
 	return ok && int(st.Uid) == os.Getuid()
 }
 
+// telemetryDepth is how many folders runtime.RunnerTelemetryDir nests.
+var telemetryDepth = len(strings.Split(runtime.RunnerTelemetryDir, "/"))
+
+// telemetryPart reports whether a folder called name, depth levels below
+// the server's folder (1: inside a runner's own folder), is the next step
+// of runtime.RunnerTelemetryDir.
+func telemetryPart(depth int, name string) bool {
+	parts := strings.Split(runtime.RunnerTelemetryDir, "/")
+	return depth-1 < len(parts) && parts[depth-1] == name
+}
+
 // onlyServerContents reports whether folder dir, depth levels below a
 // server's temporary folder of the given kind, holds only what such a
 // server puts there.
@@ -213,6 +224,13 @@ func onlyServerContents(dir, kind string, depth int) bool {
 				return false
 			}
 		case kind == dirSockets && depth == 1 && t.IsRegular():
+		case kind == dirSockets && depth >= 1 && t.IsDir() && telemetryPart(depth, e.Name()):
+			// ONNX Runtime's telemetry database, the runner's
+			// XDG_CACHE_HOME being its folder.
+			if !ownedDir(p) || !onlyServerContents(p, kind, depth+1) {
+				return false
+			}
+		case kind == dirSockets && depth == 1+telemetryDepth && t.IsRegular():
 		case kind == dirModels && depth < 3 && t.IsDir():
 			if !ownedDir(p) || !onlyServerContents(p, kind, depth+1) {
 				return false

@@ -65,6 +65,7 @@ func TestRemoveStaleSocketDirs(t *testing.T) {
 		socket(filepath.Join(dir, "sloserve-1-1.sock"))
 		file(filepath.Join(dir, runtime.RunnerTempPrefix+"123", "mat-debug-77.log"))
 		file(filepath.Join(dir, runtime.RunnerTempPrefix+"123", ".ses"))
+		file(filepath.Join(dir, runtime.RunnerTempPrefix+"123", runtime.RunnerTelemetryDir, "onnxruntime.db"))
 		return dir
 	}
 	deadStart, liveStart := "12345", processStart(live)
@@ -88,6 +89,10 @@ func TestRemoveStaleSocketDirs(t *testing.T) {
 	extra := sockets(name("sloserve-%d-extra", dead), dead, deadStart)
 	file(filepath.Join(extra, "notes.txt"))
 	gone[filepath.Base(extra)] = false
+	// A folder beside the telemetry's that a runner does not make.
+	nested := sockets(name("sloserve-%d-nested", dead), dead, deadStart)
+	file(filepath.Join(nested, runtime.RunnerTempPrefix+"123", "Microsoft", "DeveloperTools", "other", "x"))
+	gone[filepath.Base(nested)] = false
 	// A link among the runner's files.
 	linked := sockets(name("sloserve-%d-linked", dead), dead, deadStart)
 	if err := os.Symlink(keep, filepath.Join(linked, runtime.RunnerTempPrefix+"123", "l")); err != nil {
