@@ -163,7 +163,7 @@ type Device struct {
 	next time.Time
 	// slack delays every firing of the timer: tests set it to stand for a
 	// host that wakes the device late (a busy CPU).
-	slack time.Duration
+	slack    time.Duration
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
 	smBusy   float64 // seconds × the fraction of the SMs kernels held
