@@ -33,9 +33,7 @@ func TestLateTimerDelaysOnlyTheNews(t *testing.T) {
 			job := start(t, d, ClientSpec{Name: "batch", Priority: PriorityBelowNormal, Model: batchJob})
 			svc := start(t, d, ClientSpec{Name: "service", Model: launched})
 			warm(t, job, svc)
-			d.mu.Lock()
-			d.slack = slack
-			d.mu.Unlock()
+			d.SetHostLateness(func() time.Duration { return slack })
 			sm0, jsm0 := svc.SMSeconds(), job.SMSeconds()
 			var wg sync.WaitGroup
 			wg.Go(func() { r.job = execute(t, job, 1) })

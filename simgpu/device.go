@@ -161,9 +161,9 @@ type Device struct {
 	// none is due. advanceLocked plays the events that passed before the
 	// timer told it, in order.
 	next time.Time
-	// slack delays every firing of the timer: tests set it to stand for a
-	// host that wakes the device late (a busy CPU).
-	slack    time.Duration
+	// late, when set, delays every firing of the timer by what it
+	// returns (SetHostLateness).
+	late     func() time.Duration
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
 	smBusy   float64 // seconds × the fraction of the SMs kernels held
@@ -214,6 +214,17 @@ type job struct {
 	// keeps what it holds.
 	yieldAt time.Time
 	done    chan error // buffered; receives once
+}
+
+// SetHostLateness makes every firing of the device's timer late by what
+// late returns (nil: on time): a busy host, whose timers fire late, for
+// tests and what-if runs of the real binary on a few shared cores. The
+// device does not wait for its host (advanceLocked): only the news of an
+// end comes late. late is called with the device's lock held.
+func (d *Device) SetHostLateness(late func() time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.late = late
 }
 
 // Index is the device's index.
@@ -449,7 +460,10 @@ func (d *Device) armLocked(now time.Time) {
 		}
 		return
 	}
-	wait := max(0, d.next.Sub(now)) + d.slack
+	wait := max(0, d.next.Sub(now))
+	if d.late != nil {
+		wait += max(0, d.late())
+	}
 	if d.timer == nil {
 		d.timer = time.AfterFunc(wait, d.tick)
 	} else {
