@@ -107,15 +107,16 @@ func TestRequestShareSwapsInTheBackground(t *testing.T) {
 // On the simulated GPU day the berts (60 ms SLO, batches up to 4) ran
 // batches of 2 and 3 in 614 ms after resizes, dropped the queue behind
 // them, and the execution times' variability that left moved their caps
-// again (docs/gpu.md). On the CPU a new shape costs no search: 1 and the
-// maximum, as at load.
+// again (docs/gpu.md). A best-effort model, and any on the CPU (no
+// per-shape search there), keeps 1 and the maximum, as at load.
 func TestReplacementWarmsEveryBatchSizeOnGPU(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
 		want         []int64
 	}{
-		{"cuda", "execution: {provider: cuda}\n", []int64{1, 2, 3, 4}},
-		{"cpu", "", []int64{1, 4}},
+		{"cuda", "execution: {provider: cuda}\nslo: {latency_ms: 100, class: latency-critical}\n", []int64{1, 2, 3, 4}},
+		{"cuda, best-effort", "execution: {provider: cuda}\nslo: {latency_ms: 5000, class: best-effort}\n", []int64{1, 4}},
+		{"cpu", "slo: {latency_ms: 100, class: latency-critical}\n", []int64{1, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			repo := t.TempDir()

@@ -412,15 +412,18 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 }
 
 // replacementSizes is the batch sizes a replacement is warmed at, from
-// the load's warm-up sizes (1 and the maximum that fits). On a GPU every
-// size from 1 to the largest: a CUDA session's first run at a new input
-// shape pays for it (cuDNN's algorithm search, the arena's growth), and a
-// replacement is a new process, a new MPS client, so a size left cold is
-// paid by the first live batch of that size after every resize (a
-// latency-critical model's queue behind it misses). On the CPU a new
-// shape costs no search: the load's sizes.
+// the load's warm-up sizes (1 and the maximum that fits). For a
+// latency-critical model on a GPU every size from 1 to the largest: a
+// CUDA session's first run at a new input shape pays for it (cuDNN's
+// algorithm search, the arena's growth), and a replacement is a new
+// process, a new MPS client, so a size left cold is paid by the first live
+// batch of that size after every resize, and the model's queue behind it
+// misses. A best-effort model pays it once against a loose target, and a
+// swap (a recovery's too) that warmed each of its sizes (batch jobs run up
+// to 16 and more) would take seconds longer. On the CPU a new shape costs
+// no search. Both keep the load's sizes.
 func replacementSizes(v *version, sizes []int) []int {
-	if v.cfg.Execution.Provider != configs.ProviderCUDA || len(sizes) == 0 {
+	if v.cfg.Execution.Provider != configs.ProviderCUDA || v.cfg.SLO.Class != configs.ClassLatencyCritical || len(sizes) == 0 {
 		return sizes
 	}
 	all := make([]int, 0, slices.Max(sizes))
