@@ -718,8 +718,9 @@ func TestSimulatedGPUsNeeded(t *testing.T) {
 // left the new client cold at the batch sizes between 1 and the largest,
 // whose first live batch paid a new shape's warm-up (200-600 ms against
 // SLOs of 15-60 ms). The devices now play their events at their own times
-// and replacements are warmed at every size: adaptive meets at least
-// static's attainment on a busy host too, with more best-effort work.
+// and a service's replacements are warmed at every size: adaptive meets
+// static's attainment on a busy host too (within static's own spread from
+// run to run), with 1.5x its best-effort work and more.
 func TestSimulatedGPUDayBusyHost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two simulated GPU days")
@@ -745,8 +746,13 @@ func TestSimulatedGPUDayBusyHost(t *testing.T) {
 	a, s := att(control.SharePolicyAdaptive), att(control.SharePolicyStatic)
 	abe, sbe := got[control.SharePolicyAdaptive].be(), got[control.SharePolicyStatic].be()
 	t.Logf("busy host: LC attainment adaptive %.4f, static %.4f; BE adaptive %d, static %d (%.2fx)", a, s, abe, sbe, float64(abe)/float64(max(1, sbe)))
-	if a < s {
-		t.Errorf("LC attainment on a busy host: adaptive %.4f under static %.4f", a, s)
+	// Static's attainment on this day moves by half a point from run to
+	// run (99.18-99.63% in seven runs: its placement and resizes follow
+	// the goroutines' order), adaptive's by a tenth (99.55-99.65%); in
+	// one run of seven static was 0.04 points over adaptive. Before the
+	// fixes adaptive was 1.2 points under static (97.36% against 98.58%).
+	if a < 0.99 || a < s-0.002 {
+		t.Errorf("LC attainment on a busy host: adaptive %.4f, static %.4f: want adaptive at least 0.99 and no more than 0.2 points under static", a, s)
 	}
 	if float64(abe) < 1.5*float64(sbe) {
 		t.Errorf("best-effort work on a busy host: adaptive %d, static %d, want 1.5x at least", abe, sbe)
