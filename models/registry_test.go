@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,16 @@ type fakeInstance struct {
 	stopped atomic.Bool
 	calls   atomic.Int64
 	down    atomic.Bool
+
+	mu      sync.Mutex
+	batches []int64 // each call's batch size, in order
+}
+
+// batchSizes is each call's batch size so far, in order.
+func (fi *fakeInstance) batchSizes() []int64 {
+	fi.mu.Lock()
+	defer fi.mu.Unlock()
+	return slices.Clone(fi.batches)
 }
 
 func (fi *fakeInstance) Inputs() []runtime.TensorSpec {
@@ -56,6 +67,9 @@ func (fi *fakeInstance) Stop(context.Context) error {
 
 func (fi *fakeInstance) Infer(ctx context.Context, req *runtime.InferRequest) (*runtime.InferResponse, error) {
 	fi.calls.Add(1)
+	fi.mu.Lock()
+	fi.batches = append(fi.batches, req.Inputs[0].Shape[0])
+	fi.mu.Unlock()
 	if fi.stopped.Load() {
 		return nil, errors.New("called after Stop")
 	}

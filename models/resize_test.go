@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/sloserve/sloserve/limiter"
@@ -94,5 +95,49 @@ func TestRequestShareSwapsInTheBackground(t *testing.T) {
 	}
 	if _, err := r.ShareStatus("nosuch/1"); err == nil {
 		t.Error("status of an unknown version")
+	}
+}
+
+// A replacement of a GPU model (a new process and MPS client at the new
+// share) is warmed at every batch size up to the model's maximum before it
+// takes requests, not only at 1 and the maximum as at load: a CUDA
+// session's first run at a new input shape pays for it (cuDNN's algorithm
+// search; the simulator's Warmup, 600 ms for bert-base), so a size left
+// cold was paid by the first live batch of that size after every resize.
+// On the simulated GPU day the berts (60 ms SLO, batches up to 4) ran
+// batches of 2 and 3 in 614 ms after resizes, dropped the queue behind
+// them, and the execution times' variability that left moved their caps
+// again (docs/gpu.md). A best-effort model, and any on the CPU (no
+// per-shape search there), keeps 1 and the maximum, as at load.
+func TestReplacementWarmsEveryBatchSizeOnGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		want         []int64
+	}{
+		{"cuda", "execution: {provider: cuda}\nslo: {latency_ms: 100, class: latency-critical}\n", []int64{1, 2, 3, 4}},
+		{"cuda, best-effort", "execution: {provider: cuda}\nslo: {latency_ms: 5000, class: best-effort}\n", []int64{1, 4}},
+		{"cpu", "slo: {latency_ms: 100, class: latency-critical}\n", []int64{1, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := t.TempDir()
+			writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+tc.config, 1)
+			lim := newFakeLimiter(2)
+			lim.restart = true // every resize needs a replacement
+			r, f := newShareRegistry(t, repo, lim, nil)
+			if err := r.RequestShare("sum/1", limiter.Share{Compute: 0.3}); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the share to apply", func() bool {
+				st, _ := r.ShareStatus("sum/1")
+				return st.Pending == nil
+			})
+			insts := f.of("sum", 1)
+			if len(insts) != 2 {
+				t.Fatalf("%d instances started, want the first and its replacement", len(insts))
+			}
+			if got := insts[1].batchSizes(); !slices.Equal(got, tc.want) {
+				t.Errorf("the replacement ran batches of %v before any request, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -374,7 +374,7 @@ func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolic
 }
 
 // swapInstance replaces instance i by a new one at the instance share s,
-// warmed at every batch size before it takes requests (see
+// warmed (replacementSizes) before it takes requests (see
 // runtime.Pool.Replace).
 func (r *Registry) swapInstance(ctx context.Context, v *version, i int, s limiter.Share) error {
 	if err := v.pool.Replace(ctx, i, r.replacement(v, i, s)); err != nil {
@@ -392,7 +392,7 @@ func (r *Registry) logReplaced(v *version, i int, s limiter.Share) {
 
 // replacement returns the start function of a replacement for instance i
 // at the instance share s: started in a limiter unit of its own and warmed
-// at every batch size, so that it takes requests at once.
+// (replacementSizes), so that it takes requests at once.
 func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx context.Context) (runtime.Member, error) {
 	return func(ctx context.Context) (runtime.Member, error) {
 		fresh, err := r.startInstance(ctx, v, i, s)
@@ -400,7 +400,7 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 			return nil, fmt.Errorf("starting the replacement: %w", err)
 		}
 		if sample, sizes := warmupRequests(v); sample != nil {
-			for _, b := range withinMemory(fresh, sizes) {
+			for _, b := range withinMemory(fresh, replacementSizes(v, sizes)) {
 				if _, err := fresh.Infer(ctx, sample(b)); err != nil {
 					r.stopMember(context.WithoutCancel(ctx), v, fresh)
 					return nil, fmt.Errorf("warming the replacement at batch %d: %w", b, err)
@@ -409,6 +409,28 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 		}
 		return fresh, nil
 	}
+}
+
+// replacementSizes is the batch sizes a replacement is warmed at, from
+// the load's warm-up sizes (1 and the maximum that fits). For a
+// latency-critical model on a GPU every size from 1 to the largest: a
+// CUDA session's first run at a new input shape pays for it (cuDNN's
+// algorithm search, the arena's growth), and a replacement is a new
+// process, a new MPS client, so a size left cold is paid by the first live
+// batch of that size after every resize, and the model's queue behind it
+// misses. A best-effort model pays it once against a loose target, and a
+// swap (a recovery's too) that warmed each of its sizes (batch jobs run up
+// to 16 and more) would take seconds longer. On the CPU a new shape costs
+// no search. Both keep the load's sizes.
+func replacementSizes(v *version, sizes []int) []int {
+	if v.cfg.Execution.Provider != configs.ProviderCUDA || v.cfg.SLO.Class != configs.ClassLatencyCritical || len(sizes) == 0 {
+		return sizes
+	}
+	all := make([]int, 0, slices.Max(sizes))
+	for b := 1; b <= slices.Max(sizes); b++ {
+		all = append(all, b)
+	}
+	return all
 }
 
 // withinMemory is the warm-up batch sizes an instance's memory holds: a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -135,6 +136,9 @@ type gpuDayMix struct {
 	// reads and fills (else one of its own, empty): a server started
 	// again on a machine that profiled the model files before.
 	ProfileCache string
+	// HostLateness, when set, gives each simulated device (by index) how
+	// late its timer fires (simgpu.Device.SetHostLateness): a busy host.
+	HostLateness func(device int) func() time.Duration
 }
 
 // simulatedGPUDayMix is simulatedGPUDay on a scaled mix. A day whose models
@@ -226,6 +230,11 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 		}
 		cfg.Control.Profile.CacheDir = mix.ProfileCache
 		reg, devs, _ := placedServer(t, cfg, configsByName)
+		if mix.HostLateness != nil {
+			for i, d := range devs.sim.Devices() {
+				d.SetHostLateness(mix.HostLateness(i))
+			}
+		}
 		loading := time.Now()
 		for _, m := range sc.Models {
 			for ok, _ := reg.ModelReady(m.Model, ""); !ok; ok, _ = reg.ModelReady(m.Model, "") {
@@ -693,5 +702,59 @@ func TestSimulatedGPUsNeeded(t *testing.T) {
 			}
 		}
 		t.Logf("gpus-needed %s %d (LC attainment %.4f, mean SM utilisation %.3f)", policy, hi, best.att, best.sm)
+	}
+}
+
+// The GPU day on a busy host: every simulated device's timer fires late,
+// by an exponentially distributed delay with a mean of 1 ms (a Go timer
+// of 1-5 ms on the development machine at load 9 fired 0.3 ms late at the
+// median, 1.1 ms at p90, 8.7 ms at p99), as on the real binary, where the
+// devices' timers run on two shared cores. There adaptive met less than
+// static (0.67-0.88x its LC attainment on shortened days, 90.4% against
+// 93.1% on the whole day alone): each event on a device (a launch's end,
+// a below-normal kernel's yield at its block boundary, a kernel's end)
+// waited for the host, and adaptive's services, which wait for the batch
+// jobs' blocks, had one such wait more than static's; and every resize
+// left the new client cold at the batch sizes between 1 and the largest,
+// whose first live batch paid a new shape's warm-up (200-600 ms against
+// SLOs of 15-60 ms). The devices now play their events at their own times
+// and a service's replacements are warmed at every size: adaptive meets
+// static's attainment on a busy host too (within static's own spread from
+// run to run), with 1.5x its best-effort work and more.
+func TestSimulatedGPUDayBusyHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two simulated GPU days")
+	}
+	busy := gpuDayMix{HostLateness: func(device int) func() time.Duration {
+		rng := rand.New(rand.NewPCG(18, uint64(device)))
+		return func() time.Duration { return time.Duration(rng.ExpFloat64() * float64(time.Millisecond)) }
+	}}
+	got := map[string]gpuDayResult{}
+	for _, p := range []string{control.SharePolicyStatic, control.SharePolicyAdaptive} {
+		got[p] = simulatedGPUDayMix(t, p, 0, busy)
+		got[p].log(t)
+		for _, m := range got[p].models {
+			if m.failed > 0 {
+				t.Errorf("%s: %s: %d requests failed (%s)", p, m.name, m.failed, m.firstFailure)
+			}
+		}
+	}
+	att := func(p string) float64 {
+		sent, good := got[p].lc()
+		return float64(good) / float64(max(1, sent))
+	}
+	a, s := att(control.SharePolicyAdaptive), att(control.SharePolicyStatic)
+	abe, sbe := got[control.SharePolicyAdaptive].be(), got[control.SharePolicyStatic].be()
+	t.Logf("busy host: LC attainment adaptive %.4f, static %.4f; BE adaptive %d, static %d (%.2fx)", a, s, abe, sbe, float64(abe)/float64(max(1, sbe)))
+	// Static's attainment on this day moves by half a point from run to
+	// run (99.18-99.63% in seven runs: its placement and resizes follow
+	// the goroutines' order), adaptive's by a tenth (99.55-99.65%); in
+	// one run of seven static was 0.04 points over adaptive. Before the
+	// fixes adaptive was 1.2 points under static (97.36% against 98.58%).
+	if a < 0.99 || a < s-0.002 {
+		t.Errorf("LC attainment on a busy host: adaptive %.4f, static %.4f: want adaptive at least 0.99 and no more than 0.2 points under static", a, s)
+	}
+	if float64(abe) < 1.5*float64(sbe) {
+		t.Errorf("best-effort work on a busy host: adaptive %d, static %d, want 1.5x at least", abe, sbe)
 	}
 }

@@ -156,6 +156,14 @@ type Device struct {
 	jobs     []*job
 	timer    *time.Timer // fires at the earliest end of a job (tick)
 	last     time.Time   // when the jobs' work was last advanced
+	// next is the device's next event (a job's end, a host phase's end,
+	// a below-normal job's yield) as the rates were last set; zero when
+	// none is due. advanceLocked plays the events that passed before the
+	// timer told it, in order.
+	next time.Time
+	// late, when set, delays every firing of the timer by what it
+	// returns (SetHostLateness).
+	late     func() time.Duration
 	busy     time.Duration
 	bwBusy   float64 // seconds × bandwidth in use
 	smBusy   float64 // seconds × the fraction of the SMs kernels held
@@ -206,6 +214,17 @@ type job struct {
 	// keeps what it holds.
 	yieldAt time.Time
 	done    chan error // buffered; receives once
+}
+
+// SetHostLateness makes every firing of the device's timer late by what
+// late returns (nil: on time): a busy host, whose timers fire late, for
+// tests and what-if runs of the real binary on a few shared cores. The
+// device does not wait for its host (advanceLocked): only the news of an
+// end comes late. late is called with the device's lock held.
+func (d *Device) SetHostLateness(late func() time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.late = late
 }
 
 // Index is the device's index.
@@ -301,13 +320,48 @@ func (d *Device) allocLocked(c *Client, n int64, what string) error {
 	return nil
 }
 
-// advanceLocked moves every job's work on to now. A job's host phase ends
-// at an event (the timer is armed for it), so no interval spans both
-// phases beyond the timer's nanosecond.
+// advanceLocked moves the device on to now, event by event: where its
+// next event (a job's end, a host phase's end, a below-normal job's block
+// boundary) passed before now, the device reaches it at its own time,
+// ends what ended there and sets the rates anew, then goes on. The timer
+// that wakes the device runs on the host's CPU and fires late when the
+// host is busy; a GPU does not wait for the host to hand SMs over at a
+// block boundary or to give a finished kernel's SMs to the others, so
+// the simulated device must not either. Only the news of an end reaches
+// its caller late, as a completion does on a real host.
 func (d *Device) advanceLocked(now time.Time) {
+	played := false
+	for range catchUpEvents + 4*len(d.jobs) {
+		if len(d.jobs) == 0 || d.next.IsZero() || !d.next.Before(now) {
+			break
+		}
+		at := d.next
+		d.stepLocked(at)
+		d.settleLocked(at)
+		d.setRatesLocked(at)
+		played = true
+	}
+	d.stepLocked(now)
+	if played {
+		d.armLocked(now)
+	}
+}
+
+// catchUpEvents bounds the events advanceLocked plays in one call (more
+// per job running): past it the rest of the interval runs at the rates
+// as they stand, as before events were played.
+const catchUpEvents = 64
+
+// stepLocked moves every job's work on to now at the rates as they stand.
+// A job's host phase ends at an event, so no interval spans both phases
+// beyond the timer's nanosecond.
+func (d *Device) stepLocked(now time.Time) {
 	dt := now.Sub(d.last)
+	if dt <= 0 {
+		return
+	}
 	d.last = now
-	if dt <= 0 || len(d.jobs) == 0 {
+	if len(d.jobs) == 0 {
 		return
 	}
 	bw, sm := 0.0, 0.0
@@ -332,6 +386,29 @@ func (d *Device) advanceLocked(now time.Time) {
 		d.bwBusy += min(1, bw) * dt.Seconds()
 		d.smBusy += min(1, sm) * dt.Seconds()
 	}
+}
+
+// settleLocked starts the kernels of the jobs whose host phase ended by
+// now and answers the jobs whose work is done, taking them off.
+func (d *Device) settleLocked(now time.Time) {
+	kept := d.jobs[:0]
+	for _, j := range d.jobs {
+		if j.host > 0 {
+			if j.host <= doneWork {
+				j.host = 0 // the kernels start
+				j.kstart = now
+			}
+			kept = append(kept, j)
+			continue
+		}
+		if j.work <= doneWork*max(1, j.rate) {
+			j.done <- nil
+			continue
+		}
+		kept = append(kept, j)
+	}
+	clear(d.jobs[len(kept):])
+	d.jobs = kept
 }
 
 // demand is the share of the device a job's kernels take when nothing
@@ -369,13 +446,39 @@ func (d *Device) bandwidth(j *job) float64 {
 // rather than one per job made afresh at every start and end: that cost
 // most of a simulated request (timer heap churn).
 func (d *Device) rescheduleLocked() {
-	if len(d.jobs) == 0 {
+	now := time.Now()
+	d.setRatesLocked(now)
+	d.armLocked(now)
+}
+
+// armLocked arms the timer for the next event (stops it when none is
+// due).
+func (d *Device) armLocked(now time.Time) {
+	if d.next.IsZero() {
 		if d.timer != nil {
 			d.timer.Stop()
 		}
 		return
 	}
-	now := time.Now()
+	wait := max(0, d.next.Sub(now))
+	if d.late != nil {
+		wait += max(0, d.late())
+	}
+	if d.timer == nil {
+		d.timer = time.AfterFunc(wait, d.tick)
+	} else {
+		d.timer.Reset(wait)
+	}
+}
+
+// setRatesLocked sets each job's SMs and rate as the device stands at now
+// and its next event (d.next; zero when nothing will end: no job, or
+// only hung or stalled ones).
+func (d *Device) setRatesLocked(now time.Time) {
+	d.next = time.Time{}
+	if len(d.jobs) == 0 {
+		return
+	}
 	next := inf
 	if d.daemon {
 		next = d.shareSMsLocked(now)
@@ -415,17 +518,9 @@ func (d *Device) rescheduleLocked() {
 		next = min(next, j.work/rate)
 	}
 	if math.IsInf(next, 1) {
-		if d.timer != nil {
-			d.timer.Stop() // only hung or stalled jobs: nothing ends
-		}
-		return
+		return // only hung or stalled jobs: nothing ends
 	}
-	wait := time.Duration(math.Ceil(max(0, next) * float64(time.Second))) // never early
-	if d.timer == nil {
-		d.timer = time.AfterFunc(wait, d.tick)
-	} else {
-		d.timer.Reset(wait)
-	}
+	d.next = now.Add(time.Duration(math.Ceil(max(0, next) * float64(time.Second)))) // never early
 }
 
 // shareSMsLocked sets each running job's SMs under MPS and returns the
@@ -543,35 +638,19 @@ const doneWork = 1e-9
 func (d *Device) tick() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.advanceLocked(time.Now())
-	kept := d.jobs[:0]
-	for _, j := range d.jobs {
-		if j.host > 0 {
-			if j.host <= doneWork {
-				j.host = 0 // the kernels start
-				j.kstart = time.Now()
-			}
-			kept = append(kept, j)
-			continue
-		}
-		if j.work <= doneWork*max(1, j.rate) {
-			j.done <- nil
-			continue
-		}
-		kept = append(kept, j)
-	}
-	clear(d.jobs[len(kept):])
-	d.jobs = kept
+	now := time.Now()
+	d.advanceLocked(now)
+	d.settleLocked(now)
 	d.rescheduleLocked()
 }
 
 // removeLocked takes j off the device, after advancing the others.
 func (d *Device) removeLocked(j *job) bool {
+	d.advanceLocked(time.Now()) // j may end meanwhile
 	i := slices.Index(d.jobs, j)
 	if i < 0 {
 		return false
 	}
-	d.advanceLocked(time.Now())
 	d.jobs = slices.Delete(d.jobs, i, i+1)
 	return true
 }
