@@ -287,8 +287,8 @@ func (m *model) typicalBatch() int {
 	return min(max(int(m.recentBatch+0.5), 1), maxBatch)
 }
 
-// maxTailRatio bounds the deviation admission leaves room for beyond the
-// drift: at most (maxTailRatio-1) times the queue's predicted time.
+// maxTailRatio bounds the room admission leaves for error: at most
+// (maxTailRatio-1) times the queue's predicted time.
 const maxTailRatio = 3
 
 // room is the time admission leaves for the error of a queue of the

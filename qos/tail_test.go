@@ -15,7 +15,7 @@ import (
 // runs of consecutive executions as long as the queue took over their
 // predictions (mean plus two standard deviations), and the drift plus one
 // stall and one standard deviation of independent errors (at most two);
-// beyond the drift at most (maxTailRatio-1) times the queue.
+// at most (maxTailRatio-1) times the queue.
 func TestTailRoom(t *testing.T) {
 	const p = 1e-3 // every execution predicted at 1 ms
 	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
@@ -47,13 +47,14 @@ func TestTailRoom(t *testing.T) {
 			return p
 		}, 256, 16 * ms, sec(oneStall)},
 		// A queue of one execution, one in ten stalling 10 ms: the
-		// room beyond the drift (260/256) is at most 2x.
+		// room is at most 2x the queue.
 		{"at most the cap", func(i int) float64 {
 			if i%10 == 0 {
 				return 11 * p
 			}
 			return p
-		}, 256, ms, sec(1e-3 * (260.0/256 + 2))},
+		}, 256, ms, 2 * ms},
+		{"drift capped too", func(int) float64 { return 5 * p }, 100, 10 * ms, 20 * ms},
 		// The window slides: 400 executions, the first 144 at 3x, the
 		// last 256 as predicted; only the last 256 count.
 		{"window slides", func(i int) float64 {
