@@ -79,10 +79,10 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// simulated GPU day), so the mean decides. Best-effort work has
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
-		f := m.tailRatio(full + 1) // the backlog's batches and r's own
-		if miss := now.Add(time.Duration(float64(wait+own) * f)).Sub(r.deadline); f > 1 && miss > 0 {
-			return fmt.Errorf("%w: completion at the predictions' %.2fx error bound misses the deadline by %s (queue ahead %s, execution %s)",
-				ErrRejected, f, millis(miss), millis(wait), millis(own))
+		room := m.room(wait + own)
+		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
+			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
+				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))
 		}
 	}
 	return nil
@@ -709,7 +709,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		if e.predicted > 0 {
 			ratio := now.Sub(e.start).Seconds() / e.predicted.Seconds()
 			m.service.observe(ratio)
-			m.tail.observe(ratio)
+			m.tail.observe(e.predicted.Seconds(), now.Sub(e.start).Seconds())
 		}
 	}
 	m.running--

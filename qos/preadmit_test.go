@@ -3,6 +3,7 @@ package qos
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -107,21 +108,20 @@ func TestAdmissionRoomForError(t *testing.T) {
 		h.seed("a", 1, constant(30*ms))
 		h.run()
 		ctx := t.Context()
-		// Executions took 1x or 2x their prediction: median 1, 95th
-		// percentile 2, room 1 + 1.216*(2-1) = 2.22x for one execution.
+		// Executions took 1x and 2x their 30 ms prediction in turn:
+		// drift 0.5, each 15 ms off the 45 ms mean, a spread of 7.5 ms
+		// a ms predicted: an 89 ms queue needs 44.5 ms for the drift,
+		// one stall of 15 ms and one deviation, sqrt(7.5*89) ms.
 		h.s.mu.Lock()
 		m := h.s.models["a"]
 		for i := range 2 * minTail {
-			m.tail.observe(float64(1 + i%2))
+			m.tail.observe(0.030, 0.030*float64(1+i%2))
 		}
-		f, f4 := m.tailRatio(1), m.tailRatio(4)
+		room := m.room(89 * ms)
 		h.s.mu.Unlock()
-		if f < 2.21 || f > 2.22 {
-			t.Fatalf("tailRatio(1) = %.3f, want 2.216", f)
-		}
-		// Four executions in a row: 1 + 1.216*(2-1)/sqrt(4) = 1.61x.
-		if f4 < 1.60 || f4 > 1.61 {
-			t.Fatalf("tailRatio(4) = %.3f, want 1.608", f4)
+		want := 59500*time.Microsecond + time.Duration(math.Sqrt(7.5*89)*float64(ms))
+		if absDuration(room-want) > time.Microsecond {
+			t.Fatalf("room(89ms) = %v, want %v", room, want)
 		}
 
 		first := h.submit(ctx, "a", RequestOptions{}) // starts at once although 30ms*2.5 is near the SLO
@@ -130,11 +130,10 @@ func TestAdmissionRoomForError(t *testing.T) {
 		// ahead + 30ms own = 59ms).
 		second := h.submit(ctx, "a", RequestOptions{}, 2)
 		// Behind a queued one too: 29 + 30 + 30 = 89ms fits the mean;
-		// the room of two executions in a row, 1 + 1.216*(2-1)/sqrt(2)
-		// = 1.86x, does not.
+		// with the room for error (85.3ms at 89ms) it does not.
 		p := h.submit(ctx, "a", RequestOptions{}, 3)
 		<-p.done
-		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "1.86x error bound") {
+		if !errors.Is(p.err, ErrRejected) || !strings.Contains(p.err.Error(), "85.3ms of room for the predictions' error misses the deadline by 74.3ms") {
 			t.Errorf("behind a backlog: %v, want a refusal for room", p.err)
 		}
 		mustSucceed(t, first, second)
@@ -145,44 +144,52 @@ func TestAdmissionRoomForError(t *testing.T) {
 }
 
 // Far past capacity with executions that vary around their predictions,
-// the admitted requests are still on time and the device stays busy.
+// the admitted requests are still on time and the device stays busy. Four
+// runs of different seeds, pooled: in one run the late share moves by
+// half a percentage point with any change to admission (over seeds 10-19:
+// 1.51% with the room as a ratio per execution, 1.70% with the room in
+// time; without room, 4.5%).
 func TestOverloadAdmittedOnTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{Estimator: NewEWMAEstimator(0.1)})
-		rng := rand.New(rand.NewPCG(1, 2))
-		// 20-40ms, mean 30ms: capacity 33 req/s.
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 150 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
-			return 20*ms + time.Duration(rng.Int64N(int64(20*ms)))
+	var good, late, executed int64
+	const (
+		dur  = 30 * time.Second
+		rate = 330.0 // 10x capacity
+	)
+	for seed := uint64(1); seed <= 4; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			h := newHarness(t, Options{Estimator: NewEWMAEstimator(0.1)})
+			rng := rand.New(rand.NewPCG(seed, 2))
+			// 20-40ms, mean 30ms: capacity 33 req/s.
+			h.model(ModelSpec{Name: "a", Class: lc, SLO: 150 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
+				return 20*ms + time.Duration(rng.Int64N(int64(20*ms)))
+			})
+			h.s.opts.Estimator.Observe("a", 1, 30*ms)
+			h.run()
+			ctx := t.Context()
+			var ps []*pending
+			arrivals := rand.New(rand.NewPCG(seed+2, 4))
+			for start := time.Now(); time.Since(start) < dur; {
+				<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
+				ps = append(ps, h.submit(ctx, "a", RequestOptions{}, 1))
+			}
+			for _, p := range ps {
+				<-p.done
+			}
+			st, _ := h.s.Stats("a")
+			t.Logf("seed %d: arrived %d good %d late %d rejected %d dropped %d",
+				seed, st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped)
+			good, late, executed = good+int64(st.Good), late+int64(st.Late), executed+int64(st.Good+st.Late)
 		})
-		h.s.opts.Estimator.Observe("a", 1, 30*ms)
-		h.run()
-		ctx := t.Context()
-		const (
-			dur  = 30 * time.Second
-			rate = 330.0 // 10x capacity
-		)
-		var ps []*pending
-		arrivals := rand.New(rand.NewPCG(3, 4))
-		for start := time.Now(); time.Since(start) < dur; {
-			<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
-			ps = append(ps, h.submit(ctx, "a", RequestOptions{}, 1))
-		}
-		for _, p := range ps {
-			<-p.done
-		}
-		st, _ := h.s.Stats("a")
-		capacity := dur.Seconds() / 0.030
-		lateShare := float64(st.Late) / float64(st.Good+st.Late)
-		t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late %.1f%% of executed",
-			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, float64(st.Good)/capacity, 100*lateShare)
-		// Without the room, 4.5% were late.
-		if lateShare > 0.02 {
-			t.Errorf("%.1f%% of the executed requests were late, want at most 2%%", 100*lateShare)
-		}
-		if g := float64(st.Good) / capacity; g < 0.8 {
-			t.Errorf("goodput %.2f of capacity, want at least 0.8", g)
-		}
-	})
+	}
+	capacity := 4 * dur.Seconds() / 0.030
+	lateShare := float64(late) / float64(executed)
+	t.Logf("good/capacity %.2f, late %.2f%% of executed", float64(good)/capacity, 100*lateShare)
+	if lateShare > 0.02 {
+		t.Errorf("%.2f%% of the executed requests were late, want at most 2%%", 100*lateShare)
+	}
+	if g := float64(good) / capacity; g < 0.8 {
+		t.Errorf("goodput %.2f of capacity, want at least 0.8", g)
+	}
 }
 
 // A model whose estimate rose past its SLO is not refused for ever: with

@@ -255,7 +255,7 @@ type model struct {
 	// needs: the inter-arrival times, and each execution's time over its
 	// prediction.
 	gaps, service moments
-	tail          tail // the same ratios, for admission's room for error
+	tail          tail // the executions' predicted and observed times, for admission's room for error
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
@@ -287,16 +287,16 @@ func (m *model) typicalBatch() int {
 	return min(max(int(m.recentBatch+0.5), 1), maxBatch)
 }
 
-// maxTailRatio bounds the room: past it, the predictions themselves are
-// wrong, which the estimator's correction mends.
+// maxTailRatio bounds the room admission leaves for error: at most
+// (maxTailRatio-1) times the queue's predicted time.
 const maxTailRatio = 3
 
-// tailRatio is the room admission leaves for the error of n executions of
-// the model in a row over their predictions (see tail.ratio): quantiles of
-// the recent ratios, so that rare stalls of a busy host do not hold it at
-// its cap. (The mean plus two standard deviations did: sixteen
+// room is the time admission leaves for the error of a queue of the
+// model's executions predicted to take queue (see tail): counted in time,
+// so that the stalls of a busy host, which delay a queue once, are not
+// charged to every execution in it. (A ratio per execution did: sixteen
 // closed-loop clients of a 1 ms model got 429s against a 40 ms SLO.)
-func (m *model) tailRatio(n int) float64 { return m.tail.ratio(n) }
+func (m *model) room(queue time.Duration) time.Duration { return m.tail.room(queue) }
 
 // execution is one batch in progress.
 type execution struct {
