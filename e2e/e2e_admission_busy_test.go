@@ -170,6 +170,15 @@ func TestE2EAdmissionBusyHost(t *testing.T) {
 	if failed.Load() > 0 {
 		t.Errorf("%d requests failed", failed.Load())
 	}
+	// The generator is this process: under the race detector, or beside
+	// other packages' tests, it may not offer an overload at all
+	// (measured in make test with -race: 2,297 of 18,214 arrivals sent,
+	// 0.42 of the capacity), and what the server does below capacity is
+	// not what the checks below are about.
+	if offered := float64(sent.Load()) / took.Seconds() / capacity; offered < 2 {
+		t.Logf("the generator offered %.2f of the closed loop's rate, not an overload: the overload checks are not made", offered)
+		return
+	}
 	if rejected == 0 {
 		t.Errorf("nothing refused at %dx capacity: admission did not see the overload", factor)
 	}
