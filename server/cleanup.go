@@ -194,15 +194,18 @@ func ownedDir(path string) bool {
 	return ok && int(st.Uid) == os.Getuid()
 }
 
-// telemetryDepth is how many folders runtime.RunnerTelemetryDir nests.
-var telemetryDepth = len(strings.Split(runtime.RunnerTelemetryDir, "/"))
+// telemetryParts is the folders of runtime.RunnerTelemetryDir, outermost
+// first; telemetryDepth how many they are.
+var (
+	telemetryParts = strings.Split(runtime.RunnerTelemetryDir, "/")
+	telemetryDepth = len(telemetryParts)
+)
 
 // telemetryPart reports whether a folder called name, depth levels below
 // the server's folder (1: inside a runner's own folder), is the next step
 // of runtime.RunnerTelemetryDir.
 func telemetryPart(depth int, name string) bool {
-	parts := strings.Split(runtime.RunnerTelemetryDir, "/")
-	return depth-1 < len(parts) && parts[depth-1] == name
+	return depth-1 < telemetryDepth && telemetryParts[depth-1] == name
 }
 
 // onlyServerContents reports whether folder dir, depth levels below a
