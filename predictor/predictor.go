@@ -583,8 +583,9 @@ func (p *Predictor) Observe(name string, batch int, took time.Duration) {
 // curve's prediction (interference included, correction not), clamped to
 // within 4x of the correction in force so that one outlier cannot swing
 // it, feeds the EWMA of the execution's bucket, of its size bucket and
-// its batch class's offset there (learnSize), and of the model. A bucket whose correction leaves [1/2, 2] raises a drift
-// alarm (Options.OnDrift, Accuracy.DriftAlarms). Its ratio to the curve
+// its batch class's offset there (learnSize), and of the model. A bucket
+// whose correction leaves [1/2, 2] raises a drift alarm (Options.OnDrift,
+// Accuracy.DriftAlarms). Its ratio to the curve
 // without the co-runners' slowdown joins the regression that learns that
 // slowdown (SetCoRunning). The execution and what
 // EstimateSize predicted for it join the recent window Accuracy reports
