@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 	"unsafe"
@@ -54,11 +55,29 @@ var dataTypeToORT = func() map[DataType]ort.TensorElementDataType {
 	return m
 }()
 
-// initORT loads the shared library and creates the ORT environment. Call
-// destroyORT when done.
+// TelemetryEnv is the variable with which ONNX Runtime's builds that
+// carry telemetry (the npm package's among them) skip it: "1" or "yes"
+// turn it off, "0" leaves it on. Left on, every process that loads the
+// library writes a SQLite database under $XDG_CACHE_HOME (or
+// $HOME/.cache), mat-debug and .ses files into TMPDIR, and tries to send
+// what it gathered (the model's name, producer and hashes among it) to
+// Microsoft's collector. ONNX Runtime turns it off by itself where a CI
+// system's variable is set (CI, GITHUB_ACTIONS and others), nowhere else.
+const TelemetryEnv = "ORT_DISABLE_TELEMETRY"
+
+// initORT loads the shared library and creates the ORT environment, with
+// ONNX Runtime's telemetry off unless the environment names TelemetryEnv
+// itself (an operator may turn it on). Call destroyORT when done.
 func initORT(library string) error {
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
 		return errors.New("runner needs a little-endian machine: tensors are passed as raw bytes")
+	}
+	if _, set := os.LookupEnv(TelemetryEnv); !set {
+		// Before the library loads: a cgo program's os.Setenv is the C
+		// library's too, where ONNX Runtime reads it.
+		if err := os.Setenv(TelemetryEnv, "1"); err != nil {
+			return fmt.Errorf("turn ONNX Runtime's telemetry off: %w", err)
+		}
 	}
 	ort.SetSharedLibraryPath(library)
 	if err := ort.InitializeEnvironment(ort.WithLogLevelWarning()); err != nil {

@@ -32,21 +32,19 @@ import (
 const outputTailLines = 20
 
 // RunnerTempPrefix starts the name of a runner process's own temporary
-// folder, made in the socket folder and given to it as TMPDIR: ONNX
-// Runtime's telemetry writes mat-debug-<pid>.log and .ses files there at
-// every start, and nothing removes them. The folder goes when the process
-// ends; the server's clean-up of a dead server's socket folder expects it.
-//
-// It is the process's XDG_CACHE_HOME too: ONNX Runtime's telemetry keeps a
-// SQLite database in $XDG_CACHE_HOME/Microsoft/DeveloperTools/.onnxruntime
-// ($HOME/.cache/... without it), written at every start. In the user's
-// home every runner queued on that one file, wrote into a folder that is
-// not the server's, and with a read-only home left a ":memory:.ses" file
-// in the server's working folder (TestRunnerWritesNothingUnderHome).
+// folder, made in the socket folder and given to it as TMPDIR and
+// XDG_CACHE_HOME. The folder goes when the process ends; the server's
+// clean-up of a dead server's socket folder expects it. Runners keep ONNX
+// Runtime's telemetry off (TelemetryEnv); where an operator turns it on,
+// what it writes (mat-debug and .ses files in TMPDIR, a SQLite database
+// under XDG_CACHE_HOME, at every start) stays in this folder: not in the
+// user's home, where every runner queued on one file, and a read-only home
+// left a ":memory:.ses" file in the server's working folder
+// (TestRunnerWritesNothingUnderHome).
 const RunnerTempPrefix = "runner-tmp-"
 
 // RunnerTelemetryDir is where, inside its RunnerTempPrefix folder, a
-// runner's ONNX Runtime keeps its telemetry database: the one nested folder
+// runner's ONNX Runtime keeps its telemetry database when it is on: the one nested folder
 // the clean-up of a dead server's socket folder accepts there.
 const RunnerTelemetryDir = "Microsoft/DeveloperTools/.onnxruntime"
 

@@ -788,9 +788,10 @@ func TestRunnerStopWritesNoTelemetry(t *testing.T) {
 	}
 	home := t.TempDir()
 	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
-	// The telemetry where the test can watch it after the runner's own
-	// folder is gone.
-	cfg.Env = append(cfg.Env, "HOME="+home, "XDG_CACHE_HOME="+filepath.Join(home, ".cache"))
+	// The telemetry on, as an operator may turn it (runners keep it off),
+	// where the test can watch it after the runner's own folder is gone.
+	telemetryAsDeployed(t)
+	cfg.Env = append(cfg.Env, TelemetryEnv+"=0", "HOME="+home, "XDG_CACHE_HOME="+filepath.Join(home, ".cache"))
 	var log syncBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r, err := StartRunner(t.Context(), cfg)
