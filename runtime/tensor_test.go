@@ -81,18 +81,29 @@ func TestSplitBytes(t *testing.T) {
 func TestBytesCountedFirst(t *testing.T) {
 	zeros := make([]byte, 4<<20)
 	n := int64(len(zeros) / 4)
-	if a := testing.AllocsPerRun(5, func() {
-		if err := CheckBytes(zeros, n); err != nil {
-			t.Fatal(err)
+	// The heap's counts are the process's: another test's goroutines
+	// (a runner's output readers, a stopping server) allocate meanwhile.
+	// The fewest over a few tries is the code's own.
+	allocs, bytes := math.Inf(1), uint64(math.MaxUint64)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(5, func() {
+			if err := CheckBytes(zeros, n); err != nil {
+				t.Fatal(err)
+			}
+		}))
+		var before, after goruntime.MemStats
+		goruntime.ReadMemStats(&before)
+		_, _ = SplitBytes(zeros, n+1)
+		goruntime.ReadMemStats(&after)
+		bytes = min(bytes, after.TotalAlloc-before.TotalAlloc)
+		if allocs == 0 && bytes <= 1<<10 {
+			return
 		}
-	}); a != 0 {
-		t.Errorf("CheckBytes: %v allocations, want 0", a)
 	}
-	var before, after goruntime.MemStats
-	goruntime.ReadMemStats(&before)
-	_, _ = SplitBytes(zeros, n+1)
-	goruntime.ReadMemStats(&after)
-	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<10 {
-		t.Errorf("SplitBytes of a mismatched count allocated %d bytes", got)
+	if allocs != 0 {
+		t.Errorf("CheckBytes: %v allocations, want 0", allocs)
+	}
+	if bytes > 1<<10 {
+		t.Errorf("SplitBytes of a mismatched count allocated %d bytes", bytes)
 	}
 }
