@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A model with execution.isolation in-process runs inside the server: no
@@ -122,5 +125,82 @@ func TestE2EInProcess(t *testing.T) {
 	}
 	if log := s.log.String(); !strings.Contains(log, "in-process instance started") {
 		t.Errorf("no start of the in-process instance in the log:\n%s", log)
+	}
+}
+
+// TestE2EInProcessWritesNoTelemetry: a server that loads ONNX Runtime
+// itself, for an in-process model, keeps ONNX Runtime's telemetry off:
+// nothing under $HOME, no mat-debug or .ses file in TMPDIR, before and
+// after its stop. With ORT_DISABLE_TELEMETRY=0 in its environment the same
+// server writes ONNX Runtime's database under $HOME: what the test watches
+// for does show up where it looks. ONNX Runtime turns its telemetry off by
+// itself where a CI system's variable is set, so the test clears those.
+func TestE2EInProcessWritesNoTelemetry(t *testing.T) {
+	for _, v := range []string{"ORT_DISABLE_TELEMETRY", "CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "TRAVIS",
+		"JENKINS_URL", "CODEBUILD_BUILD_ID", "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR", "BITBUCKET_BUILD_NUMBER", "XDG_CACHE_HOME"} {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"tiny", testModel(t, "example_dynamic_axes.onnx"),
+		"max_batch_size: 8\nexecution: {isolation: in-process, intra_op_threads: 1}\n"})
+	db := filepath.Join(".cache", "Microsoft", "DeveloperTools", ".onnxruntime", "onnxruntime.db")
+	// How long the database took to appear with telemetry on: the server
+	// with it off is watched for twice as long.
+	var took time.Duration
+	for _, on := range []bool{true, false} {
+		home, tmp := t.TempDir(), t.TempDir()
+		t.Setenv("HOME", home)
+		t.Setenv("TMPDIR", tmp)
+		var opts []serverOption
+		if on {
+			opts = append(opts, withCommand("", nil, "ORT_DISABLE_TELEMETRY=0"))
+		}
+		start := time.Now()
+		s := startServer(t, repo, "", opts...)
+		var resp jsonInferResponse
+		if code := s.json(t, "POST", "/v2/models/tiny/infer", json.RawMessage(dynBody), &resp); code != 200 || len(resp.Outputs) != 1 {
+			t.Fatalf("telemetry on %v: infer: %d %+v", on, code, resp)
+		}
+		closeTo(t, "row sum", resp.Outputs[0].Data, []float64{55}, 1e-6)
+		if on {
+			waitFor(t, "ONNX Runtime's telemetry database under HOME with ORT_DISABLE_TELEMETRY=0", 30*time.Second, func() bool {
+				_, err := os.Stat(filepath.Join(home, db))
+				return err == nil
+			})
+			took = time.Since(start)
+			if err := s.stop(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		for time.Since(start) < 2*took {
+			time.Sleep(10 * time.Millisecond)
+		}
+		// What the server wrote: under HOME nothing; in TMPDIR only its
+		// own sloserve-<pid>-* folders, without ONNX Runtime's files.
+		check := func(when string) {
+			filepath.WalkDir(home, func(path string, d os.DirEntry, err error) error {
+				if err == nil && path != home {
+					t.Errorf("%s: written under HOME: %s", when, path)
+				}
+				return nil
+			})
+			filepath.WalkDir(tmp, func(path string, d os.DirEntry, err error) error {
+				if err != nil || path == tmp {
+					return nil
+				}
+				rel, _ := filepath.Rel(tmp, path)
+				if !strings.HasPrefix(rel, fmt.Sprintf("sloserve-%d-", s.cmd.Process.Pid)) || strings.Contains(d.Name(), "mat-debug") || d.Name() == ".ses" {
+					t.Errorf("%s: written in TMPDIR: %s", when, rel)
+				}
+				return nil
+			})
+		}
+		check(fmt.Sprintf("%s after the start (the database took %s with telemetry on)", time.Since(start).Round(time.Millisecond), took.Round(time.Millisecond)))
+		if err := s.stop(); err != nil {
+			t.Fatal(err)
+		}
+		check("after the stop")
 	}
 }
