@@ -44,8 +44,9 @@ const outputTailLines = 20
 const RunnerTempPrefix = "runner-tmp-"
 
 // RunnerTelemetryDir is where, inside its RunnerTempPrefix folder, a
-// runner's ONNX Runtime keeps its telemetry database when it is on: the one nested folder
-// the clean-up of a dead server's socket folder accepts there.
+// runner's ONNX Runtime keeps its telemetry database when it is on: the
+// one nested folder the clean-up of a dead server's socket folder accepts
+// there.
 const RunnerTelemetryDir = "Microsoft/DeveloperTools/.onnxruntime"
 
 // process is one runner child process and the client connection to it.
