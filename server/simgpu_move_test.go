@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -10,6 +11,7 @@ import (
 	"github.com/sloserve/sloserve/control"
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/runtime"
+	"github.com/sloserve/sloserve/simgpu"
 )
 
 // A latency-critical model moved to another simulated GPU is warmed there
@@ -90,4 +92,56 @@ func pairs(t *testing.T, reg *models.Registry) (fastest, slowest time.Duration) 
 		time.Sleep(time.Second)
 	}
 	return fastest, slowest
+}
+
+// A move whose warm-up fails on the target (here its memory, taken by
+// another tenant, holds the new clients' contexts and weights but not one
+// batch's activations) stops the new instances and fails with the reason:
+// the version stays on its device and serves there, and the target has
+// its memory back.
+func TestMoveFailingItsWarmUpStaysPut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := configs.DefaultServer()
+		cfg.GPU.Simulator.Devices = 2
+		cfg.Control.Policy = control.SharePolicyShared
+		cfg.Control.Profile.Enabled = false
+		model := "max_batch_size: 4\ninstances: 2\n" +
+			"execution: {provider: cuda, simulated: {preset: bert-base}}\n" +
+			"slo: {latency_ms: 5000, class: latency-critical}\nresources: {memory_limit: 4GiB}\n"
+		reg, h := simulatedServer(t, cfg, map[string]string{"m": model})
+		from := deviceOfModel(t, reg, "m")
+		to, idx := "cuda:1", 1
+		if from == to {
+			to, idx = "cuda:0", 0
+		}
+		target := h.sim.Devices()[idx]
+		// Room for two contexts and two copies of the weights, and 20 MiB:
+		// half a batch-1 arena of bert-base.
+		m := simgpu.Presets["bert-base"]
+		room := 2*(simgpu.ContextMemory+m.Weights) + 20<<20
+		if err := target.InjectMemory(target.MemoryTotal() - target.MemoryUsed() - room); err != nil {
+			t.Fatal(err)
+		}
+		before := target.MemoryUsed()
+		err := reg.Move(t.Context(), "m/1", to)
+		if err == nil || !strings.Contains(err.Error(), "warming on "+to) {
+			t.Fatalf("move onto a device without room for a batch: %v, want a warm-up failure", err)
+		}
+		if d := deviceOfModel(t, reg, "m"); d != from {
+			t.Errorf("m on %s after the failed move, want %s", d, from)
+		}
+		infer(t, reg, "m")
+		synctest.Wait()
+		if used := target.MemoryUsed(); used != before || target.Clients() != 0 {
+			t.Errorf("after the failed move the target holds %d clients and %d bytes, want none and %d", target.Clients(), used, before)
+		}
+		// The version moves again once the target has room.
+		if err := target.InjectMemory(-(target.MemoryTotal() - room)); err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.Move(t.Context(), "m/1", to); err != nil {
+			t.Fatalf("moving once the target has room: %v", err)
+		}
+		infer(t, reg, "m")
+	})
 }
