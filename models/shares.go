@@ -399,25 +399,40 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 		if err != nil {
 			return nil, fmt.Errorf("starting the replacement: %w", err)
 		}
-		if sample, sizes := warmupRequests(v); sample != nil {
-			for _, b := range withinMemory(fresh, replacementSizes(v, sizes)) {
-				if _, err := fresh.Infer(ctx, sample(b)); err != nil {
-					r.stopMember(context.WithoutCancel(ctx), v, fresh)
-					return nil, fmt.Errorf("warming the replacement at batch %d: %w", b, err)
-				}
-			}
+		if err := warmMember(ctx, v, fresh); err != nil {
+			r.stopMember(context.WithoutCancel(ctx), v, fresh)
+			return nil, fmt.Errorf("warming the replacement: %w", err)
 		}
 		return fresh, nil
 	}
 }
 
-// replacementSizes is the batch sizes a replacement is warmed at, from
+// warmMember runs a new instance of v once at each batch size
+// replacementSizes gives (within its memory), straight, not through the
+// pool, so that this instance and no other is warmed. A replacement and
+// each instance of a moved version are warmed so before they take
+// requests.
+func warmMember(ctx context.Context, v *version, m runtime.Member) error {
+	sample, sizes := warmupRequests(v)
+	if sample == nil {
+		return nil
+	}
+	for _, b := range withinMemory(m, replacementSizes(v, sizes)) {
+		if _, err := m.Infer(ctx, sample(b)); err != nil {
+			return fmt.Errorf("at batch %d: %w", b, err)
+		}
+	}
+	return nil
+}
+
+// replacementSizes is the batch sizes a new instance of a serving version
+// (a replacement, or one of a moved version's) is warmed at, from
 // the load's warm-up sizes (1 and the maximum that fits). For a
 // latency-critical model on a GPU every size from 1 to the largest: a
 // CUDA session's first run at a new input shape pays for it (cuDNN's
 // algorithm search, the arena's growth), and a replacement is a new
 // process, a new MPS client, so a size left cold is paid by the first live
-// batch of that size after every resize, and the model's queue behind it
+// batch of that size after every resize or move, and the model's queue behind it
 // misses. A best-effort model pays it once against a loose target, and a
 // swap (a recovery's too) that warmed each of its sizes (batch jobs run up
 // to 16 and more) would take seconds longer. On the CPU a new shape costs

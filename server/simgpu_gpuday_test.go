@@ -229,7 +229,7 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 			cfg.GPU.Simulator.Devices = mix.Devices
 		}
 		cfg.Control.Profile.CacheDir = mix.ProfileCache
-		reg, devs, _ := placedServer(t, cfg, configsByName)
+		reg, devs, place := placedServer(t, cfg, configsByName)
 		if mix.HostLateness != nil {
 			for i, d := range devs.sim.Devices() {
 				d.SetHostLateness(mix.HostLateness(i))
@@ -391,6 +391,13 @@ func simulatedGPUDayMix(t *testing.T, policy string, seed uint64, mix gpuDayMix)
 				t.Errorf("alone: %s and %s share %s, want a device each", other, dm.name, dm.device)
 			}
 			onDevice[dm.device] = dm.name
+		}
+		// Placement's moves (and failed moves) since load, warm-up
+		// included: a move then is paid for in the window.
+		for _, e := range place.Events(time.Time{}, 0) {
+			if e.Kind != control.EventPlace {
+				res.events[e.Kind]++
+			}
 		}
 		for _, d := range devs.loops.All() {
 			for _, e := range d.Adjuster().Events(origin, 0) {
