@@ -149,6 +149,11 @@ func (r *Registry) loadConfig(ctx context.Context, name string, override []byte)
 	if len(errs) == 0 {
 		for _, v := range fresh {
 			r.profile(ctx, v) // first: it measures each batch size's memory
+			if v.cfg.Execution.Provider == configs.ProviderCUDA {
+				if err := warmInstances(ctx, v); err != nil {
+					r.log.Warn("warming the instances failed; a batch size may be cold at its first run", "model", v.model, "version", v.label, "err", err)
+				}
+			}
 			r.warmUp(ctx, v)
 			if err := r.schedule(ctx, v); err != nil {
 				errs = append(errs, fmt.Errorf("version %d: %w", v.number, err))

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sloserve/sloserve/configs"
@@ -154,14 +153,7 @@ func (r *Registry) Move(ctx context.Context, key, device string) error {
 	// not only through the pool: the pool sends the sequential warm-up
 	// runs to one instance, and leaves the others cold at every size.
 	// Then the warm-up at load seeds the target's latency estimates.
-	members := fresh.pool.Members()
-	errs := make([]error, len(members))
-	var wg sync.WaitGroup
-	for i, m := range members {
-		wg.Go(func() { errs[i] = warmMember(ctx, fresh, m) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := warmInstances(ctx, fresh); err != nil {
 		v.moving.Store(false)
 		r.stopVersion(context.WithoutCancel(ctx), fresh)
 		return fmt.Errorf("%s: warming on %s: %w", key, device, err)

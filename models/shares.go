@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/sloserve/sloserve/configs"
 	"github.com/sloserve/sloserve/limiter"
@@ -425,6 +426,23 @@ func warmMember(ctx context.Context, v *version, m runtime.Member) error {
 	return nil
 }
 
+// warmInstances warms each of v's instances at once (warmMember): the
+// load's warm-up (qos.Warmup) goes through the pool, which sends its
+// sequential runs to one instance and leaves the others cold. A moved
+// version and a GPU model at load are warmed so; on the CPU a cold
+// instance's first run costs no search, and a load keeps to the pool's
+// warm-up.
+func warmInstances(ctx context.Context, v *version) error {
+	members := v.pool.Members()
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		wg.Go(func() { errs[i] = warmMember(ctx, v, m) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // replacementSizes is the batch sizes a new instance of a serving version
 // (a replacement, or one of a moved version's) is warmed at, from
 // the load's warm-up sizes (1 and the maximum that fits). For a
@@ -432,7 +450,8 @@ func warmMember(ctx context.Context, v *version, m runtime.Member) error {
 // CUDA session's first run at a new input shape pays for it (cuDNN's
 // algorithm search, the arena's growth), and a replacement is a new
 // process, a new MPS client, so a size left cold is paid by the first live
-// batch of that size after every resize or move, and the model's queue behind it
+// batch of that size after every resize or move (or on any instance
+// but the one the load's warm-up ran on), and the model's queue behind it
 // misses. A best-effort model pays it once against a loose target, and a
 // swap (a recovery's too) that warmed each of its sizes (batch jobs run up
 // to 16 and more) would take seconds longer. On the CPU a new shape costs

@@ -571,8 +571,15 @@ func TestSimulatedGPUDayAdaptive(t *testing.T) {
 	if a < 0.99 {
 		t.Errorf("LC attainment under adaptive %.4f (median of %d), want 0.99 at least", a, seeds)
 	}
-	if ag < 1.10*shg {
-		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive 1.10x shared at least", ag, shg)
+	// Shared met 87% here (adaptive 1.10-1.15x its LC goodput) while a
+	// load warmed one instance of a model at two batch sizes: its other
+	// instances and sizes paid a 600 ms warm-up at their first batch, and
+	// shared, which never replaces an instance, kept them all day. Since a
+	// GPU model's load warms each instance at every size a replacement
+	// would be (2026-11-29), shared meets about 99.6% on these seeds and
+	// adaptive's edge is the batch jobs' work beside it, not the LC goodput.
+	if ag < shg {
+		t.Errorf("LC goodput adaptive %.0f, shared %.0f (medians): want adaptive at least shared's", ag, shg)
 	}
 	// Since a kernel's bandwidth follows its SMs in the simulator, static's
 	// partitions cost the latency-critical models little (10 seeds: 97.5%

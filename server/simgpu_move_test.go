@@ -14,20 +14,23 @@ import (
 	"github.com/sloserve/sloserve/simgpu"
 )
 
-// A latency-critical model moved to another simulated GPU is warmed there
-// at every batch size, on each of its instances, as a replacement after a
-// resize is: before, a move warmed batch 1 and the largest through the
-// pool, which sent those runs to one instance, and the first live batch of
-// 2 or 3 on each new instance (a new MPS client) paid the model's warm-up
-// (600 ms for bert-base against an SLO of 60 ms). The SLO here is loose,
+// A latency-critical model loaded on a simulated GPU, and moved to
+// another, is warmed at every batch size on each of its instances, as a
+// replacement after a resize is: before, a load or a move warmed batch 1
+// and the largest through the pool, which sent those runs to one
+// instance, and the first live batch of 2 or 3 on each instance (each its
+// own MPS client) paid the model's warm-up (600 ms for bert-base against
+// an SLO of 60 ms). The SLO here is loose,
 // so that admission, which predicts the cold runs, refuses none of them.
 //
 // The two instances run a batch of 2 and one of 3 at once (two requests
 // the scheduler cannot merge past the maximum of 4), four times: after
-// the move the slowest of these pairs is as fast as the fastest, none paid
-// a warm-up whichever instance took which size. Before the move the same
-// check must see the cold sizes the load left, so that the test can tell.
-func TestMoveWarmsEveryBatchSizeOnGPU(t *testing.T) {
+// the load, and after the move, the slowest of these pairs is as fast as
+// the fastest, none paid a warm-up whichever instance took which size.
+// Without the warm-up of each instance the slowest pair took 606-608 ms
+// against 8.2 ms: after the load without the load's (models/load.go), after
+// the move without the move's.
+func TestLoadAndMoveWarmEveryBatchSizeOnGPU(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := configs.DefaultServer()
 		cfg.GPU.Simulator.Devices = 2
@@ -44,8 +47,8 @@ func TestMoveWarmsEveryBatchSizeOnGPU(t *testing.T) {
 		}
 
 		fastBefore, slowBefore := pairs(t, reg)
-		if slowBefore < 2*fastBefore {
-			t.Fatalf("before the move the batches of 2 and 3 took %v to %v: the loaded instances were not cold at any of those sizes, so the test cannot tell", fastBefore, slowBefore)
+		if slowBefore > fastBefore+fastBefore/10 {
+			t.Errorf("after the load the batches of 2 and 3 took %v to %v: a size was cold", fastBefore, slowBefore)
 		}
 		if err := reg.Move(t.Context(), "m/1", to); err != nil {
 			t.Fatal(err)
@@ -55,9 +58,9 @@ func TestMoveWarmsEveryBatchSizeOnGPU(t *testing.T) {
 		}
 		fast, slow := pairs(t, reg)
 		if slow > fast+fast/10 {
-			t.Errorf("after the move to %s the batches of 2 and 3 took %v to %v: a size was cold (before the move: %v to %v)", to, fast, slow, fastBefore, slowBefore)
+			t.Errorf("after the move to %s the batches of 2 and 3 took %v to %v: a size was cold (after the load: %v to %v)", to, fast, slow, fastBefore, slowBefore)
 		}
-		t.Logf("batches of 2 and 3 at once: before the move %v to %v; after it %v to %v", fastBefore, slowBefore, fast, slow)
+		t.Logf("batches of 2 and 3 at once: after the load %v to %v; after the move %v to %v", fastBefore, slowBefore, fast, slow)
 	})
 }
 
