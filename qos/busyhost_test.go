@@ -119,7 +119,7 @@ func TestBusyHostClosedLoopNotRefused(t *testing.T) {
 		st, _ := h.s.Stats("a")
 		h.s.mu.Lock()
 		drift := h.s.models["a"].tail.drift
-		room := h.s.models["a"].room(16 * ms)
+		room := h.s.models["a"].room(16*ms, 0)
 		h.s.mu.Unlock()
 		t.Logf("arrived %d good %d late %d rejected %d dropped %d in %v (%.0f/s); drift %.2f; room for 16ms predicted %v",
 			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, took, float64(st.Good+st.Late)/took.Seconds(),
@@ -140,48 +140,70 @@ func TestBusyHostClosedLoopNotRefused(t *testing.T) {
 
 // The same host and model far past capacity: Poisson arrivals at four
 // times what it serves. Admission refuses most; the requests it admits
-// finish on time, and the model serves about its capacity.
+// finish on time, and the model serves about its capacity. So too when
+// the estimate is a tenth of what an execution takes on average (on a
+// busy host the predictor's correction, a geometric mean, learns the
+// typical execution, and stalls make the mean: measured 5-12x the
+// predictions beside two burners): admission, the drift capped at 2x,
+// played forward a queue it took four times as long to run, and dropped
+// about half of what it admitted at the deadline.
 func TestBusyHostOverloadAdmittedOnTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{Estimator: fixedEstimator(ms)})
-		host := newBusyHost(34, busyHostTurns.on, busyHostTurns.off)
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
-			return host.took(600 * time.Microsecond)
+	for _, c := range []struct {
+		name     string
+		estimate time.Duration
+		// lateShare bounds the late and dropped of the admitted: the
+		// dispatcher too decides on the estimate (a request it starts
+		// with a tenth of an execution left ends late).
+		lateShare float64
+	}{
+		{"estimate 1ms", ms, 0.01},
+		{"estimate a tenth", 100 * time.Microsecond, 0.05},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { overloadBusyHost(t, c.estimate, c.lateShare) })
 		})
-		h.run()
-		ctx := t.Context()
-		// The host gives the runner 6 ms of 13 on average: 0.6 ms of
-		// the core an execution is about 770 executions a second.
-		const (
-			capacity = 6.0 / 13 / 0.0006
-			rate     = 4 * capacity
-			dur      = 5 * time.Second
-		)
-		arrivals := rand.New(rand.NewPCG(35, 36))
-		var wg sync.WaitGroup
-		id := int64(0)
-		for start := time.Now(); time.Since(start) < dur; {
-			<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
-			id++
-			req := idRequest(id)
-			wg.Go(func() { h.s.Submit(ctx, "a", req, RequestOptions{}) })
-		}
-		wg.Wait()
-		st, _ := h.s.Stats("a")
-		admitted := st.Good + st.Late + st.Dropped
-		good := float64(st.Good) / dur.Seconds() / capacity
-		t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
-			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
-		if st.Rejected == 0 {
-			t.Error("nothing refused at 4x capacity")
-		}
-		if share := float64(st.Late+st.Dropped) / float64(admitted); share > 0.01 {
-			t.Errorf("%.2f%% of the admitted requests late or dropped, want at most 1%%", 100*share)
-		}
-		if good < 0.8 {
-			t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
-		}
+	}
+}
+
+func overloadBusyHost(t *testing.T, estimate time.Duration, lateShare float64) {
+	h := newHarness(t, Options{Estimator: fixedEstimator(estimate)})
+	host := newBusyHost(34, busyHostTurns.on, busyHostTurns.off)
+	h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
+		return host.took(600 * time.Microsecond)
 	})
+	h.run()
+	ctx := t.Context()
+	// The host gives the runner 6 ms of 13 on average: 0.6 ms of
+	// the core an execution is about 770 executions a second.
+	const (
+		capacity = 6.0 / 13 / 0.0006
+		rate     = 4 * capacity
+		dur      = 5 * time.Second
+	)
+	arrivals := rand.New(rand.NewPCG(35, 36))
+	var wg sync.WaitGroup
+	id := int64(0)
+	for start := time.Now(); time.Since(start) < dur; {
+		<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
+		id++
+		req := idRequest(id)
+		wg.Go(func() { h.s.Submit(ctx, "a", req, RequestOptions{}) })
+	}
+	wg.Wait()
+	st, _ := h.s.Stats("a")
+	admitted := st.Good + st.Late + st.Dropped
+	good := float64(st.Good) / dur.Seconds() / capacity
+	t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
+		st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
+	if st.Rejected == 0 {
+		t.Error("nothing refused at 4x capacity")
+	}
+	if share := float64(st.Late+st.Dropped) / float64(admitted); share > lateShare {
+		t.Errorf("%.2f%% of the admitted requests late or dropped, want at most %.0f%%", 100*share, 100*lateShare)
+	}
+	if good < 0.8 {
+		t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
+	}
 }
 
 // A starved dispatcher: on a busy host the goroutine that dispatches

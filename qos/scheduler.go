@@ -275,11 +275,16 @@ type model struct {
 	// memHeld says the last plan held m's head for its instances' memory
 	// to grow (memory.go); bigRows and bigRowsAt are the largest request
 	// of late (observeRows).
-	memHeld   bool
-	bigRows   int
-	bigRowsAt time.Time
-	win       *window
-	mm        *modelMetrics
+	memHeld bool
+	// scaleElements is the row size the estimator's scale for the model
+	// is read at (scaleLocked): its first execution's; scaleSet once
+	// that ran.
+	scaleElements int64
+	scaleSet      bool
+	bigRows       int
+	bigRowsAt     time.Time
+	win           *window
+	mm            *modelMetrics
 }
 
 // batchSizeWeight is the weight of each new execution in recentBatch.
@@ -305,7 +310,7 @@ const maxTailRatio = 3
 // so that the stalls of a busy host, which delay a queue once, are not
 // charged to every execution in it. (A ratio per execution did: sixteen
 // closed-loop clients of a 1 ms model got 429s against a 40 ms SLO.)
-func (m *model) room(queue time.Duration) time.Duration { return m.tail.room(queue) }
+func (m *model) room(queue time.Duration, ref float64) time.Duration { return m.tail.room(queue, ref) }
 
 // execution is one batch in progress.
 type execution struct {
@@ -317,6 +322,7 @@ type execution struct {
 	elements  int64 // per row, as its requests' (one merge key: one shape); 0 unknown
 	start     time.Time
 	slot      time.Time     // when its slot came free for it (Scheduler.freed), else start
+	scale     float64       // the estimator's scale for its model at its start (Scheduler.scaleLocked)
 	predicted time.Duration // 0: unknown
 	live      int           // members whose clients still wait
 	cancel    context.CancelFunc
