@@ -80,10 +80,19 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
 		room := m.room(wait+own, s.scaleLocked(m))
-		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
-			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
-				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))
+		// The wait promised, as far as the guard has seen such
+		// promises kept.
+		g := m.guard.get()
+		promise := time.Duration(g * float64(wait+room))
+		if miss := now.Add(promise + own).Sub(r.deadline); miss > 0 {
+			guarded := ""
+			if g > 1 {
+				guarded = fmt.Sprintf(", the wait %.2fx for admission's own (guard)", g)
+			}
+			return fmt.Errorf("%w: completion with %s of room for the predictions' error%s misses the deadline by %s (queue ahead %s, execution %s)",
+				ErrRejected, millis(room), guarded, millis(miss), millis(wait), millis(own))
 		}
+		r.promised = promise
 	}
 	return nil
 }
@@ -382,6 +391,9 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 				wake = earliest(wake, hopeless.Add(time.Nanosecond))
 				continue
 			}
+			if r.promised > 0 {
+				m.guard.missed()
+			}
 			var err error
 			if now.After(r.deadline) {
 				err = fmt.Errorf("%w: deadline passed %s ago", ErrDropped, millis(now.Sub(r.deadline)))
@@ -643,6 +655,7 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 		s.freed = s.freed[:copy(s.freed, s.freed[1:])]
 	}
 	for _, r := range batch {
+		m.guard.started()
 		e.size += r.batch
 		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
@@ -765,6 +778,9 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		case faults != nil && faults[i] != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: faults[i]})
 		case !r.deadline.IsZero() && now.After(r.deadline):
+			if r.promised > 0 {
+				m.guard.missed()
+			}
 			s.finishLocked(r, outcomeLate, now, result{resp: parts[i]})
 		default:
 			s.finishLocked(r, outcomeGood, now, result{resp: parts[i]})

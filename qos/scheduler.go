@@ -264,7 +264,8 @@ type model struct {
 	// needs: the inter-arrival times, and each execution's time over its
 	// prediction.
 	gaps, service moments
-	tail          tail // the executions' predicted and observed times, for admission's room for error
+	tail          tail  // the executions' predicted and observed times, for admission's room for error
+	guard         guard // admission's promised waits against the waits, for its factor on them
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
