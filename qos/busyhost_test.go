@@ -119,7 +119,7 @@ func TestBusyHostClosedLoopNotRefused(t *testing.T) {
 		st, _ := h.s.Stats("a")
 		h.s.mu.Lock()
 		drift := h.s.models["a"].tail.drift
-		room := h.s.models["a"].room(16*ms, 0)
+		room := h.s.models["a"].room(16 * ms)
 		h.s.mu.Unlock()
 		t.Logf("arrived %d good %d late %d rejected %d dropped %d in %v (%.0f/s); drift %.2f; room for 16ms predicted %v",
 			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, took, float64(st.Good+st.Late)/took.Seconds(),
@@ -140,94 +140,24 @@ func TestBusyHostClosedLoopNotRefused(t *testing.T) {
 
 // The same host and model far past capacity: Poisson arrivals at four
 // times what it serves. Admission refuses most; the requests it admits
-// finish on time, and the model serves about its capacity. So too when
-// the estimate is a tenth of what an execution takes on average (on a
-// busy host the predictor's correction, a geometric mean, learns the
-// typical execution, and stalls make the mean: measured 5-12x the
-// predictions beside two burners): admission, the drift capped at 2x,
-// played forward a queue it took four times as long to run, and dropped
-// about half of what it admitted at the deadline.
+// finish on time, and the model serves about its capacity.
 func TestBusyHostOverloadAdmittedOnTime(t *testing.T) {
-	for _, c := range []struct {
-		name     string
-		estimate time.Duration
-		// lateShare bounds the late and dropped of the admitted: the
-		// dispatcher too decides on the estimate (a request it starts
-		// with a tenth of an execution left ends late).
-		lateShare float64
-	}{
-		{"estimate 1ms", ms, 0.01},
-		{"estimate a tenth", 100 * time.Microsecond, 0.05},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { overloadBusyHost(t, c.estimate, c.lateShare) })
-		})
-	}
-}
-
-func overloadBusyHost(t *testing.T, estimate time.Duration, lateShare float64) {
-	h := newHarness(t, Options{Estimator: fixedEstimator(estimate)})
-	host := newBusyHost(34, busyHostTurns.on, busyHostTurns.off)
-	h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
-		return host.took(600 * time.Microsecond)
-	})
-	h.run()
-	ctx := t.Context()
-	// The host gives the runner 6 ms of 13 on average: 0.6 ms of
-	// the core an execution is about 770 executions a second.
-	const (
-		capacity = 6.0 / 13 / 0.0006
-		rate     = 4 * capacity
-		dur      = 5 * time.Second
-	)
-	arrivals := rand.New(rand.NewPCG(35, 36))
-	var wg sync.WaitGroup
-	id := int64(0)
-	for start := time.Now(); time.Since(start) < dur; {
-		<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
-		id++
-		req := idRequest(id)
-		wg.Go(func() { h.s.Submit(ctx, "a", req, RequestOptions{}) })
-	}
-	wg.Wait()
-	st, _ := h.s.Stats("a")
-	admitted := st.Good + st.Late + st.Dropped
-	good := float64(st.Good) / dur.Seconds() / capacity
-	t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
-		st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
-	if st.Rejected == 0 {
-		t.Error("nothing refused at 4x capacity")
-	}
-	if share := float64(st.Late+st.Dropped) / float64(admitted); share > lateShare {
-		t.Errorf("%.2f%% of the admitted requests late or dropped, want at most %.0f%%", 100*share, 100*lateShare)
-	}
-	if good < 0.8 {
-		t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
-	}
-}
-
-// A starved dispatcher: on a busy host the goroutine that dispatches
-// waits for a CPU after each wake, so a slot stays free for a while after
-// an execution ends although work waits for it. The executions themselves
-// take what they are predicted to (1 ms), and the dispatcher wakes 1 ms
-// late: a queue takes up to twice its predictions. Poisson arrivals at
-// four times the capacity: the requests admitted must be served by their
-// deadline, not dropped at it. Timed from their dispatch, the executions
-// showed no error and admission filled the SLO with twice the queue it
-// could serve: most of the admitted were dropped.
-func TestStarvedDispatcherAdmittedServed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, Options{Estimator: fixedEstimator(ms)})
-		h.s.woken = func() { time.Sleep(ms) }
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration { return ms })
+		host := newBusyHost(34, busyHostTurns.on, busyHostTurns.off)
+		h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
+			return host.took(600 * time.Microsecond)
+		})
 		h.run()
 		ctx := t.Context()
+		// The host gives the runner 6 ms of 13 on average: 0.6 ms of
+		// the core an execution is about 770 executions a second.
 		const (
-			capacity = 1000.0 / 2 // executions of 1 ms, 1 ms apart at worst
+			capacity = 6.0 / 13 / 0.0006
 			rate     = 4 * capacity
 			dur      = 5 * time.Second
 		)
-		arrivals := rand.New(rand.NewPCG(37, 38))
+		arrivals := rand.New(rand.NewPCG(35, 36))
 		var wg sync.WaitGroup
 		id := int64(0)
 		for start := time.Now(); time.Since(start) < dur; {
@@ -242,61 +172,14 @@ func TestStarvedDispatcherAdmittedServed(t *testing.T) {
 		good := float64(st.Good) / dur.Seconds() / capacity
 		t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
 			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
-		if share := float64(st.Late+st.Dropped) / float64(admitted); share > 0.02 {
-			t.Errorf("%.2f%% of the admitted requests late or dropped, want at most 2%%", 100*share)
+		if st.Rejected == 0 {
+			t.Error("nothing refused at 4x capacity")
 		}
-		if good < 0.9 {
-			t.Errorf("goodput %.2f of capacity, want at least 0.9", good)
+		if share := float64(st.Late+st.Dropped) / float64(admitted); share > 0.01 {
+			t.Errorf("%.2f%% of the admitted requests late or dropped, want at most 1%%", 100*share)
 		}
-	})
-}
-
-// A host whose share swings: the runner's executions take 0.6 ms for
-// 300 ms, then 3 ms for 300 ms, in turns (another tenant's load comes
-// and goes, as the server's own work does when an overload starts).
-// Poisson arrivals at four times the slow phases' capacity. The window
-// of executions the room is read from lags each change, and the requests
-// admitted on the fast phase's drift as the slow one starts missed their
-// deadline: 23% of the admitted late or dropped, 6% with the guard on
-// admission's promises (guard.go) learning from them.
-func TestSwingingHostOverloadAdmittedOnTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{Estimator: fixedEstimator(ms)})
-		start := time.Now()
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 1000}, func([]int64) time.Duration {
-			if time.Since(start)/(300*ms)%2 == 1 {
-				return 3 * ms
-			}
-			return 600 * time.Microsecond
-		})
-		h.run()
-		ctx := t.Context()
-		const (
-			slow = 1000.0 / 3 // executions a second in the slow phases
-			rate = 4 * slow
-			dur  = 6 * time.Second
-		)
-		arrivals := rand.New(rand.NewPCG(39, 40))
-		var wg sync.WaitGroup
-		id := int64(0)
-		for time.Since(start) < dur {
-			<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
-			id++
-			req := idRequest(id)
-			wg.Go(func() { h.s.Submit(ctx, "a", req, RequestOptions{}) })
-		}
-		wg.Wait()
-		st, _ := h.s.Stats("a")
-		admitted := st.Good + st.Late + st.Dropped
-		// Half the time at 1/0.6 ms, half at 1/3 ms.
-		capacity := (1000/0.6 + slow) / 2
-		good := float64(st.Good) / dur.Seconds() / capacity
-		t.Logf("arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
-			st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
-		// Some end late behind an execution the dispatcher started on the
-		// estimate, a third of what it takes in the slow phases.
-		if share := float64(st.Late+st.Dropped) / float64(admitted); share > 0.10 {
-			t.Errorf("%.2f%% of the admitted requests late or dropped, want at most 10%%", 100*share)
+		if good < 0.8 {
+			t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
 		}
 	})
 }

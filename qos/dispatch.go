@@ -79,20 +79,11 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// simulated GPU day), so the mean decides. Best-effort work has
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
-		room := m.room(wait+own, s.scaleLocked(m))
-		// The wait promised, as far as the guard has seen such
-		// promises kept.
-		g := m.guard.get()
-		promise := time.Duration(g * float64(wait+room))
-		if miss := now.Add(promise + own).Sub(r.deadline); miss > 0 {
-			guarded := ""
-			if g > 1 {
-				guarded = fmt.Sprintf(", the wait %.2fx for admission's own (guard)", g)
-			}
-			return fmt.Errorf("%w: completion with %s of room for the predictions' error%s misses the deadline by %s (queue ahead %s, execution %s)",
-				ErrRejected, millis(room), guarded, millis(miss), millis(wait), millis(own))
+		room := m.room(wait + own)
+		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
+			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
+				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))
 		}
-		r.promised = promise
 	}
 	return nil
 }
@@ -368,9 +359,6 @@ func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
 		}
 		s.startLocked(batch, now)
 	}
-	// A slot freed with work waiting that this pass left free was not
-	// waiting for the dispatcher.
-	s.freed = s.freed[:0]
 	return wake
 }
 
@@ -390,9 +378,6 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 			if !now.After(hopeless) {
 				wake = earliest(wake, hopeless.Add(time.Nanosecond))
 				continue
-			}
-			if r.promised > 0 {
-				m.guard.missed()
 			}
 			var err error
 			if now.After(r.deadline) {
@@ -646,16 +631,8 @@ func (s *Scheduler) executeInline(ctx, ectx context.Context, e *execution, r *re
 // and the execution's context, for execute.
 func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, context.Context) {
 	m := batch[0].m
-	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, slot: now, live: len(batch), elements: batch[0].elements}
-	if len(s.freed) > 0 {
-		// The slot came free before the dispatcher got to it: on a busy
-		// host its goroutine waits for a CPU. Admission plays the queue
-		// forward slot by slot, so the wait is part of the slot's time.
-		e.slot = s.freed[0]
-		s.freed = s.freed[:copy(s.freed, s.freed[1:])]
-	}
+	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch), elements: batch[0].elements}
 	for _, r := range batch {
-		m.guard.started()
 		e.size += r.batch
 		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
@@ -663,10 +640,6 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 		m.mm.queueDelay.Observe(delay.Seconds())
 	}
 	m.q.removeDispatched()
-	if !m.scaleSet {
-		m.scaleElements, m.scaleSet = e.elements, true
-	}
-	e.scale = s.scaleLocked(m)
 	m.lastStart, m.refused = now, 0
 	if m.recentBatch == 0 {
 		m.recentBatch = float64(e.size)
@@ -686,26 +659,6 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 	e.cancel = cancel
 	s.execs.Add(1)
 	return e, traceDispatchLocked(ctx, e, now)
-}
-
-// scaleLocked is the estimator's scale for m now, in seconds: its
-// estimate of one row of the size m's first execution had; 0 unknown or
-// before m ran. Admission's room compares it with the scale at the
-// dispatch of the executions it learns from (tail.room): on a busy host
-// the estimates rise and fall several times within a second with the
-// runner's share, and the window's excess over the estimates of its
-// time, counted again on estimates that have since risen, refused
-// sixteen closed-loop clients against their SLO (room of 11x a queue of
-// 57 ms predicted at 3.8 ms an execution).
-func (s *Scheduler) scaleLocked(m *model) float64 {
-	if !m.scaleSet {
-		return 0
-	}
-	d, ok := s.est.EstimateSize(m.spec.Name, 1, m.scaleElements)
-	if !ok {
-		return 0
-	}
-	return d.Seconds()
 }
 
 // chargeLocked advances a best-effort model's virtual time by the
@@ -756,7 +709,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		if e.predicted > 0 {
 			ratio := now.Sub(e.start).Seconds() / e.predicted.Seconds()
 			m.service.observe(ratio)
-			m.tail.observe(e.predicted.Seconds(), now.Sub(e.slot).Seconds(), e.scale)
+			m.tail.observe(e.predicted.Seconds(), now.Sub(e.start).Seconds())
 		}
 	}
 	m.running--
@@ -778,9 +731,6 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		case faults != nil && faults[i] != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: faults[i]})
 		case !r.deadline.IsZero() && now.After(r.deadline):
-			if r.promised > 0 {
-				m.guard.missed()
-			}
 			s.finishLocked(r, outcomeLate, now, result{resp: parts[i]})
 		default:
 			s.finishLocked(r, outcomeGood, now, result{resp: parts[i]})
@@ -788,9 +738,6 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	}
 	s.finalizeLocked(m)
 	queued := s.anyQueuedLocked()
-	if queued {
-		s.freed = append(s.freed, now)
-	}
 	s.unlock()
 	if queued {
 		// The slot is free for what waits; with nothing queued the

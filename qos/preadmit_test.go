@@ -115,9 +115,9 @@ func TestAdmissionRoomForError(t *testing.T) {
 		h.s.mu.Lock()
 		m := h.s.models["a"]
 		for i := range 2 * minTail {
-			m.tail.observe(0.030, 0.030*float64(1+i%2), 0)
+			m.tail.observe(0.030, 0.030*float64(1+i%2))
 		}
-		room := m.room(89*ms, 0)
+		room := m.room(89 * ms)
 		h.s.mu.Unlock()
 		want := 59500*time.Microsecond + time.Duration(math.Sqrt(7.5*89)*float64(ms))
 		if absDuration(room-want) > time.Microsecond {

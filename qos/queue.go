@@ -25,9 +25,6 @@ type request struct {
 	// probe: admitted although predicted to miss, to measure the model
 	// again (see probeDueLocked); it is never dropped for its deadline.
 	probe bool
-	// promised is the wait admission promised it behind a backlog, from
-	// its arrival to its start (see guard); 0: admitted without one.
-	promised time.Duration
 
 	state requestState
 	exec  *execution  // while running

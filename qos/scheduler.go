@@ -187,15 +187,6 @@ type Scheduler struct {
 	scratch [2]slots
 	// estCache is playOwnLocked's estimates by batch size (guarded by mu).
 	estCache estimates
-	// freed holds when executions ended, since the dispatcher's last
-	// pass, with work waiting for their slots (guarded by mu): the
-	// executions that pass starts take over those slots, and time them
-	// from then (beginLocked).
-	freed []time.Time
-	// woken, when set, is called by Run each time it wakes, before it
-	// takes the lock: a test delays the dispatcher with it as a busy
-	// host's CPU scheduler does.
-	woken func()
 	// logs are the per-request log lines written under mu (logLocked),
 	// emitted by unlock once mu is free: a log handler takes a lock of its
 	// own and writes to a file or pipe, and under overload thousands of
@@ -264,8 +255,7 @@ type model struct {
 	// needs: the inter-arrival times, and each execution's time over its
 	// prediction.
 	gaps, service moments
-	tail          tail  // the executions' predicted and observed times, for admission's room for error
-	guard         guard // admission's promised waits against the waits, for its factor on them
+	tail          tail // the executions' predicted and observed times, for admission's room for error
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
@@ -276,16 +266,11 @@ type model struct {
 	// memHeld says the last plan held m's head for its instances' memory
 	// to grow (memory.go); bigRows and bigRowsAt are the largest request
 	// of late (observeRows).
-	memHeld bool
-	// scaleElements is the row size the estimator's scale for the model
-	// is read at (scaleLocked): its first execution's; scaleSet once
-	// that ran.
-	scaleElements int64
-	scaleSet      bool
-	bigRows       int
-	bigRowsAt     time.Time
-	win           *window
-	mm            *modelMetrics
+	memHeld   bool
+	bigRows   int
+	bigRowsAt time.Time
+	win       *window
+	mm        *modelMetrics
 }
 
 // batchSizeWeight is the weight of each new execution in recentBatch.
@@ -311,7 +296,7 @@ const maxTailRatio = 3
 // so that the stalls of a busy host, which delay a queue once, are not
 // charged to every execution in it. (A ratio per execution did: sixteen
 // closed-loop clients of a 1 ms model got 429s against a 40 ms SLO.)
-func (m *model) room(queue time.Duration, ref float64) time.Duration { return m.tail.room(queue, ref) }
+func (m *model) room(queue time.Duration) time.Duration { return m.tail.room(queue) }
 
 // execution is one batch in progress.
 type execution struct {
@@ -322,8 +307,6 @@ type execution struct {
 	size      int
 	elements  int64 // per row, as its requests' (one merge key: one shape); 0 unknown
 	start     time.Time
-	slot      time.Time     // when its slot came free for it (Scheduler.freed), else start
-	scale     float64       // the estimator's scale for its model at its start (Scheduler.scaleLocked)
 	predicted time.Duration // 0: unknown
 	live      int           // members whose clients still wait
 	cancel    context.CancelFunc
@@ -904,9 +887,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		if s.woken != nil {
-			s.woken()
-		}
 		s.mu.Lock()
 		now := time.Now()
 		wake := s.dispatchLocked(now)

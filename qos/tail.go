@@ -63,58 +63,34 @@ const minTail = 50
 //     runs alone left 2.2% of the admitted late or dropped
 //     (TestBusyHostOverloadAdmittedOnTime), this reading 0.4%.
 //
-// P is read at the estimator's scale when the window's executions ran
-// (Scheduler.scaleLocked: its estimate of one fixed row): on a busy host
-// the predictor learns a slowdown within a second, and the window's
-// excess over its earlier estimates, counted again on estimates that
-// already hold it, refused sixteen closed-loop clients (room of 11x a
-// queue of 57 ms predicted at 3.8 ms an execution, in
-// TestE2EAdmissionBusyHost). Read so, the queue and its room are at most
-// maxTailRatio times P*(1+drift): the drift itself is not cut. The
-// predictor's correction (a geometric mean) learns the typical execution
-// and the stalls make the mean: beside two burners under overload the
-// executions took 5 to 12 times their predictions, and a room capped at
-// 2P let admission fill the SLO with queues it took several times as
-// long to run (35-74% of the admitted dropped at their deadline).
-//
-// An execution's time runs from when its slot came free for it, not from
-// its dispatch (execution.slot): on a busy host the dispatcher's
-// goroutine waits for a CPU after the execution before ends, and the
-// slot is idle meanwhile while admission plays it forward as busy
-// (TestStarvedDispatcherAdmittedServed). The window is read again every
-// tailRefresh executions.
+// The room is at most (maxTailRatio-1) times P, the drift too: on a
+// machine busier than its burners the predictions swing with the
+// runner's share, executions were measured at 6x the predictions at
+// their start while the queues admission predicted higher finished in
+// half the SLO, and an uncapped drift refused them. The window is read
+// again every tailRefresh executions.
 type tail struct {
 	pred, took [tailWindow]float64 // seconds
-	// ref is the estimator's scale at each execution's dispatch
-	// (Scheduler.scaleLocked), in seconds; 0 unknown.
-	ref     [tailWindow]float64
-	n       int // executions seen, up to tailWindow
-	next    int // where the next one goes
-	pending int // executions since the last refresh
+	n          int                 // executions seen, up to tailWindow
+	next       int                 // where the next one goes
+	pending    int                 // executions since the last refresh
 	// At the last refresh (see tail): drift, spread and stall; spans,
 	// run lengths in predicted seconds (doubling), and excess, the mean
 	// plus tailZ standard deviations of the excess per second predicted
 	// of the window's runs that long. Empty before minTail executions.
 	drift, spread, stall float64
-	// scale is the window's estimator scale, its executions' ref
-	// weighted by their predictions (sum pred / sum pred/ref); 0 when
-	// one is unknown.
-	scale         float64
-	spans, excess []float64
-	cumP, cumE    []float64 // scratch: prefix sums in time order
-	scratch       []float64
+	spans, excess        []float64
+	cumP, cumE           []float64 // scratch: prefix sums in time order
+	scratch              []float64
 }
 
-// observe adds one execution: its predicted and its observed time and
-// the estimator's scale when it was dispatched (0 unknown), in seconds.
-func (t *tail) observe(predicted, took, ref float64) {
+// observe adds one execution: its predicted and its observed time, in
+// seconds.
+func (t *tail) observe(predicted, took float64) {
 	if !(predicted > 0) || !(took >= 0) || math.IsInf(predicted, 0) || math.IsInf(took, 0) {
 		return
 	}
-	if !(ref > 0) || math.IsInf(ref, 0) {
-		ref = 0
-	}
-	t.pred[t.next], t.took[t.next], t.ref[t.next] = predicted, took, ref
+	t.pred[t.next], t.took[t.next] = predicted, took
 	t.next = (t.next + 1) % tailWindow
 	t.n = min(t.n+1, tailWindow)
 	t.pending++
@@ -140,16 +116,6 @@ func (t *tail) refresh() {
 		t.cumE = append(t.cumE, t.cumE[k]+t.took[i]-t.pred[i])
 	}
 	t.drift = t.cumE[n] / t.cumP[n]
-	var units float64
-	for k := range n {
-		i := (first + k) % tailWindow
-		if t.ref[i] == 0 {
-			units = math.Inf(1)
-			break
-		}
-		units += t.pred[i] / t.ref[i]
-	}
-	t.scale = t.cumP[n] / units // 0 when one is unknown
 	t.scratch = t.scratch[:0]
 	var v float64
 	for k := range n {
@@ -190,18 +156,13 @@ func (t *tail) refresh() {
 }
 
 // room is the time to leave for the error of a queue predicted to take
-// queue, at the estimator's scale ref (0 unknown: the window's), see
-// tail; 0 until minTail executions were seen, and never below 0.
-func (t *tail) room(queue time.Duration, ref float64) time.Duration {
+// queue (see tail); 0 until minTail executions were seen, and never below
+// 0.
+func (t *tail) room(queue time.Duration) time.Duration {
 	if len(t.spans) == 0 || queue <= 0 {
 		return 0
 	}
-	// The queue as the window's executions were predicted: its
-	// estimates rose with what they taught the estimator.
 	p := queue.Seconds()
-	if t.scale > 0 && ref > 0 {
-		p *= t.scale / ref
-	}
 	last := len(t.spans) - 1
 	var rate float64
 	switch i, _ := slices.BinarySearch(t.spans, p); {
@@ -215,8 +176,8 @@ func (t *tail) room(queue time.Duration, ref float64) time.Duration {
 	}
 	sd := math.Sqrt(t.spread * p)
 	room := max(rate*p, t.drift*p+min(tailZ*sd, t.stall+sd))
-	room = min(room, (maxTailRatio*(1+max(t.drift, 0))-1)*p)
-	return time.Duration(max(p+room-queue.Seconds(), 0) * float64(time.Second))
+	room = min(room, (maxTailRatio-1)*p)
+	return time.Duration(max(room, 0) * float64(time.Second))
 }
 
 // rankIndex is the index of quantile q among n sorted values: the
