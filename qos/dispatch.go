@@ -359,9 +359,6 @@ func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
 		}
 		s.startLocked(batch, now)
 	}
-	// A slot freed with work waiting that this pass left free was not
-	// waiting for the dispatcher.
-	s.freed = s.freed[:0]
 	return wake
 }
 
@@ -634,14 +631,7 @@ func (s *Scheduler) executeInline(ctx, ectx context.Context, e *execution, r *re
 // and the execution's context, for execute.
 func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, context.Context) {
 	m := batch[0].m
-	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, slot: now, live: len(batch), elements: batch[0].elements}
-	if len(s.freed) > 0 {
-		// The slot came free before the dispatcher got to it: on a busy
-		// host its goroutine waits for a CPU. Admission plays the queue
-		// forward slot by slot, so the wait is part of the slot's time.
-		e.slot = s.freed[0]
-		s.freed = s.freed[:copy(s.freed, s.freed[1:])]
-	}
+	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch), elements: batch[0].elements}
 	for _, r := range batch {
 		e.size += r.batch
 		r.state, r.exec, r.started = stateRunning, e, now
@@ -719,7 +709,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		if e.predicted > 0 {
 			ratio := now.Sub(e.start).Seconds() / e.predicted.Seconds()
 			m.service.observe(ratio)
-			m.tail.observe(e.predicted.Seconds(), now.Sub(e.slot).Seconds())
+			m.tail.observe(e.predicted.Seconds(), now.Sub(e.start).Seconds())
 		}
 	}
 	m.running--
@@ -748,9 +738,6 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 	}
 	s.finalizeLocked(m)
 	queued := s.anyQueuedLocked()
-	if queued {
-		s.freed = append(s.freed, now)
-	}
 	s.unlock()
 	if queued {
 		// The slot is free for what waits; with nothing queued the

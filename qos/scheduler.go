@@ -187,15 +187,6 @@ type Scheduler struct {
 	scratch [2]slots
 	// estCache is playOwnLocked's estimates by batch size (guarded by mu).
 	estCache estimates
-	// freed holds when executions ended, since the dispatcher's last
-	// pass, with work waiting for their slots (guarded by mu): the
-	// executions that pass starts take over those slots, and time them
-	// from then (beginLocked).
-	freed []time.Time
-	// woken, when set, is called by Run each time it wakes, before it
-	// takes the lock: a test delays the dispatcher with it as a busy
-	// host's CPU scheduler does.
-	woken func()
 	// logs are the per-request log lines written under mu (logLocked),
 	// emitted by unlock once mu is free: a log handler takes a lock of its
 	// own and writes to a file or pipe, and under overload thousands of
@@ -316,7 +307,6 @@ type execution struct {
 	size      int
 	elements  int64 // per row, as its requests' (one merge key: one shape); 0 unknown
 	start     time.Time
-	slot      time.Time     // when its slot came free for it (Scheduler.freed), else start
 	predicted time.Duration // 0: unknown
 	live      int           // members whose clients still wait
 	cancel    context.CancelFunc
@@ -897,9 +887,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		if s.woken != nil {
-			s.woken()
-		}
 		s.mu.Lock()
 		now := time.Now()
 		wake := s.dispatchLocked(now)

@@ -67,14 +67,8 @@ const minTail = 50
 // machine busier than its burners the predictions swing with the
 // runner's share, executions were measured at 6x the predictions at
 // their start while the queues admission predicted higher finished in
-// half the SLO, and an uncapped drift refused them.
-//
-// An execution's time runs from when its slot came free for it, not from
-// its dispatch (execution.slot): on a busy host the dispatcher's
-// goroutine waits for a CPU after the execution before ends, and the
-// slot is idle meanwhile while admission plays it forward as busy
-// (TestStarvedDispatcherAdmittedServed). The window is read again every
-// tailRefresh executions.
+// half the SLO, and an uncapped drift refused them. The window is read
+// again every tailRefresh executions.
 type tail struct {
 	pred, took [tailWindow]float64 // seconds
 	n          int                 // executions seen, up to tailWindow
