@@ -32,19 +32,7 @@ import (
 // the move without the move's.
 func TestLoadAndMoveWarmEveryBatchSizeOnGPU(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := configs.DefaultServer()
-		cfg.GPU.Simulator.Devices = 2
-		cfg.Control.Policy = control.SharePolicyShared // no resize: no replacement warms a size
-		cfg.Control.Profile.Enabled = false
-		model := "max_batch_size: 4\ninstances: 2\n" +
-			"execution: {provider: cuda, simulated: {preset: bert-base}}\n" +
-			"slo: {latency_ms: 5000, class: latency-critical}\nresources: {memory_limit: 4GiB}\n"
-		reg, _ := simulatedServer(t, cfg, map[string]string{"m": model})
-		from := deviceOfModel(t, reg, "m")
-		to := "cuda:1"
-		if from == to {
-			to = "cuda:0"
-		}
+		reg, _, _, to, _ := movableBert(t)
 
 		fastBefore, slowBefore := pairs(t, reg)
 		if slowBefore > fastBefore+fastBefore/10 {
@@ -104,19 +92,7 @@ func pairs(t *testing.T, reg *models.Registry) (fastest, slowest time.Duration) 
 // its memory back.
 func TestMoveFailingItsWarmUpStaysPut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := configs.DefaultServer()
-		cfg.GPU.Simulator.Devices = 2
-		cfg.Control.Policy = control.SharePolicyShared
-		cfg.Control.Profile.Enabled = false
-		model := "max_batch_size: 4\ninstances: 2\n" +
-			"execution: {provider: cuda, simulated: {preset: bert-base}}\n" +
-			"slo: {latency_ms: 5000, class: latency-critical}\nresources: {memory_limit: 4GiB}\n"
-		reg, h := simulatedServer(t, cfg, map[string]string{"m": model})
-		from := deviceOfModel(t, reg, "m")
-		to, idx := "cuda:1", 1
-		if from == to {
-			to, idx = "cuda:0", 0
-		}
+		reg, h, from, to, idx := movableBert(t)
 		target := h.sim.Devices()[idx]
 		// Room for two contexts and two copies of the weights, and 20 MiB:
 		// half a batch-1 arena of bert-base.
@@ -147,4 +123,26 @@ func TestMoveFailingItsWarmUpStaysPut(t *testing.T) {
 		}
 		infer(t, reg, "m")
 	})
+}
+
+// movableBert loads m, a latency-critical bert-base with two instances
+// and a loose SLO, on one of two simulated GPUs under the shared policy
+// (no resize: no replacement warms a size), and names the other GPU and
+// its index.
+func movableBert(t *testing.T) (reg *models.Registry, h *house, from, to string, idx int) {
+	t.Helper()
+	cfg := configs.DefaultServer()
+	cfg.GPU.Simulator.Devices = 2
+	cfg.Control.Policy = control.SharePolicyShared
+	cfg.Control.Profile.Enabled = false
+	model := "max_batch_size: 4\ninstances: 2\n" +
+		"execution: {provider: cuda, simulated: {preset: bert-base}}\n" +
+		"slo: {latency_ms: 5000, class: latency-critical}\nresources: {memory_limit: 4GiB}\n"
+	reg, h = simulatedServer(t, cfg, map[string]string{"m": model})
+	from = deviceOfModel(t, reg, "m")
+	to, idx = "cuda:1", 1
+	if from == to {
+		to, idx = "cuda:0", 0
+	}
+	return reg, h, from, to, idx
 }
