@@ -149,10 +149,8 @@ func (r *Registry) Move(ctx context.Context, key, device string) error {
 		v.moving.Store(false)
 		return fmt.Errorf("%s: starting on %s: %w", key, device, err)
 	}
-	// Each new instance is warmed as a replacement is (warmMember), and
-	// not only through the pool: the pool sends the sequential warm-up
-	// runs to one instance, and leaves the others cold at every size.
-	// Then the warm-up at load seeds the target's latency estimates.
+	// Each new instance is warmed as a replacement is (warmInstances);
+	// then the pool's warm-up seeds the target's latency estimates.
 	if err := warmInstances(ctx, fresh); err != nil {
 		v.moving.Store(false)
 		r.stopVersion(context.WithoutCancel(ctx), fresh)

@@ -410,9 +410,9 @@ func (r *Registry) replacement(v *version, i int, s limiter.Share) func(ctx cont
 
 // warmMember runs a new instance of v once at each batch size
 // replacementSizes gives (within its memory), straight, not through the
-// pool, so that this instance and no other is warmed. A replacement and
-// each instance of a moved version are warmed so before they take
-// requests.
+// pool, so that this instance and no other is warmed. A replacement, and
+// each instance of a moved version or of a GPU model at load
+// (warmInstances), are warmed so before they take requests.
 func warmMember(ctx context.Context, v *version, m runtime.Member) error {
 	sample, sizes := warmupRequests(v)
 	if sample == nil {
