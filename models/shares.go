@@ -119,35 +119,27 @@ func (v *version) usefulShare() float64 {
 // and starts it there; the version remembers the unit until stopMember.
 func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, error) {
 	u := unit{id: fmt.Sprintf("%s-%s-%d-%d", v.model, v.label, i, r.unitSeq.Add(1))}
+	// The process starts uncapped and takes its share once ready, where
+	// the backend can set a share live: loading a model is a bounded burst
+	// of CPU, and under a small cap or in the idle class behind busy
+	// processes it took seconds (a best-effort replacement at a 0.025
+	// share beside two busy threads was not ready after 30 s). A start
+	// share keeps the memory limit and has the default weight, below any
+	// latency-critical floor's. A start abandoned (its swap superseded or
+	// cancelled, the version or the server stopping) then kills a process
+	// that gets the CPU to exit.
+	at := s
+	if startsLifted(v.lim, s) {
+		at = limiter.Share{Memory: s.Memory, Mode: limiter.ModeCap}
+	}
 	var pl limiter.Placement
 	if v.lim != nil {
 		var err error
-		if pl, err = v.lim.Place(u.id, s); err != nil {
-			return nil, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(s), err)
+		if pl, err = v.lim.Place(u.id, at); err != nil {
+			return nil, fmt.Errorf("placing instance %d at %s: %w", i, formatShare(at), err)
 		}
 	}
 	u.threads = v.threadsFor(s)
-	// A start abandoned (its swap superseded or cancelled, the version or
-	// the server stopping) kills a process that may still be loading in a
-	// capped unit: the cap is lifted first, as stopMember lifts a running
-	// instance's, so that the process gets the CPU to exit. Behind busy
-	// processes a killed runner in the idle class took seconds to exit,
-	// and held the server's stop meanwhile.
-	liftDone := func() {}
-	if l, ok := v.lim.(limiter.ComputeLifter); ok {
-		lifted := make(chan struct{})
-		stopLift := context.AfterFunc(ctx, func() {
-			defer close(lifted)
-			if err := l.LiftCompute(u.id); err != nil {
-				r.log.Warn("lifting an abandoned start's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
-			}
-		})
-		liftDone = func() {
-			if !stopLift() {
-				<-lifted // it ran: the unit is not released under it
-			}
-		}
-	}
 	inst, err := r.opts.NewInstance(ctx, InstanceSpec{
 		Model: v.model, Version: v.number, Index: i, Path: v.path, Config: v.cfg,
 		Placement: pl, IntraOpThreads: u.threads,
@@ -160,10 +152,19 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 		},
 		MemoryEvents: r.memoryEvents(v, u),
 	})
-	liftDone()
 	if err != nil {
 		r.release(v, u)
 		return nil, err
+	}
+	if at != s {
+		// Its share before it serves: an instance never serves above it.
+		if err := v.lim.Resize(u.id, s); err != nil {
+			if serr := inst.Stop(context.WithoutCancel(ctx)); serr != nil {
+				r.log.Warn("stopping an instance whose share could not be set", "model", v.model, "unit", u.id, "err", serr)
+			}
+			r.release(v, u)
+			return nil, fmt.Errorf("setting instance %d's share %s once started: %w", i, formatShare(s), err)
+		}
 	}
 	// Backends that account by process (MPS) learn the instance's.
 	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
@@ -177,6 +178,18 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	v.units[inst] = u
 	v.instMu.Unlock()
 	return inst, nil
+}
+
+// startsLifted reports whether an instance at share s on lim starts
+// uncapped (startInstance): a capped or background share (a floor or an
+// unlimited share has no cap to lift) on a backend that lifts caps and
+// sets shares live (cgroup, unprivileged; not MPS, whose caps are fixed
+// for a client's life).
+func startsLifted(lim limiter.Limiter, s limiter.Share) bool {
+	if _, ok := lim.(limiter.ComputeLifter); !ok || lim.Capabilities().CapsOnly {
+		return false
+	}
+	return s.Mode == limiter.ModeBackground || s.Mode != limiter.ModeFloor && !unlimited(s.Compute)
 }
 
 // unitOf is the limiter unit an instance of the version runs in.
