@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -18,8 +19,9 @@ import (
 // runner starts uncapped (no quota, the default weight, not in the idle
 // class) and takes its share once ready. Before, a runner started inside
 // its share: under the burners a best-effort replacement at 0.025 was not
-// ready after 30 s. The test sees the runner without a quota while it
-// loads, and under its quota once loaded.
+// ready after 30 s. The limiter's log shows the runner's unit placed
+// without a quota and given its share before the model is ready, and the
+// kernel's files show the runner under its quota once loaded.
 //
 // The bound is relative: each best-effort load, alternated with a load of
 // the uncapped model, within 4x the median of the uncapped ones.
@@ -109,27 +111,14 @@ func TestE2EBestEffortLoadsBesideBusyHost(t *testing.T) {
 		base := slices.Clone(free)
 		slices.Sort(base)
 		limit := 4 * base[len(base)/2]
-		// While it loads, its runner is seen without a quota.
-		done := make(chan struct{})
-		sawUncapped := make(chan bool, 1)
-		go func() {
-			saw := false
-			for {
-				if u, _ := beUnits(); u {
-					saw = true
-				}
-				select {
-				case <-done:
-					sawUncapped <- saw
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-			}
-		}()
 		b, ok := load("be", 10*limit, func() {
-			close(done)
-			if !<-sawUncapped {
-				t.Errorf("round %d: the best-effort runner was never seen without a quota while it loaded", round)
+			// The server's log reaches the test through a pipe: its
+			// "model ready" line may come after the answer.
+			waitFor(t, "the best-effort model's ready line", 30*time.Second, func() bool {
+				return strings.Count(s.log.String(), `msg="model ready" component=models model=be `) > round
+			})
+			if err := startedUncapped(s.log.String()); err != nil {
+				t.Errorf("round %d: %v", round, err)
 			}
 			capped()
 		})
@@ -144,4 +133,47 @@ func TestE2EBestEffortLoadsBesideBusyHost(t *testing.T) {
 	if limit := 4 * free[1]; be[1] > limit {
 		t.Errorf("best-effort loads %v (median %v) against uncapped loads %v: want the median within 4x the uncapped median, %v", be, be[1], free, limit)
 	}
+}
+
+// startedUncapped checks, in a server's log, that the best-effort model's
+// latest unit was placed without a compute cap and resized to its share of
+// 0.025 before the model's latest "model ready".
+func startedUncapped(log string) error {
+	lines := strings.Split(log, "\n")
+	placed, unit := -1, ""
+	for i, l := range lines {
+		if strings.Contains(l, `msg="instance placed"`) && strings.Contains(l, " id=be-") {
+			placed, unit = i, fieldOf(l, "id")
+		}
+	}
+	if placed < 0 {
+		return fmt.Errorf("no best-effort unit placed in the log")
+	}
+	if c := fieldOf(lines[placed], "share.compute"); c != "0" {
+		return fmt.Errorf("unit %s placed at compute %s, want 0 (no cap) while it starts", unit, c)
+	}
+	resized, ready := -1, -1
+	for i := placed + 1; i < len(lines); i++ {
+		l := lines[i]
+		if resized < 0 && strings.Contains(l, `msg="instance resized"`) && fieldOf(l, "id") == unit && fieldOf(l, "to.compute") == "0.025" {
+			resized = i
+		}
+		if strings.Contains(l, `msg="model ready"`) && fieldOf(l, "model") == "be" {
+			ready = i
+		}
+	}
+	if resized < 0 || ready < 0 || resized > ready {
+		return fmt.Errorf("unit %s: resized to 0.025 at log line %d, model ready at line %d; want the resize first", unit, resized, ready)
+	}
+	return nil
+}
+
+// fieldOf is the value of key=value in a logfmt line ("" when absent).
+func fieldOf(line, key string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
