@@ -88,9 +88,10 @@ func GRPCTransportOptions() []grpc.ServerOption {
 // message each, and grpc-go copies each out of the buffer into one of its
 // own: the buffer's size sets how many reads a message takes, each a
 // system call and a turn of the connection's memory accounting
-// (connReading.arrived). With grpc-go's 32 KiB a refused 1.2 MB message
-// took 1.5 ms of the server's CPU on one connection, with 128 KiB 0.9 ms;
-// 256 KiB gained no more (BenchmarkGRPCRefusedReceive).
+// (connReading.arrived). A refused 1.2 MB message took 1.36-1.56 ms of
+// the server's CPU on one connection with grpc-go's 32 KiB, 0.91-1.24 ms
+// with 128 KiB (medians of 3 in three runs on a shared machine); 256 KiB
+// and 1 MiB gained no more (BenchmarkGRPCRefusedReceive).
 const grpcReadBufferSize = 128 << 10
 
 // grpcStreamWorkers is how many goroutines serve calls, reused from call to
