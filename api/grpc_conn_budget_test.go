@@ -240,12 +240,13 @@ func serveGRPCLimited(t *testing.T, srv *grpc.Server) string {
 	return lis.Addr().String()
 }
 
-// newConnBudgetServer is a gRPC server with the flow-control windows the
-// server uses, messages of at most message bytes and a budget of budget.
+// newConnBudgetServer is a gRPC server with the transport options the
+// server uses (flow-control windows, read buffer), messages of at most
+// message bytes and a budget of budget.
 func newConnBudgetServer(message, budget int64) (*grpc.Server, *MemoryBudget) {
 	mem := NewMemoryBudget(budget)
 	return NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 24, Memory: mem}, slog.New(slog.DiscardHandler),
-		grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20)), mem
+		GRPCTransportOptions()...), mem
 }
 
 // waitFor polls cond until it holds or limit passes; it reports whether it

@@ -377,10 +377,8 @@ func (h *house) buildServing(rl Reloading) error {
 		if err != nil {
 			return err
 		}
-		// Flow-control windows sized for tensors of megabytes, so a large
-		// request is not paced by window updates.
 		srv := api.NewGRPC(h.be, lim, logger /* api adds its component */, append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
-			grpc.InitialWindowSize(16<<20), grpc.InitialConnWindowSize(64<<20))...)
+			api.GRPCTransportOptions()...)...)
 		h.servers = append(h.servers, listening{name: "gRPC", serve: func() error { return srv.Serve(ln) },
 			interrupt: func(ctx context.Context) { stopGRPC(ctx, srv) }})
 		logger.Info("gRPC listening", "addr", ln.Addr().String(), "tls", cfg.TLS.Enabled())
