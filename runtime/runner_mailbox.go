@@ -325,7 +325,13 @@ func (m *mailbox) await(i int, dead *atomic.Bool, done func() bool) uint32 {
 //     than spinPreempted (another thread or goroutine wanted it) turns
 //     polling off, on both sides, for spinQuiet.
 const (
-	callerSpinCap = 60 * time.Microsecond
+	// callerSpinCap covers an answer that takes a worker's wake-up and a
+	// small model's run: in ServerOverhead those answers came about 61
+	// µs after the post, just over the 60 µs the cap was, so that no
+	// caller polled and each slept and was woken (BenchmarkHopFloor: a
+	// futex round trip between two processes here is 16 µs at the median
+	// and 26-33 µs on average, with a tail past 60 µs).
+	callerSpinCap = 150 * time.Microsecond
 	// spinPreempted is a pause between two polls that says the CPU is
 	// wanted by someone else.
 	spinPreempted = 20 * time.Microsecond
