@@ -28,17 +28,35 @@ import (
 //   - "socket": a byte each way on a blocking Unix socket pair, as the
 //     runner's socket does under Go's poller, without the poller.
 //
+// "futex/gap=300µs" waits 300 µs (polling) before each round trip, so that
+// the peer has slept that long before it is woken, as a runner's worker
+// between the calls of ServerOverhead; back to back, a woken thread's CPU
+// has not gone idle yet.
+//
 // It reports the median round trip (p50-µs) and the 90th percentile; run
 // it with -count and take the median of the runs.
 func BenchmarkHopFloor(b *testing.B) {
-	for _, mode := range []string{"futex", "spin", "socket"} {
-		b.Run(mode, func(b *testing.B) {
-			ping := startHopPeer(b, mode)
+	for _, tt := range []struct {
+		mode string
+		gap  time.Duration
+	}{{"futex", 0}, {"spin", 0}, {"socket", 0}, {"futex", 300 * time.Microsecond}} {
+		name := tt.mode
+		if tt.gap > 0 {
+			name += fmt.Sprintf("/gap=%v", tt.gap)
+		}
+		b.Run(name, func(b *testing.B) {
+			ping := startHopPeer(b, tt.mode)
 			for range 2000 { // warm both sides up
 				ping()
 			}
 			ds := make([]time.Duration, 0, 1<<16)
 			for b.Loop() {
+				if tt.gap > 0 {
+					// This side busy, the peer asleep for the gap, as a
+					// runner between a server's calls.
+					for t0 := time.Now(); time.Since(t0) < tt.gap; {
+					}
+				}
 				t0 := time.Now()
 				ping()
 				ds = append(ds, time.Since(t0))
