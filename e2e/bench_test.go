@@ -104,16 +104,34 @@ func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond)
 // BenchmarkServerOverhead interleaves a direct call, a gRPC call and a REST
 // JSON call on the tiny row-sum network and reports each path's p50/p99 and
 // the latency the server path adds over the direct call, for the model in
-// a runner process and in the server.
+// a runner process and in the server, and how the runner calls waited in
+// their mailbox (mailboxMetrics). With SLOSERVE_BENCH_BASELINE_BIN set to
+// a sloserve binary built from another commit, each case runs on that
+// binary too ("/bin=baseline"), right after this build's: before and
+// after, alternated in one run.
 func BenchmarkServerOverhead(b *testing.B) {
-	for _, iso := range isolations {
-		b.Run("isolation="+iso, func(b *testing.B) { benchServerOverhead(b, iso) })
+	bins := []struct{ name, path string }{{"", ""}}
+	if path := os.Getenv("SLOSERVE_BENCH_BASELINE_BIN"); path != "" {
+		bins = append(bins, struct{ name, path string }{"/bin=baseline", path})
 	}
-	// The runner hop as it was before the call mailbox: every call on the
-	// runner's socket.
-	b.Run("isolation=process/mailbox=off", func(b *testing.B) {
-		benchServerOverhead(b, "process", withSet("runtime.call_mailbox=false"))
-	})
+	for _, c := range []struct {
+		name, isolation string
+		opts            []serverOption
+	}{
+		{"isolation=process", "process", nil},
+		{"isolation=in-process", "in-process", nil},
+		// The runner hop as it was before the call mailbox: every call on
+		// the runner's socket.
+		{"isolation=process/mailbox=off", "process", []serverOption{withSet("runtime.call_mailbox=false")}},
+	} {
+		for _, bin := range bins {
+			opts := slices.Clone(c.opts)
+			if bin.path != "" {
+				opts = append(opts, withCommand(bin.path, nil))
+			}
+			b.Run(c.name+bin.name, func(b *testing.B) { benchServerOverhead(b, c.isolation, opts...) })
+		}
+	}
 }
 
 // isolations are the execution.isolation settings the server benchmarks
@@ -170,6 +188,7 @@ func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 		}
 	}
 	var dDirect, dGRPC, dREST, dLive []time.Duration
+	box0 := mailboxMetrics(b, s)
 	b.ReportAllocs()
 	for b.Loop() {
 		t0 := time.Now()
@@ -196,7 +215,10 @@ func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 		b.ReportMetric(us(percentile(m.ds, 0.5)), m.name+"-p50-µs")
 		b.ReportMetric(us(percentile(m.ds, 0.99)), m.name+"-p99-µs")
 	}
+	reportMailbox(b, box0, mailboxMetrics(b, s))
 	b.ReportMetric(us(percentile(dGRPC, 0.5)-percentile(dDirect, 0.5)), "grpc-added-p50-µs")
+	// What issue 33 measures: the gRPC call over the transport's floor.
+	b.ReportMetric(us(percentile(dGRPC, 0.5)-percentile(dLive, 0.5)), "grpc-over-live-p50-µs")
 	b.ReportMetric(us(percentile(dREST, 0.5)-percentile(dDirect, 0.5)), "rest-added-p50-µs")
 	b.ReportMetric(us(percentile(dGRPC, 0.99)-percentile(dDirect, 0.99)), "grpc-added-p99-µs")
 	b.ReportMetric(us(percentile(dREST, 0.99)-percentile(dDirect, 0.99)), "rest-added-p99-µs")
@@ -224,6 +246,44 @@ func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
 		if isolation == "process" {
 			b.ReportMetric(us(runners2-runners)/calls, p.name+"-runner-cpu-µs/call")
 		}
+	}
+}
+
+// mailboxMetrics is the server's sloserve_runner_mailbox_* series
+// (runtime.NewMailboxMetrics); empty from a server without them.
+func mailboxMetrics(b *testing.B, s *testServer) map[string]float64 {
+	series := map[string]float64{}
+	for k, v := range s.scrape(b) {
+		if strings.HasPrefix(k, "sloserve_runner_mailbox_") {
+			series[k] = v
+		}
+	}
+	return series
+}
+
+// reportMailbox reports how the runner calls between the two scrapes
+// waited in their mailbox, per call answered in its slot (the gRPC and
+// the REST calls both): on the server's side (its callers waiting for
+// answers), whether they polled, caught the answer polling, slept, and
+// how often they woke a worker; on the runner's (its workers waiting for
+// calls), the same and how often they woke a caller; and the mean time
+// from the post to a worker taking the call, the run, and from the
+// answer to the caller having read it.
+func reportMailbox(b *testing.B, before, after map[string]float64) {
+	d := func(series string) float64 { return after[series] - before[series] }
+	calls := d("sloserve_runner_mailbox_calls_total")
+	if calls <= 0 {
+		return
+	}
+	for _, side := range []string{"server", "runner"} {
+		for _, m := range []struct{ series, unit string }{
+			{"polls", "polls"}, {"polls_caught", "caught"}, {"sleeps", "sleeps"}, {"wakes", "wakes"},
+		} {
+			b.ReportMetric(d(fmt.Sprintf("sloserve_runner_mailbox_%s_total{side=%q}", m.series, side))/calls, "mbox-"+side+"-"+m.unit+"/call")
+		}
+	}
+	for _, part := range []string{"to_take", "run", "to_seen"} {
+		b.ReportMetric(d(fmt.Sprintf("sloserve_runner_mailbox_call_seconds_total{part=%q}", part))/calls*1e6, "mbox-"+strings.ReplaceAll(part, "_", "-")+"-µs")
 	}
 }
 

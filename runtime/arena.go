@@ -190,6 +190,7 @@ func newArena(name string, size int64, slots int) (*arena, error) {
 			return nil, err
 		}
 		a.box = newMailbox(bm, a.acquire, a.release)
+		a.box.track()
 	}
 	return a, nil
 }
@@ -265,6 +266,9 @@ func (a *arena) close() {
 
 func (a *arena) unmap() {
 	if a.whole != nil {
+		if a.box != nil {
+			a.box.forget() // its counts are read from the mapping
+		}
 		_ = syscall.Munmap(a.whole)
 		a.whole, a.mem = nil, nil
 	}

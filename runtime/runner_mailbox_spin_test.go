@@ -111,6 +111,36 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	}
 }
 
+// A caller polls by default for an answer that takes a worker's wake-up
+// and a small model's run: in ServerOverhead the answers took about 61 µs
+// from the post, over the 60 µs the caller's cap used to be, so that no
+// caller polled. The budget is twice the recent answer time, within the
+// cap, and none when the answers take longer than the cap. (Whether a
+// poll catches its answer is TestMailboxPollingTakesTheWakeUpsOff's; on a
+// machine with no free CPU a poll slows the answer it waits for, which
+// the pause for preemption turns polling off for.)
+func TestMailboxCallerPollsForAWakeUpAndARun(t *testing.T) {
+	ar, err := newArena("test", 4096, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.close()
+	m := ar.box
+	for _, tt := range []struct {
+		answers, want time.Duration
+	}{
+		{20 * time.Microsecond, 40 * time.Microsecond},
+		{61 * time.Microsecond, 122 * time.Microsecond}, // ServerOverhead's
+		{100 * time.Microsecond, callerSpinCap},
+		{callerSpinCap + time.Microsecond, 0},
+	} {
+		m.answerNs.Store(int64(tt.answers))
+		if got := m.spinBudget(); got != tt.want {
+			t.Errorf("answers in %v: the caller polls for %v, want %v (cap %v)", tt.answers, got, tt.want, callerSpinCap)
+		}
+	}
+}
+
 // Each side polls only when what it waits for came within its limit
 // lately: a caller whose answers take longer, or a worker whose next call
 // comes later, sleeps at once; once answers and calls come soon again,
@@ -161,9 +191,17 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 		}, wideSpin, notIdle)
 		rig.box.spin = wideSpin
 		rig.echoCalls(t, 20, 0) // both sides have learnt to poll
+		waits := func() int64 { return rig.box.stats.spins.Load() + rig.box.stats.sleeps.Load() }
+		before := waits()
 		errs := make(chan error, 1)
 		go func() { errs <- echoCall(t.Context(), rig.c, "held", []byte("x")) }()
 		<-held
+		// The held call's caller, alone when it posted, polls: a worker
+		// can take the call before its caller starts to, and that poll
+		// is not one of the calls below.
+		for waits() == before {
+			time.Sleep(100 * time.Microsecond)
+		}
 		got := rig.echoCalls(t, 20, 0)
 		close(gate)
 		if err := <-errs; err != nil {

@@ -426,7 +426,7 @@ func TestMailboxStampsSplitTheWait(t *testing.T) {
 		}
 		waited += time.Since(t0)
 	}
-	st := &rig.box.stats
+	st := rig.box.stats
 	if n := st.calls.Load(); n != calls {
 		t.Fatalf("%d calls counted, want %d", n, calls)
 	}

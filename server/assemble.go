@@ -22,6 +22,7 @@ import (
 	"github.com/sloserve/sloserve/models"
 	"github.com/sloserve/sloserve/predictor"
 	"github.com/sloserve/sloserve/qos"
+	"github.com/sloserve/sloserve/runtime"
 	"github.com/sloserve/sloserve/simgpu"
 )
 
@@ -200,6 +201,9 @@ func (h *house) buildDevices() error {
 		return fmt.Errorf("registering sloserve_requests_refused_unread_total: %w", err)
 	}
 	h.gate = gate
+	if err := runtime.NewMailboxMetrics(h.prom); err != nil {
+		return err
+	}
 	if h.use, err = device.NewUseGauge(h.prom); err != nil {
 		return err
 	}
