@@ -13,7 +13,7 @@ import (
 // do, and that records every share a unit was placed at and resized to.
 type liveLimiter struct {
 	*liftingLimiter
-	mu        sync.Mutex
+	mu      sync.Mutex
 	history map[string][]limiter.Share // unit -> placed, then each resize
 }
 
