@@ -46,6 +46,18 @@ func (l *liveLimiter) historyOf(id string) []limiter.Share {
 	return slices.Clone(l.history[id])
 }
 
+// cappedSum serves the sum model at a capped share of 0.5 with a 64 MiB
+// memory limit on a liveLimiter.
+func cappedSum(t *testing.T) (*Registry, *fakeFactory, *liveLimiter) {
+	t.Helper()
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
+		"resources: {memory_limit: 64MiB, max_compute_share: 0.5}\n", 1)
+	lim := newLiveLimiter()
+	r, f := newShareRegistry(t, repo, lim, nil)
+	return r, f, lim
+}
+
 // An instance at a capped share starts uncapped where the backend sets
 // shares live, and is at its share before it serves: a runner loading
 // under a small cap, or in the idle class behind busy processes, took
@@ -53,11 +65,7 @@ func (l *liveLimiter) historyOf(id string) []limiter.Share {
 // threads was not ready after 30 s). Its memory limit holds from the
 // start. A floor, or a backend without live shares, starts at the share.
 func TestInstanceStartsUncappedAndServesAtItsShare(t *testing.T) {
-	repo := t.TempDir()
-	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
-		"resources: {memory_limit: 64MiB, max_compute_share: 0.5}\n", 1)
-	lim := newLiveLimiter()
-	r, f := newShareRegistry(t, repo, lim, nil)
+	r, f, lim := cappedSum(t)
 
 	want := limiter.Share{Compute: 0.5, Memory: 64 << 20}
 	first := unitOfSpec(f.of("sum", 1)[0].spec)
@@ -125,11 +133,7 @@ func TestInstanceStartsUncappedAndServesAtItsShare(t *testing.T) {
 // resizing live after the load: the first instance's resize asks for a
 // replacement, and the replacement's own share, once started, fails.
 func TestInstanceWhoseShareFailsAfterStartIsStopped(t *testing.T) {
-	repo := t.TempDir()
-	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
-		"resources: {memory_limit: 64MiB, max_compute_share: 0.5}\n", 1)
-	lim := newLiveLimiter()
-	r, f := newShareRegistry(t, repo, lim, nil)
+	r, f, lim := cappedSum(t)
 	old := limiter.Share{Compute: 0.5, Memory: 64 << 20}
 
 	lim.fakeLimiter.mu.Lock()
