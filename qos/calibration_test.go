@@ -14,7 +14,7 @@ func TestCalibrationGain(t *testing.T) {
 		{"fresh: the window's room", 0, 0, 1},
 		{"a miss raises it", 1, 0, 1 + calibrationStep*(1-calibrationTarget)},
 		{"served requests lower it", 0, 1000, 1 - 1000*calibrationStep*calibrationTarget},
-		{"one miss for 199 served holds it", 1, 199, 1},
+		{"one miss for 499 served holds it", 1, 499, 1},
 		{"never below 0", 0, 1e6, 0},
 		{"never above the bound", 1000, 0, maxCalibrationGain},
 	} {

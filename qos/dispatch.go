@@ -83,11 +83,15 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// The room is the window's times the gain the outcomes of the
 		// requests admitted so have set (calibration): a refusal for room
 		// stands for a forecast that the request would end late.
-		// At least the queue itself: the gain scales what the window
-		// reads, and a window that reads little room (the predictor's
-		// correction caught up with its executions) must not hide the
-		// executions' pace on a host busier than its past.
-		base := max(m.room(wait+own), wait+own)
+		// Once the window reads any, at least the queue itself: the
+		// gain scales what the window reads, and a window that reads
+		// little room (the predictor's correction caught up with its
+		// executions) must not hide the executions' pace on a host
+		// busier than its past.
+		base := m.room(wait + own)
+		if base > 0 {
+			base = max(base, wait+own)
+		}
 		g := m.cal.gain()
 		room := time.Duration(g * float64(base))
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
