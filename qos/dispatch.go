@@ -79,31 +79,10 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// simulated GPU day), so the mean decides. Best-effort work has
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
-		//
-		// The room is the window's times the gain the outcomes of the
-		// requests admitted so have set (calibration): a refusal for room
-		// stands for a forecast that the request would end late.
-		// Once the window reads any, at least the queue itself: the
-		// gain scales what the window reads, and a window that reads
-		// little room (the predictor's correction caught up with its
-		// executions) must not hide the executions' pace on a host
-		// busier than its past.
-		base := m.room(wait + own)
-		if base > 0 {
-			base = max(base, wait+own)
-		}
-		g := m.cal.gain()
-		room := time.Duration(g * float64(base))
+		room := m.room(wait + own)
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
-			calibrated := ""
-			if g != 1 {
-				calibrated = fmt.Sprintf(" (%.2f times the recent executions' for what became of the requests admitted)", g)
-			}
-			return fmt.Errorf("%w: completion with %s of room for the predictions' error%s misses the deadline by %s (queue ahead %s, execution %s)",
-				ErrRejected, millis(room), calibrated, millis(miss), millis(wait), millis(own))
-		}
-		if base > 0 {
-			r.roomed, r.need = true, float64(r.deadline.Sub(begin.Add(own)))/float64(base)
+			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
+				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))
 		}
 	}
 	return nil
@@ -389,7 +368,7 @@ func (s *Scheduler) dispatchLocked(now time.Time) time.Time {
 func (s *Scheduler) dropLocked(now time.Time) time.Time {
 	var wake time.Time
 	for _, m := range s.models {
-		dropped, missed := false, false
+		dropped := false
 		for _, r := range m.q.items {
 			if r.deadline.IsZero() || r.probe {
 				continue
@@ -407,13 +386,9 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 				err = fmt.Errorf("%w: %s left, execution takes %s", ErrDropped, millis(r.deadline.Sub(now)), millis(e))
 			}
 			s.logLocked(m.log, "request dropped", "error", err, "queued", now.Sub(r.arrival))
-			missed = missed || m.missedLocked(r)
 			m.refused++
 			s.finishLocked(r, outcomeDropped, now, result{err: err})
 			dropped = true
-		}
-		if missed && m.blameLocked() {
-			m.cal.missed()
 		}
 		if dropped {
 			m.q.removeDispatched()
@@ -421,30 +396,6 @@ func (s *Scheduler) dropLocked(now time.Time) time.Time {
 		}
 	}
 	return wake
-}
-
-// missedLocked reports whether r, admitted and now dropped or late,
-// counts as a miss of admission's room (calibration): it was admitted
-// with room, near the limit the room set.
-func (m *model) missedLocked(r *request) bool {
-	return r.roomed && !r.probe && m.cal.near(r.need)
-}
-
-// blameLocked makes m's running executions the cause of the misses a
-// pass of the dispatcher found, and reports whether that is a cause not
-// counted yet: one of them was not blamed before, or none runs (the
-// pass is the cause). Behind an execution that stalls for longer than
-// the SLO, every request queued is dropped, over as many passes as their
-// deadlines are apart, and the client of each sends another, dropped in
-// turn: one cause.
-func (m *model) blameLocked() bool {
-	fresh := len(m.execs) == 0
-	for e := range m.execs {
-		if !e.blamed {
-			e.blamed, fresh = true, true
-		}
-	}
-	return fresh
 }
 
 // pickLocked chooses the next batch to start, or nil and when a held batch
@@ -767,7 +718,6 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		s.runningBE--
 	}
 	delete(m.execs, e)
-	missed := false
 	for i, r := range e.reqs {
 		switch {
 		case r.state != stateRunning: // its client gave up
@@ -775,24 +725,16 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 			// The instance gave up at the request's own deadline (the
 			// pool bounds a call by it): the request was dropped at its
 			// deadline, as the client is told (504), not failed.
-			missed = missed || m.missedLocked(r)
 			s.finishLocked(r, outcomeDropped, now, result{err: err})
 		case err != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: err})
 		case faults != nil && faults[i] != nil:
 			s.finishLocked(r, outcomeFailed, now, result{err: faults[i]})
 		case !r.deadline.IsZero() && now.After(r.deadline):
-			missed = missed || m.missedLocked(r)
 			s.finishLocked(r, outcomeLate, now, result{resp: parts[i]})
 		default:
-			if !r.deadline.IsZero() {
-				m.cal.served()
-			}
 			s.finishLocked(r, outcomeGood, now, result{resp: parts[i]})
 		}
-	}
-	if missed && !e.blamed { // one cause, unless counted while it ran
-		m.cal.missed()
 	}
 	s.finalizeLocked(m)
 	queued := s.anyQueuedLocked()

@@ -25,10 +25,6 @@ type request struct {
 	// probe: admitted although predicted to miss, to measure the model
 	// again (see probeDueLocked); it is never dropped for its deadline.
 	probe bool
-	// roomed: admitted behind a backlog with room for the predictions'
-	// error, need times the window's room to spare (calibration).
-	roomed bool
-	need   float64
 
 	state requestState
 	exec  *execution  // while running

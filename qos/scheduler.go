@@ -255,8 +255,7 @@ type model struct {
 	// needs: the inter-arrival times, and each execution's time over its
 	// prediction.
 	gaps, service moments
-	tail          tail        // the executions' predicted and observed times, for admission's room for error
-	cal           calibration // the gain on that room, from what became of the requests admitted with it
+	tail          tail // the executions' predicted and observed times, for admission's room for error
 	counts        [numOutcomes]uint64
 	queueFull     uint64           // rejections for a full queue, of counts[outcomeRejected]
 	overloaded    uint64           // rejections by the Gate, of counts[outcomeRejected]
@@ -310,7 +309,6 @@ type execution struct {
 	start     time.Time
 	predicted time.Duration // 0: unknown
 	live      int           // members whose clients still wait
-	blamed    bool          // counted as the cause of misses while it ran (calibration)
 	cancel    context.CancelFunc
 }
 
