@@ -95,6 +95,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		OnRestart:      spec.OnRestart,
 		OnExit:         spec.OnExit,
 		MemoryEvents:   spec.MemoryEvents,
+		Restarting:     spec.Restarting,
 		JoinCgroups:    spec.Placement.JoinCgroups,
 		ProcessUnit:    spec.Placement.ProcessUnit,
 		Env:            spec.Placement.Env,
