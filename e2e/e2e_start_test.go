@@ -68,35 +68,11 @@ func TestE2EBestEffortLoadsBesideBusyHost(t *testing.T) {
 		}
 		return took, true
 	}
-	// beUnits reports, of the best-effort model's units that hold a
-	// process, whether one has no quota and whether one has a quota.
-	beUnits := func() (uncapped, quota bool) {
-		for _, d := range cgroupDirs(s.cmd.Process.Pid) {
-			for _, home := range []string{d, d + "-background"} {
-				for _, f := range []string{"cpu.cfs_quota_us", "cpu.max"} {
-					files, _ := filepath.Glob(filepath.Join(home, "be-*", f))
-					for _, q := range files {
-						procs, _ := os.ReadFile(filepath.Join(filepath.Dir(q), "cgroup.procs"))
-						b, err := os.ReadFile(q)
-						if err != nil || strings.TrimSpace(string(procs)) == "" {
-							continue
-						}
-						if v := strings.TrimSpace(string(b)); v == "-1" || strings.HasPrefix(v, "max") {
-							uncapped = true
-						} else {
-							quota = true
-						}
-					}
-				}
-			}
-		}
-		return uncapped, quota
-	}
 	// Once loaded, the best-effort runner is under its quota: its share
 	// holds once it serves.
 	capped := func() {
 		waitFor(t, "the best-effort runner under its quota", 30*time.Second, func() bool {
-			uncapped, quota := beUnits()
+			uncapped, quota := unitQuotas(s.cmd.Process.Pid, "be")
 			return quota && !uncapped
 		})
 	}
@@ -133,6 +109,32 @@ func TestE2EBestEffortLoadsBesideBusyHost(t *testing.T) {
 	if limit := 4 * free[1]; be[1] > limit {
 		t.Errorf("best-effort loads %v (median %v) against uncapped loads %v: want the median within 4x the uncapped median, %v", be, be[1], free, limit)
 	}
+}
+
+// unitQuotas reports, of the limiter units of a server's model that hold
+// a process, whether one has no CPU quota and whether one has a quota,
+// from the kernel's files.
+func unitQuotas(server int, model string) (uncapped, quota bool) {
+	for _, d := range cgroupDirs(server) {
+		for _, home := range []string{d, d + "-background"} {
+			for _, f := range []string{"cpu.cfs_quota_us", "cpu.max"} {
+				files, _ := filepath.Glob(filepath.Join(home, model+"-*", f))
+				for _, q := range files {
+					procs, _ := os.ReadFile(filepath.Join(filepath.Dir(q), "cgroup.procs"))
+					b, err := os.ReadFile(q)
+					if err != nil || strings.TrimSpace(string(procs)) == "" {
+						continue
+					}
+					if v := strings.TrimSpace(string(b)); v == "-1" || strings.HasPrefix(v, "max") {
+						uncapped = true
+					} else {
+						quota = true
+					}
+				}
+			}
+		}
+	}
+	return uncapped, quota
 }
 
 // startedUncapped checks, in a server's log, that the best-effort model's

@@ -72,6 +72,12 @@ type InstanceSpec struct {
 	// MemoryEvents reads the out-of-memory kill count and the memory limit
 	// of the instance's limiter unit; nil without a limiter.
 	MemoryEvents func() (oomKills uint64, limit int64, err error)
+	// Restarting, when set, is called before each restart of the
+	// instance's process and returns what to call once the new process
+	// is ready, before it serves (runtime.RunnerConfig.Restarting): it
+	// lifts the instance's unit while the process loads and gives it its
+	// share after; an error from the second fails that start.
+	Restarting func() (ready func() error)
 }
 
 // Options configure a Registry.

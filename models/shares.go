@@ -22,6 +22,76 @@ import (
 type unit struct {
 	id      string // limiter unit id, unique per instance start
 	threads int    // intra-op threads the instance was started with
+	// at is the share the unit serves at, and whether it is lifted for a
+	// process loading in it; shared by the copies of the unit.
+	at *unitShare
+}
+
+// unitShare is the share of one limiter unit: the instance share it
+// serves at, and whether the unit runs uncapped for now because its
+// process is loading (a start or a restart; startsLifted). A resize while
+// the unit is lifted is recorded, not applied: the process takes the
+// share last asked for once ready (settle), before it serves. mu orders
+// a resize, a lift and a settle, so that the last share asked for is the
+// one the unit serves at.
+type unitShare struct {
+	mu     sync.Mutex
+	share  limiter.Share
+	lifted bool
+}
+
+// resize gives the unit the instance share s: at once, or, while its
+// process loads lifted, once it is ready.
+func (a *unitShare) resize(lim limiter.Limiter, id string, s limiter.Share) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lifted {
+		a.share = s
+		return nil
+	}
+	if err := lim.Resize(id, s); err != nil {
+		return err
+	}
+	a.share = s
+	return nil
+}
+
+// lift places the unit uncapped for a process about to load in it, when
+// its share is one a start lifts (startsLifted).
+func (a *unitShare) lift(lim limiter.Limiter, id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lifted || !startsLifted(lim, a.share) {
+		return nil
+	}
+	if err := lim.Resize(id, startShare(a.share)); err != nil {
+		return err
+	}
+	a.lifted = true
+	return nil
+}
+
+// settle gives a lifted unit, whose process is now ready, the share last
+// asked for. The unit stays lifted when that fails: its process must not
+// serve, and the next start in it loads uncapped as well.
+func (a *unitShare) settle(lim limiter.Limiter, id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.lifted {
+		return nil
+	}
+	if err := lim.Resize(id, a.share); err != nil {
+		return fmt.Errorf("setting the share %s once ready: %w", formatShare(a.share), err)
+	}
+	a.lifted = false
+	return nil
+}
+
+// startShare is the share a process starts at in place of s where starts
+// are lifted: no compute cap, the default weight, out of the idle class,
+// with s's memory limit.
+func startShare(s limiter.Share) limiter.Share {
+	return limiter.Share{Memory: s.Memory, Mode: limiter.ModeCap}
 }
 
 // deviceOf is the execution device of a model: "cpu" or "cuda:N".
@@ -118,7 +188,7 @@ func (v *version) usefulShare() float64 {
 // startInstance places instance i in a limiter unit at the instance share s
 // and starts it there; the version remembers the unit until stopMember.
 func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limiter.Share) (Instance, error) {
-	u := unit{id: fmt.Sprintf("%s-%s-%d-%d", v.model, v.label, i, r.unitSeq.Add(1))}
+	u := unit{id: fmt.Sprintf("%s-%s-%d-%d", v.model, v.label, i, r.unitSeq.Add(1)), at: &unitShare{share: s}}
 	// The process starts uncapped and takes its share once ready, where
 	// the backend can set a share live: loading a model is a bounded burst
 	// of CPU, and under a small cap or in the idle class behind busy
@@ -127,10 +197,11 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	// share keeps the memory limit and has the default weight, below any
 	// latency-critical floor's. A start abandoned (its swap superseded or
 	// cancelled, the version or the server stopping) then kills a process
-	// that gets the CPU to exit.
+	// that gets the CPU to exit. A restart of the process (after a crash
+	// or a kill) does the same (restarting).
 	at := s
 	if startsLifted(v.lim, s) {
-		at = limiter.Share{Memory: s.Memory, Mode: limiter.ModeCap}
+		at, u.at.lifted = startShare(s), true
 	}
 	var pl limiter.Placement
 	if v.lim != nil {
@@ -151,20 +222,19 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 			v.setFault(i, e.Cause)
 		},
 		MemoryEvents: r.memoryEvents(v, u),
+		Restarting:   r.restarting(v, u),
 	})
 	if err != nil {
 		r.release(v, u)
 		return nil, err
 	}
-	if at != s {
-		// Its share before it serves: an instance never serves above it.
-		if err := v.lim.Resize(u.id, s); err != nil {
-			if serr := inst.Stop(context.WithoutCancel(ctx)); serr != nil {
-				r.log.Warn("stopping an instance whose share could not be set", "model", v.model, "unit", u.id, "err", serr)
-			}
-			r.release(v, u)
-			return nil, fmt.Errorf("setting instance %d's share %s once started: %w", i, formatShare(s), err)
+	// Its share before it serves: an instance never serves above it.
+	if err := u.at.settle(v.lim, u.id); err != nil {
+		if serr := inst.Stop(context.WithoutCancel(ctx)); serr != nil {
+			r.log.Warn("stopping an instance whose share could not be set", "model", v.model, "unit", u.id, "err", serr)
 		}
+		r.release(v, u)
+		return nil, fmt.Errorf("instance %d, once started: %w", i, err)
 	}
 	// Backends that account by process (MPS) learn the instance's.
 	if pt, ok := v.lim.(limiter.ProcessTracker); ok {
@@ -178,6 +248,25 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	v.units[inst] = u
 	v.instMu.Unlock()
 	return inst, nil
+}
+
+// restarting is an instance's hook around each restart of its process
+// (runtime.RunnerConfig.Restarting), as startInstance does around its
+// start: the unit u is lifted before the new process loads, and given
+// the share last asked for once it is ready, before it serves; a share
+// that cannot be set then fails that start. Without a backend that sets
+// shares live there is nothing to do: nil.
+func (r *Registry) restarting(v *version, u unit) func() func() error {
+	if _, ok := v.lim.(limiter.ComputeLifter); !ok || v.lim.Capabilities().CapsOnly {
+		return nil
+	}
+	return func() func() error {
+		if err := u.at.lift(v.lim, u.id); err != nil {
+			// It restarts at its share, as it did before starts were lifted.
+			r.log.Warn("lifting a restarting instance's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
+		}
+		return func() error { return u.at.settle(v.lim, u.id) }
+	}
 }
 
 // startsLifted reports whether an instance at share s on lim starts
@@ -371,7 +460,12 @@ func (r *Registry) setShareLocked(ctx context.Context, v *version, s limiter.Sha
 func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolicy) (restart bool, err error) {
 	u := v.unitOf(m)
 	if v.lim != nil {
-		err := v.lim.Resize(u.id, per)
+		var err error
+		if u.at != nil {
+			err = u.at.resize(v.lim, u.id, per)
+		} else {
+			err = v.lim.Resize(u.id, per)
+		}
 		switch {
 		case errors.Is(err, limiter.ErrRestartRequired) && swap == swapNever:
 			return false, err

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -15,6 +16,7 @@ type liveLimiter struct {
 	*liftingLimiter
 	mu      sync.Mutex
 	history map[string][]limiter.Share // unit -> placed, then each resize
+	fail    error                      // when set, every resize fails with it
 }
 
 func newLiveLimiter() *liveLimiter {
@@ -31,6 +33,12 @@ func (l *liveLimiter) Place(id string, s limiter.Share) (limiter.Placement, erro
 }
 
 func (l *liveLimiter) Resize(id string, s limiter.Share) error {
+	l.mu.Lock()
+	fail := l.fail
+	l.mu.Unlock()
+	if fail != nil {
+		return fail
+	}
 	if err := l.liftingLimiter.Resize(id, s); err != nil {
 		return err
 	}
@@ -44,6 +52,19 @@ func (l *liveLimiter) historyOf(id string) []limiter.Share {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.history[id])
+}
+
+func (l *liveLimiter) failResizes(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fail = err
+}
+
+// unitShare is the share unit id is at now.
+func (l *liveLimiter) unitShare(id string) limiter.Share {
+	l.fakeLimiter.mu.Lock()
+	defer l.fakeLimiter.mu.Unlock()
+	return l.units[id]
 }
 
 // cappedSum serves the sum model at a capped share of 0.5 with a 64 MiB
@@ -161,5 +182,132 @@ func TestInstanceWhoseShareFailsAfterStartIsStopped(t *testing.T) {
 	}
 	if _, _, err := r.Infer(t.Context(), "sum", "", sumRequest([4]float32{1, 2, 3, 4})); err != nil {
 		t.Errorf("a request after the failed replacement: %v", err)
+	}
+}
+
+// A restart of an instance's process (after a crash or a kill) is a start
+// like the first: its unit is lifted before the new process loads and
+// given its share once the process is ready, before it serves. The share
+// it takes is the one last asked for: a share set while the process loads
+// is recorded, not applied to the loading process, and wins over the one
+// the instance had. The fake instance does not restart; the test calls its
+// spec's hook as the runner's supervisor does (runtime.RunnerConfig).
+func TestRestartLoadsUncappedAndServesAtItsLatestShare(t *testing.T) {
+	r, f, lim := cappedSum(t)
+	spec := f.of("sum", 1)[0].spec
+	id := unitOfSpec(spec)
+	if spec.Restarting == nil {
+		t.Fatal("an instance on a backend that sets shares live has no Restarting hook")
+	}
+	share := limiter.Share{Compute: 0.5, Memory: 64 << 20}
+	started := limiter.Share{Memory: 64 << 20, Mode: limiter.ModeCap}
+
+	// A restart: uncapped while it loads, its share once ready.
+	ready := spec.Restarting()
+	if got := lim.unitShare(id); got != started {
+		t.Errorf("unit while the restarted process loads = %+v, want %+v", got, started)
+	}
+	if err := ready(); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	if got, want := lim.historyOf(id), []limiter.Share{started, share, started, share}; !slices.Equal(got, want) {
+		t.Errorf("unit's shares = %+v, want %+v (the start, then the restart)", got, want)
+	}
+
+	// A share set while the process loads waits for it, and is the one it
+	// serves at.
+	ready = spec.Restarting()
+	smaller := limiter.Share{Compute: 0.25, Memory: 64 << 20, Mode: limiter.ModeBackground}
+	if err := r.SetShare(t.Context(), "sum/1", smaller); err != nil {
+		t.Fatal(err)
+	}
+	if got := lim.unitShare(id); got != started {
+		t.Errorf("unit after a share set during the restart = %+v, want still %+v while it loads", got, started)
+	}
+	if err := ready(); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	if got := lim.unitShare(id); got != smaller {
+		t.Errorf("unit once the restart is ready = %+v, want the share set meanwhile, %+v", got, smaller)
+	}
+	if len(f.of("sum", 1)) != 1 {
+		t.Errorf("%d instances started, want the one (the share was set live)", len(f.of("sum", 1)))
+	}
+
+	// A share set once the process serves is applied at once.
+	if err := r.SetShare(t.Context(), "sum/1", share); err != nil {
+		t.Fatal(err)
+	}
+	if got := lim.unitShare(id); got != share {
+		t.Errorf("unit after a share set while serving = %+v, want %+v", got, share)
+	}
+
+	// A share set at the moment the process gets ready: whichever comes
+	// last, the unit ends at the share last asked for, and never lifted.
+	for round := range 20 {
+		want := []limiter.Share{smaller, share}[round%2]
+		ready = spec.Restarting()
+		var wg sync.WaitGroup
+		var setErr, readyErr error
+		wg.Go(func() { setErr = r.SetShare(t.Context(), "sum/1", want) })
+		wg.Go(func() { readyErr = ready() })
+		wg.Wait()
+		if setErr != nil || readyErr != nil {
+			t.Fatalf("round %d: set %v, ready %v", round, setErr, readyErr)
+		}
+		if got := lim.unitShare(id); got != want {
+			t.Fatalf("round %d: unit = %+v, want the share set, %+v", round, got, want)
+		}
+	}
+}
+
+// A restarted process whose share cannot be set once it is ready must not
+// serve: the hook's ready fails (the runner then kills that process and
+// counts a failed restart), and the unit stays lifted for the next try,
+// which takes the share once the limiter can set it.
+func TestRestartWhoseShareFailsDoesNotServe(t *testing.T) {
+	_, f, lim := cappedSum(t)
+	spec := f.of("sum", 1)[0].spec
+	id := unitOfSpec(spec)
+	share := limiter.Share{Compute: 0.5, Memory: 64 << 20}
+	started := limiter.Share{Memory: 64 << 20, Mode: limiter.ModeCap}
+	if spec.Restarting == nil {
+		t.Fatal("an instance on a backend that sets shares live has no Restarting hook")
+	}
+
+	ready := spec.Restarting()
+	refused := errors.New("refused")
+	lim.failResizes(refused)
+	if err := ready(); !errors.Is(err, refused) {
+		t.Fatalf("ready with a limiter that refuses the share: %v, want %v", err, refused)
+	}
+	if got := lim.unitShare(id); got != started {
+		t.Errorf("unit after the failed resize = %+v, want still %+v", got, started)
+	}
+
+	// The next try loads uncapped as well, and serves at the share.
+	lim.failResizes(nil)
+	ready = spec.Restarting()
+	if got := lim.unitShare(id); got != started {
+		t.Errorf("unit while the next try loads = %+v, want %+v", got, started)
+	}
+	if err := ready(); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	if got := lim.unitShare(id); got != share {
+		t.Errorf("unit once the next try is ready = %+v, want %+v", got, share)
+	}
+}
+
+// A restart on a backend that cannot set a share live (MPS: a client's
+// share is fixed at its start) has no hook: the process restarts at its
+// share.
+func TestRestartWithoutLiveSharesHasNoHook(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
+		"resources: {memory_limit: 64MiB, max_compute_share: 0.5}\n", 1)
+	_, f := newShareRegistry(t, repo, newFakeLimiter(2), nil)
+	if spec := f.of("sum", 1)[0].spec; spec.Restarting != nil {
+		t.Error("an instance on a backend without live shares has a Restarting hook")
 	}
 }

@@ -96,6 +96,15 @@ type RunnerConfig struct {
 	// limit in bytes (0: none). The runner reads it as each process starts
 	// and when it dies, to tell an out-of-memory kill from other deaths.
 	MemoryEvents func() (oomKills uint64, limit int64, err error)
+	// Restarting, when set, is called from the supervising goroutine
+	// before each restart's process is spawned (not before the first
+	// start, which the caller prepares itself), so that the caller can
+	// ready the process's limits for its load (a limiter unit started
+	// uncapped). It returns ready (nil: nothing to do), called once that
+	// process answers, before it serves: an error from ready fails the
+	// start, as a process that never got ready does (the process is
+	// killed, and the restart counts toward MaxRestarts).
+	Restarting func() (ready func() error)
 }
 
 // Exit describes an unexpected end of a runner process.
@@ -379,6 +388,28 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 	return nil, nil, err
 }
 
+// respawn starts a process in place of one that ended, around the
+// config's Restarting hook: the process serves only once ready has
+// passed. On failure nothing of the process is left.
+func (r *Runner) respawn() (*process, error) {
+	var ready func() error
+	if r.cfg.Restarting != nil {
+		ready = r.cfg.Restarting()
+	}
+	p, _, err := r.spawn(r.ctx)
+	if err != nil || ready == nil {
+		return p, err
+	}
+	if err := ready(); err != nil {
+		p.kill()
+		<-p.exited
+		p.close()
+		r.live.Store(nil)
+		return nil, fmt.Errorf("runner %s: started, but not readied to serve (pid %d killed): %w", r.cfg.Name, p.pid, err)
+	}
+	return p, nil
+}
+
 // supervise owns the runner's processes from the first ready one on.
 func (r *Runner) supervise(p *process) {
 	defer close(r.done)
@@ -456,7 +487,7 @@ func (r *Runner) supervise(p *process) {
 				r.setState(RunnerStopped, "stopped")
 				return
 			}
-			np, _, err := r.spawn(r.ctx)
+			np, err := r.respawn()
 			if err != nil {
 				if r.ctx.Err() != nil {
 					r.setState(RunnerStopped, "stopped")

@@ -406,6 +406,93 @@ func TestRunnerRestartsAfterSIGKILL(t *testing.T) {
 	}
 }
 
+// A restart goes through the config's Restarting hook: called before the
+// new process is spawned, its ready once that process answers, before it
+// serves. A ready that fails fails that start: the process is killed and
+// never serves, and the runner tries again (the hook with it) as after any
+// failed restart.
+func TestRunnerRestartReadiedBeforeServing(t *testing.T) {
+	cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+	cfg.HealthInterval = 5 * time.Second // this test is not about hangs
+	cfg.BackoffInitial = 50 * time.Millisecond
+	type readied struct {
+		pid, restartingPid int
+		alive              bool
+		state              RunnerState
+		inferErr           error
+	}
+	var (
+		mu        sync.Mutex
+		r         *Runner
+		restarted int
+		seen      []readied
+	)
+	refused := errors.New("share refused")
+	cfg.Restarting = func() func() error {
+		mu.Lock()
+		at := r.Pid() // no process between the old one and the new
+		mu.Unlock()
+		return func() error {
+			req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+			_, err := r.Infer(t.Context(), req)
+			pid := r.Pid()
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, readied{pid: pid, restartingPid: at, alive: pid > 0 && syscall.Kill(pid, 0) == nil, state: r.State(), inferErr: err})
+			if len(seen) == 1 {
+				return refused
+			}
+			return nil
+		}
+	}
+	cfg.OnRestart = func(string) {
+		mu.Lock()
+		defer mu.Unlock()
+		restarted++
+	}
+	mu.Lock()
+	r = startTestRunner(t, cfg)
+	mu.Unlock()
+	oldPid := r.Pid()
+	if err := syscall.Kill(oldPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the runner ready again", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) == 2 && r.State() == RunnerReady
+	})
+	req, want := rowSumsRequest(rand.New(rand.NewPCG(2, 2)), 2)
+	resp, err := r.Infer(t.Context(), req)
+	if err != nil {
+		t.Fatalf("a call once restarted: %v", err)
+	}
+	checkRowSums(t, resp, want)
+
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range seen {
+		if s.restartingPid != 0 {
+			t.Errorf("try %d: Restarting called with process %d live, want before the new one is spawned", i, s.restartingPid)
+		}
+		if !s.alive || s.pid == oldPid {
+			t.Errorf("try %d: ready called with pid %d (alive %v; the killed one was %d), want the new process, alive", i, s.pid, s.alive, oldPid)
+		}
+		if s.state == RunnerReady || !errors.Is(s.inferErr, ErrUnavailable) {
+			t.Errorf("try %d: during ready the runner was %s and a call got %v, want not ready and ErrUnavailable", i, s.state, s.inferErr)
+		}
+	}
+	if !processGone(seen[0].pid) {
+		t.Errorf("the process whose ready failed (%d) still exists", seen[0].pid)
+	}
+	if r.Pid() != seen[1].pid {
+		t.Errorf("serving pid %d, want the second try's %d", r.Pid(), seen[1].pid)
+	}
+	if r.Restarts() != 1 || restarted != 1 {
+		t.Errorf("Restarts() = %d, OnRestart called %d times; want 1 and 1 (the failed try is no restart)", r.Restarts(), restarted)
+	}
+}
+
 func TestStartRunnerFailsFast(t *testing.T) {
 	t.Run("bad model path", func(t *testing.T) {
 		cfg := testRunnerConfig(t, filepath.Join(t.TempDir(), "missing.onnx"))

@@ -95,6 +95,7 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 		OnRestart:      spec.OnRestart,
 		OnExit:         spec.OnExit,
 		MemoryEvents:   spec.MemoryEvents,
+		Restarting:     spec.Restarting,
 		JoinCgroups:    spec.Placement.JoinCgroups,
 		ProcessUnit:    spec.Placement.ProcessUnit,
 		Env:            spec.Placement.Env,
@@ -125,7 +126,8 @@ func (f *runnerFactory) start(ctx context.Context, spec models.InstanceSpec) (mo
 
 // startInProcess opens the model's session in the server process. The
 // instance's limiter unit stays empty: its share sizes only its intra-op
-// threads; no cgroup limit applies to it.
+// threads; no cgroup limit applies to it, and there is no process to
+// restart (spec.Restarting is unused).
 func (f *runnerFactory) startInProcess(ctx context.Context, name string, spec models.InstanceSpec) (models.Instance, error) {
 	ex := spec.Config.Execution
 	log := f.logger.With("instance", name)
@@ -218,6 +220,8 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 		return nil, fmt.Errorf("execution.simulated: %w", err)
 	}
 	m.Name = spec.Model
+	// No Restarting hook: a simulated client's share, as an MPS client's,
+	// is fixed at its start, and a restart replaces the client at it.
 	cfg := runtime.SimulatedConfig{
 		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
 		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
