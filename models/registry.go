@@ -74,10 +74,11 @@ type InstanceSpec struct {
 	MemoryEvents func() (oomKills uint64, limit int64, err error)
 	// Restarting, when set, is called before each restart of the
 	// instance's process and returns what to call once the new process
-	// is ready, before it serves (runtime.RunnerConfig.Restarting): it
-	// lifts the instance's unit while the process loads and gives it its
-	// share after; an error from the second fails that start.
-	Restarting func() (ready func() error)
+	// is ready, before it serves, with its pid (runtime.RunnerConfig.Restarting):
+	// it lifts the instance's unit while the process loads and gives it its
+	// share after, and tells a backend that accounts by process the new
+	// pid; an error from the second fails that start.
+	Restarting func() (ready func(pid int) error)
 }
 
 // Options configure a Registry.

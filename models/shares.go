@@ -253,19 +253,37 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 // restarting is an instance's hook around each restart of its process
 // (runtime.RunnerConfig.Restarting), as startInstance does around its
 // start: the unit u is lifted before the new process loads, and given
-// the share last asked for once it is ready, before it serves; a share
-// that cannot be set then fails that start. Without a backend that sets
-// shares live there is nothing to do: nil.
-func (r *Registry) restarting(v *version, u unit) func() func() error {
-	if _, ok := v.lim.(limiter.ComputeLifter); !ok || v.lim.Capabilities().CapsOnly {
+// the share last asked for once it is ready, before it serves (a share
+// that cannot be set then fails that start); a backend that accounts by
+// process (MPS) is told the new process's pid, as it is the first's.
+// With neither to do: nil.
+func (r *Registry) restarting(v *version, u unit) func() func(pid int) error {
+	_, lifter := v.lim.(limiter.ComputeLifter)
+	live := lifter && !v.lim.Capabilities().CapsOnly
+	pt, tracks := v.lim.(limiter.ProcessTracker)
+	if !live && !tracks {
 		return nil
 	}
-	return func() func() error {
-		if err := u.at.lift(v.lim, u.id); err != nil {
-			// It restarts at its share, as it did before starts were lifted.
-			r.log.Warn("lifting a restarting instance's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
+	return func() func(int) error {
+		if live {
+			if err := u.at.lift(v.lim, u.id); err != nil {
+				// It restarts at its share, as it did before starts were lifted.
+				r.log.Warn("lifting a restarting instance's compute cap", "model", v.model, "version", v.label, "unit", u.id, "err", err)
+			}
 		}
-		return func() error { return u.at.settle(v.lim, u.id) }
+		return func(pid int) error {
+			if live {
+				if err := u.at.settle(v.lim, u.id); err != nil {
+					return err
+				}
+			}
+			if tracks && pid > 0 {
+				if err := pt.Track(u.id, pid); err != nil {
+					r.log.Warn("tracking an instance's restarted process", "model", v.model, "unit", u.id, "err", err)
+				}
+			}
+			return nil
+		}
 	}
 }
 

@@ -207,7 +207,7 @@ func TestRestartLoadsUncappedAndServesAtItsLatestShare(t *testing.T) {
 	if got := lim.unitShare(id); got != started {
 		t.Errorf("unit while the restarted process loads = %+v, want %+v", got, started)
 	}
-	if err := ready(); err != nil {
+	if err := ready(1); err != nil {
 		t.Fatalf("ready: %v", err)
 	}
 	if got, want := lim.historyOf(id), []limiter.Share{started, share, started, share}; !slices.Equal(got, want) {
@@ -224,7 +224,7 @@ func TestRestartLoadsUncappedAndServesAtItsLatestShare(t *testing.T) {
 	if got := lim.unitShare(id); got != started {
 		t.Errorf("unit after a share set during the restart = %+v, want still %+v while it loads", got, started)
 	}
-	if err := ready(); err != nil {
+	if err := ready(1); err != nil {
 		t.Fatalf("ready: %v", err)
 	}
 	if got := lim.unitShare(id); got != smaller {
@@ -250,7 +250,7 @@ func TestRestartLoadsUncappedAndServesAtItsLatestShare(t *testing.T) {
 		var wg sync.WaitGroup
 		var setErr, readyErr error
 		wg.Go(func() { setErr = r.SetShare(t.Context(), "sum/1", want) })
-		wg.Go(func() { readyErr = ready() })
+		wg.Go(func() { readyErr = ready(1) })
 		wg.Wait()
 		if setErr != nil || readyErr != nil {
 			t.Fatalf("round %d: set %v, ready %v", round, setErr, readyErr)
@@ -278,7 +278,7 @@ func TestRestartWhoseShareFailsDoesNotServe(t *testing.T) {
 	ready := spec.Restarting()
 	refused := errors.New("refused")
 	lim.failResizes(refused)
-	if err := ready(); !errors.Is(err, refused) {
+	if err := ready(1); !errors.Is(err, refused) {
 		t.Fatalf("ready with a limiter that refuses the share: %v, want %v", err, refused)
 	}
 	if got := lim.unitShare(id); got != started {
@@ -291,7 +291,7 @@ func TestRestartWhoseShareFailsDoesNotServe(t *testing.T) {
 	if got := lim.unitShare(id); got != started {
 		t.Errorf("unit while the next try loads = %+v, want %+v", got, started)
 	}
-	if err := ready(); err != nil {
+	if err := ready(1); err != nil {
 		t.Fatalf("ready: %v", err)
 	}
 	if got := lim.unitShare(id); got != share {
@@ -299,9 +299,8 @@ func TestRestartWhoseShareFailsDoesNotServe(t *testing.T) {
 	}
 }
 
-// A restart on a backend that cannot set a share live (MPS: a client's
-// share is fixed at its start) has no hook: the process restarts at its
-// share.
+// A restart on a backend that cannot set a share live and does not
+// account by process has no hook: the process restarts at its share.
 func TestRestartWithoutLiveSharesHasNoHook(t *testing.T) {
 	repo := t.TempDir()
 	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
@@ -309,5 +308,51 @@ func TestRestartWithoutLiveSharesHasNoHook(t *testing.T) {
 	_, f := newShareRegistry(t, repo, newFakeLimiter(2), nil)
 	if spec := f.of("sum", 1)[0].spec; spec.Restarting != nil {
 		t.Error("an instance on a backend without live shares has a Restarting hook")
+	}
+}
+
+// trackingLimiter accounts by process, as MPS does: it is told each
+// instance's pid.
+type trackingLimiter struct {
+	*fakeLimiter
+	mu   sync.Mutex
+	pids map[string][]int
+}
+
+func (l *trackingLimiter) Track(id string, pid int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pids[id] = append(l.pids[id], pid)
+	return nil
+}
+
+// A restart on a backend that accounts by process tells it the new
+// process's pid once ready: without it, a restarted MPS client's use was
+// read off the dead process's pid.
+func TestRestartTellsAProcessTrackerTheNewPid(t *testing.T) {
+	repo := t.TempDir()
+	writeModel(t, repo, "sum", fmt.Sprintf(sumConfig, "sum", 1, 1)+
+		"resources: {memory_limit: 64MiB, max_compute_share: 0.5}\n", 1)
+	lim := &trackingLimiter{fakeLimiter: newFakeLimiter(2), pids: map[string][]int{}}
+	_, f := newShareRegistry(t, repo, lim, nil)
+	spec := f.of("sum", 1)[0].spec
+	if spec.Restarting == nil {
+		t.Fatal("an instance on a backend that accounts by process has no Restarting hook")
+	}
+	before := lim.shares()
+	if err := spec.Restarting()(4242); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	lim.mu.Lock()
+	var got []int
+	for _, p := range lim.pids {
+		got = append(got, p...)
+	}
+	lim.mu.Unlock()
+	if !slices.Contains(got, 4242) {
+		t.Errorf("pids tracked = %v, want the restarted process's 4242", got)
+	}
+	if after := lim.shares(); !slices.Equal(before, after) {
+		t.Errorf("a backend without live shares resized on a restart: %v -> %v", before, after)
 	}
 }

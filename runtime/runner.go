@@ -100,11 +100,12 @@ type RunnerConfig struct {
 	// before each restart's process is spawned (not before the first
 	// start, which the caller prepares itself), so that the caller can
 	// ready the process's limits for its load (a limiter unit started
-	// uncapped). It returns ready (nil: nothing to do), called once that
-	// process answers, before it serves: an error from ready fails the
-	// start, as a process that never got ready does (the process is
-	// killed, and the restart counts toward MaxRestarts).
-	Restarting func() (ready func() error)
+	// uncapped). It returns ready (nil: nothing to do), called with the
+	// new process's pid once that process answers, before it serves: an
+	// error from ready fails the start, as a process that never got ready
+	// does (the process is killed, and the restart counts toward
+	// MaxRestarts).
+	Restarting func() (ready func(pid int) error)
 }
 
 // Exit describes an unexpected end of a runner process.
@@ -392,7 +393,7 @@ func (r *Runner) spawn(ctx context.Context) (*process, *runnerpb.DescribeRespons
 // config's Restarting hook: the process serves only once ready has
 // passed. On failure nothing of the process is left.
 func (r *Runner) respawn() (*process, error) {
-	var ready func() error
+	var ready func(pid int) error
 	if r.cfg.Restarting != nil {
 		ready = r.cfg.Restarting()
 	}
@@ -400,7 +401,7 @@ func (r *Runner) respawn() (*process, error) {
 	if err != nil || ready == nil {
 		return p, err
 	}
-	if err := ready(); err != nil {
+	if err := ready(p.pid); err != nil {
 		p.kill()
 		<-p.exited
 		p.close()

@@ -416,10 +416,10 @@ func TestRunnerRestartReadiedBeforeServing(t *testing.T) {
 	cfg.HealthInterval = 5 * time.Second // this test is not about hangs
 	cfg.BackoffInitial = 50 * time.Millisecond
 	type readied struct {
-		pid, restartingPid int
-		alive              bool
-		state              RunnerState
-		inferErr           error
+		pid, restartingPid, readyPid int
+		alive                        bool
+		state                        RunnerState
+		inferErr                     error
 	}
 	var (
 		mu        sync.Mutex
@@ -428,17 +428,17 @@ func TestRunnerRestartReadiedBeforeServing(t *testing.T) {
 		seen      []readied
 	)
 	refused := errors.New("share refused")
-	cfg.Restarting = func() func() error {
+	cfg.Restarting = func() func(int) error {
 		mu.Lock()
 		at := r.Pid() // no process between the old one and the new
 		mu.Unlock()
-		return func() error {
+		return func(readyPid int) error {
 			req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
 			_, err := r.Infer(t.Context(), req)
 			pid := r.Pid()
 			mu.Lock()
 			defer mu.Unlock()
-			seen = append(seen, readied{pid: pid, restartingPid: at, alive: pid > 0 && syscall.Kill(pid, 0) == nil, state: r.State(), inferErr: err})
+			seen = append(seen, readied{pid: pid, restartingPid: at, readyPid: readyPid, alive: pid > 0 && syscall.Kill(pid, 0) == nil, state: r.State(), inferErr: err})
 			if len(seen) == 1 {
 				return refused
 			}
@@ -474,6 +474,9 @@ func TestRunnerRestartReadiedBeforeServing(t *testing.T) {
 	for i, s := range seen {
 		if s.restartingPid != 0 {
 			t.Errorf("try %d: Restarting called with process %d live, want before the new one is spawned", i, s.restartingPid)
+		}
+		if s.readyPid != s.pid {
+			t.Errorf("try %d: ready told pid %d, want the new process's %d", i, s.readyPid, s.pid)
 		}
 		if !s.alive || s.pid == oldPid {
 			t.Errorf("try %d: ready called with pid %d (alive %v; the killed one was %d), want the new process, alive", i, s.pid, s.alive, oldPid)

@@ -40,6 +40,11 @@ type SimulatedConfig struct {
 	// OnRestart is called when the instance has replaced its client, with
 	// the reason (a hung client found by Suspect, a recovery).
 	OnRestart func(reason string)
+	// Restarting, when set, is called before each replacement client
+	// starts, and its ready with that client's pid once it is warm, before
+	// it serves (RunnerConfig.Restarting): an error from ready fails the
+	// restart, and the new client is closed.
+	Restarting func() (ready func(pid int) error)
 	// ProbeTimeout bounds the probe execution Suspect runs (default
 	// DefaultProbeTimeout).
 	ProbeTimeout time.Duration
@@ -308,9 +313,18 @@ func (s *Simulated) replace(ctx context.Context, dev *simgpu.Device, reason stri
 	s.state = "restarting its simulated client: " + reason
 	s.mu.Unlock()
 	old.Close()
+	var ready func(int) error
+	if s.cfg.Restarting != nil {
+		ready = s.cfg.Restarting()
+	}
 	c, err := s.startClient(ctx, dev)
 	if err == nil {
 		err = s.warmUp(ctx, c)
+	}
+	if err == nil && ready != nil {
+		if err = ready(c.PID()); err != nil {
+			c.Close()
+		}
 	}
 	s.mu.Lock()
 	switch {

@@ -120,7 +120,8 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		dev := sim.Devices()[0]
-		var mu sync.Mutex // the restarts are appended by the instances' goroutines
+		var mu sync.Mutex             // the restarts are appended by the instances' goroutines
+		readied := map[string][]int{} // the pids each instance's Restarting hook was told, once ready
 		start := func(name string, restarts *[]string) *Simulated {
 			s, err := StartSimulated(t.Context(), SimulatedConfig{
 				Name: name, ModelPath: path, Device: dev, Model: simgpu.Presets["mobilenet"], Batched: true,
@@ -128,6 +129,14 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 					mu.Lock()
 					defer mu.Unlock()
 					*restarts = append(*restarts, r)
+				},
+				Restarting: func() func(int) error {
+					return func(pid int) error {
+						mu.Lock()
+						defer mu.Unlock()
+						readied[name] = append(readied[name], pid)
+						return nil
+					}
 				},
 				Logger: testLogger(t),
 			})
@@ -174,6 +183,11 @@ func TestSimulatedHungClientIsReplaced(t *testing.T) {
 		if _, err := s.Infer(t.Context(), req); err != nil {
 			t.Errorf("the new client: %v", err)
 		}
+		mu.Lock()
+		if got := readied["hangs"]; len(got) != 1 || got[0] != s.Pid() || len(readied["other"]) != 0 {
+			t.Errorf("Restarting's ready was told %v (the other instance %v), want once, the new client's pid %d", got, readied["other"], s.Pid())
+		}
+		mu.Unlock()
 		if _, err := other.Infer(t.Context(), req); err != nil || len(read(&others)) != 0 || dev.Faulted() != nil {
 			t.Errorf("the other client: %v, restarts %v, device fault %v", err, read(&others), dev.Faulted())
 		}

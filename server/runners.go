@@ -220,12 +220,14 @@ func (f *runnerFactory) startSimulated(ctx context.Context, spec models.Instance
 		return nil, fmt.Errorf("execution.simulated: %w", err)
 	}
 	m.Name = spec.Model
-	// No Restarting hook: a simulated client's share, as an MPS client's,
-	// is fixed at its start, and a restart replaces the client at it.
+	// A simulated client's share, as an MPS client's, is fixed at its
+	// start, and a restart replaces the client at it: the Restarting hook
+	// only tells a backend that accounts by process the new client's pid.
 	cfg := runtime.SimulatedConfig{
 		Name: name, ModelPath: spec.Path, Device: dev, Model: m,
 		Env: spec.Placement.Env, Batched: spec.Config.MaxBatchSize > 0,
-		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Logger: f.logger.With("instance", name),
+		OnExit: spec.OnExit, OnRestart: spec.OnRestart, Restarting: spec.Restarting,
+		Logger: f.logger.With("instance", name),
 	}
 	rec := f.rec
 	if rec == nil {
