@@ -170,7 +170,8 @@ func newMemoryBudget(lim configs.Limits, connections int64, reg prometheus.Regis
 // The share is at most a quarter of limits.max_memory
 // (connShareDivisor). When the listeners' connections need more (a small
 // max_memory beside the default max_connections), the share is a
-// quarter, split over the listeners in proportion to their need, and a
+// quarter, split over the listeners in proportion to their need (but the
+// metrics listener's, whose 64 connections are its own bound), and a
 // warning at start says how many connections each can then hold: past
 // them, new connections are refused for memory (REST: taken as
 // health-only overflow connections while those are free). A share too
@@ -185,6 +186,7 @@ type connMemory struct {
 	name     string
 	conns    int   // normal connections (limits.max_connections)
 	overflow int   // health-only ones, never refused for memory
+	fixed    bool  // conns is small and fixed: never clamped (metrics)
 	perConn  int64 // one connection's bytes
 	reserve  int64 // what its normal connections may hold
 }
@@ -210,7 +212,11 @@ func planConnMemory(maxMemory int64, listeners []connMemory) (plans []connMemory
 	var fixed, normal int64
 	for _, l := range listeners {
 		fixed += int64(l.overflow) * l.perConn
-		normal += int64(l.conns) * l.perConn
+		if l.fixed {
+			fixed += int64(l.conns) * l.perConn
+		} else {
+			normal += int64(l.conns) * l.perConn
+		}
 	}
 	plans = make([]connMemory, len(listeners))
 	if fixed+normal <= limit {
@@ -221,10 +227,16 @@ func planConnMemory(maxMemory int64, listeners []connMemory) (plans []connMemory
 		}
 		return plans, total, "", nil
 	}
+	if fixed > limit {
+		return nil, 0, "", fmt.Errorf("limits.max_memory: a quarter of it (%d bytes) does not hold the buffers of the health-only and metrics connections (%d bytes); raise limits.max_memory", limit, fixed)
+	}
 	scale := float64(limit-fixed) / float64(normal)
 	var held []string
 	for i, l := range listeners {
 		n := int64(max(0, float64(l.conns)*scale))
+		if l.fixed {
+			n = int64(l.conns)
+		}
 		if n < 1 {
 			return nil, 0, "", fmt.Errorf("limits.max_memory: a quarter of it (%d bytes) holds the buffers of no connection on the %s listener (%d bytes each, %d bytes for all of limits.max_connections on every listener); raise limits.max_memory or lower limits.max_connections",
 				limit, l.name, l.perConn, fixed+normal)
@@ -250,7 +262,7 @@ func connMemoryPlan(cfg *configs.Server) (map[string]connMemory, int64, string, 
 		ls = append(ls, connMemory{name: "grpc", conns: cfg.Limits.MaxConnections, perConn: api.ConnectionBytes("grpc", tls)})
 	}
 	if cfg.Listen.Metrics != "" {
-		ls = append(ls, connMemory{name: "metrics", conns: metricsMaxConnections, perConn: api.ConnectionBytes("metrics", tls && cfg.TLS.Metrics)})
+		ls = append(ls, connMemory{name: "metrics", conns: metricsMaxConnections, fixed: true, perConn: api.ConnectionBytes("metrics", tls && cfg.TLS.Metrics)})
 	}
 	if cfg.Listen.ModelMesh != "" {
 		ls = append(ls, connMemory{name: "modelmesh", conns: cfg.Limits.MaxConnections, perConn: api.ConnectionBytes("modelmesh", false)})
