@@ -137,8 +137,13 @@ func (l *LimitedListener) logMemoryRefusal() {
 func (l *LimitedListener) Open() int { return len(l.slots) + len(l.spare) }
 
 // Refused is the number of connections closed at once because every normal
-// and overflow slot was taken.
+// and overflow slot was taken, or a normal one's memory did not fit and
+// every overflow slot was taken.
 func (l *LimitedListener) Refused() uint64 { return l.refused.Load() }
+
+// Serving is the number of connections open and served normally: max,
+// or fewer when their memory is what is full.
+func (l *LimitedListener) Serving() int { return len(l.slots) }
 
 // Max is the number of connections served normally.
 func (l *LimitedListener) Max() int { return l.max }
