@@ -23,8 +23,8 @@ const (
 	// grpcConnectionState is the rest of a gRPC connection: the transport,
 	// its loopy writer and control buffer, the HPACK tables (4 KiB each
 	// way), and the stacks of its three goroutines (reader, writer,
-	// keepalive). An idle connection holds 15.6 KiB over its read buffer
-	// (16,029 bytes: 147,101 a connection in the measure of
+	// keepalive). An idle connection holds 12-15 KiB over its read
+	// buffer (143,250-147,101 bytes a connection in ten runs of
 	// TestConnectionBytesCoverIdleConnections, less 131,072); 16 KiB.
 	grpcConnectionState = 16 << 10
 
@@ -49,8 +49,8 @@ const (
 	// response's 2 KiB buffer (bufferBeforeChunkingSize), and 14 KiB for
 	// the connection's state, its goroutine's stack, the request and gin's
 	// Context (taken from gin's pool for each request). An idle connection
-	// after one request holds 16.0 KiB (16,356 bytes in the same measure):
-	// 24 KiB.
+	// after one request holds 16-17 KiB (16,356-17,694 bytes in the same
+	// runs): 24 KiB.
 	RESTConnectionBytes = 4<<10 + 4<<10 + 2<<10 + 14<<10
 
 	// TLSConnectionBytes is what TLS adds to a connection: crypto/tls

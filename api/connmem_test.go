@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 )
 
@@ -180,31 +182,61 @@ func heapAndStacks() int64 {
 }
 
 // idleConnectionBytes opens n connections to ln, sends each preface, waits
-// for the server to take them in, and returns the memory the process
-// gained per connection. The client side holds only its sockets.
-func idleConnectionBytes(t *testing.T, ln *LimitedListener, preface string, n int) int64 {
+// until served says the server has taken it in, and returns the memory the
+// process gained per connection. The client side holds only its sockets
+// and what served leaves of its reading.
+func idleConnectionBytes(t *testing.T, ln *LimitedListener, preface string, served func(net.Conn) error, n int) int64 {
 	t.Helper()
 	before := heapAndStacks()
 	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 	for range n {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
+		conns = append(conns, c)
 		if _, err := io.WriteString(c, preface); err != nil {
 			t.Fatal(err)
 		}
-		conns = append(conns, c)
+		// A watchdog: a server that never answers fails here, not later.
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if err := served(c); err != nil {
+			t.Fatalf("connection %d: %v", len(conns), err)
+		}
 	}
-	waitUntil(t, "every connection taken in", func() bool { return ln.Open() == n })
-	// The server reads the preface after Accept; give it its turn.
-	time.Sleep(200 * time.Millisecond)
 	after := heapAndStacks()
-	for _, c := range conns {
-		c.Close()
-	}
-	waitUntil(t, "every connection closed", func() bool { return ln.Open() == 0 })
 	return (after - before) / int64(n)
+}
+
+// settingsAcked reads frames until the server's acknowledgement of the
+// client's SETTINGS: the server has read the preface and a frame.
+func settingsAcked(c net.Conn) error {
+	fr := http2.NewFramer(io.Discard, c)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return err
+		}
+		if sf, ok := f.(*http2.SettingsFrame); ok && sf.IsAck() {
+			return nil
+		}
+	}
+}
+
+// answered reads one HTTP/1.1 response, leaving the connection idle.
+func answered(c net.Conn) error {
+	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 16), nil)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return err
 }
 
 // TestConnectionBytesCoverIdleConnections: what an idle connection of the
@@ -238,7 +270,7 @@ func TestConnectionBytesCoverIdleConnections(t *testing.T) {
 			go srv.Serve(l)
 			return srv.Stop
 		})
-		got := idleConnectionBytes(t, l, tc.preface, n)
+		got := idleConnectionBytes(t, l, tc.preface, settingsAcked, n)
 		t.Logf("%s: %d bytes a connection (reserved: %d)", tc.name, got, tc.bytes)
 		if got > tc.bytes {
 			t.Errorf("%s: an idle connection takes %d bytes, more than the %d reserved for it", tc.name, got, tc.bytes)
@@ -252,7 +284,7 @@ func TestConnectionBytesCoverIdleConnections(t *testing.T) {
 		go srv.Serve(l)
 		return func() { srv.Close() }
 	})
-	got := idleConnectionBytes(t, l, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", n)
+	got := idleConnectionBytes(t, l, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", answered, n)
 	t.Logf("rest: %d bytes a connection after a request (reserved: %d)", got, RESTConnectionBytes)
 	if got > RESTConnectionBytes {
 		t.Errorf("rest: an idle connection takes %d bytes, more than the %d reserved for it", got, RESTConnectionBytes)
