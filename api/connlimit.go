@@ -128,7 +128,7 @@ func (l *LimitedListener) logMemoryRefusal() {
 	if now-last < int64(connRefusalLogEvery) || !l.lastLog.CompareAndSwap(last, now) {
 		return
 	}
-	l.logger.Warn("connection refused: its buffers do not fit in the connections' share of limits.max_memory",
+	l.logger.Warn("connection refused: its buffers do not fit in the listener's share of limits.max_memory (on REST it may still answer health probes, as an overflow connection)",
 		"addr", l.Addr().String(), "open", l.Open(), "reserved", formatBytes(l.mem.Used()), "of", formatBytes(l.mem.Limit()),
 		"per_connection", formatBytes(l.perConn), "refused_for_memory", l.memRefused.Load())
 }

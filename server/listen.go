@@ -40,7 +40,7 @@ func listenLimited(name, addr string, lim configs.Limits, overflow int, plan con
 	}, func() float64 { return float64(l.Open()) })
 	refused := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name:        "sloserve_connections_refused_total",
-		Help:        "Connections closed as soon as they were accepted because the listener had limits.max_connections open (and its health-only overflow full).",
+		Help:        "Connections closed as soon as they were accepted because the listener had limits.max_connections open, or their buffers did not fit in its share of limits.max_memory (and its health-only overflow was full).",
 		ConstLabels: labels,
 	}, func() float64 { return float64(l.Refused()) })
 	memRefused := prometheus.NewCounterFunc(prometheus.CounterOpts{
