@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,13 @@ type LimitedListener struct {
 	spare           chan struct{}
 	overflowTimeout time.Duration
 	refused         atomic.Uint64
+
+	// The connections' memory (ReserveMemory); nil mem: not counted.
+	mem        *MemoryBudget
+	perConn    int64
+	memRefused atomic.Uint64
+	logger     *slog.Logger
+	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 }
 
 // OverflowTimeout is how long an overflow connection may stay open.
@@ -55,7 +63,15 @@ func (l *LimitedListener) Accept() (net.Conn, error) {
 		}
 		select {
 		case l.slots <- struct{}{}:
-			return newLimitedConn(c, l, l.slots), nil
+			res, err := l.mem.Reserve(l.perConn, "a connection's buffers")
+			if err == nil {
+				lc := newLimitedConn(c, l, l.slots)
+				lc.mem = res
+				return lc, nil
+			}
+			<-l.slots
+			l.memRefused.Add(1)
+			l.logMemoryRefusal()
 		default:
 		}
 		select {
@@ -74,12 +90,60 @@ func (l *LimitedListener) Accept() (net.Conn, error) {
 	}
 }
 
+// ReserveMemory makes every normal connection the listener accepts reserve
+// perConn bytes (its buffers, see GRPCConnectionBytes and
+// RESTConnectionBytes) from budget for its whole life, given back when it
+// closes. A connection whose bytes do not fit is treated as one past
+// max: an overflow connection if one is free, else closed at once, counted
+// in Refused and MemoryRefused and logged on logger at most once a second.
+// Overflow connections reserve nothing from budget: their number bounds
+// their memory (overflow x perConn), which the caller sets aside with the
+// budget (MemoryReserved counts them). Call it before Accept.
+func (l *LimitedListener) ReserveMemory(budget *MemoryBudget, perConn int64, logger *slog.Logger) {
+	l.mem, l.perConn, l.logger = budget, perConn, logger
+}
+
+// MemoryReserved is the memory the open connections hold reserved,
+// overflow ones included.
+func (l *LimitedListener) MemoryReserved() int64 {
+	if l.mem == nil {
+		return 0
+	}
+	return l.mem.Used() + int64(len(l.spare))*l.perConn
+}
+
+// MemoryRefused is how many connections did not fit in the listener's
+// memory (ReserveMemory), the overflow's health-only ones taken included.
+func (l *LimitedListener) MemoryRefused() uint64 { return l.memRefused.Load() }
+
+// connRefusalLogEvery is the least time between two logged refusals of
+// connections for memory.
+const connRefusalLogEvery = time.Second
+
+func (l *LimitedListener) logMemoryRefusal() {
+	if l.logger == nil {
+		return
+	}
+	now, last := time.Now().UnixNano(), l.lastLog.Load()
+	if now-last < int64(connRefusalLogEvery) || !l.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	l.logger.Warn("connection refused: its buffers do not fit in the listener's share of limits.max_memory (on REST it may still answer health probes, as an overflow connection)",
+		"addr", l.Addr().String(), "open", l.Open(), "reserved", formatBytes(l.mem.Used()), "of", formatBytes(l.mem.Limit()),
+		"per_connection", formatBytes(l.perConn), "refused_for_memory", l.memRefused.Load())
+}
+
 // Open is the number of connections open now, overflow ones included.
 func (l *LimitedListener) Open() int { return len(l.slots) + len(l.spare) }
 
 // Refused is the number of connections closed at once because every normal
-// and overflow slot was taken.
+// and overflow slot was taken, or a normal one's memory did not fit and
+// every overflow slot was taken.
 func (l *LimitedListener) Refused() uint64 { return l.refused.Load() }
+
+// Serving is the number of connections open and served normally: max,
+// or fewer when their memory is what is full.
+func (l *LimitedListener) Serving() int { return len(l.slots) }
 
 // Max is the number of connections served normally.
 func (l *LimitedListener) Max() int { return l.max }
@@ -129,6 +193,7 @@ type limitedConn struct {
 	once     sync.Once
 	reading  connReading
 	remote   connAddr
+	mem      *Reservation // its buffers (LimitedListener.ReserveMemory)
 }
 
 func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *limitedConn {
@@ -162,6 +227,7 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.reading.close()
+		c.mem.Release()
 		<-c.slots
 	})
 	return err

@@ -78,13 +78,13 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 func GRPCTransportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(16 << 20), grpc.InitialConnWindowSize(64 << 20),
-		grpc.ReadBufferSize(grpcReadBufferSize),
+		grpc.ReadBufferSize(grpcReadBufferSize), grpc.WriteBufferSize(grpcWriteBufferSize),
 	}
 }
 
 // grpcReadBufferSize is the buffer a connection's frames are read
-// through, held for the connection's life (limits.max_connections of them
-// at most, outside limits.max_memory). Frames carry at most 16 KiB of a
+// through, held for the connection's life and reserved with the rest of
+// the connection from limits.max_memory (GRPCConnectionBytes). Frames carry at most 16 KiB of a
 // message each, and grpc-go copies each out of the buffer into one of its
 // own: the buffer's size sets how many reads a message takes, each a
 // system call and a turn of the connection's memory accounting

@@ -138,7 +138,7 @@ func (s *restServer) overflowGuard(c *gin.Context) {
 		}
 	}
 	c.Header("Retry-After", "1")
-	s.writeError(c, fmt.Errorf("%w: the server has its %d connections open; retry later", errTooManyConnections, l.Max()))
+	s.writeError(c, fmt.Errorf("%w: the server has its %d connections open; retry later", errTooManyConnections, l.Serving()))
 	c.Abort()
 }
 

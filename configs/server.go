@@ -299,8 +299,10 @@ type Limits struct {
 	// MaxMemory is the one ceiling on the memory clients' traffic holds at
 	// once, REST and gRPC alike: bodies and messages being read (each gRPC
 	// call being read counts as 2 x MaxRequestBytes), their decoded forms and
-	// the responses being written. Past it requests are refused (429,
-	// RESOURCE_EXHAUSTED); nothing waits for memory.
+	// the responses being written, and the connections' buffers (a share
+	// of their own, at most a quarter, set aside at start). Past it
+	// requests are refused (429, RESOURCE_EXHAUSTED) and new connections
+	// closed; nothing waits for memory.
 	MaxMemory ByteSize `yaml:"max_memory"`
 	// WriteTimeout bounds writing a response: a client that does not read
 	// it in time loses its connection (REST, metrics).

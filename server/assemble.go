@@ -317,7 +317,14 @@ func (h *house) buildServing(rl Reloading) error {
 		return err
 	}
 	h.closers = append(h.closers, func() { h.shm.Close() })
-	mem, err := newMemoryBudget(cfg.Limits, promReg)
+	connMem, connTotal, connWarning, err := connMemoryPlan(cfg)
+	if err != nil {
+		return err
+	}
+	if connWarning != "" {
+		logger.Warn(connWarning)
+	}
+	mem, err := newMemoryBudget(cfg.Limits, connTotal, promReg)
 	if err != nil {
 		return err
 	}
@@ -342,7 +349,7 @@ func (h *house) buildServing(rl Reloading) error {
 		LogLevel:          rl.LogLevel,
 	}
 	listen := func(name, key, addr string, limits configs.Limits, overflow int) (*api.LimitedListener, error) {
-		ln, err := listenLimited(name, addr, limits, overflow, promReg)
+		ln, err := listenLimited(name, addr, limits, overflow, connMem[name], promReg, logger.With("listener", name))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", key, err)
 		}
