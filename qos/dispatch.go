@@ -63,6 +63,7 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		return nil
 	}
 	wait := begin.Sub(now)
+	r.plan = plan{wait: wait, own: own}
 	if miss := begin.Add(own).Sub(r.deadline); miss > 0 {
 		return fmt.Errorf("%w: predicted completion misses the deadline by %s (queue ahead %s, execution %s)",
 			ErrRejected, millis(miss), millis(wait), millis(own))
@@ -80,6 +81,7 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
 		room := m.room(wait + own)
+		r.plan.room = room
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
 			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
 				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))
