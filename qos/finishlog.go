@@ -1,6 +1,8 @@
 package qos
 
 import (
+	"context"
+	"log/slog"
 	"time"
 )
 
@@ -18,8 +20,9 @@ type plan struct {
 // told apart by cause (a slow execution, a long wait, a probe, an answer
 // that left late) from the server's log.
 func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcome, now time.Time) {
-	if m.spec.Class != ClassLatencyCritical || r.deadline.IsZero() {
-		return
+	if m.spec.Class != ClassLatencyCritical || r.deadline.IsZero() ||
+		!m.log.Enabled(context.Background(), slog.LevelDebug) {
+		return // nothing built on the request path below debug
 	}
 	args := []any{"outcome", o.String(),
 		"arrival", r.arrival.UnixMicro(),
