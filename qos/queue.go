@@ -25,6 +25,9 @@ type request struct {
 	// probe: admitted although predicted to miss, to measure the model
 	// again (see probeDueLocked); it is never dropped for its deadline.
 	probe bool
+	// plan is what admission predicted for it (zero: nothing known), for
+	// the debug line at its finish (logFinishLocked).
+	plan plan
 
 	state requestState
 	exec  *execution  // while running

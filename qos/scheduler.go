@@ -847,6 +847,7 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 	if r.state == stateDone {
 		return
 	}
+	e := r.exec
 	r.state, r.exec = stateDone, nil
 	if r.leave != nil {
 		r.leave()
@@ -854,6 +855,7 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 	}
 	traceFinishLocked(r, o, now, res.err)
 	m := r.m
+	s.logFinishLocked(m, r, e, o, now)
 	m.counts[o]++
 	m.requests.record(r, o, now, res)
 	if o == outcomeGood || o == outcomeLate {

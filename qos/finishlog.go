@@ -1,0 +1,44 @@
+package qos
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// plan is what admission predicted for a request: how long it would wait
+// for its batch to begin, that batch's execution, and the room left for
+// the predictions' error (0: none was asked for).
+type plan struct {
+	wait, own, room time.Duration
+}
+
+// logFinishLocked writes, at debug level, one line per finished
+// latency-critical request that ran or was refused on a prediction: what
+// admission predicted against what happened, and the deadline's slack at
+// the end (negative: late), so that requests admitted and then late can be
+// told apart by cause (a slow execution, a long wait, a probe, an answer
+// that left late) from the server's log.
+func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcome, now time.Time) {
+	if m.spec.Class != ClassLatencyCritical || r.deadline.IsZero() ||
+		!m.log.Enabled(context.Background(), slog.LevelDebug) {
+		return // nothing built on the request path below debug
+	}
+	args := []any{"outcome", o.String(),
+		"arrival", r.arrival.UnixMicro(),
+		"slack_ms", logMillis(r.deadline.Sub(now)),
+		"plan_wait_ms", logMillis(r.plan.wait), "plan_exec_ms", logMillis(r.plan.own), "plan_room_ms", logMillis(r.plan.room)}
+	if !r.started.IsZero() {
+		args = append(args, "wait_ms", logMillis(r.started.Sub(r.arrival)), "ran_ms", logMillis(now.Sub(r.started)))
+	}
+	if e != nil {
+		args = append(args, "batch", e.size, "exec_predicted_ms", logMillis(e.predicted))
+	}
+	if r.probe {
+		args = append(args, "probe", true)
+	}
+	s.logLocked(m.log, "request finished", args...)
+}
+
+// logMillis is d in milliseconds, to 0.01 ms, for log lines.
+func logMillis(d time.Duration) float64 { return float64(d.Round(10*time.Microsecond)) / 1e6 }

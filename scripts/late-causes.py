@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Why latency-critical requests were admitted and then late (issue 29).
+
+usage: scripts/late-causes.py DIR [POLICY]   DIR from `sloserve loadtest
+--compare --server-set log.level=debug`: DIR/POLICY/{summary.json,records.csv}
+and DIR/server-POLICY.log (POLICY: adaptive by default).
+
+The server logs one "request finished" line per latency-critical request at
+debug level (qos/finishlog.go): its arrival, admission's plan (wait, execution,
+room), its wait and execution as they came, the batch and the deadline's slack.
+Each answered request of records.csv is matched to the line whose arrival is
+nearest after its send. A request late at the client is then either
+  server-late  the execution ended after the deadline at the server, or
+  way-late     it ended in time at the server; the way to the server (send to
+               arrival) or back (the answer's way out and the client's read)
+               took the slack.
+For the server-late ones it prints the slack the dispatcher planned (SLO minus
+the wait minus the batch's predicted execution) against the on-time ones', and
+the executions' ratio of taken to predicted. The bound: the share of requests
+that would be late if each ran alone at its own wait with an execution drawn
+from the measured ratios (no batching, no queue): what no admission rule on the
+mean removes.
+"""
+import bisect
+import collections
+import csv
+import datetime
+import json
+import re
+import sys
+
+FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
+
+
+def quantiles(xs, ps=(0, 0.25, 0.5, 0.75, 0.9, 1)):
+    xs = sorted(xs)
+    if not xs:
+        return "-"
+    return " ".join(f"{xs[int(p * (len(xs) - 1))]:.1f}" for p in ps)
+
+
+def server_lines(path):
+    lines = collections.defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            if 'msg="request finished"' not in line:
+                continue
+            d = dict(FIELD.findall(line))
+            d["model"] = d["model"].split("/")[0]
+            d["arr"] = int(d["arrival"])
+            lines[d["model"]].append(d)
+    for v in lines.values():
+        v.sort(key=lambda d: d["arr"])
+    return lines
+
+
+def main(out, policy="adaptive"):
+    summary = json.load(open(f"{out}/{policy}/summary.json"))
+    slo = {m["name"]: m["slo_ms"] for m in summary["models"] if m["class"] == "latency-critical"}
+    start = datetime.datetime.fromisoformat(summary["started"].replace("Z", "+00:00")).timestamp() * 1e6
+    srv = server_lines(f"{out}/server-{policy}.log")
+    arrivals = {m: [d["arr"] for d in v] for m, v in srv.items()}
+    joined = []  # (model, client outcome, client latency, server line, way there ms)
+    with open(f"{out}/{policy}/records.csv") as f:
+        for r in csv.DictReader(f):
+            m = r["model"]
+            if m not in slo or r["outcome"] not in ("good", "late"):
+                continue
+            sent = start + float(r["sent_ms"]) * 1000
+            i = bisect.bisect_left(arrivals.get(m, []), sent - 2000)
+            near = srv[m][i:i + 4]
+            if not near:
+                continue
+            d = min(near, key=lambda d: abs(d["arr"] - sent))
+            joined.append((m, r["outcome"], float(r["latency_ms"]), d, (d["arr"] - sent) / 1000))
+    for m in slo:
+        rows = [j for j in joined if j[0] == m]
+        late = [j for j in rows if j[1] == "late"]
+        s_late = [j for j in late if j[3]["outcome"] == "late"]
+        w_late = [j for j in late if j[3]["outcome"] == "good"]
+        n = len(rows)
+        print(f"{m} (SLO {slo[m]} ms): answered {n}, late at the client {len(late)} "
+              f"({100 * len(late) / max(n, 1):.1f}%): server-late {len(s_late)}, way-late {len(w_late)}")
+        back = lambda j: j[2] - j[4] - (slo[m] - float(j[3]["slack_ms"]))
+        print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}")
+        print(f"  all answered: way there ms {quantiles([j[4] for j in rows])}; back {quantiles([back(j) for j in rows])}")
+        ran = lambda d: float(d["ran_ms"]) / float(d["exec_predicted_ms"])
+        planned = lambda d: slo[m] - float(d["wait_ms"]) - float(d["exec_predicted_ms"])
+        good = [j[3] for j in rows if j[3]["outcome"] == "good" and "ran_ms" in j[3]]
+        bad = [j[3] for j in s_late if "ran_ms" in j[3]]
+        print(f"  server-late: slack planned at dispatch ms {quantiles([planned(d) for d in bad])} "
+              f"(on time: {quantiles([planned(d) for d in good])})")
+        print(f"  server-late: batch {dict(collections.Counter(d.get('batch') for d in bad))}, "
+              f"taken/predicted {quantiles([ran(d) for d in bad])}, over the SLO ms "
+              f"{quantiles([-float(d['slack_ms']) for d in bad])}")
+        runs = [d for d in srv[m] if "ran_ms" in d and float(d.get("exec_predicted_ms", 0)) > 0]
+        ratios = sorted(ran(d) for d in runs)
+        if not ratios:
+            continue
+        mean = sum(ratios) / len(ratios)
+        cv = (sum((x - mean) ** 2 for x in ratios) / len(ratios)) ** 0.5 / mean
+        print(f"  executions taken/predicted: {quantiles(ratios, (0.5, 0.9, 0.95, 0.99, 1))} "
+              f"(p50 p90 p95 p99 max), CV {cv:.2f}")
+
+        def p_late(d, wait):
+            need = (slo[m] - wait) / (float(d["plan_exec_ms"]) or float(d["exec_predicted_ms"]))
+            return (len(ratios) - bisect.bisect_right(ratios, need)) / len(ratios)
+
+        at_wait = sum(p_late(d, float(d["wait_ms"])) for d in runs) / len(runs)
+        alone = sum(p_late(d, 0) for d in runs) / len(runs)
+        print(f"  bound: late if run alone at its own wait {100 * at_wait:.2f}%, with no wait {100 * alone:.2f}%")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(*sys.argv[1:3])
