@@ -145,9 +145,6 @@ func (l *LimitedListener) Refused() uint64 { return l.refused.Load() }
 // or fewer when their memory is what is full.
 func (l *LimitedListener) Serving() int { return len(l.slots) }
 
-// Max is the number of connections served normally.
-func (l *LimitedListener) Max() int { return l.max }
-
 // ConnContext marks the context of an overflow connection's requests, for
 // http.Server.ConnContext.
 func (l *LimitedListener) ConnContext(ctx context.Context, c net.Conn) context.Context {
