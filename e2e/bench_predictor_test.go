@@ -71,7 +71,15 @@ func profileShapes(b *testing.B, model, config string, shapes []string) predicto
 // continuation holds, where the demo models' largest batches ran slower
 // than the square's tangent said (1.42 for ocr-rec at 48x1280 over 6
 // sweeps on a busy machine; 1.34 along the square to twice the profiled
-// work).
+// work). repeat-mape%@elements is how well a point repeats itself: the
+// sweep measures each held-out shape twice, as two shapes of the same
+// size listed after the others, and the metric is the MAPE of the first
+// measurement against the second, point by point, each a median of its
+// windows like every point: the noise of the measurement itself, below
+// which no predictor's MAPE against these points can be expected to go.
+// The held-out MAPE, the floor and far-bmax-ratio take the first
+// measurement only; profile-s includes the repeats (six shapes swept
+// where there were four).
 func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 	for _, tc := range []struct {
 		model, config string
@@ -85,11 +93,12 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 			[]string{"[1, 3, 48, 160]", "[1, 3, 48, 640]"}, []string{"[1, 3, 48, 320]", "[1, 3, 48, 1280]"}},
 	} {
 		b.Run(tc.model, func(b *testing.B) {
-			perShape := map[int64][]float64{}
+			perShape, repeat := map[int64][]float64{}, map[int64][]float64{}
 			var fitMAPE, floorMAPE, cvs, drifts, took, farRatio []float64
 			for b.Loop() {
 				start := time.Now()
-				all := profileShapes(b, tc.model, tc.config, append(slices.Clone(tc.train), tc.held...))
+				shapes := append(append(slices.Clone(tc.train), tc.held...), tc.held...)
+				all := profileShapes(b, tc.model, tc.config, shapes)
 				took = append(took, time.Since(start).Seconds())
 				// Each point's repeatability: the spread of its windows
 				// (one a round, rounds seconds apart), and the drift
@@ -124,14 +133,31 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 				if len(sizes) != len(tc.train)+len(tc.held) {
 					b.Fatalf("profile has row sizes %v, want %d", sizes, len(tc.train)+len(tc.held))
 				}
+				// Points come in the sweep's order, a (share, batch) at a
+				// time in the order of the shapes: a held-out size's first
+				// point at a share and batch is its first measurement, the
+				// second its repeat.
+				type at struct {
+					batch    int
+					share    float64
+					elements int64
+				}
 				var train, held []predictor.Point
+				first, rep := map[at]predictor.Point{}, map[int64][]float64{}
 				for _, pt := range all.Points {
-					if slices.Index(sizes, pt.Elements) < len(tc.train) {
+					k := at{pt.Batch, pt.Share, pt.Elements}
+					a, seen := first[k]
+					switch {
+					case slices.Index(sizes, pt.Elements) < len(tc.train):
 						train = append(train, pt)
-					} else {
+					case !seen:
+						first[k] = pt
 						held = append(held, pt)
+					default:
+						rep[pt.Elements] = append(rep[pt.Elements], math.Abs(a.Latency.Seconds()-pt.Latency.Seconds())/pt.Latency.Seconds())
 					}
 				}
+				all.Points = append(slices.Clone(train), held...)
 				curve, err := predictor.Fit(train)
 				if err != nil {
 					b.Fatal(err)
@@ -182,6 +208,9 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 				for n, e := range errs {
 					perShape[n] = append(perShape[n], mean(e))
 				}
+				for n, e := range rep {
+					repeat[n] = append(repeat[n], mean(e))
+				}
 			}
 			b.ReportMetric(100*median(fitMAPE), "fit-mape%")
 			b.ReportMetric(100*median(floorMAPE), "floor-mape%")
@@ -203,6 +232,9 @@ func BenchmarkPredictorHeldOutShapes(b *testing.B) {
 				}
 			}) {
 				b.ReportMetric(100*median(perShape[n]), fmt.Sprintf("mape%%@%d", n))
+				if len(repeat[n]) > 0 {
+					b.ReportMetric(100*median(repeat[n]), fmt.Sprintf("repeat-mape%%@%d", n))
+				}
 			}
 		})
 	}

@@ -78,7 +78,7 @@ func TestRunnerAtItsQuotaIsNotHung(t *testing.T) {
 
 // demoModel is the path of a demo model's version 1 in
 // $SLOSERVE_DEMO_REPOSITORY, else in ../demo-repository.
-func demoModel(t *testing.T, name string) string {
+func demoModel(t testing.TB, name string) string {
 	t.Helper()
 	repo := os.Getenv("SLOSERVE_DEMO_REPOSITORY")
 	if repo == "" {
