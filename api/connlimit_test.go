@@ -19,8 +19,9 @@ import (
 )
 
 // serveLimited serves h on a loopback listener limited to max connections plus
-// overflow health-only ones, and returns the listener.
-func serveLimited(t *testing.T, h http.Handler, max, overflow int, overflowTimeout time.Duration) *LimitedListener {
+// overflow health-only ones, and returns the listener. Each set-up runs on
+// the listener before it serves (ReserveMemory must come before Accept).
+func serveLimited(t *testing.T, h http.Handler, max, overflow int, overflowTimeout time.Duration, setup ...func(*LimitedListener)) *LimitedListener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,6 +29,9 @@ func serveLimited(t *testing.T, h http.Handler, max, overflow int, overflowTimeo
 	}
 	l := NewLimitedListener(ln, max, overflow)
 	l.overflowTimeout = overflowTimeout
+	for _, f := range setup {
+		f(l)
+	}
 	srv := &http.Server{Handler: h, ConnContext: l.ConnContext, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 4096}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })

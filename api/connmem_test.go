@@ -44,10 +44,11 @@ func (w *syncWriter) String() string {
 func TestLimitedListenerReservesMemory(t *testing.T) {
 	const per = 100 << 10
 	h, _ := newRESTTest(restLimits)
-	l := serveLimited(t, h, 10, 1, 10*time.Second) // the count allows ten: memory is the limit
 	budget := NewMemoryBudget(2 * per)
 	var logs syncWriter
-	l.ReserveMemory(budget, per, slog.New(slog.NewTextHandler(&logs, nil)))
+	l := serveLimited(t, h, 10, 1, 10*time.Second, func(l *LimitedListener) { // the count allows ten: memory is the limit
+		l.ReserveMemory(budget, per, slog.New(slog.NewTextHandler(&logs, nil)))
+	})
 
 	var held []net.Conn
 	for range 2 {
