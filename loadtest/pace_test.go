@@ -137,8 +137,13 @@ func pacerTestMemory(t *testing.T, proto string) {
 		defer close(done)
 		p.Run(t.Context(), offsets)
 	}()
-	// Past the last arrival, with every slot held: then let them go.
-	time.Sleep(offsets[arrivals-1] + 100*time.Millisecond)
+	// Every arrival sent or dropped, with every slot held: then let them
+	// go. Waiting for the pacer, not for the clock: on a busy host the
+	// pacer ran behind its arrivals, and a slot freed before it was done
+	// let a late arrival through (17 held).
+	for sent.Load()+dropped.Load() < arrivals {
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(release)
 	<-done
 	close(stopSampling)
