@@ -14,8 +14,11 @@ package e2e
 // admission predicted for the refused ones (queue ahead, execution, room,
 // from the 429's text). For the loose one: the same latencies, which are
 // what the refused requests would have taken had they been admitted (a
-// closed loop sends a refused request again at once, so the queue is the
-// same either way).
+// closed loop sends a refused request again at once, so the queue is about
+// the same either way), and, from the loose server's log (a line per
+// finished request with admission's plan, qos/finishlog.go), how many of
+// the requests whose plan a 40 ms SLO would have refused ended late at the
+// server, against the others.
 
 import (
 	"fmt"
@@ -33,6 +36,40 @@ import (
 // refusalText reads the milliseconds of an admission refusal's text: room
 // (0 when refused on the mean), queue ahead and execution.
 var refusalText = regexp.MustCompile(`(?:with ([0-9.]+)ms of room.*)?queue ahead ([0-9.]+)ms, execution ([0-9.]+)ms`)
+
+// finishLine reads a finished request's line (qos/finishlog.go): admission's
+// plan (wait, execution, room) and, for one that ran, its wait and
+// execution, in milliseconds.
+var finishLine = regexp.MustCompile(`msg="request finished".* plan_wait_ms=([0-9.]+) plan_exec_ms=([0-9.]+) plan_room_ms=([0-9.]+) wait_ms=([0-9.]+) ran_ms=([0-9.]+)`)
+
+// counterfactual reads the finish lines of a server that refused nothing:
+// of the requests whose plan would have been refused at slo (wait,
+// execution and room past it), how many ended late at the server, and of
+// the others.
+func counterfactual(log string, slo time.Duration) string {
+	limit := float64(slo) / 1e6
+	var refused, refusedLate, admitted, admittedLate int
+	for _, m := range finishLine.FindAllStringSubmatch(log, -1) {
+		var v [5]float64
+		for i := range v {
+			v[i], _ = strconv.ParseFloat(m[i+1], 64)
+		}
+		late := v[3]+v[4] > limit
+		if v[0]+v[1]+v[2] > limit {
+			refused++
+			if late {
+				refusedLate++
+			}
+		} else {
+			admitted++
+			if late {
+				admittedLate++
+			}
+		}
+	}
+	return fmt.Sprintf("at %v admission would have refused %d requests, %d of them ended late at the server (%.0f%%); of the %d it would have admitted, %d (%.0f%%)",
+		slo, refused, refusedLate, 100*float64(refusedLate)/float64(max(refused, 1)), admitted, admittedLate, 100*float64(admittedLate)/float64(max(admitted, 1)))
+}
 
 func BenchmarkRESTTinyRefusals(b *testing.B) {
 	const slo = 40 * time.Millisecond
@@ -137,12 +174,14 @@ func BenchmarkRESTTinyRefusals(b *testing.B) {
 		loop(loose, window/4)
 		for i := range rounds {
 			s := loop(strict, window)
+			from := len(loose.log.String())
 			l := loop(loose, window)
 			b.Logf("round %d, 40ms SLO: %s", i, describe(s))
 			if p := predicted(s.texts); p != "" {
 				b.Logf("round %d, 40ms SLO: %s", i, p)
 			}
 			b.Logf("round %d, 10s SLO (nothing refused): %s", i, describe(l))
+			b.Logf("round %d, 10s SLO: %s", i, counterfactual(loose.log.String()[from:], slo))
 		}
 	}
 	// The servers' logs (debug: a line per finished request, with
