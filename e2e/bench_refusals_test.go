@@ -71,6 +71,30 @@ func counterfactual(log string, slo time.Duration) string {
 		slo, refused, refusedLate, 100*float64(refusedLate)/float64(max(refused, 1)), admitted, admittedLate, 100*float64(admittedLate)/float64(max(admitted, 1)))
 }
 
+// planLine reads admission's plan from a finish line: wait, execution and
+// room, in milliseconds.
+var planLine = regexp.MustCompile(`msg="request finished".* plan_wait_ms=([0-9.]+) plan_exec_ms=([0-9.]+) plan_room_ms=([0-9.]+)`)
+
+// roomAtCap counts the finish lines whose room was asked for and how many
+// of those got the room's cap, (maxTailRatio-1) = 2 times the queue
+// predicted (to the lines' 0.01 ms).
+func roomAtCap(log string) string {
+	var asked, capped int
+	for _, m := range planLine.FindAllStringSubmatch(log, -1) {
+		var v [3]float64
+		for i := range v {
+			v[i], _ = strconv.ParseFloat(m[i+1], 64)
+		}
+		if v[2] > 0 {
+			asked++
+			if v[2] >= 2*(v[0]+v[1])-0.03 {
+				capped++
+			}
+		}
+	}
+	return fmt.Sprintf("room asked for %d admissions, at its cap (twice the queue) in %d (%.0f%%)", asked, capped, 100*float64(capped)/float64(max(asked, 1)))
+}
+
 func BenchmarkRESTTinyRefusals(b *testing.B) {
 	const slo = 40 * time.Millisecond
 	strict := startServer(b, wakeRepo(b), "")
@@ -173,7 +197,9 @@ func BenchmarkRESTTinyRefusals(b *testing.B) {
 		loop(strict, window/4) // warm both
 		loop(loose, window/4)
 		for i := range rounds {
+			sFrom := len(strict.log.String())
 			s := loop(strict, window)
+			b.Logf("round %d, 40ms SLO: %s", i, roomAtCap(strict.log.String()[sFrom:]))
 			from := len(loose.log.String())
 			l := loop(loose, window)
 			b.Logf("round %d, 40ms SLO: %s", i, describe(s))
