@@ -101,7 +101,9 @@ func (r *Registry) Preadmit(ctx context.Context, name, ver string, deadline time
 	defer v.inflight.Done()
 	err = v.sched.Preadmit(ctx, v.key, qos.RequestOptions{Deadline: deadline})
 	if errors.Is(err, qos.ErrRejected) || errors.Is(err, qos.ErrQueueFull) || errors.Is(err, qos.ErrOverloaded) {
-		return err
+		// Named as Infer names its refusals: the client cannot tell
+		// which of the two refused it.
+		return fmt.Errorf("model %s version %s: %w", v.model, v.label, err)
 	}
 	return nil
 }

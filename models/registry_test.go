@@ -637,8 +637,9 @@ func TestRegistrySchedulesThroughQoS(t *testing.T) {
 	if err := r.Preadmit(t.Context(), "sum", "", time.Time{}); err != nil {
 		t.Errorf("Preadmit of an idle model: %v", err)
 	}
-	if err := r.Preadmit(t.Context(), "sum", "", time.Now().Add(-time.Millisecond)); !errors.Is(err, qos.ErrRejected) {
-		t.Errorf("Preadmit past its deadline: %v, want qos.ErrRejected", err)
+	if err := r.Preadmit(t.Context(), "sum", "", time.Now().Add(-time.Millisecond)); !errors.Is(err, qos.ErrRejected) ||
+		!strings.HasPrefix(err.Error(), "model sum version 1: ") {
+		t.Errorf("Preadmit past its deadline: %v, want qos.ErrRejected naming the model as Infer does", err)
 	}
 	if err := r.Preadmit(t.Context(), "nosuch", "", time.Time{}); err != nil {
 		t.Errorf("Preadmit of an unknown model: %v, want nil (Infer reports it)", err)
