@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -145,19 +144,7 @@ func TestE2EConnectionBuffersInMemoryCeiling(t *testing.T) {
 	// an overflow connection, and answers.
 	restHolds := int(metric("sloserve_connections_memory_limit_bytes", "rest")/api.RESTConnectionBytes) - 64 // less the overflow's
 	addr := strings.TrimPrefix(s.http, "http://")
-	var idle []net.Conn
-	defer func() {
-		for _, c := range idle {
-			c.Close()
-		}
-	}()
-	for range restHolds {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		idle = append(idle, c)
-	}
+	idle := dialIdle(t, addr, restHolds)
 	waitFor(t, "the REST share full", 10*time.Second, func() bool {
 		return metric("sloserve_connections_memory_reserved_bytes", "rest") >= float64(restHolds*api.RESTConnectionBytes)
 	})
@@ -177,7 +164,6 @@ func TestE2EConnectionBuffersInMemoryCeiling(t *testing.T) {
 	for _, c := range idle {
 		c.Close()
 	}
-	idle = nil
 	waitFor(t, "the REST share back", 10*time.Second, func() bool {
 		return metric("sloserve_connections_memory_reserved_bytes", "rest") < float64(restHolds*api.RESTConnectionBytes)
 	})

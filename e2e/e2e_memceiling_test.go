@@ -291,19 +291,7 @@ func TestE2EMetricsConnectionLimit(t *testing.T) {
 	base := fds()
 	const n = 400
 	addr := strings.TrimPrefix(s.metrics, "http://")
-	conns := make([]net.Conn, 0, n)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range n {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
+	conns := dialIdle(t, addr, n)
 	// The server has accepted every connection it will keep.
 	waitFor(t, "the metrics listener to refuse the excess", 10*time.Second, func() bool {
 		closed := 0
@@ -336,4 +324,24 @@ func TestE2EMetricsConnectionLimit(t *testing.T) {
 	if v, _ := s.metricValue(t, `sloserve_connections_refused_total{listener="metrics"}`); v < n-64 {
 		t.Errorf("sloserve_connections_refused_total{listener=\"metrics\"} = %v, want >= %d", v, n-64)
 	}
+}
+
+// dialIdle opens n TCP connections to addr that send nothing, closed when
+// the test ends (a test may close them before).
+func dialIdle(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	return conns
 }

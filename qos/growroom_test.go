@@ -1,6 +1,7 @@
 package qos
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"testing/synctest"
@@ -19,16 +20,7 @@ import (
 // deadline is the SLO's 100 ms, at 45 ms: both on time.
 func TestBatchGrowsWithRoomForError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{Estimator: fixedEstimator(10 * ms)})
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, QueueCapacity: 10},
-			func(ids []int64) time.Duration { return 15 * ms * time.Duration(len(ids)) })
-		h.run()
-		ctx := t.Context()
-		id := int64(0)
-		for range minTail + tailRefresh {
-			id++
-			mustSucceed(t, h.submit(ctx, "a", RequestOptions{}, id))
-		}
+		h, ctx := slowerThanPredicted(t)
 		h.s.mu.Lock()
 		room := h.s.models["a"].room(20 * ms)
 		h.s.mu.Unlock()
@@ -67,16 +59,7 @@ func TestBatchGrowsWithRoomForError(t *testing.T) {
 // 36 ms: refused at once, not admitted and dropped.
 func TestAdmissionPlaysBatchesWithRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, Options{Estimator: fixedEstimator(10 * ms)})
-		h.model(ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, QueueCapacity: 10},
-			func(ids []int64) time.Duration { return 15 * ms * time.Duration(len(ids)) })
-		h.run()
-		ctx := t.Context()
-		id := int64(0)
-		for range minTail + tailRefresh {
-			id++
-			mustSucceed(t, h.submit(ctx, "a", RequestOptions{}, id))
-		}
+		h, ctx := slowerThanPredicted(t)
 		start := time.Now()
 		running := h.submit(ctx, "a", RequestOptions{}, 1000)
 		head := h.submit(ctx, "a", RequestOptions{Deadline: start.Add(35 * ms)}, 1001)
@@ -89,4 +72,20 @@ func TestAdmissionPlaysBatchesWithRoom(t *testing.T) {
 			t.Errorf("%d dropped and %d late, want none: admission should not admit what the dispatcher cannot run in time", st.Dropped, st.Late)
 		}
 	})
+}
+
+// slowerThanPredicted is a harness with one latency-critical model "a"
+// (SLO 100 ms, batches up to 4) whose executions take 1.5x their
+// prediction (10 ms a row predicted, 15 taken), after a window of them:
+// admission's room for error has read them. Call it inside synctest.
+func slowerThanPredicted(t *testing.T) (*harness, context.Context) {
+	h := newHarness(t, Options{Estimator: fixedEstimator(10 * ms)})
+	h.model(ModelSpec{Name: "a", Class: lc, SLO: 100 * ms, MaxBatchSize: 4, QueueCapacity: 10},
+		func(ids []int64) time.Duration { return 15 * ms * time.Duration(len(ids)) })
+	h.run()
+	ctx := t.Context()
+	for id := range int64(minTail + tailRefresh) {
+		mustSucceed(t, h.submit(ctx, "a", RequestOptions{}, id+1))
+	}
+	return h, ctx
 }
