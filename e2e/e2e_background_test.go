@@ -144,25 +144,32 @@ func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 	}
 }
 
-// idleProbe is what a thread in the idle scheduling class and one at
-// normal priority each got of a CPU while spinning for the same window.
+// idleProbe is what a thread in the idle scheduling class got of a CPU
+// while spinning for a window, the least of idleSpins such windows, and
+// what one at normal priority got over one window after them.
 type idleProbe struct{ window, idle, normal time.Duration }
 
-// served says whether the host gives the idle class CPU: at least half of
-// what it gives a thread at normal priority. On an idle machine both get
-// the whole window; beside busy processes at normal priority the idle
-// class gets a fraction of a percent.
-func (p idleProbe) served() bool { return 2*p.idle >= p.normal }
+// idleSpins is how many windows the idle thread spins.
+const idleSpins = 3
+
+// served says whether the host gives the idle class CPU: in every window,
+// at least half of it, and at least half of what it gives a thread at
+// normal priority. On an idle machine both get the whole window; beside
+// two busy processes at normal priority on this 2-core host the idle
+// thread got 1-80 ms of a 200 ms window (other work on the host comes
+// and goes), the normal one 25-170 ms.
+func (p idleProbe) served() bool { return 2*p.idle >= p.window && 2*p.idle >= p.normal }
 
 func (p idleProbe) String() string {
-	return fmt.Sprintf("spinning %v each, a SCHED_IDLE thread ran %v, a normal one %v", p.window, p.idle.Round(time.Microsecond), p.normal.Round(time.Microsecond))
+	return fmt.Sprintf("spinning %v, a SCHED_IDLE thread ran %v at least (of %d windows), a normal one %v", p.window, p.idle.Round(time.Microsecond), idleSpins, p.normal.Round(time.Microsecond))
 }
 
 // probeIdleClass measures whether this host gives the idle class CPU at
 // all: a thread of this process in SCHED_IDLE (the weight of a best-effort
 // runner, in the idle class of a cgroup or, unprivileged, in SCHED_IDLE
-// itself) spins for a while and reads the CPU time it got; then a thread
-// at normal priority does the same, the baseline of what the host gives.
+// itself) spins for a window and reads the CPU time it got, idleSpins
+// times; then a thread at normal priority does the same once, the
+// baseline of what the host gives.
 func probeIdleClass(t *testing.T) idleProbe {
 	t.Helper()
 	const window = 200 * time.Millisecond
@@ -189,7 +196,12 @@ func probeIdleClass(t *testing.T) idleProbe {
 		}()
 		return <-got
 	}
-	return idleProbe{window: window, idle: spin(true), normal: spin(false)}
+	p := idleProbe{window: window, idle: window}
+	for range idleSpins {
+		p.idle = min(p.idle, spin(true))
+	}
+	p.normal = spin(false)
+	return p
 }
 
 // idleClassOnBusyHost checks what holds for the best-effort model on a
