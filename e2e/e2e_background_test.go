@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // bgPbtxt configures model "be" as a Triton repository has it: no SLO
@@ -95,16 +100,31 @@ func bgMedian(d []time.Duration) time.Duration {
 // One closed-loop client on an otherwise idle server is served no slower
 // than two (issue 33: a lone best-effort model from a config.pbtxt had a
 // p50 of 1.62 ms alone and 0.70 ms beside a second client), for a
-// best-effort and a latency-critical model. Rounds of one and two clients
+// latency-critical and a best-effort model. Rounds of one and two clients
 // alternate, and the medians over the rounds are compared: ratios in one
-// run, no absolute bound. The best-effort runner is in the idle class: on
-// a host whose CPUs other work keeps busy it yields, by design, and the
-// test then takes as long as that work leaves it no CPU.
+// run, no absolute bound. The best-effort runner is in the idle class,
+// which yields, by design, to any other work: the property is about an
+// idle machine, and is checked for "be" only when a probe finds that this
+// host gives the idle class CPU (probeIdleClass). On a host whose CPUs
+// other work keeps busy, what holds there is checked instead: every
+// request to "be" is answered or ends at its own deadline (a thousand
+// times lc's p50 measured here), and the runner is neither killed nor
+// restarted.
 func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 	s := startServer(t, bgRepo(t), "")
 	requireCgroups(t, s.control(t))
-	for _, model := range []string{"be", "lc"} {
+	var lcP50 time.Duration
+	for _, model := range []string{"lc", "be"} {
 		t.Run(model, func(t *testing.T) {
+			if model == "be" {
+				p := probeIdleClass(t)
+				if !p.served() {
+					t.Logf("branch: busy host, the idle class gets no CPU (%v): the idle-machine property is not checked; each request gets %v (1000x lc's p50)", p, 1000*lcP50)
+					idleClassOnBusyHost(t, s, "be", 1000*lcP50)
+					return
+				}
+				t.Logf("branch: the host gives the idle class CPU (%v): checking the idle-machine property", p)
+			}
 			bgClosedLoop(t, s, model, 2, 100) // warm, and let the loop settle
 			const rounds, n = 3, 200
 			var one, two []time.Duration
@@ -114,6 +134,9 @@ func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 			}
 			p1, p2 := bgMedian(one), bgMedian(two)
 			t.Logf("%s: p50 one client %v (rounds %v), two clients %v (rounds %v)", model, p1, one, p2, two)
+			if model == "lc" {
+				lcP50 = p1
+			}
 			if float64(p1) > 1.2*float64(p2) {
 				t.Errorf("%s: p50 with one client %v, more than 1.2x the p50 with two (%v)", model, p1, p2)
 			}
@@ -121,11 +144,136 @@ func TestE2ELoneClientNotSlowerThanTwo(t *testing.T) {
 	}
 }
 
+// idleProbe is what a thread in the idle scheduling class got of a CPU
+// while spinning for a window, the least of idleSpins such windows, and
+// what one at normal priority got over one window after them.
+type idleProbe struct{ window, idle, normal time.Duration }
+
+// idleSpins is how many windows the idle thread spins.
+const idleSpins = 3
+
+// served says whether the host gives the idle class CPU: in every window,
+// at least half of it, and at least half of what it gives a thread at
+// normal priority. On an idle machine both get the whole window; beside
+// two busy processes at normal priority on this 2-core host the idle
+// thread got 1-80 ms of a 200 ms window (other work on the host comes
+// and goes), the normal one 25-170 ms.
+func (p idleProbe) served() bool { return 2*p.idle >= p.window && 2*p.idle >= p.normal }
+
+func (p idleProbe) String() string {
+	return fmt.Sprintf("spinning %v, a SCHED_IDLE thread ran %v at least (of %d windows), a normal one %v", p.window, p.idle.Round(time.Microsecond), idleSpins, p.normal.Round(time.Microsecond))
+}
+
+// probeIdleClass measures whether this host gives the idle class CPU at
+// all: a thread of this process in SCHED_IDLE (the weight of a best-effort
+// runner, in the idle class of a cgroup or, unprivileged, in SCHED_IDLE
+// itself) spins for a window and reads the CPU time it got, idleSpins
+// times; then a thread at normal priority does the same once, the
+// baseline of what the host gives.
+func probeIdleClass(t *testing.T) idleProbe {
+	t.Helper()
+	const window = 200 * time.Millisecond
+	spin := func(idle bool) time.Duration {
+		got := make(chan time.Duration, 1)
+		go func() {
+			// Never unlocked: the thread ends with the goroutine, and its
+			// scheduling class with it.
+			goruntime.LockOSThread()
+			if idle {
+				attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}
+				if err := unix.SchedSetAttr(0, &attr, 0); err != nil {
+					t.Errorf("SCHED_IDLE for the probe: %v", err)
+					got <- 0
+					return
+				}
+			}
+			var t0, t1 unix.Timespec
+			unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &t0)
+			for start := time.Now(); time.Since(start) < window; {
+			}
+			unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &t1)
+			got <- time.Duration(t1.Nano() - t0.Nano())
+		}()
+		return <-got
+	}
+	p := idleProbe{window: window, idle: window}
+	for range idleSpins {
+		p.idle = min(p.idle, spin(true))
+	}
+	p.normal = spin(false)
+	return p
+}
+
+// idleClassOnBusyHost checks what holds for the best-effort model on a
+// host that gives the idle class no CPU: four requests, each with a
+// deadline of bound, are answered or end at their own deadline (none
+// fails otherwise), and the model's runner is neither killed nor
+// restarted meanwhile.
+func idleClassOnBusyHost(t *testing.T, s *testServer, model string, bound time.Duration) {
+	t.Helper()
+	before := s.runnerPids(t, model+"/1/model.onnx")
+	req := grpcDynRequest()
+	req.ModelName = model
+	const clients = 4
+	errs := make(chan error, clients)
+	for range clients {
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), bound)
+			defer cancel()
+			_, err := s.grpc.ModelInfer(ctx, req)
+			errs <- err
+		}()
+	}
+	answered, expired := 0, 0
+	for range clients {
+		switch err := <-errs; status.Code(err) {
+		case codes.OK:
+			answered++
+		case codes.DeadlineExceeded:
+			expired++
+		default:
+			t.Errorf("%s on a busy host: a request failed other than at its own deadline: %v", model, err)
+		}
+	}
+	t.Logf("%s on a busy host: %d requests answered within %v, %d ended at that deadline", model, answered, bound, expired)
+	checkNotRestarted(t, s, model, before)
+}
+
+// checkNotRestarted checks that model's runner (before: its pids then)
+// was not killed as hung nor restarted.
+func checkNotRestarted(t *testing.T, s *testServer, model string, before []int) {
+	t.Helper()
+	if s.logHas("runner hung") {
+		t.Error("the starved runner was killed as hung")
+	}
+	// The control loop may have started a runner of another share beside
+	// it (a swap); the starved one must not have been killed.
+	// A swap the control loop finished (a resize starts a runner in a new
+	// unit and stops the old one) also removes it: only a kill counts.
+	// The swap's log line comes once the old runner has stopped, which a
+	// starved host can delay: a swap under way gets a minute to say so.
+	if after := s.runnerPids(t, model+"/1/model.onnx"); len(before) > 0 && !slices.Contains(after, before[0]) {
+		deadline := time.Now().Add(time.Minute)
+		for !s.logHas("instance replaced at a new share") && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !s.logHas("instance replaced at a new share") {
+			t.Errorf("runners %v, were %v, and no swap finished: the starved runner was killed", after, before)
+		}
+	}
+	if v, _ := s.metricValue(t, fmt.Sprintf(`sloserve_runner_restarts_total{model=%q,version="1"}`, model)); v != 0 {
+		t.Errorf("restarts = %v, want 0", v)
+	}
+}
+
 // A best-effort runner (the idle class of a cgroup) that two busy
 // processes at normal priority freeze out of the CPU is starved, not hung:
 // its health checks and its calls fail for want of CPU, with health checks
-// every 200 ms and a call timeout of 1 s, yet it is not restarted, and the
-// requests sent meanwhile are answered once the burners stop: none fails.
+// every 200 ms and a call timeout of 1 s, yet it is not restarted, and no
+// request sent meanwhile fails. On a host that gives the idle class CPU
+// once the test's burners stop, every such request is answered; on one
+// whose other work keeps starving it, they may still wait, and end at
+// their own deadline (see starvedNotRestarted).
 func TestE2EStarvedBestEffortRunnerIsNotRestarted(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo, repoModel{"be", testModel(t, "example_dynamic_axes.onnx"), starvedBEConfig})
@@ -166,7 +314,13 @@ var starvedSets = []string{"runtime.health_interval=200ms", "runtime.call_timeou
 
 // starvedNotRestarted starves s's best-effort runner of model be with
 // burners at normal priority, sends requests meanwhile, and checks that
-// the runner was not killed and that every request was answered.
+// the runner was not killed and that no request failed. Whether the host
+// gives the idle class CPU apart from the test's burners is probed first
+// (probeIdleClass): if it does, every request must be answered, within
+// ten times as long as the starvation lasted; if it does not (outside
+// work keeps every CPU), a request may wait as long as the starvation
+// lasted and is then cancelled, and must have been answered or cancelled,
+// never failed otherwise.
 func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
 	t.Helper()
 	var before []int
@@ -176,7 +330,15 @@ func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
 	})
 	req := grpcDynRequest()
 	req.ModelName = "be"
-	alone := bgMedian(bgClosedLoop(t, s, "be", 1, 50))
+	probe := probeIdleClass(t)
+	idleHost := probe.served()
+	alone := time.Duration(0)
+	if idleHost {
+		t.Logf("branch: the host gives the idle class CPU (%v): every request must be answered once the burners stop", probe)
+		alone = bgMedian(bgClosedLoop(t, s, "be", 1, 50))
+	} else {
+		t.Logf("branch: busy host, the idle class gets no CPU even before the test's burners (%v): requests may wait, and are cancelled after as long as the starvation lasted", probe)
+	}
 
 	// Two burners at normal priority: one per core of this machine, more
 	// where it has more.
@@ -197,16 +359,16 @@ func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
 	// and than the health checks that would have found it hung (three,
 	// or, before, ten starved ones and three more).
 	const clients = 4
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
 	errs := make(chan error, clients)
 	took := make(chan time.Duration, clients)
 	for range clients {
 		go func() {
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-			defer cancel()
 			start := time.Now()
 			_, err := s.grpc.ModelInfer(ctx, req)
-			errs <- err
 			took <- time.Since(start)
+			errs <- err
 		}()
 	}
 	time.Sleep(15 * 200 * time.Millisecond)
@@ -215,41 +377,37 @@ func starvedNotRestarted(t *testing.T, s *testServer, repo string) {
 		b.Process.Kill()
 		b.Wait()
 	}
-	for range clients {
-		if err := <-errs; err != nil {
-			t.Errorf("a request sent while the runner was starved: %v", err)
-		}
+	bound := starved
+	if idleHost {
+		bound = 10 * starved
 	}
+	stop := time.AfterFunc(bound, cancel)
+	defer stop.Stop()
+	answered, cancelled := 0, 0
 	var slowest time.Duration
 	for range clients {
 		slowest = max(slowest, <-took)
-	}
-	t.Logf("alone p50 %v; starved %v; the slowest request sent meanwhile took %v", alone, starved.Round(time.Millisecond), slowest.Round(time.Millisecond))
-	if s.logHas("runner hung") {
-		t.Error("the starved runner was killed as hung")
-	}
-	// The control loop may have started a runner of another share beside
-	// it (a swap); the starved one must not have been killed.
-	// A swap the control loop finished (a resize starts a runner in a new
-	// unit and stops the old one) also removes it: only a kill counts.
-	// The swap's log line comes once the old runner has stopped, which a
-	// starved host can delay: a swap under way gets a minute to say so.
-	if after := s.runnerPids(t, "be/1/model.onnx"); !slices.Contains(after, before[0]) {
-		deadline := time.Now().Add(time.Minute)
-		for !s.logHas("instance replaced at a new share") && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
-		}
-		if !s.logHas("instance replaced at a new share") {
-			t.Errorf("runners %v, were %v, and no swap finished: the starved runner was killed", after, before)
+		switch err := <-errs; {
+		case err == nil:
+			answered++
+		case status.Code(err) == codes.Canceled && ctx.Err() != nil && !idleHost:
+			cancelled++
+		case ctx.Err() != nil:
+			t.Errorf("a request sent while the runner was starved was not answered within %v after the burners stopped (10x the starvation): %v", bound, err)
+		default:
+			t.Errorf("a request sent while the runner was starved: %v", err)
 		}
 	}
-	if v, _ := s.metricValue(t, `sloserve_runner_restarts_total{model="be",version="1"}`); v != 0 {
-		t.Errorf("restarts = %v, want 0", v)
-	}
-	// Other work on the host at normal priority (a busy CI machine) may
-	// go on starving the idle class after the burners stop, by design:
-	// each request gets as long as those sent during the starvation.
-	if lat := bgClosedLoopWithin(t, s, "be", 1, 50, 2*time.Minute); len(lat) != 50 {
-		t.Errorf("after the starvation: %d of 50 answered", len(lat))
+	t.Logf("alone p50 %v; starved %v; of the %d requests sent meanwhile %d answered, %d still waiting %v after the burners stopped and cancelled; the slowest took %v",
+		alone, starved.Round(time.Millisecond), clients, answered, cancelled, bound.Round(time.Millisecond), slowest.Round(time.Millisecond))
+	checkNotRestarted(t, s, "be", before)
+	if idleHost {
+		// The runner serves again, each request within as long again as
+		// ten starvations.
+		if lat := bgClosedLoopWithin(t, s, "be", 1, 50, 10*starved); len(lat) != 50 {
+			t.Errorf("after the starvation: %d of 50 answered", len(lat))
+		}
+	} else {
+		idleClassOnBusyHost(t, s, "be", starved)
 	}
 }

@@ -85,6 +85,7 @@ type starvation struct {
 	start       time.Time
 	ran, waited time.Duration
 	self        time.Duration
+	selfAt      time.Time    // when self was read (at most selfWaitEvery before start)
 	answers     func() int64 // the runner's answers so far; nil: not counted
 	answered    int64
 	ok          bool
@@ -111,14 +112,14 @@ var selfWaitSample struct {
 	ok   bool
 }
 
-// selfWait is the server's own CPU wait (cpuWait of this process), read
-// at most once per selfWaitEvery and shared by every measure: it only
+// selfWait is the server's own CPU wait (cpuWait of this process), and
+// when it was read: at most once per selfWaitEvery and shared by every measure: it only
 // goes into the log, and reading it costs a file per thread of the
 // server. With 40 idle-class runners on a busy host every health check
 // outlasts checkQuiet and is measured, and reading the server's threads
 // twice per check took 60% of the server's CPU (perf, while 40 such
 // runners stopped: 1.5 of 2.4 CPU-seconds in the measures).
-func selfWait() (time.Duration, bool) {
+func selfWait() (time.Duration, time.Time, bool) {
 	s := &selfWaitSample
 	s.Lock()
 	defer s.Unlock()
@@ -126,7 +127,7 @@ func selfWait() (time.Duration, bool) {
 		s.wait, s.ok = cpuWait(os.Getpid())
 		s.at = now
 	}
-	return s.wait, s.ok
+	return s.wait, s.at, s.ok
 }
 
 // startStarvation samples the CPU times before a check of pid; answers,
@@ -135,8 +136,8 @@ func selfWait() (time.Duration, bool) {
 // throttling of its cgroup is sampled too (see starved).
 func startStarvation(pid int, answers func() int64, busy func() bool) starvation {
 	r, w, ok1 := cpuTimes(pid)
-	s, ok2 := selfWait()
-	st := starvation{pid: pid, start: time.Now(), ran: r, waited: w, self: s, ok: ok1 && ok2, answers: answers, busy: busy}
+	s, at, ok2 := selfWait()
+	st := starvation{pid: pid, start: time.Now(), ran: r, waited: w, self: s, selfAt: at, ok: ok1 && ok2, answers: answers, busy: busy}
 	if answers != nil {
 		st.answered = answers()
 	}
@@ -149,22 +150,9 @@ func startStarvation(pid int, answers func() int64, busy func() bool) starvation
 // starved says, after a failed check, whether the runner was starved of
 // CPU meanwhile rather than hung, and how long it and the server waited
 // for a CPU, for the log. It was when it made progress (answered a call
-// meanwhile), or when it got less than 1/starvedShare of a CPU and waited
-// for one at least that long or has a thread runnable now: the kernel
-// adds a wait to the run delay only when the thread gets its CPU, so a
-// thread that has waited all along shows none yet. It was starved by its
-// own quota when, with a call in flight (busy), it waited for a CPU at
-// least 1/starvedShare of the check's time while a CPU quota throttled its
-// cgroup (or one above it): a runner that runs a call at its quota's
-// limit gets all the CPU it may have, more than 1/starvedShare of one
-// under a quota of half a CPU, and is busy, not hung. So a runner is
-// found hung only when it had the CPU and answered nothing (a livelock:
-// no call in flight, or no throttling), or had no runnable thread
-// (frozen, deadlocked). A livelock under a quota during a call is found
-// once the call's timeout abandons the call. Only the runner decides: a
-// server busy on a busy host waits for a CPU all the time, and a frozen
-// runner beside it must still be found hung. When the kernel does not
-// say, no check is starved: every failed one counts, as it always did.
+// meanwhile), or when the measures of the check say so (checkMeasure).
+// When the kernel does not say, no check is starved: every failed one
+// counts, as it always did.
 func (s starvation) starved() (bool, string) {
 	took := time.Since(s.start)
 	progress := int64(0)
@@ -172,27 +160,111 @@ func (s starvation) starved() (bool, string) {
 		progress = s.answers() - s.answered
 	}
 	r, w, ok := cpuTimes(s.pid)
-	self, ok2 := selfWait()
+	self, _, ok2 := selfWait()
 	if !s.ok || !ok || !ok2 {
 		return progress > 0, fmt.Sprintf("check took %v, CPU times unknown, %d calls answered meanwhile", took.Round(time.Millisecond), progress)
 	}
 	// Threads that ended took their counts along: a sum may shrink.
-	dr, dw, ds := max(r-s.ran, 0), max(w-s.waited, 0), max(self-s.self, 0)
-	run := runnable(s.pid)
-	starved := dr*starvedShare < took && (dw*starvedShare >= took || run)
+	m := checkMeasure{took: took, ran: max(r-s.ran, 0), waited: max(w-s.waited, 0)}
+	m.runnable, m.stopped, _ = threadStates(s.pid)
 	quota := ""
-	if s.busy != nil && s.throttleOK {
-		if th, ok := cgroupThrottled(s.pid); ok {
-			busy := s.busy()
-			throttled := th - min(th, s.throttled)
-			if throttled > 0 && busy && dw*starvedShare >= took {
-				starved = true
-			}
-			quota = fmt.Sprintf(", throttled by a CPU quota %d times with a call in flight: %v", throttled, busy)
+	if s.busy != nil {
+		m.busy, m.busyKnown = s.busy(), true
+		quota = fmt.Sprintf(", a call in flight: %v", m.busy)
+		if th, ok := cgroupThrottled(s.pid); ok && s.throttleOK {
+			m.throttled = th - min(th, s.throttled)
+			quota = fmt.Sprintf(", throttled by a CPU quota %d times with a call in flight: %v", m.throttled, m.busy)
 		}
 	}
-	return starved || progress > 0, fmt.Sprintf("check took %v, the runner ran %v and waited %v for a CPU meanwhile (a thread runnable at the end: %v%s), answered %d calls; the server waited %v",
-		took.Round(time.Millisecond), dr.Round(time.Millisecond), dw.Round(time.Millisecond), run, quota, progress, ds.Round(time.Millisecond))
+	server := fmt.Sprintf("the server waited %v", max(self-s.self, 0).Round(time.Millisecond))
+	if m.asleepInCall() {
+		// Only here is the server's own wait read afresh (it costs a file
+		// per thread of the server), from the last shared sample on.
+		if now, ok := cpuWait(os.Getpid()); ok {
+			m.serverWaited, m.serverWindow, m.serverKnown = max(now-s.self, 0), time.Since(s.selfAt), true
+			server = fmt.Sprintf("the server waited %v over the last %v", m.serverWaited.Round(time.Millisecond), m.serverWindow.Round(time.Millisecond))
+		}
+	}
+	return m.starved() || progress > 0, fmt.Sprintf("check took %v, the runner ran %v and waited %v for a CPU meanwhile (a thread runnable at the end: %v%s), answered %d calls; %s",
+		took.Round(time.Millisecond), m.ran.Round(time.Millisecond), m.waited.Round(time.Millisecond), m.runnable, quota, progress, server)
+}
+
+// checkMeasure is what the kernel said of a runner (and of the server)
+// over one failed check.
+type checkMeasure struct {
+	took        time.Duration // the check's time
+	ran, waited time.Duration // the runner's threads' time on a CPU and waiting for one, summed
+	// runnable: a thread of the runner was runnable at the end; stopped:
+	// one was stopped (a frozen process).
+	runnable, stopped bool
+	// busy: the runner had a call in flight (busyKnown: asked); throttled:
+	// how many times a CPU quota throttled its cgroup meanwhile (0 when
+	// the kernel does not say).
+	busy, busyKnown bool
+	throttled       uint64
+	// serverWaited: the server's threads' wait for a CPU over
+	// serverWindow (which holds the check); read only when asleepInCall.
+	serverWaited, serverWindow time.Duration
+	serverKnown                bool
+}
+
+// starved says whether a runner that failed a check with measures m was
+// starved of CPU rather than hung. It was when:
+//   - it got less than 1/starvedShare of a CPU and waited for one at least
+//     that long or has a thread runnable now: the kernel adds a wait to
+//     the run delay only when the thread gets its CPU, so a thread that
+//     has waited all along shows none yet;
+//   - it waited for a CPU at least as long as it ran, and at least
+//     1/starvedShare of the check's time: a runner whose threads wanted a
+//     CPU as much as they got one is short of CPU, whatever it got (on a
+//     busy host with a call in flight, "ran 15ms and waited 43ms" in a
+//     7 ms check: the threads' times are summed, and a running thread's
+//     count moves in scheduler ticks, so that a short check can show more
+//     run time than its own length);
+//   - with a call in flight, it waited for a CPU at least 1/starvedShare
+//     of the check's time while a CPU quota throttled its cgroup (or one
+//     above it): a runner that runs a call at its quota's limit gets all
+//     the CPU it may have, more than 1/starvedShare of one under a quota
+//     of half a CPU, and is busy, not hung;
+//   - with a call in flight, no thread of it ran or waited for a quarter
+//     of the check and none is runnable or stopped, while the server
+//     itself waited for a CPU at least as long as the window measured
+//     (one of its threads waiting all along, on average): the runner
+//     sleeps because the call is with the server (its request not yet
+//     handed over, or its answer not yet taken), and the check's request
+//     and answer are the server's to send and read. Under two CPU
+//     burners such a runner slept in futex and epoll waits, all its
+//     threads, while the server ran 11 ms and waited 366 ms in a 110 ms
+//     check (TestRunnerAtItsQuotaIsNotHung).
+//
+// So a runner is found hung only when it had the CPU and answered nothing
+// (a livelock: no call in flight, or no throttling, and it ran more than
+// it waited), or had no runnable thread while the server could run
+// (deadlocked), or was frozen. A livelock under a quota during a call is
+// found once the call's timeout abandons the call. The server's wait
+// excuses nothing else: a server busy on a busy host waits for a CPU much
+// of the time, and a runner deadlocked with no call in flight beside it
+// must still be found.
+func (m checkMeasure) starved() bool {
+	share := m.took / starvedShare
+	if m.ran < share && (m.waited >= share || m.runnable) {
+		return true
+	}
+	if m.waited >= m.ran && m.waited >= share {
+		return true
+	}
+	if m.busyKnown && m.busy && m.throttled > 0 && m.waited >= share {
+		return true
+	}
+	return m.asleepInCall() && m.serverKnown && m.serverWaited >= m.serverWindow
+}
+
+// asleepInCall says whether the runner slept through the check with a
+// call in flight: no thread runnable or stopped at the end, and less than
+// 1/starvedShare of the check's time run and waited.
+func (m checkMeasure) asleepInCall() bool {
+	share := m.took / starvedShare
+	return m.busyKnown && m.busy && !m.runnable && !m.stopped && m.ran < share && m.waited < share
 }
 
 // readyClock is a context for a process pid's start that ends once the

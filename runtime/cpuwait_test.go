@@ -516,3 +516,53 @@ func TestCPUCgroupDir(t *testing.T) {
 		t.Errorf("mounts of a hybrid host: %+v, want the cpu hierarchy and the unified one", got)
 	}
 }
+
+// The hung rule on the measures of failed checks, most of them as logged
+// by TestRunnerAtItsQuotaIsNotHung under two CPU burners, where three
+// counted in a row killed the runner mid-call. A check during which the
+// runner waited for a CPU at least as long as it ran is starved; so is
+// one during which it slept with a call in flight while the server
+// itself waited for a CPU all along (the call, and the check, were the
+// server's to move). A runner that sleeps with no call in flight, or
+// while the server could run, or frozen, or that ran more than it waited,
+// is still counted.
+func TestCheckMeasureStarved(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name    string
+		m       checkMeasure
+		starved bool
+	}{
+		{"waited more than it ran, runnable, not throttled (logged)",
+			checkMeasure{took: 7 * ms, ran: 15 * ms, waited: 43 * ms, runnable: true, busy: true, busyKnown: true}, true},
+		{"waited more than it ran, not throttled (logged)",
+			checkMeasure{took: 18 * ms, ran: 24 * ms, waited: 29 * ms, runnable: true, busy: true, busyKnown: true}, true},
+		{"waited as long as it ran, no call in flight",
+			checkMeasure{took: 40 * ms, ran: 20 * ms, waited: 20 * ms}, true},
+		{"asleep with a call in flight, the server starved (logged)",
+			checkMeasure{took: 110 * ms, ran: 2 * ms, busy: true, busyKnown: true, serverWaited: 366 * ms, serverWindow: 150 * ms, serverKnown: true}, true},
+		{"ran little and waited for a quarter",
+			checkMeasure{took: 40 * ms, ran: 5 * ms, waited: 10 * ms}, true},
+		{"at its quota's limit with a call in flight",
+			checkMeasure{took: 400 * ms, ran: 200 * ms, waited: 180 * ms, busy: true, busyKnown: true, throttled: 20}, true},
+
+		{"ran more than it waited, not throttled (a livelock on a busy host)",
+			checkMeasure{took: 8 * ms, ran: 5 * ms, waited: 4 * ms, runnable: true, busy: true, busyKnown: true}, false},
+		{"spinning alone",
+			checkMeasure{took: 40 * ms, ran: 40 * ms, runnable: true}, false},
+		{"waited longer than it ran but under a quarter of the check",
+			checkMeasure{took: 100 * ms, ran: 5 * ms, waited: 6 * ms}, false},
+		{"asleep with a call in flight, the server could run (deadlocked)",
+			checkMeasure{took: 110 * ms, busy: true, busyKnown: true, serverWaited: 20 * ms, serverWindow: 150 * ms, serverKnown: true}, false},
+		{"asleep with no call in flight, the server starved",
+			checkMeasure{took: 110 * ms, busy: false, busyKnown: true, serverWaited: 366 * ms, serverWindow: 150 * ms, serverKnown: true}, false},
+		{"frozen with a call in flight, the server starved",
+			checkMeasure{took: 110 * ms, stopped: true, busy: true, busyKnown: true, serverWaited: 366 * ms, serverWindow: 150 * ms, serverKnown: true}, false},
+		{"asleep with a call in flight, the server's wait unknown",
+			checkMeasure{took: 110 * ms, busy: true, busyKnown: true}, false},
+	} {
+		if got := c.m.starved(); got != c.starved {
+			t.Errorf("%s: %+v: starved %v, want %v", c.name, c.m, got, c.starved)
+		}
+	}
+}

@@ -784,7 +784,9 @@ var (
 // Starved reports whether the serving process is starved of CPU over the
 // window from now: over the window it runs for less than a quarter of it
 // while it waits for a CPU at least that long or has a thread still
-// runnable at the end. A frozen (stopped) process is not starved, and is
+// runnable at the end, or waits for a CPU at least as long as it runs and
+// a quarter of the window (checkMeasure.starved, no call in flight
+// asked). A frozen (stopped) process is not starved, and is
 // told at once; a deadlocked one has no runnable thread and is not, after
 // the window; one that spins has the CPU and is not. A process with no
 // runnable thread at the window's start is measured all the same: a Go
