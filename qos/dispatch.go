@@ -80,7 +80,11 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// simulated GPU day), so the mean decides. Best-effort work has
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
-		room := m.room(wait + own)
+		// The queue ahead drains on the model's slots at once: it
+		// holds about slots times wait of the model's predicted
+		// executions, and r's own runs on one of them.
+		work := time.Duration(s.parallelLocked(m))*wait + own
+		room := m.sharedRoom(wait+own, work)
 		r.plan.room = room
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
 			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
@@ -730,6 +734,7 @@ func (s *Scheduler) execute(ctx context.Context, e *execution) {
 		if e.predicted > 0 {
 			ratio := now.Sub(e.start).Seconds() / e.predicted.Seconds()
 			m.service.observe(ratio)
+			m.tail.setSlots(s.parallelLocked(m))
 			m.tail.observe(e.predicted.Seconds(), now.Sub(e.start).Seconds())
 		}
 	}

@@ -298,6 +298,18 @@ const maxTailRatio = 3
 // closed-loop clients of a 1 ms model got 429s against a 40 ms SLO.)
 func (m *model) room(queue time.Duration) time.Duration { return m.tail.room(queue) }
 
+// parallelLocked is how many of m's executions run at once when its
+// queue drains: its slots, at most the device's.
+func (s *Scheduler) parallelLocked(m *model) int {
+	return max(min(m.spec.Slots, s.opts.DeviceSlots), 1)
+}
+
+// sharedRoom is room for a plan of queue that holds work of the model's
+// predicted executions spread over its slots (see tail.shared).
+func (m *model) sharedRoom(queue, work time.Duration) time.Duration {
+	return m.tail.shared(queue, work)
+}
+
 // execution is one batch in progress.
 type execution struct {
 	m         *model

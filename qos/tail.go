@@ -24,6 +24,11 @@ const tailZ = 2
 // stall.
 const stallQuantile = 0.95
 
+// maxTailSlots bounds the slots the window grows for (tail.setSlots):
+// past it the window of a model of many instances would cost the hot
+// path more than its readings gain.
+const maxTailSlots = 8
+
 // minTail is how many executions the room needs: with fewer, a few
 // stalls in the first executions would decide it.
 const minTail = 50
@@ -63,6 +68,10 @@ const minTail = 50
 //     runs alone left 2.2% of the admitted late or dropped
 //     (TestBusyHostOverloadAdmittedOnTime), this reading 0.4%.
 //
+// On a model of c slots the room for a plan of P is the room of the c*P
+// of executions it holds, over c (shared), read from a window of
+// tailWindow executions a slot (setSlots): see shared for why.
+//
 // The room is at most (maxTailRatio-1) times P, the drift too: on a
 // machine busier than its burners the predictions swing with the
 // runner's share, executions were measured at 6x the predictions at
@@ -70,10 +79,11 @@ const minTail = 50
 // half the SLO, and an uncapped drift refused them. The window is read
 // again every tailRefresh executions.
 type tail struct {
-	pred, took [tailWindow]float64 // seconds
-	n          int                 // executions seen, up to tailWindow
-	next       int                 // where the next one goes
-	pending    int                 // executions since the last refresh
+	pred, took []float64 // seconds, a ring of tailWindow per slot (setSlots)
+	slots      int       // the slots the window is sized for; 0 is 1
+	n          int       // executions seen, up to the window
+	next       int       // where the next one goes
+	pending    int       // executions since the last refresh
 	// At the last refresh (see tail): drift, spread and stall; spans,
 	// run lengths in predicted seconds (doubling), and excess, the mean
 	// plus tailZ standard deviations of the excess per second predicted
@@ -84,20 +94,47 @@ type tail struct {
 	scratch              []float64
 }
 
+// setSlots sizes the window for a model of c slots (at most
+// maxTailSlots): tailWindow executions a slot, read every tailRefresh
+// executions a slot, keeping the most recent executions. On c slots
+// the executions come c times as fast and a queue holds c times as many
+// (see shared): a window of tailWindow held half as many stalls of a
+// two-instance model's host per queue read as of a single instance's,
+// and the room swung with how many the window happened to hold.
+func (t *tail) setSlots(c int) {
+	c = min(max(c, 1), maxTailSlots)
+	if c == max(t.slots, 1) && t.pred != nil {
+		return
+	}
+	size := c * tailWindow
+	pred, took := make([]float64, size), make([]float64, size)
+	n := min(t.n, size)
+	for k := range n { // the oldest kept first
+		i := (t.next - n + k + 2*len(t.pred)) % max(len(t.pred), 1)
+		pred[k], took[k] = t.pred[i], t.took[i]
+	}
+	t.pred, t.took, t.slots, t.n, t.next = pred, took, c, n, n%size
+}
+
 // observe adds one execution: its predicted and its observed time, in
 // seconds.
 func (t *tail) observe(predicted, took float64) {
 	if !(predicted > 0) || !(took >= 0) || math.IsInf(predicted, 0) || math.IsInf(took, 0) {
 		return
 	}
+	if t.pred == nil {
+		t.setSlots(1)
+	}
+	size := len(t.pred)
 	t.pred[t.next], t.took[t.next] = predicted, took
-	t.next = (t.next + 1) % tailWindow
-	t.n = min(t.n+1, tailWindow)
+	t.next = (t.next + 1) % size
+	t.n = min(t.n+1, size)
 	t.pending++
-	if t.n < minTail {
+	c := max(t.slots, 1)
+	if t.n < minTail*c {
 		return
 	}
-	if t.n == minTail || t.pending >= tailRefresh {
+	if t.n == minTail*c || t.pending >= tailRefresh*c {
 		t.refresh()
 	}
 }
@@ -107,11 +144,11 @@ func (t *tail) observe(predicted, took float64) {
 // executions.
 func (t *tail) refresh() {
 	t.pending = 0
-	n := t.n
-	first := (t.next - n + tailWindow) % tailWindow // the oldest
+	n, size := t.n, len(t.pred)
+	first := (t.next - n + size) % size // the oldest
 	t.cumP, t.cumE = append(t.cumP[:0], 0), append(t.cumE[:0], 0)
 	for k := range n {
-		i := (first + k) % tailWindow
+		i := (first + k) % size
 		t.cumP = append(t.cumP, t.cumP[k]+t.pred[i])
 		t.cumE = append(t.cumE, t.cumE[k]+t.took[i]-t.pred[i])
 	}
@@ -119,7 +156,7 @@ func (t *tail) refresh() {
 	t.scratch = t.scratch[:0]
 	var v float64
 	for k := range n {
-		i := (first + k) % tailWindow
+		i := (first + k) % size
 		d := t.took[i] - t.pred[i]*(1+t.drift)
 		v += d * d
 		t.scratch = append(t.scratch, d)
@@ -178,6 +215,23 @@ func (t *tail) room(queue time.Duration) time.Duration {
 	room := max(rate*p, t.drift*p+min(tailZ*sd, t.stall+sd))
 	room = min(room, (maxTailRatio-1)*p)
 	return time.Duration(max(room, 0) * float64(time.Second))
+}
+
+// shared is the room for a plan of queue (wall time) that holds work of
+// the model's predicted executions spread over its slots: on c slots a
+// queue planned at P holds about c*P of them (work >= queue; on one slot
+// the two are equal and shared is room). A queue drains on every slot at
+// once and each takes the next execution when it frees, so the work's
+// error delays the plan by about its share: room(work) times queue/work.
+// A stall on one slot holds that slot's execution while the others serve
+// the queue, and delays the plan by its share, a c-th; a stall of the host
+// that holds every slot at once comes c times into the work's runs and
+// delays the plan by itself, as it should.
+func (t *tail) shared(queue, work time.Duration) time.Duration {
+	if work <= queue || queue <= 0 {
+		return t.room(queue)
+	}
+	return time.Duration(float64(t.room(work)) * queue.Seconds() / work.Seconds())
 }
 
 // rankIndex is the index of quantile q among n sorted values: the

@@ -204,3 +204,93 @@ func TestSelectNth(t *testing.T) {
 		}
 	}
 }
+
+// On c slots a plan of P holds about c*P of predicted executions, and a
+// stall on one slot delays the plan by its share: the room is the room of
+// the work, c*P, over c. A stall of the host that holds both slots at
+// once comes twice into the work and delays the plan by itself. On one
+// slot the reading is the room of the queue, as before.
+func TestTailShared(t *testing.T) {
+	const p = 1e-3 // every execution predicted at 1 ms
+	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+	// meanTwoSD is the mean plus two standard deviations of the excess
+	// per second predicted of runs of 32 ms: 481 of them in 512, held
+	// holds[x] of them with x ms over.
+	meanTwoSD := func(holds map[float64]int) float64 {
+		var sum, sq float64
+		for x, k := range holds {
+			sum += float64(k) * x / 32
+			sq += float64(k) * (x / 32) * (x / 32)
+		}
+		mean := sum / 481
+		return mean + 2*math.Sqrt(sq/481-mean*mean)
+	}
+	for _, tc := range []struct {
+		name  string
+		slots int
+		took  func(i int) float64 // seconds, of execution i
+		queue time.Duration       // the plan, on the slots
+		work  time.Duration       // its predicted executions
+		want  time.Duration
+	}{
+		// Two slots, one execution among 512 stalled 20 ms: the 32 runs
+		// of 32 that hold it are read; half of that is the plan's. The
+		// window of two slots still holds it 411 executions later.
+		{"stall on one slot", 2, func(i int) float64 {
+			if i == 100 {
+				return 21 * p
+			}
+			return p
+		}, 16 * ms, 32 * ms, sec(16e-3 * meanTwoSD(map[float64]int{20: 32}))},
+		// Both slots stalled 20 ms at once (two executions in a row):
+		// 31 runs hold both, two runs one; about twice the room.
+		{"stall of the host", 2, func(i int) float64 {
+			if i == 100 || i == 101 {
+				return 21 * p
+			}
+			return p
+		}, 16 * ms, 32 * ms, sec(16e-3 * meanTwoSD(map[float64]int{40: 31, 20: 2}))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tl tail
+			tl.setSlots(tc.slots)
+			for i := range 512 {
+				tl.observe(p, tc.took(i))
+			}
+			tl.refresh() // the window as it stands, not as of the last refresh
+			if got := tl.shared(tc.queue, tc.work); absDuration(got-tc.want) > time.Microsecond {
+				t.Errorf("shared(%v, %v) = %v, want %v (drift %.4f, spans %.4g, excess %.4g)",
+					tc.queue, tc.work, got, tc.want, tl.drift, tl.spans, tl.excess)
+			}
+		})
+	}
+	// One slot: shared is room, and the window is tailWindow, as before.
+	var one, unset tail
+	one.setSlots(1)
+	for i := range 400 {
+		took := p
+		if i%37 == 0 {
+			took = 15 * p
+		}
+		one.observe(p, took)
+		unset.observe(p, took)
+	}
+	for _, q := range []time.Duration{ms, 16 * ms, 100 * ms} {
+		if a, b, c := one.shared(q, q), one.room(q), unset.room(q); a != b || b != c {
+			t.Errorf("one slot, queue %v: shared %v, room %v, room of a tail never sized %v; want all equal", q, a, b, c)
+		}
+	}
+	if one.n != tailWindow {
+		t.Errorf("one slot holds %d executions, want %d", one.n, tailWindow)
+	}
+	// Resizing keeps the most recent executions, the oldest first.
+	var grow tail
+	for i := range 300 {
+		grow.observe(p, float64(i+1)*p)
+	}
+	grow.setSlots(2)
+	if grow.n != tailWindow || grow.took[0] != 45*p || grow.took[tailWindow-1] != 300*p {
+		t.Errorf("resized to two slots: %d executions, first %v, last %v; want %d, 45ms, 300ms",
+			grow.n, grow.took[0], grow.took[grow.n-1], tailWindow)
+	}
+}
