@@ -13,7 +13,8 @@ import (
 )
 
 // `sloserve cleanup` after a server was killed with SIGKILL: the dead
-// server's cgroups and socket folder go, a live server's stay, a folder
+// server's cgroups (the server's own beside its units' too) and socket
+// folder go, a live server's stay, a folder
 // made by hand with the dead server's pid in its name stays, and the
 // command says what it removed.
 func TestE2ECleanupCommand(t *testing.T) {
@@ -24,6 +25,8 @@ func TestE2ECleanupCommand(t *testing.T) {
 	dead := startServer(t, repo, "")
 	deadPid := dead.cmd.Process.Pid
 	runners := dead.runnerPids(t, repo)
+	requireServerCgroup(t, live.cmd.Process.Pid)
+	requireServerCgroup(t, deadPid)
 	cgroups := serverCgroups(t, deadPid)
 	sockets, err := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-*", deadPid)))
 	if err != nil || len(sockets) != 1 {

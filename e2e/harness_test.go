@@ -56,6 +56,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -599,7 +600,8 @@ func serverCgroups(t *testing.T, pid int) []string {
 }
 
 // cgroupDirs lists the sloserve-<pid> cgroup folders of a running server
-// (none when it uses no cgroups).
+// (none when it uses no cgroups), and the sloserve-<pid>-server folder it
+// lives in (the cpu hierarchy's, beside its units' parent).
 func cgroupDirs(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
@@ -615,14 +617,58 @@ func cgroupDirs(pid int) []string {
 			if ctrl == "" {
 				continue
 			}
-			dir := filepath.Join("/sys/fs/cgroup", ctrl, parts[2], fmt.Sprintf("sloserve-%d", pid))
-			real, err := filepath.EvalSymlinks(dir)
-			if err == nil && !slices.Contains(dirs, real) {
-				dirs = append(dirs, real)
+			own, mine := parts[2], []string{fmt.Sprintf("sloserve-%d", pid)}
+			if path.Base(own) == fmt.Sprintf("sloserve-%d-server", pid) {
+				own, mine = path.Dir(own), append(mine, path.Base(own))
+			}
+			for _, m := range mine {
+				real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", ctrl, own, m))
+				if err == nil && !slices.Contains(dirs, real) {
+					dirs = append(dirs, real)
+				}
 			}
 		}
 	}
 	return dirs
+}
+
+// requireServerCgroup checks that a running server on cgroups lives in
+// sloserve-<pid>-server of the cpu hierarchy, beside its units' parent
+// and at that parent's weight.
+func requireServerCgroup(t *testing.T, pid int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		mount, weight := "", "cpu.weight"
+		switch {
+		case slices.Contains(strings.Split(parts[1], ","), "cpu"):
+			mount, weight = filepath.Join("/sys/fs/cgroup", parts[1]), "cpu.shares"
+		case parts[0] == "0" && parts[1] == "" && !strings.Contains(string(b), ":cpu"):
+			mount = "/sys/fs/cgroup"
+		default:
+			continue
+		}
+		want := fmt.Sprintf("sloserve-%d-server", pid)
+		if path.Base(parts[2]) != want {
+			t.Fatalf("server %d: cpu cgroup %q, want its own %s (/proc/%d/cgroup:\n%s)", pid, parts[2], want, pid, b)
+		}
+		dir := filepath.Join(mount, parts[2])
+		units := filepath.Join(filepath.Dir(dir), fmt.Sprintf("sloserve-%d", pid))
+		w1, err1 := os.ReadFile(filepath.Join(dir, weight))
+		w2, err2 := os.ReadFile(filepath.Join(units, weight))
+		if err1 != nil || err2 != nil || strings.TrimSpace(string(w1)) != strings.TrimSpace(string(w2)) {
+			t.Errorf("server %d: %s %q (%v), units' parent %q (%v); want the same weight", pid, weight, w1, err1, w2, err2)
+		}
+		return
+	}
+	t.Fatalf("server %d: no cpu cgroup in /proc/%d/cgroup:\n%s", pid, pid, b)
 }
 
 // Clients.

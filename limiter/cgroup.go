@@ -26,6 +26,12 @@ type hierarchy struct {
 	// lowest weight without it), where background units live in a
 	// hierarchy with the cpu controller; "" in the others.
 	background string
+	// server is own/sloserve-<pid>-server, where the server's process
+	// (its own threads: ingress, scheduling, replies) lives beside the
+	// units' parent at the same weight, in a hierarchy with the cpu
+	// controller; "" in the others. serverFrom is the cgroup the server
+	// was in, where Close moves it back.
+	server, serverFrom string
 }
 
 func (h *hierarchy) has(c string) bool { return slices.Contains(h.controllers, c) }
@@ -76,14 +82,19 @@ type cgroupUnit struct {
 // units.
 func parentName(pid int) string { return "sloserve-" + strconv.Itoa(pid) }
 
+// serverName is the directory beside parentName that holds the server's
+// own process.
+func serverName(pid int) string { return parentName(pid) + "-server" }
+
 // newCgroup sets up cgroup v2 if it is usable, else v1. Its error says
-// why neither is.
-func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimiter, error) {
-	b, err := env.selfCgroup()
+// why neither is. The server's process is moved from its own cgroup into
+// serverName, or from serverFrom where that is not its own cgroup
+// (newDelegated: the leaf it moved the server to).
+func newCgroup(opts Options, env hostEnvironment, serverFrom string, log *slog.Logger) (*cgroupLimiter, error) {
+	sc, err := env.ownCgroups()
 	if err != nil {
 		return nil, fmt.Errorf("read own cgroups: %w", err)
 	}
-	sc := parseSelfCgroup(b)
 	l := &cgroupLimiter{
 		cpus:     env.cpus(opts.Root, log),
 		periodUS: opts.Period.Microseconds(),
@@ -94,17 +105,17 @@ func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimi
 	errV2 := l.setupV2(opts.Root, sc)
 	if errV2 == nil {
 		l.v2 = true
-		if err := l.setupWeights(); err != nil {
+		if err := l.setupWeights(serverFrom); err != nil {
 			l.undoSetup()
 			return nil, fmt.Errorf("cgroup v2: %w", err)
 		}
-		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs), cpu.weight, %s and memory.max at %s",
-			opts.Period, l.cpus, l.idleWord(), l.hier[0].parent)
+		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs), cpu.weight, %s and memory.max at %s; %s",
+			opts.Period, l.cpus, l.idleWord(), l.hier[0].parent, l.serverWords())
 		return l, nil
 	}
 	errV1 := l.setupV1(opts.Root, sc)
 	if errV1 == nil {
-		if err := l.setupWeights(); err != nil {
+		if err := l.setupWeights(serverFrom); err != nil {
 			l.undoSetup()
 			return nil, fmt.Errorf("cgroup v1: %w", err)
 		}
@@ -112,8 +123,8 @@ func newCgroup(opts Options, env hostEnvironment, log *slog.Logger) (*cgroupLimi
 		for _, h := range l.hier {
 			dirs = append(dirs, h.parent)
 		}
-		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs), cpu.shares, %s and memory limit at %s (v2 not used: %v)",
-			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, l.idleWord(), strings.Join(dirs, ", "), errV2)
+		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs), cpu.shares, %s and memory limit at %s; %s (v2 not used: %v)",
+			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, l.idleWord(), strings.Join(dirs, ", "), l.serverWords(), errV2)
 		return l, nil
 	}
 	return nil, fmt.Errorf("cgroup v2: %w; cgroup v1: %w", errV2, errV1)
@@ -126,7 +137,8 @@ const (
 	// floor of half of 2 CPUs weighs as 8 busy default threads, so that it
 	// gets its share against anything that is not itself a floor.
 	floorWeightPerCPU = 8
-	// parentWeightPerCPU is the weight of the units' parent per CPU.
+	// parentWeightPerCPU is the weight of the units' parent per CPU, and
+	// of the server's own cgroup beside it.
 	parentWeightPerCPU = 4
 )
 
@@ -142,14 +154,17 @@ func (l *cgroupLimiter) idleWord() string {
 	return "background units in a parent of the lowest weight (no cpu.idle in this kernel)"
 }
 
-// setupWeights orders the server's compute in three tiers, beside the
-// server's own threads (which stay in its cgroup at the default weight):
-// the units' parent weighs as parentWeightPerCPU busy threads per CPU, so
-// latency-critical runners come before the server's ingress and the host's
-// other processes; the background parent is in the idle class (the lowest
-// weight without it), so best-effort runners get only what everything
-// else, the server's ingress included, leaves, and yield at once.
-func (l *cgroupLimiter) setupWeights() error {
+// setupWeights orders the server's compute in three tiers. The units'
+// parent weighs as parentWeightPerCPU busy threads per CPU, so that
+// latency-critical runners come before the host's other processes; the
+// server's own process moves into a cgroup beside it of the same weight
+// (setupServer), so that its answer path (ingress, scheduling, reply
+// encoding and writes) competes with the runners as a peer and is not
+// left behind them; the background parent is in the idle class (the
+// lowest weight without it), so best-effort runners get only what
+// everything else, the server's own threads included, leaves, and yield
+// at once.
+func (l *cgroupLimiter) setupWeights(serverFrom string) error {
 	for _, h := range l.hier {
 		if !h.has("cpu") {
 			continue
@@ -158,6 +173,9 @@ func (l *cgroupLimiter) setupWeights() error {
 		l.idleClass = err == nil
 		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))); err != nil {
 			return fmt.Errorf("weighting the units' parent: %w", err)
+		}
+		if err := l.setupServer(h, serverFrom); err != nil {
+			return err
 		}
 		bg := filepath.Join(h.own, backgroundName(l.env.pid))
 		if err := l.env.mkdirUnit(bg); err != nil {
@@ -181,9 +199,87 @@ func (l *cgroupLimiter) setupWeights() error {
 	return nil
 }
 
-// undoSetup removes the parents a failed setup made.
+// serverCgroups counts the limiters of this process that use each
+// server cgroup: a second limiter shares the first one's, and the last to
+// close moves the server back and removes it.
+var serverCgroups = struct {
+	sync.Mutex
+	users map[string]int
+}{users: map[string]int{}}
+
+// setupServer moves the server's process into its own cgroup beside the
+// units' parent of h, weighted as that parent. Only the cpu hierarchy:
+// the server's memory stays accounted where it was (on cgroup v2, where
+// one hierarchy carries both, its memory.max is "max" and the server's
+// former cgroup, now its parent, still bounds it). Runners the server
+// starts begin here and join their units before they load a model.
+func (l *cgroupLimiter) setupServer(h *hierarchy, from string) error {
+	if from == "" {
+		from = h.own
+	}
+	dir := filepath.Join(h.own, serverName(l.env.pid))
+	serverCgroups.Lock()
+	defer serverCgroups.Unlock()
+	if err := l.env.mkdirUnit(dir); err != nil {
+		return fmt.Errorf("%s is not writable: %w", h.own, errnoOf(err))
+	}
+	h.server, h.serverFrom = dir, from
+	serverCgroups.users[dir]++
+	if err := writeFile(filepath.Join(dir, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))); err != nil {
+		return fmt.Errorf("weighting the server's cgroup: %w", err)
+	}
+	if err := l.env.join(filepath.Join(dir, "cgroup.procs"), l.env.pid); err != nil {
+		return fmt.Errorf("moving the server into %s: %w", dir, err)
+	}
+	return nil
+}
+
+// closeServer moves the server's process back to where it came from and
+// removes its cgroup in h, unless another limiter of this process still
+// uses it. Anything else still in it (a runner that never joined its
+// unit) goes there too, or is killed.
+func (l *cgroupLimiter) closeServer(h *hierarchy) error {
+	if h.server == "" {
+		return nil
+	}
+	serverCgroups.Lock()
+	defer serverCgroups.Unlock()
+	if serverCgroups.users[h.server]--; serverCgroups.users[h.server] > 0 {
+		return nil
+	}
+	delete(serverCgroups.users, h.server)
+	evict := func(pid int) error {
+		err := l.env.join(filepath.Join(h.serverFrom, "cgroup.procs"), pid)
+		if err == nil || pid == l.env.pid {
+			return err
+		}
+		l.log.Warn("process left in the server's cgroup could not be moved out; killing it", "pid", pid, "cgroup", h.server, "err", err)
+		return l.env.kill(pid)
+	}
+	if err := removeCgroup(h.server, evict, l.env.rmdir, time.Second); err != nil {
+		return fmt.Errorf("the server's cgroup: %w", err)
+	}
+	return nil
+}
+
+// serverWords says where the server's own threads are.
+func (l *cgroupLimiter) serverWords() string {
+	var dirs []string
+	for _, h := range l.hier {
+		if h.server != "" {
+			dirs = append(dirs, h.server)
+		}
+	}
+	return fmt.Sprintf("the server's own threads at the units' parent's weight in %s", strings.Join(dirs, ", "))
+}
+
+// undoSetup moves the server back and removes the cgroups a failed setup
+// made.
 func (l *cgroupLimiter) undoSetup() {
 	for _, h := range slices.Backward(l.hier) {
+		if err := l.closeServer(h); err != nil {
+			l.log.Warn("undoing the cgroup setup", "err", err)
+		}
 		if h.background != "" {
 			_ = l.env.rmdir(h.background)
 		}
@@ -861,6 +957,9 @@ func (l *cgroupLimiter) Close() error {
 		delete(l.units, id)
 	}
 	for _, h := range l.hier {
+		if err := l.closeServer(h); err != nil {
+			errs = append(errs, err)
+		}
 		for _, parent := range []string{h.parent, h.background} {
 			if parent == "" {
 				continue

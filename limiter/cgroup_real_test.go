@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -564,11 +565,12 @@ func TestCleanupStaleReal(t *testing.T) {
 	if processAlive(deadPid) {
 		t.Skipf("pid %d was reused at once", deadPid)
 	}
-	b, err := os.ReadFile("/proc/self/cgroup")
+	// The cgroups the server came from, where the units' parents are (it
+	// lives in the server's cgroup beside them now).
+	sc, err := hostEnv().ownCgroups()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := parseSelfCgroup(b)
 	var own []string
 	if isUnified(DefaultRoot) {
 		own = []string{ownDir(DefaultRoot, sc.unified)}
@@ -755,5 +757,92 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	}
 	if even[1] < even[0]/2 {
 		t.Errorf("at equal weights the runners used %.2f and %.2f CPU s; want about even (the test's load is not what it assumes)", even[0], even[1])
+	}
+}
+
+// cpuCgroupOf is the cpu cgroup of pid as /proc/<pid>/cgroup names it.
+func cpuCgroupOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := parseSelfCgroup(b)
+	if isUnified(DefaultRoot) {
+		return sc.unified
+	}
+	return sc.v1["cpu"]
+}
+
+// The server's process (here the test's) lives in a cgroup of its own
+// beside the units' parent, at that parent's weight, while a limiter is
+// open; Close moves it back and removes the cgroup. Threads started
+// meanwhile, and a runner until it joins its unit, are there too.
+func TestCgroupServerCgroupReal(t *testing.T) {
+	before := cpuCgroupOf(t, os.Getpid())
+	l, err := New(Options{Backend: BackendCgroup, Logger: testLogger(t)})
+	if err != nil {
+		skipWithoutCgroups(t, "%v", err)
+	}
+	cl := l.(*cgroupLimiter)
+	var h *hierarchy
+	for _, x := range cl.hier {
+		if x.has("cpu") {
+			h = x
+		}
+	}
+	if h == nil || filepath.Base(h.server) != serverName(os.Getpid()) || filepath.Dir(h.server) != filepath.Dir(h.parent) {
+		l.Close()
+		t.Fatalf("no server cgroup beside the units' parent: %+v", h)
+	}
+	if got, want := cpuCgroupOf(t, os.Getpid()), path.Join(path.Clean("/"+before), serverName(os.Getpid())); got != want {
+		t.Errorf("server's cpu cgroup %q, want %q", got, want)
+	}
+	if away := threadsElsewhere(t, os.Getpid(), map[bool]string{true: "", false: "cpu"}[cl.v2], h.server); len(away) > 0 {
+		t.Errorf("threads outside %s: %v", h.server, away)
+	}
+	for _, d := range []string{h.server, h.parent} {
+		b, err := os.ReadFile(filepath.Join(d, cl.weightFile()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := strings.TrimSpace(string(b)), cl.weightValue(parentWeightPerCPU*float64(cl.cpus)); got != want {
+			t.Errorf("%s/%s = %s, want %s", d, cl.weightFile(), got, want)
+		}
+	}
+	// A child starts in the server's cgroup; joining a unit takes it out.
+	pl, err := l.Place("u", Share{Compute: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	if !inProcs(t, filepath.Join(h.server, "cgroup.procs"), child.Process.Pid) {
+		t.Errorf("child %d not in the server's cgroup at start", child.Process.Pid)
+	}
+	for _, procs := range pl.JoinCgroups {
+		if err := writeFile(procs, strconv.Itoa(child.Process.Pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if inProcs(t, filepath.Join(h.server, "cgroup.procs"), child.Process.Pid) || !inProcs(t, pl.JoinCgroups[0], child.Process.Pid) {
+		t.Errorf("child %d did not leave the server's cgroup for its unit", child.Process.Pid)
+	}
+	child.Process.Kill()
+	child.Wait()
+
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{h.server, h.parent, h.background} {
+		if exists(d) {
+			t.Errorf("%s still exists after Close", d)
+		}
+	}
+	if got := cpuCgroupOf(t, os.Getpid()); got != before {
+		t.Errorf("after Close the server's cpu cgroup is %q, want %q as before", got, before)
 	}
 }

@@ -265,6 +265,7 @@ func TestCleanupStaleFake(t *testing.T) {
 	for _, d := range []string{
 		filepath.Join(f.root, "cpu", "sloserve-999"), filepath.Join(f.root, "cpu", "sloserve-999", "u1"),
 		filepath.Join(f.root, "cpuacct", "sloserve-999"),
+		filepath.Join(f.root, "cpu", "sloserve-999-server"),
 		filepath.Join(mem, "sloserve-999"), filepath.Join(mem, "sloserve-999", "u1"),
 		// Kept: this server, a live one, names that are not ours, and a
 		// directory outside the server's own memory cgroup.
@@ -280,18 +281,20 @@ func TestCleanupStaleFake(t *testing.T) {
 	}
 	mustWrite(t, filepath.Join(f.root, "cpu", "sloserve-999", "u1", "cgroup.procs"), "31337\n")
 	mustWrite(t, filepath.Join(mem, "sloserve-999", "u1", "cgroup.procs"), "31337\n")
+	// A runner the dead server started that never joined its unit.
+	mustWrite(t, filepath.Join(f.root, "cpu", "sloserve-999-server", "cgroup.procs"), "31338\n")
 
 	n, err := cleanupStale(f.root, env, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 3 {
-		t.Errorf("removed %d, want 3 (cpu, cpuacct, memory of pid 999)", n)
+	if n != 4 {
+		t.Errorf("removed %d, want 4 (cpu, cpuacct, memory and the server's cgroup of pid 999)", n)
 	}
-	if got := sortedInts(f.killed); !slices.Equal(got, []int{31337}) {
-		t.Errorf("killed %v, want [31337]", got)
+	if got := sortedInts(f.killed); !slices.Equal(got, []int{31337, 31338}) {
+		t.Errorf("killed %v, want [31337 31338]", got)
 	}
-	for _, d := range []string{filepath.Join(f.root, "cpu", "sloserve-999"), filepath.Join(f.root, "cpuacct", "sloserve-999"), filepath.Join(mem, "sloserve-999")} {
+	for _, d := range []string{filepath.Join(f.root, "cpu", "sloserve-999"), filepath.Join(f.root, "cpu", "sloserve-999-server"), filepath.Join(f.root, "cpuacct", "sloserve-999"), filepath.Join(mem, "sloserve-999")} {
 		if exists(d) {
 			t.Errorf("stale %s kept", d)
 		}
@@ -628,5 +631,132 @@ func TestLiftComputeRetriesAfterFailure(t *testing.T) {
 			fileHas(t, filepath.Join(parent, "cgroup.procs"), "4711")
 			fileHas(t, bad, failingWas)
 		})
+	}
+}
+
+// The server's own process moves into a cgroup of its own beside the
+// units' parent, weighted as that parent, in the cpu hierarchy only; a
+// second limiter of the same server finds the units' parent beside it,
+// not below it; the last Close moves the server back and removes the
+// cgroup.
+func TestCgroupServerBesideUnits(t *testing.T) {
+	f := newFakeV1(t)
+	cpuRoot := filepath.Join(f.root, "cpu")
+	mem := filepath.Join(f.root, "memory", "process_api", "abc")
+	mustWrite(t, filepath.Join(cpuRoot, "cgroup.procs"), "1\n4242\n")
+	mustWrite(t, filepath.Join(mem, "cgroup.procs"), "4242\n")
+	mustWrite(t, filepath.Join(f.root, "cpuacct", "cgroup.procs"), "4242\n")
+	opts := Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}
+	l, err := newLimiter(opts, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := filepath.Join(cpuRoot, "sloserve-4242-server")
+	// 4 busy default threads per CPU on 4 CPUs, as the units' parent.
+	fileHas(t, filepath.Join(server, "cpu.shares"), "16384")
+	fileHas(t, filepath.Join(cpuRoot, "sloserve-4242", "cpu.shares"), "16384")
+	fileHas(t, filepath.Join(server, "cgroup.procs"), "4242")
+	fileHas(t, filepath.Join(cpuRoot, "cgroup.procs"), "1")
+	// Memory and cpuacct stay as they were.
+	fileHas(t, filepath.Join(mem, "cgroup.procs"), "4242")
+	fileHas(t, filepath.Join(f.root, "cpuacct", "cgroup.procs"), "4242")
+	for _, d := range []string{filepath.Join(mem, "sloserve-4242-server"), filepath.Join(f.root, "cpuacct", "sloserve-4242-server")} {
+		if exists(d) {
+			t.Errorf("%s made; want the server moved in the cpu hierarchy only", d)
+		}
+	}
+	if want := "the server's own threads at the units' parent's weight in " + server; !strings.Contains(l.Describe(), want) {
+		t.Errorf("Describe() = %q, want it to say %q", l.Describe(), want)
+	}
+
+	// The server is in its cgroup now: a second limiter and a clean-up
+	// work beside it.
+	f.self = "4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/sloserve-4242-server\n"
+	l2, err := newLimiter(opts, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(l2.Describe(), filepath.Join(cpuRoot, "sloserve-4242")+",") || strings.Contains(l2.Describe(), server+"/") {
+		t.Errorf("second limiter: Describe() = %q, want its parent at %s", l2.Describe(), cpuRoot)
+	}
+	pl, err := l2.Place("m", Share{Compute: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(cpuRoot, "sloserve-4242", "m", "cgroup.procs"); pl.JoinCgroups[0] != want {
+		t.Errorf("second limiter joins %s, want %s", pl.JoinCgroups[0], want)
+	}
+	if n, err := cleanupStale(f.root, f.env(), testLogger(t)); err != nil || n != 0 || !exists(server) {
+		t.Errorf("clean-up from the moved server: %d removed, %v; want none and its cgroup kept", n, err)
+	}
+
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fileHas(t, filepath.Join(server, "cgroup.procs"), "4242") // the second limiter still uses it
+	if err := l2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(server) || exists(filepath.Join(cpuRoot, "sloserve-4242")) {
+		t.Errorf("after the last Close: want %s and the units' parent gone", server)
+	}
+	fileHas(t, filepath.Join(cpuRoot, "cgroup.procs"), "1\n4242")
+
+	// A server that cannot be moved is an error that leaves nothing.
+	env := f.env()
+	env.join = func(procs string, pid int) error {
+		return &os.PathError{Op: "write", Path: procs, Err: syscall.EACCES}
+	}
+	f.self = "4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/\n"
+	if _, err := newLimiter(opts, env); err == nil || !strings.Contains(err.Error(), "moving the server into "+server) {
+		t.Errorf("server not movable: error %v", err)
+	}
+	for _, d := range []string{server, filepath.Join(cpuRoot, "sloserve-4242"), filepath.Join(cpuRoot, "sloserve-4242-background")} {
+		if exists(d) {
+			t.Errorf("failed setup left %s", d)
+		}
+	}
+}
+
+// On cgroup v2 the server's cgroup is a leaf beside the units' parent
+// with its cpu.weight; a delegated server returns to the delegated leaf.
+func TestCgroupV2ServerBesideUnits(t *testing.T) {
+	f := newFakeV2(t)
+	mustWrite(t, filepath.Join(f.root, "server", "cgroup.procs"), "4242\n")
+	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := filepath.Join(f.root, "server", "sloserve-4242-server")
+	fileHas(t, filepath.Join(server, "cpu.weight"), "800") // 4 per CPU on 2 CPUs
+	fileHas(t, filepath.Join(f.root, "server", "sloserve-4242", "cpu.weight"), "800")
+	fileHas(t, filepath.Join(server, "cgroup.procs"), "4242")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(server) {
+		t.Errorf("%s still exists after Close", server)
+	}
+	fileHas(t, filepath.Join(f.root, "server", "cgroup.procs"), "4242")
+
+	d, own := newFakeDelegated(t)
+	dl, err := newDelegated(Options{Root: d.root, Period: DefaultPeriod, Logger: testLogger(t)}, d.env(), grant(own), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = filepath.Join(own, "sloserve-4242-server")
+	fileHas(t, filepath.Join(server, "cgroup.procs"), "4242")
+	fileHas(t, filepath.Join(server, "cpu.weight"), "1600") // 4 per CPU on the fake's 4
+	if err := dl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(server) {
+		t.Errorf("%s still exists after Close", server)
+	}
+	// Back in the leaf, not in the delegated cgroup (which may hold no
+	// processes now that it passes controllers down).
+	fileHas(t, filepath.Join(own, delegatedLeaf, "cgroup.procs"), "4300\n4242")
+	if pids, _ := readPids(filepath.Join(own, "cgroup.procs")); slices.Contains(pids, 4242) {
+		t.Errorf("the server went back to %s, which passes controllers down", own)
 	}
 }

@@ -35,11 +35,10 @@ func findDelegated(root string, env hostEnvironment, access func(path string) er
 	if !isUnified(root) {
 		return "", fmt.Errorf("%s is not a unified (cgroup v2) hierarchy", root)
 	}
-	b, err := env.selfCgroup()
+	sc, err := env.ownCgroups()
 	if err != nil {
 		return "", fmt.Errorf("read own cgroup: %w", err)
 	}
-	sc := parseSelfCgroup(b)
 	if sc.unified == "" {
 		return "", errors.New("/proc/self/cgroup has no cgroup v2 (0::) line")
 	}
@@ -97,7 +96,7 @@ func newDelegated(opts Options, env hostEnvironment, access func(string) error, 
 	if n, err := cleanupStale(opts.Root, denv, log); err != nil {
 		log.Warn("removing stale cgroups", "removed", n, "err", err)
 	}
-	l, err := newCgroup(opts, denv, log)
+	l, err := newCgroup(opts, denv, leaf, log)
 	if err != nil {
 		_, _ = moveProcs(leaf, own)
 		_ = env.rmdir(leaf)

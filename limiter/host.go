@@ -28,6 +28,9 @@ type hostEnvironment struct {
 	// a new one with its control files.
 	mkdir func(dir string) error
 	rmdir func(dir string) error
+	// join moves a process (all its threads) into the cgroup whose
+	// cgroup.procs file is given.
+	join func(procs string, pid int) error
 }
 
 func hostEnv() hostEnvironment {
@@ -39,7 +42,33 @@ func hostEnv() hostEnvironment {
 		numCPU:     goruntime.NumCPU(),
 		mkdir:      func(dir string) error { return os.Mkdir(dir, 0o755) },
 		rmdir:      os.Remove,
+		join:       func(procs string, pid int) error { return writeFile(procs, strconv.Itoa(pid)) },
 	}
+}
+
+// ownCgroups is /proc/self/cgroup parsed, with the server's own cgroup
+// (serverName, where a cgroup limiter moved the server's process) taken
+// back to its parent: the cgroup the server came from, where the units'
+// parents and the server's cgroup live side by side.
+func (e hostEnvironment) ownCgroups() (selfCgroups, error) {
+	b, err := e.selfCgroup()
+	if err != nil {
+		return selfCgroups{}, err
+	}
+	sc := parseSelfCgroup(b)
+	up := func(p string) string {
+		if path.Base(p) == serverName(e.pid) {
+			return path.Dir(p)
+		}
+		return p
+	}
+	for c, p := range sc.v1 {
+		sc.v1[c] = up(p)
+	}
+	if sc.unified != "" {
+		sc.unified = up(sc.unified)
+	}
+	return sc, nil
 }
 
 // processAlive reports whether pid is a live process. A zombie is not:
@@ -115,11 +144,10 @@ func isUnified(root string) bool {
 // further bounded by a CPU quota on the server's cgroup or its ancestors.
 func (e hostEnvironment) cpus(root string, log *slog.Logger) int {
 	n := max(e.numCPU, 1)
-	b, err := e.selfCgroup()
+	sc, err := e.ownCgroups()
 	if err != nil {
 		return n
 	}
-	sc := parseSelfCgroup(b)
 	var dirs []string
 	var quota func(dir string) (float64, bool)
 	switch {

@@ -250,7 +250,7 @@ func newLimiter(opts Options, env hostEnvironment) (Limiter, error) {
 	} else if n > 0 {
 		log.Info("removed cgroups of servers that died without cleaning up", "removed", n)
 	}
-	l, err := newCgroup(opts, env, log)
+	l, err := newCgroup(opts, env, "", log)
 	if err == nil {
 		log.Info("limiter ready", "kind", l.Kind(), "describe", l.Describe())
 		return l, nil

@@ -171,6 +171,7 @@ func (f *fakeHost) env() hostEnvironment {
 			})
 		},
 		numCPU: 4,
+		join:   f.join,
 		mkdir: func(dir string) error {
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				return err
@@ -203,6 +204,40 @@ func (f *fakeHost) env() hostEnvironment {
 			return os.RemoveAll(dir)
 		},
 	}
+}
+
+// join moves pid into the cgroup of procs as the kernel does: out of
+// every other cgroup.procs of the same hierarchy (on v1 the first
+// directory below the root; on v2 the whole tree).
+func (f *fakeHost) join(procs string, pid int) error {
+	top := f.root
+	if !f.v2 {
+		rel, err := filepath.Rel(f.root, procs)
+		if err != nil {
+			return err
+		}
+		top = filepath.Join(f.root, strings.Split(rel, string(filepath.Separator))[0])
+	}
+	if _, err := os.Stat(procs); err != nil {
+		return err
+	}
+	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.Name() != "cgroup.procs" {
+			return err
+		}
+		pids, _ := readPids(p)
+		keep := []string{}
+		for _, q := range pids {
+			if q != pid {
+				keep = append(keep, strconv.Itoa(q))
+			}
+		}
+		if p == procs {
+			keep = append(keep, strconv.Itoa(pid))
+		}
+		return os.WriteFile(p, []byte(strings.Join(keep, "\n")), 0o644)
+	})
+	return err
 }
 
 // newFakeV1 lays out cpu, cpuacct and memory hierarchies as on the

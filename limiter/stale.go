@@ -14,9 +14,9 @@ import (
 
 // CleanupStale removes the units of servers that died without Close
 // (SIGKILL, a crash): in the server's own cgroup of each hierarchy the
-// limiter uses, every sloserve-<pid> directory whose pid is not a live
-// process is removed, after its remaining processes are killed with
-// SIGKILL. It removes the unprivileged backend's units of servers that
+// limiter uses, every sloserve-<pid> directory (and the -background and
+// -server ones beside it) whose pid is not a live process is removed,
+// after its remaining processes are killed with SIGKILL. It removes the unprivileged backend's units of servers that
 // are gone too ($TMPDIR/sloserve-<uid>/sloserve-<pid>). It returns how many
 // such sloserve-<pid> directories it removed. New calls it.
 func CleanupStale(root string, logger *slog.Logger) (int, error) {
@@ -33,11 +33,10 @@ func CleanupStale(root string, logger *slog.Logger) (int, error) {
 }
 
 func cleanupStale(root string, env hostEnvironment, log *slog.Logger) (int, error) {
-	b, err := env.selfCgroup()
+	sc, err := env.ownCgroups()
 	if err != nil {
 		return 0, fmt.Errorf("limiter: read own cgroups: %w", err)
 	}
-	sc := parseSelfCgroup(b)
 	var scan []string
 	if isUnified(root) {
 		scan = append(scan, ownDir(root, sc.unified))
@@ -80,7 +79,10 @@ func cleanupStale(root string, env hostEnvironment, log *slog.Logger) (int, erro
 			if !ok || !e.IsDir() {
 				continue
 			}
-			pid, err := strconv.Atoi(strings.TrimSuffix(rest, "-background"))
+			for _, suffix := range []string{"-background", "-server"} {
+				rest = strings.TrimSuffix(rest, suffix)
+			}
+			pid, err := strconv.Atoi(rest)
 			if err != nil || pid <= 0 || pid == env.pid || env.alive(pid) {
 				continue
 			}
