@@ -15,7 +15,9 @@ import (
 // CleanupStale removes the units of servers that died without Close
 // (SIGKILL, a crash): in the server's own cgroup of each hierarchy the
 // limiter uses, every sloserve-<pid> directory (and the -background and
-// -server ones beside it) whose pid is not a live process is removed,
+// -server ones beside it, and the -loadtest one a load generator makes
+// beside a server's: loadtest's joinPeerCgroup) whose pid is not a live
+// process is removed,
 // after its remaining processes are killed with SIGKILL. It removes the unprivileged backend's units of servers that
 // are gone too ($TMPDIR/sloserve-<uid>/sloserve-<pid>). It returns how many
 // such sloserve-<pid> directories it removed. New calls it.
@@ -79,7 +81,7 @@ func cleanupStale(root string, env hostEnvironment, log *slog.Logger) (int, erro
 			if !ok || !e.IsDir() {
 				continue
 			}
-			for _, suffix := range []string{"-background", "-server"} {
+			for _, suffix := range []string{"-background", "-server", "-loadtest"} {
 				rest = strings.TrimSuffix(rest, suffix)
 			}
 			pid, err := strconv.Atoi(rest)

@@ -139,6 +139,10 @@ type Run struct {
 	// (UnfilledWithoutControl against a server that is not sloserve); nil:
 	// all filled.
 	Unfilled []string
+	// ClientCPU says where the load generator's CPU time came from when
+	// it started the server (joinPeerCgroup); "" against a server it did
+	// not start.
+	ClientCPU string
 }
 
 // WriteRecordsCSV writes every record of a run, one row per request, in

@@ -23,6 +23,10 @@ type ServerOptions struct {
 	// StartTimeout bounds the wait for the server and the scenario's
 	// models to be ready (first starts profile models); 0: 5 minutes.
 	StartTimeout time.Duration
+	// DefaultWeight leaves this process (the load generator) at the
+	// default CPU weight instead of beside the server's own cgroup at its
+	// weight (joinPeerCgroup).
+	DefaultWeight bool
 }
 
 // Server is a sloserve process a run started.
@@ -165,8 +169,19 @@ func RunPolicy(ctx context.Context, sc *Scenario, policy string, so ServerOption
 		return nil, fmt.Errorf("policy %s: %w", policy, err)
 	}
 	opts.HTTPBase, opts.GRPCAddr = srv.HTTPBase, srv.GRPCAddr
+	leave, weight := func() error { return nil }, "default weight: --client-default-weight"
+	if !so.DefaultWeight {
+		leave, weight = joinPeerCgroup(srv.cmd.Process.Pid)
+	}
+	logf("policy %s: the load generator's CPU: %s", policy, weight)
 	logf("policy %s: running %s (%s warmup, %s measured)", policy, sc.Name, warmupOf(sc, opts), durationOf(sc, opts))
 	run, err := Execute(ctx, sc, opts)
+	if lerr := leave(); lerr != nil {
+		logf("policy %s: leaving the load generator's cgroup: %v", policy, lerr)
+	}
+	if run != nil {
+		run.ClientCPU = weight
+	}
 	if serr := srv.Stop(time.Minute); serr != nil {
 		logf("policy %s: server exit: %v", policy, serr)
 	}

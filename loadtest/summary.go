@@ -90,6 +90,8 @@ type Generator struct {
 	// them (often late or dropped). The other dropped requests are the
 	// server's (504 / DEADLINE_EXCEEDED).
 	ClientTimeouts int `json:"client_timeouts"`
+	// CPU says where the generator's own CPU time came from (Run.ClientCPU).
+	CPU string `json:"cpu,omitempty"`
 	// Behind is set when the p99 lag is over generatorLateLag: the
 	// generator, not the server, may have limited the run.
 	Behind bool `json:"behind"`
@@ -180,6 +182,7 @@ func Summarize(r *Run) *Summary {
 
 	s.Total = summaryStats(all, r.Duration)
 	s.Generator = summaryGenerator(all)
+	s.Generator.CPU = r.ClientCPU
 	return s
 }
 

@@ -58,6 +58,7 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	serverConfig := fs.String("server-config", "", "with --serve/--compare: the server's config file (default: the embedded one)")
 	var serverSets setFlags
 	fs.Var(&serverSets, "server-set", "with --serve/--compare: a server config override key=value (repeatable)")
+	clientDefaultWeight := fs.Bool("client-default-weight", false, "with --serve/--compare: leave the load generator at the default CPU weight (by default it joins a cgroup beside the server's own at the server's weight, as a client on another machine would not wait behind the server's runners)")
 	maxInFlight := fs.Int("max-inflight", 0, "requests in flight per model before arrivals are dropped by the generator (default 2048)")
 	connections := fs.Int("connections", 0, fmt.Sprintf("gRPC connections per gRPC model, for models whose scenario does not give connections (default %d)", loadtest.DefaultConnections))
 	quiet := fs.Bool("quiet", false, "no progress line")
@@ -114,7 +115,7 @@ func loadtestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "loadtest: "+format+"\n", args...) }
-	so := loadtest.ServerOptions{Config: *serverConfig, Set: serverSets}
+	so := loadtest.ServerOptions{Config: *serverConfig, Set: serverSets, DefaultWeight: *clientDefaultWeight}
 
 	switch {
 	case *compare:
