@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -565,4 +566,42 @@ func TestCheckMeasureStarved(t *testing.T) {
 			t.Errorf("%s: %+v: starved %v, want %v", c.name, c.m, got, c.starved)
 		}
 	}
+}
+
+// A check that fails after the quiet time is measured, even when this
+// server, late on a busy host, finds its end and the quiet timer ready
+// together and takes the end first (select picks either): before, about
+// half such checks were counted as failed at once, unmeasured, and
+// counted against the runner (twice in five runs under two burners). A
+// check that fails within the quiet time is still judged at once.
+func TestCheckFailingLateIsMeasured(t *testing.T) {
+	if _, ok := cpuWait(os.Getpid()); !ok {
+		t.Skip("the kernel gives no /proc/<pid>/task/<tid>/schedstat")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		r := &Runner{ctx: t.Context()}
+		p := &process{pid: os.Getpid(), exited: make(chan struct{})}
+		const timeout = 200 * time.Millisecond
+		quietFor := min(checkQuiet, timeout/starvedShare)
+		timedOut := func() error { time.Sleep(quietFor); return context.DeadlineExceeded }
+		lateServer := func() { time.Sleep(2 * quietFor) }
+		atOnce := 0
+		for range 40 {
+			_, waits, err := r.checkWith(p, timeout, timedOut, lateServer)
+			if err == nil {
+				t.Fatal("the check passed, want it failed")
+			}
+			if strings.Contains(waits, "failed at once") {
+				atOnce++
+			}
+		}
+		if atOnce > 0 {
+			t.Errorf("%d of 40 checks that failed after the quiet time were judged failed at once, unmeasured", atOnce)
+		}
+		refused := errors.New("connection refused")
+		_, waits, err := r.checkWith(p, timeout, func() error { return refused }, nil)
+		if err != refused || !strings.Contains(waits, "failed at once") {
+			t.Errorf("a check refused at once: %v, %q; want it judged at once", err, waits)
+		}
+	})
 }

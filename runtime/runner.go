@@ -631,20 +631,39 @@ func (r *Runner) watch(p *process) (cause, tail string, stopped bool) {
 // over the rest of the check (a quarter of its timeout at least, after it
 // when the server itself was too late to look sooner); a check that
 // fails sooner (refused, not serving) is no sign of starvation, only
-// progress (an answered call) excuses it.
+// progress (an answered call) excuses it. A check that fails after
+// checkQuiet is measured whichever of its end and the timer this server
+// saw first: a server late to both (on a busy host) saw them ready
+// together and took either, and one judged a check that timed out as
+// failed at once, unmeasured, half the time.
 func (r *Runner) check(p *process, timeout time.Duration) (starved bool, waits string, err error) {
+	return r.checkWith(p, timeout, func() error { return p.checkHealth(r.ctx, timeout) }, nil)
+}
+
+// checkWith is check with the health call given; late, if not nil, runs
+// between the start of the quiet time and the wait for the check, as a
+// server descheduled there would (tests).
+func (r *Runner) checkWith(p *process, timeout time.Duration, health func() error, late func()) (starved bool, waits string, err error) {
 	answered := p.answers.Load()
 	res := make(chan error, 1)
-	go func() { res <- p.checkHealth(r.ctx, timeout) }()
-	quiet := time.NewTimer(min(checkQuiet, timeout/starvedShare))
+	go func() { res <- health() }()
+	quietFor := min(checkQuiet, timeout/starvedShare)
+	begun := time.Now()
+	quiet := time.NewTimer(quietFor)
+	if late != nil {
+		late()
+	}
 	select {
 	case err = <-res:
 		quiet.Stop()
 		if err == nil {
 			return false, "", nil
 		}
-		progress := p.answers.Load() - answered
-		return progress > 0, fmt.Sprintf("check failed at once, %d calls answered meanwhile", progress), err
+		if time.Since(begun) < quietFor {
+			progress := p.answers.Load() - answered
+			return progress > 0, fmt.Sprintf("check failed at once, %d calls answered meanwhile", progress), err
+		}
+		res <- err // failed late: measured below, as one that ends as its measure begins
 	case <-quiet.C:
 	}
 	s := startStarvation(p.pid, p.answers.Load, p.busy)
