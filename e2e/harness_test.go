@@ -637,38 +637,21 @@ func cgroupDirs(pid int) []string {
 // and at that parent's weight.
 func requireServerCgroup(t *testing.T, pid int) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
+	dir, v2 := cpuDir(t, pid)
+	weight := "cpu.shares"
+	if v2 {
+		weight = "cpu.weight"
 	}
-	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		mount, weight := "", "cpu.weight"
-		switch {
-		case slices.Contains(strings.Split(parts[1], ","), "cpu"):
-			mount, weight = filepath.Join("/sys/fs/cgroup", parts[1]), "cpu.shares"
-		case parts[0] == "0" && parts[1] == "" && !strings.Contains(string(b), ":cpu"):
-			mount = "/sys/fs/cgroup"
-		default:
-			continue
-		}
-		want := fmt.Sprintf("sloserve-%d-server", pid)
-		if path.Base(parts[2]) != want {
-			t.Fatalf("server %d: cpu cgroup %q, want its own %s (/proc/%d/cgroup:\n%s)", pid, parts[2], want, pid, b)
-		}
-		dir := filepath.Join(mount, parts[2])
-		units := filepath.Join(filepath.Dir(dir), fmt.Sprintf("sloserve-%d", pid))
-		w1, err1 := os.ReadFile(filepath.Join(dir, weight))
-		w2, err2 := os.ReadFile(filepath.Join(units, weight))
-		if err1 != nil || err2 != nil || strings.TrimSpace(string(w1)) != strings.TrimSpace(string(w2)) {
-			t.Errorf("server %d: %s %q (%v), units' parent %q (%v); want the same weight", pid, weight, w1, err1, w2, err2)
-		}
-		return
+	if want := fmt.Sprintf("sloserve-%d-server", pid); filepath.Base(dir) != want {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		t.Fatalf("server %d: cpu cgroup %s, want its own %s (/proc/%d/cgroup:\n%s)", pid, dir, want, pid, b)
 	}
-	t.Fatalf("server %d: no cpu cgroup in /proc/%d/cgroup:\n%s", pid, pid, b)
+	units := filepath.Join(filepath.Dir(dir), fmt.Sprintf("sloserve-%d", pid))
+	w1, err1 := os.ReadFile(filepath.Join(dir, weight))
+	w2, err2 := os.ReadFile(filepath.Join(units, weight))
+	if err1 != nil || err2 != nil || strings.TrimSpace(string(w1)) != strings.TrimSpace(string(w2)) {
+		t.Errorf("server %d: %s %q (%v), units' parent %q (%v); want the same weight", pid, weight, w1, err1, w2, err2)
+	}
 }
 
 // Clients.

@@ -1,7 +1,6 @@
 package qos
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -97,24 +96,9 @@ func TestBusyHostClosedLoopNotRefused(t *testing.T) {
 			return host.took(600 * time.Microsecond)
 		})
 		h.run()
-		ctx := t.Context()
 		const clients, each = 16, 200
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var first error
 		start := time.Now()
-		for c := range clients {
-			wg.Go(func() {
-				for i := range each {
-					if _, err := h.s.Submit(ctx, "a", idRequest(int64(c*each+i)), RequestOptions{}); errors.Is(err, ErrRejected) {
-						mu.Lock()
-						first = err
-						mu.Unlock()
-					}
-				}
-			})
-		}
-		wg.Wait()
+		first := submitClosedLoop(t, h, clients, each)
 		took := time.Since(start)
 		st, _ := h.s.Stats("a")
 		h.s.mu.Lock()

@@ -41,19 +41,17 @@ func noisyHost(rng *rand.Rand) time.Duration {
 	return d
 }
 
-// closedLoop runs clients closed-loop clients of model "a", each sending
-// each requests one after another, and returns the model's stats, the
-// last refusal and the room admission leaves at the end for a plan of
-// 16 ms on the two slots (32 ms of predicted executions).
-func closedLoop(t *testing.T, h *harness, clients, each int) (Stats, error, time.Duration) {
-	ctx := t.Context()
+// submitClosedLoop runs clients closed-loop clients of model "a", each
+// sending each requests one after another, and returns a refusal if any
+// request was refused.
+func submitClosedLoop(t *testing.T, h *harness, clients, each int) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var last error
 	for c := range clients {
 		wg.Go(func() {
 			for i := range each {
-				if _, err := h.s.Submit(ctx, "a", idRequest(int64(c*each+i)), RequestOptions{}); errors.Is(err, ErrRejected) {
+				if _, err := h.s.Submit(t.Context(), "a", idRequest(int64(c*each+i)), RequestOptions{}); errors.Is(err, ErrRejected) {
 					mu.Lock()
 					last = err
 					mu.Unlock()
@@ -62,6 +60,15 @@ func closedLoop(t *testing.T, h *harness, clients, each int) (Stats, error, time
 		})
 	}
 	wg.Wait()
+	return last
+}
+
+// closedLoop runs clients closed-loop clients of model "a", each sending
+// each requests one after another, and returns the model's stats, the
+// last refusal and the room admission leaves at the end for a plan of
+// 16 ms on the two slots (32 ms of predicted executions).
+func closedLoop(t *testing.T, h *harness, clients, each int) (Stats, error, time.Duration) {
+	last := submitClosedLoop(t, h, clients, each)
 	st, _ := h.s.Stats("a")
 	h.s.mu.Lock()
 	room := h.s.models["a"].sharedRoom(16*ms, 32*ms)
