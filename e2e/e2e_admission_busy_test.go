@@ -28,11 +28,17 @@ import (
 // refuses, the requests it admits and runs finish on time (the
 // scheduler's own count), and the model keeps serving.
 //
-// The SLO is 40 ms, as the issue measured it, or three times the 99th
+// The SLO is 40 ms, as the issue measured it, or four times the 99th
 // percentile latency the same sixteen clients see beside the burners under
 // a loose SLO (a baseline server first), whichever is longer: on a machine
 // busier than two burners make it, sixteen requests take longer than a
-// third of 40 ms, and refusing them would be right.
+// quarter of 40 ms, and refusing them would be right. Four, not three:
+// admission's room for error may be twice the queue (maxTailRatio), so an
+// SLO of three times the queue's p99 leaves nothing for the queue's own
+// prediction, and a queue predicted at the baseline's p99 is refused by
+// the rule (2026-11-29, `make test` beside two burners: 1 of 1,975
+// refused, "queue ahead 167.7ms ... misses the deadline by 0.0ms" under an
+// SLO of 509 ms, three times a p99 of 170 ms).
 //
 // Before the room for error was counted in time (a stall delays the
 // queue once), the ratios of a busy host's executions held it at its 3x
@@ -95,7 +101,7 @@ func TestE2EAdmissionBusyHost(t *testing.T) {
 	if err := base.stop(); err != nil {
 		t.Fatalf("stopping the baseline server: %v", err)
 	}
-	slo := max(40*time.Millisecond, 3*p99).Round(time.Millisecond)
+	slo := max(40*time.Millisecond, 4*p99).Round(time.Millisecond)
 	t.Logf("baseline: 16 clients beside 2 burners, p50 %v p99 %v; SLO %v", lat[len(lat)/2], p99, slo)
 
 	s := startServer(t, wakeRepoSLO(t, slo.Milliseconds()), "")
