@@ -215,7 +215,11 @@ type checkMeasure struct {
 //     the run delay only when the thread gets its CPU, so a thread that
 //     has waited all along shows none yet;
 //   - it waited for a CPU at least as long as it ran, and at least
-//     1/starvedShare of the check's time: a runner whose threads wanted a
+//     1/starvedShare of the check's time, and no CPU quota throttled it
+//     meanwhile (a quota's throttling shows as waiting too: a process
+//     spinning at half a CPU's quota with no call in flight, a livelock,
+//     "ran 205ms and waited 205ms", must still be found; the next case
+//     excuses a quota's wait only with a call in flight): a runner whose threads wanted a
 //     CPU as much as they got one is short of CPU, whatever it got (on a
 //     busy host with a call in flight, "ran 15ms and waited 43ms" in a
 //     7 ms check: the threads' times are summed, and a running thread's
@@ -250,7 +254,7 @@ func (m checkMeasure) starved() bool {
 	if m.ran < share && (m.waited >= share || m.runnable) {
 		return true
 	}
-	if m.waited >= m.ran && m.waited >= share {
+	if m.waited >= m.ran && m.waited >= share && m.throttled == 0 {
 		return true
 	}
 	if m.busyKnown && m.busy && m.throttled > 0 && m.waited >= share {

@@ -551,6 +551,8 @@ func TestCheckMeasureStarved(t *testing.T) {
 			checkMeasure{took: 8 * ms, ran: 5 * ms, waited: 4 * ms, runnable: true, busy: true, busyKnown: true}, false},
 		{"spinning alone",
 			checkMeasure{took: 40 * ms, ran: 40 * ms, runnable: true}, false},
+		{"spinning at its quota's limit with no call in flight (a livelock; make test beside two burners)",
+			checkMeasure{took: 402 * ms, ran: 205 * ms, waited: 205 * ms, runnable: true, busyKnown: true, throttled: 35}, false},
 		{"waited longer than it ran but under a quarter of the check",
 			checkMeasure{took: 100 * ms, ran: 5 * ms, waited: 6 * ms}, false},
 		{"asleep with a call in flight, the server could run (deadlocked)",
