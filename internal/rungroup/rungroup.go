@@ -125,9 +125,14 @@ func (g *Group) Run(ctx context.Context) error {
 	select {
 	case a := <-first:
 		cause = a.err
-		if cause != nil {
+		switch {
+		case cause != nil:
 			g.log.Error("stopping: "+a.name+" failed", "err", cause)
-		} else {
+		case ctx.Err() != nil:
+			// The actor ended because Run's context did (its own is a
+			// child), and the select happened to take its return
+			// first: the context ended the run, not the actor.
+		default:
 			g.log.Info("stopping: " + a.name + " ended")
 		}
 	case <-ctx.Done():

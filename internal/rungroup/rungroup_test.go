@@ -206,3 +206,41 @@ func TestPhaseWithinDeadlineDoesNotWait(t *testing.T) {
 		}
 	})
 }
+
+// lateDone is an ended context whose Done waits until the group's first
+// actor has returned (and a moment more for Run's goroutine to hand it
+// on), so that Run's select finds the context and the actor ready at
+// once, as when a server is cancelled right after it started.
+type lateDone struct {
+	context.Context
+	g *Group
+}
+
+func (c lateDone) Done() <-chan struct{} {
+	<-c.g.actors[0].done
+	time.Sleep(time.Millisecond)
+	return c.Context.Done()
+}
+
+// An actor that ends because Run's context ended (it watches a child of
+// it) does not end the run by itself: when Run's select finds both ready,
+// the context is named, not the actor. A server cancelled right after it
+// started logged "stopping: initial loads ended" (make test beside two
+// CPU burners), its loads' context a child of the server's.
+func TestContextEndingChildActorIsNotTheCause(t *testing.T) {
+	for i := range 100 {
+		var log bytes.Buffer
+		g := New(slog.New(slog.NewTextHandler(&log, nil)))
+		ctx, cancel := context.WithCancel(t.Context())
+		child, stopChild := context.WithCancel(ctx)
+		g.Phase("loads", nil).Add("loads", func() error { <-child.Done(); return nil },
+			func(context.Context, error) { stopChild() })
+		cancel()
+		if err := g.Run(lateDone{ctx, g}); err != nil {
+			t.Fatalf("run %d: Run = %v, want nil", i, err)
+		}
+		if strings.Contains(log.String(), "stopping:") {
+			t.Fatalf("run %d: the actor was named as ending the run:\n%s", i, log.String())
+		}
+	}
+}
