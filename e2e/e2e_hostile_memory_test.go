@@ -49,20 +49,17 @@ const (
 	recOutBytes = recWidth / 8 * 6625 * 4
 )
 
-// startHostileMemoryServer serves dyn and ocr-rec (as "rec") with
-// memoryLimits and a short write timeout.
-func startHostileMemoryServer(t *testing.T) *testServer {
+// startRecServer serves dyn and ocr-rec (as "rec") with memoryLimits and
+// a short write timeout.
+func startRecServer(t *testing.T) (*testServer, int) {
 	t.Helper()
-	repo := t.TempDir()
-	writeRepo(t, repo,
-		repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)},
+	return startMemoryServer(t, fmt.Sprintf("  write_timeout: %v\n", hostileWriteTimeout),
 		repoModel{"rec", demoModel(t, "ocr-rec"), `max_batch_size: 1
 inputs: [{name: x, datatype: FP32, shape: [-1, 3, 48, -1]}]
 execution: {intra_op_threads: 1}
 slo: {latency_ms: 60000, class: latency-critical}
 profile: {shapes: {x: [1, 3, 48, 320]}}
 `})
-	return startServer(t, repo, fmt.Sprintf("  write_timeout: %v\n", hostileWriteTimeout)+memoryLimits)
 }
 
 // recGRPCRequest is a ModelInfer request for rec of one text line of
@@ -147,9 +144,7 @@ func (s *testServer) waitReservedBack(t *testing.T, timeout time.Duration, each 
 // budget's allowance, health answers throughout, and a later request of
 // the same size is served and its reservation given back.
 func TestE2EUnreadResponses(t *testing.T) {
-	s := startHostileMemoryServer(t)
-	pid := s.cmd.Process.Pid
-	s.stillServing(t)
+	s, pid := startRecServer(t)
 	restAddr := strings.TrimPrefix(s.http, "http://")
 	header := fmt.Sprintf(`{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3,48,%d],"parameters":{"binary_data_size":%d}}]}`, recWidth, recInBytes)
 	body, lengthHeader := binaryBody(header, make([]byte, recInBytes))
@@ -226,12 +221,8 @@ func TestE2EUnreadResponses(t *testing.T) {
 		if cut == 0 {
 			t.Error("no unread call was cut")
 		}
-		if grew > memoryAllowed {
-			t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, memoryAllowed>>20)
-		}
-		if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
-			t.Errorf("sloserve_memory_reserved_bytes = %v once the unread calls ended, want 0", v)
-		}
+		withinBudget(t, grew)
+		s.noneReserved(t, "once the unread calls ended")
 		// A call of the same size, read: served whole.
 		var out []byte
 		if err := s.grpcConn(t).Invoke(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, &msg, &out,
@@ -284,18 +275,14 @@ func TestE2EUnreadResponses(t *testing.T) {
 		if cut == 0 {
 			t.Error("no unread answer was cut")
 		}
-		if grew > memoryAllowed {
-			t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, memoryAllowed>>20)
-		}
+		withinBudget(t, grew)
 		// A request of the same size, read: served whole.
 		code, b, _ := s.do(t, "POST", "/v2/models/rec/infer", body,
 			"Inference-Header-Content-Length", strconv.Itoa(len(header)), "Content-Type", "application/octet-stream")
 		if code != http.StatusOK || len(b) < recOutBytes {
 			t.Errorf("a request of the same size, read: %d, %d bytes (%s)", code, len(b), clipBody(b))
 		}
-		if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
-			t.Errorf("sloserve_memory_reserved_bytes = %v after the answer was read, want 0", v)
-		}
+		s.noneReserved(t, "after the answer was read")
 		s.stillServing(t)
 	})
 }
@@ -323,11 +310,7 @@ func (s *testServer) grpcConn(t *testing.T) *grpc.ClientConn {
 // The server's peak memory stays within the budget's allowance and the
 // server serves afterwards.
 func TestE2EHostileDecoding(t *testing.T) {
-	repo := t.TempDir()
-	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
-	s := startServer(t, repo, memoryLimits)
-	pid := s.cmd.Process.Pid
-	s.stillServing(t)
+	s, pid := startMemoryServer(t, "")
 
 	t.Run("shared memory as BYTES", func(t *testing.T) {
 		const size, elems = 64 << 20, 64 << 20 / 4
@@ -429,12 +412,8 @@ func TestE2EHostileDecoding(t *testing.T) {
 						t.Errorf("%v, want RESOURCE_EXHAUSTED naming limits.max_memory", err)
 					}
 				}
-				if grew > memoryAllowed {
-					t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, memoryAllowed>>20)
-				}
-				if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
-					t.Errorf("sloserve_memory_reserved_bytes = %v after every call ended, want 0", v)
-				}
+				withinBudget(t, grew)
+				s.noneReserved(t, "after every call ended")
 				s.stillServing(t)
 			})
 		}
@@ -480,11 +459,7 @@ func decodeBomb(size, field int, add func([]byte) []byte) []byte {
 // allowance, a client on another connection is served meanwhile, and
 // everything is given back.
 func TestE2EUnfinishedStreams(t *testing.T) {
-	repo := t.TempDir()
-	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
-	s := startServer(t, repo, memoryLimits)
-	pid := s.cmd.Process.Pid
-	s.stillServing(t)
+	s, pid := startMemoryServer(t, "")
 	start := time.Now()
 	if _, err := s.grpc.ModelInfer(t.Context(), grpcDynRequest()); err != nil {
 		t.Fatal(err)
@@ -530,9 +505,7 @@ func TestE2EUnfinishedStreams(t *testing.T) {
 	if refused == 0 {
 		t.Error("no call refused: 45 messages of 60 MiB do not fit in one connection's share")
 	}
-	if grew > memoryAllowed {
-		t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, memoryAllowed>>20)
-	}
+	withinBudget(t, grew)
 	r.Close()
 	waitFor(t, "the connection's memory given back", guard, func() bool {
 		v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes")
