@@ -3,8 +3,11 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -50,83 +54,100 @@ func TestGRPCStreamID(t *testing.T) {
 // that resets such a call gives it back at once, its connection open; a
 // client that reads gets its answer and gives it back at once.
 func TestGRPCUnreadAnswer(t *testing.T) {
-	const size = 8 << 20
-	req := &inference.ModelInferRequest{ModelName: "echo", Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "UINT8", Shape: []int64{size}}},
-		RawInputContents: [][]byte{make([]byte, size)}}
-	// serve starts a server whose write timeout is timeout.
-	serve := func(timeout time.Duration) (*MemoryBudget, func(...grpc.DialOption) *grpc.ClientConn) {
-		mem := NewMemoryBudget(256 << 20)
-		lim := Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 24, Memory: mem, WriteTimeout: timeout}
-		addr := serveGRPCLimited(t, NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(nil)))...))
-		return mem, func(opts ...grpc.DialOption) *grpc.ClientConn {
-			conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))...)
-			if err != nil {
-				t.Fatal(err)
+	// The frames are followed after TLS as on plain TCP: a certificate
+	// for 127.0.0.1 from httptest.
+	certs := httptest.NewUnstartedServer(nil)
+	certs.StartTLS()
+	certs.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(certs.Certificate())
+	for _, tc := range []struct {
+		name           string
+		server, client credentials.TransportCredentials
+	}{
+		{"plain", nil, insecure.NewCredentials()},
+		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs.TLS.Certificates}), credentials.NewTLS(&tls.Config{RootCAs: roots})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const size = 8 << 20
+			req := &inference.ModelInferRequest{ModelName: "echo", Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "UINT8", Shape: []int64{size}}},
+				RawInputContents: [][]byte{make([]byte, size)}}
+			// serve starts a server whose write timeout is timeout.
+			serve := func(timeout time.Duration) (*MemoryBudget, func(...grpc.DialOption) *grpc.ClientConn) {
+				mem := NewMemoryBudget(256 << 20)
+				lim := Limits{MaxRequestBytes: 64 << 20, MaxTensorElements: 1 << 24, Memory: mem, WriteTimeout: timeout}
+				addr := serveGRPCLimited(t, NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(tc.server)))...))
+				return mem, func(opts ...grpc.DialOption) *grpc.ClientConn {
+					conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(tc.client),
+						grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { conn.Close() })
+					return conn
+				}
 			}
-			t.Cleanup(func() { conn.Close() })
-			return conn
-		}
-	}
-	// unread starts a call on a connection that grants the server no more
-	// than 64 KiB, and waits until the call has ended at the server: what
-	// it holds is then its answer less what was written (less than
-	// the answer: while it is decoded and run it holds more).
-	unread := func(mem *MemoryBudget, conn *grpc.ClientConn, ctx context.Context, guard time.Duration) (grpc.ClientStream, int64) {
-		st, err := conn.NewStream(ctx, &grpc.StreamDesc{}, inference.GRPCInferenceService_ModelInfer_FullMethodName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.SendMsg(req); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.CloseSend(); err != nil {
-			t.Fatal(err)
-		}
-		var held int64
-		if !waitFor(guard, func() bool { held = mem.Used(); return held > size-128<<10 && held < size }) {
-			t.Fatalf("an unread answer of %d bytes: %d held, want its bytes not yet written", size, mem.Used())
-		}
-		return st, held
-	}
-	stalled := []grpc.DialOption{grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(64 << 10)}
+			// unread starts a call on a connection that grants the server no more
+			// than 64 KiB, and waits until the call has ended at the server: what
+			// it holds is then its answer less what was written (less than
+			// the answer: while it is decoded and run it holds more).
+			unread := func(mem *MemoryBudget, conn *grpc.ClientConn, ctx context.Context, guard time.Duration) (grpc.ClientStream, int64) {
+				st, err := conn.NewStream(ctx, &grpc.StreamDesc{}, inference.GRPCInferenceService_ModelInfer_FullMethodName)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := st.SendMsg(req); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.CloseSend(); err != nil {
+					t.Fatal(err)
+				}
+				var held int64
+				if !waitFor(guard, func() bool { held = mem.Used(); return held > size-128<<10 && held < size }) {
+					t.Fatalf("an unread answer of %d bytes: %d held, want its bytes not yet written", size, mem.Used())
+				}
+				return st, held
+			}
+			stalled := []grpc.DialOption{grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(64 << 10)}
 
-	// Read: served, and nothing held once the answer is in.
-	mem, dial := serve(time.Hour)
-	start := time.Now()
-	resp, err := inference.NewGRPCInferenceServiceClient(dial()).ModelInfer(t.Context(), req)
-	if err != nil || len(resp.GetRawOutputContents()) != 1 || len(resp.GetRawOutputContents()[0]) != size {
-		t.Fatalf("a read answer: %v", err)
-	}
-	guard := 100 * time.Since(start)
-	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
-		t.Fatalf("%d bytes held after a read answer", mem.Used())
-	}
+			// Read: served, and nothing held once the answer is in.
+			mem, dial := serve(time.Hour)
+			start := time.Now()
+			resp, err := inference.NewGRPCInferenceServiceClient(dial()).ModelInfer(t.Context(), req)
+			if err != nil || len(resp.GetRawOutputContents()) != 1 || len(resp.GetRawOutputContents()[0]) != size {
+				t.Fatalf("a read answer: %v", err)
+			}
+			guard := 100 * time.Since(start)
+			if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
+				t.Fatalf("%d bytes held after a read answer", mem.Used())
+			}
 
-	// Reset by the client: given back with the write timeout far off,
-	// and the connection serves on.
-	conn := dial(stalled...)
-	ctx, cancel := context.WithCancel(t.Context())
-	_, held := unread(mem, conn, ctx, guard)
-	cancel()
-	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
-		t.Fatalf("an unread answer reset by its client still holds %d bytes (held %d)", mem.Used(), held)
-	}
-	if _, err := inference.NewGRPCInferenceServiceClient(conn).ServerLive(t.Context(), &inference.ServerLiveRequest{}); err != nil {
-		t.Fatalf("a call after a reset one: %v", err)
-	}
+			// Reset by the client: given back with the write timeout far off,
+			// and the connection serves on.
+			conn := dial(stalled...)
+			ctx, cancel := context.WithCancel(t.Context())
+			_, held := unread(mem, conn, ctx, guard)
+			cancel()
+			if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
+				t.Fatalf("an unread answer reset by its client still holds %d bytes (held %d)", mem.Used(), held)
+			}
+			if _, err := inference.NewGRPCInferenceServiceClient(conn).ServerLive(t.Context(), &inference.ServerLiveRequest{}); err != nil {
+				t.Fatalf("a call after a reset one: %v", err)
+			}
 
-	// Never read: held until the write timeout closes the connection.
-	mem, dial = serve(guard / 10)
-	st, held := unread(mem, dial(stalled...), context.WithoutCancel(t.Context()), guard)
-	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
-		t.Fatalf("an unread answer still holds %d bytes after %v (write timeout %v)", mem.Used(), guard, guard/10)
-	}
-	var out inference.ModelInferResponse
-	err = st.RecvMsg(&out)
-	t.Logf("an unread answer of %d bytes held %d until its connection was closed; the client then read: %v", size, held, err)
-	if status.Code(err) != codes.Unavailable {
-		t.Errorf("the unread call, read after its connection closed: %v, want UNAVAILABLE", err)
+			// Never read: held until the write timeout closes the connection.
+			mem, dial = serve(guard / 10)
+			st, held := unread(mem, dial(stalled...), context.WithoutCancel(t.Context()), guard)
+			if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
+				t.Fatalf("an unread answer still holds %d bytes after %v (write timeout %v)", mem.Used(), guard, guard/10)
+			}
+			var out inference.ModelInferResponse
+			err = st.RecvMsg(&out)
+			t.Logf("an unread answer of %d bytes held %d until its connection was closed; the client then read: %v", size, held, err)
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("the unread call, read after its connection closed: %v, want UNAVAILABLE", err)
+			}
+		})
 	}
 }
 
