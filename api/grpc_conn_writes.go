@@ -25,7 +25,9 @@ import (
 // hands its reservation to its stream, which gives it back once the
 // stream's last frame (its trailers, or a reset) is written, or the client
 // resets the stream, or the connection closes. A connection that has
-// answers to write and writes nothing for limits.write_timeout is closed,
+// answers to write and writes none of their bytes for
+// limits.write_timeout is closed (frames other than an answer's, such as
+// the acknowledgements of a client's pings, do not count),
 // as REST closes a connection whose response is not read in time: its
 // calls end UNAVAILABLE, and everything they held is given back.
 //
@@ -44,8 +46,9 @@ type connWrites struct {
 	closed  bool
 	streams map[uint32]*streamWrites
 	resets  map[uint32]struct{} // streams the client reset (at most maxResetsKept)
-	// When the connection last wrote, or last came to have something to
-	// write; the timer closes it when that is older than timeout.
+	// When the connection last wrote an answer's bytes, or last came to
+	// have some to write; the timer closes it when that is older than
+	// timeout.
 	progress time.Time
 	timeout  time.Duration
 	timer    *time.Timer
@@ -221,10 +224,14 @@ func (w *connWrites) wrote(p []byte) {
 	if w.closed {
 		return
 	}
-	w.progress = time.Now()
 	w.out.feed(p, func(f frameHeader) {
 		switch {
 		case f.kind == http2FrameData:
+			// Only an answer's bytes are progress: the acknowledgements
+			// of a client's pings, say, are not.
+			if f.length > 0 {
+				w.progress = time.Now()
+			}
 			s := w.stream(f.stream)
 			s.written += f.length
 			if s.res != nil {

@@ -17,9 +17,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/internal/rawgrpc"
 )
 
 // TestGRPCStreamID: the stream ID is read from grpc-go's stream (a field
@@ -148,6 +151,59 @@ func TestGRPCUnreadAnswer(t *testing.T) {
 				t.Errorf("the unread call, read after its connection closed: %v, want UNAVAILABLE", err)
 			}
 		})
+	}
+}
+
+// TestGRPCUnreadAnswerPinged: a client that grants no window for its
+// answer but pings the server, which acknowledges each ping, is cut off
+// all the same: only an answer's bytes count as progress.
+func TestGRPCUnreadAnswerPinged(t *testing.T) {
+	const size = 1 << 20
+	mem := NewMemoryBudget(256 << 20)
+	lim := Limits{MaxRequestBytes: 16 << 20, MaxTensorElements: 1 << 24, Memory: mem, WriteTimeout: time.Hour}
+	probe := serveGRPCLimited(t, NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler), grpc.Creds(GRPCCredentials(nil))))
+	conn, err := grpc.NewClient(probe, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	if _, err := inference.NewGRPCInferenceServiceClient(conn).ServerLive(t.Context(), &inference.ServerLiveRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	lim.WriteTimeout = max(100*time.Since(start), 100*time.Millisecond)
+	guard := 20 * lim.WriteTimeout
+	addr := serveGRPCLimited(t, NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler), grpc.Creds(GRPCCredentials(nil)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Nanosecond, PermitWithoutStream: true})))
+
+	msg, err := proto.Marshal(&inference.ModelInferRequest{ModelName: "echo", Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "UINT8", Shape: []int64{size}}},
+		RawInputContents: [][]byte{make([]byte, size)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A frame-by-frame client grants no window beyond HTTP/2's first
+	// 64 KiB: the answer stalls.
+	r := rawgrpc.Dial(t, addr)
+	r.GiveUpAfter(guard)
+	id := r.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+	if err := r.Send(id, append(rawgrpc.Prefix(len(msg)), msg...), true); err != nil {
+		t.Fatal(err)
+	}
+	pinged := 0
+	for mem.Used() > 0 || pinged == 0 {
+		if closed, _ := r.ClosedByServer(); closed || time.Since(start) > guard {
+			break
+		}
+		if err := r.Ping(); err != nil {
+			break
+		}
+		pinged++
+		time.Sleep(lim.WriteTimeout / 10)
+	}
+	closed, readErr := r.ClosedByServer()
+	t.Logf("pinged %d times, every tenth of the write timeout (%v): closed by the server %v (%v), %d bytes held", pinged, lim.WriteTimeout, closed, readErr, mem.Used())
+	if !closed || mem.Used() != 0 {
+		t.Errorf("a client pinging but not reading its answer: closed %v, %d bytes held; want closed, nothing held", closed, mem.Used())
 	}
 }
 

@@ -203,6 +203,13 @@ func (r *Client) Ended(id uint32) (string, bool) {
 	return s, ok
 }
 
+// Ping sends a PING frame.
+func (r *Client) Ping() error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	return r.fr.WritePing(false, [8]byte{1})
+}
+
 // Close closes the connection.
 func (r *Client) Close() error { return r.conn.Close() }
 
