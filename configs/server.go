@@ -306,7 +306,7 @@ type Limits struct {
 	MaxMemory ByteSize `yaml:"max_memory"`
 	// WriteTimeout bounds writing a response: a client that does not read
 	// it in time loses its connection (REST, metrics; gRPC: a connection
-	// with answers to write that writes nothing for this long).
+	// with answers to write that writes none of their bytes for this long).
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 }
 
