@@ -128,7 +128,9 @@ type Limits struct {
 	Memory *MemoryBudget
 	// WriteTimeout bounds writing a response (limits.write_timeout): a
 	// client that does not read it in time loses its connection, and the
-	// memory the response holds is given back; 0 means no bound.
+	// memory the response holds is given back (over gRPC, on connections
+	// followed by GRPCCredentials: a connection with answers to write that
+	// writes none of their bytes for this long); 0 means no bound.
 	WriteTimeout time.Duration
 	// LogLevel is the level of the server's logger, which Triton's logging
 	// extension (GET and POST /v2/logging) reads and sets; nil turns the

@@ -180,7 +180,8 @@ var _ interface{ CloseWrite() error } = (*limitedConn)(nil)
 // limitedConn gives its slot back when closed. An overflow connection's
 // deadlines never go past until, whatever the server asks. It counts the
 // bytes read from it, for gRPC's accounting of messages being read
-// (connReading), which its remote address carries to the gRPC server.
+// (connReading), and follows a gRPC connection's frames (connWrites, from
+// GRPCCredentials); its remote address carries both to the gRPC server.
 type limitedConn struct {
 	net.Conn
 	owner    *LimitedListener
@@ -189,13 +190,14 @@ type limitedConn struct {
 	until    time.Time
 	once     sync.Once
 	reading  connReading
+	writes   connWrites
 	remote   connAddr
 	mem      *Reservation // its buffers (LimitedListener.ReserveMemory)
 }
 
 func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *limitedConn {
 	lc := &limitedConn{Conn: c, owner: owner, slots: slots}
-	lc.remote = connAddr{Addr: c.RemoteAddr(), reading: &lc.reading}
+	lc.remote = connAddr{Addr: c.RemoteAddr(), reading: &lc.reading, writes: &lc.writes}
 	return lc
 }
 
@@ -224,6 +226,7 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.reading.close()
+		c.writes.closeAll()
 		c.mem.Release()
 		<-c.slots
 	})

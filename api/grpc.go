@@ -54,11 +54,11 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
-		grpc.StatsHandler(grpcMemoryStats{codec: codec}),
+		grpc.StatsHandler(grpcMemoryStats{codec: codec, writeTimeout: lim.WriteTimeout}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
-		grpc.ChainUnaryInterceptor(grpcRecoverUnary(logger)),
-		grpc.ChainStreamInterceptor(grpcRecoverStream(logger)),
+		grpc.ChainUnaryInterceptor(grpcCallStreamUnary, grpcRecoverUnary(logger)),
+		grpc.ChainStreamInterceptor(grpcCallStreamStream, grpcRecoverStream(logger)),
 	}
 	if lim.MaxRequestBytes > 0 {
 		base = append(base, grpc.MaxRecvMsgSize(int(min(lim.MaxRequestBytes, math.MaxInt32))))
@@ -112,7 +112,9 @@ type grpcArrivalKey struct{}
 //
 // Every call's message is given its memory here (grpcMemory.reserve, by
 // its connection's accounting when the LimitedListener accepted it): one
-// that does not fit in the budget is ended with RESOURCE_EXHAUSTED.
+// that does not fit in the budget is ended with RESOURCE_EXHAUSTED. A call
+// on a connection whose frames are followed (GRPCCredentials) keeps its
+// answer's memory until the answer is written (connWrites).
 func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		if refuse != nil && info.FullMethodName == inference.GRPCInferenceService_ModelInfer_FullMethodName {
@@ -121,12 +123,16 @@ func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 			}
 		}
 		var conn *connReading
+		var writes *connWrites
 		if p, ok := peer.FromContext(ctx); ok {
-			conn = connReadingOf(p.Addr)
+			conn, writes = connReadingOf(p.Addr), connWritesOf(p.Addr)
 		}
 		ctx, err := mem.reserve(ctx, info.FullMethodName, conn)
 		if err != nil {
 			return ctx, status.Error(codes.ResourceExhausted, err.Error())
+		}
+		if call, _ := ctx.Value(grpcCallKey{}).(*grpcCall); call != nil {
+			call.writes = writes
 		}
 		return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil
 	}

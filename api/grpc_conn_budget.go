@@ -92,6 +92,7 @@ type connReading struct {
 type connAddr struct {
 	net.Addr
 	reading *connReading
+	writes  *connWrites
 }
 
 // connReadingOf is the accounting of the connection whose remote address

@@ -1,11 +1,7 @@
 package api
 
 import (
-	"bytes"
 	"cmp"
-	"encoding/binary"
-	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -13,190 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/internal/rawgrpc"
 )
-
-// rawGRPC is a gRPC client written frame by frame over one HTTP/2
-// connection, so that a test can leave messages unfinished as a slow or
-// hostile client does. It keeps to the server's connection window.
-type rawGRPC struct {
-	tb   testing.TB
-	conn net.Conn
-
-	wmu    sync.Mutex // one frame written at a time
-	fr     *http2.Framer
-	hbuf   bytes.Buffer
-	henc   *hpack.Encoder
-	nextID uint32
-
-	mu      sync.Mutex
-	cond    *sync.Cond
-	window  int64             // the connection's send window
-	ended   map[uint32]string // streams the server ended: their grpc-status and message
-	readErr error
-}
-
-func dialRawGRPC(tb testing.TB, addr string) *rawGRPC {
-	tb.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	r := &rawGRPC{tb: tb, conn: c, nextID: 1, window: 65535, ended: map[uint32]string{}}
-	r.cond = sync.NewCond(&r.mu)
-	r.fr = http2.NewFramer(c, c)
-	r.henc = hpack.NewEncoder(&r.hbuf)
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		tb.Fatal(err)
-	}
-	if err := r.fr.WriteSettings(); err != nil {
-		tb.Fatal(err)
-	}
-	go r.readLoop()
-	tb.Cleanup(func() { c.Close() })
-	return r
-}
-
-// readLoop follows the server's frames: window updates, settings to
-// acknowledge, and the ends of streams.
-func (r *rawGRPC) readLoop() {
-	fr := http2.NewFramer(io.Discard, r.conn)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			r.mu.Lock()
-			r.readErr = err
-			r.cond.Broadcast()
-			r.mu.Unlock()
-			return
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				r.wmu.Lock()
-				r.fr.WriteSettingsAck()
-				r.wmu.Unlock()
-			}
-		case *http2.WindowUpdateFrame:
-			if f.StreamID == 0 {
-				r.mu.Lock()
-				r.window += int64(f.Increment)
-				r.cond.Broadcast()
-				r.mu.Unlock()
-			}
-		case *http2.MetaHeadersFrame:
-			if st := f.PseudoValue("status"); f.StreamEnded() || st != "200" {
-				msg := ""
-				for _, hf := range f.Fields {
-					if hf.Name == "grpc-status" {
-						msg = hf.Value
-					}
-					if hf.Name == "grpc-message" {
-						msg += " " + hf.Value
-					}
-				}
-				r.mu.Lock()
-				r.ended[f.StreamID] = strings.TrimSpace(msg)
-				r.cond.Broadcast()
-				r.mu.Unlock()
-			}
-		case *http2.RSTStreamFrame:
-			r.mu.Lock()
-			if _, ok := r.ended[f.StreamID]; !ok {
-				r.ended[f.StreamID] = "reset " + f.ErrCode.String()
-			}
-			r.cond.Broadcast()
-			r.mu.Unlock()
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				r.wmu.Lock()
-				r.fr.WritePing(true, f.Data)
-				r.wmu.Unlock()
-			}
-		}
-	}
-}
-
-// start opens a call to method whose message declares size bytes.
-func (r *rawGRPC) start(method string) uint32 {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	id := r.nextID
-	r.nextID += 2
-	r.hbuf.Reset()
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "test"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}} {
-		r.henc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
-		r.tb.Fatal(err)
-	}
-	return id
-}
-
-// send writes data on stream id within the connection's window, ending the
-// stream with end. It returns the error that stopped it (the connection
-// closed), if any.
-func (r *rawGRPC) send(id uint32, data []byte, end bool) error {
-	for first := true; first || len(data) > 0; first = false {
-		n := min(len(data), 16<<10)
-		r.mu.Lock()
-		for r.window < int64(n) && r.readErr == nil {
-			r.cond.Wait()
-		}
-		err := r.readErr
-		r.window -= int64(n)
-		r.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		r.wmu.Lock()
-		err = r.fr.WriteData(id, end && n == len(data), data[:n])
-		r.wmu.Unlock()
-		if err != nil {
-			return err
-		}
-		data = data[n:]
-	}
-	return nil
-}
-
-// wait waits until stream id has ended and returns its grpc-status and
-// message, or "" when the connection ended first.
-func (r *rawGRPC) wait(id uint32) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for {
-		if s, ok := r.ended[id]; ok {
-			return s
-		}
-		if r.readErr != nil {
-			return ""
-		}
-		r.cond.Wait()
-	}
-}
-
-// giveUpAfter ends the connection's reading after d: a test's guard
-// against waiting for ever on a server that does not answer.
-func (r *rawGRPC) giveUpAfter(d time.Duration) { r.conn.SetReadDeadline(time.Now().Add(d)) }
-
-// closedByServer reports whether the server closed the connection (not a
-// deadline of giveUpAfter).
-func (r *rawGRPC) closedByServer() (bool, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var ne net.Error
-	return r.readErr != nil && !(errors.As(r.readErr, &ne) && ne.Timeout()), r.readErr
-}
 
 const grpcBaselineBytes = 2 << 20
 
@@ -212,13 +32,6 @@ func grpcBaseline(t *testing.T, client inference.GRPCInferenceServiceClient) tim
 		t.Fatalf("baseline call: %v", err)
 	}
 	return time.Since(start)
-}
-
-// prefix is a gRPC message's length prefix for n bytes.
-func prefix(n int) []byte {
-	b := make([]byte, 5)
-	binary.BigEndian.PutUint32(b[1:], uint32(n))
-	return b
 }
 
 // serveGRPCLimited serves srv on a real socket through a LimitedListener,
@@ -264,15 +77,15 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 
 // warmRaw completes n ServerLive calls on r, as a client does before it
 // sends its inference requests, and checks they are answered.
-func warmRaw(t *testing.T, r *rawGRPC, n int) time.Duration {
+func warmRaw(t *testing.T, r *rawgrpc.Client, n int) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for range n {
-		id := r.start(inference.GRPCInferenceService_ServerLive_FullMethodName)
-		if err := r.send(id, prefix(0), true); err != nil {
+		id := r.Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
+		if err := r.Send(id, rawgrpc.Prefix(0), true); err != nil {
 			t.Fatal(err)
 		}
-		if got := r.wait(id); got != "0" {
+		if got := r.Wait(id); got != "0" {
 			t.Fatalf("ServerLive: %q, want grpc-status 0", got)
 		}
 	}
@@ -302,19 +115,19 @@ func TestGRPCSlowCallsLeaveRoom(t *testing.T) {
 	if got := mem.Used(); got != 0 {
 		t.Fatalf("%d bytes held after a call, want 0", got)
 	}
-	slow := dialRawGRPC(t, addr)
-	slow.giveUpAfter(guard)
+	slow := rawgrpc.Dial(t, addr)
+	slow.GiveUpAfter(guard)
 	warmRaw(t, slow, 6)
 	if got := mem.Used(); got != 0 {
 		t.Fatalf("%d bytes held after complete calls, want 0", got)
 	}
 
 	const calls, size, sent = 8, 1 << 20, 512 << 10
-	part := append(prefix(size), make([]byte, sent)...)
+	part := append(rawgrpc.Prefix(size), make([]byte, sent)...)
 	ids := make([]uint32, calls)
 	for i := range ids {
-		ids[i] = slow.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
-		if err := slow.send(ids[i], part, false); err != nil {
+		ids[i] = slow.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err := slow.Send(ids[i], part, false); err != nil {
 			t.Fatalf("slow call %d: %v", i, err)
 		}
 	}
@@ -329,9 +142,7 @@ func TestGRPCSlowCallsLeaveRoom(t *testing.T) {
 		t.Errorf("%d half-sent calls hold %d bytes, want at most their whole messages' %d", calls, held, calls*size)
 	}
 	for _, id := range ids {
-		slow.mu.Lock()
-		end, ok := slow.ended[id]
-		slow.mu.Unlock()
+		end, ok := slow.Ended(id)
 		if ok {
 			t.Fatalf("slow call %d ended: %q", id, end)
 		}
@@ -343,13 +154,13 @@ func TestGRPCSlowCallsLeaveRoom(t *testing.T) {
 	}
 
 	// The rest of one slow message completes it: it is served.
-	if err := slow.send(ids[0], make([]byte, size-sent), true); err != nil {
+	if err := slow.Send(ids[0], make([]byte, size-sent), true); err != nil {
 		t.Fatal(err)
 	}
-	if got := slow.wait(ids[0]); got == "" {
+	if got := slow.Wait(ids[0]); got == "" {
 		t.Fatal("the completed slow call got no answer")
 	}
-	slow.conn.Close()
+	slow.Close()
 	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
 		t.Fatalf("%d bytes still held after the slow connection closed", mem.Used())
 	}
@@ -382,17 +193,17 @@ func TestGRPCConnectionShare(t *testing.T) {
 
 	// A fresh connection: four calls fit its 64 MiB share, the fifth is
 	// refused at its headers.
-	fresh := dialRawGRPC(t, addr)
-	fresh.giveUpAfter(guard)
+	fresh := rawgrpc.Dial(t, addr)
+	fresh.GiveUpAfter(guard)
 	for i := range 5 {
-		id := fresh.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
-		if err := fresh.send(id, prefix(message-5), false); err != nil {
+		id := fresh.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err := fresh.Send(id, rawgrpc.Prefix(message-5), false); err != nil {
 			t.Fatal(err)
 		}
 		if i < 4 {
 			continue
 		}
-		got := fresh.wait(id)
+		got := fresh.Wait(id)
 		if want := "8 server memory limit reached"; !strings.HasPrefix(got, want) || !strings.Contains(got, "limits.max_memory") {
 			t.Fatalf("fifth call on a fresh connection: %q, want grpc-status 8 naming limits.max_memory", got)
 		}
@@ -403,12 +214,12 @@ func TestGRPCConnectionShare(t *testing.T) {
 	if got := mem.Refused(); got != 1 {
 		t.Errorf("sloserve_memory_refused_total counts %d refusals after the fifth call was refused at the connection's share, want 1", got)
 	}
-	fresh.conn.Close()
+	fresh.Close()
 	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
 		t.Fatalf("%d bytes held after the fresh connection closed", mem.Used())
 	}
 
-	flood := dialRawGRPC(t, addr)
+	flood := rawgrpc.Dial(t, addr)
 	warmRaw(t, flood, 10)
 	// Another connection's calls, all through the flood.
 	stop := make(chan struct{})
@@ -437,7 +248,7 @@ func TestGRPCConnectionShare(t *testing.T) {
 	const streams, size = 45, 15 << 20
 	ids := make([]uint32, streams)
 	for i := range ids {
-		ids[i] = flood.start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		ids[i] = flood.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
 	}
 	mem.peak.Store(mem.Used())
 	chunk := make([]byte, 1<<20)
@@ -447,9 +258,9 @@ func TestGRPCConnectionShare(t *testing.T) {
 		for _, id := range ids {
 			data := chunk
 			if off == 0 {
-				data = append(prefix(size), chunk[5:]...)
+				data = append(rawgrpc.Prefix(size), chunk[5:]...)
 			}
-			if sendErr = flood.send(id, data, false); sendErr != nil {
+			if sendErr = flood.Send(id, data, false); sendErr != nil {
 				break
 			}
 			sentBytes += len(data)
@@ -458,10 +269,10 @@ func TestGRPCConnectionShare(t *testing.T) {
 	if sendErr == nil {
 		// Everything was written: the server closes the connection once
 		// it has read past the share.
-		flood.giveUpAfter(guard)
-		flood.wait(1 << 30)
+		flood.GiveUpAfter(guard)
+		flood.Wait(1 << 30)
 	}
-	closed, readErr := flood.closedByServer()
+	closed, readErr := flood.ClosedByServer()
 	close(stop)
 	others.Wait()
 	t.Logf("the flood sent %d MiB of %d before the server closed its connection (%v); budget peak %d MiB of %d; another connection's calls meanwhile: %d served, %d refused naming the limit, %d failed",
@@ -475,7 +286,7 @@ func TestGRPCConnectionShare(t *testing.T) {
 	if p := mem.Peak(); p > budget {
 		t.Errorf("budget peak %d bytes, over the budget %d", p, budget)
 	}
-	flood.conn.Close()
+	flood.Close()
 	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
 		t.Fatalf("%d bytes held after the flood's connection closed", mem.Used())
 	}

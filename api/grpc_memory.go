@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
@@ -57,6 +58,33 @@ type grpcCall struct {
 	est      int64
 	finished bool  // guarded by conn.mu
 	header   int64 // its headers' wire length
+
+	// Set on a connection whose frames are followed (connWrites): its
+	// stream, when its handler starts (grpcCallStream).
+	writes *connWrites
+	stream uint32
+	sent   bool // stream is known: its answers are followed
+}
+
+// grpcCallStream notes the HTTP/2 stream of a call whose connection's
+// frames are followed, before its handler runs: grpc-go's stats handler
+// is not given the stream, its interceptors are.
+func grpcCallStream(ctx context.Context) {
+	if call, _ := ctx.Value(grpcCallKey{}).(*grpcCall); call != nil && call.writes != nil {
+		call.stream, call.sent = grpcStreamID(ctx)
+	}
+}
+
+// grpcCallStreamUnary is grpcCallStream for unary calls.
+func grpcCallStreamUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	grpcCallStream(ctx)
+	return handler(ctx, req)
+}
+
+// grpcCallStreamStream is grpcCallStream for streaming calls.
+func grpcCallStreamStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	grpcCallStream(ss.Context())
+	return handler(srv, ss)
 }
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
@@ -156,9 +184,13 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 
 // grpcMemoryStats gives a call's reservations back when the call ends:
 // its own, and that of the last ModelInferRequest the codec decoded for it
-// if its handler did not take it.
+// if its handler did not take it. On a connection whose frames are
+// followed, a call's own waits for its answer to be written (connWrites).
 type grpcMemoryStats struct {
 	codec *grpcDecodeCodec
+	// writeTimeout closes a connection that has answers to write and
+	// writes nothing for this long (limits.write_timeout; 0: never).
+	writeTimeout time.Duration
 }
 
 var _ stats.Handler = grpcMemoryStats{}
@@ -183,11 +215,23 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		if call.conn != nil {
 			call.conn.finish(call, call.header, int64(s.WireLength))
 		}
+	case *stats.OutPayload:
+		if call.writes == nil {
+			break
+		}
+		if call.sent {
+			call.writes.queued(call.stream, int64(s.WireLength), h.writeTimeout)
+		}
 	case *stats.End:
 		if call.conn != nil {
 			call.conn.finish(call, call.header, 0)
 		}
-		call.res.Release()
+		// An answer still being written keeps its memory until it is.
+		if call.sent {
+			call.writes.ended(call.stream, call.res, h.writeTimeout)
+		} else {
+			call.res.Release()
+		}
 		if req := call.infer.Swap(nil); req != nil {
 			h.codec.discard(req)
 		}

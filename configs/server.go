@@ -305,7 +305,8 @@ type Limits struct {
 	// closed; nothing waits for memory.
 	MaxMemory ByteSize `yaml:"max_memory"`
 	// WriteTimeout bounds writing a response: a client that does not read
-	// it in time loses its connection (REST, metrics).
+	// it in time loses its connection (REST, metrics; gRPC: a connection
+	// with answers to write that writes none of their bytes for this long).
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 }
 

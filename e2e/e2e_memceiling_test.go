@@ -43,7 +43,42 @@ startup_models: ["*"]
 const (
 	memoryBudget = 256 << 20
 	heldBody     = 60 << 20 // each hostile body or message
+	// memoryAllowed is what the budget may add to the server's peak
+	// resident memory, with room for the garbage Go has not collected
+	// yet (its heap may grow to twice what is live) and the goroutines
+	// and buffers of the connections.
+	memoryAllowed = 2*memoryBudget + 96<<20
 )
+
+// startMemoryServer starts a server with memoryLimits, extra limits lines
+// before them, serving dyn and models; it checks that it serves, and
+// returns it with its pid.
+func startMemoryServer(t *testing.T, extra string, models ...repoModel) (*testServer, int) {
+	t.Helper()
+	repo := t.TempDir()
+	writeRepo(t, repo, append([]repoModel{{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)}}, models...)...)
+	s := startServer(t, repo, extra+memoryLimits)
+	s.stillServing(t)
+	return s, s.cmd.Process.Pid
+}
+
+// withinBudget fails t when the server's peak RSS grew by more than the
+// budget allows.
+func withinBudget(t *testing.T, grew int64) {
+	t.Helper()
+	if grew > memoryAllowed {
+		t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, memoryAllowed>>20)
+	}
+}
+
+// noneReserved fails t unless sloserve_memory_reserved_bytes is 0 when
+// (a phrase: "after every call ended").
+func (s *testServer) noneReserved(t *testing.T, when string) {
+	t.Helper()
+	if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
+		t.Errorf("sloserve_memory_reserved_bytes = %v %s, want 0", v, when)
+	}
+}
 
 // resetPeakRSS makes the server's peak resident memory its current one, and
 // returns it: the baseline of a case.
@@ -96,16 +131,7 @@ func (s *testServer) holdREST(t *testing.T, path string, body []byte) *heldReque
 // once with 429 or RESOURCE_EXHAUSTED naming the limit, and the server
 // serves normally afterwards.
 func TestE2EMemoryCeiling(t *testing.T) {
-	repo := t.TempDir()
-	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
-	s := startServer(t, repo, memoryLimits)
-	pid := s.cmd.Process.Pid
-	s.stillServing(t)
-	// What the budget may add to the peak, with room for the garbage Go
-	// has not collected yet (its heap may grow to twice what is live) and
-	// the goroutines and buffers of the connections.
-	const allowed = 2*memoryBudget + 96<<20
-
+	s, pid := startMemoryServer(t, "")
 	zeros := make([]byte, heldBody)
 
 	t.Run("empty BYTES elements", func(t *testing.T) {
@@ -193,9 +219,7 @@ func TestE2EMemoryCeiling(t *testing.T) {
 		if refused < n-admitted {
 			t.Errorf("%d refused with 429, want at least the %d not read", refused, n-admitted)
 		}
-		if grew > allowed {
-			t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, allowed>>20)
-		}
+		withinBudget(t, grew)
 		s.stillServing(t)
 	})
 
@@ -254,12 +278,8 @@ func TestE2EMemoryCeiling(t *testing.T) {
 		if refused == 0 {
 			t.Error("no call refused: 16 messages of 60 MiB do not fit in 256 MiB")
 		}
-		if grew > allowed {
-			t.Errorf("peak RSS grew %d MiB, over the %d MiB the budget allows", grew>>20, allowed>>20)
-		}
-		if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
-			t.Errorf("sloserve_memory_reserved_bytes = %v after every call ended, want 0", v)
-		}
+		withinBudget(t, grew)
+		s.noneReserved(t, "after every call ended")
 		s.stillServing(t)
 	})
 

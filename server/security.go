@@ -92,10 +92,13 @@ func (s *security) metricsListener(ln net.Listener) net.Listener {
 // control interceptors.
 func (s *security) grpcOptions() []grpc.ServerOption {
 	opts := s.auth.ServerOptions()
+	var tc credentials.TransportCredentials
 	if s.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls.serverConfig("h2"))))
+		tc = credentials.NewTLS(s.tls.serverConfig("h2"))
 	}
-	return opts
+	// The connections' frames are followed, so that answers a client
+	// does not read are reserved and cut off (limits.write_timeout).
+	return append(opts, grpc.Creds(api.GRPCCredentials(tc)))
 }
 
 // prepare reads a reloaded auth section's tokens from their files again,
