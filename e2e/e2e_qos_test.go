@@ -111,14 +111,19 @@ func TestE2EDeadlines(t *testing.T) {
 		}
 		// The warm-up at load gave dyn latency estimates; 1 µs is less than any.
 		before := s.executions(t, "dyn")
+		// The fastest of three refusals: one alone, beside two CPU
+		// burners and a -race test suite, once lost its CPU for 10 ms.
 		body := `{"parameters":{"timeout":1},` + plain[1:]
-		start := time.Now()
-		code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", []byte(body))
-		took := time.Since(start)
-		if code != 429 || !bytes.Contains(b, []byte("misses the deadline by")) {
-			t.Fatalf("got %d %s, want 429 saying by how much the deadline is missed", code, b)
+		took := time.Duration(math.MaxInt64)
+		for range 3 {
+			start := time.Now()
+			code, b, _ := s.do(t, "POST", "/v2/models/dyn/infer", []byte(body))
+			took = min(took, time.Since(start))
+			if code != 429 || !bytes.Contains(b, []byte("misses the deadline by")) {
+				t.Fatalf("got %d %s, want 429 saying by how much the deadline is missed", code, b)
+			}
 		}
-		t.Logf("rejection took %v, an answer %v", took, answered)
+		t.Logf("rejection took %v (the fastest of 3), an answer %v (the slowest of 3)", took, answered)
 		if took > 3*answered {
 			t.Errorf("rejection took %v, over 3 times an answered request (%v); want it at once", took, answered)
 		}
@@ -134,8 +139,8 @@ func TestE2EDeadlines(t *testing.T) {
 		if after := s.executions(t, "dyn"); after != before {
 			t.Errorf("rejected requests were executed: %d executions became %d", before, after)
 		}
-		if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="dyn/1",outcome="rejected"}`); v != 2 {
-			t.Errorf("rejected counter = %v, want 2", v)
+		if v, _ := s.metricValue(t, `sloserve_qos_requests_total{class="latency-critical",device="cpu",model="dyn/1",outcome="rejected"}`); v != 4 {
+			t.Errorf("rejected counter = %v, want 4 (3 over REST, 1 over gRPC)", v)
 		}
 	})
 
@@ -243,7 +248,7 @@ func TestE2EDeadlines(t *testing.T) {
 	})
 
 	t.Run("slo statistics", func(t *testing.T) {
-		// dyn saw 3 refused requests and 4 good ones above (the 3 of the
+		// dyn saw 5 refused requests and 4 good ones above (the 3 of the
 		// baseline and 1 with a timeout); det 1 dropped, 1 canceled and 2
 		// good.
 		var st struct {
@@ -260,9 +265,9 @@ func TestE2EDeadlines(t *testing.T) {
 			t.Fatalf("stats: %d", code)
 		}
 		got := st.ModelStats[0].SLO
-		if got.Class != "latency-critical" || got.LatencyTargetMS != 10000 || got.Arrived != 7 || got.Good != 4 ||
-			got.Rejected != 3 || got.Late != 0 || math.Abs(got.Attainment-4.0/7) > 1e-9 {
-			t.Errorf("REST slo statistics = %+v, want 7 arrived, 4 good, 3 rejected, attainment 4/7", got)
+		if got.Class != "latency-critical" || got.LatencyTargetMS != 10000 || got.Arrived != 9 || got.Good != 4 ||
+			got.Rejected != 5 || got.Late != 0 || math.Abs(got.Attainment-4.0/9) > 1e-9 {
+			t.Errorf("REST slo statistics = %+v, want 9 arrived, 4 good, 5 rejected, attainment 4/9", got)
 		}
 		g, err := s.grpc.ModelStatistics(t.Context(), &inference.ModelStatisticsRequest{Name: "det"})
 		if err != nil {
