@@ -61,9 +61,9 @@ type grpcCall struct {
 
 	// Set on a connection whose frames are followed (connWrites): its
 	// stream, when its handler starts (grpcCallStream).
-	writes *connWrites
-	stream uint32
-	sent   bool // stream is known: its answers are followed
+	writes   *connWrites
+	stream   uint32
+	followed bool // stream is known: its answers are followed
 }
 
 // grpcCallStream notes the HTTP/2 stream of a call whose connection's
@@ -71,7 +71,7 @@ type grpcCall struct {
 // is not given the stream, its interceptors are.
 func grpcCallStream(ctx context.Context) {
 	if call, _ := ctx.Value(grpcCallKey{}).(*grpcCall); call != nil && call.writes != nil {
-		call.stream, call.sent = grpcStreamID(ctx)
+		call.stream, call.followed = grpcStreamID(ctx)
 	}
 }
 
@@ -219,7 +219,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		if call.writes == nil {
 			break
 		}
-		if call.sent {
+		if call.followed {
 			call.writes.queued(call.stream, int64(s.WireLength), h.writeTimeout)
 		}
 	case *stats.End:
@@ -227,7 +227,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			call.conn.finish(call, call.header, 0)
 		}
 		// An answer still being written keeps its memory until it is.
-		if call.sent {
+		if call.followed {
 			call.writes.ended(call.stream, call.res, h.writeTimeout)
 		} else {
 			call.res.Release()
