@@ -176,6 +176,8 @@ type Registry struct {
 	watchDone chan struct{} // closed when the watcher has returned
 	started   atomic.Bool
 	unitSeq   atomic.Uint64 // makes limiter unit ids unique
+	// capsLifted is set once LiftCaps has run: the server is stopping.
+	capsLifted atomic.Bool
 }
 
 // model is one folder of a repository and what is loaded from it.

@@ -34,19 +34,32 @@ type unit struct {
 // share last asked for once ready (settle), before it serves. mu orders
 // a resize, a lift and a settle, so that the last share asked for is the
 // one the unit serves at.
+//
+// held marks a unit lifted for the server's stop (Registry.LiftCaps): it
+// stays lifted, whatever is asked of it, until it is released.
 type unitShare struct {
 	mu     sync.Mutex
 	share  limiter.Share
 	lifted bool
+	held   bool
 }
 
 // resize gives the unit the instance share s: at once, or, while its
-// process loads lifted, once it is ready.
+// process loads lifted, once it is ready; held for the server's stop,
+// never (a cap is recorded, the unit lifted).
 func (a *unitShare) resize(lim limiter.Limiter, id string, s limiter.Share) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.lifted {
 		a.share = s
+		return nil
+	}
+	if a.held && startsLifted(lim, s) {
+		// Held for the stop: a cap asked for now is lifted at once.
+		if err := lim.Resize(id, startShare(s)); err != nil {
+			return err
+		}
+		a.share, a.lifted = s, true
 		return nil
 	}
 	if err := lim.Resize(id, s); err != nil {
@@ -73,11 +86,12 @@ func (a *unitShare) lift(lim limiter.Limiter, id string) error {
 
 // settle gives a lifted unit, whose process is now ready, the share last
 // asked for. The unit stays lifted when that fails: its process must not
-// serve, and the next start in it loads uncapped as well.
+// serve, and the next start in it loads uncapped as well. A unit held for
+// the server's stop stays lifted.
 func (a *unitShare) settle(lim limiter.Limiter, id string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.lifted {
+	if !a.lifted || a.held {
 		return nil
 	}
 	if err := lim.Resize(id, a.share); err != nil {
@@ -85,6 +99,30 @@ func (a *unitShare) settle(lim limiter.Limiter, id string) error {
 	}
 	a.lifted = false
 	return nil
+}
+
+// hold lifts the unit for the server's stop, when its share has a cap to
+// lift (startsLifted), and keeps it lifted: later resizes are recorded,
+// not applied, and a process that gets ready is not settled.
+func (a *unitShare) hold(lim limiter.Limiter, id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held = true
+	if a.lifted || !startsLifted(lim, a.share) {
+		return nil
+	}
+	if err := lim.Resize(id, startShare(a.share)); err != nil {
+		return err
+	}
+	a.lifted = true
+	return nil
+}
+
+// isHeld reports whether the unit is held lifted for the server's stop.
+func (a *unitShare) isHeld() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held
 }
 
 // startShare is the share a process starts at in place of s where starts
@@ -247,7 +285,69 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 	v.instMu.Lock()
 	v.units[inst] = u
 	v.instMu.Unlock()
+	// A unit that LiftCaps' pass over the versions may have missed.
+	if r.capsLifted.Load() {
+		r.holdUnit(v, u)
+	}
 	return inst, nil
+}
+
+// LiftCaps lifts the compute cap of every instance for the server's stop,
+// once it no longer takes requests: what is left is finishing the ones it
+// admitted, and a cap only makes that slower. A best-effort request
+// running in the idle class at its 5% minimum beside busy processes held
+// the stop for a second (the runner crashed and restarted just before;
+// the control loop had put it back at its minimum as the stop began).
+// Each unit with a cap to lift (a capped or background share; a floor has
+// none) runs at its start share until it is released: no compute cap, the
+// default weight, out of the idle class, its memory limit kept. Shares
+// asked for from then on are recorded and not applied, no instance is
+// replaced for a new share, and an instance started or restarted from then
+// on is not capped once ready. Backends that cannot set shares live (MPS)
+// are left as they are. It returns how many units it lifted or held.
+func (r *Registry) LiftCaps() int {
+	if r.capsLifted.Swap(true) {
+		return 0
+	}
+	r.mu.RLock()
+	var versions []*version
+	for _, m := range r.models {
+		for _, v := range m.serving {
+			versions = append(versions, v)
+		}
+	}
+	r.mu.RUnlock()
+	n := 0
+	for _, v := range versions {
+		v.instMu.RLock()
+		units := make([]unit, 0, len(v.units))
+		for _, u := range v.units {
+			units = append(units, u)
+		}
+		v.instMu.RUnlock()
+		for _, u := range units {
+			if r.holdUnit(v, u) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// holdUnit holds u lifted for the stop (unitShare.hold) where its backend
+// sets shares live; false when it does not.
+func (r *Registry) holdUnit(v *version, u unit) bool {
+	if u.at == nil || v.lim == nil {
+		return false
+	}
+	if _, ok := v.lim.(limiter.ComputeLifter); !ok || v.lim.Capabilities().CapsOnly {
+		return false
+	}
+	if err := u.at.hold(v.lim, u.id); err != nil {
+		r.log.Warn("lifting an instance's compute cap for the stop", "model", v.model, "version", v.label, "unit", u.id, "err", err)
+		return false
+	}
+	return true
 }
 
 // restarting is an instance's hook around each restart of its process
@@ -492,6 +592,9 @@ func (v *version) resizeLive(m runtime.Member, per limiter.Share, swap swapPolic
 		case err != nil:
 			return false, err
 		}
+	}
+	if u.at != nil && u.at.isHeld() {
+		return false, nil // the server is stopping: nothing is replaced
 	}
 	if want := v.threadsFor(per); want > 0 && want != u.threads && swap == swapAlways {
 		restart = true

@@ -18,8 +18,9 @@ const registryStopTimeout = 10 * time.Second
 //  2. delay: limits.shutdown_delay, while requests are still served, so
 //     load balancers stop sending before the listeners close (skipped when
 //     a component failed);
-//  3. drain listeners: REST, gRPC and ModelMesh stop accepting and finish
-//     their admitted requests within limits.grace_period;
+//  3. drain listeners: every instance's compute cap is lifted
+//     (Registry.LiftCaps), then REST, gRPC and ModelMesh stop accepting
+//     and finish their admitted requests within limits.grace_period;
 //  4. stop loads: the initial loads, the config reloads and placement;
 //  5. stop the registry: every model unloads, its runners drain and exit
 //     (within 10s, then they are killed; the phase waits for the stop);
@@ -38,10 +39,18 @@ func (h *house) group(ctx context.Context) *rungroup.Group {
 		h.log.Info("shutting down", "grace_period", grace(), "shutdown_delay", delay)
 		be.shutdown()
 	})
-	g.Phase("delay", nil).Do("shutdown delay", func(_ context.Context, cause error) {
+	delayed := g.Phase("delay", nil)
+	delayed.Do("shutdown delay", func(_ context.Context, cause error) {
 		if delay > 0 && cause == nil {
 			time.Sleep(delay)
 			h.log.Info("shutdown delay over; closing the listeners")
+		}
+	})
+	// From here on no request is admitted: the ones admitted finish
+	// uncapped, not behind a best-effort cap in the idle class.
+	delayed.Do("lift compute caps", func(context.Context, error) {
+		if n := h.reg.LiftCaps(); n > 0 {
+			h.log.Info("compute caps lifted for the drain", "instances", n)
 		}
 	})
 	// The listeners close at once; each server then waits for its
