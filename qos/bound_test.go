@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,7 @@ type hostTally struct {
 }
 
 func (h hostTally) String() string {
-	return fmt.Sprintf("%4d refused (%2d bursts) %3d late", h.refused, h.bursts, h.late)
+	return fmt.Sprintf("%4d refused (%3d bursts) %3d late", h.refused, h.bursts, h.late)
 }
 
 // closedLoopTally runs clients closed-loop clients of model "a" on h,
@@ -68,10 +69,22 @@ func closedLoopTally(t *testing.T, h *harness, clients, each int, slo time.Durat
 	return tally
 }
 
-// hostAdmission decides at a request's arrival whether to admit it,
-// knowing when it would finish and how many of the requests admitted so
-// far were late.
-type hostAdmission func(arrival, finish, deadline time.Duration, late, admitted int) bool
+// hostArrival is what simulateHost tells an admission of a request at
+// its arrival.
+type hostArrival struct {
+	at, deadline time.Duration
+	finish       time.Duration // when it would finish: only an oracle knows
+	late         int           // of the admitted so far
+	// The slots' state, which admission sees: the starts of the
+	// executions running, how many slots are idle and how many requests
+	// admitted wait (those the dispatcher will drop excepted).
+	running []time.Duration
+	idle    int
+	ahead   int
+}
+
+// hostAdmission decides at a request's arrival whether to admit it.
+type hostAdmission func(r *hostArrival) bool
 
 // simulateHost plays the closed loop of closedLoopTally on the noisy
 // host of seed (noisySlots: the host's random stream draws each
@@ -95,7 +108,9 @@ func simulateHost(seed uint64, slots, clients, each int, slo time.Duration, admi
 	}
 	var tally hostTally
 	var draws []time.Duration // the host's stream, as far as drawn
-	admitted, executed := 0, 0
+	var runs []hostRun        // admitted, not yet finished, in start order
+	var r hostArrival
+	executed := 0
 	for {
 		c := -1 // the client whose request arrives first
 		for i := range clients {
@@ -122,7 +137,17 @@ func simulateHost(seed uint64, slots, clients, each int, slo time.Duration, admi
 		}
 		start, deadline := max(at, free[j]), at+slo
 		finish := start + draws[executed]
-		if !admit(at, finish, deadline, tally.late, admitted) {
+		runs = slices.DeleteFunc(runs, func(x hostRun) bool { return x.end <= at })
+		r = hostArrival{at: at, deadline: deadline, finish: finish, late: tally.late, running: r.running[:0], idle: slots}
+		for _, x := range runs {
+			if x.start <= at {
+				r.running = append(r.running, x.start)
+				r.idle--
+			} else {
+				r.ahead++
+			}
+		}
+		if !admit(&r) {
 			tally.refused++
 			if refusedAt[c] != at {
 				tally.bursts++
@@ -130,7 +155,6 @@ func simulateHost(seed uint64, slots, clients, each int, slo time.Duration, admi
 			refusedAt[c] = at
 			continue
 		}
-		admitted++
 		if hopeless := deadline - ms; start > hopeless {
 			// The dispatcher drops it from the queue once it cannot
 			// finish even started then (its prediction, 1 ms, before
@@ -140,6 +164,7 @@ func simulateHost(seed uint64, slots, clients, each int, slo time.Duration, admi
 			continue
 		}
 		executed++
+		runs = append(runs, hostRun{start, finish})
 		free[j], next[c] = finish, finish
 		if finish > deadline {
 			tally.late++
@@ -150,20 +175,21 @@ func simulateHost(seed uint64, slots, clients, each int, slo time.Duration, admi
 	}
 }
 
+// hostRun is an execution simulateHost started or will start.
+type hostRun struct{ start, end time.Duration }
+
 // admitAll admits everything.
-func admitAll(_, _, _ time.Duration, _, _ int) bool { return true }
+func admitAll(*hostArrival) bool { return true }
 
 // admitOnTime is the oracle: it admits a request if and only if it
 // finishes by its deadline. Nothing it admits is late.
-func admitOnTime(_, finish, deadline time.Duration, _, _ int) bool { return finish <= deadline }
+func admitOnTime(r *hostArrival) bool { return r.finish <= r.deadline }
 
 // admitLate is the oracle allowed budget late requests: it admits a
 // request that finishes by its deadline, and one that will be late while
 // fewer than budget were.
 func admitLate(budget int) hostAdmission {
-	return func(_, finish, deadline time.Duration, late, _ int) bool {
-		return finish <= deadline || late < budget
-	}
+	return func(r *hostArrival) bool { return r.finish <= r.deadline || r.late < budget }
 }
 
 // oracleOnePercent plays the oracle allowed 1% of the admitted late:
@@ -180,24 +206,121 @@ func oracleOnePercent(seed uint64, slots, clients, each int, slo time.Duration) 
 	}
 }
 
+// admitLikely is the admission that knows the host's distribution, not
+// its draws: it admits a request if the chance that it is late, given
+// the slots' state at its arrival, is at most risk. It plays the
+// request's future samples times: each running execution takes a time
+// of the host's past what it ran already, the requests ahead and the
+// request's own take the host's times in turn on the slot that frees
+// first, and the request is late if it finishes after its deadline or
+// starts too late to finish by it as predicted (dropped). The host's
+// times come from 65,536 of its draws (a stream of its own), sorted;
+// the futures from a stream that starts anew at each request, so that,
+// like admission, it decides alike on the same state (a client refused
+// and asking again at once is refused again).
+func admitLikely(risk float64, samples int) hostAdmission {
+	pool := make([]time.Duration, 1<<16)
+	host := rand.New(rand.NewPCG(3, 4))
+	for i := range pool {
+		pool[i] = noisyHost(host)
+	}
+	slices.Sort(pool)
+	src := rand.NewPCG(1, 2)
+	rng := rand.New(src)
+	draw := func() time.Duration { return pool[rng.IntN(len(pool))] }
+	var free []time.Duration
+	return func(r *hostArrival) bool {
+		src.Seed(1, 2)
+		late := 0
+		for range samples {
+			free = free[:0]
+			for range r.idle {
+				free = append(free, r.at)
+			}
+			for _, start := range r.running {
+				past, _ := slices.BinarySearch(pool, r.at-start+1)
+				if past == len(pool) { // longer than the host ever takes
+					past--
+				}
+				free = append(free, start+pool[past+rng.IntN(len(pool)-past)])
+			}
+			for i := 0; ; i++ {
+				j := 0
+				for k := range free {
+					if free[k] < free[j] {
+						j = k
+					}
+				}
+				if i == r.ahead {
+					if free[j] > r.deadline-ms || free[j]+draw() > r.deadline {
+						late++
+					}
+					break
+				}
+				free[j] += draw()
+			}
+		}
+		return float64(late) <= risk*float64(samples)
+	}
+}
+
 // What the best possible admission could do on the noisy host of
-// TestNoisyHostSlotsReadAsOne, against today's: for each host's random
-// stream, two slots and thirty-two clients, and one slot and sixteen,
-// the requests an oracle that knows each execution's time refuses, and
-// those admission refuses. The oracle is played by simulateHost; that
-// it plays the harness is checked against the harness itself: a model
-// whose SLO admits everything runs the same requests as simulateHost
-// admitting everything, and as many of them take longer than 40 ms.
+// TestNoisyHostSlotsReadAsOne (two slots and thirty-two closed-loop
+// clients, one slot and sixteen, six of the host's random streams),
+// against today's. simulateHost plays the harness; that it does is
+// checked against the harness itself, exactly: with an SLO that admits
+// everything, as many requests take longer than 40 ms in both.
+//
+// Measured (go test -run 'TestNoisyHostAdmissionBound$' -v ./qos), of
+// 9,600 requests on two slots and 4,800 on one:
+//   - Nothing refused, the dispatcher dropping what can no longer finish
+//     in time: 20-47 late on two slots (at most 0.49%), 27-86 on one
+//     (0.56-1.8%, over 1% on four of the six). With 1% of the admitted
+//     allowed late, the bound on two slots is no refusal at all; on one
+//     slot the oracle allowed 1% refuses none on two hosts, 70-2,466 on
+//     the others (it spends its budget on the first late requests, so
+//     the least is lower still).
+//   - The oracle that admits only what finishes on time refuses more than
+//     admission does (543-4,320): a client refused at an instant asks
+//     again at that instant, in a state that has not changed, and is
+//     refused again, so one refusal costs a client the rest of its 300
+//     requests. Refusals here count such bursts, not requests at risk.
+//   - Admission knowing the host's distribution (not its draws), refusing
+//     a request whose chance to be late is over 2% (admission's room is
+//     about the 98th percentile of the delay): on two slots 1,180-1,370
+//     refused (four to six bursts; 7,326 in all), 9-19 late; on one
+//     150-1,305 (3,858 in all), 16-37 late. Today: 0-1,068 on two slots
+//     (0-4 bursts; 2,200 in all), 12-34 late; 0-888 on one (3,756 in
+//     all), 11-39 late. Today's admission refuses no more than a
+//     per-request 2% risk with perfect knowledge of the host: what it
+//     refuses is the criterion's (a request that arrives while a slot is
+//     stalled carries more than 2% of risk, though on two slots nothing
+//     refused leaves under 0.5% of the requests late), not its estimate's.
+//     Closing the gap to the bound needs a criterion on the admitted
+//     requests' late share rather than each request's risk (one read from
+//     recorded misses was tried and dropped: it let 1.04-1.36% of the
+//     admitted finish late under overload,
+//     TestBusyHostOverloadAdmittedOnTime).
+//
+// The test fails if the simulation stops playing the harness, or if
+// admission refuses more than a fifth beyond what the admission that
+// knows the host refuses at 2% risk.
 func TestNoisyHostAdmissionBound(t *testing.T) {
 	const each = 300
+	seeds := []uint64{429, 430, 431, 7, 8, 9}
+	if raceEnabled { // the simulations gain nothing from the race detector
+		seeds = seeds[:1]
+	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "%-5s %-7s | %-30s | %-30s | %-30s | %-30s | %s\n", "host", "slots", "today", "none refused", "oracle on time", "oracle 1% late", "none refused, no drops: over 40 ms (sim / harness)")
-	for _, seed := range []uint64{429, 430, 431, 7, 8, 9} {
+	fmt.Fprintf(&table, "%-5s %-5s | %-31s | %-31s | %-31s | %-31s | %-31s | %s\n", "host", "slots",
+		"today", "none refused", "oracle: on time", "oracle: 1% late", "knows the host: 2% risk", "none refused, no drops: over 40 ms (sim / harness)")
+	today, likely := map[int]int{}, map[int]int{}
+	for _, seed := range seeds {
 		for _, slots := range []int{2, 1} {
 			clients := 16 * slots
-			var today, all hostTally
+			var now, all hostTally
 			synctest.Test(t, func(t *testing.T) {
-				today = closedLoopTally(t, noisySlots(t, seed, slots, noisyHost), clients, each, 40*ms)
+				now = closedLoopTally(t, noisySlots(t, seed, slots, noisyHost), clients, each, 40*ms)
 			})
 			synctest.Test(t, func(t *testing.T) {
 				all = closedLoopTally(t, noisySlotsSLO(t, seed, slots, time.Hour, noisyHost), clients, each, 40*ms)
@@ -206,13 +329,22 @@ func TestNoisyHostAdmissionBound(t *testing.T) {
 			none := simulateHost(seed, slots, clients, each, 40*ms, admitAll)
 			onTime := simulateHost(seed, slots, clients, each, 40*ms, admitOnTime)
 			onePercent := oracleOnePercent(seed, slots, clients, each, 40*ms)
-			fmt.Fprintf(&table, "%-5d %d/%-5d | %-30v | %-30v | %-30v | %-30v | %d / %d\n",
-				seed, slots, clients, today, none, onTime, onePercent, simAll.slow, all.slow)
+			risk := simulateHost(seed, slots, clients, each, 40*ms, admitLikely(0.02, 200))
+			fmt.Fprintf(&table, "%-5d %-5d | %-31v | %-31v | %-31v | %-31v | %-31v | %d / %d\n",
+				seed, slots, now, none, onTime, onePercent, risk, simAll.slow, all.slow)
 			if simAll.slow != all.slow {
 				t.Errorf("host %d, %d slots: all admitted, %d answered after 40 ms in the simulation, %d in the harness: the simulation does not play the harness",
 					seed, slots, simAll.slow, all.slow)
 			}
+			today[slots] += now.refused
+			likely[slots] += risk.refused
 		}
 	}
-	t.Logf("of %d requests a client (late: admitted, and answered after 40 ms or dropped)\n%s", each, table.String())
+	t.Logf("of %d requests a client (late: admitted, and answered after 40 ms or dropped; bursts: see hostTally)\n%s", each, table.String())
+	for _, slots := range []int{2, 1} {
+		if 5*today[slots] > 6*likely[slots] {
+			t.Errorf("%d slots: %d refused, want at most a fifth more than the %d of an admission that knows the host's distribution and refuses at 2%% risk",
+				slots, today[slots], likely[slots])
+		}
+	}
 }
