@@ -348,3 +348,54 @@ func TestNoisyHostAdmissionBound(t *testing.T) {
 		}
 	}
 }
+
+// The noisy host past capacity: Poisson arrivals at four times what the
+// model serves (its mean execution, about 1.43 ms, on each slot) for 3 s.
+// Admission refuses most, and the model serves about its capacity. What
+// it admits is not all on time, and this test only logs it: at the
+// margin an overloaded queue sits at, runs of twenty or thirty
+// executions hold a stall one time in six or so, and their mean plus two
+// standard deviations (the room) is a little short of one stall, so a
+// request admitted at the margin is late when one falls in its queue.
+// Measured over the six hosts: 3.8-5.3% of the admitted late or dropped
+// on two slots, 5.2-7.3% on one, against 0.66% on the busy host of
+// TestBusyHostOverloadAdmittedOnTime (a stall one in ten, 4-10 ms).
+// Bounding it needs a room read as a quantile of rare stalls, which
+// TestNoisyHostAdmissionBound says would refuse more in the closed loop,
+// not less.
+func TestNoisyHostOverloadRefused(t *testing.T) {
+	seeds := []uint64{429, 430, 431, 7, 8, 9}
+	if raceEnabled {
+		seeds = seeds[:1]
+	}
+	for _, seed := range seeds {
+		for _, slots := range []int{2, 1} {
+			synctest.Test(t, func(t *testing.T) {
+				h := noisySlots(t, seed, slots, noisyHost)
+				const dur = 3 * time.Second
+				capacity := float64(slots) / 1.43e-3
+				arrivals := rand.New(rand.NewPCG(seed, 36))
+				var wg sync.WaitGroup
+				id := int64(0)
+				for start := time.Now(); time.Since(start) < dur; {
+					<-time.After(time.Duration(arrivals.ExpFloat64() / (4 * capacity) * float64(time.Second)))
+					id++
+					req := idRequest(id)
+					wg.Go(func() { h.s.Submit(t.Context(), "a", req, RequestOptions{}) })
+				}
+				wg.Wait()
+				st, _ := h.s.Stats("a")
+				admitted := st.Good + st.Late + st.Dropped
+				good := float64(st.Good) / dur.Seconds() / capacity
+				t.Logf("host %d, %d slots: arrived %d good %d late %d rejected %d dropped %d; good/capacity %.2f, late or dropped %.2f%% of admitted",
+					seed, slots, st.Arrived, st.Good, st.Late, st.Rejected, st.Dropped, good, 100*float64(st.Late+st.Dropped)/float64(admitted))
+				if st.Rejected == 0 {
+					t.Error("nothing refused at 4x capacity")
+				}
+				if good < 0.8 {
+					t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
+				}
+			})
+		}
+	}
+}
