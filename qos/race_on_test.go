@@ -3,5 +3,5 @@
 package qos
 
 // raceEnabled: the test binary runs with the race detector, which slows
-// the pure simulations of the bound tests several times over.
+// the measurements of the bound tests (bound_test.go) tenfold.
 const raceEnabled = true
