@@ -19,10 +19,15 @@ func noisyTwoSlots(t *testing.T, slow func(*rand.Rand) time.Duration) *harness {
 // noisySlots is noisyTwoSlots with slots slots (and device slots) and
 // the host's random stream from seed.
 func noisySlots(t *testing.T, seed uint64, slots int, slow func(*rand.Rand) time.Duration) *harness {
+	return noisySlotsSLO(t, seed, slots, 40*ms, slow)
+}
+
+// noisySlotsSLO is noisySlots with an SLO of slo.
+func noisySlotsSLO(t *testing.T, seed uint64, slots int, slo time.Duration, slow func(*rand.Rand) time.Duration) *harness {
 	h := newHarness(t, Options{Estimator: fixedEstimator(ms), DeviceSlots: slots})
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var mu sync.Mutex
-	h.model(ModelSpec{Name: "a", Class: lc, SLO: 40 * ms, QueueCapacity: 100, Slots: slots}, func([]int64) time.Duration {
+	h.model(ModelSpec{Name: "a", Class: lc, SLO: slo, QueueCapacity: 100, Slots: slots}, func([]int64) time.Duration {
 		mu.Lock()
 		defer mu.Unlock()
 		return slow(rng)
