@@ -44,6 +44,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	}
 	logger = logger.With("component", "grpc")
 	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes)
+	mem.bodyTimeout, mem.logger = lim.BodyTimeout, logger
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline
 	// is the model's SLO from now; the call's own deadline and timeout

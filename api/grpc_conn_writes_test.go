@@ -232,7 +232,7 @@ func TestFrameReader(t *testing.T) {
 			var got []frameHeader
 			for p := wire; len(p) > 0; {
 				n := min(piece, len(p))
-				r.feed(p[:n], func(f frameHeader) { got = append(got, f) })
+				r.feed(p[:n], func(f frameHeader) { got = append(got, f) }, nil)
 				p = p[n:]
 			}
 			if !slices.Equal(got, want) {
