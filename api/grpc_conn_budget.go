@@ -103,6 +103,7 @@ type connReading struct {
 	lost         bool     // a stream was not followed (live was full): DATA of streams not in live counts
 	resets       []uint32 // streams the client reset, ended at its next read
 	pad          int64    // the padding of the DATA frame being read
+	liveIn       int64    // the live streams' in
 	unattributed int64
 
 	// limits.body_timeout: a call whose message (unary: and end) has not
@@ -185,7 +186,7 @@ func (a *connReading) arrived(n int) error {
 // settleLocked gives back what the connection holds beyond what it now
 // counts (arrived reserved for bytes not yet parsed); mu is held.
 func (a *connReading) settleLocked() {
-	if a.err != nil || a.budget == nil {
+	if a.err != nil || a.budget == nil || a.res.Size() == 0 {
 		return
 	}
 	if excess := max(0, a.heldLocked()-a.covered); excess < a.res.Size() {
@@ -217,11 +218,12 @@ func (a *connReading) heldLocked() int64 {
 		// hold the headers and first frames of a call not yet admitted
 		// (and below TLS, what may not be parsed yet).
 		a.consumed = max(a.consumed, a.lastRead-a.slack)
-		if a.followed {
+		if a.liveIn > 0 {
 			// What the live streams counted is forgotten with it.
 			for _, s := range a.live {
 				s.in = 0
 			}
+			a.liveIn = 0
 		}
 		return 0
 	}
@@ -324,6 +326,7 @@ func (a *connReading) begin(call *grpcCall, id uint32, known bool) {
 	if s := a.live[id]; known && s != nil {
 		k := min(s.in, call.taken)
 		s.in -= k
+		a.liveIn -= k
 	}
 	a.unattributed -= call.taken
 	call.taken = 0
@@ -353,13 +356,13 @@ func (a *connReading) begunLocked(call *grpcCall) {
 func (a *connReading) streaming(call *grpcCall, id uint32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	call.readFrom = a
 	s := a.live[id]
 	if s == nil {
 		return
 	}
 	s.call = call
 	a.consumed += s.in
+	a.liveIn -= s.in
 	s.in = 0
 }
 
@@ -559,6 +562,7 @@ func (a *connReading) clientPayloadLocked(f frameHeader, off int64, piece []byte
 	}
 	if s.call == nil {
 		s.in += int64(len(data))
+		a.liveIn += int64(len(data))
 		a.consumed -= int64(len(data))
 	}
 	if s.frame(data) && !s.recv.IsZero() {
@@ -611,6 +615,7 @@ func (a *connReading) streamEndedLocked(id uint32) {
 		return
 	}
 	delete(a.live, id)
+	a.liveIn -= s.in
 	// A message a unary call took whole may be this stream's, already
 	// given back (finish): that much is not given back twice.
 	a.consumed += max(0, s.in-a.unattributed)

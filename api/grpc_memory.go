@@ -102,11 +102,15 @@ func grpcCallStreamUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, 
 // grpcCallStreamStream is grpcCallStream for streaming calls: on a
 // connection whose frames are followed, the call's own reservation covers
 // its messages (connReading.streaming), and the time its handler waits
-// for a message begun is timed (limits.body_timeout).
+// for a message begun is timed (limits.body_timeout). A call that sends
+// one message (a health Watch) is timed as a stream's from here.
 func grpcCallStreamStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if call := grpcCallStream(ss.Context()); call != nil && call.readFrom != nil && call.followed {
-		call.readFrom.streaming(call, call.stream)
-		ss = &timedStream{ServerStream: ss, conn: call.readFrom, id: call.stream}
+	if call := grpcCallStream(ss.Context()); call != nil && call.readFrom != nil {
+		call.readFrom.begin(call, call.stream, call.followed)
+		if call.followed {
+			call.readFrom.streaming(call, call.stream)
+			ss = &timedStream{ServerStream: ss, conn: call.readFrom, id: call.stream}
+		}
 	}
 	return handler(srv, ss)
 }

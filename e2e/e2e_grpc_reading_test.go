@@ -18,17 +18,17 @@ import (
 )
 
 // TestE2EGRPCUnfinishedMessageTimesOut: beside a ModelStreamInfer stream
-// idle from its start, two clients each open a call on a connection of
-// their own and send its headers and 1 MiB of a 60 MiB message, and
-// stall. Each holds the largest message (64 MiB, on a fresh connection;
-// the idle stream too): another client's call is refused, the budget
-// full. With
-// limits.body_timeout short, the stalled connections are closed by the
-// server (logged at WARN with each peer), the memory they held comes back
+// idle from its start and a health Watch, two clients each open a call on
+// a connection of their own and send its headers and 1 MiB of a 60 MiB
+// message, and stall. Each holds the largest message (64 MiB, on a fresh
+// connection; the idle stream too): another client's call is refused, the
+// budget full. With limits.body_timeout short, the stalled connections
+// are closed by the server (logged at WARN with each peer), the memory
+// they held comes back
 // and another client's call is then served. So for unary ModelInfer
 // calls and for ModelStreamInfer streams whose message began and did not
-// finish; a stream idle between messages, opened before them, is left
-// open.
+// finish; a stream idle between messages and a health Watch, opened
+// before them, are left open.
 func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
@@ -43,14 +43,21 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 	for _, method := range []string{inference.GRPCInferenceService_ModelInfer_FullMethodName, inference.GRPCInferenceService_ModelStreamInfer_FullMethodName} {
 		t.Run(method[strings.LastIndex(method, "/")+1:], func(t *testing.T) {
 			// The idle stream holds the largest message for its life
-			// (the buffer of its next message): 64 MiB.
+			// (the buffer of its next message), 64 MiB; the Watch gives
+			// its reservation back once it has its message.
 			idle := rawgrpc.Dial(t, s.grpcAddr)
 			idle.GiveUpAfter(guard)
 			idleID := idle.Start(inference.GRPCInferenceService_ModelStreamInfer_FullMethodName)
+			// A health Watch sends its one message and is answered for
+			// as long as it lasts.
+			watchID := idle.Start("/grpc.health.v1.Health/Watch")
+			if err := idle.Send(watchID, rawgrpc.Prefix(0), true); err != nil {
+				t.Fatal(err)
+			}
 			var base float64
-			waitFor(t, "the idle stream reserved", guard, func() bool {
+			waitFor(t, "the idle stream and the Watch reserved", guard, func() bool {
 				base, _ = s.metricValue(t, "sloserve_memory_reserved_bytes")
-				return base > 0
+				return base == 64<<20
 			})
 
 			const stalled, declared, sent = 2, 60 << 20, 1 << 20
@@ -64,9 +71,9 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// With the idle stream, the two hold the budget: a call on a
-			// fresh connection is refused, unless the server already cut
-			// them (a host slower than the body timeout).
+			// With the idle stream, the stalled calls hold the budget: a
+			// call on a fresh connection is refused, unless the server
+			// already cut them (a host slower than the body timeout).
 			held, _ := s.metricValue(t, "sloserve_memory_reserved_bytes")
 			_, err := inference.NewGRPCInferenceServiceClient(s.grpcConn(t)).ModelInfer(t.Context(), grpcDynRequest())
 			refusedFirst := status.Code(err) == codes.ResourceExhausted
@@ -100,6 +107,9 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 			}
 			if _, ended := idle.Ended(idleID); ended {
 				t.Error("a stream idle between messages was ended by the server")
+			}
+			if end, ended := idle.Ended(watchID); ended {
+				t.Errorf("a health Watch was ended by the server: %q", end)
 			}
 			if !s.logHas("WARN", "limits.body_timeout", "peer=127.0.0.1:", method) {
 				t.Errorf("no WARN naming limits.body_timeout, the peer and %s in the server's log", method)
