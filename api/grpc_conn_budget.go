@@ -26,11 +26,38 @@ import (
 // previous estimate if that is more),
 // and the connection reserves, as each read returns and before grpc-go sees
 // the bytes, whatever it holds of messages not yet whole beyond what its
-// calls reserved. What it holds is counted from above two ways, and the
-// smaller is taken: the bytes read less those of the headers and messages
-// its calls took whole (off by the framing of other frames, which only
-// grows it), and the bytes read since the oldest call still being read
-// began. When no call is being read it holds nothing.
+// calls reserved. When no call is being read it holds nothing. Else what
+// it holds is counted from above:
+//
+//   - On a connection whose HTTP/2 frames are followed (GRPCCredentials,
+//     as the server's are; connWrites.read hands the client's frames,
+//     after TLS, to clientReadLocked, clientFrameLocked and
+//     clientPayloadLocked before grpc-go reads them): the DATA of the
+//     streams the client opened that the server has not ended (neither
+//     their trailers nor a reset written, connWrites.wrote, nor reset by
+//     the client), less the messages its unary calls took whole; streaming
+//     calls whose handlers started count none (their own reservation
+//     covers their messages). Every other byte read is not held: frame headers,
+//     other frames, padding, and the DATA of streams ended, which grpc-go
+//     drops as it arrives, calls refused at their headers included. What
+//     was read below TLS and not yet parsed counts whole (the bytes read
+//     are counted below TLS, the frames above: TLS's overhead only
+//     grows the count, and is forgotten with it when nothing is being
+//     read, but for tlsReadSlack). A message taken whole (stats.InPayload)
+//     is given back at once, and taken off its stream's count when the
+//     stream is known (the call's handler starts, or it ends: grpc-go
+//     names the stream to neither the tap nor InPayload); until then, the
+//     end of any stream gives back its DATA less the messages not yet
+//     placed, so that nothing is given back twice.
+//   - Without them (listeners of tests): the smaller of the bytes read
+//     less those of the headers and messages its calls took whole (off
+//     by the framing of other frames, which only grows it), and the
+//     bytes read since the oldest call still being read began. This
+//     counted the frames of calls refused at their headers that a client
+//     sent before it heard, and of streams already ended: one connection
+//     counted 202-234 MiB of a 246 MiB budget that grpc-go did not hold,
+//     and another client's call was refused (TestE2EUnfinishedStreams'
+//     failed runs, TestE2EGRPCRefusedFramesNotCounted).
 //
 // A call whose expected message does not fit in the budget, or whose
 // connection already holds or may take its share (connReadingShare), is
@@ -38,10 +65,26 @@ import (
 // whose read would take the budget past limits.max_memory is closed: its
 // calls end UNAVAILABLE and everything they held is given back. The budget
 // is a real bound: nothing is handed to grpc-go unreserved. The share is
-// not enforced on reads: the count from above grows with the frames of
-// calls refused from their headers that a client sent before it heard
-// (grpc-go drops them as they arrive), and closing a busy connection for
-// them, under overload, would end every call on it.
+// not enforced on reads: a call's message may be larger than its
+// connection expected from the last one, and closing a busy connection for
+// it, under overload, would end every call on it; the budget bounds it.
+//
+// A call whose message does not arrive in time closes its connection
+// (limits.body_timeout, as REST answers 408 and closes): a unary call from
+// its headers until its handler starts (its message whole and the
+// client's end of it in), and a stream's message from its first bytes to
+// its last while the stream's handler waits for it. A stream idle between
+// messages is not timed, nor a message its handler has not asked for (a
+// ModelStreamInfer stream whose in-flight slots are taken reads nothing,
+// and flow control stops its client mid-message: that wait is the
+// server's). Without it, a client that sent its headers and part of its
+// message held the call's reservation (64 MiB on a fresh connection) for
+// as long as it kept the connection, pinging it alive (limits.idle_timeout
+// counts connections without calls only): 64 of them held the default 4
+// GiB and every other call was refused. grpc-go cannot end one stream from
+// outside without breaking the connection's framing, so the connection is
+// closed, as for limits.write_timeout: its calls end UNAVAILABLE and
+// everything they held is given back; logged at WARN with the peer.
 //
 // Calls on connections the server did not accept through a LimitedListener
 // (tests, in-memory listeners), streams (which keep the buffer of their

@@ -28,7 +28,8 @@ import (
 // reads of unfinished messages beyond that (connReading, in
 // grpc_conn_budget.go); any other call is given the most its received
 // buffers can take, limits.max_request_bytes. A call that does not fit is
-// refused there with RESOURCE_EXHAUSTED. What
+// refused there with RESOURCE_EXHAUSTED; one whose message does not arrive
+// within limits.body_timeout closes its connection (connReading). What
 // decoding adds once the message is in is reserved by the codec from the
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
