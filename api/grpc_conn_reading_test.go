@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
 
+	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/internal/rawgrpc"
 )
 
@@ -288,5 +290,37 @@ func TestConnReadingBodyTimeout(t *testing.T) {
 				c.w.closeAll()
 			})
 		})
+	}
+}
+
+// TestGRPCExpiredCallGivesBack: a call whose deadline has passed when its
+// headers are read is ended by grpc-go as soon as its tap returns, without
+// running it or telling the stats handler of its end: what it reserved
+// from its headers is given back at once (before, the largest message, 16
+// MiB on a fresh connection, stayed reserved until the connection closed,
+// and four such calls filled the connection's share), and the connection
+// goes on serving.
+func TestGRPCExpiredCallGivesBack(t *testing.T) {
+	const message, budget = 16 << 20, 256 << 20
+	mem := NewMemoryBudget(budget)
+	srv := NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 24, Memory: mem, BodyTimeout: time.Minute},
+		slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(nil)))...)
+	addr := serveGRPCLimited(t, srv)
+	r := rawgrpc.Dial(t, addr)
+	r.GiveUpAfter(time.Minute)
+	for range 8 {
+		id := r.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName, "grpc-timeout", "0n")
+		if err := r.Send(id, rawgrpc.Prefix(0), true); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Wait(id); !strings.HasPrefix(got, "4 ") {
+			t.Fatalf("a call whose deadline has passed: %q, want grpc-status 4 (DEADLINE_EXCEEDED)", got)
+		}
+	}
+	if got := mem.Used(); got != 0 {
+		t.Errorf("%d bytes held after 8 calls whose deadlines had passed, want 0", got)
+	}
+	if got := warmRaw(t, r, 1); got <= 0 {
+		t.Fatal("ServerLive not timed")
 	}
 }

@@ -130,6 +130,21 @@ func (s *timedStream) RecvMsg(m any) error {
 	return s.ServerStream.RecvMsg(m)
 }
 
+// abandon gives back what call (nil: none) reserved from its headers,
+// when it will not run.
+func (call *grpcCall) abandon() {
+	if call == nil {
+		return
+	}
+	if call.conn != nil {
+		call.conn.finish(call, 0, 0)
+	}
+	if call.readFrom != nil {
+		call.readFrom.begin(call, 0, false)
+	}
+	call.res.Release()
+}
+
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
 // nil.
 func grpcCallMemory(ctx context.Context) *Reservation {

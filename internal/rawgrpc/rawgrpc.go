@@ -121,8 +121,9 @@ func (r *Client) readLoop() {
 	}
 }
 
-// Start opens a call to method and returns its stream ID.
-func (r *Client) Start(method string) uint32 {
+// Start opens a call to method, with header's name, value pairs added to
+// its headers, and returns its stream ID.
+func (r *Client) Start(method string, header ...string) uint32 {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	id := r.nextID
@@ -131,6 +132,9 @@ func (r *Client) Start(method string) uint32 {
 	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "test"},
 		{"content-type", "application/grpc"}, {"te", "trailers"}} {
 		r.henc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		r.henc.WriteField(hpack.HeaderField{Name: header[i], Value: header[i+1]})
 	}
 	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
 		r.tb.Fatal(err)
