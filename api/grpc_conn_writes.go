@@ -37,7 +37,8 @@ import (
 // that names a call's stream.
 
 // connWrites follows the HTTP/2 frames of one gRPC connection: the
-// server's, as written, and the client's, as read, for its stream resets.
+// server's, as written, and the client's, as read, for its stream resets
+// and for what grpc-go holds of the messages being read (connReading).
 // Its zero value is off: GRPCCredentials turns it on for connections of a
 // LimitedListener.
 type connWrites struct {
@@ -231,9 +232,11 @@ func (w *connWrites) wrote(p []byte) {
 		return
 	}
 	w.out.feed(p, func(f frameHeader) {
-		if f.kind == http2FrameHeaders && f.flags&http2FlagEndStream != 0 || f.kind == http2FrameData && f.flags&http2FlagEndStream != 0 || f.kind == http2FrameRSTStream {
-			// grpc-go holds nothing more of what the client sent on
-			// the stream.
+		ends := f.kind == http2FrameRSTStream ||
+			(f.kind == http2FrameHeaders || f.kind == http2FrameData) && f.flags&http2FlagEndStream != 0
+		if ends {
+			// grpc-go has forgotten the stream: it holds nothing more
+			// of what the client sent on it, and drops what comes.
 			w.reading.streamEnded(f.stream)
 		}
 		switch {
