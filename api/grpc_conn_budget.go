@@ -649,7 +649,10 @@ func (s *liveStream) frame(data []byte) (began bool) {
 func (a *connReading) streamEnded(id uint32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.streamEndedLocked(id)
+	if _, ok := a.live[id]; ok {
+		a.streamEndedLocked(id)
+		a.settleLocked()
+	}
 }
 
 func (a *connReading) streamEndedLocked(id uint32) {

@@ -2,8 +2,11 @@ package api
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +15,7 @@ import (
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/internal/rawgrpc"
@@ -322,5 +326,83 @@ func TestGRPCExpiredCallGivesBack(t *testing.T) {
 	}
 	if got := warmRaw(t, r, 1); got <= 0 {
 		t.Fatal("ServerLive not timed")
+	}
+}
+
+// TestGRPCRefusedFramesNotCounted: on a fresh connection four calls take
+// its share (a quarter of the budget: four messages of the largest size)
+// with 64 KiB of their messages sent, and twenty more, refused at their
+// headers for the share, get 4 MiB sent each before the client hears. The
+// connection holds its four calls' reservations and nothing for the
+// refused calls' 80 MiB, which grpc-go drops (before, it counted them:
+// everything read since its oldest call being read began), over plain TCP
+// and over TLS, whose frames are read after the handshake.
+func TestGRPCRefusedFramesNotCounted(t *testing.T) {
+	certs := httptest.NewUnstartedServer(nil)
+	certs.StartTLS()
+	certs.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(certs.Certificate())
+	for _, tc := range []struct {
+		name   string
+		server credentials.TransportCredentials
+		client *tls.Config
+	}{
+		{"plain", nil, nil},
+		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs.TLS.Certificates}), &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const message, budget = 16 << 20, 256 << 20
+			share := connReadingShare(budget, message)
+			mem := NewMemoryBudget(budget)
+			srv := NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 24, Memory: mem},
+				slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(tc.server)))...)
+			addr := serveGRPCLimited(t, srv)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.client != nil {
+				c = tls.Client(c, tc.client)
+			}
+			r := rawgrpc.Over(t, c)
+			r.GiveUpAfter(time.Minute)
+
+			admitted, refused := int(share/message), 20
+			var ids []uint32
+			for range admitted + refused {
+				ids = append(ids, r.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName))
+			}
+			for i, id := range ids {
+				n := 64 << 10
+				if i >= admitted {
+					n = 4 << 20
+				}
+				if err := r.Send(id, append(rawgrpc.Prefix(message-5), make([]byte, n-5)...), false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Answered once every frame before it is read.
+			last := r.Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
+			if err := r.Send(last, rawgrpc.Prefix(0), true); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.Wait(last); got == "" {
+				t.Fatal("the connection ended before its last call was answered")
+			}
+			for i, id := range ids {
+				end, ok := r.Ended(id)
+				if i < admitted && ok || i >= admitted && !strings.HasPrefix(end, "8 ") {
+					t.Fatalf("call %d of %d admitted: ended %v, %q", i, admitted, ok, end)
+				}
+			}
+			if got := mem.Used(); got != share {
+				t.Errorf("%d calls with 64 KiB sent and %d refused with 4 MiB sent each: %d bytes held, want the calls' %d", admitted, refused, got, share)
+			}
+			r.Close()
+			if !waitFor(time.Minute, func() bool { return mem.Used() == 0 }) {
+				t.Errorf("%d bytes held after the connection closed", mem.Used())
+			}
+		})
 	}
 }

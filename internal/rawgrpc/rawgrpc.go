@@ -45,6 +45,13 @@ func Dial(tb testing.TB, addr string) *Client {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return Over(tb, c)
+}
+
+// Over speaks gRPC over c (a TLS connection, say), closed when the test
+// ends.
+func Over(tb testing.TB, c net.Conn) *Client {
+	tb.Helper()
 	r := &Client{tb: tb, conn: c, nextID: 1, window: 65535, ended: map[uint32]string{}}
 	r.cond = sync.NewCond(&r.mu)
 	r.fr = http2.NewFramer(c, c)
