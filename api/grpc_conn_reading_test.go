@@ -189,10 +189,23 @@ func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 		t.Errorf("the whole message taken and its stream ended: %d bytes held, want 1000", got)
 	}
 
+	// A stream the server ends after its call took its message whole but
+	// before the call's handler started (a second message broke it): the
+	// message is not given back twice.
+	broken := c.open(t, 11, true)
+	c.data(11, 100, 105, false)
+	c.a.finish(broken, 0, 105)
+	c.data(11, 100, 105, true)
+	c.end(11)
+	c.a.ended(broken, 11, true)
+	if got := c.held(); got != 1000 {
+		t.Errorf("a stream ended between its message taken and its handler's start: %d bytes held, want 1000", got)
+	}
+
 	// A stream the client resets is given back at its next read.
-	c.open(t, 7, true)
-	c.data(7, message, 10<<10, false)
-	_ = c.client.fr.WriteRSTStream(7, http2.ErrCodeCancel)
+	c.open(t, 13, true)
+	c.data(13, message, 10<<10, false)
+	_ = c.client.fr.WriteRSTStream(13, http2.ErrCodeCancel)
 	c.send(c.client.take())
 	if got := c.held(); got != 11<<10-24 {
 		t.Errorf("a stream reset in the latest read: %d bytes held, want its data still counted, %d", got, 11<<10-24)
@@ -204,12 +217,34 @@ func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 	}
 
 	// A streaming call's messages are its own reservation's.
-	stream := c.open(t, 9, false)
-	c.data(9, message, 8<<10, false)
-	c.a.streaming(stream, 9)
-	c.data(9, -1, 8<<10, false)
+	stream := c.open(t, 15, false)
+	c.data(15, message, 8<<10, false)
+	c.a.streaming(stream, 15)
+	c.data(15, -1, 8<<10, false)
 	if got := c.held(); got != 1000 {
 		t.Errorf("16 KiB on a streaming call's stream: %d bytes held, want 1000", got)
+	}
+}
+
+// TestConnReadingLiveStreamsBounded: a connection follows at most
+// maxLiveStreams streams at once; the DATA of one it could not follow
+// counts, even after its end: from above, never below.
+func TestConnReadingLiveStreamsBounded(t *testing.T) {
+	c := newFollowedConn(t, 256<<10, 64<<20, 0)
+	c.open(t, 1, true)
+	id := uint32(3)
+	for ; id < 3+2*maxLiveStreams; id += 2 {
+		_ = c.client.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte{0x83}, EndHeaders: true})
+	}
+	c.send(c.client.take())
+	if n := len(c.a.live); n != maxLiveStreams {
+		t.Fatalf("%d streams followed, want at most %d", n, maxLiveStreams)
+	}
+	c.data(id-2, 100, 105, false)
+	c.end(id - 2)
+	c.data(id-2, -1, 100, false)
+	if got := c.held(); got != 205 {
+		t.Errorf("205 bytes on a stream not followed, ended between them: %d bytes held, want 205", got)
 	}
 }
 
