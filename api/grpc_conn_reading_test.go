@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -15,7 +16,10 @@ import (
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/internal/rawgrpc"
@@ -439,5 +443,71 @@ func TestGRPCRefusedFramesNotCounted(t *testing.T) {
 				t.Errorf("%d bytes held after the connection closed", mem.Used())
 			}
 		})
+	}
+}
+
+// stallConn passes the first left bytes written to it and drops the rest:
+// a client whose link stops mid-message (its writes do not block, so that
+// grpc-go's client closes at once when the server does).
+type stallConn struct {
+	net.Conn
+	mu   sync.Mutex
+	left int
+}
+
+func (c *stallConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	n := min(len(p), c.left)
+	c.left -= n
+	c.mu.Unlock()
+	if n > 0 {
+		if _, err := c.Conn.Write(p[:n]); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// TestGRPCBodyTimeoutUnavailable: a grpc-go client whose link stalls
+// halfway through a call's message sees the call end UNAVAILABLE once
+// limits.body_timeout has passed at the server, which gives back what the
+// call and its connection held and serves the next connection.
+func TestGRPCBodyTimeoutUnavailable(t *testing.T) {
+	const message, budget = 16 << 20, 256 << 20
+	mem := NewMemoryBudget(budget)
+	lim := Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 24, Memory: mem, BodyTimeout: 200 * time.Millisecond}
+	addr := serveGRPCLimited(t, NewGRPC(newFakeBackend(), lim, slog.New(slog.DiscardHandler),
+		append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(nil)))...))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return &stallConn{Conn: c, left: 256 << 10}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := grpcSumRequest(true)
+	req.Inputs[0].Shape = []int64{grpcBaselineBytes / 16, 4}
+	req.RawInputContents = [][]byte{make([]byte, grpcBaselineBytes)}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a guard only
+	defer cancel()
+	_, err = inference.NewGRPCInferenceServiceClient(conn).ModelInfer(ctx, req)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call whose message stalled halfway: %v, want UNAVAILABLE", err)
+	}
+	if !waitFor(time.Minute, func() bool { return mem.Used() == 0 }) {
+		t.Errorf("%d bytes held after the stalled call's connection closed", mem.Used())
+	}
+	other, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := inference.NewGRPCInferenceServiceClient(other).ModelInfer(t.Context(), grpcSumRequest(true)); err != nil {
+		t.Errorf("a call on another connection after: %v", err)
 	}
 }
