@@ -62,10 +62,10 @@ type grpcCall struct {
 	header   int64 // its headers' wire length
 
 	// Set for a call on a connection a LimitedListener accepted: its
-	// connection's accounting, and for a unary call when its headers
-	// arrived (limits.body_timeout counts from then), whether its handler
-	// has started, and the wire length of the message it took whole
-	// while its stream is not known. Guarded by readFrom.mu.
+	// connection's accounting, and (guarded by readFrom.mu) for a unary
+	// call when its headers arrived (limits.body_timeout counts from
+	// then), whether its handler has started, and the wire length of the
+	// message it took whole while its stream is not known.
 	readFrom *connReading
 	arrived  time.Time
 	begun    bool
