@@ -106,7 +106,10 @@ type Limits struct {
 	// MaxTensorElements caps the elements of any one tensor.
 	MaxTensorElements int64
 	// BodyTimeout bounds reading a REST request's body once its headers
-	// are in; 0 means no bound.
+	// are in, and over gRPC, on connections a LimitedListener accepted, a
+	// unary call's message and end once its headers are in and a stream's
+	// message once it began while its handler waits for it (over it the
+	// connection is closed); 0 means no bound.
 	BodyTimeout time.Duration
 	// SharedMemory is the registry of clients' system shared-memory
 	// regions, one for REST and gRPC together, bounded by its own limits;

@@ -198,6 +198,8 @@ type limitedConn struct {
 func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *limitedConn {
 	lc := &limitedConn{Conn: c, owner: owner, slots: slots}
 	lc.remote = connAddr{Addr: c.RemoteAddr(), reading: &lc.reading, writes: &lc.writes}
+	lc.reading.closeConn, lc.reading.peer = lc.Close, c.RemoteAddr()
+	lc.writes.reading = &lc.reading
 	return lc
 }
 

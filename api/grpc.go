@@ -44,6 +44,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	}
 	logger = logger.With("component", "grpc")
 	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes)
+	mem.bodyTimeout, mem.logger = lim.BodyTimeout, logger
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline
 	// is the model's SLO from now; the call's own deadline and timeout
@@ -131,7 +132,15 @@ func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 		if err != nil {
 			return ctx, status.Error(codes.ResourceExhausted, err.Error())
 		}
-		if call, _ := ctx.Value(grpcCallKey{}).(*grpcCall); call != nil {
+		call, _ := ctx.Value(grpcCallKey{}).(*grpcCall)
+		if err := ctx.Err(); err != nil {
+			// grpc-go ends a call whose deadline passed by the time its
+			// tap returns without running it (no stats.End): what it
+			// reserved is given back here.
+			call.abandon()
+			return ctx, status.FromContextError(err).Err()
+		}
+		if call != nil {
 			call.writes = writes
 		}
 		return context.WithValue(ctx, grpcArrivalKey{}, time.Now()), nil

@@ -2,8 +2,11 @@ package api
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
+	"slices"
 	"sync"
+	"time"
 )
 
 // gRPC messages being read, counted on their connection.
@@ -23,11 +26,38 @@ import (
 // previous estimate if that is more),
 // and the connection reserves, as each read returns and before grpc-go sees
 // the bytes, whatever it holds of messages not yet whole beyond what its
-// calls reserved. What it holds is counted from above two ways, and the
-// smaller is taken: the bytes read less those of the headers and messages
-// its calls took whole (off by the framing of other frames, which only
-// grows it), and the bytes read since the oldest call still being read
-// began. When no call is being read it holds nothing.
+// calls reserved. When no call is being read it holds nothing. Else what
+// it holds is counted from above:
+//
+//   - On a connection whose HTTP/2 frames are followed (GRPCCredentials,
+//     as the server's are; connWrites.read hands the client's frames,
+//     after TLS, to clientReadLocked, clientFrameLocked and
+//     clientPayloadLocked before grpc-go reads them): the DATA of the
+//     streams the client opened that the server has not ended (neither
+//     their trailers nor a reset written, connWrites.wrote, nor reset by
+//     the client), less the messages its unary calls took whole; streaming
+//     calls whose handlers started count none (their own reservation
+//     covers their messages). Every other byte read is not held: frame headers,
+//     other frames, padding, and the DATA of streams ended, which grpc-go
+//     drops as it arrives, calls refused at their headers included. What
+//     was read below TLS and not yet parsed counts whole (the bytes read
+//     are counted below TLS, the frames above: TLS's overhead only
+//     grows the count, and is forgotten with it when nothing is being
+//     read, but for tlsReadSlack). A message taken whole (stats.InPayload)
+//     is given back at once, and taken off its stream's count when the
+//     stream is known (the call's handler starts, or it ends: grpc-go
+//     names the stream to neither the tap nor InPayload); until then, the
+//     end of any stream gives back its DATA less the messages not yet
+//     placed, so that nothing is given back twice.
+//   - Without them (listeners of tests): the smaller of the bytes read
+//     less those of the headers and messages its calls took whole (off
+//     by the framing of other frames, which only grows it), and the
+//     bytes read since the oldest call still being read began. This
+//     counted the frames of calls refused at their headers that a client
+//     sent before it heard, and of streams already ended: one connection
+//     counted 202-234 MiB of a 246 MiB budget that grpc-go did not hold,
+//     and another client's call was refused (TestE2EUnfinishedStreams'
+//     failed runs, TestE2EGRPCRefusedFramesNotCounted).
 //
 // A call whose expected message does not fit in the budget, or whose
 // connection already holds or may take its share (connReadingShare), is
@@ -35,10 +65,26 @@ import (
 // whose read would take the budget past limits.max_memory is closed: its
 // calls end UNAVAILABLE and everything they held is given back. The budget
 // is a real bound: nothing is handed to grpc-go unreserved. The share is
-// not enforced on reads: the count from above grows with the frames of
-// calls refused from their headers that a client sent before it heard
-// (grpc-go drops them as they arrive), and closing a busy connection for
-// them, under overload, would end every call on it.
+// not enforced on reads: a call's message may be larger than its
+// connection expected from the last one, and closing a busy connection for
+// it, under overload, would end every call on it; the budget bounds it.
+//
+// A call whose message does not arrive in time closes its connection
+// (limits.body_timeout, as REST answers 408 and closes): a unary call from
+// its headers until its handler starts (its message whole and the
+// client's end of it in), and a stream's message from its first bytes to
+// its last while the stream's handler waits for it. A stream idle between
+// messages is not timed, nor a message its handler has not asked for (a
+// ModelStreamInfer stream whose in-flight slots are taken reads nothing,
+// and flow control stops its client mid-message: that wait is the
+// server's). Without it, a client that sent its headers and part of its
+// message held the call's reservation (64 MiB on a fresh connection) for
+// as long as it kept the connection, pinging it alive (limits.idle_timeout
+// counts connections without calls only): 64 of them held the default 4
+// GiB and every other call was refused. grpc-go cannot end one stream from
+// outside without breaking the connection's framing, so the connection is
+// closed, as for limits.write_timeout: its calls end UNAVAILABLE and
+// everything they held is given back; logged at WARN with the peer.
 //
 // Calls on connections the server did not accept through a LimitedListener
 // (tests, in-memory listeners), streams (which keep the buffer of their
@@ -64,14 +110,19 @@ func connReadingShare(limit, message int64) int64 {
 	return min(limit, max(limit/connReadingShareDivisor, 2*message))
 }
 
-// connReading accounts one connection's bytes of messages being read. Its
-// zero value counts bytes only; it reserves from the first call that
-// reads on it (admit).
+// connReading accounts one connection's bytes of messages being read, and
+// times the calls whose messages are being read (limits.body_timeout). Its
+// zero value counts bytes only; it reserves from the first call that reads
+// on it (admit).
 type connReading struct {
 	mu       sync.Mutex
 	read     int64 // bytes read from the connection
 	lastRead int64 // read before the latest read returned
-	consumed int64 // bytes of headers and messages its calls took whole
+	// Bytes read that grpc-go does not hold as messages being read:
+	// without the client's frames, the headers and messages its calls
+	// took whole; with them, every byte but the DATA of the streams it
+	// counts (live), less the messages its calls took whole.
+	consumed int64
 
 	calls   []*grpcCall // the calls being read, oldest first; finished ones dropped lazily
 	reading int         // calls in calls not finished
@@ -83,7 +134,59 @@ type connReading struct {
 	est     int64         // what a call reserves from its headers
 	res     *Reservation  // what it holds beyond covered
 	err     error         // why it was closed; then every read fails
+
+	// The client's frames, followed after TLS (follow, from connWrites):
+	// the streams it opened that the server has not ended, what of their
+	// DATA is counted, and the messages unary calls took whole before
+	// their streams were known (their handlers had not started).
+	followed     bool
+	slack        int64 // bytes below TLS that may be read and not yet parsed
+	live         map[uint32]*liveStream
+	lastOpened   uint32
+	lost         bool     // a stream was not followed (live was full): DATA of streams not in live counts
+	resets       []uint32 // streams the client reset, ended at its next read
+	pad          int64    // the padding of the DATA frame being read
+	liveIn       int64    // the live streams' in
+	unattributed int64
+
+	// limits.body_timeout: a call whose message (unary: and end) has not
+	// arrived this long after its headers (stream: after its message
+	// began, while its handler waits for it) closes the connection.
+	timeout   time.Duration
+	waiting   []*grpcCall // unary calls whose handlers have not started, oldest first; started ones dropped lazily
+	nwaiting  int         // calls in waiting not started
+	timer     *time.Timer
+	logger    *slog.Logger
+	closeConn func() error // closes the accepted connection
+	peer      net.Addr
 }
+
+// liveStream is a stream the client opened and the server has not ended,
+// followed from the client's frames.
+type liveStream struct {
+	in int64 // its DATA bytes counted as held (none once call is set)
+	// call is its streaming call once its handler started: the call's
+	// own reservation covers its messages.
+	call *grpcCall
+	// The message arriving: bytes of its length prefix read (0 to 5), the
+	// length they give, the bytes still to come, and when it began (zero
+	// between messages).
+	prefix int
+	size   int64
+	left   int64
+	since  time.Time
+	recv   time.Time // when its handler began waiting for a message; zero when not waiting
+}
+
+// maxLiveStreams bounds the streams a connection follows at once; past it
+// (grpc_max_streams is 256 by default) the DATA of streams not followed
+// is all counted, ended ones' included.
+const maxLiveStreams = 1 << 14
+
+// tlsReadSlack bounds the bytes below TLS read and not yet handed on as
+// plaintext: crypto/tls reads a record or a few ahead (at most 16 KiB and
+// some of its overhead each).
+const tlsReadSlack = 128 << 10
 
 // connAddr is the remote address of a connection a LimitedListener
 // accepted, carrying the connection's accounting to gRPC (the peer's
@@ -123,6 +226,17 @@ func (a *connReading) arrived(n int) error {
 	return nil
 }
 
+// settleLocked gives back what the connection holds beyond what it now
+// counts (arrived reserved for bytes not yet parsed); mu is held.
+func (a *connReading) settleLocked() {
+	if a.err != nil || a.budget == nil || a.res.Size() == 0 {
+		return
+	}
+	if excess := max(0, a.heldLocked()-a.covered); excess < a.res.Size() {
+		a.res.ShrinkTo(excess)
+	}
+}
+
 // failLocked marks the connection closed for err and gives back what it
 // held; its calls give back their own as they end.
 func (a *connReading) failLocked(err error) error {
@@ -138,14 +252,47 @@ func (a *connReading) heldLocked() int64 {
 		a.calls[0] = nil
 		a.calls = a.calls[1:]
 	}
+	if len(a.calls) > 2*a.reading+16 {
+		a.calls = slices.DeleteFunc(a.calls, func(c *grpcCall) bool { return c.finished })
+	}
 	if a.reading == 0 || len(a.calls) == 0 {
-		// Nothing is being read: what framing drifted into read less
-		// consumed is forgotten, but for the latest read, which may hold
-		// the headers and first frames of a call not yet admitted.
-		a.consumed = max(a.consumed, a.lastRead)
+		// Nothing is being read: what framing (or TLS) drifted into read
+		// less consumed is forgotten, but for the latest read, which may
+		// hold the headers and first frames of a call not yet admitted
+		// (and below TLS, what may not be parsed yet).
+		a.consumed = max(a.consumed, a.lastRead-a.slack)
+		if a.liveIn > 0 {
+			// What the live streams counted is forgotten with it.
+			for _, s := range a.live {
+				s.in = 0
+			}
+			a.liveIn = 0
+		}
 		return 0
 	}
+	if a.followed {
+		return max(0, a.read-a.consumed)
+	}
 	return max(0, min(a.read-a.consumed, a.read-a.calls[0].start))
+}
+
+// configure takes the limits of m, once.
+func (a *connReading) configure(m *grpcMemory) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.configureLocked(m)
+}
+
+// configureLocked takes the limits of m, once; mu is held.
+func (a *connReading) configureLocked(m *grpcMemory) {
+	if a.budget != nil || m.budget == nil {
+		return
+	}
+	a.budget, a.message = m.budget, m.message
+	a.share = connReadingShare(m.budget.Limit(), m.message)
+	a.est = m.message
+	a.res, _ = m.budget.Reserve(0, "")
+	a.timeout, a.logger = m.bodyTimeout, m.logger
 }
 
 // admit reserves the memory of call, whose headers have arrived, from m's
@@ -158,12 +305,7 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 	if a.err != nil {
 		return a.err
 	}
-	if a.budget == nil {
-		a.budget, a.message = m.budget, m.message
-		a.share = connReadingShare(m.budget.Limit(), m.message)
-		a.est = m.message
-		a.res, _ = m.budget.Reserve(0, "")
-	}
+	a.configureLocked(m)
 	held := a.heldLocked()
 	if a.share > 0 {
 		if promised := max(held, a.covered) + a.est; promised > a.share {
@@ -183,7 +325,172 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 	if excess := max(0, held-a.covered); excess < a.res.Size() {
 		a.res.ShrinkTo(excess)
 	}
+	a.awaitLocked(call)
 	return nil
+}
+
+// await times call, a unary call whose headers have arrived and that
+// admit did not reserve for (a health check), until its handler starts
+// (begin) or it ends.
+func (a *connReading) await(call *grpcCall, m *grpcMemory) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.configureLocked(m)
+	a.awaitLocked(call)
+}
+
+func (a *connReading) awaitLocked(call *grpcCall) {
+	call.readFrom, call.arrived = a, time.Now()
+	if a.timeout <= 0 {
+		return
+	}
+	a.waiting = append(a.waiting, call)
+	a.nwaiting++
+	a.wakeLocked()
+}
+
+// wakeLocked makes the body timer run; mu is held.
+func (a *connReading) wakeLocked() {
+	if a.timer == nil && a.timeout > 0 && a.closeConn != nil && a.err == nil {
+		a.timer = time.AfterFunc(a.timeout, a.check)
+	}
+}
+
+// begin notes that the handler of call, on stream id (known: false when
+// it could not be read), has started: a unary call's message and end are
+// in, and the message it took whole (finish) is the stream's.
+func (a *connReading) begin(call *grpcCall, id uint32, known bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.begunLocked(call)
+	if call.taken == 0 {
+		return
+	}
+	if s := a.live[id]; known && s != nil {
+		k := min(s.in, call.taken)
+		s.in -= k
+		a.liveIn -= k
+	}
+	a.unattributed -= call.taken
+	call.taken = 0
+}
+
+func (a *connReading) begunLocked(call *grpcCall) {
+	if call.begun {
+		return
+	}
+	call.begun = true
+	if call.arrived.IsZero() || a.timeout <= 0 {
+		return
+	}
+	a.nwaiting--
+	for len(a.waiting) > 0 && a.waiting[0].begun {
+		a.waiting[0] = nil
+		a.waiting = a.waiting[1:]
+	}
+	if len(a.waiting) > 2*a.nwaiting+16 {
+		a.waiting = slices.DeleteFunc(a.waiting, func(c *grpcCall) bool { return c.begun })
+	}
+}
+
+// streaming notes that the handler of call, a streaming call on stream id,
+// has started: the call's own reservation covers its messages, which are
+// no longer counted on the connection.
+func (a *connReading) streaming(call *grpcCall, id uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[id]
+	if s == nil {
+		return
+	}
+	s.call = call
+	a.consumed += s.in
+	a.liveIn -= s.in
+	s.in = 0
+}
+
+// receiving notes that the handler of the streaming call on stream id
+// waits for a message (on) or has it (off).
+func (a *connReading) receiving(id uint32, on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[id]
+	if s == nil {
+		return
+	}
+	if !on {
+		s.recv = time.Time{}
+		return
+	}
+	s.recv = time.Now()
+	if !s.since.IsZero() {
+		a.wakeLocked()
+	}
+}
+
+// ended notes the end of call, on stream id (known: false when it could
+// not be read), whatever ended it: a message it took whole whose handler
+// did not start (a second one broke the call) is its stream's.
+func (a *connReading) ended(call *grpcCall, id uint32, known bool) {
+	a.begin(call, id, known)
+}
+
+// check closes the connection when a call has waited for its message for
+// the body timeout; else it looks again when that could be so.
+func (a *connReading) check() {
+	a.mu.Lock()
+	if a.err != nil || a.timer == nil {
+		a.timer = nil
+		a.mu.Unlock()
+		return
+	}
+	since, method := a.oldestWaitLocked()
+	if since.IsZero() {
+		a.timer = nil
+		a.mu.Unlock()
+		return
+	}
+	if wait := a.timeout - time.Since(since); wait > 0 {
+		a.timer.Reset(wait)
+		a.mu.Unlock()
+		return
+	}
+	a.timer = nil
+	closeConn, logger, timeout := a.closeConn, a.logger, a.timeout
+	a.mu.Unlock()
+	if logger != nil {
+		logger.Warn("gRPC connection closed: a call's message did not arrive within limits.body_timeout; its calls end UNAVAILABLE",
+			"peer", a.peer, "method", method, "body_timeout", timeout)
+	}
+	_ = closeConn() // its reads and writes fail; close gives back the rest
+}
+
+// oldestWaitLocked is since when the call that has waited longest for its
+// message has, and its method; zero when none waits.
+func (a *connReading) oldestWaitLocked() (since time.Time, method string) {
+	for len(a.waiting) > 0 && a.waiting[0].begun {
+		a.waiting[0] = nil
+		a.waiting = a.waiting[1:]
+	}
+	if len(a.waiting) > 0 {
+		since, method = a.waiting[0].arrived, a.waiting[0].method
+	}
+	for _, s := range a.live {
+		if s.call == nil || s.recv.IsZero() || s.since.IsZero() {
+			continue
+		}
+		if t := later(s.since, s.recv); since.IsZero() || t.Before(since) {
+			since, method = t, s.call.method
+		}
+	}
+	return since, method
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // http2FrameOverhead is an HTTP/2 frame's header; frames of a message carry
@@ -207,18 +514,157 @@ func (a *connReading) finish(call *grpcCall, header, wire int64) {
 	call.finished = true
 	a.reading--
 	a.covered -= call.est
-	a.consumed += header + http2FrameOverhead
+	if !a.followed {
+		a.consumed += header + http2FrameOverhead
+		if wire > 0 {
+			a.consumed += wire + http2FrameOverhead*((wire+http2MaxFrame-1)/http2MaxFrame)
+		}
+	} else if wire > 0 {
+		// Its headers were counted as they were read; its message's
+		// DATA is given back here, and taken off its stream's count
+		// once the stream is known (begin).
+		a.consumed += wire
+		a.unattributed += wire
+		call.taken = wire
+	}
 	if wire > 0 {
-		a.consumed += wire + http2FrameOverhead*((wire+http2MaxFrame-1)/http2MaxFrame)
 		a.est = min(a.message, max(wire, a.est/2, connReadingMinEstimate))
 	}
-	if a.err == nil {
-		if excess := max(0, a.heldLocked()-a.covered); excess < a.res.Size() {
-			a.res.ShrinkTo(excess)
-		}
-	}
+	a.settleLocked()
 	a.mu.Unlock()
 	call.res.Release()
+}
+
+// follow makes the client's frames, read after TLS (slack: the bytes
+// below TLS that may be read and not yet parsed), the count of what the
+// connection holds: what was read before (a TLS handshake) is not held.
+func (a *connReading) follow(slack int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.followed, a.slack = true, slack
+	a.live = make(map[uint32]*liveStream)
+	a.consumed = max(a.consumed, a.lastRead)
+}
+
+// clientReadLocked counts n bytes of the client's frames about to be
+// parsed as not held, but for the DATA of the streams it follows
+// (clientPayloadLocked); mu is held. The streams the client reset end
+// now: grpc-go has handled the frames read before this.
+func (a *connReading) clientReadLocked(n int) {
+	for _, id := range a.resets {
+		a.streamEndedLocked(id)
+	}
+	a.resets = a.resets[:0]
+	a.consumed += int64(n)
+}
+
+// clientFrameLocked follows a frame header of the client's; mu is held.
+func (a *connReading) clientFrameLocked(f frameHeader) {
+	switch f.kind {
+	case http2FrameHeaders:
+		if f.stream <= a.lastOpened {
+			return // trailers: grpc-go ends the connection
+		}
+		a.lastOpened = f.stream
+		if len(a.live) >= maxLiveStreams {
+			a.lost = true
+			return
+		}
+		a.live[f.stream] = &liveStream{}
+	case http2FrameData:
+		a.pad = 0
+	case http2FrameRSTStream:
+		a.resets = append(a.resets, f.stream)
+	}
+}
+
+// clientPayloadLocked follows a piece of a frame of the client's payload,
+// at off in it; mu is held.
+func (a *connReading) clientPayloadLocked(f frameHeader, off int64, piece []byte) {
+	if f.kind != http2FrameData {
+		return
+	}
+	first := int64(0)
+	if f.flags&http2FlagPadded != 0 {
+		first = 1
+		if off == 0 {
+			a.pad = int64(piece[0])
+		}
+	}
+	lo, hi := max(off, first), min(off+int64(len(piece)), f.length-a.pad)
+	if hi <= lo {
+		return
+	}
+	data := piece[lo-off : hi-off]
+	s := a.live[f.stream]
+	if s == nil {
+		if a.lost {
+			a.consumed -= int64(len(data))
+		}
+		return // grpc-go drops it: the stream has ended
+	}
+	if s.call == nil {
+		s.in += int64(len(data))
+		a.liveIn += int64(len(data))
+		a.consumed -= int64(len(data))
+	}
+	if s.frame(data) && !s.recv.IsZero() {
+		a.wakeLocked()
+	}
+}
+
+// frame follows data, bytes of the stream's messages, and reports whether
+// a message began in them that is still arriving.
+func (s *liveStream) frame(data []byte) (began bool) {
+	for len(data) > 0 {
+		if s.left > 0 {
+			k := min(s.left, int64(len(data)))
+			s.left -= k
+			data = data[k:]
+			if s.left == 0 {
+				s.since = time.Time{}
+			}
+			continue
+		}
+		if s.prefix == 0 {
+			s.since, began = time.Now(), true
+		} else {
+			s.size = s.size<<8 | int64(data[0])
+		}
+		s.prefix++
+		data = data[1:]
+		if s.prefix == 5 {
+			s.prefix, s.left, s.size = 0, s.size, 0
+			if s.left == 0 {
+				s.since = time.Time{}
+			}
+		}
+	}
+	return began && !s.since.IsZero()
+}
+
+// streamEnded notes that the server has ended stream id (its trailers or
+// a reset written): grpc-go holds nothing of it any more, and drops what
+// the client sends on it.
+func (a *connReading) streamEnded(id uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.live[id]; ok {
+		a.streamEndedLocked(id)
+		a.settleLocked()
+	}
+}
+
+func (a *connReading) streamEndedLocked(id uint32) {
+	s := a.live[id]
+	if s == nil {
+		return
+	}
+	delete(a.live, id)
+	a.liveIn -= s.in
+	// A message a unary call took whole may be this stream's, already
+	// given back (finish): that much is not given back twice.
+	a.consumed += max(0, s.in-a.unattributed)
 }
 
 // close gives back what the connection holds, once it is closed.
@@ -229,4 +675,8 @@ func (a *connReading) close() {
 		a.err = net.ErrClosed
 	}
 	a.res.Release()
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
 }

@@ -37,7 +37,8 @@ import (
 // that names a call's stream.
 
 // connWrites follows the HTTP/2 frames of one gRPC connection: the
-// server's, as written, and the client's, as read, for its stream resets.
+// server's, as written, and the client's, as read, for its stream resets
+// and for what grpc-go holds of the messages being read (connReading).
 // Its zero value is off: GRPCCredentials turns it on for connections of a
 // LimitedListener.
 type connWrites struct {
@@ -56,6 +57,9 @@ type connWrites struct {
 
 	out frameReader // the server's frames
 	in  frameReader // the client's, after its preface
+	// reading counts what grpc-go holds of the messages being read from
+	// the client's frames; lock order: mu, then reading.mu.
+	reading *connReading
 }
 
 // streamWrites is one stream's answers: bytes queued by grpc-go (its
@@ -71,14 +75,17 @@ type streamWrites struct {
 // not all written, or a call ended whose trailers are not.
 func (s *streamWrites) pending() bool { return s.queued > s.written || s.res != nil }
 
-// start turns the following on; closeConn closes the connection.
-func (w *connWrites) start(closeConn func() error) {
+// start turns the following on; closeConn closes the connection, slack
+// is what may be read below TLS and not yet parsed (tlsReadSlack; 0
+// without TLS).
+func (w *connWrites) start(closeConn func() error, slack int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.on, w.close = true, closeConn
 	w.streams = make(map[uint32]*streamWrites)
 	w.resets = make(map[uint32]struct{})
 	w.in.skip = len(http2ClientPreface)
+	w.reading.follow(slack)
 }
 
 // maxResetsKept bounds the streams a connection remembers the client
@@ -225,6 +232,13 @@ func (w *connWrites) wrote(p []byte) {
 		return
 	}
 	w.out.feed(p, func(f frameHeader) {
+		ends := f.kind == http2FrameRSTStream ||
+			(f.kind == http2FrameHeaders || f.kind == http2FrameData) && f.flags&http2FlagEndStream != 0
+		if ends {
+			// grpc-go has forgotten the stream: it holds nothing more
+			// of what the client sent on it, and drops what comes.
+			w.reading.streamEnded(f.stream)
+		}
 		switch {
 		case f.kind == http2FrameData:
 			// Only an answer's bytes are progress: the acknowledgements
@@ -243,18 +257,25 @@ func (w *connWrites) wrote(p []byte) {
 		case f.kind == http2FrameHeaders && f.flags&http2FlagEndStream != 0, f.kind == http2FrameRSTStream:
 			w.finishedLocked(f.stream)
 		}
-	})
+	}, nil)
 }
 
-// read follows p, bytes the client sent: a stream it resets has its
-// queued answer dropped by grpc-go.
+// read follows p, bytes the client sent, before grpc-go reads them: a
+// stream it resets has its queued answer dropped by grpc-go, and the
+// DATA of its streams is what grpc-go holds of the messages being read
+// (connReading).
 func (w *connWrites) read(p []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return
 	}
+	a := w.reading
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clientReadLocked(len(p))
 	w.in.feed(p, func(f frameHeader) {
+		a.clientFrameLocked(f)
 		if f.kind == http2FrameRSTStream {
 			w.finishedLocked(f.stream)
 			// grpc-go reads the reset later than this, so an answer
@@ -265,7 +286,8 @@ func (w *connWrites) read(p []byte) {
 			}
 			w.resets[f.stream] = struct{}{}
 		}
-	})
+	}, a.clientPayloadLocked)
+	a.settleLocked()
 }
 
 // HTTP/2 frame types and flags (RFC 9113, section 6).
@@ -275,6 +297,7 @@ const (
 	http2FrameHeaders   = 0x1
 	http2FrameRSTStream = 0x3
 	http2FlagEndStream  = 0x1
+	http2FlagPadded     = 0x8
 )
 
 // frameHeader is an HTTP/2 frame's header.
@@ -288,14 +311,17 @@ type frameHeader struct {
 // frameReader finds the frame headers in a stream of HTTP/2 frames fed to
 // it in pieces.
 type frameReader struct {
-	skip int   // bytes to pass before the next frame (a preface)
-	left int64 // bytes of the current frame's payload still to come
+	skip int         // bytes to pass before the next frame (a preface)
+	cur  frameHeader // the current frame
+	left int64       // bytes of its payload still to come
 	head [http2FrameHeaderLen]byte
 	n    int // bytes of head read
 }
 
-// feed reads p, calling frame for each frame header completed in it.
-func (r *frameReader) feed(p []byte, frame func(frameHeader)) {
+// feed reads p, calling frame for each frame header completed in it and,
+// if payload is not nil, payload for each piece of a frame's payload in
+// it, with the frame and the piece's offset in its payload.
+func (r *frameReader) feed(p []byte, frame func(frameHeader), payload func(f frameHeader, off int64, piece []byte)) {
 	for len(p) > 0 {
 		switch {
 		case r.skip > 0:
@@ -304,6 +330,9 @@ func (r *frameReader) feed(p []byte, frame func(frameHeader)) {
 			p = p[k:]
 		case r.left > 0:
 			k := min(r.left, int64(len(p)))
+			if payload != nil {
+				payload(r.cur, r.cur.length-r.left, p[:k])
+			}
 			r.left -= k
 			p = p[k:]
 		default:
@@ -321,7 +350,7 @@ func (r *frameReader) feed(p []byte, frame func(frameHeader)) {
 				flags:  h[4],
 				stream: (uint32(h[5])<<24 | uint32(h[6])<<16 | uint32(h[7])<<8 | uint32(h[8])) & 0x7fffffff,
 			}
-			r.left = f.length
+			r.cur, r.left = f, f.length
 			frame(f)
 		}
 	}
@@ -376,7 +405,11 @@ func (c writesCredentials) ServerHandshake(raw net.Conn) (net.Conn, credentials.
 	if !ok {
 		return conn, info, nil
 	}
-	lc.writes.start(lc.Close)
+	slack := int64(0)
+	if conn != raw {
+		slack = tlsReadSlack
+	}
+	lc.writes.start(lc.Close, slack)
 	return &writesConn{Conn: conn, w: &lc.writes}, info, nil
 }
 

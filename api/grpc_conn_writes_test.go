@@ -207,7 +207,8 @@ func TestGRPCUnreadAnswerPinged(t *testing.T) {
 	}
 }
 
-// TestFrameReader: frame headers are found however the bytes are cut.
+// TestFrameReader: frame headers are found however the bytes are cut, and
+// each frame's payload is handed on whole, in order.
 func TestFrameReader(t *testing.T) {
 	var buf bytes.Buffer
 	fr := http2.NewFramer(&buf, nil)
@@ -230,13 +231,31 @@ func TestFrameReader(t *testing.T) {
 		t.Run(fmt.Sprint(piece), func(t *testing.T) {
 			r := frameReader{skip: len(http2ClientPreface)}
 			var got []frameHeader
+			var payloads [][]byte
 			for p := wire; len(p) > 0; {
 				n := min(piece, len(p))
-				r.feed(p[:n], func(f frameHeader) { got = append(got, f) })
+				r.feed(p[:n], func(f frameHeader) {
+					got = append(got, f)
+					payloads = append(payloads, nil)
+				}, func(f frameHeader, off int64, b []byte) {
+					last := &payloads[len(payloads)-1]
+					if f != got[len(got)-1] || off != int64(len(*last)) {
+						t.Errorf("a piece of %+v at %d, after %d bytes of the frame %+v", f, off, len(*last), got[len(got)-1])
+					}
+					*last = append(*last, b...)
+				})
 				p = p[n:]
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("got %+v\nwant %+v", got, want)
+			}
+			for i, f := range want {
+				if i < len(payloads) && int64(len(payloads[i])) != f.length {
+					t.Errorf("frame %+v: %d bytes of payload handed on, want %d", f, len(payloads[i]), f.length)
+				}
+			}
+			if len(payloads) > 1 && !bytes.Equal(payloads[1], []byte{1, 2, 3}) {
+				t.Errorf("the headers' payload %v, want [1 2 3]", payloads[1])
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -27,7 +28,8 @@ import (
 // reads of unfinished messages beyond that (connReading, in
 // grpc_conn_budget.go); any other call is given the most its received
 // buffers can take, limits.max_request_bytes. A call that does not fit is
-// refused there with RESOURCE_EXHAUSTED. What
+// refused there with RESOURCE_EXHAUSTED; one whose message does not arrive
+// within limits.body_timeout closes its connection (connReading). What
 // decoding adds once the message is in is reserved by the codec from the
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
@@ -59,6 +61,17 @@ type grpcCall struct {
 	finished bool  // guarded by conn.mu
 	header   int64 // its headers' wire length
 
+	// Set for a call on a connection a LimitedListener accepted: its
+	// connection's accounting, and (guarded by readFrom.mu) for a unary
+	// call when its headers arrived (limits.body_timeout counts from
+	// then), whether its handler has started, and the wire length of the
+	// message it took whole while its stream is not known.
+	readFrom *connReading
+	arrived  time.Time
+	begun    bool
+	taken    int64
+	method   string
+
 	// Set on a connection whose frames are followed (connWrites): its
 	// stream, when its handler starts (grpcCallStream).
 	writes   *connWrites
@@ -68,23 +81,68 @@ type grpcCall struct {
 
 // grpcCallStream notes the HTTP/2 stream of a call whose connection's
 // frames are followed, before its handler runs: grpc-go's stats handler
-// is not given the stream, its interceptors are.
-func grpcCallStream(ctx context.Context) {
-	if call, _ := ctx.Value(grpcCallKey{}).(*grpcCall); call != nil && call.writes != nil {
+// is not given the stream (but at stats.End), its interceptors are. It
+// returns the call, or nil.
+func grpcCallStream(ctx context.Context) *grpcCall {
+	call, _ := ctx.Value(grpcCallKey{}).(*grpcCall)
+	if call != nil && call.writes != nil {
 		call.stream, call.followed = grpcStreamID(ctx)
 	}
+	return call
 }
 
-// grpcCallStreamUnary is grpcCallStream for unary calls.
+// grpcCallStreamUnary is grpcCallStream for unary calls: the call's
+// message and end are in (connReading.begin).
 func grpcCallStreamUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	grpcCallStream(ctx)
+	if call := grpcCallStream(ctx); call != nil && call.readFrom != nil {
+		call.readFrom.begin(call, call.stream, call.followed)
+	}
 	return handler(ctx, req)
 }
 
-// grpcCallStreamStream is grpcCallStream for streaming calls.
+// grpcCallStreamStream is grpcCallStream for streaming calls: on a
+// connection whose frames are followed, the call's own reservation covers
+// its messages (connReading.streaming), and the time its handler waits
+// for a message begun is timed (limits.body_timeout). A call that sends
+// one message (a health Watch) is timed as a stream's from here.
 func grpcCallStreamStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	grpcCallStream(ss.Context())
+	if call := grpcCallStream(ss.Context()); call != nil && call.readFrom != nil {
+		call.readFrom.begin(call, call.stream, call.followed)
+		if call.followed {
+			call.readFrom.streaming(call, call.stream)
+			ss = &timedStream{ServerStream: ss, conn: call.readFrom, id: call.stream}
+		}
+	}
 	return handler(srv, ss)
+}
+
+// timedStream tells its connection's accounting when its handler waits
+// for a message.
+type timedStream struct {
+	grpc.ServerStream
+	conn *connReading
+	id   uint32
+}
+
+func (s *timedStream) RecvMsg(m any) error {
+	s.conn.receiving(s.id, true)
+	defer s.conn.receiving(s.id, false)
+	return s.ServerStream.RecvMsg(m)
+}
+
+// abandon gives back what call (nil: none) reserved from its headers,
+// when it will not run.
+func (call *grpcCall) abandon() {
+	if call == nil {
+		return
+	}
+	if call.conn != nil {
+		call.conn.finish(call, 0, 0)
+	}
+	if call.readFrom != nil {
+		call.readFrom.begin(call, 0, false)
+	}
+	call.res.Release()
 }
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
@@ -110,6 +168,11 @@ type grpcMemory struct {
 	budget  *MemoryBudget
 	message int64 // the largest message a call may send
 	reading int64 // what a call reserves while its message is read: message
+	// bodyTimeout closes a connection whose call's message has not
+	// arrived this long after its headers (limits.body_timeout; 0:
+	// never), logged on logger.
+	bodyTimeout time.Duration
+	logger      *slog.Logger
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
@@ -158,7 +221,10 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 	if !known {
 		return ctx, nil
 	}
-	call := &grpcCall{}
+	call := &grpcCall{method: method}
+	if conn != nil {
+		call.readFrom = conn
+	}
 	switch {
 	case m.budget == nil:
 	case strings.HasPrefix(method, grpcHealthPrefix):
@@ -168,6 +234,9 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 		}
 		var once sync.Once
 		call.res = m.budget.force(m.reading, func() { once.Do(func() { m.health.Add(-1) }) })
+		if conn != nil && !streaming {
+			conn.await(call, m)
+		}
 	case conn != nil && !streaming:
 		if err := conn.admit(call, m); err != nil {
 			return ctx, err
@@ -178,6 +247,9 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 			return ctx, err
 		}
 		call.res = r
+		if conn != nil {
+			conn.configure(m) // for its messages' timeout
+		}
 	}
 	return context.WithValue(ctx, grpcCallKey{}, call), nil
 }
@@ -225,6 +297,11 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	case *stats.End:
 		if call.conn != nil {
 			call.conn.finish(call, call.header, 0)
+		}
+		if call.readFrom != nil {
+			// grpc-go's stream is in the context of the call's end.
+			id, ok := grpcStreamID(ctx)
+			call.readFrom.ended(call, id, ok)
 		}
 		// An answer still being written keeps its memory until it is.
 		if call.followed {

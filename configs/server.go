@@ -270,7 +270,9 @@ type Limits struct {
 	// 503 on a small overflow allowance, and gRPC closes new connections.
 	MaxConnections int `yaml:"max_connections"`
 	// HeaderTimeout bounds reading a REST request's line and headers;
-	// BodyTimeout reading its body once the headers are in; IdleTimeout how
+	// BodyTimeout reading its body once the headers are in (gRPC: a unary
+	// call's message once its headers are in, a stream's message once it
+	// began; over it the connection closes); IdleTimeout how
 	// long a connection with no request in progress stays open (REST
 	// keep-alive, gRPC connections with no call).
 	HeaderTimeout time.Duration `yaml:"header_timeout"`

@@ -107,9 +107,14 @@ func TestE2EGRPCSlowCallsLeaveRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
-		t.Fatalf("sloserve_memory_reserved_bytes = %v with no call under way, want 0", v)
-	}
+	// A call's response is given back at its end (stats.End), which the
+	// server may reach just after the client has its answer: beside two
+	// burners, 8 bytes (a response's) were still held 17-22 ms after, in
+	// 4 runs of 10.
+	waitFor(t, "nothing reserved with no call under way", guard, func() bool {
+		v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes")
+		return v == 0
+	})
 
 	const calls, rows = 8, 30000 // 1.2 MB each
 	big := grpcDynRequest()

@@ -471,11 +471,12 @@ func decodeBomb(size, field int, add func([]byte) []byte) []byte {
 // declare 60 MiB each and sends 15 MiB of every one (what the server's
 // 16 MiB stream window takes before a handler reads), finishing none, as
 // the probe that took the server to 2.77 GB did. The calls past the
-// connection's share of the budget are refused at their headers, and the
-// connection is closed once what it sent would take the budget past
-// limits.max_memory; the server's peak memory stays within the budget's
-// allowance, a client on another connection is served meanwhile, and
-// everything is given back.
+// connection's share of the budget are refused at their headers, and
+// what is sent on them is dropped as it arrives, not counted (the
+// connection would be closed if what its admitted calls hold took the
+// budget past limits.max_memory); the server's peak memory stays within
+// the budget's allowance, a client on another connection is served
+// meanwhile, and everything is given back.
 func TestE2EUnfinishedStreams(t *testing.T) {
 	s, pid := startMemoryServer(t, "")
 	start := time.Now()
@@ -483,12 +484,11 @@ func TestE2EUnfinishedStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The guard only ends a test whose server stops answering; it must
-	// outlast sending 240 MiB on a busy host. At 1000 times one small
-	// call, beside a make test and two CPU burners, it ran out after 225
-	// MiB in 2 runs of 10, before the server's close: the connection then
-	// held 234 MiB of the budget and the other client's call was refused
-	// (the refused calls' frames count until the connection closes; see
-	// api/grpc_conn_budget.go).
+	// outlast sending 675 MiB on a busy host. (At 1000 times one small
+	// call, beside a make test and two CPU burners, it ran out in 2 runs
+	// of 10 when the refused calls' frames were counted: the connection
+	// then held 234 MiB of the budget and the other client's call was
+	// refused.)
 	guard := 20000 * time.Since(start)
 
 	const streams, declared, sent = 45, 60 << 20, 15 << 20

@@ -45,6 +45,13 @@ func Dial(tb testing.TB, addr string) *Client {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return Over(tb, c)
+}
+
+// Over speaks gRPC over c (a TLS connection, say), closed when the test
+// ends.
+func Over(tb testing.TB, c net.Conn) *Client {
+	tb.Helper()
 	r := &Client{tb: tb, conn: c, nextID: 1, window: 65535, ended: map[uint32]string{}}
 	r.cond = sync.NewCond(&r.mu)
 	r.fr = http2.NewFramer(c, c)
@@ -121,8 +128,9 @@ func (r *Client) readLoop() {
 	}
 }
 
-// Start opens a call to method and returns its stream ID.
-func (r *Client) Start(method string) uint32 {
+// Start opens a call to method, with header's name, value pairs added to
+// its headers, and returns its stream ID.
+func (r *Client) Start(method string, header ...string) uint32 {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	id := r.nextID
@@ -131,6 +139,9 @@ func (r *Client) Start(method string) uint32 {
 	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", "test"},
 		{"content-type", "application/grpc"}, {"te", "trailers"}} {
 		r.henc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		r.henc.WriteField(hpack.HeaderField{Name: header[i], Value: header[i+1]})
 	}
 	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
 		r.tb.Fatal(err)
