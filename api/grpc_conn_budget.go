@@ -26,8 +26,8 @@ import (
 // previous estimate if that is more),
 // and the connection reserves, as each read returns and before grpc-go sees
 // the bytes, whatever it holds of messages not yet whole beyond what its
-// calls reserved. When no call is being read it holds nothing. Else what
-// it holds is counted from above:
+// calls reserved. When no call is being read and no stream is open
+// (below) it holds nothing. Else what it holds is counted from above:
 //
 //   - On a connection whose HTTP/2 frames are followed (GRPCCredentials,
 //     as the server's are; connWrites.read hands the client's frames,
@@ -35,9 +35,9 @@ import (
 //     clientPayloadLocked before grpc-go reads them): the DATA of the
 //     streams the client opened that the server has not ended (neither
 //     their trailers nor a reset written, connWrites.wrote, nor reset by
-//     the client), less the messages its unary calls took whole; streaming
-//     calls whose handlers started count none (their own reservation
-//     covers their messages). Every other byte read is not held: frame headers,
+//     the client), less the messages its calls took whole (a health
+//     Watch whose handler started counts none: its own reservation covers
+//     its message). Every other byte read is not held: frame headers,
 //     other frames, padding, and the DATA of streams ended, which grpc-go
 //     drops as it arrives, calls refused at their headers included. What
 //     was read below TLS and not yet parsed counts whole (the bytes read
@@ -48,7 +48,10 @@ import (
 //     stream is known (the call's handler starts, or it ends: grpc-go
 //     names the stream to neither the tap nor InPayload); until then, the
 //     end of any stream gives back its DATA less the messages not yet
-//     placed, so that nothing is given back twice.
+//     placed, so that nothing is given back twice. The DATA a live stream
+//     counts is forgotten only with its stream (or as its messages are
+//     taken), never with the drift when nothing is being read: it may be
+//     the first bytes of a stream whose call is admitted after them.
 //   - Without them (listeners of tests): the smaller of the bytes read
 //     less those of the headers and messages its calls took whole (off
 //     by the framing of other frames, which only grows it), and the
@@ -86,10 +89,29 @@ import (
 // closed, as for limits.write_timeout: its calls end UNAVAILABLE and
 // everything they held is given back; logged at WARN with the peer.
 //
-// Calls on connections the server did not accept through a LimitedListener
-// (tests, in-memory listeners), streams (which keep the buffer of their
-// next message for their whole life) and health calls reserve the largest
-// message from their headers, as before.
+// Streams. A streaming call keeps its stream open for as long as its
+// client likes, idle between messages, and limits.idle_timeout counts only
+// connections without calls. It reserved the largest message for its whole
+// life (the buffer of its next message): 64 idle ModelStreamInfer streams
+// (one connection may open limits.grpc_max_streams, 256) held the default
+// 4 GiB, and every other call was refused RESOURCE_EXHAUSTED for as long as
+// their client kept them. So on a connection whose frames are followed a
+// streaming call reserves from its headers only what grpc-go keeps for its
+// stream for its life (GRPCStreamBytes: its state and stacks, and its
+// headers, which grpc-go keeps decoded), and its messages are counted on
+// the connection as their DATA arrives (admitStream): the connection is
+// being read while it has a stream open, a message is given back once its
+// handler has it whole (took, as RecvMsg returns: grpc-go frees the wire
+// form then), and the DATA it still counts at the stream's end with the
+// stream. A stream's message past the budget closes its connection, as a
+// unary call's does; the streams' own reservations count in their
+// connection's share, so that a connection's streams and unary calls are
+// held to one quarter together. Health calls (a Watch gives its
+// reservation back once its one message is in) and a streaming call whose
+// stream cannot be read from grpc-go (grpcStreamID) reserve the largest
+// message, as do calls on connections whose frames are not followed
+// (connections the server did not accept through a LimitedListener:
+// tests, in-memory listeners).
 
 // connReadingShareDivisor: one connection may hold at most this fraction
 // of the budget in messages being read (connReadingShare).

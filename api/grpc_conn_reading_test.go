@@ -147,7 +147,8 @@ func (c *followedConn) closes() int {
 // whose refused calls' clients sent on held hundreds of MiB it did not.
 // Padding is not counted; a stream the client resets is given back at its
 // next read (grpc-go handles the reset only after the frames read before
-// it); a streaming call's messages are its own reservation's.
+// it); the message of a streaming call that reserved the largest one (a
+// health Watch) is its own reservation's.
 func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 	const message, budget = 256 << 10, 64 << 20
 	c := newFollowedConn(t, message, budget, 0)
@@ -221,7 +222,7 @@ func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 		t.Errorf("a stream reset before the latest read: %d bytes held, want 1000", got)
 	}
 
-	// A streaming call's messages are its own reservation's.
+	// A health Watch's message is its own reservation's.
 	stream := c.open(t, 15, false)
 	c.data(15, message, 8<<10, false)
 	c.a.streaming(stream, 15)

@@ -36,9 +36,12 @@ import (
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
 // field (grpcDecodeCodec). A unary call gives back what its
-// message did not take when the handler starts (the message is in); a
-// stream keeps it for its whole life, as the buffer of the next message,
-// and reserves each message it holds on top. The stats handler
+// message did not take when the handler starts (the message is in). A
+// stream on a connection whose frames are followed reserves its stream's
+// buffers (GRPCStreamBytes) for its life and its connection counts each
+// message as it arrives (connReading.admitStream); elsewhere a stream
+// keeps the largest message for its whole life, as the buffer of the next
+// message. Either reserves each message it holds on top. The stats handler
 // gives everything back when the call ends, however it ends.
 
 // grpcCallKey keys a call's grpcCall in its context.
@@ -238,7 +241,9 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 // reserve takes the memory of a call to method whose headers have arrived
 // on the connection accounted by conn (nil: not accounted): for a unary
 // call on an accounted connection what a message there is expected to take
-// (connReading.admit), else the largest message it may send. It returns
+// (connReading.admit), for a streaming call on a connection whose frames
+// are followed its stream's buffers (connReading.admitStream), else the
+// largest message it may send. It returns
 // ctx with the call's grpcCall, or errMemory.
 func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReading) (context.Context, error) {
 	if m == nil {
