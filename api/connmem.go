@@ -82,7 +82,7 @@ const (
 // KiB); and ModelStreamInfer's goroutine that sends its answers (8 KiB)
 // with its channels: 32 KiB. An idle ModelStreamInfer stream without
 // headers of its own takes 11-15 KiB (10,977-15,032 bytes a stream in
-// four runs of TestStreamBytesCoverIdleStreams).
+// 24 runs of TestStreamBytesCoverIdleStreams).
 const grpcStreamState = 32 << 10
 
 // grpcDefaultMaxHeaderList is grpc-go's own cap on a call's headers when
@@ -100,7 +100,7 @@ const grpcDefaultMaxHeaderList = 16 << 20
 // field is kept decoded too (3/4 of its length): at most four times the
 // cap. With 16 KiB of headers an idle stream takes 37-49 KiB of the 96
 // reserved (TestStreamBytesCoverIdleStreams: 390 small fields
-// 45,465-49,520 bytes, 120 -bin fields 37,847-39,198, four runs:
+// 45,465-49,520 bytes, 120 -bin fields 37,273-40,427, 24 runs:
 // go test -run 'TestStreamBytesCoverIdleStreams$' -v ./api).
 func GRPCStreamBytes(maxHeader int64) int64 {
 	if maxHeader <= 0 {
