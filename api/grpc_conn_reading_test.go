@@ -648,3 +648,46 @@ func TestConnReadingCountsStreamMessages(t *testing.T) {
 		t.Errorf("a unary call on a connection whose streams hold its share: %v, want refused for memory", err)
 	}
 }
+
+// unknownStream is a grpc.ServerStream whose HTTP/2 stream cannot be read
+// from its context.
+type unknownStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s unknownStream) Context() context.Context { return s.ctx }
+
+// TestGRPCStreamUnknownReservesLargest: a streaming call that reserved its
+// stream's buffers only (admitStream) and whose stream cannot be read from
+// grpc-go (grpcStreamID: its messages cannot be taken off its stream's
+// count) reserves the largest message before its handler runs, as on
+// connections whose frames are not followed; refused RESOURCE_EXHAUSTED
+// when that does not fit.
+func TestGRPCStreamUnknownReservesLargest(t *testing.T) {
+	const message, budget = 4 << 20, 18 << 20
+	c := newFollowedConn(t, message, budget, 0)
+	c.m.stream = 64 << 10
+	run := func() (int64, error) {
+		call := &grpcCall{method: "/test/Stream", readFrom: c.a}
+		if counted, err := c.a.admitStream(call, c.m); !counted || err != nil {
+			t.Fatalf("admitStream: %v %v", counted, err)
+		}
+		call.writes = c.w
+		ctx := context.WithValue(t.Context(), grpcCallKey{}, call)
+		var held int64 = -1
+		err := grpcCallStreamStream(nil, unknownStream{ctx: ctx}, nil, func(any, grpc.ServerStream) error {
+			held = call.res.Size()
+			return nil
+		})
+		return held, err
+	}
+	for i := range 4 {
+		if held, err := run(); err != nil || held != message {
+			t.Fatalf("stream %d: its handler ran with %d bytes reserved (%v), want the largest message, %d", i, held, err, message)
+		}
+	}
+	if held, err := run(); status.Code(err) != codes.ResourceExhausted || held != -1 {
+		t.Errorf("a fifth stream past the budget: %v (its handler ran: %v), want RESOURCE_EXHAUSTED", err, held != -1)
+	}
+}
