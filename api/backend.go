@@ -105,6 +105,11 @@ type Limits struct {
 	MaxRequestBytes int64
 	// MaxTensorElements caps the elements of any one tensor.
 	MaxTensorElements int64
+	// MaxHeaderBytes is the gRPC server's cap on a call's headers
+	// (grpc.MaxHeaderListSize, which the caller sets); 0 means grpc-go's
+	// default. A stream holds its headers for its life: it reserves them
+	// (GRPCStreamBytes).
+	MaxHeaderBytes int64
 	// BodyTimeout bounds reading a REST request's body once its headers
 	// are in, and over gRPC, on connections a LimitedListener accepted, a
 	// unary call's message and end once its headers are in and a stream's

@@ -72,6 +72,43 @@ const (
 	RESTMaxReadFrameSize = 16 << 10
 )
 
+// grpcStreamState is what one open gRPC stream keeps beside its headers
+// and the messages being read, counted from grpc-go's source: grpc-go's
+// transport stream (transport.ServerStream with its
+// recvBuffer, inFlow and writeQuota, its context) and stream.go's
+// serverStream (its parser, codec and stats), under 4 KiB; the goroutine
+// that serves it, whose stack starts at 8 KiB and doubles as it deepens
+// (a handler waiting in RecvMsg, some twenty frames deep, stays within 16
+// KiB); and ModelStreamInfer's goroutine that sends its answers (8 KiB)
+// with its channels: 32 KiB. An idle ModelStreamInfer stream without
+// headers of its own takes 11-15 KiB (10,977-15,032 bytes a stream in
+// 24 runs of TestStreamBytesCoverIdleStreams).
+const grpcStreamState = 32 << 10
+
+// grpcDefaultMaxHeaderList is grpc-go's own cap on a call's headers when
+// the server sets none (defaultServerMaxHeaderListSize).
+const grpcDefaultMaxHeaderList = 16 << 20
+
+// GRPCStreamBytes is what one open gRPC stream holds for its whole life,
+// idle or not, outside the messages being read: its state
+// (grpcStreamState) and its headers, which grpc-go keeps decoded in the
+// stream's context (metadata.MD) until it ends. HTTP/2 caps them at
+// maxHeader (grpc.MaxHeaderListSize, limits.max_header_bytes; <= 0:
+// grpc-go's default), counting each field as its name and value and 32
+// bytes; Go's map slot, the value's slice and the strings' size classes
+// take at most 128 bytes a field beyond its name and value, and a -bin
+// field is kept decoded too (3/4 of its length): at most four times the
+// cap. With 16 KiB of headers an idle stream takes 37-49 KiB of the 96
+// reserved (TestStreamBytesCoverIdleStreams: 390 small fields
+// 45,465-49,520 bytes, 120 -bin fields 37,273-40,427, 24 runs:
+// go test -run 'TestStreamBytesCoverIdleStreams$' -v ./api).
+func GRPCStreamBytes(maxHeader int64) int64 {
+	if maxHeader <= 0 {
+		maxHeader = grpcDefaultMaxHeaderList
+	}
+	return grpcStreamState + 4*maxHeader
+}
+
 // ConnectionBytes is what one connection of a listener serving kind
 // ("grpc", "modelmesh", "rest"; anything else is counted as REST) holds,
 // with TLS or not.

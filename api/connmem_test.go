@@ -3,6 +3,8 @@ package api
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +19,9 @@ import (
 	"github.com/gin-gonic/gin"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
+
+	"github.com/sloserve/sloserve/api/inference"
+	"github.com/sloserve/sloserve/internal/rawgrpc"
 )
 
 // syncWriter is a log destination safe for concurrent use.
@@ -289,5 +294,76 @@ func TestConnectionBytesCoverIdleConnections(t *testing.T) {
 	t.Logf("rest: %d bytes a connection after a request (reserved: %d)", got, RESTConnectionBytes)
 	if got > RESTConnectionBytes {
 		t.Errorf("rest: an idle connection takes %d bytes, more than the %d reserved for it", got, RESTConnectionBytes)
+	}
+}
+
+// TestStreamBytesCoverIdleStreams: what an idle ModelStreamInfer stream
+// of the real server takes, measured without headers of its own (within
+// grpcStreamState) and with headers at limits.max_header_bytes (many small
+// fields, the most Go's maps and slices add to them; and -bin fields,
+// which grpc-go keeps decoded too), is within the bytes it reserves for
+// its life (GRPCStreamBytes): a grpc-go or Go update that grows it fails
+// here.
+func TestStreamBytesCoverIdleStreams(t *testing.T) {
+	const maxHeader, n = 16 << 10, 200
+	for _, tc := range []struct {
+		name   string
+		fields int
+		field  func(i int) (string, string)
+	}{
+		{"no fields", 0, nil},
+		{"small fields", 390, func(i int) (string, string) { return fmt.Sprintf("x-k%03d", i), "v" }},
+		{"bin fields", 120, func(i int) (string, string) {
+			return fmt.Sprintf("x-b%03d-bin", i), base64.RawStdEncoding.EncodeToString(bytes.Repeat([]byte{byte(i)}, 64))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := NewLimitedListener(ln, 4, 0)
+			srv := NewGRPC(newFakeBackend(), Limits{Memory: NewMemoryBudget(1 << 30), MaxRequestBytes: 1 << 20, MaxHeaderBytes: maxHeader}, slog.New(slog.DiscardHandler),
+				append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(nil)), grpc.MaxHeaderListSize(maxHeader))...)
+			go srv.Serve(l)
+			defer srv.Stop()
+			var header []string
+			for i := range tc.fields {
+				k, v := tc.field(i)
+				header = append(header, k, v)
+			}
+			r := rawgrpc.Dial(t, l.Addr().String())
+			r.GiveUpAfter(time.Minute)
+			served := func() {
+				id := r.Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
+				if err := r.Send(id, rawgrpc.Prefix(0), true); err != nil {
+					t.Fatal(err)
+				}
+				if got := r.Wait(id); !strings.HasPrefix(got, "0") {
+					t.Fatalf("ServerLive: %q", got)
+				}
+			}
+			served()
+			before := heapAndStacks()
+			var ids []uint32
+			for range n {
+				ids = append(ids, r.Start(inference.GRPCInferenceService_ModelStreamInfer_FullMethodName, header...))
+			}
+			served() // every stream before it is open
+			got := (heapAndStacks() - before) / n
+			for _, id := range ids {
+				if end, ended := r.Ended(id); ended {
+					t.Fatalf("stream %d ended %q, want it open", id, end)
+				}
+			}
+			want := GRPCStreamBytes(maxHeader)
+			if tc.fields == 0 {
+				want = grpcStreamState
+			}
+			t.Logf("%s: %d bytes an idle stream (reserved: %d)", tc.name, got, want)
+			if got > want {
+				t.Errorf("an idle stream takes %d bytes, more than the %d reserved for it", got, want)
+			}
+		})
 	}
 }

@@ -43,7 +43,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "grpc")
-	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes)
+	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes, lim.MaxHeaderBytes)
 	mem.bodyTimeout, mem.logger = lim.BodyTimeout, logger
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline

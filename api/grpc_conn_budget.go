@@ -26,8 +26,8 @@ import (
 // previous estimate if that is more),
 // and the connection reserves, as each read returns and before grpc-go sees
 // the bytes, whatever it holds of messages not yet whole beyond what its
-// calls reserved. When no call is being read it holds nothing. Else what
-// it holds is counted from above:
+// calls reserved. When no call is being read and no stream is open
+// (below) it holds nothing. Else what it holds is counted from above:
 //
 //   - On a connection whose HTTP/2 frames are followed (GRPCCredentials,
 //     as the server's are; connWrites.read hands the client's frames,
@@ -35,9 +35,9 @@ import (
 //     clientPayloadLocked before grpc-go reads them): the DATA of the
 //     streams the client opened that the server has not ended (neither
 //     their trailers nor a reset written, connWrites.wrote, nor reset by
-//     the client), less the messages its unary calls took whole; streaming
-//     calls whose handlers started count none (their own reservation
-//     covers their messages). Every other byte read is not held: frame headers,
+//     the client), less the messages its calls took whole (a health
+//     Watch whose handler started counts none: its own reservation covers
+//     its message). Every other byte read is not held: frame headers,
 //     other frames, padding, and the DATA of streams ended, which grpc-go
 //     drops as it arrives, calls refused at their headers included. What
 //     was read below TLS and not yet parsed counts whole (the bytes read
@@ -48,7 +48,10 @@ import (
 //     stream is known (the call's handler starts, or it ends: grpc-go
 //     names the stream to neither the tap nor InPayload); until then, the
 //     end of any stream gives back its DATA less the messages not yet
-//     placed, so that nothing is given back twice.
+//     placed, so that nothing is given back twice. The DATA a live stream
+//     counts is forgotten only with its stream (or as its messages are
+//     taken), never with the drift when nothing is being read: it may be
+//     the first bytes of a stream whose call is admitted after them.
 //   - Without them (listeners of tests): the smaller of the bytes read
 //     less those of the headers and messages its calls took whole (off
 //     by the framing of other frames, which only grows it), and the
@@ -86,10 +89,29 @@ import (
 // closed, as for limits.write_timeout: its calls end UNAVAILABLE and
 // everything they held is given back; logged at WARN with the peer.
 //
-// Calls on connections the server did not accept through a LimitedListener
-// (tests, in-memory listeners), streams (which keep the buffer of their
-// next message for their whole life) and health calls reserve the largest
-// message from their headers, as before.
+// Streams. A streaming call keeps its stream open for as long as its
+// client likes, idle between messages, and limits.idle_timeout counts only
+// connections without calls. It reserved the largest message for its whole
+// life (the buffer of its next message): 64 idle ModelStreamInfer streams
+// (one connection may open limits.grpc_max_streams, 256) held the default
+// 4 GiB, and every other call was refused RESOURCE_EXHAUSTED for as long as
+// their client kept them. So on a connection whose frames are followed a
+// streaming call reserves from its headers only what grpc-go keeps for its
+// stream for its life (GRPCStreamBytes: its state and stacks, and its
+// headers, which grpc-go keeps decoded), and its messages are counted on
+// the connection as their DATA arrives (admitStream): the connection is
+// being read while it has a stream open, a message is given back once its
+// handler has it whole (took, as RecvMsg returns: grpc-go frees the wire
+// form then), and the DATA it still counts at the stream's end with the
+// stream. A stream's message past the budget closes its connection, as a
+// unary call's does; the streams' own reservations count in their
+// connection's share, so that a connection's streams and unary calls are
+// held to one quarter together. Health calls (a Watch gives its
+// reservation back once its one message is in) and a streaming call whose
+// stream cannot be read from grpc-go (grpcStreamID) reserve the largest
+// message, as do calls on connections whose frames are not followed
+// (connections the server did not accept through a LimitedListener:
+// tests, in-memory listeners).
 
 // connReadingShareDivisor: one connection may hold at most this fraction
 // of the budget in messages being read (connReadingShare).
@@ -127,6 +149,11 @@ type connReading struct {
 	calls   []*grpcCall // the calls being read, oldest first; finished ones dropped lazily
 	reading int         // calls in calls not finished
 	covered int64       // what the calls being read reserved themselves
+	// streams counts the streaming calls whose messages the connection
+	// counts as they arrive (admitStream) that have not ended; each
+	// reserved stream bytes itself.
+	streams int
+	stream  int64
 
 	budget  *MemoryBudget // nil until the first call
 	share   int64         // what the connection may hold (0: no limit)
@@ -164,10 +191,12 @@ type connReading struct {
 // liveStream is a stream the client opened and the server has not ended,
 // followed from the client's frames.
 type liveStream struct {
-	in int64 // its DATA bytes counted as held (none once call is set)
-	// call is its streaming call once its handler started: the call's
-	// own reservation covers its messages.
+	in int64 // its DATA bytes counted as held, less the messages taken whole
+	// call is its streaming call once its handler started; own, when the
+	// call's own reservation covers its messages (a health Watch): its
+	// DATA is then not counted.
 	call *grpcCall
+	own  bool
 	// The message arriving: bytes of its length prefix read (0 to 5), the
 	// length they give, the bytes still to come, and when it began (zero
 	// between messages).
@@ -214,7 +243,7 @@ func (a *connReading) arrived(n int) error {
 	defer a.mu.Unlock()
 	a.lastRead = a.read
 	a.read += int64(n)
-	if a.err != nil || a.budget == nil || a.reading == 0 {
+	if a.err != nil || a.budget == nil || a.reading == 0 && a.streams == 0 {
 		return a.err
 	}
 	held := a.heldLocked()
@@ -255,23 +284,24 @@ func (a *connReading) heldLocked() int64 {
 	if len(a.calls) > 2*a.reading+16 {
 		a.calls = slices.DeleteFunc(a.calls, func(c *grpcCall) bool { return c.finished })
 	}
-	if a.reading == 0 || len(a.calls) == 0 {
-		// Nothing is being read: what framing (or TLS) drifted into read
-		// less consumed is forgotten, but for the latest read, which may
-		// hold the headers and first frames of a call not yet admitted
-		// (and below TLS, what may not be parsed yet).
+	unary := a.reading > 0 && len(a.calls) > 0
+	if !unary && a.liveIn == 0 {
+		// No message is being read: what framing (or TLS) drifted into
+		// read less consumed is forgotten, but for the latest read,
+		// which may hold the headers and first frames of a call not yet
+		// admitted (and below TLS, what may not be parsed yet). DATA the
+		// live streams counted is kept: it may be the first of a stream
+		// whose call is not admitted yet (or only now, admitStream), whose
+		// messages are counted as they arrive.
 		a.consumed = max(a.consumed, a.lastRead-a.slack)
-		if a.liveIn > 0 {
-			// What the live streams counted is forgotten with it.
-			for _, s := range a.live {
-				s.in = 0
-			}
-			a.liveIn = 0
-		}
-		return 0
 	}
-	if a.followed {
+	switch {
+	case !unary && a.streams == 0:
+		return 0
+	case a.followed:
 		return max(0, a.read-a.consumed)
+	case !unary:
+		return 0
 	}
 	return max(0, min(a.read-a.consumed, a.read-a.calls[0].start))
 }
@@ -290,7 +320,7 @@ func (a *connReading) configureLocked(m *grpcMemory) {
 	}
 	a.budget, a.message = m.budget, m.message
 	a.share = connReadingShare(m.budget.Limit(), m.message)
-	a.est = m.message
+	a.est, a.stream = m.message, m.stream
 	a.res, _ = m.budget.Reserve(0, "")
 	a.timeout, a.logger = m.bodyTimeout, m.logger
 }
@@ -307,12 +337,8 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 	}
 	a.configureLocked(m)
 	held := a.heldLocked()
-	if a.share > 0 {
-		if promised := max(held, a.covered) + a.est; promised > a.share {
-			a.budget.refuse()
-			return fmt.Errorf("%w: a gRPC message being read needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",
-				errMemory, formatBytes(a.est), formatBytes(promised-a.est), formatBytes(a.share), connReadingShareDivisor)
-		}
+	if err := a.shareLocked(held, a.est, "a gRPC message being read"); err != nil {
+		return err
 	}
 	r, err := a.budget.Reserve(a.est, "a gRPC message being read and decoded")
 	if err != nil {
@@ -327,6 +353,67 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 	}
 	a.awaitLocked(call)
 	return nil
+}
+
+// shareLocked refuses (errMemory) a call that needs est bytes, what names
+// them, when the connection's calls already hold or may take too much of
+// its share with it: what it holds of messages being read (held), or what
+// its unary calls being read reserved if more, and its streams' own
+// reservations; mu is held.
+func (a *connReading) shareLocked(held, est int64, what string) error {
+	if a.share <= 0 {
+		return nil
+	}
+	if promised := max(held, a.covered) + int64(a.streams)*a.stream + est; promised > a.share {
+		a.budget.refuse()
+		return fmt.Errorf("%w: %s needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",
+			errMemory, what, formatBytes(est), formatBytes(promised-est), formatBytes(a.share), connReadingShareDivisor)
+	}
+	return nil
+}
+
+// admitStream reserves the memory of call, a streaming call whose headers
+// have arrived, from m's budget when the connection's frames are followed:
+// what grpc-go keeps for a stream (m.stream); its messages are counted on
+// the connection as they arrive, and each is given back once taken whole
+// (took). It reports false, and reserves nothing, when the frames are not
+// followed; it refuses the call (errMemory) when that does not fit in the
+// budget or in the connection's share.
+func (a *connReading) admitStream(call *grpcCall, m *grpcMemory) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.followed {
+		return false, nil
+	}
+	if a.err != nil {
+		return true, a.err
+	}
+	a.configureLocked(m)
+	// Counted before the count is read: DATA of the stream read with its
+	// headers is kept (heldLocked).
+	a.streams++
+	held := a.heldLocked()
+	a.streams--
+	if err := a.shareLocked(held, a.stream, "a gRPC stream"); err != nil {
+		return true, err
+	}
+	a.streams++
+	r, err := a.budget.Reserve(a.stream, "a gRPC stream's buffers")
+	if err != nil {
+		a.streams--
+		return true, err
+	}
+	// What the connection read before the stream was admitted, DATA of
+	// it included, is reserved now (arrived did not, nothing being read).
+	if need := held - a.covered - a.res.Size(); need > 0 {
+		if err := a.res.Grow(need, "gRPC messages being read on one connection"); err != nil {
+			a.streams--
+			r.Release()
+			return true, err
+		}
+	}
+	call.res, call.light, call.counted, call.message = r, true, true, m.message
+	return true, nil
 }
 
 // await times call, a unary call whose headers have arrived and that
@@ -404,9 +491,30 @@ func (a *connReading) streaming(call *grpcCall, id uint32) {
 		return
 	}
 	s.call = call
+	if call.light {
+		return // its messages stay counted until each is taken (took)
+	}
+	s.own = true
 	a.consumed += s.in
 	a.liveIn -= s.in
 	s.in = 0
+	a.settleLocked()
+}
+
+// took gives back a message of wire bytes (its length prefix included)
+// that the handler of the streaming call on stream id has taken whole.
+func (a *connReading) took(id uint32, wire int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[id]
+	if s == nil || s.own {
+		return
+	}
+	k := min(s.in, wire)
+	s.in -= k
+	a.liveIn -= k
+	a.consumed += k
+	a.settleLocked()
 }
 
 // receiving notes that the handler of the streaming call on stream id
@@ -433,6 +541,15 @@ func (a *connReading) receiving(id uint32, on bool) {
 // did not start (a second one broke the call) is its stream's.
 func (a *connReading) ended(call *grpcCall, id uint32, known bool) {
 	a.begin(call, id, known)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if call.counted {
+		// Its stream's DATA still counted is given back when the stream
+		// ends (streamEnded).
+		call.counted = false
+		a.streams--
+		a.settleLocked()
+	}
 }
 
 // check closes the connection when a call has waited for its message for
@@ -603,7 +720,7 @@ func (a *connReading) clientPayloadLocked(f frameHeader, off int64, piece []byte
 		}
 		return // grpc-go drops it: the stream has ended
 	}
-	if s.call == nil {
+	if !s.own {
 		s.in += int64(len(data))
 		a.liveIn += int64(len(data))
 		a.consumed -= int64(len(data))
@@ -662,6 +779,11 @@ func (a *connReading) streamEndedLocked(id uint32) {
 	}
 	delete(a.live, id)
 	a.liveIn -= s.in
+	if s.call != nil {
+		// A streaming call's messages were taken off its count (took).
+		a.consumed += s.in
+		return
+	}
 	// A message a unary call took whole may be this stream's, already
 	// given back (finish): that much is not given back twice.
 	a.consumed += max(0, s.in-a.unattributed)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http/httptest"
@@ -58,7 +59,7 @@ func newFollowedConn(t *testing.T, message, budget int64, timeout time.Duration)
 	t.Helper()
 	c := &followedConn{a: &connReading{}, mem: NewMemoryBudget(budget), logs: &bytes.Buffer{}}
 	c.w = &connWrites{reading: c.a}
-	c.m = newGRPCMemory(c.mem, message)
+	c.m = newGRPCMemory(c.mem, message, 0)
 	c.m.bodyTimeout, c.m.logger = timeout, slog.New(slog.NewTextHandler(c.logs, nil))
 	c.a.peer = &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 4242}
 	c.a.closeConn = func() error {
@@ -146,7 +147,8 @@ func (c *followedConn) closes() int {
 // whose refused calls' clients sent on held hundreds of MiB it did not.
 // Padding is not counted; a stream the client resets is given back at its
 // next read (grpc-go handles the reset only after the frames read before
-// it); a streaming call's messages are its own reservation's.
+// it); the message of a streaming call that reserved the largest one (a
+// health Watch) is its own reservation's.
 func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 	const message, budget = 256 << 10, 64 << 20
 	c := newFollowedConn(t, message, budget, 0)
@@ -220,7 +222,7 @@ func TestConnReadingCountsWhatIsHeld(t *testing.T) {
 		t.Errorf("a stream reset before the latest read: %d bytes held, want 1000", got)
 	}
 
-	// A streaming call's messages are its own reservation's.
+	// A health Watch's message is its own reservation's.
 	stream := c.open(t, 15, false)
 	c.data(15, message, 8<<10, false)
 	c.a.streaming(stream, 15)
@@ -509,5 +511,183 @@ func TestGRPCBodyTimeoutUnavailable(t *testing.T) {
 	defer other.Close()
 	if _, err := inference.NewGRPCInferenceServiceClient(other).ModelInfer(t.Context(), grpcSumRequest(true)); err != nil {
 		t.Errorf("a call on another connection after: %v", err)
+	}
+}
+
+// openStream sends the headers of stream id and, with them when data is
+// not nil, the start of its messages, admits it as a streaming call whose
+// messages the connection counts (admitStream), and starts its handler.
+func (c *followedConn) openStream(t *testing.T, id uint32, data []byte) (*grpcCall, error) {
+	t.Helper()
+	_ = c.client.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte{0x83, 0x86}, EndHeaders: true})
+	if data != nil {
+		_ = c.client.fr.WriteData(id, false, data)
+	}
+	c.send(c.client.take())
+	call := &grpcCall{method: "/test/Stream", readFrom: c.a}
+	counted, err := c.a.admitStream(call, c.m)
+	if !counted {
+		t.Fatalf("stream %d: not counted on a connection whose frames are followed", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.a.streaming(call, id)
+	return call, nil
+}
+
+// TestConnReadingCountsStreamMessages: on a connection whose frames are
+// followed, a streaming call reserves its stream's buffers only, and its
+// messages are counted as they arrive and given back as its handler takes
+// each whole: forty idle streams fit in a budget that held four before (a
+// stream reserved the largest message for its life), a message is counted
+// while it arrives, DATA read with a stream's headers is counted from its
+// admission, a stream's end gives back what it still counted, a read that
+// does not fit in the budget closes the connection, and the streams'
+// reservations count in their connection's share.
+func TestConnReadingCountsStreamMessages(t *testing.T) {
+	const message, budget = 4 << 20, 16 << 20
+	c := newFollowedConn(t, message, budget, 0)
+	c.m.stream = GRPCStreamBytes(4 << 10)
+	stream := c.m.stream
+	calls := map[uint32]*grpcCall{}
+	for id := uint32(1); id < 80; id += 2 {
+		call, err := c.openStream(t, id, nil)
+		if err != nil {
+			t.Fatalf("idle stream %d: %v", id, err)
+		}
+		calls[id] = call
+	}
+	idle := 40 * stream
+	if got := c.mem.Used(); got != idle {
+		t.Fatalf("40 idle streams hold %d bytes of the budget, want their buffers' %d", got, idle)
+	}
+	if got := c.held(); got != 0 {
+		t.Errorf("40 idle streams: %d bytes held of messages, want 0", got)
+	}
+
+	// A message counted as it arrives, given back once taken whole.
+	const size = 2 << 20
+	c.data(1, size, 1<<20, false)
+	if got, want := c.mem.Used(), idle+1<<20; got != want {
+		t.Errorf("1 MiB of a stream's message arrived: the budget holds %d bytes, want %d", got, want)
+	}
+	c.data(1, -1, size+5-1<<20, false)
+	if got := c.held(); got != size+5 {
+		t.Errorf("a stream's message whole: %d bytes held, want %d", got, size+5)
+	}
+	c.a.took(1, size+5)
+	if got := c.held(); got != 0 {
+		t.Errorf("a stream's message taken: %d bytes held, want 0", got)
+	}
+	if got := c.mem.Used(); got != idle {
+		t.Errorf("a stream's message taken: the budget holds %d bytes, want %d", got, idle)
+	}
+
+	// DATA read with a stream's headers, before it was admitted, counts.
+	first := append(rawgrpc.Prefix(size), make([]byte, 16<<10-5)...)
+	calls[81], _ = c.openStream(t, 81, first)
+	if got := c.held(); got != 16<<10 {
+		t.Errorf("16 KiB read with a stream's headers: %d bytes held, want %d", got, 16<<10)
+	}
+	if got, want := c.mem.Used(), idle+stream+16<<10; got < want {
+		t.Errorf("16 KiB read with a stream's headers: the budget holds %d bytes, want at least %d", got, want)
+	}
+	// Its end gives back its stream's buffers and what it counted.
+	c.a.ended(calls[81], 81, true)
+	calls[81].res.Release()
+	c.end(81)
+	if got := c.held(); got != 0 {
+		t.Errorf("a stream with 16 KiB of a message ended: %d bytes held, want 0", got)
+	}
+	if got := c.mem.Used(); got != idle {
+		t.Errorf("a stream with 16 KiB of a message ended: the budget holds %d bytes, want %d", got, idle)
+	}
+
+	// Messages past the budget: the read that does not fit closes the
+	// connection, and what it held is given back.
+	for _, id := range []uint32{3, 5, 7, 9} {
+		c.data(id, message, 7<<19, false)
+	}
+	_ = c.client.fr.WriteData(11, false, append(rawgrpc.Prefix(message), make([]byte, 16<<10-5)...))
+	p := c.client.take()
+	for range 64 {
+		_ = c.client.fr.WriteData(11, false, make([]byte, 16<<10))
+	}
+	p = append(p, c.client.take()...)
+	err := c.a.arrived(len(p))
+	if !errors.Is(err, errMemory) {
+		t.Fatalf("a read past the budget: %v, want it refused for memory", err)
+	}
+	if got := c.mem.Used(); got != idle {
+		t.Errorf("the connection closed: the budget holds %d bytes, want its streams' %d (given back as they end)", got, idle)
+	}
+	for id, call := range calls {
+		if id != 81 {
+			c.a.ended(call, id, true)
+			call.res.Release()
+		}
+	}
+	if got := c.mem.Used(); got != 0 {
+		t.Errorf("every stream ended: the budget holds %d bytes, want 0", got)
+	}
+
+	// The streams' reservations count in their connection's share: a
+	// quarter of the budget, or two messages (8 MiB).
+	c = newFollowedConn(t, message, budget, 0)
+	c.m.stream = 1 << 20
+	for id := uint32(1); id < 16; id += 2 {
+		if _, err := c.openStream(t, id, nil); err != nil {
+			t.Fatalf("stream %d of 1 MiB: %v", id, err)
+		}
+	}
+	if _, err := c.openStream(t, 17, nil); !errors.Is(err, errMemory) {
+		t.Errorf("a ninth stream of 1 MiB on a connection whose share is 8 MiB: %v, want refused for memory", err)
+	}
+	if err := c.a.admit(&grpcCall{method: "/test/Method", readFrom: c.a}, c.m); !errors.Is(err, errMemory) {
+		t.Errorf("a unary call on a connection whose streams hold its share: %v, want refused for memory", err)
+	}
+}
+
+// unknownStream is a grpc.ServerStream whose HTTP/2 stream cannot be read
+// from its context.
+type unknownStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s unknownStream) Context() context.Context { return s.ctx }
+
+// TestGRPCStreamUnknownReservesLargest: a streaming call that reserved its
+// stream's buffers only (admitStream) and whose stream cannot be read from
+// grpc-go (grpcStreamID: its messages cannot be taken off its stream's
+// count) reserves the largest message before its handler runs, as on
+// connections whose frames are not followed; refused RESOURCE_EXHAUSTED
+// when that does not fit.
+func TestGRPCStreamUnknownReservesLargest(t *testing.T) {
+	const message, budget = 4 << 20, 18 << 20
+	c := newFollowedConn(t, message, budget, 0)
+	c.m.stream = 64 << 10
+	run := func() (int64, error) {
+		call := &grpcCall{method: "/test/Stream", readFrom: c.a}
+		if counted, err := c.a.admitStream(call, c.m); !counted || err != nil {
+			t.Fatalf("admitStream: %v %v", counted, err)
+		}
+		call.writes = c.w
+		ctx := context.WithValue(t.Context(), grpcCallKey{}, call)
+		var held int64 = -1
+		err := grpcCallStreamStream(nil, unknownStream{ctx: ctx}, nil, func(any, grpc.ServerStream) error {
+			held = call.res.Size()
+			return nil
+		})
+		return held, err
+	}
+	for i := range 4 {
+		if held, err := run(); err != nil || held != message {
+			t.Fatalf("stream %d: its handler ran with %d bytes reserved (%v), want the largest message, %d", i, held, err, message)
+		}
+	}
+	if held, err := run(); status.Code(err) != codes.ResourceExhausted || held != -1 {
+		t.Errorf("a fifth stream past the budget: %v (its handler ran: %v), want RESOURCE_EXHAUSTED", err, held != -1)
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/sloserve/sloserve/api/inference"
 )
@@ -34,9 +36,12 @@ import (
 // message itself: the copy that gathers a message received in pieces into
 // one buffer, and the decoded structures with their copies of every bytes
 // field (grpcDecodeCodec). A unary call gives back what its
-// message did not take when the handler starts (the message is in); a
-// stream keeps it for its whole life, as the buffer of the next message,
-// and reserves each message it holds on top. The stats handler
+// message did not take when the handler starts (the message is in). A
+// stream on a connection whose frames are followed reserves its stream's
+// buffers (GRPCStreamBytes) for its life and its connection counts each
+// message as it arrives (connReading.admitStream); elsewhere a stream
+// keeps the largest message for its whole life, as the buffer of the next
+// message. Either reserves each message it holds on top. The stats handler
 // gives everything back when the call ends, however it ends.
 
 // grpcCallKey keys a call's grpcCall in its context.
@@ -77,6 +82,17 @@ type grpcCall struct {
 	writes   *connWrites
 	stream   uint32
 	followed bool // stream is known: its answers are followed
+
+	// Set for a streaming call whose messages its connection counts as
+	// they arrive (connReading.admitStream): it reserved its stream's
+	// buffers only; message is the largest message, which it reserves if
+	// its stream cannot be known. counted (guarded by readFrom.mu): it is
+	// among its connection's streams. taking: the wire length of the
+	// message its handler is taking whole, given back once it has it.
+	light   bool
+	counted bool
+	message int64
+	taking  atomic.Int64
 }
 
 // grpcCallStream notes the HTTP/2 stream of a call whose connection's
@@ -110,24 +126,36 @@ func grpcCallStreamStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInf
 		call.readFrom.begin(call, call.stream, call.followed)
 		if call.followed {
 			call.readFrom.streaming(call, call.stream)
-			ss = &timedStream{ServerStream: ss, conn: call.readFrom, id: call.stream}
+			ss = &timedStream{ServerStream: ss, conn: call.readFrom, call: call}
+		} else if call.light {
+			// Its messages cannot be taken off its stream's count: it
+			// reserves the largest, as on connections not followed.
+			if err := call.res.Grow(call.message-call.res.Size(), "a gRPC message being read and decoded"); err != nil {
+				return status.Error(codes.ResourceExhausted, err.Error())
+			}
 		}
 	}
 	return handler(srv, ss)
 }
 
 // timedStream tells its connection's accounting when its handler waits
-// for a message.
+// for a message, and when it has taken one whole.
 type timedStream struct {
 	grpc.ServerStream
 	conn *connReading
-	id   uint32
+	call *grpcCall
 }
 
 func (s *timedStream) RecvMsg(m any) error {
-	s.conn.receiving(s.id, true)
-	defer s.conn.receiving(s.id, false)
-	return s.ServerStream.RecvMsg(m)
+	s.conn.receiving(s.call.stream, true)
+	defer s.conn.receiving(s.call.stream, false)
+	err := s.ServerStream.RecvMsg(m)
+	// grpc-go frees the message's wire form as RecvMsg returns, after
+	// its stats.InPayload: it is given back from here.
+	if wire := s.call.taking.Swap(0); wire > 0 {
+		s.conn.took(s.call.stream, wire)
+	}
+	return err
 }
 
 // abandon gives back what call (nil: none) reserved from its headers,
@@ -140,7 +168,7 @@ func (call *grpcCall) abandon() {
 		call.conn.finish(call, 0, 0)
 	}
 	if call.readFrom != nil {
-		call.readFrom.begin(call, 0, false)
+		call.readFrom.ended(call, 0, false)
 	}
 	call.res.Release()
 }
@@ -168,6 +196,10 @@ type grpcMemory struct {
 	budget  *MemoryBudget
 	message int64 // the largest message a call may send
 	reading int64 // what a call reserves while its message is read: message
+	// stream is what a streaming call reserves for its life on a
+	// connection that counts its messages as they arrive
+	// (connReading.admitStream): GRPCStreamBytes.
+	stream int64
 	// bodyTimeout closes a connection whose call's message has not
 	// arrived this long after its headers (limits.body_timeout; 0:
 	// never), logged on logger.
@@ -183,13 +215,15 @@ type grpcMemory struct {
 }
 
 // newGRPCMemory reserves calls' memory in budget for messages of at most
-// maxMessage bytes (<= 0: grpc-go's own cap).
-func newGRPCMemory(budget *MemoryBudget, maxMessage int64) *grpcMemory {
+// maxMessage bytes (<= 0: grpc-go's own cap) and headers of at most
+// maxHeader bytes (grpc.MaxHeaderListSize; <= 0: grpc-go's default).
+func newGRPCMemory(budget *MemoryBudget, maxMessage, maxHeader int64) *grpcMemory {
 	m := &grpcMemory{budget: budget, message: maxMessage}
 	if m.message <= 0 || m.message > math.MaxInt32 {
 		m.message = math.MaxInt32 // grpc-go's own cap on a message
 	}
 	m.reading = m.message
+	m.stream = GRPCStreamBytes(maxHeader)
 	return m
 }
 
@@ -207,7 +241,9 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 // reserve takes the memory of a call to method whose headers have arrived
 // on the connection accounted by conn (nil: not accounted): for a unary
 // call on an accounted connection what a message there is expected to take
-// (connReading.admit), else the largest message it may send. It returns
+// (connReading.admit), for a streaming call on a connection whose frames
+// are followed its stream's buffers (connReading.admitStream), else the
+// largest message it may send. It returns
 // ctx with the call's grpcCall, or errMemory.
 func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReading) (context.Context, error) {
 	if m == nil {
@@ -242,6 +278,16 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 			return ctx, err
 		}
 	default:
+		counted := false
+		if conn != nil {
+			var err error
+			if counted, err = conn.admitStream(call, m); err != nil {
+				return ctx, err
+			}
+		}
+		if counted {
+			break
+		}
 		r, err := m.budget.Reserve(m.reading, "a gRPC message being read and decoded")
 		if err != nil {
 			return ctx, err
@@ -286,6 +332,9 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		}
 		if call.conn != nil {
 			call.conn.finish(call, call.header, int64(s.WireLength))
+		}
+		if call.light {
+			call.taking.Add(int64(s.WireLength)) // given back as RecvMsg returns (timedStream)
 		}
 	case *stats.OutPayload:
 		if call.writes == nil {

@@ -269,7 +269,7 @@ func TestGRPCPeekRefusalFollowsModelMeshHeader(t *testing.T) {
 func TestGRPCReadingReservesOneMessage(t *testing.T) {
 	const message = 16 << 20
 	budget := NewMemoryBudget(3 * message)
-	m := newGRPCMemory(budget, message)
+	m := newGRPCMemory(budget, message, 0)
 	m.methods.Store(&map[string]bool{inference.GRPCInferenceService_ModelInfer_FullMethodName: false})
 	var calls []*Reservation
 	for i := range 3 {

@@ -78,8 +78,10 @@ func (s *grpcService) ModelStreamInfer(stream grpc.BidiStreamingServer[inference
 			recvErr = err
 			continue
 		}
-		// The stream's own reservation (the tap's) is the buffer of the
-		// next message; each request read holds its own until answered.
+		// The stream's own reservation (the tap's) covers its buffers
+		// (and, where its connection does not count its messages as they
+		// arrive, the next message); each request read holds its own
+		// until answered.
 		mem, err := s.codec.takeDecoded(ctx, req)
 		workers.Add(1)
 		go func() {

@@ -264,3 +264,59 @@ func BenchmarkGRPCStreamInfer(b *testing.B) {
 		})
 	}
 }
+
+// TestGRPCStreamMessagesCounted: on a connection the server's listener
+// accepted, with its frames followed, a ModelStreamInfer stream reserves
+// its buffers only, and each 1 MiB message is counted as it arrives and
+// given back once its handler has it: between messages the stream holds
+// its buffers, not the messages it was sent, and nothing once it ends.
+func TestGRPCStreamMessagesCounted(t *testing.T) {
+	const message, header = 8 << 20, 16 << 10
+	mem := NewMemoryBudget(256 << 20)
+	srv := NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 16, MaxHeaderBytes: header, Memory: mem},
+		slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(nil)), grpc.MaxHeaderListSize(header))...)
+	conn, err := grpc.NewClient(serveGRPCLimited(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := inference.NewGRPCInferenceServiceClient(conn).ModelStreamInfer(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := GRPCStreamBytes(header)
+	// A guard against a server that never gives back: far longer than
+	// the first message's round trip.
+	guard := time.Minute
+	for i := range 10 {
+		start := time.Now()
+		req := grpcSumRequest(true)
+		req.Id = fmt.Sprintf("big-%d", i)
+		req.Parameters = map[string]*inference.InferParameter{
+			"padding": {ParameterChoice: &inference.InferParameter_StringParam{StringParam: strings.Repeat("x", 1<<20)}},
+		}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		a, err := stream.Recv()
+		if err != nil || a.GetErrorMessage() != "" {
+			t.Fatalf("message %d: %v %q", i, err, a.GetErrorMessage())
+		}
+		if i == 0 {
+			guard = max(10*time.Second, 1000*time.Since(start))
+		}
+		// Its answer's memory comes back once written.
+		if !waitFor(guard, func() bool { return mem.Used() == idle }) {
+			t.Fatalf("after message %d: the budget holds %d bytes, want the stream's buffers' %d", i, mem.Used(), idle)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("the stream's end: %v", err)
+	}
+	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
+		t.Errorf("the stream ended: the budget holds %d bytes, want 0", mem.Used())
+	}
+}

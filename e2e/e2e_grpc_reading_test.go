@@ -13,22 +13,23 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sloserve/sloserve/api"
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/internal/rawgrpc"
 )
 
 // TestE2EGRPCUnfinishedMessageTimesOut: beside a ModelStreamInfer stream
-// idle from its start and a health Watch, two clients each open a call on
-// a connection of their own and send its headers and 1 MiB of a 60 MiB
-// message, and stall. Each holds the largest message (64 MiB, on a fresh
-// connection; the idle stream too): another client's call is refused, the
-// budget full. With limits.body_timeout short, the stalled connections
-// are closed by the server (logged at WARN with each peer), the memory
-// they held comes back
-// and another client's call is then served. So for unary ModelInfer
-// calls and for ModelStreamInfer streams whose message began and did not
-// finish; a stream idle between messages and a health Watch, opened
-// before them, are left open.
+// idle from its start and a health Watch, clients each open a call on a
+// connection of their own and send its headers and 1 MiB of a 60 MiB
+// message, and stall. A unary call holds the largest message (64 MiB, on
+// a fresh connection): with three of them, another client's call is
+// refused, the budget full. A stream holds what it was sent (1 MiB each
+// for two of them). With limits.body_timeout short, the stalled
+// connections are closed by the server (logged at WARN with each peer),
+// the memory they held comes back and another client's call is then
+// served. So for unary ModelInfer calls and for ModelStreamInfer streams
+// whose message began and did not finish; a stream idle between messages
+// and a health Watch, opened before them, are left open.
 func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
@@ -42,9 +43,8 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 
 	for _, method := range []string{inference.GRPCInferenceService_ModelInfer_FullMethodName, inference.GRPCInferenceService_ModelStreamInfer_FullMethodName} {
 		t.Run(method[strings.LastIndex(method, "/")+1:], func(t *testing.T) {
-			// The idle stream holds the largest message for its life
-			// (the buffer of its next message), 64 MiB; the Watch gives
-			// its reservation back once it has its message.
+			// The idle stream holds its buffers for its life; the Watch
+			// gives its reservation back once it has its message.
 			idle := rawgrpc.Dial(t, s.grpcAddr)
 			idle.GiveUpAfter(guard)
 			idleID := idle.Start(inference.GRPCInferenceService_ModelStreamInfer_FullMethodName)
@@ -56,11 +56,18 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 			}
 			var base float64
 			waitFor(t, "the idle stream and the Watch reserved", guard, func() bool {
+				// Once the Watch has answered, its handler has started
+				// and given its message's reservation back.
 				base, _ = s.metricValue(t, "sloserve_memory_reserved_bytes")
-				return base == 64<<20
+				return len(idle.Received(watchID)) > 0 && base == float64(api.GRPCStreamBytes(64<<10))
 			})
 
-			const stalled, declared, sent = 2, 60 << 20, 1 << 20
+			const declared, sent = 60 << 20, 1 << 20
+			unary := method == inference.GRPCInferenceService_ModelInfer_FullMethodName
+			stalled := 2
+			if unary {
+				stalled = 3
+			}
 			clients := make([]*rawgrpc.Client, stalled)
 			ids := make([]uint32, stalled)
 			for i := range clients {
@@ -71,20 +78,41 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// With the idle stream, the stalled calls hold the budget: a
-			// call on a fresh connection is refused, unless the server
-			// already cut them (a host slower than the body timeout).
-			held, _ := s.metricValue(t, "sloserve_memory_reserved_bytes")
-			_, err := inference.NewGRPCInferenceServiceClient(s.grpcConn(t)).ModelInfer(t.Context(), grpcDynRequest())
-			refusedFirst := status.Code(err) == codes.ResourceExhausted
-			cutFirst := false
+			// The stalled unary calls hold the budget: a call on a fresh
+			// connection is refused, unless the server already cut them
+			// (a host slower than the body timeout). The stalled streams
+			// hold what they were sent.
+			var (
+				held                   float64
+				err                    error
+				refusedFirst, cutFirst bool
+			)
+			if unary {
+				held, _ = s.metricValue(t, "sloserve_memory_reserved_bytes")
+				_, err = inference.NewGRPCInferenceServiceClient(s.grpcConn(t)).ModelInfer(t.Context(), grpcDynRequest())
+				refusedFirst = status.Code(err) == codes.ResourceExhausted
+			} else {
+				// Unless the server already cut them.
+				waitFor(t, "the stalled streams' bytes counted", guard, func() bool {
+					held, _ = s.metricValue(t, "sloserve_memory_reserved_bytes")
+					if held >= base+float64(stalled*sent) {
+						return true
+					}
+					for _, c := range clients {
+						if closed, _ := c.ClosedByServer(); closed {
+							return true
+						}
+					}
+					return false
+				})
+			}
 			for _, c := range clients {
 				if closed, _ := c.ClosedByServer(); closed {
 					cutFirst = true
 				}
 			}
-			if !refusedFirst && !cutFirst {
-				t.Fatalf("a call on a fresh connection while two stalled calls and an idle stream hold %.0f MiB: %v, want RESOURCE_EXHAUSTED", held/(1<<20), err)
+			if unary && !refusedFirst && !cutFirst {
+				t.Fatalf("a call on a fresh connection while %d stalled calls and an idle stream hold %.0f MiB: %v, want RESOURCE_EXHAUSTED", stalled, held/(1<<20), err)
 			}
 
 			for i, c := range clients {
@@ -114,7 +142,7 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 			if !s.logHas("WARN", "limits.body_timeout", "peer=127.0.0.1:", method) {
 				t.Errorf("no WARN naming limits.body_timeout, the peer and %s in the server's log", method)
 			}
-			t.Logf("two stalled calls and an idle stream held %.0f MiB; a call meanwhile: %v (refused first: %v, cut first: %v)", held/(1<<20), err, refusedFirst, cutFirst)
+			t.Logf("%d stalled calls and an idle stream held %.1f MiB; a call meanwhile: %v (refused first: %v, cut first: %v)", stalled, held/(1<<20), err, refusedFirst, cutFirst)
 			idle.Close()
 		})
 	}

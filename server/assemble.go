@@ -340,6 +340,7 @@ func (h *house) buildServing(rl Reloading) error {
 		Trace:             trace.settings,
 		MaxRequestBytes:   int64(cfg.Limits.MaxRequestBytes),
 		MaxTensorElements: cfg.Limits.MaxTensorElements,
+		MaxHeaderBytes:    int64(cfg.Limits.MaxHeaderBytes),
 		BodyTimeout:       cfg.Limits.BodyTimeout,
 		StreamInflight:    cfg.Limits.GRPCStreamInflight,
 		SharedMemory:      h.shm,

@@ -35,6 +35,7 @@ type Client struct {
 	cond    *sync.Cond
 	window  int64             // the connection's send window
 	ended   map[uint32]string // streams the server ended: their grpc-status and message
+	data    map[uint32][]byte // what the server sent on each stream, length prefixes included
 	readErr error
 }
 
@@ -52,7 +53,7 @@ func Dial(tb testing.TB, addr string) *Client {
 // ends.
 func Over(tb testing.TB, c net.Conn) *Client {
 	tb.Helper()
-	r := &Client{tb: tb, conn: c, nextID: 1, window: 65535, ended: map[uint32]string{}}
+	r := &Client{tb: tb, conn: c, nextID: 1, window: 65535, ended: map[uint32]string{}, data: map[uint32][]byte{}}
 	r.cond = sync.NewCond(&r.mu)
 	r.fr = http2.NewFramer(c, c)
 	r.henc = hpack.NewEncoder(&r.hbuf)
@@ -111,6 +112,10 @@ func (r *Client) readLoop() {
 				r.cond.Broadcast()
 				r.mu.Unlock()
 			}
+		case *http2.DataFrame:
+			r.mu.Lock()
+			r.data[f.StreamID] = append(r.data[f.StreamID], f.Data()...)
+			r.mu.Unlock()
 		case *http2.RSTStreamFrame:
 			r.mu.Lock()
 			if _, ok := r.ended[f.StreamID]; !ok {
@@ -212,6 +217,15 @@ func (r *Client) Ended(id uint32) (string, bool) {
 	defer r.mu.Unlock()
 	s, ok := r.ended[id]
 	return s, ok
+}
+
+// Received is what the server has sent on stream id so far: its messages,
+// each with its length prefix. (Keep them small: the client grants no
+// flow-control window beyond the initial 64 KiB.)
+func (r *Client) Received(id uint32) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return bytes.Clone(r.data[id])
 }
 
 // Ping sends a PING frame.
