@@ -235,7 +235,12 @@ func TestE2ETritonClientLoadConfig(t *testing.T) {
 func TestE2ETritonClientCompression(t *testing.T) {
 	repo := t.TempDir()
 	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), "max_batch_size: 8\n"})
-	s := startServer(t, repo, "", withSet("limits.max_request_bytes=1MiB"))
+	// The gRPC zip bomb is compressed by grpc-go's client after it has
+	// sent the call's headers: 256 MiB through gzip in a -race test binary
+	// beside two CPU burners took over a minute, and the server rightly
+	// closed the connection at limits.body_timeout (1m) before the message
+	// came. The bomb's refusal is what this test checks, not the timeout.
+	s := startServer(t, repo, "", withSet("limits.max_request_bytes=1MiB", "limits.body_timeout=10m"))
 	header := `{"inputs":[{"name":"input_vectors","shape":[1,10],"datatype":"FP32","parameters":{"binary_data_size":40}}],` +
 		`"outputs":[{"name":"output_scalars","parameters":{"binary_data":false}}]}`
 	body := []byte(header)

@@ -75,8 +75,14 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 	if base.callerPolls != 0 || base.workerPolls != 0 {
 		t.Fatalf("polling off, yet %+v", base)
 	}
-	if base.doorbellWakes < calls/2 || base.workerSleeps < calls/2 {
-		t.Fatalf("without polling the worker slept %d times and was woken %d times in %d calls; want about once a call",
+	// Without polling the worker sleeps whenever it finds no call, and
+	// each sleep takes a wake-up: about once a call on a quiet machine. On
+	// a busy one the worker often loses its CPU right after an answer and
+	// finds the next call already there (72 sleeps in 200 calls beside a
+	// -race suite and two burners): the rig's check is only that it sleeps
+	// and is woken, the comparison is with polling below.
+	if base.doorbellWakes < calls/10 || base.workerSleeps < calls/10 {
+		t.Fatalf("without polling the worker slept %d times and was woken %d times in %d calls; want a tenth at least",
 			base.workerSleeps, base.doorbellWakes, calls)
 	}
 	on := newMailboxRigSpin(t, 4, 1, echo, wideSpin, notIdle)
@@ -105,6 +111,9 @@ func TestMailboxPollingTakesTheWakeUpsOff(t *testing.T) {
 		if c.n*4 > calls {
 			t.Errorf("%s: %d in %d calls with polling, want at most a quarter", c.what, c.n, calls)
 		}
+	}
+	if best.doorbellWakes >= base.doorbellWakes {
+		t.Errorf("workers were woken %d times in %d calls with polling, %d without: want fewer", best.doorbellWakes, calls, base.doorbellWakes)
 	}
 	if n := on.box.freeSlots(); n != 4 {
 		t.Errorf("%d free slots after the calls, want 4", n)
