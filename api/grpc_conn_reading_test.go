@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -379,18 +377,14 @@ func TestGRPCExpiredCallGivesBack(t *testing.T) {
 // everything read since its oldest call being read began), over plain TCP
 // and over TLS, whose frames are read after the handshake.
 func TestGRPCRefusedFramesNotCounted(t *testing.T) {
-	certs := httptest.NewUnstartedServer(nil)
-	certs.StartTLS()
-	certs.Close()
-	roots := x509.NewCertPool()
-	roots.AddCert(certs.Certificate())
+	certs, roots := localhostTLS()
 	for _, tc := range []struct {
 		name   string
 		server credentials.TransportCredentials
 		client *tls.Config
 	}{
 		{"plain", nil, nil},
-		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs.TLS.Certificates}), &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}},
+		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs}), &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const message, budget = 16 << 20, 256 << 20

@@ -49,6 +49,17 @@ func TestGRPCStreamID(t *testing.T) {
 	}
 }
 
+// localhostTLS is a server certificate for 127.0.0.1 (httptest's) and the
+// roots a client trusts it with.
+func localhostTLS() ([]tls.Certificate, *x509.CertPool) {
+	certs := httptest.NewUnstartedServer(nil)
+	certs.StartTLS()
+	certs.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(certs.Certificate())
+	return certs.TLS.Certificates, roots
+}
+
 // TestGRPCUnreadAnswer: an answer the client never reads (it grants no
 // window past grpc-go's smallest, 64 KiB) keeps the memory of its bytes
 // not yet written after its call has ended, until limits.write_timeout
@@ -57,19 +68,14 @@ func TestGRPCStreamID(t *testing.T) {
 // that resets such a call gives it back at once, its connection open; a
 // client that reads gets its answer and gives it back at once.
 func TestGRPCUnreadAnswer(t *testing.T) {
-	// The frames are followed after TLS as on plain TCP: a certificate
-	// for 127.0.0.1 from httptest.
-	certs := httptest.NewUnstartedServer(nil)
-	certs.StartTLS()
-	certs.Close()
-	roots := x509.NewCertPool()
-	roots.AddCert(certs.Certificate())
+	// The frames are followed after TLS as on plain TCP.
+	certs, roots := localhostTLS()
 	for _, tc := range []struct {
 		name           string
 		server, client credentials.TransportCredentials
 	}{
 		{"plain", nil, insecure.NewCredentials()},
-		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs.TLS.Certificates}), credentials.NewTLS(&tls.Config{RootCAs: roots})},
+		{"TLS", credentials.NewTLS(&tls.Config{Certificates: certs}), credentials.NewTLS(&tls.Config{RootCAs: roots})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const size = 8 << 20

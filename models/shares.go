@@ -74,6 +74,11 @@ func (a *unitShare) resize(lim limiter.Limiter, id string, s limiter.Share) erro
 func (a *unitShare) lift(lim limiter.Limiter, id string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.liftLocked(lim, id)
+}
+
+// liftLocked is lift with mu held.
+func (a *unitShare) liftLocked(lim limiter.Limiter, id string) error {
 	if a.lifted || !startsLifted(lim, a.share) {
 		return nil
 	}
@@ -108,14 +113,7 @@ func (a *unitShare) hold(lim limiter.Limiter, id string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.held = true
-	if a.lifted || !startsLifted(lim, a.share) {
-		return nil
-	}
-	if err := lim.Resize(id, startShare(a.share)); err != nil {
-		return err
-	}
-	a.lifted = true
-	return nil
+	return a.liftLocked(lim, id)
 }
 
 // isHeld reports whether the unit is held lifted for the server's stop.
