@@ -335,11 +335,11 @@ func TestStreamBytesCoverIdleStreams(t *testing.T) {
 			r := rawgrpc.Dial(t, l.Addr().String())
 			r.GiveUpAfter(time.Minute)
 			served := func() {
-				id := r.Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
-				if err := r.Send(id, rawgrpc.Prefix(0), true); err != nil {
+				got, err := r.Live()
+				if err != nil {
 					t.Fatal(err)
 				}
-				if got := r.Wait(id); !strings.HasPrefix(got, "0") {
+				if !strings.HasPrefix(got, "0") {
 					t.Fatalf("ServerLive: %q", got)
 				}
 			}

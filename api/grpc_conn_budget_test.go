@@ -81,11 +81,11 @@ func warmRaw(t *testing.T, r *rawgrpc.Client, n int) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for range n {
-		id := r.Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
-		if err := r.Send(id, rawgrpc.Prefix(0), true); err != nil {
+		got, err := r.Live()
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got := r.Wait(id); got != "0" {
+		if got != "0" {
 			t.Fatalf("ServerLive: %q, want grpc-status 0", got)
 		}
 	}

@@ -44,11 +44,11 @@ func TestE2EGRPCIdleStreamsHoldLittle(t *testing.T) {
 		}
 		// Answered once the server has read (and admitted or refused)
 		// every stream opened before it.
-		last := raws[i].Start(inference.GRPCInferenceService_ServerLive_FullMethodName)
-		if err := raws[i].Send(last, rawgrpc.Prefix(0), true); err != nil {
+		got, err := raws[i].Live()
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got := raws[i].Wait(last); !strings.HasPrefix(got, "0") {
+		if !strings.HasPrefix(got, "0") {
 			t.Fatalf("client %d: ServerLive after its streams: %q", i, got)
 		}
 	}

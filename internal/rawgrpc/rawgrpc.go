@@ -228,6 +228,21 @@ func (r *Client) Received(id uint32) []byte {
 	return bytes.Clone(r.data[id])
 }
 
+// serverLive is the Open Inference Protocol's ServerLive method.
+const serverLive = "/inference.GRPCInferenceService/ServerLive"
+
+// Live sends a ServerLive call on a new stream and waits for its end. It
+// is answered once the server has read every frame sent before it, so it
+// also marks that point. It returns the call's grpc-status and message,
+// or "" when the connection ended first.
+func (r *Client) Live() (string, error) {
+	id := r.Start(serverLive)
+	if err := r.Send(id, Prefix(0), true); err != nil {
+		return "", err
+	}
+	return r.Wait(id), nil
+}
+
 // Ping sends a PING frame.
 func (r *Client) Ping() error {
 	r.wmu.Lock()
