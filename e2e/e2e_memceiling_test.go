@@ -73,9 +73,21 @@ func withinBudget(t *testing.T, grew int64) {
 
 // noneReserved fails t unless sloserve_memory_reserved_bytes is 0 when
 // (a phrase: "after every call ended").
+//
+// A request's memory comes back as its handler returns, which may follow
+// the client's reading of the answer's last byte (42 MB were still held
+// just after a 31.8 MB answer was read, in 1 of 10 runs beside `make test`
+// and two burners): the gauge is read until it is 0, for at most 10 s, a
+// guard against memory that never comes back, not a timing bound.
 func (s *testServer) noneReserved(t *testing.T, when string) {
 	t.Helper()
-	if v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes"); v != 0 {
+	var v float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if v, _ = s.metricValue(t, "sloserve_memory_reserved_bytes"); v == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if v != 0 {
 		t.Errorf("sloserve_memory_reserved_bytes = %v %s, want 0", v, when)
 	}
 }
