@@ -158,8 +158,17 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 // another fresh connection, which needs 64 MiB of the budget's 246, is
 // served. (Counting everything read since the oldest call being read
 // began, the connection held over 200 MiB and that call was refused.)
+//
+// The two admitted calls stay unfinished while the refused ones are sent:
+// limits.body_timeout is 10m here, as a -race client beside two CPU
+// burners took over 30 s to send the refused calls' 200 MiB, and the
+// server, right to do so, closed the connection at the 30 s of the other
+// memory tests.
 func TestE2EGRPCRefusedFramesNotCounted(t *testing.T) {
-	s, _ := startMemoryServer(t, "")
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
+	s := startServer(t, repo, strings.Replace(memoryLimits, "body_timeout: 30s", "body_timeout: 10m", 1))
+	s.stillServing(t)
 	start := time.Now()
 	if _, err := s.grpc.ModelInfer(t.Context(), grpcDynRequest()); err != nil {
 		t.Fatal(err)

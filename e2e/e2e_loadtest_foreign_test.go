@@ -42,6 +42,7 @@ models:
   - model: echo
     protocol: rest
     slo: 100ms
+    timeout: 1m
     class: latency-critical
     rate: {constant: 25}
 `, "--http", srv.URL, "--quiet")
@@ -70,8 +71,12 @@ models:
 		t.Fatal(err)
 	}
 	m := sum.Models[0]
-	// 25/s for 2 s: 50 requests, all answered at once.
-	if m.Requests < 40 || m.Requests > 60 || m.Outcomes["good"] != m.Requests || int64(m.Requests) > infers.Load() || m.SLOms != 100 {
+	// 25/s for 2 s: 50 requests, each answered. Whether an answer was in
+	// time is the machine's, not the load generator's: beside `make test`
+	// and two CPU burners 31 of 51 of this echo's answers took over 100 ms.
+	// Every request must be counted good or late, none failed.
+	o := m.Outcomes
+	if m.Requests < 40 || m.Requests > 60 || o["good"]+o["late"] != m.Requests || o["failed"]+o["dropped"]+o["rejected"] != 0 || int64(m.Requests) > infers.Load() || m.SLOms != 100 {
 		t.Errorf("model %+v, server answered %d", m, infers.Load())
 	}
 	if sum.Policy != "" || len(sum.Unfilled) != 5 || !slices.Contains(sum.Unfilled, "adjuster events") || control.Load() != 1 {
