@@ -140,6 +140,9 @@ type Limits struct {
 	// followed by GRPCCredentials: a connection with answers to write that
 	// writes none of their bytes for this long); 0 means no bound.
 	WriteTimeout time.Duration
+	// SlowClients counts the bodies, messages and answers cut off at
+	// BodyTimeout and WriteTimeout; nil: not counted.
+	SlowClients *SlowClients
 	// LogLevel is the level of the server's logger, which Triton's logging
 	// extension (GET and POST /v2/logging) reads and sets; nil turns the
 	// extension off.

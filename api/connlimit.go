@@ -199,7 +199,7 @@ func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *li
 	lc := &limitedConn{Conn: c, owner: owner, slots: slots}
 	lc.remote = connAddr{Addr: c.RemoteAddr(), reading: &lc.reading, writes: &lc.writes}
 	lc.reading.closeConn, lc.reading.peer = lc.Close, c.RemoteAddr()
-	lc.writes.reading = &lc.reading
+	lc.writes.reading, lc.writes.peer = &lc.reading, c.RemoteAddr()
 	return lc
 }
 

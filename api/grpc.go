@@ -44,7 +44,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	}
 	logger = logger.With("component", "grpc")
 	mem := newGRPCMemory(lim.Memory, lim.MaxRequestBytes, lim.MaxHeaderBytes)
-	mem.bodyTimeout, mem.logger = lim.BodyTimeout, logger
+	mem.bodyTimeout, mem.logger, mem.slow = lim.BodyTimeout, logger, lim.SlowClients
 	// A request its model would refuse anyway is refused before it is
 	// decoded, as REST refuses one before its body is read. The deadline
 	// is the model's SLO from now; the call's own deadline and timeout
@@ -55,7 +55,7 @@ func NewGRPC(b Backend, lim Limits, logger *slog.Logger, opts ...grpc.ServerOpti
 	base := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.InTapHandle(grpcTap(lim.RefuseUnread, mem)),
-		grpc.StatsHandler(grpcMemoryStats{codec: codec, writeTimeout: lim.WriteTimeout}),
+		grpc.StatsHandler(grpcMemoryStats{codec: codec, write: writeLimit{lim.WriteTimeout, lim.SlowClients, logger}}),
 		grpc.MaxSendMsgSize(grpcMaxSendMsgBytes),
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.ChainUnaryInterceptor(grpcCallStreamUnary, grpcRecoverUnary(logger)),

@@ -186,6 +186,7 @@ type connReading struct {
 	logger    *slog.Logger
 	closeConn func() error // closes the accepted connection
 	peer      net.Addr
+	slow      *SlowClients // counts the closes
 }
 
 // liveStream is a stream the client opened and the server has not ended,
@@ -322,7 +323,7 @@ func (a *connReading) configureLocked(m *grpcMemory) {
 	a.share = connReadingShare(m.budget.Limit(), m.message)
 	a.est, a.stream = m.message, m.stream
 	a.res, _ = m.budget.Reserve(0, "")
-	a.timeout, a.logger = m.bodyTimeout, m.logger
+	a.timeout, a.logger, a.slow = m.bodyTimeout, m.logger, m.slow
 }
 
 // admit reserves the memory of call, whose headers have arrived, from m's
@@ -575,6 +576,7 @@ func (a *connReading) check() {
 	a.timer = nil
 	closeConn, logger, timeout := a.closeConn, a.logger, a.timeout
 	a.mu.Unlock()
+	a.slow.add(slowGRPC, slowBody)
 	if logger != nil {
 		logger.Warn("gRPC connection closed: a call's message did not arrive within limits.body_timeout; its calls end UNAVAILABLE",
 			"peer", a.peer, "method", method, "body_timeout", timeout)

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"reflect"
 	"sync"
@@ -51,9 +52,10 @@ type connWrites struct {
 	// have some to write; the timer closes it when that is older than
 	// timeout.
 	progress time.Time
-	timeout  time.Duration
+	limit    writeLimit
 	timer    *time.Timer
 	close    func() error // closes the accepted connection
+	peer     net.Addr     // the client's, for the log
 
 	out frameReader // the server's frames
 	in  frameReader // the client's, after its preface
@@ -123,9 +125,9 @@ func (w *connWrites) stream(id uint32) *streamWrites {
 }
 
 // queued counts a message of wire bytes queued on stream id; the
-// connection is closed if it writes nothing for timeout while it has
-// bytes to write.
-func (w *connWrites) queued(id uint32, wire int64, timeout time.Duration) {
+// connection is closed if it writes nothing for limit's timeout while it
+// has bytes to write.
+func (w *connWrites) queued(id uint32, wire int64, limit writeLimit) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.on || w.closed {
@@ -134,7 +136,7 @@ func (w *connWrites) queued(id uint32, wire int64, timeout time.Duration) {
 	if _, reset := w.resets[id]; reset {
 		return // grpc-go drops it
 	}
-	w.wakeLocked(timeout)
+	w.wakeLocked(limit)
 	w.stream(id).queued += wire
 }
 
@@ -142,7 +144,7 @@ func (w *connWrites) queued(id uint32, wire int64, timeout time.Duration) {
 // ended, to the stream until its bytes are written; it gives it back at
 // once when they are, or when the connection is not followed. What the
 // reservation holds beyond the bytes still to write is given back now.
-func (w *connWrites) ended(id uint32, res *Reservation, timeout time.Duration) {
+func (w *connWrites) ended(id uint32, res *Reservation, limit writeLimit) {
 	w.mu.Lock()
 	s := w.streams[id]
 	if !w.on || w.closed || s == nil || !s.pending() {
@@ -150,24 +152,32 @@ func (w *connWrites) ended(id uint32, res *Reservation, timeout time.Duration) {
 		res.Release()
 		return
 	}
-	w.wakeLocked(timeout)
+	w.wakeLocked(limit)
 	res.ShrinkTo(max(s.queued-s.written, 0))
 	s.res = res
 	w.mu.Unlock()
 }
 
+// writeLimit is limits.write_timeout for a connection's answers (0:
+// none), with where a connection closed for it is counted and logged.
+type writeLimit struct {
+	timeout time.Duration
+	slow    *SlowClients
+	logger  *slog.Logger
+}
+
 // wakeLocked makes the stall timer run when the connection comes to have
 // bytes to write; mu is held.
-func (w *connWrites) wakeLocked(timeout time.Duration) {
-	if timeout <= 0 {
+func (w *connWrites) wakeLocked(limit writeLimit) {
+	if limit.timeout <= 0 {
 		return
 	}
-	w.timeout = timeout
+	w.limit = limit
 	if !w.pendingLocked() {
 		w.progress = time.Now()
 	}
 	if w.timer == nil {
-		w.timer = time.AfterFunc(timeout, w.check)
+		w.timer = time.AfterFunc(limit.timeout, w.check)
 	}
 }
 
@@ -189,14 +199,19 @@ func (w *connWrites) check() {
 		w.mu.Unlock()
 		return
 	}
-	if idle := time.Since(w.progress); idle < w.timeout {
-		w.timer.Reset(w.timeout - idle)
+	if idle := time.Since(w.progress); idle < w.limit.timeout {
+		w.timer.Reset(w.limit.timeout - idle)
 		w.mu.Unlock()
 		return
 	}
 	w.timer = nil
-	closeConn := w.close
+	closeConn, limit, peer := w.close, w.limit, w.peer
 	w.mu.Unlock()
+	limit.slow.add(slowGRPC, slowWrite)
+	if limit.logger != nil {
+		limit.logger.Warn("gRPC connection closed: its answers were not taken within limits.write_timeout; its calls end UNAVAILABLE",
+			"peer", peer, "write_timeout", limit.timeout)
+	}
 	_ = closeConn() // its reads and writes fail; closeAll gives back the rest
 }
 

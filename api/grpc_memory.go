@@ -205,6 +205,7 @@ type grpcMemory struct {
 	// never), logged on logger.
 	bodyTimeout time.Duration
 	logger      *slog.Logger
+	slow        *SlowClients // counts those closes
 
 	// methods are the server's methods, set once the services are
 	// registered: only their calls are reserved, since only they are
@@ -306,9 +307,9 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 // followed, a call's own waits for its answer to be written (connWrites).
 type grpcMemoryStats struct {
 	codec *grpcDecodeCodec
-	// writeTimeout closes a connection that has answers to write and
-	// writes nothing for this long (limits.write_timeout; 0: never).
-	writeTimeout time.Duration
+	// write closes a connection that has answers to write and writes
+	// nothing for limits.write_timeout.
+	write writeLimit
 }
 
 var _ stats.Handler = grpcMemoryStats{}
@@ -341,7 +342,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			break
 		}
 		if call.followed {
-			call.writes.queued(call.stream, int64(s.WireLength), h.writeTimeout)
+			call.writes.queued(call.stream, int64(s.WireLength), h.write)
 		}
 	case *stats.End:
 		if call.conn != nil {
@@ -354,7 +355,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		}
 		// An answer still being written keeps its memory until it is.
 		if call.followed {
-			call.writes.ended(call.stream, call.res, h.writeTimeout)
+			call.writes.ended(call.stream, call.res, h.write)
 		} else {
 			call.res.Release()
 		}

@@ -198,13 +198,15 @@ func (s *restServer) writeErrorStatus(c *gin.Context, status int, msg string) {
 	writeRESTBody(c, status, "application/json", b)
 }
 
-// writeRESTBody answers with status and one body.
-func writeRESTBody(c *gin.Context, status int, contentType string, body []byte) {
+// writeRESTBody answers with status and one body; an error is the
+// write's (the client has gone, or did not read in time).
+func writeRESTBody(c *gin.Context, status int, contentType string, body []byte) error {
 	h := c.Writer.Header()
 	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	c.Writer.WriteHeader(status)
-	_, _ = c.Writer.Write(body) // the client has gone; nothing to do
+	_, err := c.Writer.Write(body)
+	return err
 }
 
 // writeValue answers with status and v as JSON, for the endpoints off the
@@ -301,6 +303,9 @@ func (s *restServer) readBodyInto(c *gin.Context, buf []byte) ([]byte, error) {
 		return nil, restBadRequest("the body is shorter than its Content-Length")
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.Header("Connection", "close")
+		s.lim.SlowClients.add(slowREST, slowBody)
+		s.logger.Warn("REST body cut off: it did not arrive within limits.body_timeout; answered 408, its connection closed",
+			"peer", c.Request.RemoteAddr, "path", c.Request.URL.Path, "bytes", len(buf), "body_timeout", s.lim.BodyTimeout)
 		return nil, fmt.Errorf("%w: the body did not arrive within %v (limits.body_timeout); %d bytes came", errBodyTimeout, s.lim.BodyTimeout, len(buf))
 	case err != nil:
 		// The client went away or broke the framing: nobody to answer, and
@@ -602,7 +607,9 @@ func (s *restServer) infer(c *gin.Context) {
 	mem.ShrinkTo(held + int64(cap(out)) + outputBytes(resp.Outputs))
 	s.writeDeadline(c)
 	if parts == nil {
-		writeRESTBody(c, http.StatusOK, "application/json", out)
+		if err := writeRESTBody(c, http.StatusOK, "application/json", out); err != nil {
+			s.writeFailed(c, err)
+		}
 		return
 	}
 	total := len(out)
@@ -615,13 +622,27 @@ func (s *restServer) infer(c *gin.Context) {
 	h.Set("Content-Length", strconv.Itoa(total))
 	c.Writer.WriteHeader(http.StatusOK)
 	if _, err := c.Writer.Write(out); err != nil {
+		s.writeFailed(c, err)
 		return
 	}
 	for _, p := range parts {
 		if _, err := c.Writer.Write(p); err != nil {
+			s.writeFailed(c, err)
 			return
 		}
 	}
+}
+
+// writeFailed notes a response write that failed with err: one cut off at
+// limits.write_timeout is counted and logged at WARN (its connection is
+// closed); one whose client went away is nobody's business.
+func (s *restServer) writeFailed(c *gin.Context, err error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return
+	}
+	s.lim.SlowClients.add(slowREST, slowWrite)
+	s.logger.Warn("REST response cut off: the client did not take it within limits.write_timeout; its connection is closed",
+		"peer", c.Request.RemoteAddr, "path", c.Request.URL.Path, "write_timeout", s.lim.WriteTimeout)
 }
 
 // durationJSON is a count and total time in the statistics extension.

@@ -68,6 +68,7 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 			if unary {
 				stalled = 3
 			}
+			closesBefore, _ := s.metricValue(t, slowClients("grpc", "body_timeout"))
 			clients := make([]*rawgrpc.Client, stalled)
 			ids := make([]uint32, stalled)
 			for i := range clients {
@@ -122,6 +123,10 @@ func TestE2EGRPCUnfinishedMessageTimesOut(t *testing.T) {
 				if closed, err := c.ClosedByServer(); !closed {
 					t.Errorf("stalled call %d: its connection was not closed by the server (%v)", i, err)
 				}
+			}
+			// Each close is counted before it is made.
+			if closes, _ := s.metricValue(t, slowClients("grpc", "body_timeout")); closes-closesBefore != float64(stalled) {
+				t.Errorf("%s counted %.0f closes, want the %d stalled connections'", slowClients("grpc", "body_timeout"), closes-closesBefore, stalled)
 			}
 			waitFor(t, "the stalled connections' memory given back", guard, func() bool {
 				v, _ := s.metricValue(t, "sloserve_memory_reserved_bytes")

@@ -222,6 +222,14 @@ func TestE2EUnreadResponses(t *testing.T) {
 		if cut == 0 {
 			t.Error("no unread call was cut")
 		}
+		// One call a connection: each cut is a close for
+		// limits.write_timeout, counted and logged before it is made.
+		if closes, _ := s.metricValue(t, slowClients("grpc", "write_timeout")); closes != float64(cut) {
+			t.Errorf("%s is %.0f, want the %d connections cut", slowClients("grpc", "write_timeout"), closes, cut)
+		}
+		if !s.logHas("WARN", "limits.write_timeout", "peer=127.0.0.1:") {
+			t.Error("no WARN naming limits.write_timeout and the peer in the server's log")
+		}
 		withinBudget(t, grew)
 		s.noneReserved(t, "once the unread calls ended")
 		// A call of the same size, read: served whole.
@@ -275,6 +283,14 @@ func TestE2EUnreadResponses(t *testing.T) {
 			n, cut, refused, heldMost/(1<<20), grew>>20, memoryBudget>>20)
 		if cut == 0 {
 			t.Error("no unread answer was cut")
+		}
+		// Each cut answer's write failed at its deadline before its
+		// handler gave its memory back (waitReservedBack).
+		if cuts, _ := s.metricValue(t, slowClients("rest", "write_timeout")); cuts != float64(cut) {
+			t.Errorf("%s is %.0f, want the %d answers cut", slowClients("rest", "write_timeout"), cuts, cut)
+		}
+		if !s.logHas("WARN", "limits.write_timeout", "path=/v2/models/rec/infer") {
+			t.Error("no WARN naming limits.write_timeout and the path in the server's log")
 		}
 		withinBudget(t, grew)
 		// A request of the same size, read, is admitted: the budget has

@@ -341,6 +341,7 @@ func TestE2EHostile(t *testing.T) {
 		"file:1/model.onnx": base64.StdEncoding.EncodeToString([]byte("not a model")),
 	}})
 
+	timedOut := 0 // bodies answered 408
 	for _, tc := range []struct {
 		name      string
 		req       []byte
@@ -438,6 +439,16 @@ func TestE2EHostile(t *testing.T) {
 			}
 			if tc.status != 431 && !strings.HasPrefix(resp.ctype, "application/json") {
 				t.Errorf("Content-Type %q", resp.ctype)
+			}
+			// Each body cut off at limits.body_timeout is counted.
+			if tc.status == http.StatusRequestTimeout {
+				timedOut++
+				if !s.logHas("WARN", "limits.body_timeout", "peer=127.0.0.1:", "path="+dynInfer) {
+					t.Error("no WARN naming limits.body_timeout, the peer and the path in the server's log")
+				}
+			}
+			if n, _ := s.metricValue(t, slowClients("rest", "body_timeout")); n != float64(timedOut) {
+				t.Errorf("%s is %.0f, want %d", slowClients("rest", "body_timeout"), n, timedOut)
 			}
 			// A watchdog: a hostile request must be answered, not hang.
 			if d := time.Since(start); d > 10*time.Second {

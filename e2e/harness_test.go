@@ -783,6 +783,12 @@ func (s *testServer) metricValue(tb testing.TB, series string) (float64, bool) {
 	return v, ok
 }
 
+// slowClients is the series of sloserve_slow_clients_total for protocol
+// and limit, as the metrics listener writes it.
+func slowClients(protocol, limit string) string {
+	return fmt.Sprintf(`sloserve_slow_clients_total{limit=%q,protocol=%q}`, limit, protocol)
+}
+
 // Waiting.
 
 // waitFor polls cond every 50 ms until it holds, or fails the test after

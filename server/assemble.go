@@ -328,6 +328,10 @@ func (h *house) buildServing(rl Reloading) error {
 	if err != nil {
 		return err
 	}
+	slow, err := newSlowClients(promReg)
+	if err != nil {
+		return err
+	}
 	// Spans still buffered are exported at clean-up, after the listeners
 	// have drained.
 	trace, err := startTracing(context.Background(), cfg.Tracing, h.be.ServerVersion(), logger)
@@ -347,6 +351,7 @@ func (h *house) buildServing(rl Reloading) error {
 		RefuseUnread:      h.gate.RefuseUnread,
 		Memory:            mem,
 		WriteTimeout:      cfg.Limits.WriteTimeout,
+		SlowClients:       slow,
 		LogLevel:          rl.LogLevel,
 	}
 	listen := func(name, key, addr string, limits configs.Limits, overflow int) (*api.LimitedListener, error) {

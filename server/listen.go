@@ -155,6 +155,24 @@ func newMemoryBudget(lim configs.Limits, connections int64, reg prometheus.Regis
 	return b, nil
 }
 
+// newSlowClients counts what the server cuts off because a client was
+// too slow (api.SlowClients), exported as
+// sloserve_slow_clients_total{protocol, limit}.
+func newSlowClients(reg prometheus.Registerer) (*api.SlowClients, error) {
+	s := api.NewSlowClients()
+	for _, c := range s.Counts() {
+		m := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "sloserve_slow_clients_total",
+			Help:        "Clients cut off for slowness: a REST body (answered 408) or a gRPC call's message (its connection closed) that did not arrive within limits.body_timeout, a response not taken within limits.write_timeout (its connection closed).",
+			ConstLabels: prometheus.Labels{"protocol": c.Protocol, "limit": c.Limit},
+		}, func() float64 { return float64(c.Count()) })
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("slow clients' metrics: %w", err)
+		}
+	}
+	return s, nil
+}
+
 // Connections' memory.
 //
 // Every connection a listener accepts holds buffers for its whole life
