@@ -128,7 +128,7 @@ func grpcTap(refuse func() error, mem *grpcMemory) tap.ServerInHandle {
 		if p, ok := peer.FromContext(ctx); ok {
 			conn, writes = connReadingOf(p.Addr), connWritesOf(p.Addr)
 		}
-		ctx, err := mem.reserve(ctx, info.FullMethodName, conn)
+		ctx, err := mem.reserve(ctx, info.FullMethodName, conn, grpcHeaderBytes(info.Header))
 		if err != nil {
 			return ctx, status.Error(codes.ResourceExhausted, err.Error())
 		}

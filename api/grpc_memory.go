@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
@@ -55,6 +56,8 @@ type grpcCallKey struct{}
 // back at the call's end.
 type grpcCall struct {
 	res   *Reservation
+	// headers holds a unary call's headers until it ends (reserve).
+	headers *Reservation
 	infer atomic.Pointer[inference.ModelInferRequest]
 
 	// Set for a unary call on a connection whose reads are accounted
@@ -171,6 +174,7 @@ func (call *grpcCall) abandon() {
 		call.readFrom.ended(call, 0, false)
 	}
 	call.res.Release()
+	call.headers.Release()
 }
 
 // grpcCallMemory is the memory reservation of the call ctx belongs to, or
@@ -244,9 +248,11 @@ func (m *grpcMemory) setMethods(srv *grpc.Server) {
 // call on an accounted connection what a message there is expected to take
 // (connReading.admit), for a streaming call on a connection whose frames
 // are followed its stream's buffers (connReading.admitStream), else the
-// largest message it may send. It returns
-// ctx with the call's grpcCall, or errMemory.
-func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReading) (context.Context, error) {
+// largest message it may send. A unary call (but a health check) also
+// reserves, until it ends, what grpc-go holds of its headers, header
+// bytes as HTTP/2 counts them (grpcHeaderBytes): a stream's are in its
+// buffers. It returns ctx with the call's grpcCall, or errMemory.
+func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReading, header int64) (context.Context, error) {
 	if m == nil {
 		return ctx, nil
 	}
@@ -298,7 +304,32 @@ func (m *grpcMemory) reserve(ctx context.Context, method string, conn *connReadi
 			conn.configure(m) // for its messages' timeout
 		}
 	}
+	if !streaming && m.budget != nil && header > 0 && !strings.HasPrefix(method, grpcHealthPrefix) {
+		r, err := m.budget.Reserve(grpcHeaderHeld*header, "a gRPC call's headers")
+		if err != nil {
+			call.abandon()
+			return ctx, err
+		}
+		call.headers = r
+	}
 	return context.WithValue(ctx, grpcCallKey{}, call), nil
+}
+
+// grpcHeaderHeld is how many times its headers' HTTP/2 size a call's
+// headers take in grpc-go's decoded metadata, for its whole life: at most
+// four (GRPCStreamBytes says why).
+const grpcHeaderHeld = 4
+
+// grpcHeaderBytes is the size of headers md as HTTP/2 counts them against
+// a server's header list limit: each field's name and value and 32 bytes.
+func grpcHeaderBytes(md metadata.MD) int64 {
+	n := int64(0)
+	for k, vs := range md {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 32)
+		}
+	}
+	return n
 }
 
 // grpcMemoryStats gives a call's reservations back when the call ends:
@@ -359,6 +390,7 @@ func (h grpcMemoryStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		} else {
 			call.res.Release()
 		}
+		call.headers.Release()
 		if req := call.infer.Swap(nil); req != nil {
 			h.codec.discard(req)
 		}

@@ -273,13 +273,13 @@ func TestGRPCReadingReservesOneMessage(t *testing.T) {
 	m.methods.Store(&map[string]bool{inference.GRPCInferenceService_ModelInfer_FullMethodName: false})
 	var calls []*Reservation
 	for i := range 3 {
-		ctx, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, nil)
+		ctx, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, nil, 0)
 		if err != nil {
 			t.Fatalf("call %d of 3 in a budget of three messages: %v", i+1, err)
 		}
 		calls = append(calls, grpcCallMemory(ctx))
 	}
-	if _, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, nil); !errors.Is(err, errMemory) {
+	if _, err := m.reserve(t.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName, nil, 0); !errors.Is(err, errMemory) {
 		t.Errorf("a fourth call: %v, want errMemory", err)
 	}
 	if got := budget.Used(); got != 3*message {
