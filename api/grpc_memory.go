@@ -55,10 +55,9 @@ type grpcCallKey struct{}
 // authentication) never runs its handler: the stats handler gives both
 // back at the call's end.
 type grpcCall struct {
-	res   *Reservation
-	// headers holds a unary call's headers until it ends (reserve).
-	headers *Reservation
-	infer atomic.Pointer[inference.ModelInferRequest]
+	res     *Reservation
+	headers *Reservation // a unary call's headers, held until it ends (reserve)
+	infer   atomic.Pointer[inference.ModelInferRequest]
 
 	// Set for a unary call on a connection whose reads are accounted
 	// (connReading): where its bytes began in the connection's, what it
