@@ -227,9 +227,9 @@ func TestE2EUnreadResponses(t *testing.T) {
 		if closes, _ := s.metricValue(t, slowClients("grpc", "write_timeout")); closes != float64(cut) {
 			t.Errorf("%s is %.0f, want the %d connections cut", slowClients("grpc", "write_timeout"), closes, cut)
 		}
-		if !s.logHas("WARN", "limits.write_timeout", "peer=127.0.0.1:") {
-			t.Error("no WARN naming limits.write_timeout and the peer in the server's log")
-		}
+		waitFor(t, "a WARN naming limits.write_timeout and the peer in the server's log", 30*time.Second, func() bool {
+			return s.logHas("WARN", "limits.write_timeout", "peer=127.0.0.1:")
+		})
 		withinBudget(t, grew)
 		s.noneReserved(t, "once the unread calls ended")
 		// A call of the same size, read: served whole.
@@ -289,9 +289,9 @@ func TestE2EUnreadResponses(t *testing.T) {
 		if cuts, _ := s.metricValue(t, slowClients("rest", "write_timeout")); cuts != float64(cut) {
 			t.Errorf("%s is %.0f, want the %d answers cut", slowClients("rest", "write_timeout"), cuts, cut)
 		}
-		if !s.logHas("WARN", "limits.write_timeout", "path=/v2/models/rec/infer") {
-			t.Error("no WARN naming limits.write_timeout and the path in the server's log")
-		}
+		waitFor(t, "a WARN naming limits.write_timeout and the path in the server's log", 30*time.Second, func() bool {
+			return s.logHas("WARN", "limits.write_timeout", "path=/v2/models/rec/infer")
+		})
 		withinBudget(t, grew)
 		// A request of the same size, read, is admitted: the budget has
 		// room for it again. Its 31.8 MB answer must also be written
