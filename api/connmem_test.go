@@ -74,10 +74,14 @@ func TestLimitedListenerReservesMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer overflow.Close()
-	waitUntil(t, "the overflow slot taken", func() bool { return l.Open() == 3 })
-	if got := l.MemoryReserved(); got != 3*per || l.MemoryRefused() != 1 {
-		t.Fatalf("with an overflow connection: reserved %d, refused for memory %d; want %d, 1", got, l.MemoryRefused(), 3*per)
-	}
+	// Accept takes a normal slot before it tries the connection's memory
+	// and gives it back when that does not fit, then takes the overflow
+	// one: Open is 3 for a moment before the overflow slot is taken (a run
+	// of the api tests beside two CPU burners read reserved 204800,
+	// refused 0 there). So the whole state is awaited.
+	waitUntil(t, "the overflow slot taken", func() bool {
+		return l.Open() == 3 && l.MemoryRefused() == 1 && l.MemoryReserved() == 3*per
+	})
 	// The fourth fits nowhere and is closed at once, Accept going on.
 	refused, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {

@@ -35,6 +35,13 @@ func TestE2ECleanupCommand(t *testing.T) {
 	liveCgroups := serverCgroups(t, live.cmd.Process.Pid)
 	liveSockets, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("sloserve-%d-*", live.cmd.Process.Pid)))
 
+	// Every server cleans up dead servers' leftovers as it starts: one
+	// started meanwhile by another test or package on the machine may
+	// remove the dead server's cgroups before the command does (make test
+	// run beside two CPU burners: "removed 0 cgroup folders", the folders
+	// gone). The servers whose cgroups sit beside the dead one's are
+	// listed before the kill and after the command to tell.
+	before := serversBeside(cgroups)
 	dead.kill(t)
 	waitFor(t, "the runners to die with the server", 10*time.Second, func() bool { return !anyAlive(runners) })
 	for _, dir := range append(slices.Clone(cgroups), sockets...) {
@@ -67,7 +74,11 @@ func TestE2ECleanupCommand(t *testing.T) {
 	if _, err := fmt.Sscanf(string(out), "removed %d cgroup folders and %d socket folders", &nCgroups, &nSockets); err != nil {
 		t.Fatalf("output %q: %v", out, err)
 	}
-	if nCgroups < 1 || nSockets < 1 {
+	started := slices.DeleteFunc(serversBeside(cgroups), func(name string) bool { return slices.Contains(before, name) })
+	switch {
+	case (nCgroups < 1 || nSockets < 1) && len(started) > 0:
+		t.Logf("output %q: the dead server's folders not all counted, and servers started meanwhile (%v) clean up too", strings.TrimSpace(string(out)), started)
+	case nCgroups < 1 || nSockets < 1:
 		t.Errorf("output %q: want the dead server's cgroups and socket folder counted", strings.TrimSpace(string(out)))
 	}
 	for _, dir := range append(slices.Clone(cgroups), sockets...) {
@@ -86,4 +97,20 @@ func TestE2ECleanupCommand(t *testing.T) {
 	if code, b, _ := live.do(t, "POST", "/v2/models/dyn/infer", dynBody); code != 200 {
 		t.Errorf("the live server after the cleanup: %d %s", code, b)
 	}
+}
+
+// serversBeside names the sloserve-<pid> cgroup folders beside those in
+// dirs: the servers running on the machine (and dead ones not yet cleaned
+// up).
+func serversBeside(dirs []string) []string {
+	var names []string
+	for _, dir := range dirs {
+		matches, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), "sloserve-*"))
+		for _, m := range matches {
+			if name := filepath.Base(m); !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
+	}
+	return names
 }
