@@ -841,20 +841,26 @@ func TestHealthCheckAnsweredReadsNoProc(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := reads()
-	for range n {
-		if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
-			t.Fatal(err)
+	// The count is the whole test process's: other goroutines read too,
+	// more on a busy host (beside two CPU burners, 789 against 236 bare
+	// once). Noise only adds, so each count is the least of three rounds.
+	bare, checked := int64(math.MaxInt64), int64(math.MaxInt64)
+	for range 3 {
+		start := reads()
+		for range n {
+			if err := p.checkHealth(t.Context(), 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	bare := reads() - start
-	start = reads()
-	for range n {
-		if _, _, err := r.check(p, 10*time.Second); err != nil {
-			t.Fatal(err)
+		bare = min(bare, reads()-start)
+		start = reads()
+		for range n {
+			if _, _, err := r.check(p, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
 		}
+		checked = min(checked, reads()-start)
 	}
-	checked := reads() - start
 	t.Logf("read system calls for %d health checks: %d bare, %d by the runner's check", n, bare, checked)
 	if checked > 2*bare+n {
 		t.Errorf("%d health checks made %d read calls, %d bare: the answered checks read /proc", n, checked, bare)
