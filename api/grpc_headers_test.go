@@ -34,19 +34,19 @@ func TestGRPCUnaryHeadersReserved(t *testing.T) {
 	padded := func(ctx context.Context) context.Context {
 		return metadata.AppendToOutgoingContext(ctx, "x-pad", pad)
 	}
-	dial := func(addr string) inference.GRPCInferenceServiceClient {
+	dial := func(addr string) *grpc.ClientConn {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		return inference.NewGRPCInferenceServiceClient(conn)
+		return conn
 	}
 
 	t.Run("held", func(t *testing.T) {
 		srv, mem := newConnBudgetServer(message, 64<<20)
 		addr := serveGRPCLimited(t, srv)
-		client := dial(addr)
+		client := inference.NewGRPCInferenceServiceClient(dial(addr))
 		start := time.Now()
 		if _, err := client.ModelInfer(t.Context(), grpcSumRequest(true)); err != nil {
 			t.Fatal(err)
@@ -55,11 +55,7 @@ func TestGRPCUnaryHeadersReserved(t *testing.T) {
 		if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
 			t.Fatalf("%d bytes held once a call ended, want 0", mem.Used())
 		}
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := dial(addr) // a connection of its own: its first message is expected at the largest
 		ctx, cancel := context.WithCancel(padded(t.Context()))
 		// A unary call whose headers are sent and whose message is not.
 		if _, err := conn.NewStream(ctx, &grpc.StreamDesc{}, inference.GRPCInferenceService_ModelInfer_FullMethodName); err != nil {
@@ -82,7 +78,7 @@ func TestGRPCUnaryHeadersReserved(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		// Room for the message and 100 KiB: not for four times 48 KiB.
 		srv, mem := newConnBudgetServer(message, message+100<<10)
-		client := dial(serveGRPCLimited(t, srv))
+		client := inference.NewGRPCInferenceServiceClient(dial(serveGRPCLimited(t, srv)))
 		_, err := client.ModelInfer(padded(t.Context()), grpcSumRequest(true))
 		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "limits.max_memory") || !strings.Contains(err.Error(), "headers") {
 			t.Errorf("a call with %d KiB of headers: %v, want RESOURCE_EXHAUSTED naming its headers and limits.max_memory", len(pad)>>10, err)
