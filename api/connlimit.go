@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,10 @@ type LimitedListener struct {
 	memRefused atomic.Uint64
 	logger     *slog.Logger
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
+
+	// Connections closed because their start came too late
+	// (CountSlowHeaders, CountSlowHandshakes); nil: not counted.
+	starts *slowStarts
 }
 
 // OverflowTimeout is how long an overflow connection may stay open.
@@ -148,20 +153,10 @@ func (l *LimitedListener) Serving() int { return len(l.slots) }
 // ConnContext marks the context of an overflow connection's requests, for
 // http.Server.ConnContext.
 func (l *LimitedListener) ConnContext(ctx context.Context, c net.Conn) context.Context {
-	for {
-		if lc, ok := c.(*limitedConn); ok {
-			if lc.overflow {
-				return context.WithValue(ctx, overflowKey{}, lc.owner)
-			}
-			return ctx
-		}
-		// A TLS connection wraps the one the listener accepted.
-		inner, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			return ctx
-		}
-		c = inner.NetConn()
+	if lc := limitedOf(c); lc != nil && lc.overflow {
+		return context.WithValue(ctx, overflowKey{}, lc.owner)
 	}
+	return ctx
 }
 
 // overflowKey marks the requests of an overflow connection; its value is
@@ -193,6 +188,13 @@ type limitedConn struct {
 	writes   connWrites
 	remote   connAddr
 	mem      *Reservation // its buffers (LimitedListener.ReserveMemory)
+
+	// For counting a start that came too late (slowStarts): the REST
+	// server's state of the connection plus one (0: not followed), the
+	// bytes read when it last went idle, and whether it was counted.
+	httpState atomic.Int32
+	idleRead  atomic.Int64
+	slowStart atomic.Bool
 }
 
 func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *limitedConn {
@@ -204,7 +206,9 @@ func newLimitedConn(c net.Conn, owner *LimitedListener, slots chan struct{}) *li
 }
 
 // Read reads, and closes the connection when what it read does not fit in
-// the memory its gRPC calls may hold (connReading.arrived).
+// the memory its gRPC calls may hold (connReading.arrived). A read that
+// fails at its deadline may be the connection's start come too late
+// (slowStarts).
 func (c *limitedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
@@ -212,6 +216,9 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 			c.Close()
 			return 0, merr
 		}
+	}
+	if err != nil && c.owner.starts != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.owner.starts.timedOut(c)
 	}
 	return n, err
 }

@@ -256,6 +256,13 @@ func (a *connReading) arrived(n int) error {
 	return nil
 }
 
+// bytesRead is how many bytes were read from the connection so far.
+func (a *connReading) bytesRead() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.read
+}
+
 // settleLocked gives back what the connection holds beyond what it now
 // counts (arrived reserved for bytes not yet parsed); mu is held.
 func (a *connReading) settleLocked() {

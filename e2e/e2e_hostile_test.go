@@ -160,6 +160,7 @@ func (s *testServer) slowLoris(t *testing.T) (string, bool) {
 		mu     sync.Mutex
 		closed []time.Duration
 	)
+	slowBefore, _ := s.metricValue(t, slowClients("rest", "header_timeout"))
 	start := time.Now()
 	for range n {
 		wg.Go(func() {
@@ -198,6 +199,15 @@ func (s *testServer) slowLoris(t *testing.T) (string, bool) {
 	if len(closed) != n {
 		t.Fatalf("%d of %d slow connections were cut off", len(closed), n)
 	}
+	// Each is counted as a slow client, before its connection closes; the
+	// rounds' connections, whose headers came at once, are not.
+	if slow, _ := s.metricValue(t, slowClients("rest", "header_timeout")); slow-slowBefore != n {
+		t.Errorf("%s grew by %.0f, want the %d slow-loris connections", slowClients("rest", "header_timeout"), slow-slowBefore, n)
+	}
+	// The server's log comes through a pipe: a guard, not a timing bound.
+	waitFor(t, "a WARN naming limits.header_timeout and the peer in the server's log", 30*time.Second, func() bool {
+		return s.logHas("WARN", "limits.header_timeout", "peer=127.0.0.1:")
+	})
 	for _, d := range closed {
 		// A write fails only after the server's close is seen: the
 		// timeout, plus a write or two.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 
@@ -371,7 +372,11 @@ func (h *house) buildServing(rl Reloading) error {
 		srv := newRESTServer(api.NewREST(h.be, lim, restLog, sec.auth.REST()), cfg.Limits, ln, restLog)
 		// Closed by the drain, the socket answers 503 until restLn.Stop.
 		restLn := api.NewDrainingListener(sec.listener(ln, "h2", "http/1.1"), restLog)
-		srv.ConnState = restLn.ConnState
+		ln.CountSlowHeaders(slow, cfg.Limits.HeaderTimeout, restLog)
+		srv.ConnState = func(c net.Conn, st http.ConnState) {
+			restLn.ConnState(c, st)
+			ln.ConnState(c, st)
+		}
 		h.closers = append(h.closers, func() { restLn.Stop(context.Background(), 0) }) // a failed start too
 		delay := cfg.Limits.ShutdownDelay
 		h.servers = append(h.servers, listening{name: "REST",
@@ -394,6 +399,7 @@ func (h *house) buildServing(rl Reloading) error {
 		if err != nil {
 			return err
 		}
+		ln.CountSlowHandshakes(slow, cfg.Limits.GRPCConnectionTimeout, logger.With("component", "grpc"))
 		srv := api.NewGRPC(h.be, lim, logger /* api adds its component */, append(append(sec.grpcOptions(), grpcLimitOptions(cfg.Limits)...),
 			api.GRPCTransportOptions()...)...)
 		h.servers = append(h.servers, listening{name: "gRPC", serve: func() error { return srv.Serve(ln) },

@@ -163,7 +163,7 @@ func newSlowClients(reg prometheus.Registerer) (*api.SlowClients, error) {
 	for _, c := range s.Counts() {
 		m := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "sloserve_slow_clients_total",
-			Help:        "Clients cut off for slowness: a REST body (answered 408) or a gRPC call's message (its connection closed) that did not arrive within limits.body_timeout, a response not taken within limits.write_timeout (its connection closed).",
+			Help:        "Clients cut off for slowness: a REST body (answered 408) or a gRPC call's message (its connection closed) that did not arrive within limits.body_timeout, a response not taken within limits.write_timeout (its connection closed), a connection whose REST request headers did not arrive within limits.header_timeout or whose gRPC HTTP/2 preface did not within limits.grpc_connection_timeout (a TLS handshake included; closed).",
 			ConstLabels: prometheus.Labels{"protocol": c.Protocol, "limit": c.Limit},
 		}, func() float64 { return float64(c.Count()) })
 		if err := reg.Register(m); err != nil {
