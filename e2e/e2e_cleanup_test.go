@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -74,7 +76,7 @@ func TestE2ECleanupCommand(t *testing.T) {
 	if _, err := fmt.Sscanf(string(out), "removed %d cgroup folders and %d socket folders", &nCgroups, &nSockets); err != nil {
 		t.Fatalf("output %q: %v", out, err)
 	}
-	started := slices.DeleteFunc(serversBeside(cgroups), func(name string) bool { return slices.Contains(before, name) })
+	started := serversStarted(cgroups, before, deadPid)
 	switch {
 	case (nCgroups < 1 || nSockets < 1) && len(started) > 0:
 		t.Logf("output %q: the dead server's folders not all counted, and servers started meanwhile (%v) clean up too", strings.TrimSpace(string(out)), started)
@@ -101,16 +103,36 @@ func TestE2ECleanupCommand(t *testing.T) {
 
 // serversBeside names the sloserve-<pid> cgroup folders beside those in
 // dirs: the servers running on the machine (and dead ones not yet cleaned
-// up).
+// up). Each name carries its folder's inode: a test binary that runs
+// servers in its own process one after another makes its sloserve-<pid>
+// folder anew for each, under one name.
 func serversBeside(dirs []string) []string {
 	var names []string
 	for _, dir := range dirs {
 		matches, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), "sloserve-*"))
 		for _, m := range matches {
-			if name := filepath.Base(m); !slices.Contains(names, name) {
+			fi, err := os.Stat(m)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			name := filepath.Base(m)
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				name += "@" + strconv.FormatUint(st.Ino, 10)
+			}
+			if !slices.Contains(names, name) {
 				names = append(names, name)
 			}
 		}
 	}
 	return names
+}
+
+// serversStarted are the servers of serversBeside(dirs) that were not in
+// before, less those of the server of pid.
+func serversStarted(dirs, before []string, pid int) []string {
+	own := fmt.Sprintf("sloserve-%d", pid)
+	return slices.DeleteFunc(serversBeside(dirs), func(name string) bool {
+		base, _, _ := strings.Cut(name, "@")
+		return slices.Contains(before, name) || base == own || strings.HasPrefix(base, own+"-")
+	})
 }

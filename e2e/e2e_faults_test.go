@@ -751,11 +751,18 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 	load := driveLoad(t, s, "dyn", dynBody, 2)
 	load.waitMore(t, 50)
 
+	// Every server that starts removes dead servers' leftovers: one
+	// started meanwhile on the machine (another test's, another package's)
+	// may remove the dead server's before the restart does.
+	before := serversBeside(cgroups)
 	s.kill(t)
 	waitFor(t, "the runners to die with the server", 10*time.Second, func() bool { return !anyAlive(runners) })
 	load.stop()
 	for _, dir := range append(slices.Clone(cgroups), sockets...) {
 		if _, err := os.Stat(dir); err != nil {
+			if started := serversStarted(cgroups, before, oldPid); len(started) > 0 {
+				t.Skipf("%s is gone before the restart (%v), and servers started meanwhile (%v) clean up too: nothing left for the restart to clean", dir, err, started)
+			}
 			t.Fatalf("%s is gone before the restart (%v): nothing left to clean up", dir, err)
 		}
 	}
@@ -767,11 +774,15 @@ func TestE2EServerKilledAndRestarted(t *testing.T) {
 		}
 	}
 	pid := "pid=" + strconv.Itoa(oldPid)
-	if !s.logHas("removed the cgroups of a server that is gone", pid) {
-		t.Error("the log does not say the dead server's cgroups were removed")
-	}
-	if !s.logHas("removed a dead server's socket folder", pid) {
-		t.Error("the log does not say the dead server's socket folder was removed")
+	started := serversStarted(cgroups, before, s.cmd.Process.Pid)
+	for _, what := range []string{"removed the cgroups of a server that is gone", "removed a dead server's socket folder"} {
+		switch {
+		case s.logHas(what, pid):
+		case len(started) > 0:
+			t.Logf("the log does not say %q, and servers started meanwhile (%v) clean up too", what, started)
+		default:
+			t.Errorf("the log does not say %q of the dead server", what)
+		}
 	}
 	for _, model := range []struct {
 		name string
