@@ -48,6 +48,9 @@ func TestE2ECleanupCommand(t *testing.T) {
 	waitFor(t, "the runners to die with the server", 10*time.Second, func() bool { return !anyAlive(runners) })
 	for _, dir := range append(slices.Clone(cgroups), sockets...) {
 		if _, err := os.Stat(dir); err != nil {
+			if started := serversStarted(cgroups, before, deadPid); len(started) > 0 {
+				t.Skipf("%s is gone before the cleanup (%v), and servers started meanwhile (%v) clean up too: nothing left for the command", dir, err, started)
+			}
 			t.Fatalf("%s is gone before the cleanup (%v): nothing to test", dir, err)
 		}
 	}
