@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +25,7 @@ const slowStartTimeout = 2 * time.Second
 // LimitedListener that counts slow headers, with header and idle
 // timeouts of slowStartTimeout. The handler answers "ok"; on /body it
 // gives its body 100 ms, as the REST handler gives limits.body_timeout.
-func slowStartServer(t *testing.T, logs *lockedLog) (*LimitedListener, *SlowClients) {
+func slowStartServer(t *testing.T, logs *syncWriter) (*LimitedListener, *SlowClients) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,24 +53,6 @@ func slowStartServer(t *testing.T, logs *lockedLog) (*LimitedListener, *SlowClie
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l, slow
-}
-
-// lockedLog is a log the server's goroutines write while the test reads it.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // closedAfterAll reports whether the server closes c within timeout,
@@ -108,7 +89,7 @@ func TestSlowHeadersCounted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var logs lockedLog
+			var logs syncWriter
 			l, slow := slowStartServer(t, &logs)
 			c, err := net.Dial("tcp", l.Addr().String())
 			if err != nil {
@@ -148,7 +129,7 @@ func TestSlowHeadersCounted(t *testing.T) {
 // which the HTTP/2 server times with timers, is not counted when it is
 // closed idle after its requests.
 func TestSlowHeadersCountedTLS(t *testing.T) {
-	var logs lockedLog
+	var logs syncWriter
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.Proto)
 	}))
@@ -203,7 +184,7 @@ func TestSlowHandshakesCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedLog
+	var logs syncWriter
 	l := NewLimitedListener(ln, 16, 0)
 	slow := NewSlowClients()
 	l.CountSlowHandshakes(slow, slowStartTimeout, slog.New(slog.NewTextHandler(&logs, nil)))
