@@ -129,13 +129,19 @@ func (l *LimitedListener) logMemoryRefusal() {
 	if l.logger == nil {
 		return
 	}
-	now, last := time.Now().UnixNano(), l.lastLog.Load()
-	if now-last < int64(connRefusalLogEvery) || !l.lastLog.CompareAndSwap(last, now) {
+	if !due(&l.lastLog, connRefusalLogEvery) {
 		return
 	}
 	l.logger.Warn("connection refused: its buffers do not fit in the listener's share of limits.max_memory (on REST it may still answer health probes, as an overflow connection)",
 		"addr", l.Addr().String(), "open", l.Open(), "reserved", formatBytes(l.mem.Used()), "of", formatBytes(l.mem.Limit()),
 		"per_connection", formatBytes(l.perConn), "refused_for_memory", l.memRefused.Load())
+}
+
+// due reports whether every has passed since *last (unix nanoseconds) and,
+// if so, makes now the last: of callers at one moment, one is due.
+func due(last *atomic.Int64, every time.Duration) bool {
+	now, prev := time.Now().UnixNano(), last.Load()
+	return now-prev >= int64(every) && last.CompareAndSwap(prev, now)
 }
 
 // Open is the number of connections open now, overflow ones included.

@@ -102,8 +102,7 @@ func (s *slowStarts) timedOut(c *limitedConn) {
 		return
 	}
 	s.slow.add(s.protocol, s.limit)
-	now, last := time.Now().UnixNano(), s.lastLog.Load()
-	if s.logger == nil || now-last < int64(slowStartLogEvery) || !s.lastLog.CompareAndSwap(last, now) {
+	if s.logger == nil || !due(&s.lastLog, slowStartLogEvery) {
 		s.sinceLast.Add(1)
 		return
 	}
