@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"time"
@@ -68,7 +69,17 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		return fmt.Errorf("%w: predicted completion misses the deadline by %s (queue ahead %s, execution %s)",
 			ErrRejected, millis(miss), millis(wait), millis(own))
 	}
-	if full > 0 && m.spec.Class == ClassLatencyCritical {
+	if m.spec.Class != ClassLatencyCritical {
+		return nil
+	}
+	// The queue ahead drains on the model's slots at once: it holds
+	// about slots times wait of the model's predicted executions, and
+	// r's own runs on one of them.
+	work := time.Duration(s.parallelLocked(m))*wait + own
+	if m.log.Enabled(context.Background(), slog.LevelDebug) { // read for the finish line only
+		r.plan.risk, r.plan.risky = m.tail.risk(wait+own, work, r.deadline.Sub(begin.Add(own))), true
+	}
+	if full > 0 {
 		// A backlog: at least a whole batch of the model's own requests
 		// waits ahead. Under overload a request admitted with no room
 		// left is late whenever the executions run slower than
@@ -80,10 +91,6 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// simulated GPU day), so the mean decides. Best-effort work has
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
-		// The queue ahead drains on the model's slots at once: it
-		// holds about slots times wait of the model's predicted
-		// executions, and r's own runs on one of them.
-		work := time.Duration(s.parallelLocked(m))*wait + own
 		room := m.sharedRoom(wait+own, work)
 		r.plan.room = room
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {

@@ -3,6 +3,7 @@ package qos
 import (
 	"context"
 	"log/slog"
+	"math"
 	"time"
 )
 
@@ -11,6 +12,13 @@ import (
 // the predictions' error (0: none was asked for).
 type plan struct {
 	wait, own, room time.Duration
+	// risk is the chance to be late the room's readings give the plan
+	// (tail.risk), for a latency-critical request with a known plan
+	// (risky); admission refuses behind a backlog where it passes about
+	// 2.3%, as the room does. Logged so that what admission expected can
+	// be set against what came (scripts/late-causes.py).
+	risk  float64
+	risky bool
 }
 
 // logFinishLocked writes, at debug level, one line per finished
@@ -36,6 +44,9 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 	}
 	if r.probe {
 		args = append(args, "probe", true)
+	}
+	if r.plan.risky {
+		args = append(args, "plan_risk", math.Round(r.plan.risk*1e5)/1e5)
 	}
 	s.logLocked(m.log, "request finished", args...)
 }

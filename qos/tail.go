@@ -90,8 +90,12 @@ type tail struct {
 	// of the window's runs that long. Empty before minTail executions.
 	drift, spread, stall float64
 	spans, excess        []float64
-	cumP, cumE           []float64 // scratch: prefix sums in time order
-	scratch              []float64
+	// runMean and runSD are the mean and the standard deviation of the
+	// excess per second predicted of the runs of each span (excess is
+	// runMean plus tailZ runSD): what risk reads.
+	runMean, runSD []float64
+	cumP, cumE     []float64 // scratch: prefix sums in time order
+	scratch        []float64
 }
 
 // setSlots sizes the window for a model of c slots (at most
@@ -164,6 +168,7 @@ func (t *tail) refresh() {
 	t.spread = v / t.cumP[n]
 	t.stall = max(selectNth(t.scratch, rankIndex(n, stallQuantile)), 0)
 	t.spans, t.excess = t.spans[:0], t.excess[:0]
+	t.runMean, t.runSD = t.runMean[:0], t.runSD[:0]
 	for span := t.cumP[n] / float64(n); ; span *= 2 {
 		t.scratch = t.scratch[:0]
 		j := 0
@@ -187,8 +192,10 @@ func (t *tail) refresh() {
 		for _, x := range t.scratch {
 			sq += (x - mean) * (x - mean)
 		}
+		sd := math.Sqrt(sq / float64(len(t.scratch)))
 		t.spans = append(t.spans, span)
-		t.excess = append(t.excess, mean+tailZ*math.Sqrt(sq/float64(len(t.scratch))))
+		t.excess = append(t.excess, mean+tailZ*sd)
+		t.runMean, t.runSD = append(t.runMean, mean), append(t.runSD, sd)
 	}
 }
 
@@ -215,6 +222,73 @@ func (t *tail) room(queue time.Duration) time.Duration {
 	room := max(rate*p, t.drift*p+min(tailZ*sd, t.stall+sd))
 	room = min(room, (maxTailRatio-1)*p)
 	return time.Duration(max(room, 0) * float64(time.Second))
+}
+
+// risk is the chance that a plan of queue (wall time), holding work of
+// the model's predicted executions spread over its slots (as shared
+// reads them), ends more than slack after its prediction, as the room's
+// readings tell it: the room is what they leave for the error at tailZ
+// standard deviations, and risk is the normal tail at the deviations z
+// where the room for z first reaches slack. The runs' reading reaches
+// it where their mean plus z deviations, per second predicted, times the
+// work, reaches slack scaled to the work (as shared scales the room);
+// the one-stall reading where the drift and z deviations of independent
+// errors do, if one stall and one deviation reach it at all. So a plan
+// whose room is exactly its slack has a risk of about 2.3% (tailZ 2),
+// and admission refusing at that risk is today's room.
+//
+// It is 0 until minTail executions were seen, and where slack is at
+// least the most room admission ever leaves ((maxTailRatio-1) times the
+// plan); 1 where slack is negative. Like the room it is read from the
+// window as it is: a window that holds a stall of one execution in a
+// hundred a few times reads its chance only roughly.
+func (t *tail) risk(queue, work, slack time.Duration) float64 {
+	if slack < 0 {
+		return 1
+	}
+	if len(t.spans) == 0 || queue <= 0 || slack >= (maxTailRatio-1)*queue {
+		return 0
+	}
+	w := max(work, queue).Seconds()
+	s := slack.Seconds() * w / queue.Seconds() // slack, scaled to the work
+	mean, sd := t.runsAt(w)
+	z := deviations(s/w-mean, sd)
+	// One stall: drift*w + min(z*sdi, stall+sdi) reaches s where z*sdi
+	// does, if stall+sdi does.
+	if sdi, left := math.Sqrt(t.spread*w), s-t.drift*w; left <= t.stall+sdi {
+		z = min(z, deviations(left, sdi))
+	}
+	return 0.5 * math.Erfc(z/math.Sqrt2)
+}
+
+// deviations is how many standard deviations sd a distance d is: +Inf
+// where d is beyond a spread of none, -Inf where d is none or less.
+func deviations(d, sd float64) float64 {
+	switch {
+	case d <= 0 && sd == 0:
+		return math.Inf(-1)
+	case sd == 0:
+		return math.Inf(1)
+	}
+	return d / sd
+}
+
+// runsAt is the mean and the standard deviation of the excess per second
+// predicted of runs of p seconds predicted, as room reads the runs:
+// interpolated between the spans in log time, and past the longest
+// shrinking towards the drift as 1/sqrt(p).
+func (t *tail) runsAt(p float64) (mean, sd float64) {
+	last := len(t.spans) - 1
+	switch i, _ := slices.BinarySearch(t.spans, p); {
+	case i == 0:
+		return t.runMean[0], t.runSD[0]
+	case i > last:
+		f := math.Sqrt(t.spans[last] / p)
+		return t.drift + (t.runMean[last]-t.drift)*f, t.runSD[last] * f
+	default:
+		w := math.Log(p/t.spans[i-1]) / math.Log(t.spans[i]/t.spans[i-1])
+		return t.runMean[i-1] + w*(t.runMean[i]-t.runMean[i-1]), t.runSD[i-1] + w*(t.runSD[i]-t.runSD[i-1])
+	}
 }
 
 // shared is the room for a plan of queue (wall time) that holds work of

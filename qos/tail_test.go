@@ -294,3 +294,77 @@ func TestTailShared(t *testing.T) {
 			grow.n, grow.took[0], grow.took[grow.n-1], tailWindow)
 	}
 }
+
+// risk reads the room's readings as a chance: a plan whose slack is
+// shorter than its room is read as more likely late than a normal
+// tail at tailZ deviations (about 2.3%), one whose slack is longer as
+// less, on windows of every kind (drift, jitter, stalls one in a
+// hundred, a host's turns) and plans of every length, on one slot or
+// two; at the cap and before the window fills it is 0, past the
+// deadline 1.
+func TestTailRiskAtRoom(t *testing.T) {
+	const p = 1e-3 // every execution predicted at 1 ms
+	atZ := 0.5 * math.Erfc(tailZ/math.Sqrt2)
+	hosts := []struct {
+		name string
+		took func(rng *rand.Rand, i int) float64
+	}{
+		{"steady drift", func(*rand.Rand, int) float64 { return 1.2 * p }},
+		{"jitter", func(rng *rand.Rand, _ int) float64 { return p * (1 + 0.6*rng.Float64()) }},
+		{"stalls", func(rng *rand.Rand, _ int) float64 {
+			if rng.IntN(100) == 0 {
+				return p * (15 + 5*rng.Float64())
+			}
+			return p * (1 + 0.3*rng.Float64())
+		}},
+		{"turns", func(_ *rand.Rand, i int) float64 {
+			if i%40 < 4 {
+				return 6 * p
+			}
+			return p
+		}},
+	}
+	checked := 0
+	for _, host := range hosts {
+		for _, slots := range []int{1, 2} {
+			var tl tail
+			tl.setSlots(slots)
+			if r := tl.risk(16*ms, 16*ms, ms); r != 0 {
+				t.Errorf("%s: risk %v before any execution, want 0", host.name, r)
+			}
+			rng := rand.New(rand.NewPCG(7, uint64(slots)))
+			for i := range 600 * slots {
+				tl.observe(p, host.took(rng, i))
+			}
+			tl.refresh()
+			for _, q := range []time.Duration{ms, 3 * ms, 16 * ms, 40 * ms, 300 * ms, 2 * time.Second} {
+				w := time.Duration(slots) * q
+				room := tl.shared(q, w)
+				if r := tl.risk(q, w, -time.Microsecond); r != 1 {
+					t.Errorf("%s, %d slots, plan %v: risk %v past the deadline, want 1", host.name, slots, q, r)
+				}
+				if r := tl.risk(q, w, (maxTailRatio-1)*q); r != 0 {
+					t.Errorf("%s, %d slots, plan %v: risk %v with the most slack admission asks for, want 0", host.name, slots, q, r)
+				}
+				step := max(room/100, 10*time.Microsecond)
+				if short := room - step; short >= 0 {
+					if r := tl.risk(q, w, short); !(r > atZ) {
+						t.Errorf("%s, %d slots, plan %v: slack %v short of the room %v, risk %.5f, want more than %.5f",
+							host.name, slots, q, short, room, r, atZ)
+					}
+					checked++
+				}
+				if long := room + step; long < (maxTailRatio-1)*q {
+					if r := tl.risk(q, w, long); !(r < atZ) {
+						t.Errorf("%s, %d slots, plan %v: slack %v past the room %v, risk %.5f, want less than %.5f",
+							host.name, slots, q, long, room, r, atZ)
+					}
+					checked++
+				}
+			}
+		}
+	}
+	if checked < 40 {
+		t.Errorf("only %d plans had a room to read around", checked)
+	}
+}
