@@ -101,8 +101,8 @@ test: setup test-tools
 	# Tests the race detector would falsify: its exit runs C++ destructors; its heap counts are not the code's.
 	go test -count=1 -run 'TestRunnerStopWritesNoTelemetry$$' ./runtime
 	go test -count=1 -run 'TestRESTJSONBodyReused$$' ./api
-	# A measurement of simulations, tenfold slower under -race, which finds nothing in them.
-	go test -count=1 -run 'TestNoisyHostAdmissionBound$$' ./qos
+	# Measurements of simulations, tenfold slower under -race, which finds nothing in them.
+	go test -count=1 -run 'TestNoisyHostAdmissionBound$$|TestAdmissionRiskCalibration$$' ./qos
 
 bench: setup
 	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -count=$(BENCHCOUNT) -timeout 60m $(PKGS)

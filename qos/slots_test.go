@@ -2,6 +2,7 @@ package qos
 
 import (
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -24,7 +25,13 @@ func noisySlots(t *testing.T, seed uint64, slots int, slow func(*rand.Rand) time
 
 // noisySlotsSLO is noisySlots with an SLO of slo.
 func noisySlotsSLO(t *testing.T, seed uint64, slots int, slo time.Duration, slow func(*rand.Rand) time.Duration) *harness {
-	h := newHarness(t, Options{Estimator: fixedEstimator(ms), DeviceSlots: slots})
+	return noisySlotsLog(t, seed, slots, slo, slow, nil)
+}
+
+// noisySlotsLog is noisySlotsSLO with the scheduler logging to log (nil:
+// the test's output).
+func noisySlotsLog(t *testing.T, seed uint64, slots int, slo time.Duration, slow func(*rand.Rand) time.Duration, log *slog.Logger) *harness {
+	h := newHarness(t, Options{Estimator: fixedEstimator(ms), DeviceSlots: slots, Logger: log})
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var mu sync.Mutex
 	h.model(ModelSpec{Name: "a", Class: lc, SLO: slo, QueueCapacity: 100, Slots: slots}, func([]int64) time.Duration {

@@ -1,0 +1,175 @@
+package qos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// finished is what the scheduler's debug line for a finished
+// latency-critical request says of it (qos/finishlog.go).
+type finished struct {
+	outcome string
+	room    float64 // plan_room_ms
+	risk    float64 // plan_risk
+	risky   bool    // plan_risk was logged
+}
+
+// finishLines is a slog handler that keeps the "request finished" lines,
+// as a reader of the server's log at debug level sees them.
+type finishLines struct {
+	mu    *sync.Mutex
+	lines *[]finished
+}
+
+func newFinishLines() finishLines { return finishLines{mu: new(sync.Mutex), lines: new([]finished)} }
+
+func (finishLines) Enabled(context.Context, slog.Level) bool { return true }
+func (h finishLines) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h finishLines) WithGroup(string) slog.Handler          { return h }
+
+func (h finishLines) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "request finished" {
+		return nil
+	}
+	var f finished
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "outcome":
+			f.outcome = a.Value.String()
+		case "plan_room_ms":
+			f.room = a.Value.Float64()
+		case "plan_risk":
+			f.risk, f.risky = a.Value.Float64(), true
+		}
+		return true
+	})
+	h.mu.Lock()
+	*h.lines = append(*h.lines, f)
+	h.mu.Unlock()
+	return nil
+}
+
+// take returns the lines kept so far and forgets them.
+func (h finishLines) take() []finished {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := *h.lines
+	*h.lines = nil
+	return l
+}
+
+// How well admission's chance to be late (tail.risk, logged per request
+// as plan_risk) tells the requests that then are late, on the noisy host
+// of TestNoisyHostAdmissionBound: past capacity (Poisson arrivals at 4x,
+// 3 s) and in the closed loop of 16 clients a slot, on two slots and one,
+// over three of the host's random streams. A measurement: it logs the
+// admitted requests by the chance admission read for them against the
+// share of them late or dropped. What it checks is that the logged
+// chance is admission's: a request admitted behind a backlog (a room
+// asked for) was read at most tailZ deviations' chance, about 2.3%, and
+// one refused for its room at more.
+//
+// Measured (go test -run 'TestAdmissionRiskCalibration$' -v ./qos), on
+// two slots and one: past capacity, the requests read at 1-2.3% (nearly
+// all the admitted: they sit at the margin) were late or dropped 2.9%
+// and 4.4% of the time, 1.5x and 2.3x the reading; those read at 0 were
+// late 34% and 14% of the time, 37% and 23% of all the late: a chance of
+// 0 is what risk reads before the window holds its first 50 executions a
+// slot, when there is no room at all and the queue fills on the mean
+// (and where the slack is past the cap, where they are on time). On one
+// slot those read at 0-1% were late 13-16%. In the closed loop the
+// admitted were late 0.3-0.7% of the time whatever the reading, from 0
+// to 2.3%. The reading is short in the tail it is asked about under
+// overload, says nothing while the window is empty, and does not sort
+// the requests of the closed loop by their fate: a criterion on it, per
+// request or on the admitted's share, can do only as well as it.
+func TestAdmissionRiskCalibration(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a measurement of simulations: the race detector slows it tenfold and finds nothing in them (run it without -race)")
+	}
+	atZ := 0.5 * math.Erfc(tailZ/math.Sqrt2)
+	seeds := []uint64{429, 430, 431}
+	names := []string{"0", "(0, 0.1%)", "[0.1%, 1%)", "[1%, 2.3%]"}
+	var table strings.Builder
+	for _, slots := range []int{2, 1} {
+		for _, load := range []string{"4x capacity", "closed loop"} {
+			log := newFinishLines()
+			for _, seed := range seeds {
+				synctest.Test(t, func(t *testing.T) {
+					h := noisySlotsLog(t, seed, slots, 40*ms, noisyHost, slog.New(log))
+					if load == "closed loop" {
+						submitClosedLoop(t, h, 16*slots, 300)
+						return
+					}
+					capacity := float64(slots) / 1.43e-3
+					arrivals := rand.New(rand.NewPCG(seed, 36))
+					var wg sync.WaitGroup
+					id := int64(0)
+					for start := time.Now(); time.Since(start) < 3*time.Second; {
+						<-time.After(time.Duration(arrivals.ExpFloat64() / (4 * capacity) * float64(time.Second)))
+						id++
+						req := idRequest(id)
+						wg.Go(func() { h.s.Submit(t.Context(), "a", req, RequestOptions{}) })
+					}
+					wg.Wait()
+				})
+			}
+			lines := log.take()
+			buckets := []struct {
+				name    string
+				hi      float64 // the bucket holds chances below it
+				n, late int
+				sum     float64
+			}{{name: names[0]}, {name: names[1], hi: 1e-3}, {name: names[2], hi: 1e-2}, {name: names[3], hi: math.Inf(1)}}
+			var read, refused int
+			for _, f := range lines {
+				if !f.risky {
+					continue
+				}
+				read++
+				if f.outcome == "rejected" {
+					if f.room > 0 && !(f.risk > atZ-1e-5) { // logged to 1e-5
+						t.Errorf("%d slots, %s: refused for its room with a chance of %.5f, want more than %.5f", slots, load, f.risk, atZ)
+					}
+					refused++
+					continue
+				}
+				if f.room > 0 && f.risk > atZ+1e-5 {
+					t.Errorf("%d slots, %s: admitted behind a backlog with a chance of %.5f, want at most %.5f", slots, load, f.risk, atZ)
+				}
+				b := &buckets[0]
+				if f.risk > 0 {
+					b = &buckets[1]
+					for b.hi <= f.risk {
+						b = &buckets[slices.Index(names, b.name)+1]
+					}
+				}
+				b.n++
+				b.sum += f.risk
+				if f.outcome != "good" {
+					b.late++
+				}
+			}
+			if read == 0 {
+				t.Fatalf("%d slots, %s: no finish line with plan_risk", slots, load)
+			}
+			fmt.Fprintf(&table, "%d slots, %s: %d read, %d refused for their room\n", slots, load, read, refused)
+			for _, b := range buckets {
+				if b.n > 0 {
+					fmt.Fprintf(&table, "  read %-11s %6d admitted, read at %.3f%% on average, late or dropped %.2f%%\n",
+						b.name, b.n, 100*b.sum/float64(b.n), 100*float64(b.late)/float64(b.n))
+				}
+			}
+		}
+	}
+	t.Logf("admitted requests by the chance to be late admission read (plan_risk)\n%s", table.String())
+}
