@@ -19,7 +19,9 @@ the wait minus the batch's predicted execution) against the on-time ones', and
 the executions' ratio of taken to predicted. The bound: the share of requests
 that would be late if each ran alone at its own wait with an execution drawn
 from the measured ratios (no batching, no queue): what no admission rule on the
-mean removes.
+mean removes. Last, the admitted requests by the chance to be late admission
+read for them (plan_risk) against the share of them late or dropped at the
+server.
 """
 import bisect
 import collections
@@ -109,6 +111,32 @@ def main(out, policy="adaptive"):
         at_wait = sum(p_late(d, float(d["wait_ms"])) for d in runs) / len(runs)
         alone = sum(p_late(d, 0) for d in runs) / len(runs)
         print(f"  bound: late if run alone at its own wait {100 * at_wait:.2f}%, with no wait {100 * alone:.2f}%")
+        print_risk(srv[m])
+
+
+# Buckets of plan_risk, admission's chance to be late (qos tail.risk).
+RISK_BUCKETS = ((0, "0"), (1e-3, "(0, 0.1%)"), (1e-2, "[0.1%, 1%)"), (float("inf"), ">= 1%"))
+
+
+def print_risk(lines):
+    """The admitted requests by the chance to be late admission read for
+    them (plan_risk) against the share of them late or dropped at the
+    server: whether the reading tells the late ones."""
+    buckets = {name: [0, 0, 0.0] for _, name in RISK_BUCKETS}  # admitted, late, sum of chances
+    for d in lines:
+        if "plan_risk" not in d or d["outcome"] not in ("good", "late", "dropped"):
+            continue
+        risk = float(d["plan_risk"])
+        name = next(n for hi, n in RISK_BUCKETS if (risk == 0 if hi == 0 else risk < hi))
+        b = buckets[name]
+        b[0] += 1
+        b[1] += d["outcome"] != "good"
+        b[2] += risk
+    for _, name in RISK_BUCKETS:
+        n, late, total = buckets[name]
+        if n:
+            print(f"  admission read {name}: {n} admitted, read at {100 * total / n:.2f}% on average, "
+                  f"late or dropped at the server {100 * late / n:.2f}%")
 
 
 if __name__ == "__main__":
