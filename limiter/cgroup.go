@@ -50,6 +50,9 @@ type cgroupLimiter struct {
 	env       hostEnvironment
 	log       *slog.Logger
 	describe  string
+	// hostRoot is the server's cgroup where it is the root of the host's
+	// cpu hierarchy (atHostRoot), else "".
+	hostRoot string
 
 	mu     sync.Mutex
 	units  unitTable[*cgroupUnit]
@@ -111,6 +114,7 @@ func newCgroup(opts Options, env hostEnvironment, serverFrom string, log *slog.L
 		}
 		l.describe = fmt.Sprintf("cgroup v2 cpu.max (period %s of %d CPUs), cpu.weight, %s and memory.max at %s; %s",
 			opts.Period, l.cpus, l.idleWord(), l.hier[0].parent, l.serverWords())
+		l.warnHostRoot()
 		return l, nil
 	}
 	errV1 := l.setupV1(opts.Root, sc)
@@ -125,9 +129,37 @@ func newCgroup(opts Options, env hostEnvironment, serverFrom string, log *slog.L
 		}
 		l.describe = fmt.Sprintf("cgroup v1 %s: CFS quota (period %s of %d CPUs), cpu.shares, %s and memory limit at %s; %s (v2 not used: %v)",
 			strings.Join(l.controllers(), "+"), opts.Period, l.cpus, l.idleWord(), strings.Join(dirs, ", "), l.serverWords(), errV2)
+		l.warnHostRoot()
 		return l, nil
 	}
 	return nil, fmt.Errorf("cgroup v2: %w; cgroup v1: %w", errV2, errV1)
+}
+
+// atHostRoot reports whether dir is the root of its cgroup hierarchy on
+// the host, not the root a container's cgroup namespace shows or a
+// service's cgroup: only the host's root has release_agent on cgroup v1,
+// and only it lacks cgroup.type on v2.
+func atHostRoot(dir string, v2 bool) bool {
+	if v2 {
+		_, err := os.Stat(filepath.Join(dir, "cgroup.type"))
+		return errors.Is(err, os.ErrNotExist)
+	}
+	_, err := os.Stat(filepath.Join(dir, "release_agent"))
+	return err == nil
+}
+
+// warnHostRoot says, in Describe and once in the log, that the server's
+// cgroup is the host's root: the background parent's siblings are then
+// every process of the host, and best-effort units, in the idle class,
+// run only on what all of them leave. In a container or a service they
+// yield only to the processes of its own cgroup (docs/deploy.md).
+func (l *cgroupLimiter) warnHostRoot() {
+	if l.hostRoot == "" {
+		return
+	}
+	l.describe += "; in the host's root cgroup: background units yield to every process of the host"
+	l.log.Warn("the server runs in the host's root cgroup: best-effort models run in the idle class beside it and yield to every busy process of the host, not only to this server's work; run the server in a cgroup of its own (a container, a systemd service) for them to share what it is given",
+		"cgroup", l.hostRoot)
 }
 
 // Scheduling weights, in units of the kernel's default weight (v1
@@ -176,6 +208,9 @@ func (l *cgroupLimiter) setupWeights(serverFrom string) error {
 		}
 		if err := l.setupServer(h, serverFrom); err != nil {
 			return err
+		}
+		if atHostRoot(h.own, l.v2) {
+			l.hostRoot = h.own
 		}
 		bg := filepath.Join(h.own, backgroundName(l.env.pid))
 		if err := l.env.mkdirUnit(bg); err != nil {

@@ -1,12 +1,15 @@
 package limiter
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -759,4 +762,82 @@ func TestCgroupV2ServerBesideUnits(t *testing.T) {
 	if pids, _ := readPids(filepath.Join(own, "cgroup.procs")); slices.Contains(pids, 4242) {
 		t.Errorf("the server went back to %s, which passes controllers down", own)
 	}
+}
+
+// A server in the host's root cgroup is told that its best-effort units
+// yield to every process of the host, in Describe and once in the log;
+// one in a container's namespace root or a service's cgroup is not.
+func TestHostRootNamed(t *testing.T) {
+	const named = "in the host's root cgroup"
+	for _, tc := range []struct {
+		name string
+		host func(t *testing.T) *fakeHost
+		want string // the cgroup named, "" none
+	}{
+		{"v1 at the host's root", newFakeV1, "cpu"},
+		{"v1 at a namespace's root", func(t *testing.T) *fakeHost {
+			f := newFakeV1(t)
+			for _, d := range []string{"cpu", "cpuacct", "memory"} {
+				if err := os.Remove(filepath.Join(f.root, d, "release_agent")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return f
+		}, ""},
+		{"v2 in a service's cgroup", newFakeV2, ""},
+		{"v2 at the host's root", func(t *testing.T) *fakeHost {
+			f := newFakeV2(t)
+			f.self = "0::/\n"
+			mustWrite(t, filepath.Join(f.root, "cpu.max"), "max 100000\n")
+			return f
+		}, "."},
+		{"v2 at a namespace's root", func(t *testing.T) *fakeHost {
+			f := newFakeV2(t)
+			f.self = "0::/\n"
+			mustWrite(t, filepath.Join(f.root, "cpu.max"), "max 100000\n")
+			mustWrite(t, filepath.Join(f.root, "cgroup.type"), "domain\n")
+			return f
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.host(t)
+			var log lockedBuffer
+			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: slog.New(slog.NewTextHandler(&log, nil))}, f.env())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			warns := strings.Count(log.String(), "level=WARN msg=\"the server runs in the host's root cgroup")
+			if tc.want == "" {
+				if strings.Contains(l.Describe(), named) || warns != 0 {
+					t.Errorf("Describe() = %q, %d WARNs; want neither to name the host's root", l.Describe(), warns)
+				}
+				return
+			}
+			if !strings.Contains(l.Describe(), named) {
+				t.Errorf("Describe() = %q, want it to say %q", l.Describe(), named)
+			}
+			if dir := filepath.Join(f.root, tc.want); warns != 1 || !strings.Contains(log.String(), "cgroup="+dir) {
+				t.Errorf("%d WARNs naming the host's root, want 1 with cgroup=%s; log:\n%s", warns, dir, log.String())
+			}
+		})
+	}
+}
+
+// lockedBuffer is a log's buffer its writers and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

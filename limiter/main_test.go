@@ -136,7 +136,7 @@ type fakeHost struct {
 var (
 	fakeV1Files = []string{"cgroup.procs", "cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.stat", "cpu.shares", "cpu.idle",
 		"cpuacct.usage", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"}
-	fakeV2Files = []string{"cgroup.procs", "cgroup.controllers", "cgroup.subtree_control", "cpu.max", "cpu.weight", "cpu.idle",
+	fakeV2Files = []string{"cgroup.procs", "cgroup.type", "cgroup.controllers", "cgroup.subtree_control", "cpu.max", "cpu.weight", "cpu.idle",
 		"cpu.stat", "memory.max", "memory.current", "memory.events"}
 )
 
@@ -251,6 +251,9 @@ func newFakeV1(t *testing.T) *fakeHost {
 		mustMkdir(t, filepath.Join(f.root, d))
 		mustWrite(t, filepath.Join(f.root, d, "cgroup.procs"), "")
 	}
+	for _, d := range []string{"cpu", "cpuacct", "memory"} { // the host's roots
+		mustWrite(t, filepath.Join(f.root, d, "release_agent"), "")
+	}
 	mustWrite(t, filepath.Join(f.root, "cpu", "cpu.cfs_quota_us"), "-1\n")
 	mustWrite(t, filepath.Join(f.root, "cpu", "cpu.cfs_period_us"), "100000\n")
 	return f
@@ -267,6 +270,7 @@ func newFakeV2(t *testing.T) *fakeHost {
 		mustWrite(t, filepath.Join(f.root, d, "cgroup.procs"), "")
 	}
 	mustWrite(t, filepath.Join(f.root, "server", "cpu.max"), "150000 100000\n")
+	mustWrite(t, filepath.Join(f.root, "server", "cgroup.type"), "domain\n") // not the host's root
 	return f
 }
 
