@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -22,25 +21,8 @@ import (
 
 	"github.com/sloserve/sloserve/api/inference"
 	"github.com/sloserve/sloserve/internal/rawgrpc"
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
-
-// syncWriter is a log destination safe for concurrent use.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // TestLimitedListenerReservesMemory: each connection reserves its bytes for
 // its life; one that does not fit takes the health-only overflow slot, and
@@ -50,7 +32,7 @@ func TestLimitedListenerReservesMemory(t *testing.T) {
 	const per = 100 << 10
 	h, _ := newRESTTest(restLimits)
 	budget := NewMemoryBudget(2 * per)
-	var logs syncWriter
+	var logs syncbuf.Buffer
 	l := serveLimited(t, h, 10, 1, 10*time.Second, func(l *LimitedListener) { // the count allows ten: memory is the limit
 		l.ReserveMemory(budget, per, slog.New(slog.NewTextHandler(&logs, nil)))
 	})
@@ -162,7 +144,7 @@ func TestLimitedListenerMemoryRefusalLog(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		var logs syncWriter
+		var logs syncbuf.Buffer
 		l := NewLimitedListener(ln, 1, 0)
 		l.ReserveMemory(NewMemoryBudget(1), 2, slog.New(slog.NewTextHandler(&logs, nil)))
 		for range 5 {

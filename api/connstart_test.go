@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // slowStartTimeout is the header and idle timeout of the slow-start tests:
@@ -25,7 +27,7 @@ const slowStartTimeout = 2 * time.Second
 // LimitedListener that counts slow headers, with header and idle
 // timeouts of slowStartTimeout. The handler answers "ok"; on /body it
 // gives its body 100 ms, as the REST handler gives limits.body_timeout.
-func slowStartServer(t *testing.T, logs *syncWriter) (*LimitedListener, *SlowClients) {
+func slowStartServer(t *testing.T, logs *syncbuf.Buffer) (*LimitedListener, *SlowClients) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -89,7 +91,7 @@ func TestSlowHeadersCounted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var logs syncWriter
+			var logs syncbuf.Buffer
 			l, slow := slowStartServer(t, &logs)
 			c, err := net.Dial("tcp", l.Addr().String())
 			if err != nil {
@@ -129,7 +131,7 @@ func TestSlowHeadersCounted(t *testing.T) {
 // which the HTTP/2 server times with timers, is not counted when it is
 // closed idle after its requests.
 func TestSlowHeadersCountedTLS(t *testing.T) {
-	var logs syncWriter
+	var logs syncbuf.Buffer
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.Proto)
 	}))
@@ -184,7 +186,7 @@ func TestSlowHandshakesCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncWriter
+	var logs syncbuf.Buffer
 	l := NewLimitedListener(ln, 16, 0)
 	slow := NewSlowClients()
 	l.CountSlowHandshakes(slow, slowStartTimeout, slog.New(slog.NewTextHandler(&logs, nil)))

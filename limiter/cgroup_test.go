@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"os"
@@ -9,10 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 func TestCgroupV1Files(t *testing.T) {
@@ -801,7 +801,7 @@ func TestHostRootNamed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := tc.host(t)
-			var log lockedBuffer
+			var log syncbuf.Buffer
 			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: slog.New(slog.NewTextHandler(&log, nil))}, f.env())
 			if err != nil {
 				t.Fatal(err)
@@ -822,22 +822,4 @@ func TestHostRootNamed(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuffer is a log's buffer its writers and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

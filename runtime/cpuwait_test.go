@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,13 +12,14 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 func TestParseSchedstat(t *testing.T) {
@@ -85,7 +85,7 @@ func TestRunnerStarvedIsNotHung(t *testing.T) {
 	// answer them all in time, while the test itself, on the other CPUs,
 	// answers its part well within it even on a busy machine.
 	cfg.HealthInterval = 200 * time.Millisecond
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r := startTestRunner(t, cfg)
 	pid := r.Pid()
@@ -189,24 +189,6 @@ func heavy(t *testing.T, cmd *exec.Cmd) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
 		t.Fatalf("moving %d into %s: %v", cmd.Process.Pid, dir, err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // lastCPU is the highest CPU the test may run on.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // A runner that runs a long call at its own CPU quota's limit is busy, not
@@ -51,7 +53,7 @@ func TestRunnerAtItsQuotaIsNotHung(t *testing.T) {
 	cfg := testRunnerConfig(t, model)
 	cfg.HealthInterval = 25 * time.Millisecond
 	cfg.JoinCgroups = []string{filepath.Join(dir, "cgroup.procs")}
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	r := startTestRunner(t, cfg)
 	pid := r.Pid()

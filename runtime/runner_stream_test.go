@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sloserve/sloserve/internal/syncbuf"
 	"github.com/sloserve/sloserve/runtime/runnerpb"
 )
 
@@ -401,7 +402,7 @@ func TestRunnerSlowReaderMidWrite(t *testing.T) {
 			if tc.hung {
 				cfg.HealthInterval = 150 * time.Millisecond
 			}
-			var log syncBuffer
+			var log syncbuf.Buffer
 			cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
 			r := startTestRunner(t, cfg)
 			pid := r.Pid()

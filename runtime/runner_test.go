@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // Little-endian encoders and decoders for test tensors.
@@ -888,7 +890,7 @@ func TestRunnerStopWritesNoTelemetry(t *testing.T) {
 	// where the test can watch it after the runner's own folder is gone.
 	telemetryAsDeployed(t)
 	cfg.Env = append(cfg.Env, TelemetryEnv+"=0", "HOME="+home, "XDG_CACHE_HOME="+filepath.Join(home, ".cache"))
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &log), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r, err := StartRunner(t.Context(), cfg)
 	if err != nil {
