@@ -85,17 +85,14 @@ type tail struct {
 	next       int       // where the next one goes
 	pending    int       // executions since the last refresh
 	// At the last refresh (see tail): drift, spread and stall; spans,
-	// run lengths in predicted seconds (doubling), and excess, the mean
-	// plus tailZ standard deviations of the excess per second predicted
-	// of the window's runs that long. Empty before minTail executions.
-	drift, spread, stall float64
-	spans, excess        []float64
-	// runMean and runSD are the mean and the standard deviation of the
-	// excess per second predicted of the runs of each span (excess is
-	// runMean plus tailZ runSD): what risk reads.
-	runMean, runSD []float64
-	cumP, cumE     []float64 // scratch: prefix sums in time order
-	scratch        []float64
+	// run lengths in predicted seconds (doubling), and runMean and runSD,
+	// the mean and the standard deviation of the excess per second
+	// predicted of the window's runs that long (runsAt). Empty before
+	// minTail executions.
+	drift, spread, stall  float64
+	spans, runMean, runSD []float64
+	cumP, cumE            []float64 // scratch: prefix sums in time order
+	scratch               []float64
 }
 
 // setSlots sizes the window for a model of c slots (at most
@@ -167,8 +164,7 @@ func (t *tail) refresh() {
 	}
 	t.spread = v / t.cumP[n]
 	t.stall = max(selectNth(t.scratch, rankIndex(n, stallQuantile)), 0)
-	t.spans, t.excess = t.spans[:0], t.excess[:0]
-	t.runMean, t.runSD = t.runMean[:0], t.runSD[:0]
+	t.spans, t.runMean, t.runSD = t.spans[:0], t.runMean[:0], t.runSD[:0]
 	for span := t.cumP[n] / float64(n); ; span *= 2 {
 		t.scratch = t.scratch[:0]
 		j := 0
@@ -192,10 +188,8 @@ func (t *tail) refresh() {
 		for _, x := range t.scratch {
 			sq += (x - mean) * (x - mean)
 		}
-		sd := math.Sqrt(sq / float64(len(t.scratch)))
 		t.spans = append(t.spans, span)
-		t.excess = append(t.excess, mean+tailZ*sd)
-		t.runMean, t.runSD = append(t.runMean, mean), append(t.runSD, sd)
+		t.runMean, t.runSD = append(t.runMean, mean), append(t.runSD, math.Sqrt(sq/float64(len(t.scratch))))
 	}
 }
 
@@ -207,19 +201,9 @@ func (t *tail) room(queue time.Duration) time.Duration {
 		return 0
 	}
 	p := queue.Seconds()
-	last := len(t.spans) - 1
-	var rate float64
-	switch i, _ := slices.BinarySearch(t.spans, p); {
-	case i == 0:
-		rate = t.excess[0]
-	case i > last:
-		rate = t.drift + (t.excess[last]-t.drift)*math.Sqrt(t.spans[last]/p)
-	default: // between spans i-1 and i, in log time
-		w := math.Log(p/t.spans[i-1]) / math.Log(t.spans[i]/t.spans[i-1])
-		rate = t.excess[i-1] + w*(t.excess[i]-t.excess[i-1])
-	}
+	mean, runSD := t.runsAt(p)
 	sd := math.Sqrt(t.spread * p)
-	room := max(rate*p, t.drift*p+min(tailZ*sd, t.stall+sd))
+	room := max((mean+tailZ*runSD)*p, t.drift*p+min(tailZ*sd, t.stall+sd))
 	room = min(room, (maxTailRatio-1)*p)
 	return time.Duration(max(room, 0) * float64(time.Second))
 }

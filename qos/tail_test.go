@@ -83,8 +83,8 @@ func TestTailRoom(t *testing.T) {
 				tl.refresh() // the window as it stands, not as of the last refresh
 			}
 			if got := tl.room(tc.queue); absDuration(got-tc.want) > time.Microsecond {
-				t.Errorf("room(%v) = %v, want %v (drift %.4f, spans %.4g, excess %.4g)",
-					tc.queue, got, tc.want, tl.drift, tl.spans, tl.excess)
+				t.Errorf("room(%v) = %v, want %v (drift %.4f, spans %.4g, runs' mean %.4g and deviation %.4g)",
+					tc.queue, got, tc.want, tl.drift, tl.spans, tl.runMean, tl.runSD)
 			}
 		})
 	}
@@ -259,8 +259,8 @@ func TestTailShared(t *testing.T) {
 			}
 			tl.refresh() // the window as it stands, not as of the last refresh
 			if got := tl.shared(tc.queue, tc.work); absDuration(got-tc.want) > time.Microsecond {
-				t.Errorf("shared(%v, %v) = %v, want %v (drift %.4f, spans %.4g, excess %.4g)",
-					tc.queue, tc.work, got, tc.want, tl.drift, tl.spans, tl.excess)
+				t.Errorf("shared(%v, %v) = %v, want %v (drift %.4f, spans %.4g, runs' mean %.4g and deviation %.4g)",
+					tc.queue, tc.work, got, tc.want, tl.drift, tl.spans, tl.runMean, tl.runSD)
 			}
 		})
 	}
