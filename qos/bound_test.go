@@ -421,16 +421,7 @@ func TestNoisyHostOverloadRefused(t *testing.T) {
 				h := noisySlots(t, seed, slots, noisyHost)
 				const dur = 3 * time.Second
 				capacity := float64(slots) / 1.43e-3
-				arrivals := rand.New(rand.NewPCG(seed, 36))
-				var wg sync.WaitGroup
-				id := int64(0)
-				for start := time.Now(); time.Since(start) < dur; {
-					<-time.After(time.Duration(arrivals.ExpFloat64() / (4 * capacity) * float64(time.Second)))
-					id++
-					req := idRequest(id)
-					wg.Go(func() { h.s.Submit(t.Context(), "a", req, RequestOptions{}) })
-				}
-				wg.Wait()
+				submitPoisson(t, h, rand.New(rand.NewPCG(seed, 36)), 4*capacity, dur)
 				st, _ := h.s.Stats("a")
 				admitted := st.Good + st.Late + st.Dropped
 				good := float64(st.Good) / dur.Seconds() / capacity

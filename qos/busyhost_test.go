@@ -133,7 +133,6 @@ func TestBusyHostOverloadAdmittedOnTime(t *testing.T) {
 			return host.took(600 * time.Microsecond)
 		})
 		h.run()
-		ctx := t.Context()
 		// The host gives the runner 6 ms of 13 on average: 0.6 ms of
 		// the core an execution is about 770 executions a second.
 		const (
@@ -141,16 +140,7 @@ func TestBusyHostOverloadAdmittedOnTime(t *testing.T) {
 			rate     = 4 * capacity
 			dur      = 5 * time.Second
 		)
-		arrivals := rand.New(rand.NewPCG(35, 36))
-		var wg sync.WaitGroup
-		id := int64(0)
-		for start := time.Now(); time.Since(start) < dur; {
-			<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
-			id++
-			req := idRequest(id)
-			wg.Go(func() { h.s.Submit(ctx, "a", req, RequestOptions{}) })
-		}
-		wg.Wait()
+		submitPoisson(t, h, rand.New(rand.NewPCG(35, 36)), rate, dur)
 		st, _ := h.s.Stats("a")
 		admitted := st.Good + st.Late + st.Dropped
 		good := float64(st.Good) / dur.Seconds() / capacity
@@ -166,4 +156,19 @@ func TestBusyHostOverloadAdmittedOnTime(t *testing.T) {
 			t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
 		}
 	})
+}
+
+// submitPoisson submits requests of model "a", each on a goroutine of its
+// own, at Poisson arrivals of rate a second drawn from arrivals, for dur,
+// and waits for every answer.
+func submitPoisson(t *testing.T, h *harness, arrivals *rand.Rand, rate float64, dur time.Duration) {
+	var wg sync.WaitGroup
+	id := int64(0)
+	for start := time.Now(); time.Since(start) < dur; {
+		<-time.After(time.Duration(arrivals.ExpFloat64() / rate * float64(time.Second)))
+		id++
+		req := idRequest(id)
+		wg.Go(func() { h.s.Submit(t.Context(), "a", req, RequestOptions{}) })
+	}
+	wg.Wait()
 }

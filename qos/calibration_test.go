@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +97,6 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 	}
 	atZ := 0.5 * math.Erfc(tailZ/math.Sqrt2)
 	seeds := []uint64{429, 430, 431}
-	names := []string{"0", "(0, 0.1%)", "[0.1%, 1%)", "[1%, 2.3%]"}
 	var table strings.Builder
 	for _, slots := range []int{2, 1} {
 		for _, load := range []string{"4x capacity", "closed loop"} {
@@ -110,17 +108,7 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 						submitClosedLoop(t, h, 16*slots, 300)
 						return
 					}
-					capacity := float64(slots) / 1.43e-3
-					arrivals := rand.New(rand.NewPCG(seed, 36))
-					var wg sync.WaitGroup
-					id := int64(0)
-					for start := time.Now(); time.Since(start) < 3*time.Second; {
-						<-time.After(time.Duration(arrivals.ExpFloat64() / (4 * capacity) * float64(time.Second)))
-						id++
-						req := idRequest(id)
-						wg.Go(func() { h.s.Submit(t.Context(), "a", req, RequestOptions{}) })
-					}
-					wg.Wait()
+					submitPoisson(t, h, rand.New(rand.NewPCG(seed, 36)), 4*float64(slots)/1.43e-3, 3*time.Second)
 				})
 			}
 			lines := log.take()
@@ -129,7 +117,7 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 				hi      float64 // the bucket holds chances below it
 				n, late int
 				sum     float64
-			}{{name: names[0]}, {name: names[1], hi: 1e-3}, {name: names[2], hi: 1e-2}, {name: names[3], hi: math.Inf(1)}}
+			}{{name: "0"}, {name: "(0, 0.1%)", hi: 1e-3}, {name: "[0.1%, 1%)", hi: 1e-2}, {name: "[1%, 2.3%]", hi: math.Inf(1)}}
 			var read, refused int
 			for _, f := range lines {
 				if !f.risky {
@@ -146,13 +134,12 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 				if f.room > 0 && f.risk > atZ+1e-5 {
 					t.Errorf("%d slots, %s: admitted behind a backlog with a chance of %.5f, want at most %.5f", slots, load, f.risk, atZ)
 				}
-				b := &buckets[0]
+				i := 0
 				if f.risk > 0 {
-					b = &buckets[1]
-					for b.hi <= f.risk {
-						b = &buckets[slices.Index(names, b.name)+1]
+					for i = 1; buckets[i].hi <= f.risk; i++ {
 					}
 				}
+				b := &buckets[i]
 				b.n++
 				b.sum += f.risk
 				if f.outcome != "good" {
