@@ -25,6 +25,7 @@ func newFakeDelegated(t *testing.T) (*fakeHost, string) {
 		if d == f.root {
 			break
 		}
+		mustWrite(t, filepath.Join(d, "cgroup.type"), "domain\n") // not the host's root
 	}
 	mustWrite(t, filepath.Join(own, "cgroup.procs"), "4242\n4300\n")
 	return f, own
@@ -52,8 +53,9 @@ func TestDelegated(t *testing.T) {
 	leaf := filepath.Join(own, delegatedLeaf)
 	fileHas(t, filepath.Join(leaf, "cgroup.procs"), "4300") // the last process written (the fake keeps one)
 	fileHas(t, filepath.Join(own, "cgroup.subtree_control"), "+cpu +memory")
-	if l.Kind() != KindCgroupV2 || !strings.HasPrefix(l.Describe(), "delegated cgroup v2 subtree "+own+" (the server's 2 process(es) moved to sloserve-server): cgroup v2 cpu.max") {
-		t.Errorf("kind %s, Describe() = %q", l.Kind(), l.Describe())
+	if l.Kind() != KindCgroupV2 || !strings.HasPrefix(l.Describe(), "delegated cgroup v2 subtree "+own+" (the server's 2 process(es) moved to sloserve-server): cgroup v2 cpu.max") ||
+		strings.Contains(l.Describe(), "host's root") {
+		t.Errorf("kind %s, Describe() = %q (a delegated subtree is not the host's root)", l.Kind(), l.Describe())
 	}
 	pl, err := l.Place("m", Share{Compute: 0.5, Memory: 64 << 20, Mode: ModeFloor})
 	if err != nil {
