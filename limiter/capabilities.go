@@ -85,6 +85,17 @@ type ComputeLifter interface {
 	LiftCompute(id string) error
 }
 
+// BackgroundLifter is implemented by backends that keep best-effort units
+// under a background parent in the idle class (cgroup): LiftBackground
+// takes that parent out of the idle class, at the units' parent's weight,
+// for a stopping server. A unit's cap is lifted by LiftCompute, but a
+// runner restarted from then on joins the home of its first placement,
+// under the background parent, and loaded its model there, behind every
+// busy process of the host (a stop held 2 s beside two CPU burners).
+type BackgroundLifter interface {
+	LiftBackground() error
+}
+
 // DaemonRestarter is implemented by backends whose device has a control
 // daemon a fatal fault can take down with every client (MPS):
 // RestartDaemon brings it back, so that new clients can start, and returns

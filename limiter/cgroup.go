@@ -60,8 +60,9 @@ type cgroupLimiter struct {
 }
 
 var (
-	_ Limiter       = (*cgroupLimiter)(nil)
-	_ ComputeLifter = (*cgroupLimiter)(nil)
+	_ Limiter          = (*cgroupLimiter)(nil)
+	_ ComputeLifter    = (*cgroupLimiter)(nil)
+	_ BackgroundLifter = (*cgroupLimiter)(nil)
 )
 
 // cgroupUnit is one instance's cgroup: the directory name in every
@@ -871,6 +872,32 @@ func (l *cgroupLimiter) LiftCompute(id string) error {
 	}
 	l.mu.Unlock()
 	return fmt.Errorf("limiter: lift the compute cap of %s: %w", id, err)
+}
+
+// LiftBackground takes the background parents out of the idle class (the
+// lowest weight without it) and weighs them as the units' parent: for a
+// stopping server, whose best-effort runners, restarted ones included
+// (they join their first placement's home under this parent), must finish
+// what they admitted at a peer's speed (BackgroundLifter). Their units'
+// caps are lifted one by one (LiftCompute); this is the parent above
+// them. A second call writes the files again.
+func (l *cgroupLimiter) LiftBackground() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for _, h := range l.hier {
+		if h.background == "" {
+			continue
+		}
+		if l.idleClass {
+			errs = append(errs, writeFile(filepath.Join(h.background, "cpu.idle"), "0"))
+		}
+		errs = append(errs, writeFile(filepath.Join(h.background, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("limiter: lift the background parent: %w", err)
+	}
+	return nil
 }
 
 // Release removes a unit. Its directories are removed outside the lock:

@@ -823,3 +823,57 @@ func TestHostRootNamed(t *testing.T) {
 		})
 	}
 }
+
+// LiftBackground, for a stopping server, takes the background parent out
+// of the idle class and weighs it as the units' parent, so that a
+// best-effort runner restarted into it (its first placement's home) loads
+// and answers as a peer; without cpu.idle the lowest weight is raised the
+// same way. Its units' caps are LiftCompute's.
+func TestLiftBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		host       func(t *testing.T) *fakeHost
+		own        string
+		weightFile string
+		want       string // the units' parent's weight
+		idle       bool
+	}{
+		{"v1", newFakeV1, "cpu", "cpu.shares", "16384", true},
+		{"v2", newFakeV2, "server", "cpu.weight", "800", true},
+		{"v1 without cpu.idle", func(t *testing.T) *fakeHost {
+			saved := fakeV1Files
+			fakeV1Files = slices.DeleteFunc(slices.Clone(saved), func(s string) bool { return s == "cpu.idle" })
+			t.Cleanup(func() { fakeV1Files = saved })
+			return newFakeV1(t)
+		}, "cpu", "cpu.shares", "16384", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.host(t)
+			l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			own := filepath.Join(f.root, tc.own)
+			parent, background := filepath.Join(own, "sloserve-4242"), filepath.Join(own, "sloserve-4242-background")
+			if _, err := l.Place("be", Share{Compute: 0.05, Mode: ModeBackground}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.idle {
+				fileHas(t, filepath.Join(background, "cpu.idle"), "1")
+			} else {
+				fileHas(t, filepath.Join(background, tc.weightFile), "2")
+			}
+			if err := l.(BackgroundLifter).LiftBackground(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.idle {
+				fileHas(t, filepath.Join(background, "cpu.idle"), "0")
+			} else if exists(filepath.Join(background, "cpu.idle")) {
+				t.Error("cpu.idle written on a kernel without it")
+			}
+			fileHas(t, filepath.Join(parent, tc.weightFile), tc.want)
+			fileHas(t, filepath.Join(background, tc.weightFile), tc.want)
+		})
+	}
+}

@@ -15,7 +15,8 @@ import (
 // for a second. Shares asked for from then on are recorded and not
 // applied (a cap asked of a floor is lifted at once), no instance is
 // replaced for one, and a restarted process that gets ready stays
-// uncapped. A floor has no cap and keeps its share; the memory limit
+// uncapped; the background parent leaves the idle class once, so that a
+// restarted process loads at a peer's speed too. A floor has no cap and keeps its share; the memory limit
 // holds throughout.
 func TestLiftCapsHoldsUnitsUncappedForTheStop(t *testing.T) {
 	repo := t.TempDir()
@@ -51,6 +52,11 @@ func TestLiftCapsHoldsUnitsUncappedForTheStop(t *testing.T) {
 	}
 	if n := r.LiftCaps(); n != 0 {
 		t.Errorf("a second LiftCaps held %d units, want 0", n)
+	}
+	// The background parent left the idle class once, for both models
+	// on the one limiter: a runner restarted from now on loads there.
+	if n := lim.backgroundLifted(); n != 1 {
+		t.Errorf("the background parent lifted %d times, want 1", n)
 	}
 
 	// The control loop goes on asking: a cap is recorded, not applied,

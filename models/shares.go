@@ -301,8 +301,11 @@ func (r *Registry) startInstance(ctx context.Context, v *version, i int, s limit
 // default weight, out of the idle class, its memory limit kept. Shares
 // asked for from then on are recorded and not applied, no instance is
 // replaced for a new share, and an instance started or restarted from then
-// on is not capped once ready. Backends that cannot set shares live (MPS)
-// are left as they are. It returns how many units it lifted or held.
+// on is not capped once ready; where the backend keeps best-effort units
+// under an idle-class parent (limiter.BackgroundLifter), that parent leaves
+// the idle class first, so that such an instance also loads at a peer's
+// speed. Backends that cannot set shares live (MPS) are left as they are.
+// It returns how many units it lifted or held.
 func (r *Registry) LiftCaps() int {
 	if r.capsLifted.Swap(true) {
 		return 0
@@ -316,7 +319,16 @@ func (r *Registry) LiftCaps() int {
 	}
 	r.mu.RUnlock()
 	n := 0
+	lifted := map[limiter.BackgroundLifter]bool{}
 	for _, v := range versions {
+		// The background parent first: a runner restarted from here on
+		// joins its first placement's home under it, and loads there.
+		if bl, ok := v.lim.(limiter.BackgroundLifter); ok && !lifted[bl] {
+			lifted[bl] = true
+			if err := bl.LiftBackground(); err != nil {
+				r.log.Warn("lifting the background parent for the stop", "err", err)
+			}
+		}
 		v.instMu.RLock()
 		units := make([]unit, 0, len(v.units))
 		for _, u := range v.units {

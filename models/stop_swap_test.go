@@ -18,9 +18,27 @@ type liftingLimiter struct {
 	*fakeLimiter
 	liftMu sync.Mutex
 	lifted map[string]chan struct{}
+	// backgroundLifts counts LiftBackground calls.
+	backgroundLifts int
 }
 
-var _ limiter.ComputeLifter = (*liftingLimiter)(nil)
+var (
+	_ limiter.ComputeLifter    = (*liftingLimiter)(nil)
+	_ limiter.BackgroundLifter = (*liftingLimiter)(nil)
+)
+
+func (l *liftingLimiter) LiftBackground() error {
+	l.liftMu.Lock()
+	defer l.liftMu.Unlock()
+	l.backgroundLifts++
+	return nil
+}
+
+func (l *liftingLimiter) backgroundLifted() int {
+	l.liftMu.Lock()
+	defer l.liftMu.Unlock()
+	return l.backgroundLifts
+}
 
 func newLiftingLimiter() *liftingLimiter {
 	l := &liftingLimiter{fakeLimiter: newFakeLimiter(2), lifted: map[string]chan struct{}{}}
