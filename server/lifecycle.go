@@ -18,8 +18,9 @@ const registryStopTimeout = 10 * time.Second
 //  2. delay: limits.shutdown_delay, while requests are still served, so
 //     load balancers stop sending before the listeners close (skipped when
 //     a component failed);
-//  3. drain listeners: every instance's compute cap is lifted
-//     (Registry.LiftCaps), then REST, gRPC and ModelMesh stop accepting
+//  3. drain listeners: the background parent leaves the idle class and
+//     every instance's compute cap is lifted (Registry.LiftCaps), then
+//     REST, gRPC and ModelMesh stop accepting
 //     and finish their admitted requests within limits.grace_period;
 //  4. stop loads: the initial loads, the config reloads and placement;
 //  5. stop the registry: every model unloads, its runners drain and exit
