@@ -638,8 +638,9 @@ func TestCleanupStaleReal(t *testing.T) {
 func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	l := realLimiter(t)
 	req := detectorRequest()
-	// busy keeps twice as many calls as CPUs in flight on each runner for
-	// d and returns the CPU seconds each unit used meanwhile.
+	// busy keeps twice as many calls as CPUs in flight on each runner of
+	// runners for d (a nil one is left idle) and returns the CPU seconds
+	// each unit used meanwhile.
 	busy := func(ids [2]string, runners [2]*runtime.Runner, d time.Duration) [2]float64 {
 		var before, after [2]float64
 		for i, id := range ids {
@@ -653,6 +654,9 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 		defer cancel()
 		var wg sync.WaitGroup
 		for _, r := range runners {
+			if r == nil {
+				continue
+			}
 			for range 2 * l.CPUs() { // more calls than CPUs: each runner always has work
 				wg.Go(func() {
 					for ctx.Err() == nil {
@@ -734,6 +738,7 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	ids := [2]string{floor, bg}
 
 	busy(ids, runners, time.Second) // warm: both runners at full concurrency
+	alone := busy(ids, [2]*runtime.Runner{runners[0], nil}, 3*time.Second)
 	prio := busy(ids, runners, 3*time.Second)
 	for _, id := range ids {
 		if err := l.Resize(id, Share{}); err != nil {
@@ -749,11 +754,19 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	if err := l.Resize(floor, Share{Compute: 0.3, Mode: ModeFloor}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("CPU seconds in 3s, floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f", prio[0], prio[1], even[0], even[1])
-	// The background runner still fills the moments the floor's runner
-	// waits for its next call (measured: a sixth of the CPU or less).
-	if prio[0] < 2.5*prio[1] {
-		t.Errorf("the floor's runner used %.2f CPU s and the background one %.2f; want at least 2.5 times as much", prio[0], prio[1])
+	t.Logf("CPU seconds in 3s, the floor alone: %.2f; floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f",
+		alone[0], prio[0], prio[1], even[0], even[1])
+	// The floor's runner gets beside the busy background one what it gets
+	// alone: the background fills only what the floor leaves (the moments
+	// it waits for its next call, and on an idle machine the CPUs its
+	// threads do not use). At equal weights the floor got 0.7 of it alone
+	// (2.0-2.2 CPU s against 2.9-3.1). A ratio of floor to background
+	// (2.5x, before) held only where other work kept the CPUs the floor
+	// leaves busy, as make test's other packages do: alone on an idle
+	// machine the background runner took 1.1-1.6 CPU s of them, and the
+	// test failed, though the floor had all it could use.
+	if prio[0] < 0.8*alone[0] {
+		t.Errorf("beside the background runner the floor's used %.2f CPU s, against %.2f alone; want at least 0.8 of it", prio[0], alone[0])
 	}
 	if even[1] < even[0]/2 {
 		t.Errorf("at equal weights the runners used %.2f and %.2f CPU s; want about even (the test's load is not what it assumes)", even[0], even[1])
