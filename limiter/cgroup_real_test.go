@@ -756,17 +756,19 @@ func TestCgroupBackgroundYieldsToFloor(t *testing.T) {
 	}
 	t.Logf("CPU seconds in 3s, the floor alone: %.2f; floor vs background: %.2f vs %.2f; at equal weights: %.2f vs %.2f",
 		alone[0], prio[0], prio[1], even[0], even[1])
-	// The floor's runner gets beside the busy background one what it gets
-	// alone: the background fills only what the floor leaves (the moments
-	// it waits for its next call, and on an idle machine the CPUs its
-	// threads do not use). At equal weights the floor got 0.7 of it alone
-	// (2.0-2.2 CPU s against 2.9-3.1). A ratio of floor to background
-	// (2.5x, before) held only where other work kept the CPUs the floor
-	// leaves busy, as make test's other packages do: alone on an idle
-	// machine the background runner took 1.1-1.6 CPU s of them, and the
-	// test failed, though the floor had all it could use.
-	if prio[0] < 0.8*alone[0] {
-		t.Errorf("beside the background runner the floor's used %.2f CPU s, against %.2f alone; want at least 0.8 of it", prio[0], alone[0])
+	// The background yields: where other work keeps busy the CPUs the
+	// floor's runner leaves (make test's other packages, burners), the
+	// background runner gets almost nothing (a sixth of the floor's or
+	// less); on an idle machine it fills those CPUs (1.1-1.6 CPU s) and
+	// the floor's runner still gets what it gets alone. Either holds
+	// where the background yields; neither at equal weights (a ratio near
+	// 1, and 0.63-0.75 of the floor's CPU alone, measured). The ratio
+	// alone, before, failed on an idle machine though the floor had all
+	// it could use; the floor's CPU alone is measured in a window of its
+	// own, and other work that grows between the windows takes from it.
+	if prio[0] < 2.5*prio[1] && prio[0] < 0.8*alone[0] {
+		t.Errorf("the floor's runner used %.2f CPU s beside the background one's %.2f and %.2f alone; want at least 2.5 times the background's or 0.8 of its own alone",
+			prio[0], prio[1], alone[0])
 	}
 	if even[1] < even[0]/2 {
 		t.Errorf("at equal weights the runners used %.2f and %.2f CPU s; want about even (the test's load is not what it assumes)", even[0], even[1])
