@@ -177,6 +177,24 @@ func (h *harness) model(spec ModelSpec, took func(ids []int64) time.Duration) *f
 	return f
 }
 
+// warm fills the read window of model's room with minTail executions a
+// slot as predicted, so that admission leaves the room they read (none)
+// instead of the cold prior's (coldRoom): for tests of what admission
+// plans on the mean.
+func (h *harness) warm(model string) {
+	h.t.Helper()
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	m, ok := h.s.models[model]
+	if !ok {
+		h.t.Fatalf("warm: no model %q", model)
+	}
+	m.tail.setSlots(h.s.parallelLocked(m))
+	for range minTail * max(m.tail.slots, 1) {
+		m.tail.observe(1e-3, 1e-3)
+	}
+}
+
 // pending is a Submit in flight.
 type pending struct {
 	ids  []int64

@@ -308,6 +308,8 @@ func TestAdmissionCountsLatencyCriticalWorkAhead(t *testing.T) {
 		h.seed("a", 1, constant(30*ms))
 		h.seed("b", 1, constant(20*ms))
 		h.seed("c", 1, constant(20*ms))
+		h.warm("a")
+		h.warm("b")
 		h.run()
 		ctx := t.Context()
 		// a: one running (until 30ms), two queued with deadlines at 100ms.
@@ -517,6 +519,7 @@ func TestStatsWindow(t *testing.T) {
 			return 10 * ms
 		})
 		h.seed("m", 1, constant(10*ms))
+		h.warm("m")
 		h.run()
 		ctx := t.Context()
 		var ps []*pending

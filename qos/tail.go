@@ -33,6 +33,20 @@ const maxTailSlots = 8
 // stalls in the first executions would decide it.
 const minTail = 50
 
+// coldRoom is the room admission leaves behind a backlog, as a share of
+// the plan, before minTail executions a slot were seen (tail.shared): a
+// prior that the plan's error is normal with a standard deviation of
+// coldRoom/tailZ of the plan. Admitted on the mean meanwhile, a model's
+// first executions behind a backlog were the largest single cause of
+// admitted-then-late under overload in the scheduler's simulations
+// (TestAdmissionRiskCalibration). With the whole plan as room, a fresh
+// model's burst at 4x its capacity had 5.9% (two slots) and 7.4% (one)
+// of its admitted late instead of 33% and 31%, with more answers on time
+// (TestColdWindowRoom); 3 s at 4x, 3.1% and 4.9% instead of 4.6% and
+// 6.3%; the closed loop, whose first executions never queue past half
+// the SLO, saw no change.
+const coldRoom = 1.0
+
 // tail keeps the recent executions' predicted and observed times, in
 // the order they ran, and reads from them the room a queue needs for
 // their error, in time.
@@ -221,17 +235,21 @@ func (t *tail) room(queue time.Duration) time.Duration {
 // whose room is exactly its slack has a risk of about 2.3% (tailZ 2),
 // and admission refusing at that risk is today's room.
 //
-// It is 0 until minTail executions were seen, and where slack is at
-// least the most room admission ever leaves ((maxTailRatio-1) times the
-// plan); 1 where slack is negative. Like the room it is read from the
+// Until minTail executions were seen it is the cold prior's (coldRoom):
+// the normal tail at tailZ times slack over the prior's room. It is 0
+// where slack is at least the most room admission ever leaves
+// ((maxTailRatio-1) times the plan); 1 where slack is negative. Like the room it is read from the
 // window as it is: a window that holds a stall of one execution in a
 // hundred a few times reads its chance only roughly.
 func (t *tail) risk(queue, work, slack time.Duration) float64 {
 	if slack < 0 {
 		return 1
 	}
-	if len(t.spans) == 0 || queue <= 0 || slack >= (maxTailRatio-1)*queue {
+	if queue <= 0 || slack >= (maxTailRatio-1)*queue {
 		return 0
+	}
+	if len(t.spans) == 0 {
+		return normalTail(tailZ * slack.Seconds() / (coldRoom * queue.Seconds()))
 	}
 	w := max(work, queue).Seconds()
 	s := slack.Seconds() * w / queue.Seconds() // slack, scaled to the work
@@ -242,8 +260,11 @@ func (t *tail) risk(queue, work, slack time.Duration) float64 {
 	if sdi, left := math.Sqrt(t.spread*w), s-t.drift*w; left <= t.stall+sdi {
 		z = min(z, deviations(left, sdi))
 	}
-	return 0.5 * math.Erfc(z/math.Sqrt2)
+	return normalTail(z)
 }
+
+// normalTail is the chance that a standard normal variable is above z.
+func normalTail(z float64) float64 { return 0.5 * math.Erfc(z/math.Sqrt2) }
 
 // deviations is how many standard deviations sd a distance d is: +Inf
 // where d is beyond a spread of none, -Inf where d is none or less.
@@ -285,7 +306,15 @@ func (t *tail) runsAt(p float64) (mean, sd float64) {
 // the queue, and delays the plan by its share, a c-th; a stall of the host
 // that holds every slot at once comes c times into the work's runs and
 // delays the plan by itself, as it should.
+//
+// Before minTail executions were seen it is the cold prior's room,
+// coldRoom times the plan. Only admission asks for shared: a batch grows
+// by room, which is 0 meanwhile, since its head runs anyway and a batch
+// held small by a prior would cost the throughput the burst needs.
 func (t *tail) shared(queue, work time.Duration) time.Duration {
+	if len(t.spans) == 0 && queue > 0 {
+		return time.Duration(coldRoom * float64(queue))
+	}
 	if work <= queue || queue <= 0 {
 		return t.room(queue)
 	}

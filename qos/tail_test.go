@@ -300,8 +300,8 @@ func TestTailShared(t *testing.T) {
 // tail at tailZ deviations (about 2.3%), one whose slack is longer as
 // less, on windows of every kind (drift, jitter, stalls one in a
 // hundred, a host's turns) and plans of every length, on one slot or
-// two; at the cap and before the window fills it is 0, past the
-// deadline 1.
+// two; before the window fills it is the cold prior's (coldRoom), at the
+// cap 0, past the deadline 1.
 func TestTailRiskAtRoom(t *testing.T) {
 	const p = 1e-3 // every execution predicted at 1 ms
 	atZ := 0.5 * math.Erfc(tailZ/math.Sqrt2)
@@ -329,8 +329,16 @@ func TestTailRiskAtRoom(t *testing.T) {
 		for _, slots := range []int{1, 2} {
 			var tl tail
 			tl.setSlots(slots)
-			if r := tl.risk(16*ms, 16*ms, ms); r != 0 {
-				t.Errorf("%s: risk %v before any execution, want 0", host.name, r)
+			// Before any execution: the cold prior's room and its chance.
+			cold := tl.shared(16*ms, time.Duration(slots)*16*ms)
+			if want := time.Duration(coldRoom * float64(16*ms)); cold != want {
+				t.Errorf("%s, %d slots: room %v before any execution, want the cold prior's %v", host.name, slots, cold, want)
+			}
+			if r := tl.risk(16*ms, time.Duration(slots)*16*ms, cold); math.Abs(r-atZ) > 1e-9 {
+				t.Errorf("%s, %d slots: risk %v at the cold room, want %v", host.name, slots, r, atZ)
+			}
+			if lo, hi := tl.risk(16*ms, 16*ms, cold*99/100), tl.risk(16*ms, 16*ms, cold*101/100); !(lo > atZ && hi < atZ) {
+				t.Errorf("%s, %d slots: risk %v and %v 1%% short of and past the cold room, want above and below %v", host.name, slots, lo, hi, atZ)
 			}
 			rng := rand.New(rand.NewPCG(7, uint64(slots)))
 			for i := range 600 * slots {
