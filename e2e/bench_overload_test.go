@@ -673,9 +673,7 @@ func startGenMemSampler(s *testServer) *genMemSampler {
 		for {
 			var ms goruntime.MemStats
 			goruntime.ReadMemStats(&ms)
-			s.log.mu.Lock()
-			logBytes := s.log.b.Len()
-			s.log.mu.Unlock()
+			logBytes := s.log.Len()
 			g.max.heapInuse = max(g.max.heapInuse, ms.HeapInuse)
 			g.max.goroutines = max(g.max.goroutines, goruntime.NumGoroutine())
 			g.max.logBytes = max(g.max.logBytes, logBytes)

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sloserve/sloserve/internal/syncbuf"
 	"gopkg.in/yaml.v3"
 )
 
@@ -40,7 +41,7 @@ const (
 // promServer is a Prometheus process started for one test.
 type promServer struct {
 	url string
-	log *syncBuffer
+	log *syncbuf.Buffer
 }
 
 // startPrometheus runs Prometheus on a free port with its own data
@@ -89,7 +90,7 @@ func startPrometheus(t *testing.T, bin, promtool, target, rulesFile string) *pro
 	}
 
 	addr := freePort(t)
-	p := &promServer{url: "http://" + addr, log: &syncBuffer{}}
+	p := &promServer{url: "http://" + addr, log: &syncbuf.Buffer{}}
 	cmd := exec.Command(bin,
 		"--config.file="+cfgFile,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
