@@ -172,7 +172,7 @@ func serverCPUs() ([]int, error) {
 func (l *unprivLimiter) Kind() string { return KindUnprivileged }
 
 func (l *unprivLimiter) Describe() string {
-	return fmt.Sprintf("unprivileged (no writable cgroup: %s): best-effort runners' threads in SCHED_IDLE, caps as CPU affinity in whole CPUs of %d (%s), memory as RLIMIT_DATA (share + %d MiB), units at %s",
+	return fmt.Sprintf("unprivileged (no writable cgroup: %s): best-effort runners' threads in SCHED_IDLE (yielding to every process of the host), caps as CPU affinity in whole CPUs of %d (%s), memory as RLIMIT_DATA (share + %d MiB), units at %s",
 		l.reason, len(l.allowed), cpuList(l.allowed), DataReserve>>20, l.dir)
 }
 
