@@ -832,7 +832,8 @@ func (r *Runner) Starved(window time.Duration, done <-chan struct{}) bool {
 	case <-p.exited:
 		return false
 	}
-	starved, _ := s.starved()
+	starved, why := s.starved()
+	r.log.Debug("runner starvation over the window", "pid", p.pid, "window", window, "starved", starved, "why", why)
 	return starved
 }
 
