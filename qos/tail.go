@@ -238,9 +238,10 @@ func (t *tail) room(queue time.Duration) time.Duration {
 // Until minTail executions were seen it is the cold prior's (coldRoom):
 // the normal tail at tailZ times slack over the prior's room. It is 0
 // where slack is at least the most room admission ever leaves
-// ((maxTailRatio-1) times the plan); 1 where slack is negative. Like the room it is read from the
-// window as it is: a window that holds a stall of one execution in a
-// hundred a few times reads its chance only roughly.
+// ((maxTailRatio-1) times the plan); 1 where slack is negative. Like
+// the room it is read from the window as it is: a window that holds a
+// stall of one execution in a hundred a few times reads its chance only
+// roughly.
 func (t *tail) risk(queue, work, slack time.Duration) float64 {
 	if slack < 0 {
 		return 1
