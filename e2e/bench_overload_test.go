@@ -673,7 +673,9 @@ func startGenMemSampler(s *testServer) *genMemSampler {
 		for {
 			var ms goruntime.MemStats
 			goruntime.ReadMemStats(&ms)
-			logBytes := s.log.Len()
+			s.log.mu.Lock()
+			logBytes := s.log.b.Len()
+			s.log.mu.Unlock()
 			g.max.heapInuse = max(g.max.heapInuse, ms.HeapInuse)
 			g.max.goroutines = max(g.max.goroutines, goruntime.NumGoroutine())
 			g.max.logBytes = max(g.max.logBytes, logBytes)

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sloserve/sloserve/api/inference"
-	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // TestE2EBadModelConfigs: model configs that once killed the whole server
@@ -89,7 +88,7 @@ func TestE2EKServeModelDirNotReady(t *testing.T) {
 	cmd := exec.Command(sloserveBin, args...)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "SLOSERVE_ONNXRUNTIME_LIBRARY="+lib)
-	log := &syncbuf.Buffer{}
+	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

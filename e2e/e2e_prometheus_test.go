@@ -24,7 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sloserve/sloserve/internal/syncbuf"
 	"gopkg.in/yaml.v3"
 )
 
@@ -41,7 +40,7 @@ const (
 // promServer is a Prometheus process started for one test.
 type promServer struct {
 	url string
-	log *syncbuf.Buffer
+	log *syncBuffer
 }
 
 // startPrometheus runs Prometheus on a free port with its own data
@@ -90,7 +89,7 @@ func startPrometheus(t *testing.T, bin, promtool, target, rulesFile string) *pro
 	}
 
 	addr := freePort(t)
-	p := &promServer{url: "http://" + addr, log: &syncbuf.Buffer{}}
+	p := &promServer{url: "http://" + addr, log: &syncBuffer{}}
 	cmd := exec.Command(bin,
 		"--config.file="+cfgFile,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),

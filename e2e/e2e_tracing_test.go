@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/sloserve/sloserve/api/inference"
-	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // needJaeger finds the jaeger binary in .tools/bin, or skips;
@@ -42,13 +41,13 @@ func needJaeger(t *testing.T) string {
 // one test: OTLP/HTTP in, the query API out.
 type jaegerServer struct {
 	otlp, query string // base URLs
-	log         *syncbuf.Buffer
+	log         *syncBuffer
 }
 
 func startJaeger(t *testing.T, bin string) *jaegerServer {
 	t.Helper()
 	ports := freePorts(t, 3)
-	j := &jaegerServer{otlp: "http://" + ports[0], query: "http://" + ports[1], log: &syncbuf.Buffer{}}
+	j := &jaegerServer{otlp: "http://" + ports[0], query: "http://" + ports[1], log: &syncBuffer{}}
 	cfg := fmt.Sprintf(`service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:

@@ -72,7 +72,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sloserve/sloserve/api/inference"
-	"github.com/sloserve/sloserve/internal/syncbuf"
 )
 
 // The binary.
@@ -260,6 +259,24 @@ func freePorts(t testing.TB, n int) []string {
 	return addrs
 }
 
+// syncBuffer collects a process's output for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // testServer is one sloserve server process a test started.
 type testServer struct {
 	cmd         *exec.Cmd
@@ -267,7 +284,7 @@ type testServer struct {
 	http        string       // base URL
 	grpcAddr    string
 	metrics     string // base URL
-	log         *syncbuf.Buffer
+	log         *syncBuffer
 	configPath  string // the --config file; "" with withCommandLine
 	config      string // what startServer wrote there
 	setup       serverSetup
@@ -379,7 +396,7 @@ limits:
 // A server killed with kill may be launched again on the same config.
 func (s *testServer) launch(t testing.TB) {
 	t.Helper()
-	s.log, s.waitErr, s.stoppedOnce = &syncbuf.Buffer{}, make(chan error, 1), sync.Once{}
+	s.log, s.waitErr, s.stoppedOnce = &syncBuffer{}, make(chan error, 1), sync.Once{}
 	args := []string{"serve"}
 	if s.setup.commandLine {
 		args = append(args, s.setup.args...)
@@ -792,7 +809,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 // SIGTERM, then SIGKILL after 10 s. Its log is printed if the test failed.
 // The returned channel is closed when the program has exited, with its
 // exit error in *exitErr.
-func startTool(t *testing.T, name string, cmd *exec.Cmd, log *syncbuf.Buffer) (exited <-chan struct{}, exitErr *error) {
+func startTool(t *testing.T, name string, cmd *exec.Cmd, log *syncBuffer) (exited <-chan struct{}, exitErr *error) {
 	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
