@@ -430,8 +430,13 @@ func TestPoolSwapAsync(t *testing.T) {
 	if !stubborn.stopped.Load() {
 		t.Error("a member started for a superseded swap was not stopped")
 	}
+	// The member serves from the switch on; the swap is done once the
+	// old one's slots came back and it stopped: wait for both.
 	deadline := time.Now().Add(5 * time.Second)
-	for p.Members()[1].(*fakeMember).id != 9 && time.Now().Before(deadline) {
+	for time.Now().Before(deadline) {
+		if st, _ := p.SwapStatus(1); st.State == SwapDone && p.Members()[1].(*fakeMember).id == 9 {
+			break
+		}
 		time.Sleep(time.Millisecond)
 	}
 	if st, _ := p.SwapStatus(1); st.State != SwapDone || p.Members()[1].(*fakeMember).id != 9 {
