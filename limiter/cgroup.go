@@ -204,7 +204,7 @@ func (l *cgroupLimiter) setupWeights(serverFrom string) error {
 		}
 		_, err := os.Stat(filepath.Join(h.parent, "cpu.idle"))
 		l.idleClass = err == nil
-		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))); err != nil {
+		if err := writeFile(filepath.Join(h.parent, l.weightFile()), l.parentWeight()); err != nil {
 			return fmt.Errorf("weighting the units' parent: %w", err)
 		}
 		if err := l.setupServer(h, serverFrom); err != nil {
@@ -261,7 +261,7 @@ func (l *cgroupLimiter) setupServer(h *hierarchy, from string) error {
 	}
 	h.server, h.serverFrom = dir, from
 	serverCgroups.users[dir]++
-	if err := writeFile(filepath.Join(dir, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))); err != nil {
+	if err := writeFile(filepath.Join(dir, l.weightFile()), l.parentWeight()); err != nil {
 		return fmt.Errorf("weighting the server's cgroup: %w", err)
 	}
 	if err := l.env.join(filepath.Join(dir, "cgroup.procs"), l.env.pid); err != nil {
@@ -604,6 +604,12 @@ func (l *cgroupLimiter) Resize(id string, s Share) error {
 	return nil
 }
 
+// parentWeight is the units' parent's weight, in the weight file's
+// units: parentWeightPerCPU busy threads per CPU.
+func (l *cgroupLimiter) parentWeight() string {
+	return l.weightValue(parentWeightPerCPU * float64(l.cpus))
+}
+
 // quotaUS is the CFS quota for a share in microseconds per period, -1
 // for no limit. The kernel refuses quotas under 1 ms.
 func (l *cgroupLimiter) quotaUS(s Share) int64 {
@@ -892,7 +898,7 @@ func (l *cgroupLimiter) LiftBackground() error {
 		if l.idleClass {
 			errs = append(errs, writeFile(filepath.Join(h.background, "cpu.idle"), "0"))
 		}
-		errs = append(errs, writeFile(filepath.Join(h.background, l.weightFile()), l.weightValue(parentWeightPerCPU*float64(l.cpus))))
+		errs = append(errs, writeFile(filepath.Join(h.background, l.weightFile()), l.parentWeight()))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("limiter: lift the background parent: %w", err)

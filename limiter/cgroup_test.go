@@ -401,12 +401,18 @@ func TestCgroupModes(t *testing.T) {
 	}
 }
 
-// Without cpu.idle the background parent gets the lowest weight instead.
-func TestCgroupBackgroundWithoutIdleClass(t *testing.T) {
-	f := newFakeV1(t)
+// withoutCPUIdle makes the fake v1 hierarchies lack cpu.idle (a kernel
+// before 5.15) until the test ends.
+func withoutCPUIdle(t *testing.T) {
 	saved := fakeV1Files
 	fakeV1Files = slices.DeleteFunc(slices.Clone(saved), func(s string) bool { return s == "cpu.idle" })
 	t.Cleanup(func() { fakeV1Files = saved })
+}
+
+// Without cpu.idle the background parent gets the lowest weight instead.
+func TestCgroupBackgroundWithoutIdleClass(t *testing.T) {
+	f := newFakeV1(t)
+	withoutCPUIdle(t)
 	l, err := newLimiter(Options{Backend: BackendCgroup, Root: f.root, Logger: testLogger(t)}, f.env())
 	if err != nil {
 		t.Fatal(err)
@@ -841,9 +847,7 @@ func TestLiftBackground(t *testing.T) {
 		{"v1", newFakeV1, "cpu", "cpu.shares", "16384", true},
 		{"v2", newFakeV2, "server", "cpu.weight", "800", true},
 		{"v1 without cpu.idle", func(t *testing.T) *fakeHost {
-			saved := fakeV1Files
-			fakeV1Files = slices.DeleteFunc(slices.Clone(saved), func(s string) bool { return s == "cpu.idle" })
-			t.Cleanup(func() { fakeV1Files = saved })
+			withoutCPUIdle(t)
 			return newFakeV1(t)
 		}, "cpu", "cpu.shares", "16384", false},
 	} {

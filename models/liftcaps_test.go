@@ -16,8 +16,8 @@ import (
 // applied (a cap asked of a floor is lifted at once), no instance is
 // replaced for one, and a restarted process that gets ready stays
 // uncapped; the background parent leaves the idle class once, so that a
-// restarted process loads at a peer's speed too. A floor has no cap and keeps its share; the memory limit
-// holds throughout.
+// restarted process loads at a peer's speed too. A floor has no cap and
+// keeps its share; the memory limit holds throughout.
 func TestLiftCapsHoldsUnitsUncappedForTheStop(t *testing.T) {
 	repo := t.TempDir()
 	writeModel(t, repo, "capped", fmt.Sprintf(sumConfig, "capped", 1, 1)+

@@ -249,8 +249,8 @@ func (t *tail) risk(queue, work, slack time.Duration) float64 {
 	if queue <= 0 || slack >= (maxTailRatio-1)*queue {
 		return 0
 	}
-	if len(t.spans) == 0 {
-		return normalTail(tailZ * slack.Seconds() / (coldRoom * queue.Seconds()))
+	if len(t.spans) == 0 { // the prior's room is at tailZ deviations
+		return normalTail(tailZ * slack.Seconds() / t.shared(queue, work).Seconds())
 	}
 	w := max(work, queue).Seconds()
 	s := slack.Seconds() * w / queue.Seconds() // slack, scaled to the work

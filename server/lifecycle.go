@@ -20,8 +20,8 @@ const registryStopTimeout = 10 * time.Second
 //     a component failed);
 //  3. drain listeners: the background parent leaves the idle class and
 //     every instance's compute cap is lifted (Registry.LiftCaps), then
-//     REST, gRPC and ModelMesh stop accepting
-//     and finish their admitted requests within limits.grace_period;
+//     REST, gRPC and ModelMesh stop accepting and finish their admitted
+//     requests within limits.grace_period;
 //  4. stop loads: the initial loads, the config reloads and placement;
 //  5. stop the registry: every model unloads, its runners drain and exit
 //     (within 10s, then they are killed; the phase waits for the stop);
