@@ -46,10 +46,11 @@ type DrainingListener struct {
 	refuse   sync.Once
 	refuser  *http.Server
 	stop     sync.Once
+	handoff  chan net.Conn // taken by Accept after the refuser had the socket: the refuser's
 	pumped   chan struct{} // the accept loop has ended
 	served   chan struct{} // the refuser has ended
 	closed   time.Time     // when Close handed the socket to the refuser
-	fresh    sync.Map      // net.Conn -> struct{}: handed to the server, no request read yet
+	fresh    sync.Map      // net.Conn -> struct{}: handed to the server, no request at its handler yet
 }
 
 // NewDrainingListener wraps ln and starts accepting on it.
@@ -63,6 +64,7 @@ func NewDrainingListener(ln net.Listener, logger *slog.Logger) *DrainingListener
 		errs:     make(chan error, 1),
 		closing:  make(chan struct{}),
 		refusing: make(chan struct{}),
+		handoff:  make(chan net.Conn, 1),
 		pumped:   make(chan struct{}),
 		served:   make(chan struct{}),
 	}
@@ -105,7 +107,19 @@ func (l *DrainingListener) Accept() (net.Conn, error) {
 		// Fresh from here, not only from the server's StateNew hook: a
 		// Refuse between this return and the hook would miss it.
 		l.fresh.Store(c, struct{}{})
-		return c, nil
+		// A select picks at random among ready cases: with the refuser
+		// started and a connection waiting, this one can take it after
+		// Refuse has looked for fresh connections, and the server would
+		// read its request while shutting down and drop it unanswered.
+		// Stored first, then checked: a Refuse that began after the
+		// check sees it fresh and waits for it.
+		select {
+		case <-l.refusing:
+			l.fresh.Delete(c)
+			l.handoff <- c // at most one: Accept waits for Close below
+		default:
+			return c, nil
+		}
 	case err := <-l.errs:
 		l.errs <- err
 		return nil, err
@@ -136,18 +150,56 @@ func (l *DrainingListener) startRefusing() {
 }
 
 // ConnState, as the served http.Server's ConnState, follows the
-// connections it was handed, for Refuse.
+// connections it was handed, for Refuse: fresh when new, no longer once
+// idle (a request was answered), closed or hijacked. Active is not enough:
+// net/http marks a connection active once it has read bytes of a request,
+// and only then drops the request if it is shutting down; a connection
+// stays fresh until its first request reaches the handler (Wire).
 func (l *DrainingListener) ConnState(c net.Conn, st http.ConnState) {
-	if st == http.StateNew {
+	switch st {
+	case http.StateNew:
 		l.fresh.Store(c, struct{}{})
-	} else {
+	case http.StateIdle, http.StateClosed, http.StateHijacked:
 		l.fresh.Delete(c)
 	}
 }
 
+// drainingConnKey is the context key of a request's connection (Wire).
+type drainingConnKey struct{}
+
+// Wire sets srv up to serve on l, keeping srv's own hooks: its ConnState
+// follows the connections (ConnState), its ConnContext puts each
+// connection in its requests' context, and its Handler marks the
+// connection's first request as reached, so that Refuse waits for that
+// request past the point where net/http would drop it.
+func (l *DrainingListener) Wire(srv *http.Server) {
+	state, conn, next := srv.ConnState, srv.ConnContext, srv.Handler
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		l.ConnState(c, st)
+		if state != nil {
+			state(c, st)
+		}
+	}
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if conn != nil {
+			ctx = conn(ctx, c)
+		}
+		return context.WithValue(ctx, drainingConnKey{}, c)
+	}
+	if next == nil {
+		next = http.DefaultServeMux
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(drainingConnKey{}).(net.Conn); ok {
+			l.fresh.Delete(c)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // Refuse hands the socket's new connections to the refuser and waits, at
 // most until ctx ends, until every connection the server was handed has
-// had its first request read (or has closed). Call it before the server's
+// had its first request reach the handler (or has closed; Wire). Call it before the server's
 // Shutdown: a request read after Shutdown has begun is dropped with the
 // connection, unanswered (net/http's server does that), so a connection
 // accepted just before the drain would otherwise lose the request its
@@ -191,6 +243,11 @@ func (l *DrainingListener) Stop(ctx context.Context, refuseFor time.Duration) {
 		<-l.pumped
 		_ = l.refuser.Shutdown(ctx)
 		<-l.served
+		select { // handed to a refuser that ended first
+		case c := <-l.handoff:
+			_ = c.Close()
+		default:
+		}
 	})
 }
 
@@ -200,6 +257,8 @@ type refuserListener struct{ l *DrainingListener }
 func (r refuserListener) Accept() (net.Conn, error) {
 	select {
 	case c := <-r.l.conns:
+		return c, nil
+	case c := <-r.l.handoff:
 		return c, nil
 	case err := <-r.l.errs:
 		r.l.errs <- err

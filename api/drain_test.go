@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -138,5 +139,99 @@ func TestDrainingListenerRefuseKeepsAcceptedRequests(t *testing.T) {
 	}
 	if err := <-served; err != http.ErrServerClosed {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// Clients that connect anew for every request (as they do once told to
+// close, see closeWhileNotReady) through a drain, wired as the server
+// wires its REST listener: every request is answered, 200 before the
+// drain or 503 "shutting down" during it, or its connection is refused
+// once the socket closes; none meets a connection closed under it. A
+// connection the socket accepted as the refusal began went, one time in
+// two, to the server's Accept instead of the refuser (a select between
+// the two), after Refuse had looked for connections to wait for: the
+// server read its request while shutting down and closed the
+// connection unanswered (EOF at the client).
+func TestDrainingListenerLosesNoRequestOfNewConnections(t *testing.T) {
+	rounds := 30
+	if testing.Short() {
+		rounds = 5
+	}
+	for round := range rounds {
+		inner, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln := NewDrainingListener(inner, slog.New(slog.DiscardHandler))
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Connection", "close")
+			io.WriteString(w, "served")
+		})}
+		ln.Wire(srv)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var ok, refused, lost int
+		var firstLost error
+		for range 4 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					c, err := net.Dial("tcp", inner.Addr().String())
+					if err != nil { // refused: the socket is closed
+						return
+					}
+					fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					var body []byte
+					if err == nil {
+						body, err = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					}
+					c.Close()
+					mu.Lock()
+					switch {
+					case err == nil && resp.StatusCode == 200:
+						ok++
+					case err == nil && resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "shutting down"):
+						refused++
+					default:
+						lost++
+						if firstLost == nil {
+							firstLost = fmt.Errorf("%v (status %v)", err, resp)
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		time.Sleep(20 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ln.Refuse(ctx)
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("round %d: Shutdown: %v", round, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		ln.Stop(ctx, 0)
+		cancel()
+		if err := <-served; err != http.ErrServerClosed {
+			t.Errorf("round %d: Serve: %v", round, err)
+		}
+		if lost > 0 {
+			t.Fatalf("round %d: %d answered, %d refused, %d lost (the first: %v)", round, ok, refused, lost, firstLost)
+		}
+		if ok == 0 || refused == 0 {
+			t.Errorf("round %d: %d answered, %d refused: want both", round, ok, refused)
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 
@@ -373,10 +372,8 @@ func (h *house) buildServing(rl Reloading) error {
 		// Closed by the drain, the socket answers 503 until restLn.Stop.
 		restLn := api.NewDrainingListener(sec.listener(ln, "h2", "http/1.1"), restLog)
 		ln.CountSlowHeaders(slow, cfg.Limits.HeaderTimeout, restLog)
-		srv.ConnState = func(c net.Conn, st http.ConnState) {
-			restLn.ConnState(c, st)
-			ln.ConnState(c, st)
-		}
+		srv.ConnState = ln.ConnState
+		restLn.Wire(srv)
 		h.closers = append(h.closers, func() { restLn.Stop(context.Background(), 0) }) // a failed start too
 		delay := cfg.Limits.ShutdownDelay
 		h.servers = append(h.servers, listening{name: "REST",
