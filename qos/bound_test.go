@@ -399,22 +399,35 @@ func TestNoisyHostAdmissionBound(t *testing.T) {
 // The noisy host past capacity: Poisson arrivals at four times what the
 // model serves (its mean execution, about 1.43 ms, on each slot) for 3 s.
 // Admission refuses most, and the model serves about its capacity. What
-// it admits is not all on time, and this test only logs it: at the
-// margin an overloaded queue sits at, runs of twenty or thirty
-// executions hold a stall one time in six or so, and their mean plus two
-// standard deviations (the room) is a little short of one stall, so a
-// request admitted at the margin is late when one falls in its queue.
-// Measured over the six hosts: 3.8-5.3% of the admitted late or dropped
-// on two slots, 5.2-7.3% on one, against 0.66% on the busy host of
-// TestBusyHostOverloadAdmittedOnTime (a stall one in ten, 4-10 ms).
-// Bounding it needs a room read as a quantile of rare stalls, which
-// TestNoisyHostAdmissionBound says would refuse more in the closed loop,
-// not less.
+// it admits is not all on time: at the margin an overloaded queue sits
+// at, runs of twenty or thirty executions hold a stall one time in six
+// or so, and their mean plus two standard deviations is a little short
+// of one stall, so a request admitted at the margin is late when one
+// falls in its queue. With the room at two deviations, over the six
+// hosts 2.2-4.1% of the admitted were late or dropped on two slots,
+// 4.1-6.1% on one (0.66% on the busy host of
+// TestBusyHostOverloadAdmittedOnTime, a stall one in ten, 4-10 ms).
+// Read as a chance, the room's reading at the margin is about 2%: a
+// normal tail is short of a host's rare, long stalls. The outcomes of the
+// requests admitted at the margin now raise the room's deviations until
+// 0.5% of them are late (tail.learn; 2.7-4.7 after 1 s of overload): late
+// or dropped 1.2-2.2% on two slots (mean 1.68%, was 3.13%), 2.7-4.0% on
+// one (3.41%, was 4.92%), with as many answers on time (25,237 against
+// 25,113 on two slots, 12,639 against 12,586 on one). What is left is
+// mostly dropped (one slot: 12-21 late, 45-76 dropped a host): a stall
+// in front of a queue at the margin, longer than the room, which is at
+// most twice the queue (maxTailRatio). A bound of a quantile of rare
+// stalls refuses more in the closed loop (TestNoisyHostAdmissionBound);
+// learning at the margin does not: a closed loop's queue is not there.
+//
+// The test fails if the mean share late or dropped over the hosts
+// exceeds 2.4% on two slots or 4.2% on one.
 func TestNoisyHostOverloadRefused(t *testing.T) {
 	seeds := []uint64{429, 430, 431, 7, 8, 9}
 	if raceEnabled {
 		seeds = seeds[:1]
 	}
+	lateShare := map[int]float64{}
 	for _, seed := range seeds {
 		for _, slots := range []int{2, 1} {
 			synctest.Test(t, func(t *testing.T) {
@@ -433,7 +446,42 @@ func TestNoisyHostOverloadRefused(t *testing.T) {
 				if good < 0.8 {
 					t.Errorf("goodput %.2f of capacity, want at least 0.8", good)
 				}
+				lateShare[slots] += float64(st.Late+st.Dropped) / float64(admitted) / float64(len(seeds))
 			})
 		}
 	}
+	for slots, bound := range map[int]float64{2: 0.024, 1: 0.042} {
+		if lateShare[slots] > bound {
+			t.Errorf("%d slots: %.2f%% of the admitted late or dropped over the hosts, want at most %.1f%%", slots, 100*lateShare[slots], 100*bound)
+		}
+	}
+}
+
+// The deviations learned in overload (TestNoisyHostOverloadRefused) are
+// the overload's: once the queue has emptied, the next request finds the
+// model idle and the room is back at tailZ. Kept, they refused a closed
+// loop of clients that began right after 1 s at 4x capacity 3,600 times
+// on two slots (six bursts over the six hosts; none forgotten) and 3,883
+// times on one (2,958), against 0 and 2,958 with no lesson learned.
+func TestMarginLessonForgottenWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := noisySlots(t, 429, 2, noisyHost)
+		z := func() float64 {
+			h.s.mu.Lock()
+			defer h.s.mu.Unlock()
+			return h.s.models["a"].tail.z()
+		}
+		submitPoisson(t, h, rand.New(rand.NewPCG(429, 36)), 4*2/1.43e-3, time.Second)
+		learned := z()
+		if learned <= tailZ {
+			t.Fatalf("z %v after 1 s at 4x capacity, want it raised past %v", learned, float64(tailZ))
+		}
+		time.Sleep(100 * ms)
+		if _, err := h.s.Submit(t.Context(), "a", idRequest(1<<40), RequestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := z(); got != tailZ {
+			t.Errorf("z %v after a request found the model idle (%v learned), want %v", got, learned, float64(tailZ))
+		}
+	})
 }

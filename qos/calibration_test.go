@@ -20,6 +20,7 @@ type finished struct {
 	room    float64 // plan_room_ms
 	risk    float64 // plan_risk
 	risky   bool    // plan_risk was logged
+	z       float64 // plan_room_z, logged with a room
 }
 
 // finishLines is a slog handler that keeps the "request finished" lines,
@@ -48,6 +49,8 @@ func (h finishLines) Handle(_ context.Context, r slog.Record) error {
 			f.room = a.Value.Float64()
 		case "plan_risk":
 			f.risk, f.risky = a.Value.Float64(), true
+		case "plan_room_z":
+			f.z = a.Value.Float64()
 		}
 		return true
 	})
@@ -74,8 +77,9 @@ func (h finishLines) take() []finished {
 // admitted requests by the chance admission read for them against the
 // share of them late or dropped. What it checks is that the logged
 // chance is admission's: a request admitted behind a backlog (a room
-// asked for) was read at most tailZ deviations' chance, about 2.3%, and
-// one refused for its room at more.
+// asked for) was read at most the chance of the deviations the room left
+// (plan_room_z: about 2.3% at tailZ, less once outcomes at the margin
+// raised them), and one refused for its room at more.
 //
 // Measured (go test -run 'TestAdmissionRiskCalibration$' -v ./qos), on
 // two slots and one: past capacity, the requests read at 1-2.3% (nearly
@@ -91,11 +95,19 @@ func (h finishLines) take() []finished {
 // is short in the tail it is asked about under overload and does not
 // sort the requests of the closed loop by their fate: a criterion on
 // it, per request or on the admitted's share, can do only as well as it.
+// (Those figures are of a room at tailZ. The room now learns its
+// deviations from the outcomes at the margin, tail.learn, and past
+// capacity most admitted requests are read below 0.1%, the reading
+// unchanged and the room wider than its 2.3% point: on two slots 6,236
+// read at (0, 0.1%) were late 1.2% of the time, 893 read at 1-2.3% 3.6%;
+// the closed loop's lines are as before.)
 func TestAdmissionRiskCalibration(t *testing.T) {
 	if raceEnabled {
 		t.Skip("a measurement of simulations: the race detector slows it tenfold and finds nothing in them (run it without -race)")
 	}
-	atZ := 0.5 * math.Erfc(tailZ/math.Sqrt2)
+	// The chance at z deviations, logged to 1e-3: the chance admission
+	// refuses past lies between atZ(z+0.0005) and atZ(z-0.0005).
+	atZ := func(z float64) float64 { return normalTail(z) }
 	seeds := []uint64{429, 430, 431}
 	var table strings.Builder
 	for _, slots := range []int{2, 1} {
@@ -124,15 +136,18 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 					continue
 				}
 				read++
+				if f.room > 0 && f.z < tailZ {
+					t.Fatalf("%d slots, %s: a room at %v deviations, want at least %v", slots, load, f.z, float64(tailZ))
+				}
 				if f.outcome == "rejected" {
-					if f.room > 0 && !(f.risk > atZ-1e-5) { // logged to 1e-5
-						t.Errorf("%d slots, %s: refused for its room with a chance of %.5f, want more than %.5f", slots, load, f.risk, atZ)
+					if f.room > 0 && !(f.risk > atZ(f.z+5e-4)-1e-5) { // logged to 1e-5
+						t.Errorf("%d slots, %s: refused for its room at %.3f deviations with a chance of %.5f, want more than %.5f", slots, load, f.z, f.risk, atZ(f.z+5e-4))
 					}
 					refused++
 					continue
 				}
-				if f.room > 0 && f.risk > atZ+1e-5 {
-					t.Errorf("%d slots, %s: admitted behind a backlog with a chance of %.5f, want at most %.5f", slots, load, f.risk, atZ)
+				if f.room > 0 && f.risk > atZ(f.z-5e-4)+1e-5 {
+					t.Errorf("%d slots, %s: admitted behind a backlog, its room at %.3f deviations, with a chance of %.5f, want at most %.5f", slots, load, f.z, f.risk, atZ(f.z-5e-4))
 				}
 				i := 0
 				if f.risk > 0 {

@@ -79,6 +79,15 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 	if m.log.Enabled(context.Background(), slog.LevelDebug) { // read for the finish line only
 		r.plan.risk, r.plan.risky = m.tail.risk(wait+own, work, r.deadline.Sub(begin.Add(own))), true
 	}
+	if full == 0 {
+		// Away from the margin: the deviations learned there relax, and
+		// an idle model forgets them (relaxAdmissions).
+		if wait <= 0 {
+			m.tail.forget()
+		} else {
+			m.tail.relax()
+		}
+	}
 	if full > 0 {
 		// A backlog: at least a whole batch of the model's own requests
 		// waits ahead. Under overload a request admitted with no room
@@ -92,7 +101,12 @@ func (s *Scheduler) admitLocked(m *model, r *request, now time.Time) error {
 		// loose targets and runs in the gaps, where predictions say
 		// little: it is admitted on the mean.
 		room := m.sharedRoom(wait+own, work)
-		r.plan.room = room
+		r.plan.room, r.plan.z = room, m.tail.z()
+		// The outcomes of requests admitted at the margin teach the room
+		// (tail.learn); the others relax what it learned.
+		if r.plan.atMargin = m.tail.atMargin(r.deadline.Sub(begin.Add(own)), room); !r.plan.atMargin {
+			m.tail.relax()
+		}
 		if miss := begin.Add(own + room).Sub(r.deadline); miss > 0 {
 			return fmt.Errorf("%w: completion with %s of room for the predictions' error misses the deadline by %s (queue ahead %s, execution %s)",
 				ErrRejected, millis(room), millis(miss), millis(wait), millis(own))

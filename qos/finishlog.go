@@ -19,6 +19,11 @@ type plan struct {
 	// be set against what came (scripts/late-causes.py).
 	risk  float64
 	risky bool
+	// z is the standard deviations the room left (tail.z), where room
+	// was read; atMargin, whether the request was admitted at the margin
+	// (tail.atMargin), so that its outcome teaches the room.
+	z        float64
+	atMargin bool
 }
 
 // logFinishLocked writes, at debug level, one line per finished
@@ -47,6 +52,9 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 	}
 	if r.plan.risky {
 		args = append(args, "plan_risk", math.Round(r.plan.risk*1e5)/1e5)
+	}
+	if r.plan.room > 0 && r.plan.z > 0 {
+		args = append(args, "plan_room_z", math.Round(r.plan.z*1e3)/1e3, "at_margin", r.plan.atMargin)
 	}
 	s.logLocked(m.log, "request finished", args...)
 }

@@ -868,6 +868,9 @@ func (s *Scheduler) finishLocked(r *request, o outcome, now time.Time, res resul
 	traceFinishLocked(r, o, now, res.err)
 	m := r.m
 	s.logFinishLocked(m, r, e, o, now)
+	if r.plan.atMargin && (o == outcomeGood || o == outcomeLate || o == outcomeDropped) {
+		m.tail.learn(o != outcomeGood)
+	}
 	m.counts[o]++
 	m.requests.record(r, o, now, res)
 	if o == outcomeGood || o == outcomeLate {

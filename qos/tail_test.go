@@ -376,3 +376,88 @@ func TestTailRiskAtRoom(t *testing.T) {
 		t.Errorf("only %d plans had a room to read around", checked)
 	}
 }
+
+// The room's deviations learn from the outcomes of requests admitted at
+// the margin: one late in 1/marginLateAim leaves them where they are,
+// late ones raise them (and the room with them) up to maxTailZ, requests
+// on time bring them back to tailZ and never below; admissions away from
+// the margin relax them by a factor e in relaxAdmissions, and a model
+// found idle forgets them. Only a request whose slack is at most
+// marginRoom times its room, with the room read from the window, is at
+// the margin.
+func TestTailLearnsAtTheMargin(t *testing.T) {
+	const p = 1e-3
+	var tl tail
+	if tl.atMargin(16*ms, 16*ms) {
+		t.Error("at the margin before the window is read: the cold prior's room would teach the window's")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 600 {
+		took := p * (1 + 0.3*rng.Float64())
+		if rng.IntN(100) == 0 {
+			took = 15 * p
+		}
+		tl.observe(p, took)
+	}
+	if tl.z() != tailZ {
+		t.Fatalf("z %v before any outcome, want %v", tl.z(), tailZ)
+	}
+	base := tl.room(16 * ms)
+	for _, c := range []struct {
+		slack, room time.Duration
+		want        bool
+	}{{10 * ms, 10 * ms, true}, {11 * ms, 10 * ms, true}, {11*ms + 100*time.Microsecond, 10 * ms, false}, {5 * ms, 10 * ms, true}, {10 * ms, 0, false}} {
+		if got := tl.atMargin(c.slack, c.room); got != c.want {
+			t.Errorf("slack %v, room %v: at the margin %v, want %v", c.slack, c.room, got, c.want)
+		}
+	}
+
+	// One late in 200 (marginLateAim 0.5%): no net move.
+	for range 5 {
+		tl.learn(true)
+		for range 199 {
+			tl.learn(false)
+		}
+	}
+	if math.Abs(tl.z()-tailZ) > 1e-6 {
+		t.Errorf("z %v after 1 late in 200 five times, want %v", tl.z(), tailZ)
+	}
+	tl.forget()
+	for range 10 {
+		tl.learn(true)
+	}
+	want := tailZ + 10*zStep*(1-marginLateAim)
+	if math.Abs(tl.z()-want) > 1e-9 {
+		t.Errorf("z %v after 10 late, want %v", tl.z(), want)
+	}
+	if grown := tl.room(16 * ms); grown <= base {
+		t.Errorf("room %v at z %v, want more than %v at %v", grown, tl.z(), base, tailZ)
+	}
+	for range 1000 {
+		tl.learn(true)
+	}
+	if tl.z() != maxTailZ {
+		t.Errorf("z %v after 1,000 late, want the cap %v", tl.z(), float64(maxTailZ))
+	}
+	excess := tl.z() - tailZ
+	for range relaxAdmissions {
+		tl.relax()
+	}
+	if got, want := tl.z()-tailZ, excess/math.E; math.Abs(got-want) > 0.01*want {
+		t.Errorf("excess %v after %d admissions away from the margin, want about %v", got, relaxAdmissions, want)
+	}
+	for range 100000 {
+		tl.learn(false)
+	}
+	if tl.z() != tailZ {
+		t.Errorf("z %v after 100,000 on time, want the floor %v", tl.z(), tailZ)
+	}
+	if tl.room(16*ms) != base {
+		t.Errorf("room %v back at the floor, want %v", tl.room(16*ms), base)
+	}
+	tl.learn(true)
+	tl.forget()
+	if tl.z() != tailZ {
+		t.Errorf("z %v forgotten, want %v", tl.z(), tailZ)
+	}
+}
