@@ -46,7 +46,7 @@ type DrainingListener struct {
 	refuse   sync.Once
 	refuser  *http.Server
 	stop     sync.Once
-	handoff  chan net.Conn // taken by Accept after the refuser had the socket: the refuser's
+	handoff  chan net.Conn // taken by Accept once the refuser had the socket: for the refuser
 	pumped   chan struct{} // the accept loop has ended
 	served   chan struct{} // the refuser has ended
 	closed   time.Time     // when Close handed the socket to the refuser
@@ -199,11 +199,11 @@ func (l *DrainingListener) Wire(srv *http.Server) {
 
 // Refuse hands the socket's new connections to the refuser and waits, at
 // most until ctx ends, until every connection the server was handed has
-// had its first request reach the handler (or has closed; Wire). Call it before the server's
-// Shutdown: a request read after Shutdown has begun is dropped with the
-// connection, unanswered (net/http's server does that), so a connection
-// accepted just before the drain would otherwise lose the request its
-// client had already sent.
+// had its first request reach the handler (Wire), or is idle or closed.
+// Call it before the server's Shutdown: a request read after Shutdown has
+// begun is dropped with the connection, unanswered (net/http's server
+// does that), so a connection accepted just before the drain would
+// otherwise lose the request its client had already sent.
 func (l *DrainingListener) Refuse(ctx context.Context) {
 	l.startRefusing()
 	t := time.NewTicker(time.Millisecond)

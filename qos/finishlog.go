@@ -14,9 +14,10 @@ type plan struct {
 	wait, own, room time.Duration
 	// risk is the chance to be late the room's readings give the plan
 	// (tail.risk), for a latency-critical request with a known plan
-	// (risky); admission refuses behind a backlog where it passes about
-	// 2.3%, as the room does. Logged so that what admission expected can
-	// be set against what came (scripts/late-causes.py).
+	// (risky); admission refuses behind a backlog where it passes the
+	// normal tail at the room's deviations (z: about 2.3% at tailZ), as
+	// the room does. Logged so that what admission expected can be set
+	// against what came (scripts/late-causes.py).
 	risk  float64
 	risky bool
 	// z is the standard deviations the room left (tail.z), where room
