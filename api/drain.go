@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -167,6 +168,14 @@ func (l *DrainingListener) ConnState(c net.Conn, st http.ConnState) {
 // drainingConnKey is the context key of a request's connection (Wire).
 type drainingConnKey struct{}
 
+// drainingConn is a connection as its requests' context carries it:
+// reached is set by its first request at the handler, so that the
+// requests after it leave the fresh map alone.
+type drainingConn struct {
+	c       net.Conn
+	reached atomic.Bool
+}
+
 // Wire sets srv up to serve on l, keeping srv's own hooks: its ConnState
 // follows the connections (ConnState), its ConnContext puts each
 // connection in its requests' context, and its Handler marks the
@@ -184,14 +193,14 @@ func (l *DrainingListener) Wire(srv *http.Server) {
 		if conn != nil {
 			ctx = conn(ctx, c)
 		}
-		return context.WithValue(ctx, drainingConnKey{}, c)
+		return context.WithValue(ctx, drainingConnKey{}, &drainingConn{c: c})
 	}
 	if next == nil {
 		next = http.DefaultServeMux
 	}
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(drainingConnKey{}).(net.Conn); ok {
-			l.fresh.Delete(c)
+		if dc, ok := r.Context().Value(drainingConnKey{}).(*drainingConn); ok && dc.reached.CompareAndSwap(false, true) {
+			l.fresh.Delete(dc.c)
 		}
 		next.ServeHTTP(w, r)
 	})

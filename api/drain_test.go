@@ -26,6 +26,20 @@ func (g gatedListener) Accept() (net.Conn, error) {
 	return g.Listener.Accept()
 }
 
+// inferOn sends one small inference request on the open connection c, as a
+// client writes it, and reads the answer whole (postRaw dials its own and
+// fails the test: these connections are open already, some in goroutines).
+func inferOn(c net.Conn) (*http.Response, []byte, error) {
+	fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body, err
+}
+
 // Connections that reached the socket but were not accepted when the REST
 // server's drain closed its listener are answered 503 "shutting down" with
 // the connection closed after it, each request read first; a bare listener
@@ -60,14 +74,11 @@ func TestDrainingListenerRefusesQueuedConnections(t *testing.T) {
 	}
 	close(gate.open)
 	for i, c := range conns {
-		fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		resp, body, err := inferOn(c)
 		if err != nil {
 			t.Errorf("connection %d, queued when the server closed its listener: %v, want a 503", i, err)
 			continue
 		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close || !strings.Contains(string(body), "shutting down") {
 			t.Errorf("connection %d: %d close=%v %s, want 503, closed, shutting down", i, resp.StatusCode, resp.Close, body)
 		}
@@ -124,13 +135,10 @@ func TestDrainingListenerRefuseKeepsAcceptedRequests(t *testing.T) {
 	case <-shutdownBegan:
 	case <-time.After(100 * time.Millisecond):
 	}
-	fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	resp, body, err := inferOn(c)
 	if err != nil {
 		t.Fatalf("the request sent on the accepted connection as the drain began: %v, want it served", err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	if resp.StatusCode != 200 || string(body) != "served" {
 		t.Errorf("got %d %s, want 200 served", resp.StatusCode, body)
 	}
@@ -172,30 +180,19 @@ func TestDrainingListenerLosesNoRequestOfNewConnections(t *testing.T) {
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
 
-		stop := make(chan struct{})
+		clients, stopClients := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var ok, refused, lost int
 		var firstLost error
 		for range 4 {
 			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				for clients.Err() == nil {
 					c, err := net.Dial("tcp", inner.Addr().String())
 					if err != nil { // refused: the socket is closed
 						return
 					}
-					fmt.Fprintf(c, "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
-					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-					var body []byte
-					if err == nil {
-						body, err = io.ReadAll(resp.Body)
-						resp.Body.Close()
-					}
+					resp, body, err := inferOn(c)
 					c.Close()
 					mu.Lock()
 					switch {
@@ -213,14 +210,19 @@ func TestDrainingListenerLosesNoRequestOfNewConnections(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(20 * time.Millisecond)
+		// Both sides of the drain, whatever the machine's load: a request
+		// answered before it, one refused in it.
+		seen := func(n *int) func() bool {
+			return func() bool { mu.Lock(); defer mu.Unlock(); return *n > 0 }
+		}
+		waitUntil(t, fmt.Sprintf("round %d: a request answered before the drain", round), seen(&ok))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ln.Refuse(ctx)
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("round %d: Shutdown: %v", round, err)
 		}
-		time.Sleep(20 * time.Millisecond)
-		close(stop)
+		waitUntil(t, fmt.Sprintf("round %d: a request refused in the drain", round), seen(&refused))
+		stopClients()
 		wg.Wait()
 		ln.Stop(ctx, 0)
 		cancel()
@@ -229,9 +231,6 @@ func TestDrainingListenerLosesNoRequestOfNewConnections(t *testing.T) {
 		}
 		if lost > 0 {
 			t.Fatalf("round %d: %d answered, %d refused, %d lost (the first: %v)", round, ok, refused, lost, firstLost)
-		}
-		if ok == 0 || refused == 0 {
-			t.Errorf("round %d: %d answered, %d refused: want both", round, ok, refused)
 		}
 	}
 }

@@ -105,9 +105,8 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 	if raceEnabled {
 		t.Skip("a measurement of simulations: the race detector slows it tenfold and finds nothing in them (run it without -race)")
 	}
-	// The chance at z deviations, logged to 1e-3: the chance admission
-	// refuses past lies between atZ(z+0.0005) and atZ(z-0.0005).
-	atZ := func(z float64) float64 { return normalTail(z) }
+	// The deviations are logged to 1e-3: the chance admission refuses
+	// past lies between normalTail(z+0.0005) and normalTail(z-0.0005).
 	seeds := []uint64{429, 430, 431}
 	var table strings.Builder
 	for _, slots := range []int{2, 1} {
@@ -140,14 +139,14 @@ func TestAdmissionRiskCalibration(t *testing.T) {
 					t.Fatalf("%d slots, %s: a room at %v deviations, want at least %v", slots, load, f.z, float64(tailZ))
 				}
 				if f.outcome == "rejected" {
-					if f.room > 0 && !(f.risk > atZ(f.z+5e-4)-1e-5) { // logged to 1e-5
-						t.Errorf("%d slots, %s: refused for its room at %.3f deviations with a chance of %.5f, want more than %.5f", slots, load, f.z, f.risk, atZ(f.z+5e-4))
+					if f.room > 0 && !(f.risk > normalTail(f.z+5e-4)-1e-5) { // logged to 1e-5
+						t.Errorf("%d slots, %s: refused for its room at %.3f deviations with a chance of %.5f, want more than %.5f", slots, load, f.z, f.risk, normalTail(f.z+5e-4))
 					}
 					refused++
 					continue
 				}
-				if f.room > 0 && f.risk > atZ(f.z-5e-4)+1e-5 {
-					t.Errorf("%d slots, %s: admitted behind a backlog, its room at %.3f deviations, with a chance of %.5f, want at most %.5f", slots, load, f.z, f.risk, atZ(f.z-5e-4))
+				if f.room > 0 && f.risk > normalTail(f.z-5e-4)+1e-5 {
+					t.Errorf("%d slots, %s: admitted behind a backlog, its room at %.3f deviations, with a chance of %.5f, want at most %.5f", slots, load, f.z, f.risk, normalTail(f.z-5e-4))
 				}
 				i := 0
 				if f.risk > 0 {

@@ -54,7 +54,7 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 	if r.plan.risky {
 		args = append(args, "plan_risk", math.Round(r.plan.risk*1e5)/1e5)
 	}
-	if r.plan.room > 0 && r.plan.z > 0 {
+	if r.plan.room > 0 { // z is set with the room
 		args = append(args, "plan_room_z", math.Round(r.plan.z*1e3)/1e3, "at_margin", r.plan.atMargin)
 	}
 	s.logLocked(m.log, "request finished", args...)

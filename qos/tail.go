@@ -302,8 +302,8 @@ func (t *tail) forget() { t.learnedZ = 0 }
 // risk is the chance that a plan of queue (wall time), holding work of
 // the model's predicted executions spread over its slots (as shared
 // reads them), ends more than slack after its prediction, as the room's
-// readings tell it: the room is what they leave for the error at z
-// standard deviations (t.z), and risk is the normal tail at the deviations z
+// readings tell it: the room is what they leave for the error at t.z()
+// standard deviations, and risk is the normal tail at the deviations z
 // where the room for z first reaches slack. The runs' reading reaches
 // it where their mean plus z deviations, per second predicted, times the
 // work, reaches slack scaled to the work (as shared scales the room);
