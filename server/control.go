@@ -48,22 +48,25 @@ type profiler struct {
 	// sim, when set, runs cuda models: their profiles are the
 	// simulator's, keyed by its spec and the model's curve.
 	sim *simgpu.Sim
-	// sweeping holds a chan struct{} (capacity 1) per device: one sweep runs on a GPU at
-	// a time, since a sweep timed while another model's sweep runs its
-	// kernels beside it measures both (models loading together at start
-	// profiled each other's interference, and hid where a model stops
-	// getting faster with more SMs). CPU sweeps are not serialised: their
-	// shares are cgroup quotas on cores the others do not use.
+	// sweeping holds a chan struct{} (capacity 1) per device: one sweep
+	// runs on a device at a time, since a sweep timed while another
+	// model's sweep runs beside it measures both. On a GPU models loading
+	// together at start profiled each other's kernels and hid where a
+	// model stops getting faster with more SMs. On the CPU a share is a
+	// quota of all the cores, not cores of its own: three OCR models of
+	// two threads each, profiled together on two cores, measured the
+	// detector's batch of one at 43 ms (23 ms alone), its curve took
+	// 33 ms as fixed cost, and batches of three and four, predicted with
+	// the batch of one's correction, ended late at the server for 4-75%
+	// of their requests against 0-0.3% for batches of one (BENCHMARKS.md,
+	// issue 29).
 	sweeping sync.Map
 }
 
-// lockDevice serialises the sweeps of one GPU: it waits for the device's
-// turn (a channel, so that a wait under testing/synctest is durable) and
-// returns the release, or ctx's error.
+// lockDevice serialises the sweeps of one device: it waits for the
+// device's turn (a channel, so that a wait under testing/synctest is
+// durable) and returns the release, or ctx's error.
 func (p *profiler) lockDevice(ctx context.Context, device string) (func(), error) {
-	if !strings.HasPrefix(device, "cuda:") {
-		return func() {}, nil
-	}
 	v, _ := p.sweeping.LoadOrStore(device, make(chan struct{}, 1))
 	turn := v.(chan struct{})
 	select {

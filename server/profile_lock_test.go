@@ -8,17 +8,22 @@ import (
 	"time"
 )
 
-// One profile sweep runs on a GPU at a time (two models profiled together
-// measured each other's kernels); CPU sweeps and other GPUs' do not wait.
-func TestProfilerSerialisesSweepsPerGPU(t *testing.T) {
+// One profile sweep runs on a device at a time, the CPU as a GPU (two
+// models profiled together measured each other); other devices' sweeps do
+// not wait.
+func TestProfilerSerialisesSweepsPerDevice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &profiler{}
 		unlock, err := p.lockDevice(t.Context(), "cuda:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan string, 3)
-		for _, dev := range []string{"cuda:0", "cuda:1", "cpu"} {
+		cpu, err := p.lockDevice(t.Context(), "cpu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 4)
+		for _, dev := range []string{"cuda:0", "cuda:1", "cpu", "cpu"} {
 			go func() {
 				u, err := p.lockDevice(t.Context(), dev)
 				if err != nil {
@@ -30,16 +35,27 @@ func TestProfilerSerialisesSweepsPerGPU(t *testing.T) {
 			}()
 		}
 		synctest.Wait()
-		if n := len(got); n != 2 {
-			t.Fatalf("%d sweeps went ahead while cuda:0 was held, want 2 (cuda:1 and cpu)", n)
+		if n := len(got); n != 1 {
+			t.Fatalf("%d sweeps went ahead while cuda:0 and cpu were held, want 1 (cuda:1)", n)
 		}
-		<-got
-		<-got
+		if dev := <-got; dev != "cuda:1" {
+			t.Fatalf("%s went while cuda:0 and cpu were held, want cuda:1", dev)
+		}
 		time.Sleep(time.Second)
 		unlock()
 		synctest.Wait()
-		if dev := <-got; dev != "cuda:0" {
-			t.Errorf("after the release %s went, want cuda:0", dev)
+		if dev := <-got; dev != "cuda:0" || len(got) != 0 {
+			t.Errorf("after cuda:0's release %s went (%d more), want cuda:0 alone", dev, len(got))
+		}
+		// The CPU's two waiting sweeps go one after the other.
+		cpu()
+		synctest.Wait()
+		if dev := <-got; dev != "cpu" {
+			t.Errorf("after the cpu's release %s went, want cpu", dev)
+		}
+		synctest.Wait()
+		if dev := <-got; dev != "cpu" {
+			t.Errorf("after the first cpu sweep %s went, want the second", dev)
 		}
 		// A wait ends with its context.
 		hold, _ := p.lockDevice(t.Context(), "cuda:0")
