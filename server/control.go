@@ -111,7 +111,10 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
 		fmt.Sprintf("elements=%v", run.Elements),
-		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter}
+		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter,
+		// Profiles cached before CPU sweeps ran one at a time were
+		// measured beside each other's: measure them again.
+		"sweeps=one-per-device"}
 	if sim := p.simulated(run); sim != "" {
 		parts = append(parts, sim)
 	}
