@@ -8,7 +8,9 @@ and DIR/server-POLICY.log (POLICY: adaptive by default).
 The server logs one "request finished" line per latency-critical request at
 debug level (qos/finishlog.go): its arrival, admission's plan (wait, execution,
 room), its wait and execution as they came, the batch and the deadline's slack.
-Each answered request of records.csv is matched to the line whose arrival is
+First, per model, the server's own count (no join, warm-up included): the
+requests that ran, ended late there or were dropped, and the late by the
+size of the batch they ran in. Then each answered request of records.csv is matched to the line whose arrival is
 nearest after its send. A request late at the client is then either
   server-late  the execution ended after the deadline at the server, or
   way-late     it ended in time at the server; the way to the server (send to
@@ -83,6 +85,7 @@ def main(out, policy="adaptive"):
         n = len(rows)
         print(f"{m} (SLO {slo[m]} ms): answered {n}, late at the client {len(late)} "
               f"({100 * len(late) / max(n, 1):.1f}%): server-late {len(s_late)}, way-late {len(w_late)}")
+        print_server(srv[m])
         back = lambda j: j[2] - j[4] - (slo[m] - float(j[3]["slack_ms"]))
         print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}")
         print(f"  all answered: way there ms {quantiles([j[4] for j in rows])}; back {quantiles([back(j) for j in rows])}")
@@ -112,6 +115,25 @@ def main(out, policy="adaptive"):
         alone = sum(p_late(d, 0) for d in runs) / len(runs)
         print(f"  bound: late if run alone at its own wait {100 * at_wait:.2f}%, with no wait {100 * alone:.2f}%")
         print_risk(srv[m])
+
+
+def print_server(lines):
+    """The model's requests as the server's own lines count them, with no
+    join to the client's records (which matches by the nearest arrival and
+    can pair the wrong two in a burst): how many ran, ended late at the
+    server or were dropped, and the late share by the size of the batch
+    they ran in."""
+    ran = [d for d in lines if d["outcome"] in ("good", "late")]
+    late = [d for d in ran if d["outcome"] == "late"]
+    dropped = sum(d["outcome"] == "dropped" for d in lines)
+    by = collections.defaultdict(lambda: [0, 0])
+    for d in ran:
+        b = by[int(d.get("batch", 0))]
+        b[0] += 1
+        b[1] += d["outcome"] == "late"
+    sizes = ", ".join(f"{k}: {v[1]}/{v[0]}" for k, v in sorted(by.items()))
+    print(f"  at the server (its own lines, no join): ran {len(ran)}, late {len(late)} "
+          f"({100 * len(late) / max(len(ran), 1):.2f}%), dropped {dropped}; late by batch size {{{sizes}}}")
 
 
 # Buckets of plan_risk, admission's chance to be late (qos tail.risk).
