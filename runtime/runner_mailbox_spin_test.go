@@ -172,8 +172,17 @@ func TestMailboxPollingAdapts(t *testing.T) {
 	}
 	slow.Store(false)
 	rig.echoCalls(t, 40, 0) // the answer time comes down
-	if got := rig.echoCalls(t, 20, 0); got.callerPolls < 15 || got.workerPolls < 15 {
-		t.Errorf("answers and calls back to back again: %d callers and %d workers of 20 polled, want nearly all", got.callerPolls, got.workerPolls)
+	// On a busy host a call preempted past the limit has its side sleep
+	// (beside two CPU burners 13 workers of 20 polled): polling is back
+	// when one round of a few has nearly all of both.
+	var got waitCounts
+	for range 5 {
+		if got = rig.echoCalls(t, 20, 0); got.callerPolls >= 15 && got.workerPolls >= 15 {
+			break
+		}
+	}
+	if got.callerPolls < 15 || got.workerPolls < 15 {
+		t.Errorf("answers and calls back to back again: %d callers and %d workers of 20 polled in the last of 5 rounds, want nearly all", got.callerPolls, got.workerPolls)
 	}
 	// Calls spaced by twice the worker's limit: the worker sleeps at once.
 	rig.echoCalls(t, 10, 2*pol.limit) // the gap goes up
@@ -216,8 +225,13 @@ func TestMailboxNoPollingWhenBusy(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
-		if got.callerPolls != 0 || got.workerPolls != 0 {
-			t.Errorf("with a call running beside them %d callers and %d workers polled, want none", got.callerPolls, got.workerPolls)
+		// A side checks whether it is alone, then counts its poll and
+		// polls: one whose check ran before the held call began, and
+		// which lost its CPU before it counted (beside two CPU burners),
+		// counts in the calls below. More than one is polling beside a
+		// running call.
+		if got.callerPolls > 1 || got.workerPolls > 1 {
+			t.Errorf("with a call running beside them %d callers and %d workers polled, want none (one at most that checked before it began)", got.callerPolls, got.workerPolls)
 		}
 		if got := rig.echoCalls(t, 20, 0); got.callerPolls == 0 {
 			t.Errorf("alone again, no caller polled: %+v", got)
