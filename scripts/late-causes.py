@@ -11,7 +11,8 @@ room), its wait and execution as they came, the batch and the deadline's slack.
 First, per model, the server's own count (no join, warm-up included): the
 requests that ran, ended late there or were dropped, and the late by the
 size of the batch they ran in. Then each answered request of records.csv is
-matched to the line whose arrival is nearest after its send. A request late at the client is then either
+matched to the line whose arrival is nearest after its send. A request late at
+the client is then either
   server-late  the execution ended after the deadline at the server, or
   way-late     it ended in time at the server; the way to the server (send to
                arrival) or back (the answer's way out and the client's read)

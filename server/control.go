@@ -111,10 +111,12 @@ func (p *profiler) run(ctx context.Context, run models.ProfileRun) error {
 		fmt.Sprintf("batches=%v", run.BatchSizes),
 		fmt.Sprintf("shapes=%v", run.Config.Profile.Shapes),
 		fmt.Sprintf("elements=%v", run.Elements),
-		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter,
-		// Profiles cached before CPU sweeps ran one at a time were
-		// measured beside each other's: measure them again.
-		"sweeps=one-per-device"}
+		"onnxruntime=" + filepath.Base(p.lib), "limiter=" + run.Limiter}
+	if !strings.HasPrefix(run.Device, "cuda:") {
+		// CPU profiles cached before their sweeps ran one at a time
+		// were measured beside each other's: measure them again.
+		parts = append(parts, "sweeps=one-per-device")
+	}
 	if sim := p.simulated(run); sim != "" {
 		parts = append(parts, sim)
 	}
