@@ -31,6 +31,7 @@ func TestProfilerSerialisesSweepsPerDevice(t *testing.T) {
 					return
 				}
 				got <- dev
+				time.Sleep(time.Second) // the sweep
 				u()
 			}()
 		}
@@ -47,12 +48,15 @@ func TestProfilerSerialisesSweepsPerDevice(t *testing.T) {
 		if dev := <-got; dev != "cuda:0" || len(got) != 0 {
 			t.Errorf("after cuda:0's release %s went (%d more), want cuda:0 alone", dev, len(got))
 		}
-		// The CPU's two waiting sweeps go one after the other.
+		// The CPU's two waiting sweeps go one after the other: the
+		// second once the first's second is over.
 		cpu()
 		synctest.Wait()
-		if dev := <-got; dev != "cpu" {
-			t.Errorf("after the cpu's release %s went, want cpu", dev)
+		if n := len(got); n != 1 {
+			t.Fatalf("%d cpu sweeps went at once after the cpu's release, want 1", n)
 		}
+		<-got
+		time.Sleep(time.Second)
 		synctest.Wait()
 		if dev := <-got; dev != "cpu" {
 			t.Errorf("after the first cpu sweep %s went, want the second", dev)
