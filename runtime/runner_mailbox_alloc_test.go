@@ -28,6 +28,10 @@ func leanAnswers(m mailboxMem, answer *runnerpb.InferResponse, stop chan struct{
 			if !atomic.CompareAndSwapUint32(m.state(i), slotPosted, slotTaken) {
 				continue
 			}
+			// Stamped as a real worker does at take: a slot answered with
+			// no take time adds minus a Unix time to the process's take
+			// total and plus one to its answer total.
+			atomic.StoreInt64(m.takenAt(i), time.Now().UnixNano())
 			var id uint64
 			_ = forEachField(m.reqArea(i)[:atomic.LoadUint32(m.reqLen(i))], func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
 				if num == 3 && typ == protowire.VarintType {
