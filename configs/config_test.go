@@ -38,7 +38,7 @@ var badServerConfigs = map[string][]string{
 		"control.profile.budget: must be > 0, got 0s", "control.profile.runs: must be >= 1, got 0"},
 	"gpu_simulator":          {"gpu.simulator: 0 SMs, want 1..1024"},
 	"gpu_simulator_negative": {"gpu.simulator.devices: must be >= 0 (0 = off), got -1"},
-	"qos":                    {`qos.policy: must be one of qos, fifo; got "edf"`, "qos.best_effort_floor: must be between 0 and 1, got 1.5", "qos.device_slots: must be >= 0, got -1", "qos.window: must be > 0, got 0s", "qos.max_best_effort_execution: must be >= 0 (0: no bound), got -1s"},
+	"qos":                    {`qos.policy: must be one of qos, fifo; got "edf"`, "qos.best_effort_floor: must be between 0 and 1, got 1.5", "qos.device_slots: must be >= 0, got -1", "qos.window: must be > 0, got 0s", "qos.max_best_effort_execution: must be >= 0 (0: no bound), got -1s", "qos.overlap_slowdown: must be between 0 and 100 (0 or 1: off), got -2"},
 	"dashboard": {"dashboard.retention: must be >= dashboard.resolution (2s), got 1s",
 		"dashboard.window: must be between dashboard.resolution (2s) and 10m, got 1h0m0s",
 		"dashboard.attainment_target: must be in (0, 1], got 0"},

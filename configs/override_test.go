@@ -20,7 +20,7 @@ func TestKeys(t *testing.T) {
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_stream_inflight", "limits.grpc_connection_timeout",
 		"limits.grpc_keepalive_min_time", "limits.max_shared_memory_regions", "limits.max_shared_memory_bytes",
 		"limits.max_memory", "limits.write_timeout",
-		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window", "qos.max_best_effort_execution",
+		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window", "qos.max_best_effort_execution", "qos.overlap_slowdown",
 		"control.policy", "control.period", "control.headroom", "control.quantile", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",
 		"control.memory_budget", "control.keep_alive", "control.limiter", "control.cfs_period",
@@ -148,7 +148,7 @@ func TestSetEveryKey(t *testing.T) {
 	values := map[string]string{
 		"repositories": "r", "model_control": "explicit", "startup_models": "a,b",
 		"log.format": "json", "log.level": "warn",
-		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s", "qos.max_best_effort_execution": "50ms",
+		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s", "qos.max_best_effort_execution": "50ms", "qos.overlap_slowdown": "3",
 		"control.policy": "static", "control.period": "2s", "control.scale_down_after": "0s",
 		"control.cooldown": "1s", "control.keep_alive": "1m", "control.cfs_period": "5ms",
 		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",

@@ -93,6 +93,12 @@ type QoS struct {
 	// best-effort batch, so that best-effort work yields at batch
 	// boundaries at least this often; 0 means no bound.
 	MaxBestEffortExecution time.Duration `yaml:"max_best_effort_execution"`
+	// OverlapSlowdown is how much slower a latency-critical execution on
+	// the CPU is taken to run while another starts beside it: above 1, a
+	// latency-critical batch waits for a running one that it would make
+	// late, when it can afford to (qos.Options.OverlapSlowdown); 0 or 1
+	// is off.
+	OverlapSlowdown float64 `yaml:"overlap_slowdown"`
 }
 
 // GPU says what cuda models run on: the machine's GPUs, or simulated ones.
@@ -515,6 +521,9 @@ func (s *Server) validate() problems {
 	}
 	if s.QoS.MaxBestEffortExecution < 0 {
 		p.add("qos.max_best_effort_execution", "must be >= 0 (0: no bound), got %v", s.QoS.MaxBestEffortExecution)
+	}
+	if f := s.QoS.OverlapSlowdown; !(f >= 0 && f <= 100) {
+		p.add("qos.overlap_slowdown", "must be between 0 and 100 (0 or 1: off), got %v", f)
 	}
 	s.Control.validate(&p)
 	if g := s.GPU.Simulator; g.Devices < 0 {

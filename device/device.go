@@ -95,6 +95,7 @@ func New(opts Options) (*Device, error) {
 		BestEffortFloor:        floor,
 		DeviceSlots:            slots,
 		MaxBestEffortExecution: beBound,
+		OverlapSlowdown:        overlapSlowdown(name, opts.QoS.OverlapSlowdown),
 		SeparateClasses:        backgroundsBestEffort(opts.Control.Policy, lim),
 		Estimator:              opts.Predictor,
 		Logger:                 log, // qos adds its component
@@ -175,6 +176,18 @@ func Slots(name string, configured int, lim limiter.Limiter, sim *simgpu.Sim) in
 		return limiter.MPSClients
 	}
 	return 1
+}
+
+// overlapSlowdown is the qos.overlap_slowdown a device's scheduler holds
+// batches by: the CPU's, as configured; none on a GPU, where what
+// co-running executions cost is learned by the predictor from the
+// device's measured use (predictor.SetCoRunning) and the hold was never
+// measured.
+func overlapSlowdown(name string, configured float64) float64 {
+	if strings.HasPrefix(name, "cuda:") {
+		return 0
+	}
+	return configured
 }
 
 // Simulated is the simulated GPU behind a device name ("cuda:N"), nil

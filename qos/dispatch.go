@@ -491,6 +491,10 @@ func (s *Scheduler) pickLocked(now time.Time) ([]*request, time.Time) {
 		for _, m := range ms {
 			batch, hold := s.planLocked(m, now)
 			if batch != nil {
+				if until, yield := s.yieldLocked(m, batch, now); yield {
+					wake = earliest(wake, until)
+					continue
+				}
 				return batch
 			}
 			wake = earliest(wake, hold)
@@ -680,6 +684,9 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch), elements: batch[0].elements}
 	for _, r := range batch {
 		e.size += r.batch
+		if !r.deadline.IsZero() && (e.deadline.IsZero() || r.deadline.Before(e.deadline)) {
+			e.deadline = r.deadline
+		}
 		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
 		m.win.recordDelay(now, delay)

@@ -16,6 +16,7 @@ type metrics struct {
 	latency    *prometheus.HistogramVec
 	compute    *prometheus.HistogramVec
 	batchSize  *prometheus.HistogramVec
+	holds      *prometheus.CounterVec
 
 	goodputDesc, attainmentDesc, depthDesc, inflightDesc, sloDesc, rejectedDesc *prometheus.Desc
 	s                                                                           *Scheduler
@@ -28,6 +29,7 @@ type modelMetrics struct {
 	latency    prometheus.Observer
 	compute    prometheus.Observer
 	batchSize  prometheus.Observer
+	holds      prometheus.Counter
 }
 
 // latencySecondsBuckets span 0.5 ms to 30 s, 25% apart, so that
@@ -70,6 +72,11 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 			Buckets:     prometheus.ExponentialBuckets(1, 2, 10),
 			ConstLabels: constLabels,
 		}, []string{"model"}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "sloserve_qos_overlap_holds_total",
+			Help:        "Batches of a latency-critical model held back instead of started beside a running latency-critical execution that the overlap would have made late (qos.overlap_slowdown).",
+			ConstLabels: constLabels,
+		}, []string{"model"}),
 		goodputDesc: prometheus.NewDesc("sloserve_qos_goodput",
 			"Requests finished within their SLO per second, over the sliding window.", labels, constLabels),
 		attainmentDesc: prometheus.NewDesc("sloserve_qos_slo_attainment",
@@ -88,7 +95,7 @@ func newMetrics(reg prometheus.Registerer, device string, s *Scheduler) (*metric
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.latency, m.compute, m.batchSize, m} {
+	for _, c := range []prometheus.Collector{m.requests, m.queueDelay, m.latency, m.compute, m.batchSize, m.holds, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(errors.New("qos: registering metrics"), err)
 		}
@@ -102,6 +109,7 @@ func (m *metrics) forModel(name string, class Class) *modelMetrics {
 		latency:    m.latency.WithLabelValues(name, string(class)),
 		compute:    m.compute.WithLabelValues(name, string(class)),
 		batchSize:  m.batchSize.WithLabelValues(name),
+		holds:      m.holds.WithLabelValues(name),
 	}
 	for o := range numOutcomes {
 		mm.outcomes[o] = m.requests.WithLabelValues(name, string(class), o.String())
@@ -116,6 +124,7 @@ func (m *metrics) forget(name string) {
 	m.latency.DeletePartialMatch(l)
 	m.compute.DeletePartialMatch(l)
 	m.batchSize.DeletePartialMatch(l)
+	m.holds.DeletePartialMatch(l)
 }
 
 // Describe implements prometheus.Collector for the computed gauges.

@@ -134,6 +134,15 @@ type Options struct {
 	// work (the limiter's background mode); elsewhere the two pools
 	// would oversubscribe the device. Ignored under PolicyFIFO.
 	SeparateClasses bool
+	// OverlapSlowdown is how much slower an execution runs while another
+	// latency-critical execution runs beside it on the device (qos
+	// policy). Above 1, the dispatcher holds a latency-critical batch
+	// back instead of starting it beside a running latency-critical
+	// execution that the overlap would make late, when the held batch can
+	// wait for that execution's predicted end and still meet its own
+	// deadline (yieldLocked). 0 or 1: batches start whenever a slot is
+	// free.
+	OverlapSlowdown float64
 	// MaxBestEffortExecution bounds the predicted duration of a
 	// best-effort batch (qos policy): a batch stops growing before its
 	// prediction passes it, so that best-effort work yields at batch
@@ -263,6 +272,10 @@ type model struct {
 	requests      requestStats
 	executions    uint64
 	batches       map[int]*BatchStats // successful executions by batch size
+	// overlapHeld is the head of the latest batch of m held back beside
+	// a running execution (yieldLocked), so that a hold is counted and
+	// logged once however many dispatch passes repeat it.
+	overlapHeld *request
 	// memHeld says the last plan held m's head for its instances' memory
 	// to grow (memory.go); bigRows and bigRowsAt are the largest request
 	// of late (observeRows).
@@ -320,6 +333,7 @@ type execution struct {
 	elements  int64 // per row, as its requests' (one merge key: one shape); 0 unknown
 	start     time.Time
 	predicted time.Duration // 0: unknown
+	deadline  time.Time     // the earliest of its requests' deadlines; zero: none
 	live      int           // members whose clients still wait
 	cancel    context.CancelFunc
 }
@@ -340,6 +354,9 @@ func NewScheduler(opts Options) (*Scheduler, error) {
 		opts.BestEffortFloor = DefaultBestEffortFloor
 	case opts.BestEffortFloor < 0:
 		opts.BestEffortFloor = 0
+	}
+	if math.IsNaN(opts.OverlapSlowdown) || math.IsInf(opts.OverlapSlowdown, 0) || opts.OverlapSlowdown < 0 {
+		return nil, fmt.Errorf("qos: overlap slowdown %v is not a factor >= 0", opts.OverlapSlowdown)
 	}
 	if opts.DeviceSlots < 0 || opts.Window < 0 {
 		return nil, fmt.Errorf("qos: negative device slots (%d) or window (%s)", opts.DeviceSlots, opts.Window)
