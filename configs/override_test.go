@@ -148,7 +148,7 @@ func TestSetEveryKey(t *testing.T) {
 	values := map[string]string{
 		"repositories": "r", "model_control": "explicit", "startup_models": "a,b",
 		"log.format": "json", "log.level": "warn",
-		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s", "qos.max_best_effort_execution": "50ms", "qos.overlap_slowdown": "3",
+		"qos.policy": "fifo", "qos.best_effort_floor": "0.5", "qos.window": "3s", "qos.max_best_effort_execution": "50ms", "qos.overlap_slowdown": "2",
 		"control.policy": "static", "control.period": "2s", "control.scale_down_after": "0s",
 		"control.cooldown": "1s", "control.keep_alive": "1m", "control.cfs_period": "5ms",
 		"control.profile.enabled": "false", "control.profile.budget": "5s", "control.limiter": "none",

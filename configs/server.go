@@ -411,7 +411,7 @@ func DefaultServer() *Server {
 			MaxMemory:              4 * GiB,
 			WriteTimeout:           time.Minute,
 		},
-		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond},
+		QoS: QoS{Policy: QoSPolicyQoS, BestEffortFloor: 0.05, Window: 10 * time.Second, MaxBestEffortExecution: 200 * time.Millisecond, OverlapSlowdown: 3},
 		Control: Control{
 			Policy:         control.SharePolicyAdaptive,
 			Period:         time.Second,

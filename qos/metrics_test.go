@@ -63,7 +63,7 @@ sloserve_qos_slo_attainment{class="latency-critical",device="cpu",model="m"} 1
 		if err := h.s.RemoveModel(ctx, "m"); err != nil {
 			t.Fatal(err)
 		}
-		names = append(names, "sloserve_qos_batch_size", "sloserve_qos_queue_delay_seconds", "sloserve_qos_compute_duration_seconds")
+		names = append(names, "sloserve_qos_batch_size", "sloserve_qos_queue_delay_seconds", "sloserve_qos_compute_duration_seconds", "sloserve_qos_overlap_holds_total")
 		if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 0 {
 			t.Errorf("series after RemoveModel = %d, %v; want 0", n, err)
 		}

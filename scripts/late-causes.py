@@ -19,7 +19,8 @@ the client is then either
                took the slack.
 For the server-late ones it prints the slack the dispatcher planned (SLO minus
 the wait minus the batch's predicted execution) against the on-time ones', and
-the executions' ratio of taken to predicted. The bound: the share of requests
+the executions' ratio of taken to predicted, and how many of the model's
+batches were held back beside a running execution (qos.overlap_slowdown). The bound: the share of requests
 that would be late if each ran alone at its own wait with an execution drawn
 from the measured ratios (no batching, no queue): what no admission rule on the
 mean removes. Last, the admitted requests by the chance to be late admission
@@ -35,6 +36,9 @@ import re
 import sys
 
 FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
+FIELD_MODEL = re.compile(r' model=(\S+)')
+# Batches held back beside a running execution, by model (qos/overlap.go).
+HOLDS = collections.Counter()
 
 
 def quantiles(xs, ps=(0, 0.25, 0.5, 0.75, 0.9, 1)):
@@ -48,6 +52,9 @@ def server_lines(path):
     lines = collections.defaultdict(list)
     with open(path) as f:
         for line in f:
+            if 'msg="held beside a running execution"' in line:
+                HOLDS[FIELD_MODEL.search(line).group(1).split("/")[0]] += 1
+                continue
             if 'msg="request finished"' not in line:
                 continue
             d = dict(FIELD.findall(line))
@@ -133,8 +140,10 @@ def print_server(lines):
         b[0] += 1
         b[1] += d["outcome"] == "late"
     sizes = ", ".join(f"{k}: {v[1]}/{v[0]}" for k, v in sorted(by.items()))
+    model = lines[0]["model"] if lines else ""
     print(f"  at the server (its own lines, no join): ran {len(ran)}, late {len(late)} "
-          f"({100 * len(late) / max(len(ran), 1):.2f}%), dropped {dropped}; late by batch size {{{sizes}}}")
+          f"({100 * len(late) / max(len(ran), 1):.2f}%), dropped {dropped}; late by batch size {{{sizes}}}; "
+          f"batches held beside a running execution {HOLDS[model]}")
 
 
 # Buckets of plan_risk, admission's chance to be late (qos tail.risk).
