@@ -88,8 +88,8 @@ func (s *Scheduler) yieldLocked(m *model, batch []*request, now time.Time) (unti
 	if wait.IsZero() || wait.Add(own).After(deadline) {
 		return time.Time{}, false
 	}
-	if m.overlapHeld != head {
-		m.overlapHeld = head
+	if m.overlapHeld != head.seq {
+		m.overlapHeld = head.seq
 		m.mm.holds.Inc()
 		s.logLocked(m.log, "held beside a running execution", "batch", size,
 			"wait_ms", logMillis(wait.Sub(now)), "slack_ms", logMillis(deadline.Sub(wait.Add(own))))

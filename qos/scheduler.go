@@ -272,10 +272,12 @@ type model struct {
 	requests      requestStats
 	executions    uint64
 	batches       map[int]*BatchStats // successful executions by batch size
-	// overlapHeld is the head of the latest batch of m held back beside
-	// a running execution (yieldLocked), so that a hold is counted and
-	// logged once however many dispatch passes repeat it.
-	overlapHeld *request
+	// overlapHeld is the sequence number of the head of the latest batch
+	// of m held back beside a running execution (yieldLocked), so that a
+	// hold is counted and logged once however many dispatch passes
+	// repeat it (a number, not the request: a finished request's inputs
+	// are not kept alive by it).
+	overlapHeld uint64
 	// memHeld says the last plan held m's head for its instances' memory
 	// to grow (memory.go); bigRows and bigRowsAt are the largest request
 	// of late (observeRows).
