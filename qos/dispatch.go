@@ -684,9 +684,7 @@ func (s *Scheduler) beginLocked(batch []*request, now time.Time) (*execution, co
 	e := &execution{m: m, name: m.spec.Name, exec: m.spec.Executor, reqs: batch, start: now, live: len(batch), elements: batch[0].elements}
 	for _, r := range batch {
 		e.size += r.batch
-		if !r.deadline.IsZero() && (e.deadline.IsZero() || r.deadline.Before(e.deadline)) {
-			e.deadline = r.deadline
-		}
+		e.deadline = earliest(e.deadline, r.deadline)
 		r.state, r.exec, r.started = stateRunning, e, now
 		delay := now.Sub(r.arrival)
 		m.win.recordDelay(now, delay)

@@ -46,7 +46,10 @@ import "time"
 // (BENCHMARKS.md).
 func (s *Scheduler) yieldLocked(m *model, batch []*request, now time.Time) (until time.Time, yield bool) {
 	k := s.opts.OverlapSlowdown
-	if s.fifo || k <= 1 || m.spec.Class != ClassLatencyCritical {
+	// Under the qos policy, running less runningBE is the latency-critical
+	// executions: with none running (a request that finds the device
+	// idle) there is nothing to hold for, and nothing to estimate.
+	if s.fifo || k <= 1 || m.spec.Class != ClassLatencyCritical || s.running == s.runningBE {
 		return time.Time{}, false
 	}
 	head := batch[0]
@@ -54,9 +57,7 @@ func (s *Scheduler) yieldLocked(m *model, batch []*request, now time.Time) (unti
 	size := 0
 	for _, r := range batch {
 		size += r.batch
-		if !r.deadline.IsZero() && (deadline.IsZero() || r.deadline.Before(deadline)) {
-			deadline = r.deadline
-		}
+		deadline = earliest(deadline, r.deadline)
 	}
 	if deadline.IsZero() {
 		return time.Time{}, false
@@ -80,8 +81,8 @@ func (s *Scheduler) yieldLocked(m *model, batch []*request, now time.Time) (unti
 			}
 			left := end.Sub(now)
 			slowed := end.Add(time.Duration((k - 1) * float64(min(left, own))))
-			if slowed.After(e.deadline) && end.After(wait) {
-				wait = end
+			if slowed.After(e.deadline) {
+				wait = laterOf(wait, end)
 			}
 		}
 	}

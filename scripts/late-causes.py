@@ -20,12 +20,12 @@ the client is then either
 For the server-late ones it prints the slack the dispatcher planned (SLO minus
 the wait minus the batch's predicted execution) against the on-time ones', and
 the executions' ratio of taken to predicted, and how many of the model's
-batches were held back beside a running execution (qos.overlap_slowdown). The bound: the share of requests
-that would be late if each ran alone at its own wait with an execution drawn
-from the measured ratios (no batching, no queue): what no admission rule on the
-mean removes. Last, the admitted requests by the chance to be late admission
-read for them (plan_risk) against the share of them late or dropped at the
-server.
+batches were held back beside a running execution (qos.overlap_slowdown).
+The bound: the share of requests that would be late if each ran alone at its
+own wait with an execution drawn from the measured ratios (no batching, no
+queue): what no admission rule on the mean removes. Last, the admitted
+requests by the chance to be late admission read for them (plan_risk) against
+the share of them late or dropped at the server.
 """
 import bisect
 import collections
@@ -36,9 +36,6 @@ import re
 import sys
 
 FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
-FIELD_MODEL = re.compile(r' model=(\S+)')
-# Batches held back beside a running execution, by model (qos/overlap.go).
-HOLDS = collections.Counter()
 
 
 def quantiles(xs, ps=(0, 0.25, 0.5, 0.75, 0.9, 1)):
@@ -49,28 +46,33 @@ def quantiles(xs, ps=(0, 0.25, 0.5, 0.75, 0.9, 1)):
 
 
 def server_lines(path):
+    """The server's "request finished" lines by model, in arrival order, and
+    its batches held back beside a running execution by model
+    (qos/overlap.go)."""
     lines = collections.defaultdict(list)
+    holds = collections.Counter()
     with open(path) as f:
         for line in f:
-            if 'msg="held beside a running execution"' in line:
-                HOLDS[FIELD_MODEL.search(line).group(1).split("/")[0]] += 1
-                continue
-            if 'msg="request finished"' not in line:
+            held = 'msg="held beside a running execution"' in line
+            if not held and 'msg="request finished"' not in line:
                 continue
             d = dict(FIELD.findall(line))
             d["model"] = d["model"].split("/")[0]
+            if held:
+                holds[d["model"]] += 1
+                continue
             d["arr"] = int(d["arrival"])
             lines[d["model"]].append(d)
     for v in lines.values():
         v.sort(key=lambda d: d["arr"])
-    return lines
+    return lines, holds
 
 
 def main(out, policy="adaptive"):
     summary = json.load(open(f"{out}/{policy}/summary.json"))
     slo = {m["name"]: m["slo_ms"] for m in summary["models"] if m["class"] == "latency-critical"}
     start = datetime.datetime.fromisoformat(summary["started"].replace("Z", "+00:00")).timestamp() * 1e6
-    srv = server_lines(f"{out}/server-{policy}.log")
+    srv, holds = server_lines(f"{out}/server-{policy}.log")
     arrivals = {m: [d["arr"] for d in v] for m, v in srv.items()}
     joined = []  # (model, client outcome, client latency, server line, way there ms)
     with open(f"{out}/{policy}/records.csv") as f:
@@ -93,7 +95,7 @@ def main(out, policy="adaptive"):
         n = len(rows)
         print(f"{m} (SLO {slo[m]} ms): answered {n}, late at the client {len(late)} "
               f"({100 * len(late) / max(n, 1):.1f}%): server-late {len(s_late)}, way-late {len(w_late)}")
-        print_server(srv[m])
+        print_server(srv[m], holds[m])
         back = lambda j: j[2] - j[4] - (slo[m] - float(j[3]["slack_ms"]))
         print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}")
         print(f"  all answered: way there ms {quantiles([j[4] for j in rows])}; back {quantiles([back(j) for j in rows])}")
@@ -125,12 +127,12 @@ def main(out, policy="adaptive"):
         print_risk(srv[m])
 
 
-def print_server(lines):
+def print_server(lines, held):
     """The model's requests as the server's own lines count them, with no
     join to the client's records (which matches by the nearest arrival and
     can pair the wrong two in a burst): how many ran, ended late at the
-    server or were dropped, and the late share by the size of the batch
-    they ran in."""
+    server or were dropped, the late share by the size of the batch they
+    ran in, and how many of its batches were held (held)."""
     ran = [d for d in lines if d["outcome"] in ("good", "late")]
     late = [d for d in ran if d["outcome"] == "late"]
     dropped = sum(d["outcome"] == "dropped" for d in lines)
@@ -140,10 +142,9 @@ def print_server(lines):
         b[0] += 1
         b[1] += d["outcome"] == "late"
     sizes = ", ".join(f"{k}: {v[1]}/{v[0]}" for k, v in sorted(by.items()))
-    model = lines[0]["model"] if lines else ""
     print(f"  at the server (its own lines, no join): ran {len(ran)}, late {len(late)} "
           f"({100 * len(late) / max(len(ran), 1):.2f}%), dropped {dropped}; late by batch size {{{sizes}}}; "
-          f"batches held beside a running execution {HOLDS[model]}")
+          f"batches held beside a running execution {held}")
 
 
 # Buckets of plan_risk, admission's chance to be late (qos tail.risk).
