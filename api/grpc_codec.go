@@ -127,6 +127,7 @@ func decodeGRPCInferShm(msg *inference.ModelInferRequest, lim Limits, arrival ti
 		Inputs:   make([]runtime.Tensor, len(inputs)),
 		Deadline: requestDeadline(arrival, timeout, 0),
 		Priority: priority,
+		ID:       msg.GetId(),
 	}
 	// Names are checked for repeats through a map, so that a hostile request
 	// with many tensors does not cost quadratic time.

@@ -1081,10 +1081,12 @@ func TestGRPCRequestOptions(t *testing.T) {
 		params       map[string]*inference.InferParameter
 		wantTimeout  time.Duration
 		wantPriority int
+		id           string // the request's id, passed on for the scheduler's debug lines
 	}{
 		{name: "none"},
 		{name: "other parameters only", params: map[string]*inference.InferParameter{
 			"custom": {ParameterChoice: &inference.InferParameter_StringParam{StringParam: "x"}}}},
+		{name: "id", id: "client-7"},
 		{name: "int64 timeout", params: map[string]*inference.InferParameter{"timeout": grpcInt64(250000)},
 			wantTimeout: 250 * time.Millisecond},
 		{name: "uint64 timeout", params: map[string]*inference.InferParameter{"timeout": grpcUint64(1)},
@@ -1100,6 +1102,7 @@ func TestGRPCRequestOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			req := grpcSumRequest(true)
 			req.Parameters = tc.params
+			req.Id = tc.id
 			before := time.Now()
 			if _, err := c.ModelInfer(t.Context(), req); err != nil {
 				t.Fatal(err)
@@ -1119,6 +1122,9 @@ func TestGRPCRequestOptions(t *testing.T) {
 			}
 			if got.Priority != tc.wantPriority {
 				t.Errorf("priority %d, want %d", got.Priority, tc.wantPriority)
+			}
+			if got.ID != tc.id {
+				t.Errorf("id %q, want %q", got.ID, tc.id)
 			}
 		})
 	}

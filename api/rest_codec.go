@@ -87,7 +87,7 @@ type restOutput struct {
 // runtimeRequest is the request as the Backend takes it, without its
 // deadline, which depends on the arrival time and headers.
 func (r *restRequest) runtimeRequest() *runtime.InferRequest {
-	rr := &runtime.InferRequest{Inputs: r.inputs, Priority: r.priority}
+	rr := &runtime.InferRequest{Inputs: r.inputs, Priority: r.priority, ID: r.id}
 	if len(r.outputs) > 0 {
 		rr.Outputs = make([]string, len(r.outputs))
 		for i, o := range r.outputs {

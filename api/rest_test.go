@@ -888,9 +888,11 @@ func TestRESTRequestOptions(t *testing.T) {
 		header       string // Inference-Timeout-Ms
 		wantTimeout  time.Duration
 		wantPriority int
+		id           string // the request's id, passed on for the scheduler's debug lines
 	}{
 		{name: "none"},
 		{name: "other parameters only", params: `"binary_data_output":false,"custom":"x"`},
+		{name: "id", id: "client-7"},
 		{name: "timeout", params: `"timeout":250000`, wantTimeout: 250 * time.Millisecond},
 		{name: "timeout with exponent", params: `"timeout":2e6`, wantTimeout: 2 * time.Second},
 		{name: "timeout of one microsecond", params: `"timeout":1`, wantTimeout: time.Microsecond},
@@ -910,6 +912,9 @@ func TestRESTRequestOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h, fb := newRESTTest(restLimits)
 			call := restCall{path: "/v2/models/sum/infer", body: restSumBody(tc.params)}
+			if tc.id != "" {
+				call.body = `{"id":"` + tc.id + `",` + strings.TrimPrefix(call.body, "{")
+			}
 			if tc.header != "" {
 				call.headers = map[string]string{"Inference-Timeout-Ms": tc.header}
 			}
@@ -923,6 +928,9 @@ func TestRESTRequestOptions(t *testing.T) {
 			checkDeadline(t, got.Deadline, before, after, tc.wantTimeout)
 			if got.Priority != tc.wantPriority {
 				t.Errorf("priority %d, want %d", got.Priority, tc.wantPriority)
+			}
+			if got.ID != tc.id {
+				t.Errorf("id %q, want %q", got.ID, tc.id)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"time"
+	"unicode/utf8"
 )
 
 // plan is what admission predicted for a request: how long it would wait
@@ -42,6 +43,9 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 		"arrival", r.arrival.UnixMicro(),
 		"slack_ms", logMillis(r.deadline.Sub(now)),
 		"plan_wait_ms", logMillis(r.plan.wait), "plan_exec_ms", logMillis(r.plan.own), "plan_room_ms", logMillis(r.plan.room)}
+	if r.id != "" {
+		args = append(args, "id", logID(r.id))
+	}
 	if !r.started.IsZero() {
 		args = append(args, "wait_ms", logMillis(r.started.Sub(r.arrival)), "ran_ms", logMillis(now.Sub(r.started)))
 	}
@@ -58,6 +62,23 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 		args = append(args, "plan_room_z", math.Round(r.plan.z*1e3)/1e3, "at_margin", r.plan.atMargin)
 	}
 	s.logLocked(m.log, "request finished", args...)
+}
+
+// maxLoggedID bounds a request id in the debug lines: ids are the
+// client's, of any length.
+const maxLoggedID = 128
+
+// logID is a request's id for a debug line, cut to maxLoggedID bytes (at a
+// character's start) with a mark that it was cut.
+func logID(id string) string {
+	if len(id) <= maxLoggedID {
+		return id
+	}
+	n := maxLoggedID
+	for n > 0 && !utf8.RuneStart(id[n]) {
+		n--
+	}
+	return id[:n] + "..."
 }
 
 // logMillis is d in milliseconds, to 0.01 ms, for log lines.

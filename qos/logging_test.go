@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,61 @@ func TestRequestLogsOutsideTheLock(t *testing.T) {
 		}
 		if n, locked := probe.logged("request dropped"); n != 4 || locked != 0 {
 			t.Errorf(`"request dropped": %d lines, %d written under the scheduler's lock; want 4, 0`, n, locked)
+		}
+	})
+}
+
+// idLines is a debug log handler that keeps the id of every "request
+// finished" line ("" when the line has none).
+type idLines struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (h *idLines) Enabled(context.Context, slog.Level) bool { return true }
+func (h *idLines) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *idLines) WithGroup(string) slog.Handler            { return h }
+func (h *idLines) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "request finished" {
+		return nil
+	}
+	id := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "id" {
+			id = a.Value.String()
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.ids = append(h.ids, id)
+	h.mu.Unlock()
+	return nil
+}
+
+// A finished request's debug line names it by the client's id, so that a
+// client's record of a request can be joined to the server's line for it
+// exactly (scripts/late-causes.py); a request without one gets no id, and
+// a long id is cut at a character's start, not at any byte.
+func TestFinishLineCarriesTheRequestID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &idLines{}
+		h := newHarness(t, Options{Logger: slog.New(lines)})
+		took := linear(5*ms, 10*ms)
+		h.model(ModelSpec{Name: "m", Class: lc, SLO: 50 * ms}, took)
+		h.seed("m", 1, took)
+		h.run()
+		long := strings.Repeat("x", maxLoggedID-1) + "é" + strings.Repeat("y", 10) // é straddles the cut
+		for i, id := range []string{"req-1", "", long} {
+			req := idRequest(int64(i + 1))
+			req.ID = id
+			mustSucceed(t, h.submitRequest(t.Context(), "m", RequestOptions{}, req))
+		}
+		synctest.Wait()
+		lines.mu.Lock()
+		defer lines.mu.Unlock()
+		want := []string{"req-1", "", strings.Repeat("x", maxLoggedID-1) + "..."}
+		if !slices.Equal(lines.ids, want) {
+			t.Errorf("ids of the finish lines: %q, want %q", lines.ids, want)
 		}
 	})
 }

@@ -155,6 +155,11 @@ type InferRequest struct {
 	// its body); the model's SLO counts from it. Zero means when the
 	// scheduler got it. Runners ignore it.
 	Arrival time.Time
+	// ID is the client's id for the request (the Open Inference
+	// Protocol's optional `id`), echoed in the response by the API; the
+	// scheduler names the request by it in its debug lines. Runners
+	// ignore it.
+	ID string
 }
 
 // InferResponse carries the outputs and how long each step took in the runner.
