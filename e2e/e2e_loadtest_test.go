@@ -124,7 +124,7 @@ models:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) == 0 || strings.Join(recs[0], ",") != "model,scheduled_ms,sent_ms,latency_ms,outcome,detail" {
+	if len(recs) == 0 || strings.Join(recs[0], ",") != "model,scheduled_ms,sent_ms,latency_ms,outcome,detail,id" {
 		t.Fatalf("records.csv header %v", recs[:min(1, len(recs))])
 	}
 	// The client's view of every request, from its records: how each
@@ -137,7 +137,14 @@ models:
 		gaveUp, unsent, inWin int
 	}
 	client := map[string]*clientView{}
+	ids := map[string]bool{} // model and id of every request sent: each once
 	for _, r := range recs[1:] {
+		if r[5] != "generator: too many requests in flight" {
+			if r[6] == "" || ids[r[0]+"/"+r[6]] {
+				t.Fatalf("records.csv: %s request with id %q: want an id of its own", r[0], r[6])
+			}
+			ids[r[0]+"/"+r[6]] = true
+		}
 		c := client[r[0]]
 		if c == nil {
 			c = &clientView{outcomes: map[string]int{}}

@@ -22,6 +22,7 @@ package loadtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -48,6 +49,7 @@ import (
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sloserve/sloserve/api/inference"
@@ -142,7 +144,8 @@ type Client struct {
 	// REST.
 	httpClient *http.Client  // nil: wire
 	httpReq    *http.Request // a template: each send copies it with its context and a body
-	body       []byte        // the encoded request body
+	body       []byte        // the encoded request body, a JSON object first (clientIDPrefix)
+	headerLen  int           // rest-binary: the JSON part's length; 0: REST JSON
 	wire       *restWire     // without HTTPClient: the client's own connections
 
 	// gRPC.
@@ -279,6 +282,9 @@ func (c *Client) initREST(opts ClientOptions, timeoutUS int64) error {
 	}
 
 	c.httpReq, c.body = req, body
+	if binaryBody {
+		c.headerLen = headerLen
+	}
 	c.httpClient = opts.HTTPClient
 	if c.httpClient == nil {
 		c.wire, err = newRESTWire(req, body, opts.TLS)
@@ -488,8 +494,18 @@ func (c *Client) initGRPC(opts ClientOptions, timeoutUS int64) error {
 }
 
 // clientEncoded is a request message marshalled once, which clientCodec
-// sends as it is.
-type clientEncoded struct{ b []byte }
+// sends as it is, after prefix (a field of its own, or nil).
+type clientEncoded struct{ prefix, b []byte }
+
+// withID is the message with its id field (ModelInferRequest.id, field
+// 3) set to id: the field before the message's own bytes, which have no id.
+func (e *clientEncoded) withID(id string) *clientEncoded {
+	if id == "" {
+		return e
+	}
+	p := protowire.AppendTag(make([]byte, 0, len(id)+6), 3, protowire.BytesType)
+	return &clientEncoded{prefix: protowire.AppendString(p, id), b: e.b}
+}
 
 // clientCodec is the codec of the client's calls: a *clientEncoded goes
 // out as its bytes, neither marshalled again nor copied, and anything else
@@ -502,6 +518,9 @@ var clientProto = encoding.GetCodecV2(grpcproto.Name)
 func (clientCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if e, ok := v.(*clientEncoded); ok {
 		// A SliceBuffer's Free does nothing: the bytes outlive the call.
+		if e.prefix != nil {
+			return mem.BufferSlice{mem.SliceBuffer(e.prefix), mem.SliceBuffer(e.b)}, nil
+		}
 		return mem.BufferSlice{mem.SliceBuffer(e.b)}, nil
 	}
 	return clientProto.Marshal(v)
@@ -543,6 +562,19 @@ func (c *Client) Close() error {
 // gRPC RESOURCE_EXHAUSTED also reports messages over a size limit; those are
 // Failed, not Rejected.
 func (c *Client) Infer(ctx context.Context) (o Outcome, detail string) {
+	return c.InferID(ctx, "")
+}
+
+// InferID is Infer for a request with an id (the protocol's optional
+// `id`; "": none), which the server echoes in its response and sloserve
+// names the request by in its debug lines: a run's records are joined to
+// the server's lines by it (scripts/late-causes.py). The id is written
+// before the prepared message, which is not copied: a gRPC message's
+// fields may come in any order, and a REST body's JSON object gets the id
+// as its first member. A response with another id is Failed; one without
+// an id is taken (the protocol asks servers to echo it; a server that does
+// not still answers).
+func (c *Client) InferID(ctx context.Context, id string) (o Outcome, detail string) {
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
@@ -550,11 +582,30 @@ func (c *Client) Infer(ctx context.Context) (o Outcome, detail string) {
 	}
 	switch {
 	case c.grpcMsg != nil:
-		return c.inferGRPC(ctx)
+		return c.inferGRPC(ctx, id)
 	case c.wire != nil:
-		return c.inferWire(ctx)
+		return c.inferWire(ctx, id)
 	}
-	return c.inferREST(ctx)
+	return c.inferREST(ctx, id)
+}
+
+// clientIDPrefix is what goes before a REST body's first byte past its
+// opening brace to give the request id: `{"id":"ID",`; nil without an id.
+func clientIDPrefix(id string) []byte {
+	if id == "" {
+		return nil
+	}
+	b := append(make([]byte, 0, len(id)+9), `{"id":`...)
+	b = clientAppendJSONString(b, id)
+	return append(b, ',')
+}
+
+// clientCheckID checks a response's id against the request's.
+func clientCheckID(got, want string) string {
+	if got != "" && got != want {
+		return fmt.Sprintf("id %q, want %q", got, want)
+	}
+	return ""
 }
 
 // clientNewBody is a request body over the encoded bytes. It must be an
@@ -565,15 +616,26 @@ func clientNewBody(b []byte) io.ReadCloser {
 	return io.NopCloser(bytes.NewReader(b))
 }
 
-func (c *Client) inferREST(ctx context.Context) (Outcome, string) {
+func (c *Client) inferREST(ctx context.Context, id string) (Outcome, string) {
 	req := c.httpReq.WithContext(ctx)
 	req.Body = clientNewBody(c.body)
+	if prefix := clientIDPrefix(id); prefix != nil {
+		// The net/http path (a caller's HTTPClient) copies the body: it
+		// must be one bytes.Reader (clientNewBody).
+		body := append(append(make([]byte, 0, len(prefix)+len(c.body)-1), prefix...), c.body[1:]...)
+		req.Body, req.ContentLength = clientNewBody(body), int64(len(body))
+		req.GetBody = func() (io.ReadCloser, error) { return clientNewBody(body), nil }
+		if c.headerLen > 0 {
+			req.Header = req.Header.Clone()
+			req.Header.Set(clientHeaderInferenceLength, strconv.Itoa(c.headerLen+len(prefix)-1))
+		}
+	}
 	resp, err := c.httpClient.Do(req)
 	if err != nil {
 		return clientErrOutcome(ctx, err)
 	}
 	defer resp.Body.Close()
-	o, detail, err := c.readREST(resp)
+	o, detail, err := c.readREST(resp, id)
 	if err != nil {
 		return clientErrOutcome(ctx, err)
 	}
@@ -599,7 +661,7 @@ var clientReadBufs = sync.Pool{New: func() any { return new(clientReadBuf) }}
 
 // readREST reads a response to its end and classifies it. err is a failure
 // to read the body.
-func (c *Client) readREST(resp *http.Response) (Outcome, string, error) {
+func (c *Client) readREST(resp *http.Response, id string) (Outcome, string, error) {
 	rb := clientReadBufs.Get().(*clientReadBuf)
 	defer clientReadBufs.Put(rb)
 
@@ -660,7 +722,7 @@ func (c *Client) readREST(resp *http.Response) (Outcome, string, error) {
 			return 0, "", err
 		}
 	}
-	if problem := c.checkRESTResponse(rb.skim.out, binaryLen); problem != "" {
+	if problem := c.checkRESTResponse(rb.skim.out, binaryLen, id); problem != "" {
 		return Failed, clientDetail("200", "invalid response: "+problem), nil
 	}
 	return Good, "", nil
@@ -793,6 +855,7 @@ func (p *clientPresent) UnmarshalJSON(b []byte) error {
 // clientRESTResponse is as much of a REST inference response as the client
 // checks.
 type clientRESTResponse struct {
+	ID           string `json:"id"`
 	ModelName    string `json:"model_name"`
 	ModelVersion string `json:"model_version"`
 	Outputs      []struct {
@@ -807,12 +870,12 @@ type clientRESTResponse struct {
 // checkRESTResponse checks a 200 response's JSON part; binaryLen is the
 // length of the binary part, -1 when there is none. It returns what is wrong,
 // or "".
-func (c *Client) checkRESTResponse(header []byte, binaryLen int64) string {
+func (c *Client) checkRESTResponse(header []byte, binaryLen int64, id string) string {
 	var r clientRESTResponse
 	if err := json.Unmarshal(header, &r); err != nil {
 		return "not JSON: " + err.Error()
 	}
-	if problem := c.checkModel(r.ModelName, r.ModelVersion, len(r.Outputs)); problem != "" {
+	if problem := cmp.Or(c.checkModel(r.ModelName, r.ModelVersion, len(r.Outputs)), clientCheckID(r.ID, id)); problem != "" {
 		return problem
 	}
 	var declared int64
@@ -848,13 +911,13 @@ func (c *Client) checkModel(name, version string, outputs int) string {
 	return ""
 }
 
-func (c *Client) inferGRPC(ctx context.Context) (Outcome, string) {
+func (c *Client) inferGRPC(ctx context.Context, id string) (Outcome, string) {
 	conn := c.grpcConns[0]
 	if len(c.grpcConns) > 1 {
 		conn = c.grpcConns[(c.next.Add(1)-1)%uint32(len(c.grpcConns))]
 	}
 	resp := new(inference.ModelInferResponse)
-	err := conn.Invoke(ctx, inference.GRPCInferenceService_ModelInfer_FullMethodName, c.grpcMsg, resp, c.callOpts...)
+	err := conn.Invoke(ctx, inference.GRPCInferenceService_ModelInfer_FullMethodName, c.grpcMsg.withID(id), resp, c.callOpts...)
 	if err != nil {
 		st := status.Convert(err)
 		code, msg := st.Code(), st.Message()
@@ -874,7 +937,7 @@ func (c *Client) inferGRPC(ctx context.Context) (Outcome, string) {
 		}
 		return Failed, clientDetail(code.String(), msg)
 	}
-	if problem := c.checkGRPCResponse(resp); problem != "" {
+	if problem := cmp.Or(c.checkGRPCResponse(resp), clientCheckID(resp.GetId(), id)); problem != "" {
 		return Failed, clientDetail(codes.OK.String(), "invalid response: "+problem)
 	}
 	return Good, ""

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -60,6 +61,7 @@ func clientTestInputs(t testing.TB) []Tensor {
 
 // clientTestRequestJSON is a REST inference request as the fake server reads it.
 type clientTestRequestJSON struct {
+	ID         *string                    `json:"id"`
 	Parameters map[string]json.RawMessage `json:"parameters"`
 	Inputs     []struct {
 		Name       string            `json:"name"`
@@ -107,6 +109,7 @@ type clientTestREST struct {
 	timeoutUS atomic.Int64 // the timeout parameter expected; 0: none
 	mode      atomic.Value // string
 	requests  atomic.Int64
+	lastID    atomic.Value // *string: the last request's id, nil when it had none
 }
 
 func (s *clientTestREST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -115,15 +118,16 @@ func (s *clientTestREST) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	binaryReq, problem := s.check(r, body)
+	binaryReq, id, problem := s.check(r, body)
 	if problem != "" {
 		clientTestWriteError(w, http.StatusBadRequest, "fake server: "+problem)
 		return
 	}
+	s.lastID.Store(id)
 	mode, _ := s.mode.Load().(string)
 	switch mode {
-	case "good", "big", "wrong-model", "no-outputs", "no-data", "binary-size":
-		s.writeGood(w, mode, binaryReq)
+	case "good", "big", "wrong-model", "no-outputs", "no-data", "binary-size", "wrong-id", "no-id":
+		s.writeGood(w, mode, binaryReq, id)
 	case "429":
 		clientTestWriteError(w, http.StatusTooManyRequests, "request rejected: deadline cannot be met")
 	case "504":
@@ -150,53 +154,62 @@ func clientTestWriteError(w http.ResponseWriter, status int, msg string) {
 	_, _ = w.Write(body)
 }
 
-// check checks a request; it returns whether it asked for binary outputs
-// and what is wrong with it, or "".
-func (s *clientTestREST) check(r *http.Request, body []byte) (binaryReq bool, problem string) {
+// check checks a request; it returns whether it asked for binary outputs,
+// its id (nil: none) and what is wrong with it, or "".
+func (s *clientTestREST) check(r *http.Request, body []byte) (binaryReq bool, id *string, problem string) {
+	binaryReq, id, problem = s.checkBody(r, body)
+	if r.ContentLength != int64(len(body)) {
+		problem = cmp.Or(problem, fmt.Sprintf("Content-Length %d for a body of %d bytes", r.ContentLength, len(body)))
+	}
+	return binaryReq, id, problem
+}
+
+func (s *clientTestREST) checkBody(r *http.Request, body []byte) (binaryReq bool, id *string, problem string) {
 	if want := "/v2/models/" + s.model + "/infer"; r.Method != http.MethodPost || r.URL.Path != want {
-		return false, fmt.Sprintf("%s %s, want POST %s", r.Method, r.URL.Path, want)
+		return false, nil, fmt.Sprintf("%s %s, want POST %s", r.Method, r.URL.Path, want)
 	}
 	jsonPart, binPart := body, []byte(nil)
 	h := r.Header.Get(clientHeaderInferenceLength)
 	if h != "" {
 		n, err := strconv.Atoi(h)
 		if err != nil || n < 0 || n > len(body) {
-			return false, "bad header length " + h
+			return false, nil, "bad header length " + h
 		}
 		if ct := r.Header.Get("Content-Type"); ct != "application/octet-stream" {
-			return false, "binary request with Content-Type " + ct
+			return false, nil, "binary request with Content-Type " + ct
 		}
 		jsonPart, binPart = body[:n], body[n:]
 	} else if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-		return false, "JSON request with Content-Type " + ct
+		return false, nil, "JSON request with Content-Type " + ct
 	}
 	var req clientTestRequestJSON
 	if err := json.Unmarshal(jsonPart, &req); err != nil {
-		return false, "JSON: " + err.Error()
+		return false, nil, "JSON: " + err.Error()
 	}
+	id = req.ID
 	if want := s.timeoutUS.Load(); want > 0 {
 		if got := string(req.Parameters["timeout"]); got != strconv.FormatInt(want, 10) {
-			return false, fmt.Sprintf("timeout parameter %q, want %d", got, want)
+			return false, nil, fmt.Sprintf("timeout parameter %q, want %d", got, want)
 		}
 	} else if got, ok := req.Parameters["timeout"]; ok {
-		return false, fmt.Sprintf("timeout parameter %s, want none", got)
+		return false, nil, fmt.Sprintf("timeout parameter %s, want none", got)
 	}
 	binaryReq = string(req.Parameters["binary_data_output"]) == "true"
 	if binaryReq != (h != "") {
-		return false, fmt.Sprintf("binary_data_output %v with header %q", binaryReq, h)
+		return false, nil, fmt.Sprintf("binary_data_output %v with header %q", binaryReq, h)
 	}
 	if len(req.Inputs) != len(s.inputs) {
-		return false, fmt.Sprintf("%d inputs, want %d", len(req.Inputs), len(s.inputs))
+		return false, nil, fmt.Sprintf("%d inputs, want %d", len(req.Inputs), len(s.inputs))
 	}
 	for i, in := range req.Inputs {
 		want := s.inputs[i]
 		if in.Name != want.Name || in.DataType != want.DataType || fmt.Sprint(in.Shape) != fmt.Sprint(want.Shape) {
-			return false, fmt.Sprintf("input %d is %s %s %v, want %s %s %v", i, in.Name, in.DataType, in.Shape, want.Name, want.DataType, want.Shape)
+			return false, nil, fmt.Sprintf("input %d is %s %s %v, want %s %s %v", i, in.Name, in.DataType, in.Shape, want.Name, want.DataType, want.Shape)
 		}
 		var raw []byte
 		if size := in.Parameters.BinaryDataSize; size != nil {
 			if in.Data != nil || *size > int64(len(binPart)) {
-				return false, fmt.Sprintf("input %s: binary_data_size %d with %d bytes left", in.Name, *size, len(binPart))
+				return false, nil, fmt.Sprintf("input %s: binary_data_size %d with %d bytes left", in.Name, *size, len(binPart))
 			}
 			raw, binPart = binPart[:*size], binPart[*size:]
 		} else {
@@ -205,28 +218,28 @@ func (s *clientTestREST) check(r *http.Request, body []byte) (binaryReq bool, pr
 				n *= d
 			}
 			if int64(len(in.Data)) != n {
-				return false, fmt.Sprintf("input %s: %d data elements, want %d", in.Name, len(in.Data), n)
+				return false, nil, fmt.Sprintf("input %s: %d data elements, want %d", in.Name, len(in.Data), n)
 			}
 			for _, v := range in.Data {
 				b, err := clientTestRawJSON(in.DataType, v)
 				if err != nil {
-					return false, err.Error()
+					return false, nil, err.Error()
 				}
 				raw = append(raw, b...)
 			}
 		}
 		if !bytes.Equal(raw, want.Raw) {
-			return false, fmt.Sprintf("input %s: data differs", in.Name)
+			return false, nil, fmt.Sprintf("input %s: data differs", in.Name)
 		}
 	}
 	if len(binPart) != 0 {
-		return false, fmt.Sprintf("%d bytes of binary data left", len(binPart))
+		return false, nil, fmt.Sprintf("%d bytes of binary data left", len(binPart))
 	}
-	return binaryReq, ""
+	return binaryReq, req.ID, ""
 }
 
 // writeGood answers 200 with a response, broken as mode says.
-func (s *clientTestREST) writeGood(w http.ResponseWriter, mode string, binaryResp bool) {
+func (s *clientTestREST) writeGood(w http.ResponseWriter, mode string, binaryResp bool, id *string) {
 	model := s.model
 	if mode == "wrong-model" {
 		model = "other"
@@ -260,6 +273,13 @@ func (s *clientTestREST) writeGood(w http.ResponseWriter, mode string, binaryRes
 		out = `{"name":"scores","datatype":"FP32","shape":[2],"parameters":{"binary_data_size":8}}`
 	}
 	header := `{"model_name":"` + model + `","model_version":"1","outputs":[` + out + `]}`
+	switch {
+	case mode == "wrong-id":
+		header = `{"id":"other",` + header[1:]
+	case id != nil && mode != "no-id":
+		b, _ := json.Marshal(*id)
+		header = `{"id":` + string(b) + `,` + header[1:]
+	}
 	if !binaryResp {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(header))
@@ -524,6 +544,7 @@ type clientTestGRPC struct {
 	timeoutUS atomic.Int64
 	mode      atomic.Value // string
 	requests  atomic.Int64
+	lastID    atomic.Value // string
 }
 
 func (s *clientTestGRPC) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
@@ -531,8 +552,10 @@ func (s *clientTestGRPC) ModelInfer(ctx context.Context, req *inference.ModelInf
 	if problem := s.check(req); problem != "" {
 		return nil, status.Error(codes.InvalidArgument, "fake server: "+problem)
 	}
+	s.lastID.Store(req.GetId())
 	mode, _ := s.mode.Load().(string)
 	resp := &inference.ModelInferResponse{
+		Id:                req.GetId(),
 		ModelName:         req.GetModelName(),
 		ModelVersion:      "1",
 		Outputs:           []*inference.ModelInferResponse_InferOutputTensor{{Name: "scores", Datatype: "FP32", Shape: []int64{2}}},
@@ -543,6 +566,12 @@ func (s *clientTestGRPC) ModelInfer(ctx context.Context, req *inference.ModelInf
 		return resp, nil
 	case "wrong-model":
 		resp.ModelName = "other"
+		return resp, nil
+	case "wrong-id":
+		resp.Id = "other"
+		return resp, nil
+	case "no-id":
+		resp.Id = ""
 		return resp, nil
 	case "no-data":
 		resp.RawOutputContents = nil
@@ -1252,5 +1281,102 @@ func TestClientGRPCConnections(t *testing.T) {
 		if want := fmt.Sprintf("connections %d: want 1 to %d", n, clientMaxConnections); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("connections %d: %v, want %q", n, err, want)
 		}
+	}
+}
+
+// A request's id goes out on every path without copying the prepared
+// message on the client's own paths: the server sees it in the protocol's
+// `id` (and every length of a REST body still right: the fake reads the
+// body by Content-Length and the binary part by the JSON part's length),
+// a request sent without one has none, and an answer for another id fails
+// while one that does not echo the id is taken.
+func TestClientRequestID(t *testing.T) {
+	inputs := clientTestInputs(t)
+	type sent struct {
+		lastID func() (string, bool)
+		mode   func(string)
+		c      *Client
+		okCode string // the detail's status for an answer that came
+	}
+	var paths []struct {
+		name string
+		sent
+	}
+	add := func(name string, s sent) {
+		paths = append(paths, struct {
+			name string
+			sent
+		}{name, s})
+	}
+	for _, proto := range []string{ProtoREST, ProtoRESTBinary} {
+		for _, viaNetHTTP := range []bool{false, true} {
+			fake, srv := clientTestNewREST(t, inputs)
+			fake.timeoutUS.Store(2_000_000)
+			opts := ClientOptions{Protocol: proto, HTTPBase: srv.URL, Model: "ocr-det", Inputs: inputs, Timeout: 2 * time.Second}
+			name := proto + "/own connections"
+			if viaNetHTTP {
+				opts.HTTPClient, name = srv.Client(), proto+"/net/http"
+			}
+			c, err := NewClient(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			add(name, sent{
+				lastID: func() (string, bool) {
+					id, _ := fake.lastID.Load().(*string)
+					if id == nil {
+						return "", false
+					}
+					return *id, true
+				},
+				mode: func(m string) { fake.mode.Store(m) }, c: c, okCode: "200",
+			})
+		}
+	}
+	fake, addr := clientTestNewGRPC(t, inputs)
+	fake.timeoutUS.Store(2_000_000)
+	c, err := NewClient(ClientOptions{Protocol: ProtoGRPC, GRPCAddr: addr, Model: "ocr-det", Inputs: inputs, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	add(ProtoGRPC, sent{
+		lastID: func() (string, bool) { id, _ := fake.lastID.Load().(string); return id, id != "" },
+		mode:   func(m string) { fake.mode.Store(m) }, c: c, okCode: "OK",
+	})
+
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			good := "good"
+			if p.name == ProtoGRPC {
+				good = "ok"
+			}
+			for _, id := range []string{"17", `a "quoted" \ id é`, "12345678901234567890"} {
+				p.mode(good)
+				if o, detail := p.c.InferID(t.Context(), id); o != Good {
+					t.Fatalf("id %q: %v %q, want good", id, o, detail)
+				}
+				if got, ok := p.lastID(); !ok || got != id {
+					t.Errorf("the server saw id %q (given: %v), want %q", got, ok, id)
+				}
+				// The prepared message is not changed by a send with an id.
+				if o, detail := p.c.Infer(t.Context()); o != Good {
+					t.Fatalf("no id after id %q: %v %q, want good", id, o, detail)
+				}
+				if got, ok := p.lastID(); ok {
+					t.Errorf("a request sent without an id came with %q", got)
+				}
+			}
+			p.mode("wrong-id")
+			want := p.okCode + `: invalid response: id "other", want "17"`
+			if o, detail := p.c.InferID(t.Context(), "17"); o != Failed || detail != want {
+				t.Errorf("answer for another id: %v %q, want failed %q", o, detail, want)
+			}
+			p.mode("no-id")
+			if o, detail := p.c.InferID(t.Context(), "17"); o != Good {
+				t.Errorf("answer without the id: %v %q, want good", o, detail)
+			}
+		})
 	}
 }

@@ -28,6 +28,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,7 +54,12 @@ type restWire struct {
 	addr       string      // host:port
 	tlsConf    *tls.Config // nil: plain TCP
 	head, body []byte      // the request line and headers; the body
-	dialer     net.Dialer
+	// lens are where head gives the body's lengths (Content-Length, and
+	// rest-binary's Inference-Header-Content-Length), in head's order: a
+	// request with an id writes a head of its own with both grown by the
+	// id's prefix (headWith).
+	lens   []wireLen
+	dialer net.Dialer
 
 	mu     sync.Mutex
 	idle   []*wireConn // kept-alive connections, the most recent last
@@ -81,6 +88,22 @@ func newRESTWire(req *http.Request, body []byte, tlsConf *tls.Config) (*restWire
 		return nil, errors.New("client: net/http did not write the body as it is")
 	}
 	w := &restWire{head: bytes.Clone(buf.Bytes()[:buf.Len()-len(body)]), body: body}
+	names := map[string]int64{"Content-Length": int64(len(body))}
+	if v := req.Header.Get(clientHeaderInferenceLength); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("client: %s %q: %w", clientHeaderInferenceLength, v, err)
+		}
+		names[clientHeaderInferenceLength] = n
+	}
+	lens, err := findLens(w.head, names)
+	if err != nil {
+		return nil, err
+	}
+	if len(lens) != len(names) || len(body) == 0 || body[0] != '{' {
+		return nil, errors.New("client: the prepared request's lengths or body are not where a request id can be given")
+	}
+	w.lens = lens
 	port := req.URL.Port()
 	switch {
 	case port != "":
@@ -101,6 +124,44 @@ func newRESTWire(req *http.Request, body []byte, tlsConf *tls.Config) (*restWire
 		w.tlsConf.NextProtos = []string{"http/1.1"}
 	}
 	return w, nil
+}
+
+// wireLen is a length header's decimal value in a prepared head.
+type wireLen struct {
+	at, end int   // the value's bytes, head[at:end]
+	value   int64 // as written for the body without an id
+}
+
+// findLens finds the values of the length headers named in head, each
+// once; a header not in head is skipped.
+func findLens(head []byte, names map[string]int64) ([]wireLen, error) {
+	var lens []wireLen
+	for name, v := range names {
+		field := "\r\n" + name + ": " + strconv.FormatInt(v, 10) + "\r\n"
+		i := bytes.Index(head, []byte(field))
+		if i < 0 {
+			continue
+		}
+		if bytes.Count(head, []byte(field)) != 1 {
+			return nil, fmt.Errorf("client: header %s written more than once", name)
+		}
+		at := i + len("\r\n"+name+": ")
+		lens = append(lens, wireLen{at: at, end: i + len(field) - 2, value: v})
+	}
+	slices.SortFunc(lens, func(a, b wireLen) int { return a.at - b.at })
+	return lens, nil
+}
+
+// headWith is the head for a body grown by extra bytes.
+func (w *restWire) headWith(extra int) []byte {
+	h := make([]byte, 0, len(w.head)+8)
+	from := 0
+	for _, l := range w.lens {
+		h = append(h, w.head[from:l.at]...)
+		h = strconv.AppendInt(h, l.value+int64(extra), 10)
+		from = l.end
+	}
+	return append(h, w.head[from:]...)
 }
 
 // get takes a kept-alive connection that is still open, or dials one.
@@ -161,8 +222,7 @@ func (w *restWire) close() {
 }
 
 // write sends the request; its result goes to wc.wrote.
-func (wc *wireConn) write(head, body []byte) {
-	bufs := net.Buffers{head, body}
+func (wc *wireConn) write(bufs net.Buffers) {
 	_, err := bufs.WriteTo(wc.conn)
 	wc.wrote <- err
 }
@@ -230,21 +290,26 @@ func (wc *wireConn) readResponse() (*http.Response, error) {
 
 // inferWire sends one request over the client's own connections and
 // classifies its response as readREST does.
-func (c *Client) inferWire(ctx context.Context) (Outcome, string) {
+func (c *Client) inferWire(ctx context.Context, id string) (Outcome, string) {
 	w := c.wire
 	wc, err := w.get(ctx)
 	if err != nil {
 		return clientErrOutcome(ctx, err)
 	}
 	stop := context.AfterFunc(ctx, func() { wc.conn.SetDeadline(wirePast) })
-	go wc.write(w.head, w.body)
+	bufs := net.Buffers{w.head, w.body}
+	if prefix := clientIDPrefix(id); prefix != nil {
+		// The id replaces the body's opening brace (clientIDPrefix).
+		bufs = net.Buffers{w.headWith(len(prefix) - 1), prefix, w.body[1:]}
+	}
+	go wc.write(bufs)
 	resp, err := wc.readResponse()
 	if err != nil {
 		stop()
 		wc.conn.Close()
 		return clientErrOutcome(ctx, err)
 	}
-	o, detail, err := c.readREST(resp)
+	o, detail, err := c.readREST(resp, id)
 	interrupted := !stop()
 	if err != nil || interrupted || resp.Close || !wc.written() {
 		wc.conn.Close()

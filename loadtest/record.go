@@ -80,6 +80,10 @@ type Record struct {
 	// the first words of the error ("503: model not ready"). Empty when
 	// answered.
 	Detail string
+	// ID is the request's id as sent (Client.InferID): its model's send
+	// count when it was sent, from 1, warmup included; 0 for an arrival the
+	// generator dropped unsent.
+	ID int64
 }
 
 // Lag is how late the generator sent a request.
@@ -146,12 +150,14 @@ type Run struct {
 }
 
 // WriteRecordsCSV writes every record of a run, one row per request, in
-// send order: model, scheduled_ms, sent_ms, latency_ms, outcome, detail.
+// send order: model, scheduled_ms, sent_ms, latency_ms, outcome, detail,
+// id (the request's id, empty for one never sent: sloserve's debug line
+// for a request names it by its id, scripts/late-causes.py).
 func WriteRecordsCSV(w io.Writer, r *Run) error {
 	recs := slices.Clone(r.Records)
 	slices.SortStableFunc(recs, func(a, b Record) int { return cmp.Compare(a.Sent, b.Sent) })
 	cw := csv.NewWriter(w)
-	cw.Write([]string{"model", "scheduled_ms", "sent_ms", "latency_ms", "outcome", "detail"})
+	cw.Write([]string{"model", "scheduled_ms", "sent_ms", "latency_ms", "outcome", "detail", "id"})
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64)
 	}
@@ -160,7 +166,11 @@ func WriteRecordsCSV(w io.Writer, r *Run) error {
 		if rec.Model >= 0 && rec.Model < len(r.Models) {
 			name = r.Models[rec.Model].Name
 		}
-		cw.Write([]string{name, ms(rec.Scheduled), ms(rec.Sent), ms(rec.Latency), rec.Outcome.String(), rec.Detail})
+		id := ""
+		if rec.ID > 0 {
+			id = strconv.FormatInt(rec.ID, 10)
+		}
+		cw.Write([]string{name, ms(rec.Scheduled), ms(rec.Sent), ms(rec.Latency), rec.Outcome.String(), rec.Detail, id})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -362,8 +363,8 @@ func (d *driver) send(ctx context.Context, start time.Time, at time.Duration) {
 	if lag := int64(sent - at); lag > d.lagMax.Load() {
 		d.lagMax.Store(lag)
 	}
-	d.sent.Add(1)
-	o, detail := d.client.Infer(context.WithoutCancel(ctx))
+	id := d.sent.Add(1)
+	o, detail := d.client.InferID(context.WithoutCancel(ctx), strconv.FormatInt(id, 10))
 	lat := time.Since(start) - sent
 	if o == Good && lat > d.info.SLO {
 		o = Late
@@ -375,7 +376,7 @@ func (d *driver) send(ctx context.Context, start time.Time, at time.Duration) {
 	if at < 0 {
 		return // warmup
 	}
-	d.add(Record{Scheduled: at, Sent: sent, Latency: lat, Outcome: o, Detail: detail})
+	d.add(Record{Scheduled: at, Sent: sent, Latency: lat, Outcome: o, Detail: detail, ID: id})
 }
 
 func (d *driver) add(r Record) {

@@ -11,8 +11,11 @@ room), its wait and execution as they came, the batch and the deadline's slack.
 First, per model, the server's own count (no join, warm-up included): the
 requests that ran, ended late there or were dropped, and the late by the
 size of the batch they ran in. Then each answered request of records.csv is
-matched to the line whose arrival is nearest after its send. A request late at
-the client is then either
+matched to its line by the request's id (loadtest sends one with each request
+and sloserve's line names it), or, for a run recorded without ids, to the line
+whose arrival is nearest its send (which takes a neighbour's line when two
+requests arrive within a millisecond, or when the way there was long). A
+request late at the client is then either
   server-late  the execution ended after the deadline at the server, or
   way-late     it ended in time at the server; the way to the server (send to
                arrival) or back (the answer's way out and the client's read)
@@ -74,19 +77,29 @@ def main(out, policy="adaptive"):
     start = datetime.datetime.fromisoformat(summary["started"].replace("Z", "+00:00")).timestamp() * 1e6
     srv, holds = server_lines(f"{out}/server-{policy}.log")
     arrivals = {m: [d["arr"] for d in v] for m, v in srv.items()}
+    by_id = {(m, d["id"].strip('"')): d for m, v in srv.items() for d in v if "id" in d}
     joined = []  # (model, client outcome, client latency, server line, way there ms)
+    how = collections.Counter()
     with open(f"{out}/{policy}/records.csv") as f:
         for r in csv.DictReader(f):
             m = r["model"]
             if m not in slo or r["outcome"] not in ("good", "late"):
                 continue
             sent = start + float(r["sent_ms"]) * 1000
-            i = bisect.bisect_left(arrivals.get(m, []), sent - 2000)
-            near = srv[m][i:i + 4]
-            if not near:
-                continue
-            d = min(near, key=lambda d: abs(d["arr"] - sent))
+            d = by_id.get((m, r.get("id") or ""))
+            if d is not None:
+                how["id"] += 1
+            else:
+                i = bisect.bisect_left(arrivals.get(m, []), sent - 2000)
+                near = srv[m][i:i + 4]
+                if not near:
+                    how["none"] += 1
+                    continue
+                d = min(near, key=lambda d: abs(d["arr"] - sent))
+                how["arrival"] += 1
             joined.append((m, r["outcome"], float(r["latency_ms"]), d, (d["arr"] - sent) / 1000))
+    print(f"answered latency-critical requests matched to the server's lines by id {how['id']}, "
+          f"by arrival {how['arrival']}, not matched {how['none']}")
     for m in slo:
         rows = [j for j in joined if j[0] == m]
         late = [j for j in rows if j[1] == "late"]
@@ -97,7 +110,9 @@ def main(out, policy="adaptive"):
               f"({100 * len(late) / max(n, 1):.1f}%): server-late {len(s_late)}, way-late {len(w_late)}")
         print_server(srv[m], holds[m])
         back = lambda j: j[2] - j[4] - (slo[m] - float(j[3]["slack_ms"]))
-        print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}")
+        print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}; "
+              f"the way there the longer of the two for {sum(1 for j in w_late if j[4] > back(j))}")
+        print(f"  server-late: way there ms {quantiles([j[4] for j in s_late])}")
         print(f"  all answered: way there ms {quantiles([j[4] for j in rows])}; back {quantiles([back(j) for j in rows])}")
         ran = lambda d: float(d["ran_ms"]) / float(d["exec_predicted_ms"])
         planned = lambda d: slo[m] - float(d["wait_ms"]) - float(d["exec_predicted_ms"])
