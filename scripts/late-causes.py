@@ -97,9 +97,13 @@ def main(out, policy="adaptive"):
                     continue
                 d = min(near, key=lambda d: abs(d["arr"] - sent))
                 how["arrival"] += 1
-            joined.append((m, r["outcome"], float(r["latency_ms"]), d, (d["arr"] - sent) / 1000))
+            joined.append([m, r["outcome"], float(r["latency_ms"]), d, (d["arr"] - sent) / 1000, sent])
+    skew = unskew(joined)
     print(f"answered latency-critical requests matched to the server's lines by id {how['id']}, "
           f"by arrival {how['arrival']}, not matched {how['none']}")
+    if skew is not None:
+        print(f"  the server's clock against the generator's: {skew[0]:+.1f} to {skew[1]:+.1f} ms over the run "
+              f"(the way there is read against the fastest around it, within a quarter of a second)")
     for m in slo:
         rows = [j for j in joined if j[0] == m]
         late = [j for j in rows if j[1] == "late"]
@@ -110,8 +114,12 @@ def main(out, policy="adaptive"):
               f"({100 * len(late) / max(n, 1):.1f}%): server-late {len(s_late)}, way-late {len(w_late)}")
         print_server(srv[m], holds[m])
         back = lambda j: j[2] - j[4] - (slo[m] - float(j[3]["slack_ms"]))
+        way = lambda j: j[2] - (slo[m] - float(j[3]["slack_ms"]))  # there and back: durations only
+        print(f"  way-late: the way there and back ms {quantiles([way(j) for j in w_late])} against the slack at the "
+              f"server's end {quantiles([float(j[3]['slack_ms']) for j in w_late])}")
         print(f"  way-late: way there ms {quantiles([j[4] for j in w_late])}; back {quantiles([back(j) for j in w_late])}; "
               f"the way there the longer of the two for {sum(1 for j in w_late if j[4] > back(j))}")
+        print(f"  all answered: the way there and back ms {quantiles([way(j) for j in rows], (0.5, 0.9, 0.99, 1))} (p50 p90 p99 max)")
         print(f"  server-late: way there ms {quantiles([j[4] for j in s_late])}")
         print(f"  all answered: way there ms {quantiles([j[4] for j in rows])}; back {quantiles([back(j) for j in rows])}")
         ran = lambda d: float(d["ran_ms"]) / float(d["exec_predicted_ms"])
@@ -140,6 +148,31 @@ def main(out, policy="adaptive"):
         alone = sum(p_late(d, 0) for d in runs) / len(runs)
         print(f"  bound: late if run alone at its own wait {100 * at_wait:.2f}%, with no wait {100 * alone:.2f}%")
         print_risk(srv[m])
+
+
+def unskew(joined):
+    """Reads each request's way there against the fastest way there of the
+    requests sent within a quarter of a second of it (a second where
+    fewer were), in place, when they were matched
+    by id: the server stamps arrivals with the wall clock and the generator
+    times sends from its start on the monotonic clock, and the wall clock
+    of a virtual machine can step or slew during a run (measured here:
+    15.4 s in one step, then 5 ms a second). Returns the least and most
+    offset taken out (ms), or None when no request was matched by id."""
+    if not any("id" in j[3] for j in joined):
+        return None
+    pts = sorted((j[5], j[4], i) for i, j in enumerate(joined))
+    times = [p[0] for p in pts]
+    offs = []
+    for t, there, i in pts:
+        for w in (0.25e6, 1e6):  # a quarter of a second each side, or a second where that has few
+            lo, hi = bisect.bisect_left(times, t - w), bisect.bisect_right(times, t + w)
+            if hi - lo >= 4:
+                break
+        off = min(p[1] for p in pts[lo:hi])
+        joined[i][4] = there - off
+        offs.append(off)
+    return min(offs), max(offs)
 
 
 def print_server(lines, held):
