@@ -244,11 +244,13 @@ func (s *grpcService) ModelInfer(ctx context.Context, req *inference.ModelInferR
 	in.Arrival = arrival
 	name := meshModelName(ctx, req.GetModelName())
 	ctx, tr := startInferTrace(ctx, s.lim.Tracer, grpcTraceCarrier(ctx), arrival, "grpc", name, req.GetModelVersion())
+	goTraceLog(ctx, "infer", name, req.GetId())
 	out, version, err := s.b.Infer(ctx, name, req.GetModelVersion(), in)
 	defer func() { tr.end(err) }()
 	if err != nil {
 		return nil, s.grpcError("ModelInfer", err)
 	}
+	goTraceLog(ctx, "answer", name, req.GetId())
 	tr.answering(ctx, version)
 	// The outputs, and their copy in the message gRPC encodes.
 	if err = mem.Grow(2*outputBytes(out.Outputs), "the response"); err != nil {

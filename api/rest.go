@@ -581,12 +581,14 @@ func (s *restServer) infer(c *gin.Context) {
 	rr.Deadline = requestDeadline(arrival, req.timeout, headerTimeout)
 	rr.Arrival = arrival
 	ctx, tr := startInferTrace(c.Request.Context(), s.lim.Tracer, propagation.HeaderCarrier(c.Request.Header), arrival, "rest", name, version)
+	goTraceLog(ctx, "infer", name, req.id)
 	resp, version, err := s.b.Infer(ctx, name, version, rr)
 	defer func() { tr.end(err) }()
 	if err != nil {
 		s.writeError(c, err)
 		return
 	}
+	goTraceLog(ctx, "answer", name, req.id)
 	tr.answering(ctx, version)
 
 	// The outputs (in memory already) and their JSON are reserved before the

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	rtrace "runtime/trace"
 	"slices"
 	"strconv"
 	"time"
@@ -53,6 +54,19 @@ type inferTrace struct {
 // startInferTrace starts the infer span of a call that arrived at arrival,
 // its parent the client's span in carrier, and returns ctx with it. With no
 // tracer, or when the call is not sampled, ctx is returned as it is.
+// goTraceLog notes in a Go execution trace being taken (`serve
+// --pprof-addr`, /debug/pprof/trace) that this goroutine serves a request
+// of model, with the client's id, from stage on: "infer" as the request
+// goes to the scheduler, "answer" as its answer is encoded and handed to
+// the connection, so that one request's goroutine can be found in the
+// trace and followed to its socket writes (BENCHMARKS.md, the colocation
+// day's way back). Nothing when no trace is being taken.
+func goTraceLog(ctx context.Context, stage, model, id string) {
+	if rtrace.IsEnabled() {
+		rtrace.Log(ctx, "sloserve."+stage, model+" "+id)
+	}
+}
+
 func startInferTrace(ctx context.Context, tp trace.TracerProvider, carrier propagation.TextMapCarrier, arrival time.Time, protocol, model, version string) (context.Context, *inferTrace) {
 	if tp == nil {
 		return ctx, nil

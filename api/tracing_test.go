@@ -1,10 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http/httptest"
+	rtrace "runtime/trace"
 	"slices"
 	"strings"
 	"testing"
@@ -252,6 +255,50 @@ func TestTraceSettingsAuth(t *testing.T) {
 			func(context.Context, any) (any, error) { return "ok", nil })
 		if status.Code(err) != tc.code {
 			t.Errorf("%v: %v, want %v", tc.req, err, tc.code)
+		}
+	}
+}
+
+// While a Go execution trace is being taken, the goroutine serving an
+// inference request logs its model and the client's id into it as the
+// request goes to the scheduler and as its answer is handed on, on both
+// protocols, so that one request can be followed in the trace.
+func TestGoTraceNamesTheRequest(t *testing.T) {
+	fb := newFakeBackend()
+	c := inference.NewGRPCInferenceServiceClient(startGRPC(t, fb, grpcTestLimits))
+	h, _ := newRESTTest(restLimits)
+	for _, tc := range []struct {
+		protocol, id string
+		call         func() error
+	}{
+		{"grpc", "grpc-req-42", func() error {
+			req := grpcSumRequest(true)
+			req.Id = "grpc-req-42"
+			_, err := c.ModelInfer(t.Context(), req)
+			return err
+		}},
+		{"rest", "rest-req-43", func() error {
+			body := `{"id":"rest-req-43",` + strings.TrimPrefix(restSumBody(""), "{")
+			if rec := (restCall{path: "/v2/models/sum/infer", body: body}).do(t, t.Context(), h); rec.Code != 200 {
+				return fmt.Errorf("status %d: %s", rec.Code, rec.Body)
+			}
+			return nil
+		}},
+	} {
+		var buf bytes.Buffer
+		if err := rtrace.Start(&buf); err != nil {
+			t.Skipf("a Go trace is already being taken: %v", err)
+		}
+		err := tc.call()
+		rtrace.Stop()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.protocol, err)
+		}
+		// The trace keeps each string once, in its table.
+		for _, s := range []string{"sloserve.infer", "sloserve.answer", "sum " + tc.id} {
+			if !bytes.Contains(buf.Bytes(), []byte(s)) {
+				t.Errorf("%s: the trace (%d bytes) has no %q", tc.protocol, buf.Len(), s)
+			}
 		}
 	}
 }
