@@ -508,8 +508,9 @@ func (e *clientEncoded) withID(id string) *clientEncoded {
 }
 
 // clientCodec is the codec of the client's calls: a *clientEncoded goes
-// out as its bytes, neither marshalled again nor copied, and anything else
-// (the responses) is protobuf as usual. Its name is protobuf's, so the
+// out as its bytes, neither marshalled again nor copied, an answer read
+// into a *clientAnswer is skimmed (client_answer.go), and anything else is
+// protobuf as usual. Its name is protobuf's, so the
 // call's content type is the ordinary one.
 type clientCodec struct{}
 
@@ -527,6 +528,9 @@ func (clientCodec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (clientCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if a, ok := v.(*clientAnswer); ok {
+		return a.unmarshal(data)
+	}
 	return clientProto.Unmarshal(data, v)
 }
 
@@ -916,8 +920,8 @@ func (c *Client) inferGRPC(ctx context.Context, id string) (Outcome, string) {
 	if len(c.grpcConns) > 1 {
 		conn = c.grpcConns[(c.next.Add(1)-1)%uint32(len(c.grpcConns))]
 	}
-	resp := new(inference.ModelInferResponse)
-	err := conn.Invoke(ctx, inference.GRPCInferenceService_ModelInfer_FullMethodName, c.grpcMsg.withID(id), resp, c.callOpts...)
+	var resp clientAnswer
+	err := conn.Invoke(ctx, inference.GRPCInferenceService_ModelInfer_FullMethodName, c.grpcMsg.withID(id), &resp, c.callOpts...)
 	if err != nil {
 		st := status.Convert(err)
 		code, msg := st.Code(), st.Message()
@@ -937,7 +941,7 @@ func (c *Client) inferGRPC(ctx context.Context, id string) (Outcome, string) {
 		}
 		return Failed, clientDetail(code.String(), msg)
 	}
-	if problem := cmp.Or(c.checkGRPCResponse(resp), clientCheckID(resp.GetId(), id)); problem != "" {
+	if problem := cmp.Or(c.checkGRPCAnswer(&resp), clientCheckID(resp.id, id)); problem != "" {
 		return Failed, clientDetail(codes.OK.String(), "invalid response: "+problem)
 	}
 	return Good, ""
@@ -950,21 +954,20 @@ func clientTooLarge(msg string) bool {
 	return strings.Contains(msg, "too large") || strings.Contains(msg, "larger than max")
 }
 
-// checkGRPCResponse checks a response message; it returns what is wrong, or "".
-func (c *Client) checkGRPCResponse(r *inference.ModelInferResponse) string {
-	if problem := c.checkModel(r.GetModelName(), r.GetModelVersion(), len(r.GetOutputs())); problem != "" {
+// checkGRPCAnswer checks an answer; it returns what is wrong, or "".
+func (c *Client) checkGRPCAnswer(r *clientAnswer) string {
+	if problem := c.checkModel(r.modelName, r.modelVersion, len(r.outputs)); problem != "" {
 		return problem
 	}
-	raw := r.GetRawOutputContents()
-	if len(raw) != 0 && len(raw) != len(r.GetOutputs()) {
-		return fmt.Sprintf("%d raw_output_contents for %d outputs", len(raw), len(r.GetOutputs()))
+	if len(r.raw) != 0 && len(r.raw) != len(r.outputs) {
+		return fmt.Sprintf("%d raw_output_contents for %d outputs", len(r.raw), len(r.outputs))
 	}
-	for i, o := range r.GetOutputs() {
+	for i, o := range r.outputs {
 		switch {
-		case o.GetName() == "":
+		case o.name == "":
 			return fmt.Sprintf("outputs[%d] has no name", i)
-		case len(raw) == 0 && o.GetContents() == nil:
-			return fmt.Sprintf("output %q has no data", o.GetName())
+		case len(r.raw) == 0 && !o.hasContents:
+			return fmt.Sprintf("output %q has no data", o.name)
 		}
 	}
 	return ""
