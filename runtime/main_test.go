@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 		os.Exit(runDescribeFailsChild())
 	case describeOnceLostChild:
 		os.Exit(runDescribeOnceLostChild())
+	case monoClockChild:
+		fmt.Println(monoNanos())
+		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -145,13 +145,13 @@ func (m mailboxMem) respLen(i int) *uint32 { return m.word(m.slotOff(i) + 8) }
 func (m mailboxMem) waiting(i int) *uint32 { return m.word(m.slotOff(i) + 12) }
 
 // postedAt and answeredAt are when the server posted the slot's request
-// and when the worker wrote its answer, in Unix nanoseconds (the wall
-// clock, the one both processes read the same): each side learns from
+// and when the worker wrote its answer, on the host's monotonic clock
+// (monoNanos, the one both processes read the same): each side learns from
 // them how soon the other answers, whether or not it slept meanwhile.
 func (m mailboxMem) postedAt(i int) *int64   { return m.stamp(m.slotOff(i) + 16) }
 func (m mailboxMem) answeredAt(i int) *int64 { return m.stamp(m.slotOff(i) + 24) }
 
-// takenAt is when a worker took the slot's call, in Unix nanoseconds: with
+// takenAt is when a worker took the slot's call (monoNanos): with
 // the other two stamps it splits a call's wait into the worker's coming
 // (postedAt to takenAt) and the run (takenAt to answeredAt), for
 // mailboxStats.
@@ -262,7 +262,7 @@ func (m *mailbox) put(i int) {
 }
 
 // post writes req, of size bytes (proto.Size), into slot i and rings the
-// doorbell. It returns when it posted, in Unix nanoseconds (for learn).
+// doorbell. It returns when it posted (monoNanos, for learn).
 func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) (int64, error) {
 	b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(m.reqArea(i)[:0], req)
 	if err != nil {
@@ -271,7 +271,7 @@ func (m *mailbox) post(i int, req *runnerpb.InferRequest, size int) (int64, erro
 	if len(b) != size || unsafe.SliceData(b) != unsafe.SliceData(m.reqArea(i)) {
 		return 0, fmt.Errorf("request of %d bytes did not fit its slot", len(b))
 	}
-	now := time.Now().UnixNano()
+	now := monoNanos()
 	atomic.StoreUint32(m.reqLen(i), uint32(size))
 	atomic.StoreUint32(m.waiting(i), 0)
 	atomic.StoreInt64(m.postedAt(i), now)
@@ -342,8 +342,8 @@ const (
 // mailboxCalls counts the server's mailbox calls in flight, across runners.
 var mailboxCalls atomic.Int32
 
-// spinQuietUntil is when polling may start again in this process, in Unix
-// nanoseconds.
+// spinQuietUntil is when polling may start again in this process
+// (monoNanos).
 var spinQuietUntil atomic.Int64
 
 // spinPolicy is how one side polls.
@@ -367,7 +367,7 @@ func (p spinPolicy) poll(done func() bool, start time.Time, budget time.Duration
 		goruntime.Gosched()
 		now := time.Now()
 		if now.Sub(last) > p.preempted {
-			spinQuietUntil.Store(now.Add(spinQuiet).UnixNano())
+			spinQuietUntil.Store(monoNanos() + int64(spinQuiet))
 			return false
 		}
 		if now.Sub(start) >= budget {
@@ -378,7 +378,7 @@ func (p spinPolicy) poll(done func() bool, start time.Time, budget time.Duration
 }
 
 // quiet reports whether polling is off at now.
-func quiet(now time.Time) bool { return now.UnixNano() < spinQuietUntil.Load() }
+func quiet() bool { return monoNanos() < spinQuietUntil.Load() }
 
 // spinBudget is how long a caller may poll for its answer: twice the
 // recent answer time (room for its spread), at least a quarter of the cap
@@ -401,7 +401,7 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 		return 0, false
 	}
 	start := time.Now()
-	if quiet(start) {
+	if quiet() {
 		return 0, false
 	}
 	m.stats.spins.Add(1)
@@ -425,7 +425,7 @@ func (m *mailbox) learn(i int, posted int64) {
 	m.stats.calls.Add(1)
 	m.stats.toTake.Add(taken - posted)
 	m.stats.toAnswer.Add(answered - taken)
-	m.stats.toSeen.Add(time.Now().UnixNano() - answered)
+	m.stats.toSeen.Add(monoNanos() - answered)
 }
 
 // learnInto folds sample d (nanoseconds) into the moving average avg
@@ -576,14 +576,14 @@ func (w *mailboxWorkers) work(next int) {
 			continue
 		}
 		next = (i + 1) % w.slots
-		atomic.StoreInt64(w.takenAt(i), time.Now().UnixNano())
+		atomic.StoreInt64(w.takenAt(i), monoNanos())
 		// The time from the last answer to this post, 0 when the call
 		// was posted before it.
 		learnInto(&w.gapNs, max(atomic.LoadInt64(w.postedAt(i))-w.lastAnswer.Load(), 0), max(w.spin.limit, workerSpinCap))
 		w.serving.Add(1)
 		w.serve(i)
 		w.serving.Add(-1)
-		w.lastAnswer.Store(time.Now().UnixNano())
+		w.lastAnswer.Store(monoNanos())
 	}
 }
 
@@ -596,7 +596,7 @@ func (w *mailboxWorkers) poll(bell uint32) bool {
 		return false
 	}
 	start := time.Now()
-	if quiet(start) || w.idle.idle(start, w.idleClass) {
+	if quiet() || w.idle.idle(w.idleClass) {
 		return false
 	}
 	w.stats.spins.Add(1)
@@ -611,14 +611,14 @@ func (w *mailboxWorkers) poll(bell uint32) bool {
 // the limiter may move it there or out at any time, so the answer is
 // read again every idleRecheck.
 type idleCheck struct {
-	at   atomic.Int64 // when it was last read, Unix nanoseconds
+	at   atomic.Int64 // when it was last read (monoNanos)
 	isIt atomic.Bool
 }
 
 const idleRecheck = 100 * time.Millisecond
 
-func (c *idleCheck) idle(now time.Time, read func() bool) bool {
-	if t := now.UnixNano(); t-c.at.Load() >= int64(idleRecheck) {
+func (c *idleCheck) idle(read func() bool) bool {
+	if t := monoNanos(); t-c.at.Load() >= int64(idleRecheck) {
 		if read == nil {
 			read = threadIdleClass
 		}
@@ -673,7 +673,7 @@ func (w *mailboxWorkers) serve(i int) {
 		b, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(w.respArea(i)[:0], resp)
 		if err == nil && len(b) == size {
 			atomic.StoreUint32(w.respLen(i), uint32(size))
-			atomic.StoreInt64(w.answeredAt(i), time.Now().UnixNano())
+			atomic.StoreInt64(w.answeredAt(i), monoNanos())
 			// A caller polling for the answer needs no wake-up (see
 			// mailbox.await for the order of the two words).
 			if atomic.CompareAndSwapUint32(w.state(i), slotTaken, slotAnswered) && atomic.LoadUint32(w.waiting(i)) != 0 {

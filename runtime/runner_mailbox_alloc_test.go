@@ -5,7 +5,6 @@ import (
 	goruntime "runtime"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -31,7 +30,7 @@ func leanAnswers(m mailboxMem, answer *runnerpb.InferResponse, stop chan struct{
 			// Stamped as a real worker does at take: a slot answered with
 			// no take time adds minus a Unix time to the process's take
 			// total and plus one to its answer total.
-			atomic.StoreInt64(m.takenAt(i), time.Now().UnixNano())
+			atomic.StoreInt64(m.takenAt(i), monoNanos())
 			var id uint64
 			_ = forEachField(m.reqArea(i)[:atomic.LoadUint32(m.reqLen(i))], func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
 				if num == 3 && typ == protowire.VarintType {
@@ -45,7 +44,7 @@ func leanAnswers(m mailboxMem, answer *runnerpb.InferResponse, stop chan struct{
 				panic(err)
 			}
 			atomic.StoreUint32(m.respLen(i), uint32(len(b)))
-			atomic.StoreInt64(m.answeredAt(i), time.Now().UnixNano())
+			atomic.StoreInt64(m.answeredAt(i), monoNanos())
 			atomic.StoreUint32(m.state(i), slotAnswered)
 			if atomic.LoadUint32(m.waiting(i)) != 0 {
 				futexWake(m.state(i), math.MaxInt32)
