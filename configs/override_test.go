@@ -19,7 +19,7 @@ func TestKeys(t *testing.T) {
 		"limits.grace_period", "limits.shutdown_delay", "limits.max_connections", "limits.header_timeout", "limits.body_timeout",
 		"limits.idle_timeout", "limits.max_header_bytes", "limits.grpc_max_streams", "limits.grpc_stream_inflight", "limits.grpc_connection_timeout",
 		"limits.grpc_keepalive_min_time", "limits.max_shared_memory_regions", "limits.max_shared_memory_bytes",
-		"limits.max_memory", "limits.write_timeout",
+		"limits.max_memory", "limits.gc_percent", "limits.write_timeout",
 		"qos.policy", "qos.best_effort_floor", "qos.device_slots", "qos.window", "qos.max_best_effort_execution", "qos.overlap_slowdown",
 		"control.policy", "control.period", "control.headroom", "control.quantile", "control.max_utilization",
 		"control.scale_down_after", "control.cooldown", "control.step", "control.min_share",

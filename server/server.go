@@ -26,6 +26,7 @@ import (
 // The server is assembled once (assemble) and run as a group whose phases
 // are the staged shutdown (house.group, lifecycle.go).
 func Run(ctx context.Context, cfg *configs.Server, logger *slog.Logger, rl Reloading) error {
+	setCollector(cfg.Limits, logger)
 	h, err := assemble(cfg, logger, assembly{serve: true, rl: rl})
 	if err != nil {
 		return err
