@@ -377,3 +377,25 @@ func dialIdle(t *testing.T, addr string, n int) []net.Conn {
 	}
 	return conns
 }
+
+// The real binary sets its Go collector from limits.gc_percent, with the
+// soft memory limit at limits.max_memory + 256 MiB, and the runtime's own
+// metrics show it; the default is 400.
+func TestE2EGoCollectorSettings(t *testing.T) {
+	for _, tc := range []struct {
+		sets          []string
+		percent, limt float64
+	}{
+		{nil, 400, 4<<30 + 256<<20},
+		{[]string{"limits.gc_percent=250", "limits.max_memory=1GiB"}, 250, 1<<30 + 256<<20},
+	} {
+		srv := startServer(t, t.TempDir(), "", withSet(tc.sets...))
+		series := srv.scrape(t)
+		if got := series["go_gc_gogc_percent"]; got != tc.percent {
+			t.Errorf("--set %q: go_gc_gogc_percent %v, want %v", tc.sets, got, tc.percent)
+		}
+		if got := series["go_gc_gomemlimit_bytes"]; got != tc.limt {
+			t.Errorf("--set %q: go_gc_gomemlimit_bytes %v, want %v", tc.sets, got, tc.limt)
+		}
+	}
+}

@@ -80,9 +80,10 @@ type Record struct {
 	// the first words of the error ("503: model not ready"). Empty when
 	// answered.
 	Detail string
-	// ID is the request's id as sent (Client.InferID): its model's send
-	// count when it was sent, from 1, warmup included; 0 for an arrival the
-	// generator dropped unsent.
+	// ID is the request's id as sent (Client.InferID): how many requests
+	// to its model had been sent with it, from 1, warmup included, over
+	// every entry of the scenario that drives the model; 0 for an arrival
+	// the generator dropped unsent.
 	ID int64
 }
 

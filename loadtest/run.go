@@ -163,6 +163,7 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 		run.Unfilled = slices.Clone(UnfilledWithoutControl)
 	}
 	drivers := make([]*driver, len(sc.Models))
+	ids := map[string]*atomic.Int64{}
 	for i := range sc.Models {
 		d, err := newDriver(ctx, sc, i, opts, hc, ctl)
 		if err != nil {
@@ -171,6 +172,10 @@ func Execute(ctx context.Context, sc *Scenario, opts Options) (*Run, error) {
 			}
 			return nil, fmt.Errorf("model %s: %w", sc.Models[i].Model, err)
 		}
+		if ids[d.info.Name] == nil {
+			ids[d.info.Name] = new(atomic.Int64)
+		}
+		d.ids = ids[d.info.Name]
 		drivers[i] = d
 		run.Models = append(run.Models, d.info)
 	}
@@ -255,7 +260,10 @@ type driver struct {
 	records []Record
 	// Live counters for the progress line.
 	sent, good, done atomic.Int64
-	lagMax           atomic.Int64 // ns, reset each progress tick
+	// ids numbers the requests to the model, shared by every entry of the
+	// scenario that drives it (each request's id, Record.ID).
+	ids    *atomic.Int64
+	lagMax atomic.Int64 // ns, reset each progress tick
 }
 
 func newDriver(ctx context.Context, sc *Scenario, i int, opts Options, hc *http.Client, ctl *api.ControlStatus) (*driver, error) {
@@ -363,7 +371,8 @@ func (d *driver) send(ctx context.Context, start time.Time, at time.Duration) {
 	if lag := int64(sent - at); lag > d.lagMax.Load() {
 		d.lagMax.Store(lag)
 	}
-	id := d.sent.Add(1)
+	d.sent.Add(1)
+	id := d.ids.Add(1)
 	o, detail := d.client.InferID(context.WithoutCancel(ctx), strconv.FormatInt(id, 10))
 	lat := time.Since(start) - sent
 	if o == Good && lat > d.info.SLO {
