@@ -61,22 +61,12 @@ func (a *clientAnswer) unmarshal(data mem.BufferSlice) error {
 
 func (a *clientAnswer) read(b []byte) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("%w: %v", errAnswerWire, protowire.ParseError(n))
+		num, v, isBytes, n, err := consumeField(b)
+		if err != nil {
+			return err
 		}
 		b = b[n:]
-		var v []byte
-		if typ == protowire.BytesType {
-			v, n = protowire.ConsumeBytes(b)
-		} else {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return fmt.Errorf("%w: field %d: %v", errAnswerWire, num, protowire.ParseError(n))
-		}
-		b = b[n:]
-		if typ != protowire.BytesType {
+		if !isBytes {
 			continue
 		}
 		switch num {
@@ -89,7 +79,7 @@ func (a *clientAnswer) read(b []byte) error {
 		case answerOutputs:
 			o, err := readAnswerOutput(v)
 			if err != nil {
-				return err
+				return fmt.Errorf("an output: %w", err)
 			}
 			a.outputs = append(a.outputs, o)
 		case answerRawContents:
@@ -99,30 +89,39 @@ func (a *clientAnswer) read(b []byte) error {
 	return nil
 }
 
+// consumeField reads the field at the start of b: its number, its value
+// when it is length-delimited (isBytes), and its length in b.
+func consumeField(b []byte) (num protowire.Number, v []byte, isBytes bool, n int, err error) {
+	num, typ, tn := protowire.ConsumeTag(b)
+	if tn < 0 {
+		return 0, nil, false, 0, fmt.Errorf("%w: %v", errAnswerWire, protowire.ParseError(tn))
+	}
+	var vn int
+	if typ == protowire.BytesType {
+		v, vn = protowire.ConsumeBytes(b[tn:])
+	} else {
+		vn = protowire.ConsumeFieldValue(num, typ, b[tn:])
+	}
+	if vn < 0 {
+		return 0, nil, false, 0, fmt.Errorf("%w: field %d: %v", errAnswerWire, num, protowire.ParseError(vn))
+	}
+	return num, v, typ == protowire.BytesType, tn + vn, nil
+}
+
 // readAnswerOutput reads an InferOutputTensor's name and whether it has
 // contents.
 func readAnswerOutput(b []byte) (clientAnswerOutput, error) {
 	var o clientAnswerOutput
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return o, fmt.Errorf("%w: an output: %v", errAnswerWire, protowire.ParseError(n))
-		}
-		b = b[n:]
-		var v []byte
-		if typ == protowire.BytesType {
-			v, n = protowire.ConsumeBytes(b)
-		} else {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return o, fmt.Errorf("%w: an output's field %d: %v", errAnswerWire, num, protowire.ParseError(n))
+		num, v, isBytes, n, err := consumeField(b)
+		if err != nil {
+			return o, err
 		}
 		b = b[n:]
 		switch {
-		case num == answerOutputName && typ == protowire.BytesType:
+		case num == answerOutputName && isBytes:
 			o.name = string(v)
-		case num == answerOutputContents && typ == protowire.BytesType:
+		case num == answerOutputContents && isBytes:
 			o.hasContents = true
 		}
 	}
