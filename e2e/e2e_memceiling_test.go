@@ -45,8 +45,10 @@ const (
 	heldBody     = 60 << 20 // each hostile body or message
 	// memoryAllowed is what the budget may add to the server's peak
 	// resident memory, with room for the garbage Go has not collected
-	// yet (its heap may grow to twice what is live) and the goroutines
-	// and buffers of the connections.
+	// yet (at limits.gc_percent 400 the heap may grow to five times what
+	// is live, held under the soft limit of the budget + 256 MiB, twice
+	// the budget here: server/gc.go) and the goroutines and buffers of the
+	// connections.
 	memoryAllowed = 2*memoryBudget + 96<<20
 )
 
