@@ -96,15 +96,23 @@ func TestClientAnswerDoesNotCopyTheOutputs(t *testing.T) {
 		}
 	}
 	read() // the pool's first buffer of this size
+	// Under the race detector, sync.Pool drops a quarter of what is put
+	// back (and the detector allocates beside the code): there a read may
+	// take a fresh buffer, a quarter of the time on average, and the bound
+	// is half the answer (a copy of every answer is over it), over enough
+	// reads that the pool's drops cannot pass it by chance.
+	n, bound := uint64(20), uint64(64<<10)
+	if raceEnabled {
+		n, bound = 200, uint64(len(b)/2)
+	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	const n = 20
 	for range n {
 		read()
 	}
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > 64<<10 {
-		t.Errorf("reading a %d-byte answer allocated %d bytes a time, want far below its size", len(b), per)
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > bound {
+		t.Errorf("reading a %d-byte answer allocated %d bytes a time, want at most %d", len(b), per, bound)
 	}
 	if fmt.Sprint(a.raw) != fmt.Sprint([]int{1 << 20}) {
 		t.Errorf("raw lengths %v", a.raw)
