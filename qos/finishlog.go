@@ -43,8 +43,8 @@ func (s *Scheduler) logFinishLocked(m *model, r *request, e *execution, o outcom
 		"arrival", r.arrival.UnixMicro(),
 		"slack_ms", logMillis(r.deadline.Sub(now)),
 		"plan_wait_ms", logMillis(r.plan.wait), "plan_exec_ms", logMillis(r.plan.own), "plan_room_ms", logMillis(r.plan.room)}
-	if r.id != "" {
-		args = append(args, "id", logID(r.id))
+	if r.req != nil && r.req.ID != "" {
+		args = append(args, "id", logID(r.req.ID))
 	}
 	if !r.started.IsZero() {
 		args = append(args, "wait_ms", logMillis(r.started.Sub(r.arrival)), "ran_ms", logMillis(now.Sub(r.started)))

@@ -22,7 +22,6 @@ type request struct {
 	deadline time.Time // effective deadline; zero: none
 	rank     int       // priority rank; lower runs first
 	seq      uint64    // arrival order across the scheduler
-	id       string    // the client's id for it (runtime.InferRequest.ID), for the debug lines
 	// probe: admitted although predicted to miss, to measure the model
 	// again (see probeDueLocked); it is never dropped for its deadline.
 	probe bool

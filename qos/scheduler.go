@@ -831,9 +831,6 @@ func newRequest(ctx context.Context, m *model, req *runtime.InferRequest, o Requ
 		done:     make(chan result, 1),
 		span:     traceOf(ctx),
 	}
-	if req != nil {
-		r.id = req.ID
-	}
 	if req != nil && !req.Arrival.IsZero() && req.Arrival.Before(now) {
 		// The SLO counts from when the request reached the server.
 		r.arrival = req.Arrival
