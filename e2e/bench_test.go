@@ -116,20 +116,24 @@ func BenchmarkServerOverhead(b *testing.B) {
 	}
 	for _, c := range []struct {
 		name, isolation string
+		spinning        bool
 		opts            []serverOption
 	}{
-		{"isolation=process", "process", nil},
-		{"isolation=in-process", "in-process", nil},
+		{"isolation=process", "process", false, nil},
+		{"isolation=in-process", "in-process", false, nil},
 		// The runner hop as it was before the call mailbox: every call on
 		// the runner's socket.
-		{"isolation=process/mailbox=off", "process", []serverOption{withSet("runtime.call_mailbox=false")}},
+		{"isolation=process/mailbox=off", "process", false, []serverOption{withSet("runtime.call_mailbox=false")}},
+		// A model that owns its cores: its runner's worker polls through
+		// the gap between calls instead of sleeping (allow_spinning).
+		{"isolation=process/spinning", "process", true, nil},
 	} {
 		for _, bin := range bins {
 			opts := slices.Clone(c.opts)
 			if bin.path != "" {
 				opts = append(opts, withCommand(bin.path, nil))
 			}
-			b.Run(c.name+bin.name, func(b *testing.B) { benchServerOverhead(b, c.isolation, opts...) })
+			b.Run(c.name+bin.name, func(b *testing.B) { benchServerOverhead(b, c.isolation, c.spinning, opts...) })
 		}
 	}
 }
@@ -139,10 +143,10 @@ func BenchmarkServerOverhead(b *testing.B) {
 // the model inside the server.
 var isolations = []string{"process", "in-process"}
 
-func benchServerOverhead(b *testing.B, isolation string, opts ...serverOption) {
+func benchServerOverhead(b *testing.B, isolation string, spinning bool, opts ...serverOption) {
 	repo := b.TempDir()
 	tiny := testModel(b, "example_dynamic_axes.onnx")
-	writeRepo(b, repo, repoModel{"tiny", tiny, "max_batch_size: 8\nexecution: {intra_op_threads: 1, isolation: " + isolation + "}\n"})
+	writeRepo(b, repo, repoModel{"tiny", tiny, fmt.Sprintf("max_batch_size: 8\nexecution: {intra_op_threads: 1, allow_spinning: %v, isolation: %s}\n", spinning, isolation)})
 	s := startServer(b, repo, benchShared, append(opts, benchProfiling()...)...)
 	direct := directSession(b, tiny, "input_vectors", "output_scalars", 1)
 

@@ -337,6 +337,10 @@ const (
 	spinPreempted = 20 * time.Microsecond
 	// spinQuiet is how long polling stays off after one lost its CPU.
 	spinQuiet = 20 * time.Millisecond
+	// neverPreempted is the pause of a poll that does not give way
+	// (runnerFlags.workerSpin with --allow-spinning): longer than any
+	// poll's budget.
+	neverPreempted = time.Duration(math.MaxInt64)
 )
 
 // mailboxCalls counts the server's mailbox calls in flight, across runners.

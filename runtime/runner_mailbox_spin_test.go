@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	goruntime "runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -350,5 +351,56 @@ func TestLearnInto(t *testing.T) {
 	learnInto(&avg, -5, limit)
 	if got := time.Duration(avg.Load()); got < limit/8-time.Microsecond || got > limit/8+time.Microsecond {
 		t.Errorf("a sample out of order counts as the limit: average %v, want about %v", got, limit/8)
+	}
+}
+
+// A poll whose policy never gives way (a model that allows spinning)
+// goes on polling through a pause that would end the default's, catches
+// what it waits for after it, and leaves polling on.
+func TestMailboxPollNeverPreemptedPollsOn(t *testing.T) {
+	spinQuietUntil.Store(0)
+	defer spinQuietUntil.Store(0)
+	prev := goruntime.GOMAXPROCS(1)
+	defer goruntime.GOMAXPROCS(prev)
+	p := spinPolicy{limit: time.Minute, preempted: neverPreempted}
+	var rung atomic.Bool
+	go func() {
+		// Keeps the only processor for twenty of the default's pauses,
+		// then rings.
+		t0 := time.Now()
+		for time.Since(t0) < 20*spinPreempted {
+		}
+		rung.Store(true)
+	}()
+	if !p.poll(rung.Load, time.Now(), p.limit) {
+		t.Fatal("a poll that never gives way ended before what it waited for")
+	}
+	if quiet() {
+		t.Error("a poll that never gives way turned polling off")
+	}
+}
+
+// The workers' poll follows the model's spinning: the default's cap and
+// yielding, a millisecond without yielding for a model that allows
+// spinning, and an explicit --mailbox-spin over either.
+func TestRunnerWorkerSpin(t *testing.T) {
+	base := []string{"--socket", "s", "--model", "m", "--library", "l"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want spinPolicy
+	}{
+		{"default", nil, spinPolicy{limit: workerSpinCap, preempted: spinPreempted}},
+		{"allow spinning", []string{"--allow-spinning"}, spinPolicy{limit: maxMailboxSpin, preempted: neverPreempted}},
+		{"explicit", []string{"--mailbox-spin", "100us"}, spinPolicy{limit: 100 * time.Microsecond, preempted: spinPreempted}},
+		{"explicit over spinning", []string{"--allow-spinning", "--mailbox-spin", "0"}, spinPolicy{limit: 0, preempted: spinPreempted}},
+	} {
+		f, err := parseRunnerFlags(append(slices.Clone(base), c.args...))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := f.workerSpin(); got != c.want {
+			t.Errorf("%s: worker spin %+v, want %+v", c.name, got, c.want)
+		}
 	}
 }

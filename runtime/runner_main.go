@@ -68,7 +68,10 @@ type runnerFlags struct {
 	calls int
 	// mailboxSpin bounds how long a mailbox worker polls for the next
 	// call after an answer (mailboxWorkers.poll); 0: it never does.
-	mailboxSpin time.Duration
+	// Unset (mailboxSpinSet false) it follows the provider's
+	// AllowSpinning (runnerFlags.workerSpin).
+	mailboxSpin    time.Duration
+	mailboxSpinSet bool
 	// procs, when positive, is the Go scheduler's processors
 	// (GOMAXPROCS) instead of the ones goProcs derives from calls: for
 	// measurements that compare the two.
@@ -137,7 +140,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	fs.IntVar(&f.arenaFD, "arena-fd", -1, "inherited descriptor of the shared-memory arena (-1: none)")
 	fs.Int64Var(&f.arenaSize, "arena-size", 0, "size of the arena in bytes")
 	fs.IntVar(&f.mailboxSlots, "mailbox-slots", 0, "slots of the call mailbox after the arena (0: none)")
-	fs.DurationVar(&f.mailboxSpin, "mailbox-spin", workerSpinCap, "how long at most a mailbox worker polls for the next call after an answer before it sleeps (0: never)")
+	fs.DurationVar(&f.mailboxSpin, "mailbox-spin", workerSpinCap, "how long at most a mailbox worker polls for the next call after an answer before it sleeps (0: never; unset: 40µs, or 1ms with --allow-spinning)")
 	fs.IntVar(&f.callsFD, "calls-fd", -1, "inherited descriptor of the calls' socket (-1: none)")
 	fs.IntVar(&f.calls, "calls", 0, "calls run at once; the Go scheduler gets as many processors, at most the CPUs (0: Go's default)")
 	fs.IntVar(&f.procs, "procs", 0, "the Go scheduler's processors (0: one per call, and one more with a mailbox, at most the CPUs)")
@@ -145,6 +148,7 @@ func parseRunnerFlags(args []string) (runnerFlags, error) {
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
+	fs.Visit(func(fl *flag.Flag) { f.mailboxSpinSet = f.mailboxSpinSet || fl.Name == "mailbox-spin" })
 	var errs []error
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
@@ -327,7 +331,7 @@ func RunnerMain(ctx context.Context, args []string, logger *slog.Logger) error {
 	if calls != nil {
 		go func() {
 			defer close(callsDone)
-			svc.serveCalls(calls, box, max(1, f.calls), f.mailboxSpin)
+			svc.serveCalls(calls, box, max(1, f.calls), f.workerSpin())
 		}()
 	} else {
 		close(callsDone)
@@ -392,13 +396,38 @@ func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*r
 	return s.describe, nil
 }
 
+// workerSpin is how the runner's mailbox workers poll for the next call
+// after an answer (mailboxWorkers.poll). By default for up to
+// workerSpinCap, and only while the CPU is not wanted elsewhere: a poll
+// that loses its CPU turns polling off for a while. A model that lets its
+// threads spin (execution.allow_spinning, --allow-spinning: a model that
+// owns its cores and wants its latency before the CPU) has its workers
+// poll for up to maxMailboxSpin, through the gap between one client's
+// calls, and go on polling when they lose the CPU, as ONNX Runtime's own
+// spinning threads do: the wake-up of a sleeping worker, the larger part
+// of a small model's hop on a virtual machine, is then not paid, at up
+// to maxMailboxSpin of CPU a call (BENCHMARKS.md, "The runner hop").
+// Still never while another worker of the runner runs a call, in the idle
+// class, or when the calls come further apart than the cap. An explicit
+// --mailbox-spin sets the cap and keeps the default's yielding.
+func (f runnerFlags) workerSpin() spinPolicy {
+	switch {
+	case f.mailboxSpinSet:
+		return spinPolicy{limit: f.mailboxSpin, preempted: spinPreempted}
+	case f.provider.AllowSpinning:
+		return spinPolicy{limit: maxMailboxSpin, preempted: neverPreempted}
+	default:
+		return spinPolicy{limit: workerSpinCap, preempted: spinPreempted}
+	}
+}
+
 // serveCalls answers the calls that come on conn, each in a goroutine of
 // its own that writes its answer itself, and those posted in box (nil:
-// none) by workers workers, who poll for the next call for up to spin
-// after an answer (0: never), until the server closes conn or the runner
-// stops; stopping, it takes no more calls, answers those it took and says
-// goodbye (an empty frame).
-func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int, spin time.Duration) {
+// none) by workers workers, who poll for the next call after an answer as
+// spin says (runnerFlags.workerSpin), until the server closes conn or the
+// runner stops; stopping, it takes no more calls, answers those it took
+// and says goodbye (an empty frame).
+func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int, spin spinPolicy) {
 	w := &frameWriter{conn: conn}
 	var mw *mailboxWorkers
 	if box != nil {
@@ -406,7 +435,7 @@ func (s *runnerService) serveCalls(conn net.Conn, box *mailboxMem, workers int, 
 			mailboxMem: *box,
 			answer:     s.infer,
 			onSocket:   func(resp *runnerpb.InferResponse) error { return w.write(resp) },
-			spin:       spinPolicy{limit: spin, preempted: spinPreempted},
+			spin:       spin,
 		}
 		mw.start(workers)
 	}
