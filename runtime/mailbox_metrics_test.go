@@ -109,3 +109,42 @@ func TestMailboxMetricsKeepAClosedMailbox(t *testing.T) {
 		t.Errorf("an open mailbox's counts missing from the totals: %+v", open)
 	}
 }
+
+// A real runner whose model allows spinning: the server's calls to it
+// poll for their answers even while polling is off in the server's
+// process (another poll lost its CPU), where a default runner's callers
+// sleep. 40 calls back to back each.
+func TestMailboxSpinningRunnerCallersPoll(t *testing.T) {
+	defer spinQuietUntil.Store(0)
+	req, _ := rowSumsRequest(rand.New(rand.NewPCG(1, 1)), 1)
+	for _, allow := range []bool{false, true} {
+		cfg := testRunnerConfig(t, testModel(t, "example_dynamic_axes.onnx"))
+		cfg.HealthInterval = time.Hour
+		cfg.Provider.AllowSpinning = allow
+		r := startTestRunner(t, cfg)
+		for range 5 { // the answer time learnt
+			if _, err := r.Infer(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		spinQuietUntil.Store(monoNanos() + int64(time.Hour))
+		before := allMailboxTotals()
+		const calls = 40
+		for range calls {
+			if _, err := r.Infer(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := allMailboxTotals()
+		polls, n := after.caller.polls-before.caller.polls, after.caller.calls-before.caller.calls
+		t.Logf("allow_spinning %v: %d calls in their slot, the server polled %d times (caught %d), slept %d",
+			allow, n, polls, after.caller.caught-before.caller.caught, after.caller.sleeps-before.caller.sleeps)
+		if n != calls {
+			t.Fatalf("allow_spinning %v: %d calls answered in their slot, want %d", allow, n, calls)
+		}
+		if (polls > 0) != allow {
+			t.Errorf("allow_spinning %v: the server's callers polled %d times in %d calls while polling was off", allow, polls, calls)
+		}
+		spinQuietUntil.Store(0)
+	}
+}

@@ -359,6 +359,17 @@ type spinPolicy struct {
 	preempted time.Duration
 }
 
+// spinning is the polling of a model that allows spinning, on both
+// sides of its mailbox (runnerFlags.workerSpin; startProcess for the
+// caller): up to maxMailboxSpin, not giving way when the CPU is wanted
+// elsewhere nor while other polls have turned polling off.
+var spinning = spinPolicy{limit: maxMailboxSpin, preempted: neverPreempted}
+
+// givesWay reports whether the policy stops polling when the CPU is
+// wanted elsewhere (a pause of preempted), and does not poll while
+// polling is off (quiet).
+func (p spinPolicy) givesWay() bool { return p.preempted < neverPreempted }
+
 // poll reads until done says so (true) or budget has passed since start
 // (false). Between reads it lets the goroutines that want the processor
 // run.
@@ -405,7 +416,7 @@ func (m *mailbox) poll(i int, dead *atomic.Bool, alone bool) (uint32, bool) {
 		return 0, false
 	}
 	start := time.Now()
-	if quiet() {
+	if m.spin.givesWay() && quiet() {
 		return 0, false
 	}
 	m.stats.spins.Add(1)
@@ -600,7 +611,7 @@ func (w *mailboxWorkers) poll(bell uint32) bool {
 		return false
 	}
 	start := time.Now()
-	if quiet() || w.idle.idle(w.idleClass) {
+	if (w.spin.givesWay() && quiet()) || w.idle.idle(w.idleClass) {
 		return false
 	}
 	w.stats.spins.Add(1)

@@ -404,3 +404,30 @@ func TestRunnerWorkerSpin(t *testing.T) {
 		}
 	}
 }
+
+// While polling is off in the process (another poll lost its CPU), a
+// mailbox whose model allows spinning still polls on both sides; one
+// whose polls give way does not.
+func TestMailboxSpinningPollsWhileQuiet(t *testing.T) {
+	defer spinQuietUntil.Store(0)
+	for _, c := range []struct {
+		name string
+		pol  spinPolicy
+		poll bool
+	}{{"spinning", spinning, true}, {"giving way", wideSpin, false}} {
+		spinQuietUntil.Store(0)
+		rig := newMailboxRigSpin(t, 4, 1, echo, c.pol, notIdle)
+		rig.box.spin = c.pol
+		rig.echoCalls(t, 20, 0) // learns the answer time and the gap
+		spinQuietUntil.Store(monoNanos() + int64(time.Hour))
+		got := rig.echoCalls(t, 50, 0)
+		t.Logf("%s, polling off: %+v", c.name, got)
+		if polled := got.callerPolls > 0 && got.workerPolls > 0; polled != c.poll {
+			t.Errorf("%s: caller polled %d times and worker %d times in 50 calls while polling was off; want polls: %v",
+				c.name, got.callerPolls, got.workerPolls, c.poll)
+		}
+		if !quiet() {
+			t.Errorf("%s: polling was turned back on", c.name)
+		}
+	}
+}

@@ -415,7 +415,7 @@ func (f runnerFlags) workerSpin() spinPolicy {
 	case f.mailboxSpinSet:
 		return spinPolicy{limit: f.mailboxSpin, preempted: spinPreempted}
 	case f.provider.AllowSpinning:
-		return spinPolicy{limit: maxMailboxSpin, preempted: neverPreempted}
+		return spinning
 	default:
 		return spinPolicy{limit: workerSpinCap, preempted: spinPreempted}
 	}

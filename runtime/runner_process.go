@@ -116,6 +116,11 @@ func startProcess(cfg *RunnerConfig, socket string) (*process, error) {
 		if ar, err = newArena(filepath.Base(socket), cfg.ArenaSize, slots); err != nil {
 			return nil, err
 		}
+		if ar.box != nil && cfg.Provider.AllowSpinning {
+			// The model owns its cores: its calls poll for their
+			// answers as its runner's workers poll for the calls.
+			ar.box.spin = spinning
+		}
 		args = append(args, "--arena-fd", strconv.Itoa(arenaFD), "--arena-size", strconv.FormatInt(cfg.ArenaSize, 10))
 		if slots > 0 {
 			args = append(args, "--mailbox-slots", strconv.Itoa(slots))
