@@ -404,11 +404,13 @@ func (s *runnerService) Describe(context.Context, *runnerpb.DescribeRequest) (*r
 // owns its cores and wants its latency before the CPU) has its workers
 // poll for up to maxMailboxSpin, through the gap between one client's
 // calls, and go on polling when they lose the CPU, as ONNX Runtime's own
-// spinning threads do: the wake-up of a sleeping worker, the larger part
-// of a small model's hop on a virtual machine, is then not paid, at up
-// to maxMailboxSpin of CPU a call (BENCHMARKS.md, "The runner hop").
-// Still never while another worker of the runner runs a call, in the idle
-// class, or when the calls come further apart than the cap. An explicit
+// spinning threads do (and the server's calls to it poll for their
+// answers the same way, startProcess): the wake-up of a sleeping worker,
+// the larger part of a small model's hop on a virtual machine, is then
+// not paid, at up to maxMailboxSpin of CPU a call (BENCHMARKS.md, "A
+// model that owns its cores polls instead of sleeping"). Still never
+// while another worker of the runner runs a call, in the idle class, or
+// when the calls come further apart than the cap. An explicit
 // --mailbox-spin sets the cap and keeps the default's yielding.
 func (f runnerFlags) workerSpin() spinPolicy {
 	switch {
