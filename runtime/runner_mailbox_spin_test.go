@@ -431,3 +431,31 @@ func TestMailboxSpinningPollsWhileQuiet(t *testing.T) {
 		}
 	}
 }
+
+// One worker of a runner polls at a time: while another holds the poll,
+// an idle worker sleeps instead (four workers, calls back to back).
+func TestMailboxOneWorkerPolls(t *testing.T) {
+	spinQuietUntil.Store(0)
+	defer spinQuietUntil.Store(0)
+	rig := newMailboxRigSpin(t, 4, 4, echo, wideSpin, notIdle)
+	rig.box.spin = spinPolicy{}
+	rig.echoCalls(t, 20, 0) // learns the gap
+	// Held as another worker's poll would hold it (taken once a poll of
+	// the warm-up has given it back).
+	for !rig.workers.polling.CompareAndSwap(false, true) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := rig.echoCalls(t, 50, 0); got.workerPolls != 0 {
+		t.Errorf("workers polled %d times in 50 calls while another held the poll, want 0", got.workerPolls)
+	}
+	rig.workers.polling.Store(false)
+	if got := rig.echoCalls(t, 50, 0); got.workerPolls == 0 {
+		t.Errorf("no worker polled in 50 calls back to back once the poll was free: %+v", got)
+	}
+	// The last poll ends within its limit and gives the poll back.
+	for deadline := time.Now().Add(time.Minute); rig.workers.polling.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the poll still held a minute after the last call")
+		}
+	}
+}
