@@ -517,7 +517,8 @@ type mailboxWorkers struct {
 	// others sleep. One is enough to catch the next call, and more would
 	// only take the cores a busy runner's other instances and the server
 	// want (with allow_spinning, every idle worker of both instances of
-	// a model polled, and 16 clients got 0.72x the default's answers).
+	// a model polled, and 16 clients got 0.58x the default's answers;
+	// with one poller a runner, 0.76x: BENCHMARKS.md).
 	polling atomic.Bool
 	// lastAnswer is when a worker last answered, and gapNs the recent
 	// time from an answer to the next post (a moving average), both in
