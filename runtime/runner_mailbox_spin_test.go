@@ -260,14 +260,9 @@ func TestMailboxPollPreemptedGoesQuiet(t *testing.T) {
 	// poll that gives up for the pause returns before it.
 	p := spinPolicy{limit: 400 * 50 * time.Microsecond, preempted: 50 * time.Microsecond}
 	hogged := make(chan struct{})
-	go func() {
-		// Runs when the poll yields, and keeps the only processor for
-		// twenty of the pauses the policy allows.
-		t0 := time.Now()
-		for time.Since(t0) < 20*p.preempted {
-		}
-		close(hogged)
-	}()
+	// Runs when the poll yields, and keeps the only processor for twenty
+	// of the pauses the policy allows.
+	hogThen(20*p.preempted, func() { close(hogged) })
 	if p.poll(func() bool { return false }, time.Now(), p.limit) {
 		t.Fatal("a poll of a word nobody writes ended as answered")
 	}
@@ -364,14 +359,9 @@ func TestMailboxPollNeverPreemptedPollsOn(t *testing.T) {
 	defer goruntime.GOMAXPROCS(prev)
 	p := spinPolicy{limit: time.Minute, preempted: neverPreempted}
 	var rung atomic.Bool
-	go func() {
-		// Keeps the only processor for twenty of the default's pauses,
-		// then rings.
-		t0 := time.Now()
-		for time.Since(t0) < 20*spinPreempted {
-		}
-		rung.Store(true)
-	}()
+	// Keeps the only processor for twenty of the default's pauses, then
+	// rings.
+	hogThen(20*spinPreempted, func() { rung.Store(true) })
 	if !p.poll(rung.Load, time.Now(), p.limit) {
 		t.Fatal("a poll that never gives way ended before what it waited for")
 	}
@@ -458,4 +448,14 @@ func TestMailboxOneWorkerPolls(t *testing.T) {
 			t.Fatal("the poll still held a minute after the last call")
 		}
 	}
+}
+
+// hogThen starts a goroutine that keeps its processor busy for d, then
+// calls then.
+func hogThen(d time.Duration, then func()) {
+	go func() {
+		for t0 := time.Now(); time.Since(t0) < d; {
+		}
+		then()
+	}()
 }
