@@ -63,8 +63,17 @@ import (
 //     failed runs, TestE2EGRPCRefusedFramesNotCounted).
 //
 // A call whose expected message does not fit in the budget, or whose
-// connection already holds or may take its share (connReadingShare), is
-// refused at its headers with RESOURCE_EXHAUSTED, as before. A connection
+// connection already holds or may take its share (connReadingShare) while
+// more than half of the budget is taken with it, is refused at its headers
+// with RESOURCE_EXHAUSTED, as before. (Held to its quarter whatever the
+// rest of the budget held, a fresh connection, each of whose calls may
+// take the largest message, took 12 calls at once by default: a client
+// that opened a channel and sent a burst of 16 concurrent calls had four
+// refused on a server with gigabytes free, TestE2EGRPCFreshChannelBurst.
+// While at most half of the budget is taken, one connection may go past
+// its quarter, 25 such calls being read at once by default; past half,
+// every connection keeps to its quarter, and no connection takes more
+// than half of the budget by its headers alone.) A connection
 // whose read would take the budget past limits.max_memory is closed: its
 // calls end UNAVAILABLE and everything they held is given back. The budget
 // is a real bound: nothing is handed to grpc-go unreserved. The share is
@@ -114,8 +123,16 @@ import (
 // tests, in-memory listeners).
 
 // connReadingShareDivisor: one connection may hold at most this fraction
-// of the budget in messages being read (connReadingShare).
+// of the budget in messages being read (connReadingShare) once more than
+// half of the budget is taken (connReadingShareSpare).
 const connReadingShareDivisor = 4
+
+// connReadingShareSpare reports whether a call that needs est bytes may go
+// past its connection's share: whether the budget of limit bytes, used of
+// which are taken, stays at most half taken with it.
+func connReadingShareSpare(used, est, limit int64) bool {
+	return used+est <= limit/2
+}
 
 // connReadingMinEstimate is the least a call on an accounted connection
 // reserves from its headers: its frames' buffers.
@@ -367,14 +384,18 @@ func (a *connReading) admit(call *grpcCall, m *grpcMemory) error {
 // them, when the connection's calls already hold or may take too much of
 // its share with it: what it holds of messages being read (held), or what
 // its unary calls being read reserved if more, and its streams' own
-// reservations; mu is held.
+// reservations. Past its share, a call is still let in while the budget
+// with it stays at most half taken (connReadingShareSpare); mu is held.
 func (a *connReading) shareLocked(held, est int64, what string) error {
 	if a.share <= 0 {
 		return nil
 	}
 	if promised := max(held, a.covered) + int64(a.streams)*a.stream + est; promised > a.share {
+		if connReadingShareSpare(a.budget.Used(), est, a.budget.Limit()) {
+			return nil
+		}
 		a.budget.refuse()
-		return fmt.Errorf("%w: %s needs %s, and this connection's calls being read hold or may take %s of the %s one connection may (limits.max_memory / %d); retry later",
+		return fmt.Errorf("%w: %s needs %s, and this connection's calls being read hold or may take %s of the %s one connection may while more than half of the budget is taken (limits.max_memory / %d); retry later",
 			errMemory, what, formatBytes(est), formatBytes(promised-est), formatBytes(a.share), connReadingShareDivisor)
 	}
 	return nil

@@ -168,15 +168,18 @@ func TestGRPCSlowCallsLeaveRoom(t *testing.T) {
 }
 
 // TestGRPCConnectionShare: a connection's calls are refused from their
-// headers once it holds or may take its share of the budget (a quarter):
-// on a fresh connection each call may take the largest message, so past
-// four the next is refused with RESOURCE_EXHAUSTED naming the limit. A
-// connection whose messages have been small gets many calls in, and when
-// their unfinished messages (45 streams of 15 MiB, never finished: issue
-// 30 High 2) would take the budget past its limit, it is closed and what
-// it held is given back: the budget's peak stays within it, another
-// connection's calls are served or refused naming the limit meanwhile, and
-// served after.
+// headers once it holds or may take its share of the budget (a quarter)
+// and more than half of the budget is taken: on a fresh connection each
+// call may take the largest message, so a fresh connection's six calls
+// (four in its share, two past it) are in while the budget is at most half
+// taken; once another connection's calls take it past half, the next call
+// past a connection's share is refused with RESOURCE_EXHAUSTED naming the
+// limit, while calls within a share are in. A connection whose messages
+// have been small gets many calls in, and when their unfinished messages
+// (45 streams of 15 MiB, never finished: issue 30 High 2) would take the
+// budget past its limit, it is closed and what it held is given back: the
+// budget's peak stays within it, another connection's calls are served or
+// refused naming the limit meanwhile, and served after.
 func TestGRPCConnectionShare(t *testing.T) {
 	const message, budget = 16 << 20, 256 << 20
 	share := int64(connReadingShare(budget, message))
@@ -192,32 +195,64 @@ func TestGRPCConnectionShare(t *testing.T) {
 	base := grpcBaseline(t, client)
 	guard := 100 * base
 
-	// A fresh connection: four calls fit its 64 MiB share, the fifth is
-	// refused at its headers.
-	fresh := rawgrpc.Dial(t, addr)
-	fresh.GiveUpAfter(guard)
-	for i := range 5 {
-		id := fresh.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
-		if err := fresh.Send(id, rawgrpc.Prefix(message-5), false); err != nil {
+	// start opens a call on c and sends its message's length prefix; the
+	// call then waits for the rest.
+	start := func(c *rawgrpc.Client) uint32 {
+		id := c.Start(inference.GRPCInferenceService_ModelInfer_FullMethodName)
+		if err := c.Send(id, rawgrpc.Prefix(message-5), false); err != nil {
 			t.Fatal(err)
 		}
-		if i < 4 {
-			continue
-		}
-		got := fresh.Wait(id)
+		return id
+	}
+	// refusedAtHeaders checks that call id on c was refused at its headers.
+	refusedAtHeaders := func(c *rawgrpc.Client, id uint32, which string) {
+		t.Helper()
+		got := c.Wait(id)
 		if want := "8 server memory limit reached"; !strings.HasPrefix(got, want) || !strings.Contains(got, "limits.max_memory") {
-			t.Fatalf("fifth call on a fresh connection: %q, want grpc-status 8 naming limits.max_memory", got)
+			t.Fatalf("%s: %q, want grpc-status 8 naming limits.max_memory", which, got)
 		}
 	}
-	if got := mem.Used(); got < share || got > share+4*callHeadersHeld {
-		t.Errorf("four calls on a fresh connection hold %d bytes, want its share %d and their headers (at most %d each)", got, share, callHeadersHeld)
+	// held waits until calls calls hold their messages (each call being
+	// read on a fresh connection reserves the largest: so many were let in),
+	// and checks they hold no more than that and their headers.
+	held := func(calls int64, which string) {
+		t.Helper()
+		if !waitFor(guard, func() bool { return mem.Used() >= calls*message }) {
+			t.Fatalf("%s: %d bytes held, want %d calls' %d bytes each: not all were let in", which, mem.Used(), calls, message)
+		}
+		if got := mem.Used(); got > calls*(message+callHeadersHeld) {
+			t.Errorf("%s: %d bytes held, want %d calls' %d bytes and their headers (at most %d each)", which, got, calls, message, callHeadersHeld)
+		}
 	}
-	if got := mem.Refused(); got != 1 {
-		t.Errorf("sloserve_memory_refused_total counts %d refusals after the fifth call was refused at the connection's share, want 1", got)
+
+	fresh := rawgrpc.Dial(t, addr)
+	fresh.GiveUpAfter(guard)
+	for range 6 {
+		start(fresh)
+	}
+	held(6, "six calls on a fresh connection, two past its share, the budget at most half taken")
+	if 6*message <= share || 6*message > budget/2 || 10*message <= budget/2 {
+		t.Fatalf("the test's sizes: six calls of %d bytes must pass the share %d and fit in half of %d, and ten take over half", message, share, budget)
+	}
+
+	other := rawgrpc.Dial(t, addr)
+	other.GiveUpAfter(guard)
+	for range 3 {
+		start(other)
+	}
+	held(9, "another connection's three calls, within its share")
+	refusedAtHeaders(fresh, start(fresh), "a seventh call on the fresh connection, past its share with the budget over half taken")
+	start(other)
+	held(10, "another connection's fourth call, within its share")
+	refusedAtHeaders(other, start(other), "another connection's fifth call, past its share")
+	held(10, "six calls on one connection and four on another")
+	if got := mem.Refused(); got != 2 {
+		t.Errorf("sloserve_memory_refused_total counts %d refusals after two calls were refused at their connections' shares, want 2", got)
 	}
 	fresh.Close()
+	other.Close()
 	if !waitFor(guard, func() bool { return mem.Used() == 0 }) {
-		t.Fatalf("%d bytes held after the fresh connection closed", mem.Used())
+		t.Fatalf("%d bytes held after the connections closed", mem.Used())
 	}
 
 	flood := rawgrpc.Dial(t, addr)

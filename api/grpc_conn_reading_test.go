@@ -368,10 +368,11 @@ func TestGRPCExpiredCallGivesBack(t *testing.T) {
 	}
 }
 
-// TestGRPCRefusedFramesNotCounted: on a fresh connection four calls take
-// its share (a quarter of the budget: four messages of the largest size)
-// with 64 KiB of their messages sent, and twenty more, refused at their
-// headers for the share, get 4 MiB sent each before the client hears. The
+// TestGRPCRefusedFramesNotCounted: with more than half of the budget taken
+// elsewhere, on a fresh connection four calls take its share (a quarter of
+// the budget: four messages of the largest size) with 64 KiB of their
+// messages sent, and twenty more, refused at their headers for the share,
+// get 4 MiB sent each before the client hears. The
 // connection holds its four calls' reservations and nothing for the
 // refused calls' 80 MiB, which grpc-go drops (before, it counted them:
 // everything read since its oldest call being read began), over plain TCP
@@ -393,6 +394,12 @@ func TestGRPCRefusedFramesNotCounted(t *testing.T) {
 			srv := NewGRPC(newFakeBackend(), Limits{MaxRequestBytes: message, MaxTensorElements: 1 << 24, Memory: mem},
 				slog.New(slog.DiscardHandler), append(GRPCTransportOptions(), grpc.Creds(GRPCCredentials(tc.server)))...)
 			addr := serveGRPCLimited(t, srv)
+			// Over half of the budget taken: the connection keeps to its
+			// share.
+			elsewhere, err := mem.Reserve(budget/2, "another connection's calls")
+			if err != nil {
+				t.Fatal(err)
+			}
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				t.Fatal(err)
@@ -431,10 +438,11 @@ func TestGRPCRefusedFramesNotCounted(t *testing.T) {
 					t.Fatalf("call %d of %d admitted: ended %v, %q", i, admitted, ok, end)
 				}
 			}
-			if got := mem.Used(); got < share || got > share+int64(admitted)*callHeadersHeld {
+			if got := mem.Used() - elsewhere.Size(); got < share || got > share+int64(admitted)*callHeadersHeld {
 				t.Errorf("%d calls with 64 KiB sent and %d refused with 4 MiB sent each: %d bytes held, want the calls' %d and their headers (at most %d each)",
 					admitted, refused, got, share, callHeadersHeld)
 			}
+			elsewhere.Release()
 			r.Close()
 			if !waitFor(time.Minute, func() bool { return mem.Used() == 0 }) {
 				t.Errorf("%d bytes held after the connection closed", mem.Used())

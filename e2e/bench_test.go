@@ -355,9 +355,7 @@ func benchServerThroughput16(b *testing.B, isolation string, spinning bool) {
 	}
 	// The connection learns its calls' message size first: on a fresh
 	// gRPC connection each call being read reserves the largest message
-	// (64 MiB) until one has been read, and a burst of more calls than
-	// a connection's share holds of those (12 of the default budget) is
-	// refused RESOURCE_EXHAUSTED (api/grpc_conn_budget.go). This
+	// (64 MiB) until one has been read (api/grpc_conn_budget.go). This
 	// benchmark measures the steady state.
 	for range 20 {
 		if _, err := s.grpc.ModelInfer(b.Context(), req); err != nil {

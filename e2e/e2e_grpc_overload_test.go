@@ -199,3 +199,54 @@ func TestE2EGRPCSlowCallsLeaveRoom(t *testing.T) {
 	}
 	s.stillServing(t)
 }
+
+// TestE2EGRPCFreshChannelBurst: a Go service that opens one gRPC channel
+// to a server just started with the default limits and sends a burst of
+// 20 concurrent calls at once has all of them served. grpc-go writes the
+// calls' headers before their messages, so all 20 are being read at once
+// on a fresh connection, each reserving the largest message (64 MiB);
+// held to its quarter of the budget, the connection took 12 of them and
+// refused the rest RESOURCE_EXHAUSTED on a server with gigabytes free.
+// Past its quarter a connection's calls are let in while at most half of
+// the budget is taken (25 such calls), and the burst leaves nothing
+// reserved.
+func TestE2EGRPCFreshChannelBurst(t *testing.T) {
+	repo := t.TempDir()
+	writeRepo(t, repo, repoModel{"dyn", testModel(t, "example_dynamic_axes.onnx"), pinnedDyn(1)})
+	s := startServer(t, repo, "")
+	const burst = 20
+	for round := range 3 {
+		conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := inference.NewGRPCInferenceServiceClient(conn)
+		refusedBefore, _ := s.metricValue(t, "sloserve_memory_refused_total")
+		errs := make([]error, burst)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range burst {
+			wg.Go(func() {
+				<-gate
+				_, errs[i] = client.ModelInfer(t.Context(), grpcDynRequest())
+			})
+		}
+		close(gate)
+		wg.Wait()
+		conn.Close()
+		failed := 0
+		for i, err := range errs {
+			if err != nil {
+				failed++
+				t.Errorf("round %d, call %d of a burst of %d on a fresh channel: %v", round, i, burst, err)
+			}
+		}
+		refused, _ := s.metricValue(t, "sloserve_memory_refused_total")
+		t.Logf("round %d: a burst of %d calls on a fresh channel: %d failed; sloserve_memory_refused_total +%.0f", round, burst, failed, refused-refusedBefore)
+		if refused != refusedBefore {
+			t.Errorf("round %d: sloserve_memory_refused_total went from %.0f to %.0f, want no refusal", round, refusedBefore, refused)
+		}
+	}
+	s.noneReserved(t, "after the bursts")
+	s.stillServing(t)
+}
