@@ -72,8 +72,8 @@ import (
 // refused on a server with gigabytes free, TestE2EGRPCFreshChannelBurst.
 // While at most half of the budget is taken, one connection may go past
 // its quarter, 25 such calls being read at once by default; past half,
-// every connection keeps to its quarter, and no connection takes more
-// than half of the budget by its headers alone.) A connection
+// every connection keeps to its quarter, so that going past it never
+// takes the budget beyond half.) A connection
 // whose read would take the budget past limits.max_memory is closed: its
 // calls end UNAVAILABLE and everything they held is given back. The budget
 // is a real bound: nothing is handed to grpc-go unreserved. The share is
