@@ -719,9 +719,12 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 	if err := l.rehome(u); err != nil {
 		errs = append(errs, err)
 	}
+	// The unit's mode as its files are read below: a Resize may change it
+	// meanwhile (a race the race detector saw, Stats beside a Resize).
+	bg := u.bg
 	l.mu.Unlock()
 	if l.v2 {
-		d := l.dir(l.hier[0], u)
+		d := l.home(l.hier[0], u, bg)
 		for _, home := range l.homes(l.hier[0], u) {
 			if cpu, err := readKeyed(filepath.Join(home, "cpu.stat")); err == nil {
 				st.CPUSeconds += float64(cpu["usage_usec"]) / 1e6
@@ -753,7 +756,7 @@ func (l *cgroupLimiter) Stats(id string) (Stats, error) {
 	cpuFromAcct := false
 	var procsFile string
 	for _, h := range l.hier {
-		d := l.dir(h, u)
+		d := l.home(h, u, bg)
 		if h.has("cpuacct") {
 			ns, err := readInt(filepath.Join(d, "cpuacct.usage"))
 			errs = append(errs, err)

@@ -881,3 +881,64 @@ func TestLiftBackground(t *testing.T) {
 		})
 	}
 }
+
+// Stats beside a Resize that moves the unit between its homes reads one
+// home's files whole, never an error or a mix: it takes the unit's mode
+// under the limiter's lock (the race detector saw Stats read it unlocked
+// while TestCgroupResizeLive resized the unit).
+func TestCgroupStatsBesideResize(t *testing.T) {
+	f := newFakeV2(t)
+	l, err := newLimiter(Options{Backend: BackendAuto, Root: f.root, Logger: testLogger(t)}, f.env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Place("m", Share{Compute: 0.25}); err != nil {
+		t.Fatal(err)
+	}
+	var homes []string
+	filepath.WalkDir(f.root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == "m" {
+			homes = append(homes, p)
+		}
+		return err
+	})
+	if len(homes) != 2 {
+		t.Fatalf("the unit's homes: %q, want two (its parent's and the background parent's)", homes)
+	}
+	// Each home reports its own memory.
+	for i, home := range homes {
+		mustWrite(t, filepath.Join(home, "cpu.stat"), "usage_usec 1000000\nthrottled_usec 0\n")
+		mustWrite(t, filepath.Join(home, "memory.current"), strconv.Itoa((i+1)<<20)+"\n")
+		mustWrite(t, filepath.Join(home, "memory.events"), "oom_kill 0\n")
+	}
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for i := range 200 {
+			s := Share{Compute: 0.25}
+			if i%2 == 0 {
+				s = Share{Mode: ModeBackground}
+			}
+			if err = l.Resize("m", s); err != nil {
+				break
+			}
+		}
+		done <- err
+	}()
+	seen := map[int64]int{}
+	for range 200 {
+		st, err := l.Stats("m")
+		if err != nil {
+			t.Fatalf("Stats beside a Resize: %v", err)
+		}
+		seen[st.MemoryBytes]++
+		if st.MemoryBytes != 1<<20 && st.MemoryBytes != 2<<20 {
+			t.Fatalf("Stats beside a Resize read %d bytes of memory, want one home's (1 or 2 MiB)", st.MemoryBytes)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("memory read from each home: %v", seen)
+}
