@@ -221,7 +221,10 @@ func TestE2EGRPCFreshChannelBurst(t *testing.T) {
 			t.Fatal(err)
 		}
 		client := inference.NewGRPCInferenceServiceClient(conn)
-		refusedBefore, _ := s.metricValue(t, "sloserve_memory_refused_total")
+		refusedBefore, ok := s.metricValue(t, "sloserve_memory_refused_total")
+		if !ok {
+			t.Fatal("no sloserve_memory_refused_total")
+		}
 		errs := make([]error, burst)
 		gate := make(chan struct{})
 		var wg sync.WaitGroup
@@ -241,7 +244,10 @@ func TestE2EGRPCFreshChannelBurst(t *testing.T) {
 				t.Errorf("round %d, call %d of a burst of %d on a fresh channel: %v", round, i, burst, err)
 			}
 		}
-		refused, _ := s.metricValue(t, "sloserve_memory_refused_total")
+		refused, ok := s.metricValue(t, "sloserve_memory_refused_total")
+		if !ok {
+			t.Fatal("no sloserve_memory_refused_total")
+		}
 		t.Logf("round %d: a burst of %d calls on a fresh channel: %d failed; sloserve_memory_refused_total +%.0f", round, burst, failed, refused-refusedBefore)
 		if refused != refusedBefore {
 			t.Errorf("round %d: sloserve_memory_refused_total went from %.0f to %.0f, want no refusal", round, refusedBefore, refused)
